@@ -1,0 +1,138 @@
+#include "client/data_commands.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/exit_code.h"
+#include "worker/engine/data/asset_paths.h"
+#include "worker/engine/data/bpe_tokenizer.h"
+#include "worker/engine/data/brown_corpus.h"
+#include "worker/engine/data/dataset_preparer.h"
+#include "worker/engine/data/gpt2_vocab.h"
+#include "worker/engine/data/text_corpus.h"
+#include "worker/engine/data/token_file.h"
+
+namespace shardtrain::cli {
+namespace {
+
+struct PrepareOptions {
+  std::string corpus;              // "brown", or empty when text is given
+  std::vector<std::string> text;   // files or folders
+  std::string out;
+};
+
+struct InspectOptions {
+  std::string file;
+  int count = 64;
+};
+
+int RunPrepare(const PrepareOptions& options) {
+  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+  if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
+
+  absl::StatusOr<Corpus> corpus;
+  if (options.corpus == "brown") {
+    absl::StatusOr<std::string> dir = BrownCorpusDir();
+    if (!dir.ok()) return ReportFailure(dir.status());
+    corpus = LoadBrownCorpus(*dir);
+  } else {
+    corpus = LoadTextCorpus(options.text);
+  }
+  if (!corpus.ok()) return ReportFailure(corpus.status());
+
+  absl::StatusOr<DatasetSummary> summary =
+      PrepareDataset(*corpus, *tokenizer, options.out);
+  if (!summary.ok()) return ReportFailure(summary.status());
+
+  std::cout << absl::StrFormat(
+      "prepared %s: %d documents, split by %s, encoded in %.2f s\n",
+      summary->source, corpus->documents.size(), summary->split_by,
+      summary->encode_seconds);
+  for (const SplitSummary* split : {&summary->train, &summary->val}) {
+    std::cout << absl::StrFormat("  %-40s %6d documents %10d tokens\n",
+                                 split->path, split->documents, split->tokens);
+  }
+  std::cout << "  " << options.out << "/meta.json\n";
+  return kExitOk;
+}
+
+int RunInspect(const InspectOptions& options) {
+  absl::StatusOr<TokenFile> file = TokenFile::Open(options.file);
+  if (!file.ok()) return ReportFailure(file.status());
+  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+  if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
+
+  const absl::Span<const uint16_t> tokens = file->tokens();
+  const auto documents =
+      std::count(tokens.begin(), tokens.end(), kGpt2EndOfText);
+  const std::vector<int> first(
+      tokens.begin(),
+      tokens.begin() + std::min<size_t>(tokens.size(), options.count));
+  absl::StatusOr<std::string> text = tokenizer->Decode(first);
+  if (!text.ok()) return ReportFailure(text.status());
+
+  std::cout << absl::StrFormat(
+      "file       %s\n"
+      "format     llm.c tokens (magic %d, version %d, uint16)\n"
+      "tokens     %d\n"
+      "documents  %d (%s delimiters)\n"
+      "first %d tokens:\n%s\n"
+      "decoded:\n%s\n",
+      file->path(), kTokenFileMagic, kTokenFileVersion, tokens.size(),
+      documents, kGpt2EndOfTextString, first.size(),
+      absl::StrJoin(first, " "), *text);
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddDataCommands(CLI::App* app, int* exit_code) {
+  CLI::App* data = app->add_subcommand(
+      "data", "Prepare and inspect token datasets (local, no daemon needed)");
+  data->require_subcommand(1);
+
+  auto prepare_options = std::make_shared<PrepareOptions>();
+  CLI::App* prepare = data->add_subcommand(
+      "prepare",
+      "Tokenize a corpus into DIR/train.bin, DIR/val.bin (llm.c format) and "
+      "DIR/meta.json");
+  CLI::Option_group* source =
+      prepare->add_option_group("source", "What to prepare (exactly one)");
+  source
+      ->add_option("--corpus", prepare_options->corpus,
+                   "A corpus installed by scripts/setup")
+      ->check(CLI::IsMember({"brown"}));
+  source->add_option(
+      "--text", prepare_options->text,
+      "Text files, or folders of .txt files; each file is one document");
+  source->require_option(1);
+  prepare
+      ->add_option("--out", prepare_options->out,
+                   "Output folder (created when missing)")
+      ->required();
+  prepare->callback([prepare_options, exit_code] {
+    *exit_code = RunPrepare(*prepare_options);
+  });
+
+  auto inspect_options = std::make_shared<InspectOptions>();
+  CLI::App* inspect = data->add_subcommand(
+      "inspect", "Show an llm.c token file's header and first tokens");
+  inspect->add_option("file", inspect_options->file, "The .bin file")
+      ->required();
+  inspect
+      ->add_option("--count", inspect_options->count,
+                   "How many leading tokens to show and decode")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  inspect->callback([inspect_options, exit_code] {
+    *exit_code = RunInspect(*inspect_options);
+  });
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,30 @@
+// shardtrain: the command-line client. Each command group registers itself
+// from its own file; this file parses and maps errors to exit codes
+// (see exit_code.h).
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "client/data_commands.h"
+#include "client/exit_code.h"
+#include "client/tokenize_command.h"
+
+int main(int argc, char** argv) {
+  namespace cli = shardtrain::cli;
+  CLI::App app{"shardtrain: train GPT-2 with single-device, DDP or FSDP",
+               "shardtrain"};
+  app.require_subcommand(1);
+  int exit_code = cli::kExitOk;
+  cli::AddDataCommands(&app, &exit_code);
+  cli::AddTokenizeCommand(&app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      return app.exit(e);  // --help
+    }
+    std::cerr << "shardtrain: usage error: " << e.what()
+              << " (run with --help for usage)" << std::endl;
+    return cli::kExitUsage;
+  }
+  return exit_code;
+}

@@ -1,0 +1,66 @@
+#include "client/tokenize_command.h"
+
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/exit_code.h"
+#include "worker/engine/data/bpe_tokenizer.h"
+
+namespace shardtrain::cli {
+namespace {
+
+int RunTokenize(bool decode) {
+  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+  if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
+  const std::string input{std::istreambuf_iterator<char>(std::cin),
+                          std::istreambuf_iterator<char>()};
+  if (!decode) {
+    const std::vector<int> ids =
+        tokenizer->Encode(input, SpecialTokens::kRecognize);
+    std::cout << absl::StrJoin(ids, " ") << "\n";
+    return kExitOk;
+  }
+
+  std::vector<int> ids;
+  for (std::string_view word :
+       absl::StrSplit(input, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
+    int id;
+    if (!absl::SimpleAtoi(word, &id)) {
+      return ReportFailure(
+          absl::StrCat("tokenize --decode: \"", word,
+                       "\" is not a token id (expected integers separated "
+                       "by whitespace)"));
+    }
+    ids.push_back(id);
+  }
+  absl::StatusOr<std::string> text = tokenizer->Decode(ids);
+  if (!text.ok()) {
+    return ReportFailure(
+        absl::StrCat("tokenize --decode: ", text.status().message()));
+  }
+  std::cout << *text << std::flush;
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddTokenizeCommand(CLI::App* app, int* exit_code) {
+  auto decode = std::make_shared<bool>(false);
+  CLI::App* tokenize = app->add_subcommand(
+      "tokenize",
+      "GPT-2 BPE: text on stdin -> token ids on stdout, separated by spaces "
+      "(\"<|endoftext|>\" -> 50256)");
+  tokenize->add_flag("--decode", *decode,
+                     "Read token ids on stdin and write their text");
+  tokenize->callback(
+      [decode, exit_code] { *exit_code = RunTokenize(*decode); });
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,81 @@
+// Helpers shared by the data and CLI tests: scratch folders, whole-file I/O
+// and running a command with captured output.
+#ifndef SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_
+#define SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+namespace shardtrain::test {
+
+// A fresh folder under $TMPDIR (or /tmp), removed with its contents when this
+// object is destroyed.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") +
+                          "/shardtrain_test_XXXXXX";
+    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+
+  const std::string& path() const { return path_; }
+  std::string operator/(std::string_view name) const {
+    return path_ + "/" + std::string(name);
+  }
+
+ private:
+  std::string path_;
+};
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+}
+
+inline void WriteFile(const std::string& path, std::string_view contents) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(contents.data(), static_cast<std::streamsize>(contents.size()));
+}
+
+struct CommandResult {
+  int exit_code = -1;  // -1 when the command did not exit normally
+  std::string out;
+  std::string err;
+};
+
+// Runs `command` with /bin/sh, `input` on its stdin.
+inline CommandResult RunCommand(const std::string& command,
+                                std::string_view input = "") {
+  TempDir io;
+  WriteFile(io / "in", input);
+  const int status = std::system((command + " <" + (io / "in") + " >" +
+                                  (io / "out") + " 2>" + (io / "err"))
+                                     .c_str());
+  CommandResult result;
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  result.out = ReadFile(io / "out");
+  result.err = ReadFile(io / "err");
+  return result;
+}
+
+inline bool NodeAvailable() {
+  return std::system("command -v node >/dev/null 2>&1") == 0;
+}
+
+}  // namespace shardtrain::test
+
+#endif  // SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_

@@ -1,0 +1,76 @@
+#include "worker/engine/train/checkpoint_store.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include "worker/engine/train/tensor_file.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  std::string dir = (fs::temp_directory_path() /
+                     ("shardtrain_" + name + "_" + std::to_string(::getpid())))
+                        .string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(CheckpointStoreTest, LatestIsOnlyEverACommittedCheckpoint) {
+  CheckpointStore store(TempDir("ckpt"));
+  EXPECT_TRUE(absl::IsNotFound(store.Latest().status()));
+
+  auto staging = store.Begin(10);
+  ASSERT_TRUE(staging.ok());
+  std::ofstream(*staging + "/model.pt") << "x";
+  EXPECT_TRUE(absl::IsNotFound(store.Latest().status()));  // not yet committed
+  ASSERT_TRUE(store.Commit(10).ok());
+  ASSERT_TRUE(store.Latest().ok());
+  EXPECT_EQ(fs::path(*store.Latest()).filename(), "step_00000010");
+  EXPECT_TRUE(fs::exists(*store.Latest() + "/model.pt"));
+
+  // A crash while writing step 20 leaves step 10 as the latest.
+  ASSERT_TRUE(store.Begin(20).ok());
+  EXPECT_EQ(fs::path(*store.Latest()).filename(), "step_00000010");
+}
+
+TEST(CheckpointStoreTest, KeepsOnlyTheNewestCheckpoints) {
+  CheckpointStore store(TempDir("prune"), /*keep=*/2);
+  for (int64_t step : {1, 2, 3, 4}) {
+    ASSERT_TRUE(store.Begin(step).ok());
+    ASSERT_TRUE(store.Commit(step).ok());
+  }
+  EXPECT_FALSE(fs::exists(store.root() + "/step_00000001"));
+  EXPECT_FALSE(fs::exists(store.root() + "/step_00000002"));
+  EXPECT_TRUE(fs::exists(store.root() + "/step_00000003"));
+  EXPECT_EQ(fs::path(*store.Latest()).filename(), "step_00000004");
+}
+
+TEST(TensorFileTest, RoundTripsNamedTensors) {
+  const std::string path = TempDir("tensors") + "/t.pt";
+  torch::Tensor a = torch::randn({3, 4});
+  torch::Tensor b = torch::arange(5);
+  ASSERT_TRUE(SaveTensorFile(path, {{"h.0.attn.c_attn.weight", a}, {"b", b}}).ok());
+  auto loaded = LoadTensorFile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);
+  EXPECT_EQ((*loaded)[0].first, "h.0.attn.c_attn.weight");
+  EXPECT_TRUE(torch::equal((*loaded)[0].second, a));
+  EXPECT_TRUE(torch::equal((*loaded)[1].second, b));
+}
+
+TEST(TensorFileTest, GarbageAndMissingFilesAreErrors) {
+  const std::string dir = TempDir("garbage");
+  std::ofstream(dir + "/bad.pt") << "not a tensor file";
+  EXPECT_FALSE(LoadTensorFile(dir + "/bad.pt").ok());
+  EXPECT_TRUE(absl::IsNotFound(LoadTensorFile(dir + "/none.pt").status()));
+}
+
+}  // namespace
+}  // namespace shardtrain

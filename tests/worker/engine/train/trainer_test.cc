@@ -1,0 +1,228 @@
+#include "worker/engine/train/trainer.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include "worker/engine/data/token_file.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/step_metrics.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+// A small corpus with structure a model can learn: a noisy periodic sequence.
+std::string MakeData(const std::string& name) {
+  const std::string dir = (fs::temp_directory_path() /
+                           ("shardtrain_trainer_" + name + "_" +
+                            std::to_string(::getpid())))
+                              .string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::mt19937 rng(42);
+  for (const auto& [file, count] :
+       {std::pair{"train.bin", 40000}, std::pair{"val.bin", 8000}}) {
+    std::vector<uint16_t> tokens(count);
+    for (int i = 0; i < count; ++i) {
+      tokens[i] = static_cast<uint16_t>((i * 7) % 97 + (rng() % 4 == 0 ? 1000 : 0));
+    }
+    EXPECT_TRUE(WriteTokenFile(dir + "/" + file, tokens).ok());
+  }
+  return dir;
+}
+
+TrainConfig SmallConfig(const std::string& data) {
+  TrainConfig config;
+  config.model = "gpt2-tiny";
+  config.data = data;
+  config.batch_size = 4;
+  config.seq_len = 32;
+  config.max_steps = 10;
+  config.lr = 1e-3;
+  config.warmup_steps = 2;
+  config.threads = 2;
+  config.eval_steps = 2;
+  return config;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config,
+                                     std::ostream* log = nullptr) {
+  StrategyOptions options;
+  options.adamw = {config.beta1, config.beta2, config.eps};
+  options.weight_decay = config.weight_decay;
+  auto trainer = Trainer::Create(
+      config, RankInfo{}, std::make_unique<SingleDeviceStrategy>(options), log);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? std::move(*trainer) : nullptr;
+}
+
+double RelDiff(double a, double b) {
+  return std::fabs(a - b) / std::max(std::fabs(b), 1e-12);
+}
+
+TEST(TrainerTest, ResumeReproducesTheUninterruptedLosses) {
+  const std::string data = MakeData("resume");
+  TrainConfig config = SmallConfig(data);
+
+  auto uninterrupted = MakeTrainer(config);
+  ASSERT_TRUE(uninterrupted->Run().ok());
+
+  config.out = data + "/run";
+  config.checkpoint_every = 5;
+  auto first = MakeTrainer(config);
+  ASSERT_TRUE(first->Run().ok());
+  // Simulate a crash after the step-5 checkpoint: it becomes the latest.
+  std::ofstream(config.out + "/checkpoints/latest") << "step_00000005\n";
+  fs::remove(config.out + "/metrics.jsonl");
+
+  config.resume = true;
+  auto resumed = MakeTrainer(config);
+  ASSERT_EQ(resumed->start_step(), 5);
+  ASSERT_TRUE(resumed->Run().ok());
+  ASSERT_EQ(resumed->history().size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const StepMetrics& expected = uninterrupted->history()[5 + i];
+    const StepMetrics& got = resumed->history()[i];
+    EXPECT_EQ(got.step, expected.step);
+    EXPECT_LE(RelDiff(got.loss, expected.loss), 1e-6)
+        << "step " << got.step << ": " << got.loss << " vs " << expected.loss;
+    EXPECT_LE(RelDiff(got.grad_norm, expected.grad_norm), 1e-6);
+  }
+}
+
+TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRun) {
+  const std::string data = MakeData("mismatch");
+  TrainConfig config = SmallConfig(data);
+  config.out = data + "/run";
+  config.checkpoint_every = 5;
+  ASSERT_TRUE(MakeTrainer(config)->Run().ok());
+
+  config.resume = true;
+  config.batch_size = 2;  // changes the data order
+  StrategyOptions options;
+  auto trainer = Trainer::Create(config, RankInfo{},
+                                 std::make_unique<SingleDeviceStrategy>(options),
+                                 nullptr);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("batch_size"), std::string::npos)
+      << trainer.status();
+
+  config.batch_size = 4;
+  std::ofstream(config.out + "/checkpoints/step_00000010/model.pt") << "torn";
+  trainer = Trainer::Create(config, RankInfo{},
+                            std::make_unique<SingleDeviceStrategy>(options),
+                            nullptr);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("model.pt"), std::string::npos)
+      << trainer.status();
+}
+
+TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
+  const std::string data = MakeData("accum");
+  TrainConfig large = SmallConfig(data);
+  large.batch_size = 8;
+  large.max_steps = 5;
+  TrainConfig micro = large;
+  micro.batch_size = 2;
+  micro.grad_accum = 4;
+
+  auto a = MakeTrainer(large);
+  auto b = MakeTrainer(micro);
+  ASSERT_TRUE(a->Run().ok());
+  ASSERT_TRUE(b->Run().ok());
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_LE(RelDiff(b->history()[i].loss, a->history()[i].loss), 1e-5) << i;
+    EXPECT_LE(RelDiff(b->history()[i].grad_norm, a->history()[i].grad_norm), 1e-5)
+        << i;
+    EXPECT_EQ(b->history()[i].tokens, a->history()[i].tokens);
+  }
+}
+
+TEST(TrainerTest, WritesMetricsLinesStepLinesAndTheModel) {
+  const std::string data = MakeData("outputs");
+  TrainConfig config = SmallConfig(data);
+  config.out = data + "/run";
+  config.eval_every = 5;
+  std::ostringstream log;
+  auto trainer = MakeTrainer(config, &log);
+  ASSERT_TRUE(trainer->Run().ok());
+
+  std::ifstream metrics(config.out + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  int evals = 0;
+  while (std::getline(metrics, line)) {
+    auto m = StepMetrics::FromJson(line);
+    ASSERT_TRUE(m.ok()) << line;
+    ++lines;
+    EXPECT_EQ(m->step, lines);
+    EXPECT_GT(m->tokens_per_second, 0);
+    EXPECT_GT(m->mfu, 0);
+    EXPECT_LT(m->mfu, 1);
+    EXPECT_GT(m->memory_peak_bytes, 0);
+    EXPECT_GE(m->memory_peak_bytes, m->memory_allocated_bytes);
+    if (m->val_loss >= 0) ++evals;
+  }
+  EXPECT_EQ(lines, 10);
+  EXPECT_EQ(evals, 2);  // steps 5 and 10
+  EXPECT_NE(log.str().find("step 10/10 | loss "), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("val_loss "), std::string::npos);
+
+  // The exported llm.c model holds the trained weights.
+  Gpt2 loaded(*ParseModelSpec("gpt2-tiny"));
+  ASSERT_TRUE(LoadLlmcCheckpoint(config.out + "/model.bin", loaded).ok());
+  TrainConfig eval = config;
+  eval.out.clear();
+  eval.eval_only = true;
+  eval.init_from = config.out + "/model.bin";
+  auto evaluator = MakeTrainer(eval);
+  auto val_loss = evaluator->Evaluate();
+  ASSERT_TRUE(val_loss.ok());
+  EXPECT_NEAR(*val_loss, trainer->history().back().val_loss, 1e-5);
+}
+
+TEST(TrainerTest, LossFallsOnLearnableData) {
+  const std::string data = MakeData("learn");
+  TrainConfig config = SmallConfig(data);
+  config.max_steps = 60;
+  auto trainer = MakeTrainer(config);
+  ASSERT_TRUE(trainer->Run().ok());
+  EXPECT_NEAR(trainer->history().front().loss, std::log(50257.0), 0.3);
+  EXPECT_LT(trainer->history().back().loss, 0.5 * trainer->history().front().loss);
+}
+
+TEST(TrainerTest, CreateNamesTheProblem) {
+  StrategyOptions options;
+  auto create = [&](const TrainConfig& config) {
+    return Trainer::Create(config, RankInfo{},
+                           std::make_unique<SingleDeviceStrategy>(options),
+                           nullptr)
+        .status();
+  };
+  TrainConfig missing = SmallConfig("/nonexistent/data");
+  EXPECT_NE(create(missing).message().find("/nonexistent/data"), std::string::npos);
+
+  const std::string data = MakeData("errors");
+  TrainConfig too_long = SmallConfig(data);
+  too_long.seq_len = 100000;
+  EXPECT_NE(create(too_long).message().find("seq_len"), std::string::npos);
+
+  TrainConfig bad_init = SmallConfig(data);
+  bad_init.init_from = data + "/train.bin";  // a token file, not a model
+  EXPECT_NE(create(bad_init).message().find("init_from"), std::string::npos);
+
+  TrainConfig huge_batch = SmallConfig(data);
+  huge_batch.batch_size = 5000;
+  EXPECT_NE(create(huge_batch).message().find("data:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain

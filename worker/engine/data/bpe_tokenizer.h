@@ -1,0 +1,73 @@
+// GPT-2's byte-level BPE tokenizer, byte-exact with OpenAI's encoder.py.
+//
+// Text is split into pre-tokens by GPT-2's regex
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// (run by PCRE2 in UTF + Unicode-property mode), each pre-token's UTF-8 bytes
+// are merged by the ranks in vocab.bpe, and the resulting pieces are looked up
+// in encoder.json. Merges are cached per pre-token, so a corpus encodes at
+// regex speed.
+//
+// Where the references disagree with each other:
+//  - `\s` is JavaScript's (the gpt-3-encoder package the tests compare with):
+//    Unicode separators, \t\n\v\f\r and U+FEFF. Python's `regex` module also
+//    counts U+001C..U+001F and U+0085 as whitespace and not U+FEFF, so text
+//    holding those characters can split differently from encoder.py.
+//  - gpt-3-encoder keys its merge table by `a + "," + b`, so for a few pieces
+//    holding commas (e.g. the text `","`) it applies a merge that vocab.bpe
+//    does not contain. We follow vocab.bpe, as encoder.py and tiktoken do.
+//  - Bytes that are not valid UTF-8 (the references only see valid text)
+//    become pre-tokens of their own, so Decode(Encode(s)) == s for any bytes.
+#ifndef SHARDTRAIN_WORKER_ENGINE_DATA_BPE_TOKENIZER_H_
+#define SHARDTRAIN_WORKER_ENGINE_DATA_BPE_TOKENIZER_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/engine/data/gpt2_vocab.h"
+
+namespace shardtrain {
+
+// How Encode treats the literal text "<|endoftext|>".
+enum class SpecialTokens {
+  kAsText,     // ordinary text, as gpt-3-encoder and encoder.py do
+  kRecognize,  // each occurrence becomes kEndOfText (tiktoken's allowed_special)
+};
+
+// Thread-safe; movable, not copyable.
+class BpeTokenizer {
+ public:
+  static constexpr int kEndOfText = kGpt2EndOfText;
+
+  // Reads `vocab_dir`/encoder.json and `vocab_dir`/vocab.bpe. Fails, naming
+  // the file, when either is missing or malformed.
+  static absl::StatusOr<BpeTokenizer> Load(const std::string& vocab_dir);
+  // Load(Gpt2VocabDir()): the vocabulary installed by scripts/setup.
+  static absl::StatusOr<BpeTokenizer> LoadDefault();
+
+  BpeTokenizer(BpeTokenizer&&) noexcept;
+  BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
+  ~BpeTokenizer();
+
+  std::vector<int> Encode(std::string_view text,
+                          SpecialTokens special = SpecialTokens::kAsText) const;
+
+  // The bytes the ids stand for (not necessarily valid UTF-8 when `ids` cuts
+  // a character). InvalidArgument for an id outside [0, vocab_size()).
+  absl::StatusOr<std::string> Decode(absl::Span<const int> ids) const;
+
+  int vocab_size() const;
+
+ private:
+  struct Impl;
+  explicit BpeTokenizer(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_DATA_BPE_TOKENIZER_H_

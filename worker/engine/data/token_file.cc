@@ -1,0 +1,201 @@
+#include "worker/engine/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/data/gpt2_vocab.h"
+
+namespace shardtrain {
+namespace {
+
+std::string ErrnoMessage(const std::string& path, const char* action) {
+  return absl::StrCat(path, ": cannot ", action, ": ", std::strerror(errno));
+}
+
+// Closes a file descriptor on every return path.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Closes now, reporting the result (a failed close can lose written data).
+  int Close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+bool WriteAll(int fd, const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const std::string message = ErrnoMessage(path, "open token file");
+    return errno == ENOENT ? absl::NotFoundError(message)
+                           : absl::PermissionDeniedError(message);
+  }
+  FdCloser closer(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(ErrnoMessage(path, "stat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file"));
+  }
+  const auto file_bytes = static_cast<size_t>(st.st_size);
+  if (file_bytes < kTokenFileHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": truncated header: file has ", file_bytes,
+        " bytes, an llm.c token file header needs ", kTokenFileHeaderBytes));
+  }
+  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (mapping == MAP_FAILED) {
+    return absl::InternalError(ErrnoMessage(path, "mmap"));
+  }
+  // From here the mapping is owned; TokenFile's destructor unmaps it.
+  TokenFile file(path, mapping, file_bytes, 0);
+
+  std::array<int32_t, kTokenFileHeaderInts> header;
+  std::memcpy(header.data(), mapping, kTokenFileHeaderBytes);
+  if (header[0] != kTokenFileMagic) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": bad magic ", header[0], " (expected ", kTokenFileMagic,
+        "): not an llm.c token file"));
+  }
+  if (header[1] != kTokenFileVersion) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": unsupported version ", header[1], " (only version ",
+        kTokenFileVersion, ", uint16 GPT-2 tokens, is supported)"));
+  }
+  if (header[2] < 0) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": negative token count ", header[2]));
+  }
+  const auto count = static_cast<size_t>(header[2]);
+  const size_t expected_bytes = kTokenFileHeaderBytes + count * sizeof(uint16_t);
+  if (file_bytes != expected_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": header says ", count, " tokens (", expected_bytes,
+        " bytes with the header) but the file has ", file_bytes, " bytes"));
+  }
+  file.tokens_ = reinterpret_cast<const uint16_t*>(
+      static_cast<const char*>(mapping) + kTokenFileHeaderBytes);
+  file.size_ = count;
+  for (size_t i = 0; i < count; ++i) {
+    if (file.tokens_[i] >= kGpt2VocabSize) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": token id ", file.tokens_[i], " at index ", i,
+          " is outside GPT-2's vocabulary (ids < ", kGpt2VocabSize, ")"));
+    }
+  }
+  return file;
+}
+
+TokenFile::TokenFile(std::string path, void* mapping, size_t mapping_bytes,
+                     size_t size)
+    : path_(std::move(path)),
+      mapping_(mapping),
+      mapping_bytes_(mapping_bytes),
+      size_(size) {}
+
+TokenFile::TokenFile(TokenFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      mapping_(std::exchange(other.mapping_, nullptr)),
+      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
+      tokens_(std::exchange(other.tokens_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
+  if (this != &other) {
+    Unmap();
+    path_ = std::move(other.path_);
+    mapping_ = std::exchange(other.mapping_, nullptr);
+    mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+TokenFile::~TokenFile() { Unmap(); }
+
+void TokenFile::Unmap() {
+  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
+  mapping_ = nullptr;
+  mapping_bytes_ = 0;
+  tokens_ = nullptr;
+  size_ = 0;
+}
+
+absl::Status WriteTokenFile(const std::string& path,
+                            absl::Span<const uint16_t> tokens) {
+  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", tokens.size(),
+        " tokens do not fit an llm.c header (at most ", INT32_MAX, ")"));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= kGpt2VocabSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": token id ", tokens[i], " at index ", i,
+          " is outside GPT-2's vocabulary (ids < ", kGpt2VocabSize, ")"));
+    }
+  }
+  std::array<int32_t, kTokenFileHeaderInts> header{};
+  header[0] = kTokenFileMagic;
+  header[1] = kTokenFileVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+
+  const std::string temp_path =
+      absl::StrCat(path, ".tmp.", static_cast<long>(::getpid()));
+  const int fd =
+      ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(ErrnoMessage(temp_path, "create"));
+  FdCloser closer(fd);
+  if (!WriteAll(fd, header.data(), kTokenFileHeaderBytes) ||
+      !WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t)) ||
+      ::fsync(fd) != 0 || closer.Close() != 0) {
+    const std::string message = ErrnoMessage(temp_path, "write");
+    std::remove(temp_path.c_str());
+    return absl::InternalError(message);
+  }
+  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
+    const std::string message = ErrnoMessage(path, "rename into place");
+    std::remove(temp_path.c_str());
+    return absl::InternalError(message);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain

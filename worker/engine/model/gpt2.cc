@@ -1,0 +1,267 @@
+#include "worker/engine/model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/version.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr double kInitStd = 0.02;
+constexpr double kLayerNormEps = 1e-5;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(true));
+}
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t c) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({c}).eps(kLayerNormEps));
+}
+
+// Linear layers see activations as [B*T, C]: a 2-D input takes ATen's fused
+// addmm path, and the views cost nothing on the contiguous residual stream.
+torch::Tensor Flatten(const torch::Tensor& x) {
+  return x.reshape({-1, x.size(-1)});
+}
+
+}  // namespace
+
+torch::Tensor CausalMask::Get(int64_t t, const torch::Tensor& like) {
+  if (!mask_.defined() || mask_.device() != like.device() ||
+      mask_.scalar_type() != like.scalar_type()) {
+    torch::NoGradGuard no_grad;
+    mask_ = torch::full({block_size_, block_size_},
+                        -std::numeric_limits<double>::infinity(),
+                        like.options().requires_grad(false))
+                .triu_(1);
+  }
+  return mask_.narrow(0, 0, t).narrow(1, 0, t);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(
+    const Gpt2Config& config, std::shared_ptr<CausalMask> mask)
+    : n_head_(config.n_head), n_embd_(config.n_embd), mask_(std::move(mask)) {
+  c_attn_ = register_module("c_attn", MakeLinear(n_embd_, 3 * n_embd_));
+  c_proj_ = register_module("c_proj", MakeLinear(n_embd_, n_embd_));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const int64_t hs = c / n_head_;
+  // One copy lays q, k and v out head-major: [3, B, nh, T, hs].
+  const torch::Tensor qkv = c_attn_(Flatten(x))
+                                .view({b, t, 3, n_head_, hs})
+                                .permute({2, 0, 3, 1, 4})
+                                .contiguous();
+  torch::Tensor y;  // [B, nh, T, hs]
+#if TORCH_VERSION_MAJOR >= 2
+  y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
+                                       /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  const torch::Tensor q = qkv[0].view({b * n_head_, t, hs});
+  const torch::Tensor k = qkv[1].view({b * n_head_, t, hs});
+  const torch::Tensor v = qkv[2].view({b * n_head_, t, hs});
+  // The mask is added by the matrix product itself (beta = 1), so the scores
+  // are written once before the softmax.
+  const torch::Tensor scores =
+      at::baddbmm(mask_->Get(t, x), q, k.transpose(1, 2), /*beta=*/1.0,
+                  /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));
+  y = at::bmm(at::softmax(scores, -1), v).view({b, n_head_, t, hs});
+#endif
+  y = y.permute({0, 2, 1, 3}).reshape({b * t, c});
+  return c_proj_(y).view({b, t, c});
+}
+
+MlpImpl::MlpImpl(const Gpt2Config& config) {
+  c_fc_ = register_module("c_fc", MakeLinear(config.n_embd, 4 * config.n_embd));
+  c_proj_ =
+      register_module("c_proj", MakeLinear(4 * config.n_embd, config.n_embd));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor h = at::gelu(c_fc_(Flatten(x)), "tanh");
+  return c_proj_(h).view(x.sizes());
+}
+
+BlockImpl::BlockImpl(const Gpt2Config& config,
+                     std::shared_ptr<CausalMask> mask) {
+  ln_1_ = register_module("ln_1", MakeLayerNorm(config.n_embd));
+  attn_ = register_module("attn",
+                          CausalSelfAttention(config, std::move(mask)));
+  ln_2_ = register_module("ln_2", MakeLayerNorm(config.n_embd));
+  mlp_ = register_module("mlp", Mlp(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = x + attn_(ln_1_(x));
+  return y + mlp_(ln_2_(y));
+}
+
+Gpt2Impl::Gpt2Impl(const Gpt2Config& config) : config_(config) {
+  const absl::Status valid = config.Validate();
+  TORCH_CHECK(valid.ok(), "Gpt2: invalid config: ", valid.ToString());
+  const int64_t c = config.n_embd;
+  wte_ = register_module(
+      "wte", torch::nn::Embedding(config.padded_vocab_size, c));
+  wpe_ = register_module("wpe", torch::nn::Embedding(config.block_size, c));
+  h_ = register_module("h", torch::nn::ModuleList());
+  auto mask = std::make_shared<CausalMask>(config.block_size);
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    blocks_.push_back(Block(config, mask));
+    h_->push_back(blocks_.back());
+  }
+  ln_f_ = register_module("ln_f", MakeLayerNorm(c));
+  InitWeights(/*seed=*/0);
+}
+
+torch::Tensor Gpt2Impl::Embed(const torch::Tensor& idx) {
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong,
+              "Gpt2: idx must be [B,T] int64, got ", idx.sizes(), " ",
+              idx.scalar_type());
+  const int64_t t = idx.size(1);
+  TORCH_CHECK(t >= 1 && t <= config_.block_size, "Gpt2: sequence length ", t,
+              " must be in [1, block_size = ", config_.block_size, "]");
+  // Positions are the first T rows of wpe, broadcast over the batch: no
+  // arange tensor and no gather.
+  return wte_(idx) + wpe_->weight.narrow(0, 0, t);
+}
+
+torch::Tensor Gpt2Impl::Head(const torch::Tensor& x) {
+  const torch::Tensor vocab_rows =
+      wte_->weight.narrow(0, 0, config_.vocab_size);  // contiguous view
+  const torch::Tensor logits = at::linear(Flatten(ln_f_(x)), vocab_rows);
+  return logits.view({x.size(0), x.size(1), config_.vocab_size});
+}
+
+torch::Tensor Gpt2Impl::forward(const torch::Tensor& idx) {
+  torch::Tensor x = Embed(idx);
+  for (Block& block : blocks_) x = block(x);
+  return Head(x);
+}
+
+void Gpt2Impl::InitWeights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const double proj_std =
+      kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& named : named_parameters(/*recurse=*/true)) {
+    const std::string& name = named.key();
+    torch::Tensor& p = named.value();
+    if (absl::EndsWith(name, ".bias")) {
+      p.zero_();
+    } else if (absl::StartsWith(name, "ln_") ||
+               absl::StrContains(name, ".ln_")) {
+      p.fill_(1.0);
+    } else {
+      const double std = absl::EndsWith(name, "c_proj.weight") ? proj_std
+                                                                : kInitStd;
+      // Drawn on the CPU so that every device gets the same numbers.
+      if (p.is_cpu() && p.is_contiguous()) {
+        p.normal_(0.0, std, gen);
+      } else {
+        p.copy_(torch::empty(p.sizes(), p.options().device(torch::kCPU))
+                    .normal_(0.0, std, gen));
+      }
+    }
+  }
+  wte_->weight
+      .narrow(0, config_.vocab_size,
+              config_.padded_vocab_size - config_.vocab_size)
+      .zero_();
+}
+
+absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  try {
+    Gpt2 model(config);
+    if (seed != 0) model->InitWeights(seed);
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("building model ", config.ToSpec(), ": ",
+                     e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "building model ", config.ToSpec(), ": out of memory (",
+        config.NumParameters(), " parameters)"));
+  }
+}
+
+// Cross-entropy fused by hand. ATen's log_softmax + nll_loss materialise three
+// more [N, V] tensors per step (log-probabilities, nll's dense gradient, the
+// gradient of log_softmax); with GPT-2's 50k vocabulary those dominate a small
+// model's step on CPU. Here the forward pass keeps only per-row losses
+// (log_softmax runs on slices of rows) and the backward pass writes the one
+// gradient the head needs, softmax(logits) - onehot(targets), scaled by
+// grad / N. Not twice differentiable.
+class FusedCrossEntropy
+    : public torch::autograd::Function<FusedCrossEntropy> {
+ public:
+  // logits [N, V] floating point, targets [N] int64 -> mean loss, a scalar.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+    const int64_t n = logits.size(0), v = logits.size(1);
+    // About 4 MiB of log-probabilities at a time: stays in cache, never
+    // becomes a fresh [N, V] allocation.
+    const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 20) / v);
+    torch::Tensor row_loss = at::empty({n}, logits.options());
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      const torch::Tensor logp = at::log_softmax(logits.narrow(0, start, len), 1);
+      at::neg_out(row_loss.narrow(0, start, len),
+          logp.gather(1, targets.narrow(0, start, len).unsqueeze(1))
+              .squeeze(1));
+    }
+    ctx->save_for_backward({logits, targets});
+    return row_loss.mean();
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grad_outputs) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& targets = saved[1];
+    const torch::Tensor scale = grad_outputs[0] / logits.size(0);
+    torch::Tensor grad = at::softmax(logits, 1).mul_(scale);
+    grad.scatter_add_(1, targets.unsqueeze(1),
+                      scale.neg().expand({logits.size(0), 1}));
+    return {grad, torch::Tensor()};
+  }
+};
+
+torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+  TORCH_CHECK(logits.dim() >= 2 && logits.is_floating_point(),
+              "CrossEntropyLoss: logits must be [..., V] floating point, got ",
+              logits.sizes());
+  TORCH_CHECK(targets.scalar_type() == torch::kLong &&
+                  targets.numel() * logits.size(-1) == logits.numel(),
+              "CrossEntropyLoss: targets must be int64 with one entry per row "
+              "of logits, got ",
+              targets.sizes(), " for logits ", logits.sizes());
+  return FusedCrossEntropy::apply(Flatten(logits).contiguous(),
+                                  targets.reshape({-1}));
+}
+
+}  // namespace shardtrain

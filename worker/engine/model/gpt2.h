@@ -1,0 +1,174 @@
+// GPT-2 exactly as nanoGPT builds it (model.py), as LibTorch modules:
+//
+//   idx [B,T] -> wte(idx) + wpe[0:T] -> h.0 ... h.{L-1} -> ln_f -> x @ wte^T
+//   Block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))          (pre-LN)
+//   attn:   c_attn -> q,k,v -> causal softmax(q k^T / sqrt(hs)) v -> c_proj
+//   mlp:    c_fc (C -> 4C) -> GELU (tanh approximation) -> c_proj (4C -> C)
+//
+// Parameter names follow GPT-2/nanoGPT without the "transformer." prefix:
+// wte, wpe, h.<i>.ln_1, h.<i>.attn.c_attn, h.<i>.attn.c_proj, h.<i>.ln_2,
+// h.<i>.mlp.c_fc, h.<i>.mlp.c_proj, ln_f. Linear weights are [out, in], as in
+// nanoGPT and llm.c. The LM head is tied to wte: there is no lm_head
+// parameter. wte has padded_vocab_size rows but logits are computed against
+// its first vocab_size rows only, so padding never enters the softmax, its
+// rows stay zero and never receive gradient.
+//
+// Differences from nanoGPT, on purpose: no dropout (GPT-2 pretraining
+// settings in nanoGPT use 0.0, and dropout would break the bit-for-bit
+// comparisons between strategies); weights are initialised in one seeded pass
+// over the parameters (see Gpt2Impl::InitWeights) instead of module.apply().
+//
+// The attention, MLP and block modules live here rather than in files of
+// their own: they are the parts of one model, read together (as in nanoGPT's
+// model.py), and each extra translation unit that includes LibTorch costs a
+// long compile.
+#ifndef SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_H_
+#define SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/model/gpt2_config.h"
+
+namespace shardtrain {
+
+// The additive causal mask (0 on and below the diagonal, -inf above) used by
+// the masked-softmax attention of LibTorch 1.x; LibTorch 2.x uses fused
+// scaled-dot-product attention and never builds it. One instance is shared by
+// all blocks of a model. It is deliberately neither a parameter nor a buffer:
+// it is a pure function of block_size, so it has no place in checkpoints,
+// DDP's broadcast or FSDP's flat parameters. Not thread-safe (neither is a
+// module's forward).
+class CausalMask {
+ public:
+  explicit CausalMask(int64_t block_size) : block_size_(block_size) {}
+  CausalMask(const CausalMask&) = delete;
+  CausalMask& operator=(const CausalMask&) = delete;
+
+  // A [t, t] view of the mask with the device and dtype of `like`. Built on
+  // first use and again only when the device or dtype changes.
+  torch::Tensor Get(int64_t t, const torch::Tensor& like);
+
+ private:
+  const int64_t block_size_;
+  torch::Tensor mask_;  // [block_size, block_size]
+};
+
+// Multi-head causal self-attention: [B,T,C] -> [B,T,C].
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(const Gpt2Config& config,
+                          std::shared_ptr<CausalMask> mask);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear& c_attn() { return c_attn_; }  // C -> 3C: q, k, v
+  torch::nn::Linear& c_proj() { return c_proj_; }  // C -> C, residual
+
+ private:
+  const int64_t n_head_;
+  const int64_t n_embd_;
+  std::shared_ptr<CausalMask> mask_;
+  torch::nn::Linear c_attn_{nullptr};
+  torch::nn::Linear c_proj_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+// Position-wise MLP: [B,T,C] -> [B,T,C] through 4C with tanh-GELU.
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const Gpt2Config& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear& c_fc() { return c_fc_; }      // C -> 4C
+  torch::nn::Linear& c_proj() { return c_proj_; }  // 4C -> C, residual
+
+ private:
+  torch::nn::Linear c_fc_{nullptr};
+  torch::nn::Linear c_proj_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// One transformer block, the unit FSDP gathers and frees: [B,T,C] -> [B,T,C].
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const Gpt2Config& config, std::shared_ptr<CausalMask> mask);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm& ln_1() { return ln_1_; }
+  CausalSelfAttention& attn() { return attn_; }
+  torch::nn::LayerNorm& ln_2() { return ln_2_; }
+  Mlp& mlp() { return mlp_; }
+
+ private:
+  torch::nn::LayerNorm ln_1_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  torch::nn::LayerNorm ln_2_{nullptr};
+  Mlp mlp_{nullptr};
+};
+TORCH_MODULE(Block);
+
+// The whole model. forward() == Head(blocks in order(Embed(idx))), so a
+// strategy may run the pieces one at a time.
+class Gpt2Impl : public torch::nn::Module {
+ public:
+  // `config` must Validate() (checked; a bad one throws c10::Error). The new
+  // model is already initialised as by InitWeights(0).
+  explicit Gpt2Impl(const Gpt2Config& config);
+
+  // idx: [B,T] int64 token ids in [0, vocab_size), T <= block_size.
+  // Returns logits [B,T,vocab_size] (float32 when the model is).
+  torch::Tensor forward(const torch::Tensor& idx);
+  // wte(idx) + wpe[0:T] -> [B,T,C].
+  torch::Tensor Embed(const torch::Tensor& idx);
+  // ln_f, then the tied LM head: [B,T,C] -> logits [B,T,vocab_size].
+  torch::Tensor Head(const torch::Tensor& x);
+
+  // GPT-2 initialisation, a pure function of (config, seed) on any device:
+  // one pass over named_parameters() in order, drawing from a CPU generator
+  // seeded with `seed`: biases 0, LayerNorm weights 1, attn.c_proj and
+  // mlp.c_proj weights N(0, 0.02 / sqrt(2 * n_layer)), every other weight
+  // N(0, 0.02); then the padded rows of wte are zeroed. The Python reference
+  // (bench/reference/gpt2_reference.py) does the same and gets the same bits.
+  void InitWeights(uint64_t seed);
+
+  const Gpt2Config& config() const { return config_; }
+  torch::nn::Embedding& wte() { return wte_; }  // [padded_vocab_size, C]
+  torch::nn::Embedding& wpe() { return wpe_; }  // [block_size, C]
+  // The blocks h.0 ... h.{L-1} as registered ("h"); each element is a Block.
+  torch::nn::ModuleList& blocks() { return h_; }
+  Block& block(int64_t i) { return blocks_.at(static_cast<size_t>(i)); }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  torch::nn::LayerNorm& ln_f() { return ln_f_; }
+
+ private:
+  const Gpt2Config config_;
+  torch::nn::Embedding wte_{nullptr};
+  torch::nn::Embedding wpe_{nullptr};
+  torch::nn::ModuleList h_{nullptr};
+  std::vector<Block> blocks_;  // The same modules as h_, typed.
+  torch::nn::LayerNorm ln_f_{nullptr};
+};
+TORCH_MODULE(Gpt2);
+
+// Validates `config` and builds a model initialised with InitWeights(seed).
+// Errors: the config's, or LibTorch's (e.g. out of memory), as a Status.
+absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed);
+
+// Mean cross-entropy over all B*T positions. logits: [B,T,V] (or [N,V]);
+// targets: [B,T] (or [N]) int64 in [0, V).
+torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
+                               const torch::Tensor& targets);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_H_

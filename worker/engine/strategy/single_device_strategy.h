@@ -1,0 +1,39 @@
+// SingleDeviceStrategy: one process owns the model, the optimizer and the
+// whole batch. The reference the distributed strategies are checked against.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_SINGLE_DEVICE_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_SINGLE_DEVICE_STRATEGY_H_
+
+#include <memory>
+
+#include "worker/engine/strategy/strategy.h"
+
+namespace shardtrain {
+
+class SingleDeviceStrategy final : public Strategy {
+ public:
+  explicit SingleDeviceStrategy(const StrategyOptions& options);
+
+  std::string name() const override { return "single"; }
+  absl::Status Setup(Gpt2 model) override;
+  torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                const torch::Tensor& targets,
+                                double loss_scale, bool sync) override;
+  double ClipGradNorm(double max_norm) override;
+  void OptimizerStep(double lr) override;
+  torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                            const torch::Tensor& targets) override;
+  double AllReduceMean(double value) override { return value; }
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  absl::Status LoadCheckpoint(const std::string& dir) override;
+  absl::Status ExportModel(const std::string& path) override;
+  int64_t ModelStateBytes() const override;
+
+ private:
+  StrategyOptions options_;
+  Gpt2 model_{nullptr};
+  std::unique_ptr<AdamW> optimizer_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_SINGLE_DEVICE_STRATEGY_H_

@@ -1,0 +1,92 @@
+// Strategy: how the model, its gradients and its optimizer state are spread
+// over ranks. The trainer drives every strategy through the same calls
+// (ForwardBackward, ClipGradNorm, OptimizerStep); the collectives, if any,
+// happen behind them.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/model/gpt2.h"
+#include "worker/engine/train/adamw.h"
+
+namespace shardtrain {
+
+struct StrategyOptions {
+  torch::Device device = torch::kCPU;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::string precision = "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
+  AdamWOptions adamw;
+  double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
+};
+
+// Communication measured since the last TakeCommStats().
+struct CommStats {
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  virtual std::string name() const = 0;
+
+  // Takes a model initialised identically on every rank, places it on the
+  // device (and shards or replicates it) and builds the optimizer.
+  virtual absl::Status Setup(Gpt2 model) = 0;
+
+  // Forward and backward of one micro-batch; the gradient is that of
+  // loss * loss_scale. `sync` is false on accumulation micro-steps, where a
+  // distributed strategy skips its gradient communication. Returns the
+  // micro-batch's mean loss (detached, unscaled) on the device.
+  virtual torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                        const torch::Tensor& targets,
+                                        double loss_scale, bool sync) = 0;
+
+  // Global L2 norm of the accumulated gradient over all parameters and ranks,
+  // before clipping. When max_norm > 0 the gradient is scaled so its norm is
+  // at most max_norm (as torch.nn.utils.clip_grad_norm_).
+  virtual double ClipGradNorm(double max_norm) = 0;
+
+  // One AdamW update at `lr`, then zeroes the gradients.
+  virtual void OptimizerStep(double lr) = 0;
+
+  // Mean loss of a batch without building a graph (evaluation).
+  virtual torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                                    const torch::Tensor& targets) = 0;
+
+  // Mean of a per-rank value over all ranks (identity on one rank).
+  virtual double AllReduceMean(double value) = 0;
+  virtual void Barrier() {}
+
+  // This rank's part of the model and optimizer state, into / from `dir`.
+  virtual absl::Status SaveCheckpoint(const std::string& dir) = 0;
+  virtual absl::Status LoadCheckpoint(const std::string& dir) = 0;
+
+  // The whole model in llm.c's format (collective; rank 0 writes `path`).
+  virtual absl::Status ExportModel(const std::string& path) = 0;
+
+  // Bytes of parameters, gradients and optimizer state this rank holds.
+  virtual int64_t ModelStateBytes() const = 0;
+
+  virtual CommStats TakeCommStats() { return {}; }
+};
+
+// Parameters split as GPT-2 training does: matrices and embeddings decay,
+// biases and LayerNorm gains do not.
+std::vector<AdamW::Group> WeightDecayGroups(
+    const std::vector<torch::Tensor>& params, double weight_decay);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_H_

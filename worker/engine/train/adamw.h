@@ -1,0 +1,61 @@
+// AdamW with decoupled weight decay, the same arithmetic as PyTorch's
+// single-tensor torch.optim.AdamW, over arbitrary tensors: full parameters
+// (single, DDP) or flat shards (FSDP). Parameters are grouped by weight decay.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+
+namespace shardtrain {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
+
+class AdamW {
+ public:
+  struct Group {
+    std::vector<torch::Tensor> params;  // leaf tensors whose grad() is used
+    double weight_decay = 0;
+  };
+
+  AdamW(std::vector<Group> groups, const AdamWOptions& options);
+
+  // One update at learning rate `lr` from each parameter's .grad(); a
+  // parameter without a gradient is skipped.
+  void Step(double lr);
+  void ZeroGrad();
+
+  int64_t step_count() const { return step_; }
+  // Bytes of optimizer state (exp_avg + exp_avg_sq).
+  int64_t StateBytes() const;
+
+  // State as named tensors, for checkpoints: "step", "exp_avg.<i>",
+  // "exp_avg_sq.<i>" with i the parameter's index over all groups.
+  std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
+  absl::Status LoadStateTensors(
+      const std::vector<std::pair<std::string, torch::Tensor>>& state);
+
+ private:
+  struct Slot {
+    torch::Tensor param;
+    torch::Tensor exp_avg;
+    torch::Tensor exp_avg_sq;
+    double weight_decay;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_

@@ -1,0 +1,84 @@
+#include "worker/engine/train/checkpoint_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "worker/engine/train/tensor_file.h"
+
+namespace shardtrain {
+namespace fs = std::filesystem;
+
+CheckpointStore::CheckpointStore(std::string out_dir, int keep)
+    : root_(std::move(out_dir) + "/checkpoints"), keep_(keep) {}
+
+std::string CheckpointStore::StagingDir(int64_t step) const {
+  return absl::StrFormat("%s/.step_%08d.partial", root_, step);
+}
+
+std::string CheckpointStore::FinalDir(int64_t step) const {
+  return absl::StrFormat("%s/step_%08d", root_, step);
+}
+
+absl::StatusOr<std::string> CheckpointStore::Begin(int64_t step) {
+  std::error_code ec;
+  const std::string staging = StagingDir(step);
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint dir ", staging, ": ",
+                     ec.message()));
+  }
+  return staging;
+}
+
+absl::Status CheckpointStore::Commit(int64_t step) {
+  std::error_code ec;
+  const std::string final_dir = FinalDir(step);
+  fs::remove_all(final_dir, ec);
+  fs::rename(StagingDir(step), final_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot publish checkpoint ",
+                                            final_dir, ": ", ec.message()));
+  }
+  if (absl::Status s = WriteFileAtomically(
+          root_ + "/latest", fs::path(final_dir).filename().string() + "\n");
+      !s.ok()) {
+    return s;
+  }
+  // Prune the oldest complete checkpoints beyond `keep_`.
+  std::vector<std::string> complete;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0) {
+      complete.push_back(name);
+    }
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + keep_ < complete.size(); ++i) {
+    fs::remove_all(fs::path(root_) / complete[i], ec);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CheckpointStore::Latest() const {
+  std::ifstream in(root_ + "/latest");
+  std::string name;
+  if (!in || !std::getline(in, name) || name.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint in ", root_, " (nothing to resume)"));
+  }
+  const std::string dir = absl::StrCat(root_, "/", name);
+  if (!fs::is_directory(dir)) {
+    return absl::DataLossError(
+        absl::StrCat(root_, "/latest names ", name, ", which is missing"));
+  }
+  return dir;
+}
+
+}  // namespace shardtrain

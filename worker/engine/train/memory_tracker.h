@@ -1,0 +1,36 @@
+// Exact memory accounting for StepMetrics.
+//
+// On CPU a tracking allocator, installed in front of LibTorch's CPU allocator,
+// counts every tensor byte allocated and freed, so current and peak figures are
+// exact tensor bytes (not RSS). On CUDA the caching allocator's own statistics
+// are read. Tensors allocated before Install() are not counted.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+namespace shardtrain {
+
+struct MemorySnapshot {
+  int64_t allocated_bytes = 0;  // live tensor bytes now
+  int64_t peak_bytes = 0;       // most live bytes since the last ResetPeak
+  int64_t reserved_bytes = 0;   // held by the allocator (CPU: = allocated)
+};
+
+class MemoryTracker {
+ public:
+  // Process-wide; installs the CPU tracking allocator on first use.
+  static MemoryTracker& Get();
+
+  MemorySnapshot Snapshot(const torch::Device& device) const;
+  void ResetPeak(const torch::Device& device);
+
+ private:
+  MemoryTracker();
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_

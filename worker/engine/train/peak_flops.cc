@@ -1,0 +1,114 @@
+#include "worker/engine/train/peak_flops.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include <torch/torch.h>
+#ifdef SHARDTRAIN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace shardtrain {
+namespace {
+
+std::filesystem::path CacheFile() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path dir = xdg != nullptr && *xdg != '\0'
+                                  ? std::filesystem::path(xdg)
+                                  : std::filesystem::path(home ? home : "/tmp") /
+                                        ".cache";
+  return dir / "shardtrain" / "peak_flops.json";
+}
+
+}  // namespace
+
+double GpuPeakFlops(const std::string& name, bool bf16) {
+  // Dense (no sparsity) peaks; fp32 means plain FP32 CUDA cores.
+  struct Entry {
+    const char* key;
+    double bf16;
+    double fp32;
+  };
+  static constexpr Entry kTable[] = {
+      {"H200", 989.4e12, 66.9e12}, {"H100", 989.4e12, 66.9e12},
+      {"A100", 312e12, 19.5e12},   {"L40S", 362e12, 91.6e12},
+      {"A10G", 70e12, 31.2e12},    {"RTX 4090", 165.2e12, 82.6e12},
+      {"V100", 125e12, 15.7e12},
+  };
+  for (const Entry& entry : kTable) {
+    if (absl::StrContains(name, entry.key)) {
+      return bf16 ? entry.bf16 : entry.fp32;
+    }
+  }
+  return 0;
+}
+
+double MeasureCpuGemmFlops() {
+  torch::NoGradGuard no_grad;
+  constexpr int64_t n = 1024;
+  torch::Tensor a = torch::randn({n, n});
+  torch::Tensor b = torch::randn({n, n});
+  torch::Tensor c = torch::empty({n, n});
+  torch::mm_out(c, a, b);  // warm-up
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    torch::mm_out(c, a, b);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    best = std::min(best, seconds);
+  }
+  return 2.0 * n * n * n / best;
+}
+
+double PeakFlops(const torch::Device& device, const std::string& precision) {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) ==
+        cudaSuccess) {
+      return GpuPeakFlops(prop.name, precision == "bf16");
+    }
+    return 0;
+  }
+#endif
+  (void)device;
+  (void)precision;
+  const std::string key = absl::StrCat("cpu_fp32_threads_", at::get_num_threads());
+  const std::filesystem::path path = CacheFile();
+  nlohmann::json cache = nlohmann::json::object();
+  {
+    std::ifstream in(path);
+    if (in) {
+      cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (!cache.is_object()) cache = nlohmann::json::object();
+    }
+  }
+  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0) {
+    return cache[key].get<double>();
+  }
+  const double measured = MeasureCpuGemmFlops();
+  cache[key] = measured;
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const std::filesystem::path tmp =
+      path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    out << cache.dump(2) << "\n";
+  }
+  std::filesystem::rename(tmp, path, ec);  // best effort: a cache only
+  return measured;
+}
+
+}  // namespace shardtrain

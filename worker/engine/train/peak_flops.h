@@ -1,0 +1,28 @@
+// The MFU denominator: a device's dense peak FLOP/s.
+//
+// GPUs come from a table of datasheet peaks keyed by device name and
+// precision. CPUs have no useful datasheet figure, so the fp32 GEMM rate is
+// measured once per thread count and cached under
+// $XDG_CACHE_HOME/shardtrain (or ~/.cache/shardtrain).
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_PEAK_FLOPS_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_PEAK_FLOPS_H_
+
+#include <string>
+
+#include <torch/types.h>
+
+namespace shardtrain {
+
+// Datasheet dense peak for a GPU name such as "NVIDIA H200"; 0 when unknown.
+double GpuPeakFlops(const std::string& device_name, bool bf16);
+
+// Measured fp32 matmul rate of this CPU at the current intra-op thread count.
+double MeasureCpuGemmFlops();
+
+// Peak for `device` at `precision` ("fp32"/"bf16"): table on CUDA, the cached
+// measurement on CPU.
+double PeakFlops(const torch::Device& device, const std::string& precision);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_PEAK_FLOPS_H_

@@ -1,0 +1,29 @@
+// Named tensors to and from one file, written atomically (temp + rename), in
+// PyTorch's pickle format: `torch.load(path)` in Python reads it as a dict.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardtrain {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+absl::Status SaveTensorFile(const std::string& path, const NamedTensors& tensors);
+absl::StatusOr<NamedTensors> LoadTensorFile(const std::string& path);
+
+// Writes `contents` to `path` through a temporary file in the same directory
+// and a rename, so a reader never sees a torn file.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::string_view contents);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_

@@ -1,0 +1,227 @@
+#include "worker/engine/train/train_config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "yaml-cpp/yaml.h"
+
+namespace shardtrain {
+namespace {
+
+template <typename T>
+absl::Status FieldError(absl::string_view field, const T& value,
+                        absl::string_view allowed) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": got ", value, "; ", allowed));
+}
+
+bool IsCudaDevice(const std::string& device) {
+  if (device == "cuda") return true;
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5) return false;
+  for (char c : device.substr(5)) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status TrainConfig::Validate() const {
+  absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(model);
+  if (!model_config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: ", model_config.status().message()));
+  }
+  if (data.empty() && !eval_only) {
+    return absl::InvalidArgumentError(
+        "data: missing; give a directory holding train.bin (see `shardtrain "
+        "data prepare`)");
+  }
+  if (batch_size <= 0) {
+    return FieldError("batch_size", batch_size, "must be a positive integer");
+  }
+  if (seq_len <= 0 || seq_len > model_config->block_size) {
+    return FieldError("seq_len", seq_len,
+                      absl::StrCat("must be in [1, ", model_config->block_size,
+                                   "] (block size of ", model, ")"));
+  }
+  if (grad_accum <= 0) {
+    return FieldError("grad_accum", grad_accum, "must be a positive integer");
+  }
+  if (max_steps < 0) {
+    return FieldError("max_steps", max_steps, "must be >= 0 (0: use epochs)");
+  }
+  if (max_steps == 0 && epochs <= 0 && !eval_only) {
+    return FieldError("epochs", epochs,
+                      "must be positive when max_steps is not set");
+  }
+  if (!(lr > 0) || lr > 10) return FieldError("lr", lr, "must be in (0, 10]");
+  if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1)) {
+    return FieldError("min_lr_ratio", min_lr_ratio, "must be in [0, 1]");
+  }
+  if (warmup_steps < 0) {
+    return FieldError("warmup_steps", warmup_steps, "must be >= 0");
+  }
+  if (!(weight_decay >= 0)) {
+    return FieldError("weight_decay", weight_decay, "must be >= 0");
+  }
+  if (!(beta1 >= 0 && beta1 < 1)) {
+    return FieldError("beta1", beta1, "must be in [0, 1)");
+  }
+  if (!(beta2 >= 0 && beta2 < 1)) {
+    return FieldError("beta2", beta2, "must be in [0, 1)");
+  }
+  if (!(eps > 0)) return FieldError("eps", eps, "must be > 0");
+  if (grad_clip != grad_clip) {
+    return FieldError("grad_clip", grad_clip, "must be a number");
+  }
+  if (strategy != "single" && strategy != "ddp" && strategy != "fsdp") {
+    return FieldError("strategy", strategy, "allowed: single, ddp, fsdp");
+  }
+  if (device != "cpu" && !IsCudaDevice(device)) {
+    return FieldError("device", device, "allowed: cpu, cuda, cuda:N");
+  }
+  if (precision != "fp32" && precision != "bf16") {
+    return FieldError("precision", precision, "allowed: fp32, bf16");
+  }
+  if (precision == "bf16" && device == "cpu") {
+    return FieldError("precision", precision,
+                      "bf16 needs a CUDA device; use fp32 on cpu");
+  }
+  if (threads < 0) return FieldError("threads", threads, "must be >= 0");
+  if (!(peak_flops >= 0)) {
+    return FieldError("peak_flops", peak_flops, "must be >= 0");
+  }
+  if (eval_every < 0) {
+    return FieldError("eval_every", eval_every, "must be >= 0");
+  }
+  if (eval_steps <= 0) {
+    return FieldError("eval_steps", eval_steps, "must be a positive integer");
+  }
+  if (checkpoint_every < 0) {
+    return FieldError("checkpoint_every", checkpoint_every, "must be >= 0");
+  }
+  if (checkpoint_every > 0 && out.empty()) {
+    return FieldError("out", "\"\"", "checkpoints need an output directory");
+  }
+  if (resume && out.empty()) {
+    return FieldError("out", "\"\"", "--resume reads checkpoints from out");
+  }
+  if (log_every <= 0) {
+    return FieldError("log_every", log_every, "must be a positive integer");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+using Setter = std::function<void(const YAML::Node&, TrainConfig*)>;
+
+template <typename T>
+Setter Set(T TrainConfig::*field) {
+  return [field](const YAML::Node& node, TrainConfig* config) {
+    config->*field = node.as<T>();
+  };
+}
+
+const std::map<std::string, Setter>& YamlSetters() {
+  static const auto* setters = new std::map<std::string, Setter>{
+      {"model", Set(&TrainConfig::model)},
+      {"data", Set(&TrainConfig::data)},
+      {"init_from", Set(&TrainConfig::init_from)},
+      {"batch_size", Set(&TrainConfig::batch_size)},
+      {"seq_len", Set(&TrainConfig::seq_len)},
+      {"grad_accum", Set(&TrainConfig::grad_accum)},
+      {"max_steps", Set(&TrainConfig::max_steps)},
+      {"epochs", Set(&TrainConfig::epochs)},
+      {"lr", Set(&TrainConfig::lr)},
+      {"min_lr_ratio", Set(&TrainConfig::min_lr_ratio)},
+      {"warmup_steps", Set(&TrainConfig::warmup_steps)},
+      {"weight_decay", Set(&TrainConfig::weight_decay)},
+      {"beta1", Set(&TrainConfig::beta1)},
+      {"beta2", Set(&TrainConfig::beta2)},
+      {"eps", Set(&TrainConfig::eps)},
+      {"grad_clip", Set(&TrainConfig::grad_clip)},
+      {"strategy", Set(&TrainConfig::strategy)},
+      {"device", Set(&TrainConfig::device)},
+      {"precision", Set(&TrainConfig::precision)},
+      {"seed", Set(&TrainConfig::seed)},
+      {"threads", Set(&TrainConfig::threads)},
+      {"peak_flops", Set(&TrainConfig::peak_flops)},
+      {"shuffle", Set(&TrainConfig::shuffle)},
+      {"eval_every", Set(&TrainConfig::eval_every)},
+      {"eval_steps", Set(&TrainConfig::eval_steps)},
+      {"checkpoint_every", Set(&TrainConfig::checkpoint_every)},
+      {"out", Set(&TrainConfig::out)},
+      {"eval_only", Set(&TrainConfig::eval_only)},
+      {"resume", Set(&TrainConfig::resume)},
+      {"log_every", Set(&TrainConfig::log_every)},
+  };
+  return *setters;
+}
+
+}  // namespace
+
+absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
+                                  TrainConfig* config) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config is not valid YAML: ", e.what()));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        "config must be a YAML mapping of flag names to values");
+  }
+  const auto& setters = YamlSetters();
+  TrainConfig updated = *config;
+  for (const auto& entry : root) {
+    const std::string key =
+        absl::StrReplaceAll(entry.first.as<std::string>(), {{"-", "_"}});
+    auto it = setters.find(key);
+    if (it == setters.end()) {
+      std::vector<std::string> known;
+      for (const auto& [name, unused] : setters) known.push_back(name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: unknown key '", entry.first.as<std::string>(),
+                       "'; known keys: ", absl::StrJoin(known, ", ")));
+    }
+    try {
+      it->second(entry.second, &updated);
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: key '", key, "' has a value of the wrong type: ",
+                       YAML::Dump(entry.second)));
+    }
+  }
+  *config = updated;
+  return absl::OkStatus();
+}
+
+absl::Status LoadYamlTrainConfigFile(const std::string& path,
+                                     TrainConfig* config) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("config: cannot read file '", path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::Status status = ApplyYamlTrainConfig(text.str(), config);
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat(path, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain

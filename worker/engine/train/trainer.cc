@@ -1,0 +1,402 @@
+#include "worker/engine/train/trainer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/train/memory_tracker.h"
+#include "worker/engine/train/peak_flops.h"
+#include "worker/engine/train/tensor_file.h"
+
+namespace shardtrain {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The settings a checkpoint must agree with to be resumed: anything that
+// changes the data order or the shapes of the saved state.
+nlohmann::json ResumeFingerprint(const TrainConfig& config,
+                                 const Gpt2Config& model, int64_t world_size,
+                                 int64_t total_steps) {
+  return {{"model", model.ToSpec()},         {"strategy", config.strategy},
+          {"world_size", world_size},        {"batch_size", config.batch_size},
+          {"seq_len", config.seq_len},       {"grad_accum", config.grad_accum},
+          {"seed", config.seed},             {"shuffle", config.shuffle},
+          {"total_steps", total_steps}};
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& config, const RankInfo& rank_info,
+                 std::unique_ptr<Strategy> strategy, std::ostream* log)
+    : config_(config),
+      rank_info_(rank_info),
+      strategy_(std::move(strategy)),
+      log_(log) {}
+
+Trainer::~Trainer() {
+  if (metrics_fd_ >= 0) ::close(metrics_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainConfig& config, const RankInfo& rank_info,
+    std::unique_ptr<Strategy> strategy, std::ostream* log) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(config, rank_info, std::move(strategy), log));
+  Trainer& t = *trainer;
+  try {
+    t.device_ = torch::Device(config.device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: ", e.what_without_backtrace()));
+  }
+  if (t.device_.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device: ", config.device,
+        " requested but this LibTorch sees no CUDA device; use --device cpu"));
+  }
+
+  const int64_t threads =
+      config.threads > 0
+          ? config.threads
+          : std::max<int64_t>(1, std::thread::hardware_concurrency() /
+                                     rank_info.world_size);
+  torch::set_num_threads(static_cast<int>(threads));
+  MemoryTracker::Get();  // count every tensor from here on
+
+  absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(config.model);
+  if (!model_config.ok()) return model_config.status();
+  t.model_config_ = *model_config;
+  if (!config.init_from.empty()) {
+    absl::StatusOr<Gpt2Config> saved = ReadLlmcConfig(config.init_from);
+    if (!saved.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_from: ", saved.status().message()));
+    }
+    if (!saved->SameShape(t.model_config_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_from: ", config.init_from, " holds model ", saved->ToSpec(),
+          " but --model is ", t.model_config_.ToSpec()));
+    }
+  }
+
+  // Data.
+  if (!config.data.empty()) {
+    const std::string train_path = config.data + "/train.bin";
+    const std::string val_path = config.data + "/val.bin";
+    if (!fs::is_directory(config.data)) {
+      return absl::NotFoundError(absl::StrCat(
+          "data: directory '", config.data,
+          "' does not exist (prepare one with `shardtrain data prepare`)"));
+    }
+    if (!config.eval_only) {
+      absl::StatusOr<TokenFile> train = TokenFile::Open(train_path);
+      if (!train.ok()) return train.status();
+      t.train_tokens_.emplace(std::move(*train));
+    }
+    if (fs::exists(val_path)) {
+      absl::StatusOr<TokenFile> val = TokenFile::Open(val_path);
+      if (!val.ok()) return val.status();
+      t.val_tokens_.emplace(std::move(*val));
+    }
+  }
+  if (config.eval_only && !t.val_tokens_) {
+    return absl::InvalidArgumentError(
+        "eval_only: needs --data DIR holding val.bin");
+  }
+
+  if (t.train_tokens_) {
+    BatchSamplerOptions sampler_options;
+    sampler_options.num_tokens = static_cast<int64_t>(t.train_tokens_->size());
+    sampler_options.seq_len = config.seq_len;
+    sampler_options.local_batch = config.batch_size;
+    sampler_options.world_size = rank_info.world_size;
+    sampler_options.grad_accum = config.grad_accum;
+    sampler_options.seed = config.seed;
+    sampler_options.shuffle = config.shuffle;
+    absl::StatusOr<BatchSampler> sampler = BatchSampler::Create(sampler_options);
+    if (!sampler.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: ", sampler.status().message()));
+    }
+    t.sampler_.emplace(std::move(*sampler));
+    t.total_steps_ = config.max_steps > 0
+                         ? config.max_steps
+                         : config.epochs * t.sampler_->steps_per_epoch();
+  }
+  t.schedule_.emplace(config.lr, config.min_lr_ratio, config.warmup_steps,
+                      t.total_steps_);
+
+  // Model: identical on every rank (same seed), then handed to the strategy.
+  Gpt2 model(t.model_config_);
+  model->InitWeights(config.seed);
+  if (!config.init_from.empty()) {
+    if (absl::Status s = LoadLlmcCheckpoint(config.init_from, model); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = t.strategy_->Setup(model); !s.ok()) return s;
+
+  t.flops_per_token_ = t.model_config_.FlopsPerToken(config.seq_len);
+  t.peak_flops_ = config.peak_flops > 0
+                      ? config.peak_flops
+                      : PeakFlops(t.device_, config.precision);
+  if (!config.out.empty()) t.checkpoints_.emplace(config.out);
+  if (config.resume) {
+    if (absl::Status s = t.Resume(); !s.ok()) return s;
+  }
+  return trainer;
+}
+
+void Trainer::Log(const std::string& line) {
+  if (rank_info_.rank == 0 && log_ != nullptr) *log_ << line << std::endl;
+}
+
+std::pair<torch::Tensor, torch::Tensor> Trainer::LoadBatch(
+    const TokenFile& tokens, const std::vector<int64_t>& starts) const {
+  const int64_t batch = static_cast<int64_t>(starts.size());
+  const int64_t seq_len = config_.seq_len;
+  torch::Tensor inputs = torch::empty({batch, seq_len}, torch::kInt64);
+  torch::Tensor targets = torch::empty({batch, seq_len}, torch::kInt64);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* out = targets.data_ptr<int64_t>();
+  const uint16_t* data = tokens.data();
+  for (int64_t b = 0; b < batch; ++b) {
+    const uint16_t* window = data + starts[b];
+    for (int64_t t = 0; t < seq_len; ++t) {
+      in[b * seq_len + t] = window[t];
+      out[b * seq_len + t] = window[t + 1];
+    }
+  }
+  if (device_.is_cpu()) return {inputs, targets};
+  return {inputs.to(device_, /*non_blocking=*/true),
+          targets.to(device_, /*non_blocking=*/true)};
+}
+
+StepMetrics Trainer::TrainStep(int64_t step) {
+  MemoryTracker& memory = MemoryTracker::Get();
+  memory.ResetPeak(device_);
+  const auto start = Clock::now();
+  const double lr = schedule_->At(step);
+
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(device_));
+  for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    auto [inputs, targets] = LoadBatch(
+        *train_tokens_, sampler_->WindowStarts(step, micro, rank_info_.rank));
+    const bool last_micro = micro + 1 == config_.grad_accum;
+    loss_sum += strategy_->ForwardBackward(
+        inputs, targets, 1.0 / static_cast<double>(config_.grad_accum),
+        /*sync=*/last_micro);
+  }
+  const double grad_norm = strategy_->ClipGradNorm(config_.grad_clip);
+  strategy_->OptimizerStep(lr);
+  const double local_loss =
+      loss_sum.item<double>() / static_cast<double>(config_.grad_accum);
+  const double loss = strategy_->AllReduceMean(local_loss);
+  const double seconds = SecondsSince(start);
+
+  StepMetrics m;
+  m.step = step + 1;
+  m.total_steps = total_steps_;
+  m.epoch = sampler_->EpochOf(step);
+  m.rank = rank_info_.rank;
+  m.loss = loss;
+  m.grad_norm = grad_norm;
+  m.lr = lr;
+  m.step_seconds = seconds;
+  m.tokens = sampler_->windows_per_step() * config_.seq_len;
+  m.tokens_per_second = static_cast<double>(m.tokens) / seconds;
+  if (peak_flops_ > 0) {
+    m.mfu = flops_per_token_ * m.tokens_per_second /
+            (peak_flops_ * static_cast<double>(rank_info_.world_size));
+  }
+  const MemorySnapshot snapshot = memory.Snapshot(device_);
+  m.memory_allocated_bytes = snapshot.allocated_bytes;
+  m.memory_peak_bytes = snapshot.peak_bytes;
+  m.memory_reserved_bytes = snapshot.reserved_bytes;
+  const CommStats comm = strategy_->TakeCommStats();
+  m.comm_seconds = comm.seconds;
+  m.comm_bytes = comm.bytes;
+  return m;
+}
+
+absl::StatusOr<double> Trainer::Evaluate() {
+  if (!val_tokens_) {
+    return absl::FailedPreconditionError("no val.bin in the data directory");
+  }
+  const int64_t window = config_.seq_len + 1;
+  const int64_t global_batch = config_.batch_size * rank_info_.world_size;
+  const int64_t available =
+      static_cast<int64_t>(val_tokens_->size()) / (window * global_batch);
+  const int64_t batches = std::min(config_.eval_steps, available);
+  if (batches == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "val.bin has ", val_tokens_->size(), " tokens, fewer than one eval batch (",
+        global_batch, " x ", window, ")"));
+  }
+  double sum = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<int64_t> starts(config_.batch_size);
+    for (int64_t i = 0; i < config_.batch_size; ++i) {
+      starts[i] =
+          (b * global_batch + rank_info_.rank * config_.batch_size + i) * window;
+    }
+    auto [inputs, targets] = LoadBatch(*val_tokens_, starts);
+    sum += strategy_->ForwardLoss(inputs, targets).item<double>();
+  }
+  return strategy_->AllReduceMean(sum / static_cast<double>(batches));
+}
+
+absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
+  // Rank 0 stages the directory; every rank writes its part; rank 0 commits.
+  absl::StatusOr<std::string> dir =
+      rank_info_.rank == 0 ? checkpoints_->Begin(next_step) : "";
+  if (!dir.ok()) return dir.status();
+  strategy_->Barrier();
+  if (rank_info_.rank != 0) {
+    dir = absl::StrFormat("%s/.step_%08d.partial", checkpoints_->root(),
+                          next_step);
+  }
+  if (absl::Status s = strategy_->SaveCheckpoint(*dir); !s.ok()) return s;
+  if (rank_info_.rank == 0) {
+    nlohmann::json state = {
+        {"step", next_step},
+        {"fingerprint", ResumeFingerprint(config_, model_config_,
+                                          rank_info_.world_size, total_steps_)}};
+    if (absl::Status s = WriteFileAtomically(*dir + "/trainer.json",
+                                             state.dump(2) + "\n");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = SaveTensorFile(
+            *dir + "/rng.pt",
+            {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+        !s.ok()) {
+      return s;
+    }
+  }
+  strategy_->Barrier();
+  if (rank_info_.rank == 0) return checkpoints_->Commit(next_step);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Resume() {
+  absl::StatusOr<std::string> dir = checkpoints_->Latest();
+  if (absl::IsNotFound(dir.status())) {
+    Log(absl::StrCat("resume: ", dir.status().message(), "; starting at step 0"));
+    return absl::OkStatus();
+  }
+  if (!dir.ok()) return dir.status();
+  std::ifstream in(*dir + "/trainer.json");
+  const nlohmann::json state =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (state.is_discarded() || !state.contains("step")) {
+    return absl::DataLossError(
+        absl::StrCat(*dir, "/trainer.json is missing or unreadable"));
+  }
+  const nlohmann::json expected = ResumeFingerprint(
+      config_, model_config_, rank_info_.world_size, total_steps_);
+  if (state["fingerprint"] != expected) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume: checkpoint ", *dir, " was written with ",
+        state["fingerprint"].dump(), " but this run has ", expected.dump()));
+  }
+  if (absl::Status s = strategy_->LoadCheckpoint(*dir); !s.ok()) return s;
+  absl::StatusOr<NamedTensors> rng = LoadTensorFile(*dir + "/rng.pt");
+  if (!rng.ok()) return rng.status();
+  for (const auto& [name, tensor] : *rng) {
+    if (name == "cpu") at::detail::getDefaultCPUGenerator().set_state(tensor);
+  }
+  start_step_ = state["step"].get<int64_t>();
+  Log(absl::StrCat("resumed from ", *dir, " at step ", start_step_));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  if (config_.eval_only) {
+    absl::StatusOr<double> val_loss = Evaluate();
+    if (!val_loss.ok()) return val_loss.status();
+    Log(absl::StrFormat("val_loss %.6f", *val_loss));
+    return absl::OkStatus();
+  }
+  if (!config_.out.empty()) {
+    std::error_code ec;
+    fs::create_directories(config_.out, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat(
+          "out: cannot create '", config_.out, "': ", ec.message()));
+    }
+    const std::string path = config_.out + "/metrics.jsonl";
+    metrics_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (metrics_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("cannot open ", path));
+    }
+  }
+  Log(absl::StrFormat(
+      "training %s (%s params) with %s on %s x %d | %d steps | batch %d x %d "
+      "x accum %d x world %d = %s tokens/step",
+      model_config_.name, FormatThousands(model_config_.NumParameters()),
+      strategy_->name(), config_.device, rank_info_.world_size, total_steps_,
+      config_.batch_size, config_.seq_len, config_.grad_accum,
+      rank_info_.world_size,
+      FormatThousands(sampler_->windows_per_step() * config_.seq_len)));
+
+  for (int64_t step = start_step_; step < total_steps_; ++step) {
+    const bool last_step = step + 1 == total_steps_;
+    StepMetrics m = TrainStep(step);
+
+    if (val_tokens_ && ((config_.eval_every > 0 &&
+                         (step + 1) % config_.eval_every == 0) ||
+                        last_step)) {
+      absl::StatusOr<double> val_loss = Evaluate();
+      if (!val_loss.ok()) return val_loss.status();
+      m.val_loss = *val_loss;
+    }
+
+    if ((step + 1) % config_.log_every == 0 || last_step) {
+      Log(m.FormatLine());
+      if (m.val_loss >= 0) Log(absl::StrFormat("val_loss %.6f", m.val_loss));
+    }
+    if (metrics_fd_ >= 0) {
+      const std::string line = m.ToJson() + "\n";
+      if (::write(metrics_fd_, line.data(), line.size()) !=
+          static_cast<ssize_t>(line.size())) {
+        return absl::InternalError("cannot append to metrics.jsonl");
+      }
+    }
+    history_.push_back(m);
+    if (step_callback_) step_callback_(m);
+
+    if (checkpoints_ && config_.checkpoint_every > 0 &&
+        ((step + 1) % config_.checkpoint_every == 0 || last_step)) {
+      if (absl::Status s = SaveCheckpoint(step + 1); !s.ok()) return s;
+    }
+  }
+
+  if (!config_.out.empty()) {
+    const std::string model_path = config_.out + "/model.bin";
+    if (absl::Status s = strategy_->ExportModel(model_path); !s.ok()) return s;
+    Log(absl::StrCat("wrote ", model_path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,106 @@
+// Trainer: the training loop, llm.c style.
+//
+//   next batch -> forward/backward (x grad_accum) -> global grad norm -> clip
+//   -> AdamW step at the scheduled lr -> metrics; then eval, checkpoint and
+//   logging each in their own `every N` block.
+//
+// The trainer owns data, schedule, metrics and checkpoints; the Strategy owns
+// the model, the gradients' communication and the optimizer state. Same seed
+// and global batch => same data order on every strategy and world size.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_TRAINER_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/data/batch_sampler.h"
+#include "worker/engine/data/token_file.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/strategy/strategy.h"
+#include "worker/engine/train/checkpoint_store.h"
+#include "worker/engine/train/lr_schedule.h"
+#include "worker/engine/train/step_metrics.h"
+#include "worker/engine/train/train_config.h"
+
+namespace shardtrain {
+
+// Where this process sits in the job (torchrun's RANK / WORLD_SIZE).
+struct RankInfo {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+class Trainer {
+ public:
+  using StepCallback = std::function<void(const StepMetrics&)>;
+
+  // Validates the config, opens the data, builds and initialises the model
+  // (from the seed or --init-from), hands it to `strategy` and, with --resume,
+  // restores the latest checkpoint. Writes nothing to disk.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainConfig& config, const RankInfo& rank_info,
+      std::unique_ptr<Strategy> strategy, std::ostream* log);
+
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains to the last step (or only evaluates with eval_only), writing
+  // OUT/metrics.jsonl, checkpoints and OUT/model.bin when `out` is set.
+  absl::Status Run();
+
+  // Mean loss over the first eval_steps global batches of val.bin.
+  absl::StatusOr<double> Evaluate();
+
+  // Called on every rank after each step with that rank's metrics.
+  void set_step_callback(StepCallback callback) {
+    step_callback_ = std::move(callback);
+  }
+
+  int64_t start_step() const { return start_step_; }
+  int64_t total_steps() const { return total_steps_; }
+  const std::vector<StepMetrics>& history() const { return history_; }
+  Strategy& strategy() { return *strategy_; }
+
+ private:
+  Trainer(const TrainConfig& config, const RankInfo& rank_info,
+          std::unique_ptr<Strategy> strategy, std::ostream* log);
+
+  StepMetrics TrainStep(int64_t step);
+  // Inputs and targets [batch, seq_len] for windows of seq_len + 1 tokens.
+  std::pair<torch::Tensor, torch::Tensor> LoadBatch(
+      const TokenFile& tokens, const std::vector<int64_t>& starts) const;
+  absl::Status SaveCheckpoint(int64_t next_step);
+  absl::Status Resume();
+  void Log(const std::string& line);
+
+  TrainConfig config_;
+  RankInfo rank_info_;
+  std::unique_ptr<Strategy> strategy_;
+  std::ostream* log_;
+  torch::Device device_{torch::kCPU};
+  Gpt2Config model_config_;
+  std::optional<TokenFile> train_tokens_;
+  std::optional<TokenFile> val_tokens_;
+  std::optional<BatchSampler> sampler_;
+  std::optional<LrSchedule> schedule_;
+  std::optional<CheckpointStore> checkpoints_;
+  double flops_per_token_ = 0;
+  double peak_flops_ = 0;
+  int64_t start_step_ = 0;
+  int64_t total_steps_ = 0;
+  int metrics_fd_ = -1;
+  StepCallback step_callback_;
+  std::vector<StepMetrics> history_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_TRAINER_H_

@@ -1,0 +1,122 @@
+// shardtrain-train: the standalone trainer. Flags or a YAML file (--config,
+// same keys) build a TrainConfig; the run is driven by the engine's Trainer.
+// Reads torchrun's RANK / WORLD_SIZE variables, so torchrun-style launchers
+// can start it too.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/train_config.h"
+#include "worker/engine/train/trainer.h"
+
+namespace shardtrain {
+namespace {
+
+void AddTrainFlags(CLI::App& app, TrainConfig& c) {
+  app.add_option("--model", c.model,
+                 "preset (gpt2-tiny, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
+                 "gpt2-xl) or custom:n_layer=L,n_head=H,n_embd=C[,block_size=T]");
+  app.add_option("--data", c.data, "directory with train.bin [and val.bin]");
+  app.add_option("--init-from", c.init_from, "llm.c GPT-2 model .bin to start from");
+  app.add_option("--batch-size", c.batch_size, "sequences per rank per micro-step");
+  app.add_option("--seq-len", c.seq_len, "tokens per sequence");
+  app.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step");
+  app.add_option("--max-steps", c.max_steps, "optimizer steps (wins over --epochs)");
+  app.add_option("--epochs", c.epochs, "passes over train.bin");
+  app.add_option("--lr", c.lr, "peak learning rate");
+  app.add_option("--min-lr-ratio", c.min_lr_ratio, "final lr as a fraction of --lr");
+  app.add_option("--warmup-steps", c.warmup_steps, "linear warmup steps");
+  app.add_option("--weight-decay", c.weight_decay, "AdamW decay on matrices");
+  app.add_option("--beta1", c.beta1, "AdamW beta1");
+  app.add_option("--beta2", c.beta2, "AdamW beta2");
+  app.add_option("--eps", c.eps, "AdamW epsilon");
+  app.add_option("--grad-clip", c.grad_clip, "max global grad norm (<= 0: off)");
+  app.add_option("--strategy", c.strategy, "single | ddp | fsdp");
+  app.add_option("--device", c.device, "cpu | cuda | cuda:N");
+  app.add_option("--precision", c.precision, "fp32 | bf16 (CUDA)");
+  app.add_option("--seed", c.seed, "seed for init and data order");
+  app.add_option("--threads", c.threads, "CPU threads per rank (0: cores / ranks)");
+  app.add_option("--peak-flops", c.peak_flops, "MFU denominator in FLOP/s");
+  app.add_option("--shuffle", c.shuffle, "shuffle training windows each epoch");
+  app.add_option("--eval-every", c.eval_every, "eval every N steps (and at the end)");
+  app.add_option("--eval-steps", c.eval_steps, "batches per eval");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps");
+  app.add_option("--out", c.out, "output dir: metrics.jsonl, checkpoints, model.bin");
+  app.add_flag("--eval-only", c.eval_only, "only evaluate on val.bin");
+  app.add_flag("--resume", c.resume, "continue from the latest checkpoint in --out");
+  app.add_option("--log-every", c.log_every, "print a step line every N steps");
+}
+
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::atoll(value) : fallback;
+}
+
+int Main(int argc, char** argv) {
+  TrainConfig config;
+  std::string config_file;
+  // The YAML file sets the base values; flags given on the command line win,
+  // so it is read before CLI11 assigns the flags.
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") config_file = argv[i + 1];
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--config=", 0) == 0) config_file = arg.substr(9);
+  }
+  if (!config_file.empty()) {
+    if (absl::Status s = LoadYamlTrainConfigFile(config_file, &config); !s.ok()) {
+      std::cerr << "shardtrain-train: " << s.message() << "\n";
+      return 2;
+    }
+  }
+
+  CLI::App app{"shardtrain-train: train GPT-2 with single, DDP or FSDP"};
+  app.add_option("--config", config_file, "YAML file with the same keys as the flags");
+  AddTrainFlags(app, config);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  RankInfo rank_info{EnvInt("RANK", 0), EnvInt("WORLD_SIZE", 1)};
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    std::cerr << "shardtrain-train: " << s.message() << "\n";
+    return 2;
+  }
+  if (config.strategy != "single" || rank_info.world_size != 1) {
+    std::cerr << "shardtrain-train: strategy '" << config.strategy
+              << "' at world size " << rank_info.world_size
+              << " is not available in this build; use --strategy single\n";
+    return 2;
+  }
+
+  StrategyOptions options;
+  options.device = torch::Device(config.device);
+  options.rank = rank_info.rank;
+  options.world_size = rank_info.world_size;
+  options.precision = config.precision;
+  options.adamw = {config.beta1, config.beta2, config.eps};
+  options.weight_decay = config.weight_decay;
+  auto trainer = Trainer::Create(
+      config, rank_info, std::make_unique<SingleDeviceStrategy>(options),
+      &std::cout);
+  if (!trainer.ok()) {
+    std::cerr << "shardtrain-train: " << trainer.status().message() << "\n";
+    return 1;
+  }
+  if (absl::Status s = (*trainer)->Run(); !s.ok()) {
+    std::cerr << "shardtrain-train: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }
