@@ -22,8 +22,8 @@ namespace shardtrain::cli {
 namespace {
 
 struct PrepareOptions {
-  std::string corpus;              // "brown", or empty when text is given
-  std::vector<std::string> text;   // files or folders
+  std::string corpus;             // "brown", or empty when text is given
+  std::vector<std::string> text;  // files or folders
   std::string out;
 };
 
@@ -85,8 +85,8 @@ int RunInspect(const InspectOptions& options) {
       "first %d tokens:\n%s\n"
       "decoded:\n%s\n",
       file->path(), kTokenFileMagic, kTokenFileVersion, tokens.size(),
-      documents, kGpt2EndOfTextString, first.size(),
-      absl::StrJoin(first, " "), *text);
+      documents, kGpt2EndOfTextString, first.size(), absl::StrJoin(first, " "),
+      *text);
   return kExitOk;
 }
 
@@ -128,7 +128,7 @@ void AddDataCommands(CLI::App* app, int* exit_code) {
   inspect
       ->add_option("--count", inspect_options->count,
                    "How many leading tokens to show and decode")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   inspect->callback([inspect_options, exit_code] {
     *exit_code = RunInspect(*inspect_options);

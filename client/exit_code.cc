@@ -8,7 +8,7 @@ int ReportFailure(const absl::Status& status) {
   return ReportFailure(status.message());
 }
 
-int ReportFailure(std::string_view message) {
+int ReportFailure(absl::string_view message) {
   std::cerr << "shardtrain: error: " << message << std::endl;
   return kExitFailure;
 }

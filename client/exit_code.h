@@ -2,9 +2,8 @@
 #ifndef SHARDTRAIN_CLIENT_EXIT_CODE_H_
 #define SHARDTRAIN_CLIENT_EXIT_CODE_H_
 
-#include <string_view>
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace shardtrain::cli {
 
@@ -17,7 +16,7 @@ enum ExitCode : int {
 // Prints "shardtrain: error: <message>" as one line on stderr and returns
 // kExitFailure.
 int ReportFailure(const absl::Status& status);
-int ReportFailure(std::string_view message);
+int ReportFailure(absl::string_view message);
 
 }  // namespace shardtrain::cli
 

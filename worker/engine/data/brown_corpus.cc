@@ -21,23 +21,23 @@ bool IsSampleName(const std::string& name) {
 }
 
 // Tokens written without a space before them.
-bool AttachesToPrevious(std::string_view word) {
-  static constexpr std::string_view kClosers[] = {
-      ",", ".", ";", ":", "!", "?", ")", "]", "}", "'s",
-      "n't", "'re", "'ve", "'m", "'ll", "'d"};
+bool AttachesToPrevious(absl::string_view word) {
+  static constexpr absl::string_view kClosers[] = {
+      ",", ".",  ";",   ":",   "!",   "?",  ")",   "]",
+      "}", "'s", "n't", "'re", "'ve", "'m", "'ll", "'d"};
   return std::find(std::begin(kClosers), std::end(kClosers), word) !=
          std::end(kClosers);
 }
 
 // Tokens written without a space after them.
-bool AttachesToNext(std::string_view word) {
+bool AttachesToNext(absl::string_view word) {
   return word == "(" || word == "[" || word == "{";
 }
 
 // Builds one paragraph from its words, deciding where spaces go.
 class ParagraphWriter {
  public:
-  void Add(std::string_view word) {
+  void Add(absl::string_view word) {
     bool glue_before = AttachesToPrevious(word);
     bool glue_after = AttachesToNext(word);
     if (word == "``") {
@@ -76,41 +76,58 @@ class ParagraphWriter {
 std::string BrownGenreName(char letter) {
   // NLTK's category names (cats.txt), by the letters of CONTENTS.
   switch (letter) {
-    case 'a': return "news";
-    case 'b': return "editorial";
-    case 'c': return "reviews";
-    case 'd': return "religion";
-    case 'e': return "hobbies";
-    case 'f': return "lore";
-    case 'g': return "belles_lettres";
-    case 'h': return "government";
-    case 'j': return "learned";
-    case 'k': return "fiction";
-    case 'l': return "mystery";
-    case 'm': return "science_fiction";
-    case 'n': return "adventure";
-    case 'p': return "romance";
-    case 'r': return "humor";
-    default: return std::string(1, letter);
+    case 'a':
+      return "news";
+    case 'b':
+      return "editorial";
+    case 'c':
+      return "reviews";
+    case 'd':
+      return "religion";
+    case 'e':
+      return "hobbies";
+    case 'f':
+      return "lore";
+    case 'g':
+      return "belles_lettres";
+    case 'h':
+      return "government";
+    case 'j':
+      return "learned";
+    case 'k':
+      return "fiction";
+    case 'l':
+      return "mystery";
+    case 'm':
+      return "science_fiction";
+    case 'n':
+      return "adventure";
+    case 'p':
+      return "romance";
+    case 'r':
+      return "humor";
+    default:
+      return std::string(1, letter);
   }
 }
 
-std::string BrownSampleToText(std::string_view tagged) {
+std::string BrownSampleToText(absl::string_view tagged) {
   std::vector<std::string> paragraphs;
   ParagraphWriter paragraph;
   auto end_paragraph = [&] {
     if (!paragraph.empty()) paragraphs.push_back(paragraph.Take());
   };
-  for (std::string_view line : absl::StrSplit(tagged, '\n')) {
+  for (absl::string_view line : absl::StrSplit(tagged, '\n')) {
     const bool indented = !line.empty() && line[0] == '\t';
     if (absl::StripAsciiWhitespace(line).empty() || indented) end_paragraph();
-    for (std::string_view token :
+    for (absl::string_view token :
          absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
       const size_t slash = token.rfind('/');
       // "word/tag"; a token without a tag (none in Brown) is kept whole.
-      const std::string_view word =
-          slash == std::string_view::npos || slash == 0 ? token
-                                                        : token.substr(0, slash);
+      const absl::string_view word =
+          slash == absl::string_view::npos || slash == 0
+              ? token
+              : token.substr(0, slash);
       paragraph.Add(word);
     }
   }

@@ -6,9 +6,9 @@
 #define SHARDTRAIN_WORKER_ENGINE_DATA_BROWN_CORPUS_H_
 
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "worker/engine/data/corpus.h"
 
 namespace shardtrain {
@@ -24,7 +24,7 @@ absl::StatusOr<Corpus> LoadBrownCorpus(const std::string& dir);
 // words, joins a paragraph's sentences (one per line in the file) with spaces
 // and puts each paragraph (blank lines, then a tab-indented line) on a line of
 // its own, without a final newline.
-std::string BrownSampleToText(std::string_view tagged);
+std::string BrownSampleToText(absl::string_view tagged);
 
 // The NLTK name of the genre with this letter ('a' -> "news"); the letter
 // itself for one Brown does not have.

@@ -110,19 +110,22 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
     ids.insert(ids.begin(), kGpt2EndOfText);
     // Keep at least one token of text on each side.
     const auto cut = std::clamp<size_t>(
-        static_cast<size_t>(std::lround(ids.size() * (1 - kValidationFraction))),
+        static_cast<size_t>(
+            std::lround(ids.size() * (1 - kValidationFraction))),
         1, ids.size() - 1);
     train_tokens.assign(ids.begin(), ids.begin() + cut);
     val_tokens.push_back(kGpt2EndOfText);
     val_tokens.insert(val_tokens.end(), ids.begin() + cut, ids.end());
     for (SplitSummary* split : {&summary.train, &summary.val}) {
       split->documents = 1;
-      if (!document.group.empty()) split->documents_per_group[document.group] = 1;
+      if (!document.group.empty())
+        split->documents_per_group[document.group] = 1;
     }
     train_names = val_names = {document.name};
   } else {
     summary.split_by = "documents";
-    const std::vector<bool> is_val = ChooseValidationDocuments(corpus.documents);
+    const std::vector<bool> is_val =
+        ChooseValidationDocuments(corpus.documents);
     for (size_t i = 0; i < corpus.documents.size(); ++i) {
       const Document& document = corpus.documents[i];
       SplitSummary& split = is_val[i] ? summary.val : summary.train;
@@ -134,9 +137,9 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
       (is_val[i] ? val_names : train_names).push_back(document.name);
     }
   }
-  summary.encode_seconds = std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - start)
-                               .count();
+  summary.encode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   summary.train.tokens = static_cast<int64_t>(train_tokens.size());
   summary.val.tokens = static_cast<int64_t>(val_tokens.size());
 

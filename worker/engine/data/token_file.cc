@@ -89,9 +89,9 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   std::array<int32_t, kTokenFileHeaderInts> header;
   std::memcpy(header.data(), mapping, kTokenFileHeaderBytes);
   if (header[0] != kTokenFileMagic) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": bad magic ", header[0], " (expected ", kTokenFileMagic,
-        "): not an llm.c token file"));
+    return absl::DataLossError(absl::StrCat(path, ": bad magic ", header[0],
+                                            " (expected ", kTokenFileMagic,
+                                            "): not an llm.c token file"));
   }
   if (header[1] != kTokenFileVersion) {
     return absl::DataLossError(absl::StrCat(
@@ -103,7 +103,8 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
         absl::StrCat(path, ": negative token count ", header[2]));
   }
   const auto count = static_cast<size_t>(header[2]);
-  const size_t expected_bytes = kTokenFileHeaderBytes + count * sizeof(uint16_t);
+  const size_t expected_bytes =
+      kTokenFileHeaderBytes + count * sizeof(uint16_t);
   if (file_bytes != expected_bytes) {
     return absl::DataLossError(absl::StrCat(
         path, ": header says ", count, " tokens (", expected_bytes,

@@ -44,8 +44,7 @@ class TokenFile {
   uint16_t operator[](size_t i) const { return tokens_[i]; }
 
  private:
-  TokenFile(std::string path, void* mapping, size_t mapping_bytes,
-            size_t size);
+  TokenFile(std::string path, void* mapping, size_t mapping_bytes, size_t size);
   void Unmap();
 
   std::string path_;

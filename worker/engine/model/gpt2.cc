@@ -116,7 +116,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return y + mlp_(ln_2_(y));
 }
 
-Gpt2Impl::Gpt2Impl(const Gpt2Config& config) : config_(config) {
+Gpt2Impl::Gpt2Impl(const Gpt2Config& config, uint64_t seed)
+    : config_(config) {
   const absl::Status valid = config.Validate();
   TORCH_CHECK(valid.ok(), "Gpt2: invalid config: ", valid.ToString());
   const int64_t c = config.n_embd;
@@ -130,7 +131,7 @@ Gpt2Impl::Gpt2Impl(const Gpt2Config& config) : config_(config) {
     h_->push_back(blocks_.back());
   }
   ln_f_ = register_module("ln_f", MakeLayerNorm(c));
-  InitWeights(/*seed=*/0);
+  InitWeights(seed);
 }
 
 torch::Tensor Gpt2Impl::Embed(const torch::Tensor& idx) {
@@ -192,9 +193,7 @@ void Gpt2Impl::InitWeights(uint64_t seed) {
 absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   try {
-    Gpt2 model(config);
-    if (seed != 0) model->InitWeights(seed);
-    return model;
+    return Gpt2(config, seed);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("building model ", config.ToSpec(), ": ",
@@ -228,9 +227,10 @@ class FusedCrossEntropy
     for (int64_t start = 0; start < n; start += rows) {
       const int64_t len = std::min(rows, n - start);
       const torch::Tensor logp = at::log_softmax(logits.narrow(0, start, len), 1);
-      at::neg_out(row_loss.narrow(0, start, len),
-          logp.gather(1, targets.narrow(0, start, len).unsqueeze(1))
-              .squeeze(1));
+      torch::Tensor out = row_loss.narrow(0, start, len);
+      at::neg_out(out, logp.gather(1, targets.narrow(0, start, len)
+                                          .unsqueeze(1))
+                           .squeeze(1));
     }
     ctx->save_for_backward({logits, targets});
     return row_loss.mean();

@@ -122,8 +122,8 @@ TORCH_MODULE(Block);
 class Gpt2Impl : public torch::nn::Module {
  public:
   // `config` must Validate() (checked; a bad one throws c10::Error). The new
-  // model is already initialised as by InitWeights(0).
-  explicit Gpt2Impl(const Gpt2Config& config);
+  // model is initialised as by InitWeights(seed).
+  explicit Gpt2Impl(const Gpt2Config& config, uint64_t seed = 0);
 
   // idx: [B,T] int64 token ids in [0, vocab_size), T <= block_size.
   // Returns logits [B,T,vocab_size] (float32 when the model is).

@@ -1,0 +1,246 @@
+#include "worker/engine/model/llmc_checkpoint.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/gpt2_config.h"
+
+namespace shardtrain {
+namespace {
+
+// llm.c writes the header and the weights in host byte order, which is
+// little-endian on every platform it (and we) run on.
+using Header = std::array<int32_t, 256>;
+
+// The model's parameters in the file's order (see the header comment).
+std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
+  std::vector<torch::Tensor> out = {model->wte()->weight,
+                                    model->wpe()->weight};
+  const auto per_layer = [&](auto get) {
+    for (int64_t i = 0; i < model->num_blocks(); ++i) {
+      out.push_back(get(*model->block(i)));
+    }
+  };
+  per_layer([](BlockImpl& b) { return b.ln_1()->weight; });
+  per_layer([](BlockImpl& b) { return b.ln_1()->bias; });
+  per_layer([](BlockImpl& b) { return b.attn()->c_attn()->weight; });
+  per_layer([](BlockImpl& b) { return b.attn()->c_attn()->bias; });
+  per_layer([](BlockImpl& b) { return b.attn()->c_proj()->weight; });
+  per_layer([](BlockImpl& b) { return b.attn()->c_proj()->bias; });
+  per_layer([](BlockImpl& b) { return b.ln_2()->weight; });
+  per_layer([](BlockImpl& b) { return b.ln_2()->bias; });
+  per_layer([](BlockImpl& b) { return b.mlp()->c_fc()->weight; });
+  per_layer([](BlockImpl& b) { return b.mlp()->c_fc()->bias; });
+  per_layer([](BlockImpl& b) { return b.mlp()->c_proj()->weight; });
+  per_layer([](BlockImpl& b) { return b.mlp()->c_proj()->bias; });
+  out.push_back(model->ln_f()->weight);
+  out.push_back(model->ln_f()->bias);
+  return out;
+}
+
+int64_t ExpectedFileSize(const Gpt2Config& config) {
+  return kLlmcHeaderBytes +
+         static_cast<int64_t>(sizeof(float)) * config.NumParameters();
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Parses and checks the header and the file size; the config it returns
+// describes a file whose size matches the layout exactly.
+absl::StatusOr<Gpt2Config> ReadAndCheckHeader(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
+                                            ": cannot stat: ", ec.message()));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("llm.c checkpoint ", path, ": cannot open: ", ErrnoText()));
+  }
+  if (size < static_cast<std::uintmax_t>(kLlmcHeaderBytes)) {
+    return absl::DataLossError(
+        absl::StrCat("llm.c checkpoint ", path, ": truncated: ", size,
+                     " bytes, the header alone is ", kLlmcHeaderBytes));
+  }
+  Header header{};
+  in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat("llm.c checkpoint ", path, ": cannot read the header"));
+  }
+  if (header[0] != kLlmcModelMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": bad magic number ", header[0],
+        " (expected ", kLlmcModelMagic, "); not an llm.c GPT-2 model file"));
+  }
+  if (header[1] == kLlmcModelVersionBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": version ", kLlmcModelVersionBf16,
+        " (bf16 weights) is not supported; only version ",
+        kLlmcModelVersionFp32,
+        " (fp32) is, e.g. gpt2_124M.bin rather than gpt2_124M_bf16.bin"));
+  }
+  if (header[1] != kLlmcModelVersionFp32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llm.c checkpoint ", path, ": unsupported version ",
+                     header[1], "; only version ", kLlmcModelVersionFp32,
+                     " (fp32) is supported"));
+  }
+  Gpt2Config config;
+  config.block_size = header[2];
+  config.vocab_size = header[3];
+  config.n_layer = header[4];
+  config.n_head = header[5];
+  config.n_embd = header[6];
+  config.padded_vocab_size = header[7];
+  config.name = "custom";
+  for (const std::string& name : Gpt2Config::PresetNames()) {
+    if (Gpt2Config::FromPreset(name)->SameShape(config)) config.name = name;
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": invalid header: ", s.message()));
+  }
+  const int64_t expected = ExpectedFileSize(config);
+  if (static_cast<int64_t>(size) != expected) {
+    return absl::DataLossError(absl::StrCat(
+        "llm.c checkpoint ", path, ": ",
+        static_cast<int64_t>(size) < expected ? "truncated: " : "too long: ",
+        size, " bytes, but model ", config.ToSpec(), " (",
+        config.NumParameters(), " fp32 parameters) needs ", expected));
+  }
+  return config;
+}
+
+absl::Status WriteAll(std::FILE* file, const void* data, size_t bytes,
+                      const std::string& path) {
+  if (std::fwrite(data, 1, bytes, file) != bytes) {
+    return absl::InternalError(
+        absl::StrCat("writing llm.c checkpoint ", path, ": ", ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFile(Gpt2& model, std::FILE* file, const std::string& path) {
+  const Gpt2Config& c = model->config();
+  Header header{};
+  header[0] = kLlmcModelMagic;
+  header[1] = kLlmcModelVersionFp32;
+  header[2] = static_cast<int32_t>(c.block_size);
+  header[3] = static_cast<int32_t>(c.vocab_size);
+  header[4] = static_cast<int32_t>(c.n_layer);
+  header[5] = static_cast<int32_t>(c.n_head);
+  header[6] = static_cast<int32_t>(c.n_embd);
+  header[7] = static_cast<int32_t>(c.padded_vocab_size);
+  if (absl::Status s = WriteAll(file, header.data(), kLlmcHeaderBytes, path);
+      !s.ok()) {
+    return s;
+  }
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& p : ParametersInFileOrder(model)) {
+    // A no-op for the usual CPU fp32 parameter.
+    const torch::Tensor cpu = p.to(torch::kCPU, torch::kFloat).contiguous();
+    if (absl::Status s = WriteAll(file, cpu.data_ptr<float>(),
+                                  cpu.numel() * sizeof(float), path);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (std::fflush(file) != 0 || ::fsync(::fileno(file)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("flushing llm.c checkpoint ", path, ": ", ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
+  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
+  std::FILE* file = std::fopen(temp.c_str(), "wb");
+  if (file == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "cannot create llm.c checkpoint ", temp, ": ", ErrnoText()));
+  }
+  absl::Status status;
+  try {
+    status = WriteFile(model, file, temp);
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(absl::StrCat("writing llm.c checkpoint ",
+                                              path, ": ",
+                                              e.what_without_backtrace()));
+  }
+  if (std::fclose(file) != 0 && status.ok()) {
+    status = absl::InternalError(
+        absl::StrCat("closing llm.c checkpoint ", temp, ": ", ErrnoText()));
+  }
+  if (status.ok() && std::rename(temp.c_str(), path.c_str()) != 0) {
+    status = absl::InternalError(absl::StrCat(
+        "renaming ", temp, " to ", path, ": ", ErrnoText()));
+  }
+  if (!status.ok()) std::remove(temp.c_str());
+  return status;
+}
+
+absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
+  return ReadAndCheckHeader(path);
+}
+
+absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
+  absl::StatusOr<Gpt2Config> config = ReadAndCheckHeader(path);
+  if (!config.ok()) return config.status();
+  if (!config->SameShape(model->config())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "llm.c checkpoint ", path, " holds model ", config->ToSpec(),
+        ", which does not match model ", model->config().ToSpec()));
+  }
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(kLlmcHeaderBytes);
+  try {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : ParametersInFileOrder(model)) {
+      // Straight into the parameter when it is CPU fp32, else via a staging
+      // tensor that copy_() moves to the parameter's device and dtype.
+      const bool direct = p.is_cpu() && p.scalar_type() == torch::kFloat &&
+                          p.is_contiguous();
+      torch::Tensor dest =
+          direct ? p
+                 : torch::empty(p.sizes(), torch::dtype(torch::kFloat));
+      in.read(reinterpret_cast<char*>(dest.data_ptr<float>()),
+              static_cast<std::streamsize>(dest.numel() * sizeof(float)));
+      if (!in) {
+        return absl::DataLossError(
+            absl::StrCat("llm.c checkpoint ", path,
+                         ": read failed midway (did the file change while "
+                         "loading?): ",
+                         ErrnoText()));
+      }
+      if (!direct) p.copy_(dest);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("loading llm.c checkpoint ", path,
+                                            ": ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <torch/torch.h>
@@ -323,7 +324,11 @@ absl::Status Trainer::Resume() {
   absl::StatusOr<NamedTensors> rng = LoadTensorFile(*dir + "/rng.pt");
   if (!rng.ok()) return rng.status();
   for (const auto& [name, tensor] : *rng) {
-    if (name == "cpu") at::detail::getDefaultCPUGenerator().set_state(tensor);
+    if (name == "cpu") {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(tensor);
+    }
   }
   start_step_ = state["step"].get<int64_t>();
   Log(absl::StrCat("resumed from ", *dir, " at step ", start_step_));

@@ -27,19 +27,20 @@ using ::testing::HasSubstr;
 const std::vector<std::string>& Fragments() {
   static const auto* const kFragments = new std::vector<std::string>{
       // ASCII words and contractions.
-      "hello", "World", "The", "quick", "GPT", "tokenizer", "a", "I",
-      "don't", "I'll", "we've", "you're", "she'd", "I'm", "it's", "'s", "'t",
-      "ISN'T", "rock'n'roll", "'", "''", "o'clock",
+      "hello", "World", "The", "quick", "GPT", "tokenizer", "a", "I", "don't",
+      "I'll", "we've", "you're", "she'd", "I'm", "it's", "'s", "'t", "ISN'T",
+      "rock'n'roll", "'", "''", "o'clock",
       // Numbers.
       "123", "4.5e6", "3.14159", "1,000,000", "2024", "0x1F", "-42", "007",
       "12345678901234567890",
       // Letters from other scripts.
-      "café", "naïve", "straße", "Привет", "мир", "日本語", "中文字符",
-      "مرحبا", "नमस्ते", "한국어", "Ελληνικά", "עברית", "ﬁ", "Ǆ",
+      "café", "naïve", "straße", "Привет", "мир", "日本語", "中文字符", "مرحبا",
+      "नमस्ते", "한국어", "Ελληνικά", "עברית", "ﬁ", "Ǆ",
       // Digits and numbers from other scripts (Nd, Nl, No).
       "٣٤٥", "१२३", "①②", "Ⅻ", "½", "𝟙𝟚", "໑໒",
       // Emoji, including modifiers, ZWJ sequences and flags.
-      "😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "❤️", "🇯🇵", "✨",
+      "😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "❤️",
+      "🇯🇵", "✨",
       // Control characters and unusual whitespace.
       "\t", "\r\n", "\x01", "\x7f", "\x1c", "\u0085", "\v", "\f", "\u2028",
       "\u00a0", "\u3000", "\ufeff", "\u200b", std::string(1, '\0'),
@@ -55,7 +56,7 @@ const std::vector<std::string>& Fragments() {
 // A few hundred strings, the same on every run (mt19937's output sequence is
 // fixed by the standard; no distribution is used).
 std::vector<std::string> VariedStrings() {
-  static const std::vector<std::string> kSeparators = {"",   " ",  "  ", "\n",
+  static const std::vector<std::string> kSeparators = {"",   " ",   "  ", "\n",
                                                        "\t", "   ", " \n"};
   std::vector<std::string> strings = Fragments();
   for (const std::string& f : Fragments()) {
@@ -96,9 +97,7 @@ class BpeTokenizerTest : public ::testing::Test {
     delete tokenizer_;
     tokenizer_ = nullptr;
   }
-  void SetUp() override {
-    ASSERT_NE(tokenizer_, nullptr) << *load_error_;
-  }
+  void SetUp() override { ASSERT_NE(tokenizer_, nullptr) << *load_error_; }
 
   static BpeTokenizer* tokenizer_;
   static std::string* load_error_;
@@ -146,9 +145,8 @@ TEST_F(BpeTokenizerTest, MatchesGpt3EncoderPackageIdForId) {
       if (++mismatches == 10) break;
     }
   }
-  std::cout << "compared " << texts.size()
-            << " strings with gpt-3-encoder, " << mismatches
-            << " mismatches\n";
+  std::cout << "compared " << texts.size() << " strings with gpt-3-encoder, "
+            << mismatches << " mismatches\n";
 }
 
 TEST_F(BpeTokenizerTest, DecodeInvertsEncodeOnVariedText) {
@@ -209,9 +207,9 @@ TEST_F(BpeTokenizerTest, LongWhitespaceAndLetterRunsEncodeInLinearishTime) {
                            std::string(200000, 'a') + std::string(1000, '\n');
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int> ids = tokenizer_->Encode(text);
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   absl::StatusOr<std::string> decoded = tokenizer_->Decode(ids);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(*decoded, text);
@@ -229,9 +227,9 @@ TEST_F(BpeTokenizerTest, EncodesTheWholeBrownCorpusInSeconds) {
   for (const Document& document : corpus->documents) {
     tokens += tokenizer_->Encode(document.text).size();
   }
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   std::cout << "encoded " << corpus->documents.size() << " Brown samples, "
             << tokens << " tokens, in " << seconds << " s\n";
   EXPECT_GT(tokens, 1'000'000u);

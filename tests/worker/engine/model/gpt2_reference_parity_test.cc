@@ -1,0 +1,187 @@
+// Our GPT-2 against the PyTorch reference (bench/reference/gpt2_reference.py),
+// run by Debian's /usr/bin/python3 (python3-torch). The two exchange weights
+// and gradients as llm.c model files, as llm.c's own test_gpt2 does, and the
+// comparison prints llm.c-style "OK, maxdiff" lines.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+std::string ReferenceScript() {
+  return std::string(SHARDTRAIN_SOURCE_DIR) +
+         "/bench/reference/gpt2_reference.py";
+}
+
+bool PythonHasTorch() {
+  return std::system((std::string(kPython) +
+                      " -c 'import torch' >/dev/null 2>&1")
+                         .c_str()) == 0;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Gpt2ReferenceParityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!PythonHasTorch()) {
+      GTEST_SKIP() << kPython << " cannot import torch (python3-torch)";
+    }
+    std::string pattern = ::testing::TempDir() + "gpt2_parity_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string Path(const std::string& name) const {
+    return (dir_ / name).string();
+  }
+
+  // Runs the reference with `args`; returns the JSON it prints. Fails the
+  // test, quoting its stderr, when it exits non-zero.
+  nlohmann::json RunReference(const std::string& args) {
+    const std::string out = Path("reference.json");
+    const std::string err = Path("reference.stderr");
+    const std::string command = std::string(kPython) + " " +
+                                ReferenceScript() + " " + args + " >" + out +
+                                " 2>" + err;
+    const int rc = std::system(command.c_str());
+    EXPECT_EQ(rc, 0) << command << "\n" << ReadText(err);
+    if (rc != 0) return nullptr;
+    return nlohmann::json::parse(ReadText(out));
+  }
+
+  std::filesystem::path dir_;
+};
+
+// llm.c's check_tensor: prints the largest absolute difference and whether it
+// is within `tolerance`.
+bool CheckTensor(const torch::Tensor& ours, const torch::Tensor& reference,
+                 const std::string& label, double tolerance) {
+  const double maxdiff =
+      (ours.to(torch::kDouble) - reference.to(torch::kDouble))
+          .abs()
+          .max()
+          .item<double>();
+  const bool ok = maxdiff <= tolerance;
+  std::cout << std::left << std::setw(24) << label << (ok ? " OK" : " NOT OK")
+            << ", maxdiff " << std::scientific << std::setprecision(3)
+            << maxdiff << " (tolerance " << tolerance << ")\n"
+            << std::defaultfloat;
+  return ok;
+}
+
+TEST_F(Gpt2ReferenceParityTest, LogitsLossAndGradientsMatchPytorch) {
+  // Arrange: a seeded model as an llm.c file, and token sequences.
+  const Gpt2Config config = *Gpt2Config::FromPreset("gpt2-tiny");
+  Gpt2 model(config, /*seed=*/1337);
+  ASSERT_TRUE(SaveLlmcCheckpoint(model, Path("model.bin")).ok());
+  const int64_t b = 4, t = 64;
+  torch::manual_seed(42);
+  const torch::Tensor tokens =
+      torch::randint(config.vocab_size, {b, t + 1}, torch::kLong);
+  {
+    std::ofstream out(Path("tokens.txt"));
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j <= t; ++j) {
+        out << tokens[i][j].item<int64_t>() << (j < t ? " " : "\n");
+      }
+    }
+  }
+
+  // Act: the reference's forward and backward, then ours.
+  const nlohmann::json ref = RunReference(
+      "--check-parity --model-bin " + Path("model.bin") + " --tokens " +
+      Path("tokens.txt") + " --logits-out " + Path("logits.f32") +
+      " --grads-out " + Path("grads.bin"));
+  ASSERT_FALSE(ref.is_null());
+  std::cout << "reference: torch " << ref["torch_version"].get<std::string>()
+            << ", attention " << ref["attention"].get<std::string>() << "\n";
+
+  const torch::Tensor logits = model->forward(tokens.narrow(1, 0, t));
+  const torch::Tensor loss =
+      CrossEntropyLoss(logits, tokens.narrow(1, 1, t));
+  loss.backward();
+
+  // Assert: loss within 1e-5 relative, logits within 1e-4 absolute.
+  const double ref_loss = ref["loss"].get<double>();
+  const double rel = std::abs(loss.item<double>() - ref_loss) / ref_loss;
+  std::cout << "loss: ours " << std::setprecision(8) << loss.item<double>()
+            << ", reference " << ref_loss << ", relative diff "
+            << std::scientific << rel << std::defaultfloat << "\n";
+  EXPECT_LE(rel, 1e-5);
+
+  const std::string logits_bytes = ReadText(Path("logits.f32"));
+  ASSERT_EQ(static_cast<int64_t>(logits_bytes.size()),
+            b * t * config.vocab_size * 4);
+  const torch::Tensor ref_logits =
+      torch::from_blob(const_cast<char*>(logits_bytes.data()),
+                       {b, t, config.vocab_size}, torch::kFloat)
+          .clone();
+  EXPECT_TRUE(CheckTensor(logits.detach(), ref_logits, "logits", 1e-4));
+
+  // Gradients travel as an llm.c file too: load them as a model's weights and
+  // compare parameter by parameter. They are ~1e-2 at most here; 1e-6
+  // absolute is a few float32 roundings of that.
+  Gpt2 ref_grads(config);
+  ASSERT_TRUE(LoadLlmcCheckpoint(Path("grads.bin"), ref_grads).ok());
+  const auto ours = model->named_parameters();
+  const auto theirs = ref_grads->named_parameters();
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(CheckTensor(ours[i].value().grad(), theirs[i].value(),
+                            "grad " + ours[i].key(), 1e-6));
+  }
+}
+
+TEST_F(Gpt2ReferenceParityTest, SeededInitIsBitIdenticalToPytorch) {
+  const std::string spec =
+      "custom:n_layer=3,n_head=2,n_embd=32,block_size=64,vocab_size=1000";
+  const nlohmann::json ref = RunReference("--init --model " + spec +
+                                          " --seed 1337 --out " +
+                                          Path("init.bin"));
+  ASSERT_FALSE(ref.is_null());
+  const Gpt2Config config = *ParseModelSpec(spec);
+  EXPECT_EQ(ref["num_parameters"].get<int64_t>(), config.NumParameters());
+
+  Gpt2 ours(config, /*seed=*/1337);
+  Gpt2 theirs(config, /*seed=*/0);
+  const absl::Status status = LoadLlmcCheckpoint(Path("init.bin"), theirs);
+  ASSERT_TRUE(status.ok()) << status;
+  const auto a = ours->named_parameters();
+  const auto b = theirs->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(CheckTensor(a[i].value(), b[i].value(), a[i].key(), 0.0));
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,126 @@
+// shardtrain-train as a user meets it: flags, YAML, exit codes, messages.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "worker/engine/data/token_file.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result RunTrain(const std::string& args) {
+  const std::string command =
+      std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train " + args + " 2>&1";
+  Result result{-1, ""};
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+class TrainMainTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((fs::temp_directory_path() /
+                            ("shardtrain_train_main_" + std::to_string(::getpid())))
+                               .string());
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_ + "/data");
+    std::mt19937 rng(1);
+    std::vector<uint16_t> tokens(20000);
+    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % 50257);
+    ASSERT_TRUE(WriteTokenFile(*dir_ + "/data/train.bin", tokens).ok());
+    tokens.resize(4000);
+    ASSERT_TRUE(WriteTokenFile(*dir_ + "/data/val.bin", tokens).ok());
+  }
+  static std::string Data() { return *dir_ + "/data"; }
+  static std::string Out(const std::string& name) { return *dir_ + "/" + name; }
+  static std::string* dir_;
+};
+std::string* TrainMainTest::dir_ = nullptr;
+
+TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
+  Result r = RunTrain("--model gpt2-tiny --data " + Data() +
+                 " --batch-size 2 --seq-len 32 --max-steps 3 --eval-steps 2 --out " +
+                 Out("ok"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/3 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tok/s | mem "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("val_loss "), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(Out("ok") + "/metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(Out("ok") + "/model.bin"));
+
+  // The written model evaluates with --eval-only --init-from.
+  Result eval = RunTrain("--model gpt2-tiny --data " + Data() +
+                    " --batch-size 2 --seq-len 32 --eval-only --eval-steps 2 --init-from " +
+                    Out("ok") + "/model.bin");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_EQ(eval.output.rfind("val_loss ", 0), 0u) << eval.output;
+}
+
+TEST_F(TrainMainTest, YamlConfigGivesTheBaseAndFlagsWin) {
+  const std::string yaml = Out("run.yaml");
+  std::ofstream(yaml) << "model: gpt2-tiny\ndata: " << Data()
+                      << "\nbatch-size: 2\nseq-len: 16\nmax-steps: 5\n";
+  Result r = RunTrain("--config " + yaml + " --max-steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 3/"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"--model gpt2-huge", "model"},
+      {"--seq-len 4096", "seq_len"},
+      {"--batch-size 0", "batch_size"},
+      {"--batch-size -3", "batch_size"},
+      {"--lr -1", "lr"},
+      {"--strategy zero3", "strategy"},
+      {"--device tpu", "device"},
+      {"--batch-size many", "--batch-size"},
+      {"--no-such-flag 1", "no-such-flag"},
+      {"--config /nonexistent.yaml", "/nonexistent.yaml"},
+  };
+  for (const Case& c : cases) {
+    const std::string out = Out("bad");
+    Result r = RunTrain("--data " + Data() + " --out " + out + " " + c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos)
+        << c.args << " -> " << r.output;
+    EXPECT_FALSE(fs::exists(out)) << c.args << " left " << out;
+  }
+  const std::string out = Out("bad_data");
+  Result missing = RunTrain("--data /nonexistent/dir --out " + out);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos) << missing.output;
+  EXPECT_FALSE(fs::exists(out));
+
+  std::ofstream(Out("garbage.bin")) << "not a model";
+  Result bad_init = RunTrain("--data " + Data() + " --init-from " + Out("garbage.bin"));
+  EXPECT_EQ(bad_init.exit_code, 1);
+  EXPECT_NE(bad_init.output.find("init_from"), std::string::npos) << bad_init.output;
+}
+
+}  // namespace
+}  // namespace shardtrain
