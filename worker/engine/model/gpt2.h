@@ -25,10 +25,6 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_H_
 #define SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_H_
 
-#include <cstdint>
-#include <memory>
-#include <vector>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -36,6 +32,10 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/engine/model/gpt2_config.h"
@@ -138,7 +138,8 @@ class Gpt2Impl : public torch::nn::Module {
   // seeded with `seed`: biases 0, LayerNorm weights 1, attn.c_proj and
   // mlp.c_proj weights N(0, 0.02 / sqrt(2 * n_layer)), every other weight
   // N(0, 0.02); then the padded rows of wte are zeroed. The Python reference
-  // (bench/reference/gpt2_reference.py) does the same and gets the same bits.
+  // (bench/reference/gpt2_reference.py) does the same and gets the same bits
+  // on CPU (gpt2_reference_parity_test.cc).
   void InitWeights(uint64_t seed);
 
   const Gpt2Config& config() const { return config_; }
@@ -165,7 +166,9 @@ TORCH_MODULE(Gpt2);
 absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed);
 
 // Mean cross-entropy over all B*T positions. logits: [B,T,V] (or [N,V]);
-// targets: [B,T] (or [N]) int64 in [0, V).
+// targets: [B,T] (or [N]) int64 in [0, V). Equal to ATen's cross_entropy to
+// float rounding, but fused to spare three [N, V] temporaries (see gpt2.cc);
+// its gradient is not itself differentiable.
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
                                const torch::Tensor& targets);
 

@@ -84,7 +84,8 @@ absl::StatusOr<Gpt2Config> Gpt2Config::FromPreset(std::string_view name) {
     return config;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model preset \"", ToAbsl(name), "\"; allowed: ", AllowedPresets(),
+      "unknown model preset \"", ToAbsl(name),
+      "\"; allowed: ", AllowedPresets(),
       ", or custom:n_layer=<int>,n_head=<int>,n_embd=<int>[,block_size=<int>]"
       "[,vocab_size=<int>][,padded_vocab_size=<int>]"));
 }
@@ -136,10 +137,9 @@ int64_t Gpt2Config::NumParameters() const {
 
 double Gpt2Config::FlopsPerToken(int64_t seq_len) const {
   const double n = static_cast<double>(NumParameters() - block_size * n_embd);
-  const double attention = 12.0 * static_cast<double>(n_layer) *
-                           static_cast<double>(n_head) *
-                           static_cast<double>(head_size()) *
-                           static_cast<double>(seq_len);
+  const double attention =
+      12.0 * static_cast<double>(n_layer) * static_cast<double>(n_head) *
+      static_cast<double>(head_size()) * static_cast<double>(seq_len);
   return 6.0 * n + attention;
 }
 
@@ -191,9 +191,9 @@ absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view std_spec) {
     item = absl::StripAsciiWhitespace(item);
     std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
     if (kv.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model spec \"custom:", spec, "\": item \"", item,
-          "\" is not <field>=<int>; fields: ", allowed_fields()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model spec \"custom:", spec, "\": item \"", item,
+                       "\" is not <field>=<int>; fields: ", allowed_fields()));
     }
     const absl::string_view key = absl::StripAsciiWhitespace(kv[0]);
     const absl::string_view text = absl::StripAsciiWhitespace(kv[1]);
@@ -212,9 +212,8 @@ absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view std_spec) {
     }
     field->seen = true;
     if (!absl::SimpleAtoi(text, field->value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model spec: field ", key, " = \"", text,
-                       "\" is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model spec: field ", key, " = \"", text, "\" is not an integer"));
     }
   }
   for (const Field& f : fields) {

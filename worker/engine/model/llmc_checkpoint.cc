@@ -1,5 +1,7 @@
 #include "worker/engine/model/llmc_checkpoint.h"
 
+#include <c10/util/Exception.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <array>
@@ -12,9 +14,6 @@
 #include <string>
 #include <system_error>
 #include <vector>
-
-#include <c10/util/Exception.h>
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,8 +30,7 @@ using Header = std::array<int32_t, 256>;
 
 // The model's parameters in the file's order (see the header comment).
 std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
-  std::vector<torch::Tensor> out = {model->wte()->weight,
-                                    model->wpe()->weight};
+  std::vector<torch::Tensor> out = {model->wte()->weight, model->wpe()->weight};
   const auto per_layer = [&](auto get) {
     for (int64_t i = 0; i < model->num_blocks(); ++i) {
       out.push_back(get(*model->block(i)));
@@ -73,8 +71,8 @@ absl::StatusOr<Gpt2Config> ReadAndCheckHeader(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("llm.c checkpoint ", path, ": cannot open: ", ErrnoText()));
+    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
+                                            ": cannot open: ", ErrnoText()));
   }
   if (size < static_cast<std::uintmax_t>(kLlmcHeaderBytes)) {
     return absl::DataLossError(
@@ -100,10 +98,9 @@ absl::StatusOr<Gpt2Config> ReadAndCheckHeader(const std::string& path) {
         " (fp32) is, e.g. gpt2_124M.bin rather than gpt2_124M_bf16.bin"));
   }
   if (header[1] != kLlmcModelVersionFp32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llm.c checkpoint ", path, ": unsupported version ",
-                     header[1], "; only version ", kLlmcModelVersionFp32,
-                     " (fp32) is supported"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": unsupported version ", header[1],
+        "; only version ", kLlmcModelVersionFp32, " (fp32) is supported"));
   }
   Gpt2Config config;
   config.block_size = header[2];
@@ -178,24 +175,23 @@ absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
   const std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
   std::FILE* file = std::fopen(temp.c_str(), "wb");
   if (file == nullptr) {
-    return absl::InternalError(absl::StrCat(
-        "cannot create llm.c checkpoint ", temp, ": ", ErrnoText()));
+    return absl::InternalError(absl::StrCat("cannot create llm.c checkpoint ",
+                                            temp, ": ", ErrnoText()));
   }
   absl::Status status;
   try {
     status = WriteFile(model, file, temp);
   } catch (const c10::Error& e) {
-    status = absl::InternalError(absl::StrCat("writing llm.c checkpoint ",
-                                              path, ": ",
-                                              e.what_without_backtrace()));
+    status = absl::InternalError(absl::StrCat(
+        "writing llm.c checkpoint ", path, ": ", e.what_without_backtrace()));
   }
   if (std::fclose(file) != 0 && status.ok()) {
     status = absl::InternalError(
         absl::StrCat("closing llm.c checkpoint ", temp, ": ", ErrnoText()));
   }
   if (status.ok() && std::rename(temp.c_str(), path.c_str()) != 0) {
-    status = absl::InternalError(absl::StrCat(
-        "renaming ", temp, " to ", path, ": ", ErrnoText()));
+    status = absl::InternalError(
+        absl::StrCat("renaming ", temp, " to ", path, ": ", ErrnoText()));
   }
   if (!status.ok()) std::remove(temp.c_str());
   return status;
@@ -220,11 +216,10 @@ absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
     for (torch::Tensor& p : ParametersInFileOrder(model)) {
       // Straight into the parameter when it is CPU fp32, else via a staging
       // tensor that copy_() moves to the parameter's device and dtype.
-      const bool direct = p.is_cpu() && p.scalar_type() == torch::kFloat &&
-                          p.is_contiguous();
+      const bool direct =
+          p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous();
       torch::Tensor dest =
-          direct ? p
-                 : torch::empty(p.sizes(), torch::dtype(torch::kFloat));
+          direct ? p : torch::empty(p.sizes(), torch::dtype(torch::kFloat));
       in.read(reinterpret_cast<char*>(dest.data_ptr<float>()),
               static_cast<std::streamsize>(dest.numel() * sizeof(float)));
       if (!in) {

@@ -1,5 +1,7 @@
 #include "worker/engine/train/memory_tracker.h"
 
+#include <malloc.h>
+
 #include <atomic>
 
 #include <c10/core/CPUAllocator.h>
@@ -79,6 +81,13 @@ TrackingCpuAllocator& CpuTracker() {
 }
 
 }  // namespace
+
+void RetainFreedHostMemory() {
+  // Serve every block from the heap (no per-allocation mmap/munmap) and never
+  // trim it, so the pages of one step's activations are reused by the next.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT32_MAX);
+}
 
 MemoryTracker& MemoryTracker::Get() {
   static auto* tracker = new MemoryTracker();

@@ -31,6 +31,13 @@ class MemoryTracker {
   MemoryTracker();
 };
 
+// Keeps freed host memory inside the process instead of returning it to the
+// OS after every step. LibTorch's CPU allocator takes activations and logits
+// from malloc; glibc serves large blocks with mmap and trims the heap top, so
+// each step would fault the same pages in again (measured in bench/RESULTS.md).
+// Process-wide; call once at start-up.
+void RetainFreedHostMemory();
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_

@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           : std::max<int64_t>(1, std::thread::hardware_concurrency() /
                                      rank_info.world_size);
   torch::set_num_threads(static_cast<int>(threads));
+  RetainFreedHostMemory();
   MemoryTracker::Get();  // count every tensor from here on
 
   absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(config.model);

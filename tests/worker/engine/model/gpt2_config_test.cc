@@ -38,10 +38,10 @@ TEST(Gpt2ConfigTest, PublishedSizesHaveGpt2Dimensions) {
     const char* name;
     int64_t n_layer, n_head, n_embd;
   };
-  for (const Expected& e : {Expected{"gpt2", 12, 12, 768},
-                            Expected{"gpt2-medium", 24, 16, 1024},
-                            Expected{"gpt2-large", 36, 20, 1280},
-                            Expected{"gpt2-xl", 48, 25, 1600}}) {
+  for (const Expected& e :
+       {Expected{"gpt2", 12, 12, 768}, Expected{"gpt2-medium", 24, 16, 1024},
+        Expected{"gpt2-large", 36, 20, 1280},
+        Expected{"gpt2-xl", 48, 25, 1600}}) {
     const Gpt2Config config = *Gpt2Config::FromPreset(e.name);
     EXPECT_EQ(config.n_layer, e.n_layer) << e.name;
     EXPECT_EQ(config.n_head, e.n_head) << e.name;
@@ -147,8 +147,7 @@ TEST(ParseModelSpecTest, ErrorsNameTheFieldAndTheAllowedValues) {
     absl::StatusOr<Gpt2Config> config = ParseModelSpec(c.spec);
     ASSERT_FALSE(config.ok()) << c.spec;
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(config.status().message(), HasSubstr(c.must_mention))
-        << c.spec;
+    EXPECT_THAT(config.status().message(), HasSubstr(c.must_mention)) << c.spec;
   }
 }
 

@@ -1,12 +1,12 @@
 #include "worker/engine/model/gpt2.h"
 
+#include <c10/util/Exception.h>
+#include <torch/types.h>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <c10/util/Exception.h>
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"

@@ -1,6 +1,7 @@
 #include "worker/engine/model/llmc_checkpoint.h"
 
 #include <stdlib.h>
+#include <torch/types.h>
 
 #include <array>
 #include <cstdint>
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -56,10 +55,8 @@ class LlmcCheckpointTest : public ::testing::Test {
     std::memcpy(header.data(), bytes.data(), sizeof(header));
     return header;
   }
-  static void SetHeaderInt(std::vector<char>& bytes, int index,
-                           int32_t value) {
-    std::memcpy(bytes.data() + index * sizeof(int32_t), &value,
-                sizeof(value));
+  static void SetHeaderInt(std::vector<char>& bytes, int index, int32_t value) {
+    std::memcpy(bytes.data() + index * sizeof(int32_t), &value, sizeof(value));
   }
 
   // A valid checkpoint of Small(), returned as bytes to corrupt.
@@ -121,11 +118,10 @@ TEST_F(LlmcCheckpointTest, HeaderAndSizeFollowLlmcLayout) {
   const auto* weights = reinterpret_cast<const float*>(bytes.data() + 1024);
   EXPECT_EQ(weights[0], model->wte()->weight[0][0].item<float>());
   EXPECT_EQ(weights[floats - 1], model->ln_f()->bias[c - 1].item<float>());
-  const int64_t qkvw_layer1 =
-      vp * c + max_t * c + 2 * l * c + 3 * c * c + 5;
-  EXPECT_EQ(weights[qkvw_layer1],
-            model->block(1)->attn()->c_attn()->weight.view(-1)[5]
-                .item<float>());
+  const int64_t qkvw_layer1 = vp * c + max_t * c + 2 * l * c + 3 * c * c + 5;
+  EXPECT_EQ(
+      weights[qkvw_layer1],
+      model->block(1)->attn()->c_attn()->weight.view(-1)[5].item<float>());
 }
 
 TEST_F(LlmcCheckpointTest, ReadConfigNamesTheMatchingPreset) {
@@ -195,8 +191,7 @@ TEST_F(LlmcCheckpointTest, CorruptFilesAreRejectedWithClearErrors) {
     absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
     ASSERT_FALSE(config.ok()) << c.name;
     EXPECT_EQ(config.status().code(), c.code) << c.name;
-    EXPECT_THAT(config.status().message(), HasSubstr(c.must_mention))
-        << c.name;
+    EXPECT_THAT(config.status().message(), HasSubstr(c.must_mention)) << c.name;
     EXPECT_THAT(config.status().message(), HasSubstr(path)) << c.name;
 
     Gpt2 model(Small());

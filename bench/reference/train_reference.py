@@ -1,0 +1,120 @@
+"""PyTorch reference training loop for the single-device benchmark.
+
+nanoGPT-style: the model of gpt2_reference.py, AdamW (torch.optim, decay on
+matrices only), global-norm clipping, linear warmup + cosine decay, batches of
+windows of seq_len + 1 tokens from an llm.c token file — the same work per
+step as `shardtrain-train --strategy single`. Prints one JSON object with the
+per-step times and losses. Run with Debian's /usr/bin/python3 (python3-torch).
+
+  /usr/bin/python3 bench/reference/train_reference.py --model gpt2-tiny \\
+      --data DIR --batch-size 8 --seq-len 128 --max-steps 30 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2_reference import GPT, GPTConfig, cross_entropy_loss  # noqa: E402
+
+TOKEN_MAGIC = 20240520
+HEADER_BYTES = 256 * 4
+
+
+def open_tokens(path: str) -> np.ndarray:
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    if header[0] != TOKEN_MAGIC or header[1] != 1:
+        raise ValueError(f"{path}: not an llm.c token file")
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES,
+                     shape=(int(header[2]),))
+
+
+def gemm_flops() -> float:
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
+    return 2 * 1024 ** 3 / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="gpt2-tiny")
+    p.add_argument("--data", required=True)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--max-steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--seed", type=int, default=1337)
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    config = GPTConfig.parse(args.model)
+    model = GPT(config, seed=args.seed)
+    decay = [q for q in model.parameters() if q.dim() >= 2]
+    no_decay = [q for q in model.parameters() if q.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+    tokens = open_tokens(os.path.join(args.data, "train.bin"))
+    T, B = args.seq_len, args.batch_size
+    windows = (len(tokens) - 1) // T
+    order = np.random.default_rng(args.seed).permutation(windows)
+
+    def lr_at(step: int) -> float:
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        decay_steps = args.max_steps - args.warmup_steps
+        if decay_steps <= 1:
+            return args.lr
+        ratio = min(1.0, (step - args.warmup_steps) / (decay_steps - 1))
+        return 0.1 * args.lr + 0.5 * (1 + math.cos(math.pi * ratio)) * 0.9 * args.lr
+
+    steps = []
+    for step in range(args.max_steps):
+        start = time.perf_counter()
+        rows = [tokens[w * T: w * T + T + 1].astype(np.int64)
+                for w in order[(step * B) % (windows - B):][:B]]
+        batch = torch.from_numpy(np.stack(rows))
+        x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        loss = cross_entropy_loss(model(x), y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        loss_value = loss.item()
+        steps.append({"step": step + 1, "loss": loss_value,
+                      "grad_norm": float(norm),
+                      "step_seconds": time.perf_counter() - start})
+
+    print(json.dumps({
+        "model": args.model, "batch_size": B, "seq_len": T,
+        "threads": args.threads, "torch": torch.__version__,
+        "flops_per_token": config.flops_per_token(T),
+        "gemm_flops": gemm_flops(), "steps": steps}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
