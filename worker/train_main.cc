@@ -41,6 +41,11 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--threads", c.threads, "CPU threads per rank (0: cores / ranks)");
   app.add_option("--peak-flops", c.peak_flops, "MFU denominator in FLOP/s");
   app.add_option("--shuffle", c.shuffle, "shuffle training windows each epoch");
+  app.add_option("--bucket-mb", c.bucket_mb, "DDP gradient bucket size in MB");
+  app.add_option("--reshard-after-forward", c.reshard_after_forward,
+                 "FSDP: free gathered parameters after forward (false: ZeRO-2-like)");
+  app.add_option("--prefetch", c.prefetch, "FSDP: prefetch the next unit's all-gather");
+  app.add_option("--comm-timeout", c.comm_timeout, "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every, "eval every N steps (and at the end)");
   app.add_option("--eval-steps", c.eval_steps, "batches per eval");
   app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps");

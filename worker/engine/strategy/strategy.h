@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/train/adamw.h"
 
@@ -27,12 +28,6 @@ struct StrategyOptions {
   std::string precision = "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
   AdamWOptions adamw;
   double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
-};
-
-// Communication measured since the last TakeCommStats().
-struct CommStats {
-  double seconds = 0;
-  int64_t bytes = 0;
 };
 
 class Strategy {

@@ -95,6 +95,13 @@ absl::Status TrainConfig::Validate() const {
                       "bf16 needs a CUDA device; use fp32 on cpu");
   }
   if (threads < 0) return FieldError("threads", threads, "must be >= 0");
+  if (!(bucket_mb > 0 && bucket_mb <= 4096)) {
+    return FieldError("bucket_mb", bucket_mb, "must be in (0, 4096]");
+  }
+  if (comm_timeout <= 0) {
+    return FieldError("comm_timeout", comm_timeout,
+                      "must be a positive number of seconds");
+  }
   if (!(peak_flops >= 0)) {
     return FieldError("peak_flops", peak_flops, "must be >= 0");
   }
@@ -155,6 +162,10 @@ const std::map<std::string, Setter>& YamlSetters() {
       {"threads", Set(&TrainConfig::threads)},
       {"peak_flops", Set(&TrainConfig::peak_flops)},
       {"shuffle", Set(&TrainConfig::shuffle)},
+      {"bucket_mb", Set(&TrainConfig::bucket_mb)},
+      {"reshard_after_forward", Set(&TrainConfig::reshard_after_forward)},
+      {"prefetch", Set(&TrainConfig::prefetch)},
+      {"comm_timeout", Set(&TrainConfig::comm_timeout)},
       {"eval_every", Set(&TrainConfig::eval_every)},
       {"eval_steps", Set(&TrainConfig::eval_steps)},
       {"checkpoint_every", Set(&TrainConfig::checkpoint_every)},

@@ -46,6 +46,12 @@ struct TrainConfig {
   double peak_flops = 0;    // MFU denominator; 0 = table (GPU) or measured
   bool shuffle = true;      // shuffle training windows each epoch
 
+  // Distributed strategies.
+  double bucket_mb = 25;              // DDP gradient bucket size
+  bool reshard_after_forward = true;  // FSDP: free full params after forward
+  bool prefetch = true;               // FSDP: gather the next unit early
+  int64_t comm_timeout = 300;         // seconds before a collective fails
+
   // Eval, checkpoints, output.
   int64_t eval_every = 0;  // 0 = only at the end when val.bin exists
   int64_t eval_steps = 20;

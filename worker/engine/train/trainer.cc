@@ -148,8 +148,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                       t.total_steps_);
 
   // Model: identical on every rank (same seed), then handed to the strategy.
-  Gpt2 model(t.model_config_);
-  model->InitWeights(config.seed);
+  Gpt2 model(t.model_config_, config.seed);
   if (!config.init_from.empty()) {
     if (absl::Status s = LoadLlmcCheckpoint(config.init_from, model); !s.ok()) {
       return s;

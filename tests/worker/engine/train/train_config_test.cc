@@ -48,6 +48,8 @@ TEST(TrainConfigTest, EachInvalidFieldIsNamedInTheError) {
       {"precision", [](TrainConfig& c) { c.precision = "fp8"; }},
       {"precision", [](TrainConfig& c) { c.precision = "bf16"; }},  // on cpu
       {"threads", [](TrainConfig& c) { c.threads = -2; }},
+      {"bucket_mb", [](TrainConfig& c) { c.bucket_mb = 0; }},
+      {"comm_timeout", [](TrainConfig& c) { c.comm_timeout = 0; }},
       {"eval_every", [](TrainConfig& c) { c.eval_every = -1; }},
       {"eval_steps", [](TrainConfig& c) { c.eval_steps = 0; }},
       {"checkpoint_every", [](TrainConfig& c) { c.checkpoint_every = -5; }},

@@ -1,0 +1,168 @@
+#include "tests/fakes/in_process_communicator.h"
+
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+class DoneWork final : public CommWork {
+ public:
+  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+  bool IsCompleted() override { return true; }
+
+ private:
+  absl::Status status_;
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(InProcessGroup* group, int64_t rank)
+      : group_(group), rank_(rank) {}
+
+  int64_t rank() const override { return rank_; }
+  int64_t world_size() const override { return group_->world_size(); }
+  std::chrono::milliseconds timeout() const override { return group_->timeout(); }
+
+  std::unique_ptr<CommWork> AllReduce(torch::Tensor& tensor) override {
+    stats_.bytes += tensor.nbytes();
+    std::vector<torch::Tensor> out;
+    if (!Exchange(tensor, [](const std::vector<torch::Tensor>& all) {
+          torch::Tensor sum = all[0].clone();
+          for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+          return std::vector<torch::Tensor>{sum};
+        }, &out)) {
+      return Timeout("all_reduce");
+    }
+    tensor.copy_(out[0]);
+    return Ok();
+  }
+
+  std::unique_ptr<CommWork> ReduceScatter(torch::Tensor& output,
+                                          const torch::Tensor& input) override {
+    stats_.bytes += input.nbytes();
+    std::vector<torch::Tensor> out;
+    if (!Exchange(input, [](const std::vector<torch::Tensor>& all) {
+          torch::Tensor sum = all[0].clone();
+          for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+          return std::vector<torch::Tensor>{sum};
+        }, &out)) {
+      return Timeout("reduce_scatter");
+    }
+    const int64_t n = output.numel();
+    output.copy_(out[0].view({-1}).narrow(0, rank_ * n, n).view_as(output));
+    return Ok();
+  }
+
+  std::unique_ptr<CommWork> AllGather(torch::Tensor& output,
+                                      const torch::Tensor& input) override {
+    stats_.bytes += input.nbytes();
+    std::vector<torch::Tensor> out;
+    if (!Exchange(input, [](const std::vector<torch::Tensor>& all) {
+          std::vector<torch::Tensor> flat;
+          for (const auto& t : all) flat.push_back(t.reshape({-1}));
+          return std::vector<torch::Tensor>{torch::cat(flat)};
+        }, &out)) {
+      return Timeout("all_gather");
+    }
+    output.copy_(out[0].view_as(output));
+    return Ok();
+  }
+
+  std::unique_ptr<CommWork> Broadcast(torch::Tensor& tensor, int64_t root) override {
+    stats_.bytes += tensor.nbytes();
+    std::vector<torch::Tensor> out;
+    if (!Exchange(tensor, [root](const std::vector<torch::Tensor>& all) {
+          return std::vector<torch::Tensor>{all[root].clone()};
+        }, &out)) {
+      return Timeout("broadcast");
+    }
+    tensor.copy_(out[0]);
+    return Ok();
+  }
+
+  absl::Status Barrier() override {
+    std::vector<torch::Tensor> out;
+    if (!Exchange(torch::zeros({1}), [](const std::vector<torch::Tensor>&) {
+          return std::vector<torch::Tensor>{};
+        }, &out)) {
+      return absl::DeadlineExceededError("barrier timed out");
+    }
+    return absl::OkStatus();
+  }
+
+  CommStats TakeStats() override {
+    CommStats stats = stats_;
+    stats_ = {};
+    return stats;
+  }
+
+ private:
+  bool Exchange(const torch::Tensor& contribution,
+                const std::function<std::vector<torch::Tensor>(
+                    const std::vector<torch::Tensor>&)>& combine,
+                std::vector<torch::Tensor>* results) {
+    return group_->Exchange(rank_, contribution.detach().clone(), combine, results);
+  }
+  std::unique_ptr<CommWork> Ok() {
+    return std::make_unique<DoneWork>(absl::OkStatus());
+  }
+  std::unique_ptr<CommWork> Timeout(const char* op) {
+    return std::make_unique<DoneWork>(absl::DeadlineExceededError(
+        absl::StrCat(op, " on rank ", rank_, " timed out waiting for peers")));
+  }
+
+  InProcessGroup* group_;
+  int64_t rank_;
+  CommStats stats_;
+};
+
+}  // namespace
+
+InProcessGroup::InProcessGroup(int64_t world_size,
+                               std::chrono::milliseconds timeout)
+    : world_size_(world_size), timeout_(timeout), contributions_(world_size) {}
+
+std::unique_ptr<Communicator> InProcessGroup::ForRank(int64_t rank) {
+  return std::make_unique<InProcessCommunicator>(this, rank);
+}
+
+bool InProcessGroup::Exchange(
+    int64_t rank, torch::Tensor contribution,
+    const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>&
+        combine,
+    std::vector<torch::Tensor>* results) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const int64_t generation = generation_;
+  contributions_[rank] = std::move(contribution);
+  if (++arrived_ == world_size_) {
+    results_ = combine(contributions_);
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+  } else if (!cv_.wait_for(lock, timeout_,
+                           [&] { return generation_ != generation; })) {
+    return false;
+  }
+  *results = results_;  // read under the lock, before the next generation
+  return true;
+}
+
+void RunRanks(int64_t world_size,
+              const std::function<void(int64_t, Communicator&)>& fn) {
+  InProcessGroup group(world_size);
+  std::vector<std::thread> threads;
+  for (int64_t rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::unique_ptr<Communicator> comm = group.ForRank(rank);
+      fn(rank, *comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace shardtrain

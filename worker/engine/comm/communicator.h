@@ -1,0 +1,67 @@
+// Communicator: the collectives the distributed strategies use, in the shape
+// of c10d's Backend. Every collective is asynchronous and returns a CommWork
+// handle; Wait() blocks until it completes or the communicator's timeout
+// passes, so a lost or stuck rank becomes an error, never a silent hang.
+//
+// Tensors must be contiguous and stay alive (and unmodified, for inputs) until
+// the work completes. Sums only: strategies divide by world_size themselves.
+#ifndef SHARDTRAIN_WORKER_ENGINE_COMM_COMMUNICATOR_H_
+#define SHARDTRAIN_WORKER_ENGINE_COMM_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+
+namespace shardtrain {
+
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  // Blocks until the collective has completed. DeadlineExceeded after the
+  // communicator's timeout; Unavailable when a peer is gone. The message names
+  // the collective and, where known, the rank that was lost.
+  virtual absl::Status Wait() = 0;
+  virtual bool IsCompleted() = 0;
+};
+
+// Communication measured since the last TakeStats(): seconds the caller spent
+// blocked in Wait()/Barrier(), and bytes this rank contributed.
+struct CommStats {
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int64_t rank() const = 0;
+  virtual int64_t world_size() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // tensor = sum over ranks of tensor, in place.
+  virtual std::unique_ptr<CommWork> AllReduce(torch::Tensor& tensor) = 0;
+  // input has world_size * output.numel() elements; output = sum over ranks
+  // of the rank()-th chunk of input.
+  virtual std::unique_ptr<CommWork> ReduceScatter(torch::Tensor& output,
+                                                  const torch::Tensor& input) = 0;
+  // output has world_size * input.numel() elements; chunk r of output is rank
+  // r's input.
+  virtual std::unique_ptr<CommWork> AllGather(torch::Tensor& output,
+                                              const torch::Tensor& input) = 0;
+  // tensor = root's tensor, in place.
+  virtual std::unique_ptr<CommWork> Broadcast(torch::Tensor& tensor,
+                                              int64_t root) = 0;
+  virtual absl::Status Barrier() = 0;
+
+  virtual CommStats TakeStats() = 0;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_COMM_COMMUNICATOR_H_
