@@ -60,7 +60,7 @@ double MeasureCpuGemmFlops() {
   torch::Tensor c = torch::empty({n, n});
   torch::mm_out(c, a, b);  // warm-up
   double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 10; ++i) {  // best of 10: robust to a busy machine
     const auto start = std::chrono::steady_clock::now();
     torch::mm_out(c, a, b);
     const double seconds =
@@ -71,7 +71,8 @@ double MeasureCpuGemmFlops() {
   return 2.0 * n * n * n / best;
 }
 
-double PeakFlops(const torch::Device& device, const std::string& precision) {
+double PeakFlops(const torch::Device& device, const std::string& precision,
+                 int cpu_threads) {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device.is_cuda()) {
     cudaDeviceProp prop;
@@ -84,7 +85,7 @@ double PeakFlops(const torch::Device& device, const std::string& precision) {
 #endif
   (void)device;
   (void)precision;
-  const std::string key = absl::StrCat("cpu_fp32_threads_", at::get_num_threads());
+  const std::string key = absl::StrCat("cpu_fp32_threads_", cpu_threads);
   const std::filesystem::path path = CacheFile();
   nlohmann::json cache = nlohmann::json::object();
   {

@@ -16,12 +16,13 @@ namespace shardtrain {
 // Datasheet dense peak for a GPU name such as "NVIDIA H200"; 0 when unknown.
 double GpuPeakFlops(const std::string& device_name, bool bf16);
 
-// Measured fp32 matmul rate of this CPU at the current intra-op thread count.
+// Measured fp32 matmul rate of this CPU with the current thread settings.
 double MeasureCpuGemmFlops();
 
-// Peak for `device` at `precision` ("fp32"/"bf16"): table on CUDA, the cached
-// measurement on CPU.
-double PeakFlops(const torch::Device& device, const std::string& precision);
+// Peak for `device` at `precision` ("fp32"/"bf16"): table on CUDA; on CPU the
+// measurement for `cpu_threads` compute threads (SetCpuComputeThreads), cached.
+double PeakFlops(const torch::Device& device, const std::string& precision,
+                 int cpu_threads);
 
 }  // namespace shardtrain
 

@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/train/memory_tracker.h"
 #include "worker/engine/train/peak_flops.h"
 #include "worker/engine/train/tensor_file.h"
@@ -80,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           ? config.threads
           : std::max<int64_t>(1, std::thread::hardware_concurrency() /
                                      rank_info.world_size);
-  torch::set_num_threads(static_cast<int>(threads));
+  if (t.device_.is_cpu()) SetCpuComputeThreads(static_cast<int>(threads));
   RetainFreedHostMemory();
   MemoryTracker::Get();  // count every tensor from here on
 
@@ -159,7 +160,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   t.flops_per_token_ = t.model_config_.FlopsPerToken(config.seq_len);
   t.peak_flops_ = config.peak_flops > 0
                       ? config.peak_flops
-                      : PeakFlops(t.device_, config.precision);
+                      : PeakFlops(t.device_, config.precision, static_cast<int>(threads));
   if (!config.out.empty()) t.checkpoints_.emplace(config.out);
   if (config.resume) {
     if (absl::Status s = t.Resume(); !s.ok()) return s;

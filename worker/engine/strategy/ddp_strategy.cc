@@ -1,0 +1,276 @@
+#include "worker/engine/strategy/ddp_strategy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+// Runs `on_ready` after a parameter's AccumulateGrad node has added this
+// backward's contribution to .grad(). The operator() signature is the same in
+// LibTorch 1.13 and 2.x; 2.x only adds a virtual compiled_args() with a
+// default, used by compiled autograd (torch.compile), which never runs these
+// graphs, so no version guard is needed.
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> on_ready)
+      : on_ready_(std::move(on_ready)) {}
+
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+// A collective failed: the step cannot go on with partial gradients, and
+// ForwardBackward has no Status to return, so this throws like LibTorch does.
+void CheckCollective(const absl::Status& status, const char* what) {
+  TORCH_CHECK(status.ok(), "ddp: ", what, " failed: ", status.ToString());
+}
+
+}  // namespace
+
+DdpStrategy::DdpStrategy(const StrategyOptions& options, Communicator* comm,
+                         double bucket_mb)
+    : options_(options),
+      comm_(comm),
+      bucket_bytes_(std::max<int64_t>(
+          1, static_cast<int64_t>(std::llround(bucket_mb * 1024 * 1024)))),
+      local_(options) {}
+
+DdpStrategy::~DdpStrategy() {
+  // A graph built before this strategy died may still hold the accumulators;
+  // its backward must not call into a destroyed object.
+  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
+    grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+}
+
+absl::Status DdpStrategy::Setup(Gpt2 model) {
+  params_ = model->parameters();
+  if (absl::Status s = local_.Setup(model); !s.ok()) return s;
+  try {
+    BuildBuckets();
+    if (absl::Status s = BroadcastFromRankZero(); !s.ok()) return s;
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& buffer : model->buffers()) {
+      CheckCollective(comm_->Broadcast(buffer, 0)->Wait(), "broadcast");
+    }
+    AttachGradViews();
+    RegisterHooks();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("ddp setup: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+void DdpStrategy::BuildBuckets() {
+  buckets_.clear();
+  bucket_of_param_.assign(params_.size(), -1);
+  int64_t bytes = 0;
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    const torch::Tensor& p = params_[i];
+    const bool fits =
+        !buckets_.empty() &&
+        params_[buckets_.back().params.front()].dtype() == p.dtype() &&
+        bytes + static_cast<int64_t>(p.nbytes()) <= bucket_bytes_;
+    if (!fits) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& bucket = buckets_.back();
+    bucket.offsets.push_back(bucket.params.empty()
+                                 ? 0
+                                 : bucket.offsets.back() +
+                                       params_[bucket.params.back()].numel());
+    bucket.params.push_back(i);
+    bucket_of_param_[i] = static_cast<int64_t>(buckets_.size()) - 1;
+    bytes += static_cast<int64_t>(p.nbytes());
+  }
+  for (Bucket& bucket : buckets_) {
+    const torch::Tensor& last = params_[bucket.params.back()];
+    bucket.flat = torch::zeros({bucket.offsets.back() + last.numel()},
+                               last.options().requires_grad(false));
+  }
+}
+
+absl::Status DdpStrategy::BroadcastFromRankZero() {
+  // The bucket buffers are free until the first backward: stage the
+  // parameters in them so a few large broadcasts replace many small ones.
+  torch::NoGradGuard no_grad;
+  std::vector<std::unique_ptr<CommWork>> works;
+  for (Bucket& bucket : buckets_) {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const torch::Tensor& p = params_[bucket.params[k]];
+      bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape(-1));
+    }
+    works.push_back(comm_->Broadcast(bucket.flat, 0));
+  }
+  absl::Status status;
+  for (std::unique_ptr<CommWork>& work : works) status.Update(work->Wait());
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("ddp: initial broadcast of the parameters "
+                                     "from rank 0 failed: ",
+                                     status.message()));
+  }
+  for (Bucket& bucket : buckets_) {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      torch::Tensor& p = params_[bucket.params[k]];
+      p.copy_(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view_as(p));
+    }
+    bucket.flat.zero_();
+  }
+  return absl::OkStatus();
+}
+
+void DdpStrategy::AttachGradViews() {
+  torch::NoGradGuard no_grad;
+  for (const Bucket& bucket : buckets_) {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      torch::Tensor& p = params_[bucket.params[k]];
+      torch::Tensor view =
+          bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes());
+      torch::Tensor& grad = p.mutable_grad();
+      if (grad.defined() && grad.data_ptr() == view.data_ptr()) continue;
+      if (grad.defined()) {
+        view.copy_(grad);
+      } else {
+        view.zero_();
+      }
+      grad = view;
+    }
+  }
+}
+
+void DdpStrategy::RegisterHooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> accumulator =
+        torch::autograd::impl::grad_accumulator(params_[i]);
+    hook_keys_.push_back(
+        accumulator->add_post_hook(std::make_unique<GradReadyHook>(
+            [this, i] { OnGradReady(static_cast<int64_t>(i)); })));
+    grad_accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+void DdpStrategy::OnGradReady(int64_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!reducing_ || param_ready_[index]) return;
+  param_ready_[index] = true;
+  --buckets_[bucket_of_param_[index]].pending;
+  LaunchReadyBuckets(/*force=*/false);
+}
+
+void DdpStrategy::LaunchReadyBuckets(bool force) {
+  while (next_launch_ < buckets_.size() &&
+         (force || buckets_[next_launch_].pending == 0)) {
+    Bucket& bucket = buckets_[next_launch_];
+    trace_.bucket_launch[next_launch_] = Clock::now();
+    bucket.work = comm_->AllReduce(bucket.flat);
+    ++next_launch_;
+  }
+}
+
+torch::Tensor DdpStrategy::ForwardBackward(const torch::Tensor& inputs,
+                                           const torch::Tensor& targets,
+                                           double loss_scale, bool sync) {
+  AttachGradViews();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reducing_ = sync;
+    param_ready_.assign(params_.size(), false);
+    for (Bucket& bucket : buckets_) {
+      bucket.pending = static_cast<int64_t>(bucket.params.size());
+      bucket.work.reset();
+    }
+    next_launch_ = 0;
+    if (sync) trace_.bucket_launch.assign(buckets_.size(), {});
+  }
+  torch::Tensor loss =
+      local_.ForwardBackward(inputs, targets, loss_scale, /*sync=*/false);
+  if (!sync) return loss;
+
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.backward_end = Clock::now();
+    // Parameters that took no part in this graph never fire their hook; their
+    // (locally accumulated, possibly zero) gradients are reduced all the same.
+    LaunchReadyBuckets(/*force=*/true);
+    reducing_ = false;
+  }
+  torch::NoGradGuard no_grad;
+  const double inv_world = 1.0 / static_cast<double>(comm_->world_size());
+  for (Bucket& bucket : buckets_) {
+    CheckCollective(bucket.work->Wait(), "gradient all-reduce");
+    bucket.work.reset();
+    bucket.flat.mul_(inv_world);
+  }
+  return loss;
+}
+
+double DdpStrategy::ClipGradNorm(double max_norm) {
+  return local_.ClipGradNorm(max_norm);
+}
+
+void DdpStrategy::OptimizerStep(double lr) { local_.OptimizerStep(lr); }
+
+torch::Tensor DdpStrategy::ForwardLoss(const torch::Tensor& inputs,
+                                       const torch::Tensor& targets) {
+  return local_.ForwardLoss(inputs, targets);
+}
+
+double DdpStrategy::AllReduceMean(double value) {
+  torch::Tensor t = torch::full(
+      {1}, value, torch::TensorOptions(options_.device).dtype(torch::kFloat64));
+  CheckCollective(comm_->AllReduce(t)->Wait(), "all-reduce of a metric");
+  return t.item<double>() / static_cast<double>(comm_->world_size());
+}
+
+void DdpStrategy::Barrier() { CheckCollective(comm_->Barrier(), "barrier"); }
+
+absl::Status DdpStrategy::SaveCheckpoint(const std::string& dir) {
+  if (comm_->rank() != 0) return absl::OkStatus();
+  return local_.SaveCheckpoint(dir);
+}
+
+absl::Status DdpStrategy::LoadCheckpoint(const std::string& dir) {
+  return local_.LoadCheckpoint(dir);
+}
+
+absl::Status DdpStrategy::ExportModel(const std::string& path) {
+  if (comm_->rank() != 0) return absl::OkStatus();
+  return local_.ExportModel(path);
+}
+
+int64_t DdpStrategy::ModelStateBytes() const {
+  return local_.ModelStateBytes();
+}
+
+std::vector<std::vector<int64_t>> DdpStrategy::BucketParameterIndices() const {
+  std::vector<std::vector<int64_t>> indices;
+  for (const Bucket& bucket : buckets_) indices.push_back(bucket.params);
+  return indices;
+}
+
+DdpStrategy::OverlapTrace DdpStrategy::last_overlap_trace() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trace_;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,140 @@
+// DdpStrategy: DistributedDataParallel. Every rank holds a full replica of the
+// model and of the optimizer state and trains on its own slice of the global
+// batch; after each sync micro-step's backward the gradients are averaged over
+// ranks, so every rank takes the identical optimizer step.
+//
+// The local math (forward, backward, clipping, AdamW, checkpoint files) is
+// SingleDeviceStrategy's, unchanged; this class adds what PyTorch's Reducer
+// does around it:
+//   - Setup broadcasts every parameter (and buffer) from rank 0, so the
+//     replicas start identical even if the ranks built different models.
+//   - Parameters are packed into buckets of about `bucket_mb` MiB in reverse
+//     parameter order, the order backward produces their gradients. Each
+//     parameter's .grad() is a view into its bucket's flat buffer ("gradient
+//     as bucket view"): backward accumulates straight into the bucket, no copy.
+//   - A post-hook on each parameter's gradient accumulator counts down its
+//     bucket; when the bucket is complete its AllReduce is launched at once,
+//     while backward is still computing the gradients of earlier layers.
+//     Buckets are launched strictly in index order, so every rank issues the
+//     same collectives in the same order even if hooks fired differently.
+//   - Micro-steps with sync=false only accumulate locally; the sync micro-step
+//     reduces the accumulated total.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_DDP_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_DDP_STRATEGY_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/strategy/strategy.h"
+
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
+
+namespace shardtrain {
+
+class DdpStrategy final : public Strategy {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // When the last sync micro-step launched each bucket's AllReduce (index =
+  // bucket) and when its backward pass returned. A launch earlier than
+  // backward_end overlapped communication with computation; buckets whose
+  // gradient hook never fired are launched after backward_end.
+  struct OverlapTrace {
+    std::vector<Clock::time_point> bucket_launch;
+    Clock::time_point backward_end;
+  };
+
+  // `comm` must outlive this strategy; its rank and world size are used (not
+  // options.rank / world_size, which should agree). Buckets hold at most
+  // `bucket_mb` MiB of gradient unless one parameter alone is larger.
+  DdpStrategy(const StrategyOptions& options, Communicator* comm,
+              double bucket_mb = 25);
+  ~DdpStrategy() override;
+
+  DdpStrategy(const DdpStrategy&) = delete;
+  DdpStrategy& operator=(const DdpStrategy&) = delete;
+
+  std::string name() const override { return "ddp"; }
+  // Collective: every rank must call it. Errors: a failed broadcast.
+  absl::Status Setup(Gpt2 model) override;
+  // Collective when `sync` is true. A failed all-reduce throws c10::Error
+  // (the interface has no Status here), naming the collective.
+  torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                const torch::Tensor& targets,
+                                double loss_scale, bool sync) override;
+  // Local: after the sync micro-step every rank holds the same gradient.
+  double ClipGradNorm(double max_norm) override;
+  void OptimizerStep(double lr) override;
+  torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                            const torch::Tensor& targets) override;
+  double AllReduceMean(double value) override;
+  void Barrier() override;
+  // Rank 0 writes model.pt and optimizer.pt into `dir`; other ranks write
+  // nothing (their state is identical).
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  // Every rank reads the files rank 0 wrote into `dir`.
+  absl::Status LoadCheckpoint(const std::string& dir) override;
+  // Rank 0 writes `path`; other ranks write nothing.
+  absl::Status ExportModel(const std::string& path) override;
+  // Parameters, gradients (= the bucket buffers) and optimizer state.
+  int64_t ModelStateBytes() const override;
+  CommStats TakeCommStats() override { return comm_->TakeStats(); }
+
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // For each bucket, the indices into model->parameters() it holds, in the
+  // order they sit in its buffer.
+  std::vector<std::vector<int64_t>> BucketParameterIndices() const;
+  OverlapTrace last_overlap_trace() const;
+
+ private:
+  struct Bucket {
+    torch::Tensor flat;                // 1-D; each member's grad is a view of it
+    std::vector<int64_t> params;       // indices into params_
+    std::vector<int64_t> offsets;      // element offset of each member in flat
+    int64_t pending = 0;               // members whose gradient is not ready yet
+    std::unique_ptr<CommWork> work;    // the in-flight AllReduce, if launched
+  };
+
+  void BuildBuckets();
+  absl::Status BroadcastFromRankZero();
+  // Makes every parameter's .grad() its view of the bucket buffer again if
+  // something replaced it, keeping the accumulated values.
+  void AttachGradViews();
+  void RegisterHooks();
+  // Called by the gradient-accumulator hook of params_[index].
+  void OnGradReady(int64_t index);
+  // Launches the consecutive complete buckets from next_launch_ on.
+  void LaunchReadyBuckets(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  StrategyOptions options_;
+  Communicator* const comm_;
+  const int64_t bucket_bytes_;
+  SingleDeviceStrategy local_;
+  std::vector<torch::Tensor> params_;  // model->parameters(), in order
+  std::vector<int64_t> bucket_of_param_;
+  std::vector<Bucket> buckets_;
+  // Gradient accumulators of params_ with our hook attached; holding them
+  // keeps the same node (and hook) in every graph built from the params.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  // Hooks run on the autograd engine's thread while the caller is blocked in
+  // backward(); the mutex orders them with the caller (and with each other
+  // should a backend run them on several threads).
+  mutable std::mutex mutex_;
+  bool reducing_ ABSL_GUARDED_BY(mutex_) = false;  // inside a sync backward
+  std::vector<bool> param_ready_ ABSL_GUARDED_BY(mutex_);
+  size_t next_launch_ ABSL_GUARDED_BY(mutex_) = 0;
+  OverlapTrace trace_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_DDP_STRATEGY_H_
