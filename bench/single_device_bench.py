@@ -27,9 +27,10 @@ CONFIGS = [  # model, batch, seq_len
 WARMUP = 3
 
 
-def run(cmd: list[str]) -> tuple[str, int]:
+def run(cmd: list[str], env: dict | None = None) -> tuple[str, int]:
     """Runs cmd; returns (stdout, max RSS in bytes of that process)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -60,7 +61,8 @@ def main() -> int:
             with open(f"{out}/metrics.jsonl") as f:
                 ours = [json.loads(line) for line in f]
         ref_out, ref_rss = run(["/usr/bin/python3",
-                                f"{ROOT}/bench/reference/train_reference.py", *common])
+                                f"{ROOT}/bench/reference/train_reference.py", *common],
+                               env={"OPENBLAS_NUM_THREADS": str(args.threads)})
         ref = json.loads(ref_out)
         tokens = batch * seq_len
         gemm = ref["gemm_flops"]

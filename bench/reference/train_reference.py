@@ -1,10 +1,14 @@
-"""PyTorch reference training loop for the single-device benchmark.
+"""PyTorch reference training loop for the benchmarks.
 
 nanoGPT-style: the model of gpt2_reference.py, AdamW (torch.optim, decay on
 matrices only), global-norm clipping, linear warmup + cosine decay, batches of
 windows of seq_len + 1 tokens from an llm.c token file — the same work per
-step as `shardtrain-train --strategy single`. Prints one JSON object with the
-per-step times and losses. Run with Debian's /usr/bin/python3 (python3-torch).
+step as `shardtrain-train --strategy single`. With WORLD_SIZE > 1 (and RANK,
+MASTER_ADDR, MASTER_PORT set by hand: torchrun crashes on Debian's Python
+3.11) it trains with PyTorch's own DistributedDataParallel over gloo, each
+rank on its slice of the global batch, like `--strategy ddp`. Prints one JSON
+object (per rank) with the per-step times and losses. Run with Debian's
+/usr/bin/python3 (python3-torch).
 
   /usr/bin/python3 bench/reference/train_reference.py --model gpt2-tiny \\
       --data DIR --batch-size 8 --seq-len 128 --max-steps 30 --threads 2
@@ -65,9 +69,19 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args()
 
-    torch.set_num_threads(args.threads)
+    # The same thread policy as shardtrain's SetCpuComputeThreads: OpenBLAS
+    # (OPENBLAS_NUM_THREADS, set by the bench driver before start) gets the
+    # cores, ATen's OpenMP pool one thread, so the pools don't spin against
+    # each other.
+    torch.set_num_threads(1 if os.environ.get("OPENBLAS_NUM_THREADS") else args.threads)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     config = GPTConfig.parse(args.model)
     model = GPT(config, seed=args.seed)
+    ddp = None
+    if world > 1:
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -78,6 +92,7 @@ def main() -> int:
     tokens = open_tokens(os.path.join(args.data, "train.bin"))
     T, B = args.seq_len, args.batch_size
     windows = (len(tokens) - 1) // T
+    global_batch = B * world
     order = np.random.default_rng(args.seed).permutation(windows)
 
     def lr_at(step: int) -> float:
@@ -92,11 +107,12 @@ def main() -> int:
     steps = []
     for step in range(args.max_steps):
         start = time.perf_counter()
+        first = (step * global_batch) % (windows - global_batch) + rank * B
         rows = [tokens[w * T: w * T + T + 1].astype(np.int64)
-                for w in order[(step * B) % (windows - B):][:B]]
+                for w in order[first:first + B]]
         batch = torch.from_numpy(np.stack(rows))
         x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
-        loss = cross_entropy_loss(model(x), y)
+        loss = cross_entropy_loss((ddp or model)(x), y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         for group in optimizer.param_groups:
@@ -109,7 +125,8 @@ def main() -> int:
                       "step_seconds": time.perf_counter() - start})
 
     print(json.dumps({
-        "model": args.model, "batch_size": B, "seq_len": T,
+        "model": args.model, "batch_size": B, "seq_len": T, "rank": rank,
+        "world_size": world,
         "threads": args.threads, "torch": torch.__version__,
         "flops_per_token": config.flops_per_token(T),
         "gemm_flops": gemm_flops(), "steps": steps}))

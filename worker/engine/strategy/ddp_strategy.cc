@@ -1,14 +1,14 @@
 #include "worker/engine/strategy/ddp_strategy.h"
 
-#include <algorithm>
-#include <cmath>
-#include <functional>
-#include <utility>
-
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 

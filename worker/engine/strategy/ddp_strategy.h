@@ -67,8 +67,8 @@ class DdpStrategy final : public Strategy {
   // Collective when `sync` is true. A failed all-reduce throws c10::Error
   // (the interface has no Status here), naming the collective.
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
-                                const torch::Tensor& targets,
-                                double loss_scale, bool sync) override;
+                                const torch::Tensor& targets, double loss_scale,
+                                bool sync) override;
   // Local: after the sync micro-step every rank holds the same gradient.
   double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
@@ -95,11 +95,11 @@ class DdpStrategy final : public Strategy {
 
  private:
   struct Bucket {
-    torch::Tensor flat;                // 1-D; each member's grad is a view of it
-    std::vector<int64_t> params;       // indices into params_
-    std::vector<int64_t> offsets;      // element offset of each member in flat
-    int64_t pending = 0;               // members whose gradient is not ready yet
-    std::unique_ptr<CommWork> work;    // the in-flight AllReduce, if launched
+    torch::Tensor flat;              // 1-D; each member's grad is a view of it
+    std::vector<int64_t> params;     // indices into params_
+    std::vector<int64_t> offsets;    // element offset of each member in flat
+    int64_t pending = 0;             // members whose gradient is not ready yet
+    std::unique_ptr<CommWork> work;  // the in-flight AllReduce, if launched
   };
 
   void BuildBuckets();

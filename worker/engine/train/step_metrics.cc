@@ -64,6 +64,7 @@ std::string StepMetrics::ToJson() const {
       {"memory_allocated_bytes", memory_allocated_bytes},
       {"memory_peak_bytes", memory_peak_bytes},
       {"memory_reserved_bytes", memory_reserved_bytes},
+      {"model_state_bytes", model_state_bytes},
       {"comm_seconds", comm_seconds},
       {"comm_bytes", comm_bytes},
   };
@@ -89,6 +90,7 @@ absl::StatusOr<StepMetrics> StepMetrics::FromJson(const std::string& line) {
     m.memory_allocated_bytes = j.at("memory_allocated_bytes").get<int64_t>();
     m.memory_peak_bytes = j.at("memory_peak_bytes").get<int64_t>();
     m.memory_reserved_bytes = j.at("memory_reserved_bytes").get<int64_t>();
+    m.model_state_bytes = j.value("model_state_bytes", int64_t{0});
     m.comm_seconds = j.value("comm_seconds", 0.0);
     m.comm_bytes = j.value("comm_bytes", int64_t{0});
     m.val_loss = j.value("val_loss", -1.0);

@@ -26,6 +26,7 @@ struct StepMetrics {
   int64_t memory_allocated_bytes = 0;  // at the end of the step
   int64_t memory_peak_bytes = 0;       // peak during the step
   int64_t memory_reserved_bytes = 0;
+  int64_t model_state_bytes = 0;  // parameters + gradients + optimizer state
   double comm_seconds = 0;  // time blocked on collectives
   int64_t comm_bytes = 0;   // bytes sent through collectives
   double val_loss = -1;     // < 0: no eval at this step

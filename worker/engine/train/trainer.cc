@@ -234,6 +234,7 @@ StepMetrics Trainer::TrainStep(int64_t step) {
   m.memory_allocated_bytes = snapshot.allocated_bytes;
   m.memory_peak_bytes = snapshot.peak_bytes;
   m.memory_reserved_bytes = snapshot.reserved_bytes;
+  m.model_state_bytes = strategy_->ModelStateBytes();
   const CommStats comm = strategy_->TakeCommStats();
   m.comm_seconds = comm.seconds;
   m.comm_bytes = comm.bytes;
@@ -337,6 +338,19 @@ absl::Status Trainer::Resume() {
 }
 
 absl::Status Trainer::Run() {
+  // Strategies report failed collectives (a lost rank, a timeout) and
+  // LibTorch reports its own errors by throwing from inside forward/backward;
+  // they end the run as a Status naming the problem.
+  try {
+    return RunLoop();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
+absl::Status Trainer::RunLoop() {
   if (config_.eval_only) {
     absl::StatusOr<double> val_loss = Evaluate();
     if (!val_loss.ok()) return val_loss.status();

@@ -73,6 +73,7 @@ class Trainer {
   Trainer(const TrainConfig& config, const RankInfo& rank_info,
           std::unique_ptr<Strategy> strategy, std::ostream* log);
 
+  absl::Status RunLoop();
   StepMetrics TrainStep(int64_t step);
   // Inputs and targets [batch, seq_len] for windows of seq_len + 1 tokens.
   std::pair<torch::Tensor, torch::Tensor> LoadBatch(

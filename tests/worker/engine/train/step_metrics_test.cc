@@ -37,6 +37,7 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   m.memory_allocated_bytes = 100;
   m.memory_peak_bytes = 200;
   m.memory_reserved_bytes = 300;
+  m.model_state_bytes = 400;
   m.comm_seconds = 0.01;
   m.comm_bytes = 999;
   m.val_loss = 4.5;
@@ -45,6 +46,7 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back->ToJson(), m.ToJson());
   EXPECT_DOUBLE_EQ(back->val_loss, 4.5);
   EXPECT_EQ(back->memory_reserved_bytes, 300);
+  EXPECT_EQ(back->model_state_bytes, 400);
 }
 
 TEST(StepMetricsTest, JsonWithoutEvalHasNoValLoss) {

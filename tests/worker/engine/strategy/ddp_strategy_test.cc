@@ -1,0 +1,343 @@
+// DdpStrategy against SingleDeviceStrategy, llm.c style: the same global
+// batches through both must give the same losses, gradient norms and
+// parameters within float rounding. Ranks are threads of this process joined
+// by the in-process fake Communicator.
+#include "worker/engine/strategy/ddp_strategy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tests/fakes/in_process_communicator.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/strategy/single_device_strategy.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+// Small enough that a test runs in seconds on one core per rank. vocab_size
+// 500 pads wte to 512 rows, so the padded (never used) rows are in play.
+constexpr char kSpec[] =
+    "custom:n_layer=2,n_head=2,n_embd=64,block_size=32,vocab_size=500";
+constexpr int64_t kSeqLen = 32;
+constexpr int64_t kVocab = 500;
+constexpr int64_t kWorld = 2;
+constexpr int64_t kLocalBatch = 2;
+constexpr double kLr = 1e-3;
+constexpr double kMaxNorm = 1.0;
+// Buckets of ~100 KiB split this model into several, exercising the bucket
+// boundaries; the default 25 MiB puts it in one.
+constexpr double kSmallBucketMb = 0.1;
+
+// Float rounding differs between a mean over 2B rows and the mean of two
+// means over B rows; nothing else may.
+constexpr double kRelTol = 1e-5;
+constexpr double kParamTol = 1e-5;
+
+Gpt2 MakeModel(uint64_t seed) {
+  absl::StatusOr<Gpt2Config> config = ParseModelSpec(kSpec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Gpt2> model = CreateGpt2(*config, seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+// `steps` global batches of `rows` windows of kSeqLen + 1 tokens.
+torch::Tensor MakeBatches(int64_t steps, int64_t rows) {
+  torch::manual_seed(1234);
+  return torch::randint(0, kVocab, {steps, rows, kSeqLen + 1}, torch::kInt64);
+}
+
+// Rows [first, first + count) of global batch `step` as (inputs, targets).
+std::pair<torch::Tensor, torch::Tensor> Slice(const torch::Tensor& batches,
+                                              int64_t step, int64_t first,
+                                              int64_t count) {
+  torch::Tensor rows = batches[step].narrow(0, first, count);
+  return {rows.narrow(1, 0, kSeqLen).contiguous(),
+          rows.narrow(1, 1, kSeqLen).contiguous()};
+}
+
+std::vector<torch::Tensor> Snapshot(Gpt2& model) {
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : model->parameters()) {
+    params.push_back(p.detach().clone());
+  }
+  return params;
+}
+
+double MaxAbsDiff(const std::vector<torch::Tensor>& a,
+                  const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, (a[i] - b[i]).abs().max().item<double>());
+  }
+  return diff;
+}
+
+double RelDiff(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
+
+struct TrainResult {
+  std::vector<double> losses;
+  std::vector<double> norms;
+  std::vector<torch::Tensor> params;
+  // Bytes each micro-step put on the wire, in order (DDP only).
+  std::vector<int64_t> micro_comm_bytes;
+  int64_t state_bytes = 0;
+};
+
+// Trains `strategy` on global batches [first_step, last_step): each step is
+// `micro_steps` micro-batches of this rank's rows, synced on the last.
+void Train(Strategy& strategy, Gpt2& model, const torch::Tensor& batches,
+           int64_t rank, int64_t world, int64_t micro_steps, int64_t first_step,
+           int64_t last_step, TrainResult* result) {
+  const int64_t rank_rows = batches.size(1) / world;
+  const int64_t micro_rows = rank_rows / micro_steps;
+  for (int64_t step = first_step; step < last_step; ++step) {
+    double loss = 0;
+    for (int64_t micro = 0; micro < micro_steps; ++micro) {
+      auto [inputs, targets] = Slice(
+          batches, step, rank * rank_rows + micro * micro_rows, micro_rows);
+      loss += strategy
+                  .ForwardBackward(inputs, targets, 1.0 / micro_steps,
+                                   /*sync=*/micro + 1 == micro_steps)
+                  .item<double>();
+      result->micro_comm_bytes.push_back(strategy.TakeCommStats().bytes);
+    }
+    result->norms.push_back(strategy.ClipGradNorm(kMaxNorm));
+    result->state_bytes = strategy.ModelStateBytes();
+    strategy.OptimizerStep(kLr);
+    result->losses.push_back(strategy.AllReduceMean(loss / micro_steps));
+    strategy.TakeCommStats();
+  }
+  result->params = Snapshot(model);
+}
+
+TrainResult TrainSingle(const torch::Tensor& batches, int64_t steps) {
+  Gpt2 model = MakeModel(/*seed=*/7);
+  SingleDeviceStrategy single(StrategyOptions{});
+  EXPECT_TRUE(single.Setup(model).ok());
+  TrainResult result;
+  Train(single, model, batches, /*rank=*/0, /*world=*/1, /*micro_steps=*/1, 0,
+        steps, &result);
+  return result;
+}
+
+StrategyOptions RankOptions(int64_t rank) {
+  StrategyOptions options;
+  options.rank = rank;
+  options.world_size = kWorld;
+  return options;
+}
+
+std::vector<TrainResult> TrainDdp(const torch::Tensor& batches, int64_t steps,
+                                  int64_t micro_steps, double bucket_mb) {
+  std::vector<TrainResult> results(kWorld);
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(/*seed=*/7);
+    DdpStrategy ddp(RankOptions(rank), &comm, bucket_mb);
+    ASSERT_TRUE(ddp.Setup(model).ok());
+    ddp.TakeCommStats();
+    Train(ddp, model, batches, rank, kWorld, micro_steps, 0, steps,
+          &results[rank]);
+  });
+  return results;
+}
+
+void ExpectMatchesSingle(const TrainResult& single, const TrainResult& ddp) {
+  ASSERT_EQ(single.losses.size(), ddp.losses.size());
+  double loss_diff = 0;
+  double norm_diff = 0;
+  for (size_t i = 0; i < single.losses.size(); ++i) {
+    loss_diff = std::max(loss_diff, RelDiff(ddp.losses[i], single.losses[i]));
+    norm_diff = std::max(norm_diff, RelDiff(ddp.norms[i], single.norms[i]));
+    EXPECT_LT(RelDiff(ddp.losses[i], single.losses[i]), kRelTol)
+        << "step " << i << ": ddp " << ddp.losses[i] << " single "
+        << single.losses[i];
+    EXPECT_LT(RelDiff(ddp.norms[i], single.norms[i]), kRelTol)
+        << "step " << i << ": ddp " << ddp.norms[i] << " single "
+        << single.norms[i];
+  }
+  const double param_diff = MaxAbsDiff(ddp.params, single.params);
+  EXPECT_LE(param_diff, kParamTol);
+  std::printf(
+      "OK, maxdiff loss %.3g (rel), grad norm %.3g (rel), params %.3g (abs) "
+      "over %zu steps\n",
+      loss_diff, norm_diff, param_diff, single.losses.size());
+}
+
+TEST(DdpStrategyTest, TwoRanksMatchSingleDeviceOnTheWholeBatch) {
+  constexpr int64_t kSteps = 10;
+  const torch::Tensor batches = MakeBatches(kSteps, kWorld * kLocalBatch);
+
+  const TrainResult single = TrainSingle(batches, kSteps);
+  const std::vector<TrainResult> ddp =
+      TrainDdp(batches, kSteps, /*micro_steps=*/1, kSmallBucketMb);
+
+  ExpectMatchesSingle(single, ddp[0]);
+  // The replicas never drift apart: the same averaged gradient and the same
+  // AdamW arithmetic on every rank.
+  EXPECT_EQ(MaxAbsDiff(ddp[0].params, ddp[1].params), 0.0);
+  EXPECT_EQ(ddp[0].losses, ddp[1].losses);
+  EXPECT_EQ(ddp[0].norms, ddp[1].norms);
+  // The bucket buffers are the gradients: DDP holds exactly what single does.
+  EXPECT_EQ(ddp[0].state_bytes, single.state_bytes);
+}
+
+TEST(DdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatchAndSyncOnlyLast) {
+  constexpr int64_t kSteps = 3;
+  constexpr int64_t kMicroSteps = 4;
+  const torch::Tensor batches =
+      MakeBatches(kSteps, kWorld * kMicroSteps * kLocalBatch);
+
+  const TrainResult single = TrainSingle(batches, kSteps);
+  const std::vector<TrainResult> ddp =
+      TrainDdp(batches, kSteps, kMicroSteps, /*bucket_mb=*/25);
+
+  ExpectMatchesSingle(single, ddp[0]);
+  int64_t grad_bytes = 0;
+  for (const torch::Tensor& p : single.params) grad_bytes += p.nbytes();
+  for (const TrainResult& rank : ddp) {
+    ASSERT_EQ(rank.micro_comm_bytes.size(), kSteps * kMicroSteps);
+    for (size_t i = 0; i < rank.micro_comm_bytes.size(); ++i) {
+      const bool sync = (i + 1) % kMicroSteps == 0;
+      EXPECT_EQ(rank.micro_comm_bytes[i], sync ? grad_bytes : 0)
+          << "micro-step " << i;
+    }
+  }
+}
+
+TEST(DdpStrategyTest, BucketsInReverseParameterOrderLaunchDuringBackward) {
+  const torch::Tensor batches = MakeBatches(1, kWorld * kLocalBatch);
+  std::vector<std::vector<std::vector<int64_t>>> layouts(kWorld);
+  std::vector<DdpStrategy::OverlapTrace> traces(kWorld);
+  int64_t num_params = 0;
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(/*seed=*/7);
+    DdpStrategy ddp(RankOptions(rank), &comm, kSmallBucketMb);
+    ASSERT_TRUE(ddp.Setup(model).ok());
+    auto [inputs, targets] = Slice(batches, 0, rank * kLocalBatch, kLocalBatch);
+    ddp.ForwardBackward(inputs, targets, 1.0, /*sync=*/true);
+    layouts[rank] = ddp.BucketParameterIndices();
+    traces[rank] = ddp.last_overlap_trace();
+    if (rank == 0) num_params = model->parameters().size();
+  });
+
+  const std::vector<std::vector<int64_t>>& layout = layouts[0];
+  EXPECT_GE(layout.size(), 4u);
+  std::vector<int64_t> order;
+  for (const auto& bucket : layout) {
+    order.insert(order.end(), bucket.begin(), bucket.end());
+  }
+  std::vector<int64_t> reversed(num_params);
+  std::iota(reversed.rbegin(), reversed.rend(), 0);
+  EXPECT_EQ(order, reversed);
+
+  for (int64_t rank = 0; rank < kWorld; ++rank) {
+    const DdpStrategy::OverlapTrace& trace = traces[rank];
+    ASSERT_EQ(trace.bucket_launch.size(), layout.size());
+    EXPECT_TRUE(
+        std::is_sorted(trace.bucket_launch.begin(), trace.bucket_launch.end()));
+    // Every bucket's gradients are produced inside backward, so every
+    // all-reduce starts from a hook before backward returns.
+    for (size_t b = 0; b < trace.bucket_launch.size(); ++b) {
+      EXPECT_LT(trace.bucket_launch[b], trace.backward_end)
+          << "rank " << rank << " bucket " << b;
+    }
+    const double lead_ms = std::chrono::duration<double, std::milli>(
+                               trace.backward_end - trace.bucket_launch[0])
+                               .count();
+    std::printf(
+        "rank %ld: %zu buckets, first launched %.2f ms before "
+        "backward ended\n",
+        static_cast<long>(rank), layout.size(), lead_ms);
+  }
+}
+
+TEST(DdpStrategyTest, SetupBroadcastsRankZeroWeights) {
+  const std::vector<torch::Tensor> rank0_init = [] {
+    Gpt2 model = MakeModel(/*seed=*/100);
+    return Snapshot(model);
+  }();
+  std::vector<double> diff_before(kWorld);
+  std::vector<double> diff_after(kWorld);
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(/*seed=*/100 + rank);
+    diff_before[rank] = MaxAbsDiff(Snapshot(model), rank0_init);
+    DdpStrategy ddp(RankOptions(rank), &comm, kSmallBucketMb);
+    ASSERT_TRUE(ddp.Setup(model).ok());
+    diff_after[rank] = MaxAbsDiff(Snapshot(model), rank0_init);
+  });
+  EXPECT_GT(diff_before[1], 0.0);
+  EXPECT_EQ(diff_after[0], 0.0);
+  EXPECT_EQ(diff_after[1], 0.0);
+}
+
+TEST(DdpStrategyTest, CheckpointRoundTripContinuesAsIfUninterrupted) {
+  constexpr int64_t kSteps = 6;
+  constexpr int64_t kSaveAt = 3;
+  const torch::Tensor batches = MakeBatches(kSteps, kWorld * kLocalBatch);
+  const fs::path dir = fs::path(::testing::TempDir()) / "ddp_checkpoint_test";
+  fs::remove_all(dir);
+  for (int64_t rank = 0; rank < kWorld; ++rank) {
+    fs::create_directories(dir / ("rank" + std::to_string(rank)));
+  }
+  const std::string rank0_dir = (dir / "rank0").string();
+
+  const std::vector<TrainResult> uninterrupted =
+      TrainDdp(batches, kSteps, /*micro_steps=*/1, kSmallBucketMb);
+
+  std::vector<TrainResult> resumed(kWorld);
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    const std::string own_dir =
+        (dir / ("rank" + std::to_string(rank))).string();
+    {
+      Gpt2 model = MakeModel(/*seed=*/7);
+      DdpStrategy ddp(RankOptions(rank), &comm, kSmallBucketMb);
+      ASSERT_TRUE(ddp.Setup(model).ok());
+      TrainResult first;
+      Train(ddp, model, batches, rank, kWorld, 1, 0, kSaveAt, &first);
+      ASSERT_TRUE(ddp.SaveCheckpoint(own_dir).ok());
+      ASSERT_TRUE(ddp.ExportModel(own_dir + "/model.bin").ok());
+      ddp.Barrier();
+    }
+    // A fresh replica from other weights: everything comes from the files.
+    Gpt2 model = MakeModel(/*seed=*/99);
+    DdpStrategy ddp(RankOptions(rank), &comm, kSmallBucketMb);
+    ASSERT_TRUE(ddp.Setup(model).ok());
+    ASSERT_TRUE(ddp.LoadCheckpoint(rank0_dir).ok());
+    Train(ddp, model, batches, rank, kWorld, 1, kSaveAt, kSteps,
+          &resumed[rank]);
+  });
+
+  EXPECT_TRUE(fs::exists(dir / "rank0" / "model.pt"));
+  EXPECT_TRUE(fs::exists(dir / "rank0" / "optimizer.pt"));
+  EXPECT_TRUE(fs::exists(dir / "rank0" / "model.bin"));
+  EXPECT_TRUE(fs::is_empty(dir / "rank1")) << "only rank 0 writes";
+  for (int64_t rank = 0; rank < kWorld; ++rank) {
+    const double diff =
+        MaxAbsDiff(resumed[rank].params, uninterrupted[rank].params);
+    EXPECT_EQ(diff, 0.0) << "rank " << rank;
+    std::printf("OK, rank %ld resumed vs uninterrupted maxdiff %.3g\n",
+                static_cast<long>(rank), diff);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,155 @@
+// FsdpUnit: one FSDP (ZeRO-3) unit — a group of module parameters (one
+// transformer block, or the root's wte, wpe and ln_f) flattened into one
+// buffer, padded to a multiple of the world size and sharded over the ranks.
+//
+// What a rank holds for good: its shard of the flat parameters (fp32, the
+// optimizer's master copy), the shard of the gradient, and the optimizer state
+// of the parameter pieces that fall in its shard. The full flat buffer
+// `full()` is a leaf tensor whose storage exists only between a gather and
+// Reshard(); while the unit is in use, the modules' weight/bias members are
+// views of it, so autograd records those views and the unit's whole gradient
+// arrives as one tensor, full().grad(). Freeing and re-allocating the storage
+// underneath the views keeps every autograd graph that holds them valid
+// (verified on LibTorch 1.13; see DESIGN.md).
+//
+// Not thread-safe; one unit is driven by one rank's thread (autograd hooks run
+// while that thread is inside backward()).
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_UNIT_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_UNIT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/comm/communicator.h"
+
+namespace shardtrain {
+
+class FsdpUnit {
+ public:
+  // A parameter handed to Create(): its name in the model, its current value
+  // (identical on every rank; rank 0's wins) and the module member that the
+  // module's forward() reads (e.g. &linear->weight).
+  struct Source {
+    std::string name;
+    torch::Tensor value;
+    torch::Tensor* member = nullptr;
+  };
+
+  // Where a parameter lives in the flat buffer.
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;
+    int64_t numel = 0;
+    torch::Tensor* member = nullptr;
+  };
+
+  // Flattens `sources` (in order) into one buffer on `device`, broadcasts it
+  // from rank 0 so every rank shards the same values, keeps this rank's shard
+  // and frees the sources' storage: afterwards each source's value is an empty
+  // tensor and its member is undefined until the unit is gathered. The full
+  // buffer is kept in `compute_dtype` (bf16 for mixed precision on CUDA), the
+  // shard always in fp32. `comm` must outlive the unit. Collective.
+  static absl::StatusOr<std::unique_ptr<FsdpUnit>> Create(
+      std::string name, std::vector<Source> sources, Communicator* comm,
+      const torch::Device& device, torch::ScalarType compute_dtype);
+
+  FsdpUnit(const FsdpUnit&) = delete;
+  FsdpUnit& operator=(const FsdpUnit&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<Param>& params() const { return params_; }
+  int64_t numel() const { return numel_; }                // without padding
+  int64_t padded_numel() const { return padded_numel_; }  // multiple of world
+  int64_t shard_numel() const { return padded_numel_ / world_size_; }
+  // Bytes of the full flat buffer while gathered.
+  int64_t FullBytes() const;
+  // Bytes of the shard and its gradient (always held).
+  int64_t ShardBytes() const;
+
+  // Gather: allocates the full buffer and launches the all-gather of the
+  // shards into it. Both do nothing when the unit is already gathered or a
+  // gather is in flight; WaitGather launches one when none is.
+  absl::Status LaunchGather();
+  absl::Status WaitGather();
+  bool gather_in_flight() const { return state_ == State::kGathering; }
+  bool gathered() const { return state_ == State::kGathered; }
+
+  // Points the modules' members at views of the gathered full buffer (one
+  // split_with_sizes, so backward produces the flat gradient in one
+  // concatenation). Under grad mode autograd records the views.
+  void UseFullParams();
+  // Points the members at views of `flat` (padded_numel() elements) instead;
+  // for consolidation, e.g. export.
+  void PointMembersAt(const torch::Tensor& flat);
+  // Frees the full buffer's storage and resets the members. The unit must
+  // not have a gather in flight.
+  void Reshard();
+
+  // Moves full().grad() out of the leaf and launches its reduce-scatter; the
+  // wait adds this rank's part, divided by the world size (the mean over
+  // ranks), to the shard gradient. Nothing happens when there is no gradient.
+  absl::Status LaunchReduceScatter();
+  absl::Status WaitReduceScatter();
+  bool reduce_scatter_in_flight() const { return rs_work_ != nullptr; }
+
+  // Gathers the fp32 master shards into a new full flat tensor on every rank,
+  // without touching the unit's own buffer. Collective.
+  absl::StatusOr<torch::Tensor> GatherMaster();
+
+  // The leaf whose gradient receives the unit's gradient.
+  const torch::Tensor& full() const { return full_; }
+  torch::Tensor& shard() { return shard_; }
+  const torch::Tensor& shard() const { return shard_; }
+  torch::Tensor& shard_grad() { return shard_grad_; }
+  const torch::Tensor& shard_grad() const { return shard_grad_; }
+
+  // The parts of the shard that hold real parameters, one view per parameter
+  // (padding excluded), each with .grad() set to the matching view of
+  // shard_grad(): what the optimizer updates. Split as WeightDecayGroups
+  // splits whole parameters: pieces of matrices decay, of vectors do not.
+  const std::vector<torch::Tensor>& decay_pieces() const {
+    return decay_pieces_;
+  }
+  const std::vector<torch::Tensor>& no_decay_pieces() const {
+    return no_decay_pieces_;
+  }
+
+ private:
+  enum class State { kFreed, kGathering, kGathered };
+
+  FsdpUnit() = default;
+
+  std::string name_;
+  std::vector<Param> params_;
+  Communicator* comm_ = nullptr;
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  int64_t numel_ = 0;
+  int64_t padded_numel_ = 0;
+
+  torch::Tensor shard_;       // [shard_numel] fp32, the master copy
+  torch::Tensor shard_grad_;  // [shard_numel] fp32
+  torch::Tensor full_;        // [padded_numel] compute dtype, requires grad
+  std::vector<torch::Tensor> decay_pieces_;
+  std::vector<torch::Tensor> no_decay_pieces_;
+
+  State state_ = State::kFreed;
+  // Kept alive until the collective completes, as the Communicator requires.
+  std::unique_ptr<CommWork> gather_work_;
+  torch::Tensor gather_input_;
+  torch::Tensor gather_output_;
+  std::unique_ptr<CommWork> rs_work_;
+  torch::Tensor rs_input_;
+  torch::Tensor rs_output_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_UNIT_H_

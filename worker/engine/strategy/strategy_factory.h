@@ -1,0 +1,26 @@
+// The one place that maps a TrainConfig's strategy name to a Strategy.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_FACTORY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_FACTORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/comm/communicator.h"
+#include "worker/engine/strategy/strategy.h"
+#include "worker/engine/train/train_config.h"
+
+namespace shardtrain {
+
+// StrategyOptions from the config for this rank.
+StrategyOptions StrategyOptionsFor(const TrainConfig& config,
+                                   const torch::Device& device, int64_t rank,
+                                   int64_t world_size);
+
+// `comm` may be null only for "single"; it must outlive the strategy.
+absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
+    const TrainConfig& config, const StrategyOptions& options,
+    Communicator* comm);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_FACTORY_H_
