@@ -11,6 +11,7 @@
 #include "worker/engine/strategy/single_device_strategy.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/trainer.h"
+#include "worker/local_launcher.h"
 
 namespace shardtrain {
 namespace {
@@ -82,6 +83,10 @@ int Main(int argc, char** argv) {
   CLI::App app{"shardtrain-train: train GPT-2 with single, DDP or FSDP"};
   app.add_option("--config", config_file, "YAML file with the same keys as the flags");
   AddTrainFlags(app, config);
+  int nproc = 1;
+  app.add_option("--nproc", nproc,
+                 "start N ranks on this host, like torchrun --nproc-per-node")
+      ->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +97,11 @@ int Main(int argc, char** argv) {
   if (absl::Status s = config.Validate(); !s.ok()) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
+  }
+  // --nproc N outside a distributed run: launch N ranks of this very command
+  // line and wait for them. The ranks have RANK set and go on to train.
+  if (nproc > 1 && std::getenv("RANK") == nullptr) {
+    return RunLocalRanks(nproc, argc, argv);
   }
   if (config.strategy != "single" || rank_info.world_size != 1) {
     std::cerr << "shardtrain-train: strategy '" << config.strategy

@@ -14,12 +14,12 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_COMM_C10D_COMMUNICATOR_H_
 #define SHARDTRAIN_WORKER_ENGINE_COMM_C10D_COMMUNICATOR_H_
 
+#include <torch/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-
-#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "worker/engine/comm/communicator.h"
@@ -27,6 +27,11 @@
 #include "worker/engine/comm/heartbeat_monitor.h"
 
 namespace shardtrain {
+namespace c10d_internal {
+struct Shared;     // what works need after the call: stats, diagnosis
+class Groups;      // the c10d store and process groups
+class SideThread;  // runs the Gloo reduce_scatter rings in issue order
+}  // namespace c10d_internal
 
 class C10dCommunicator final : public Communicator {
  public:
@@ -62,10 +67,6 @@ class C10dCommunicator final : public Communicator {
   CommStats TakeStats() override;
 
  private:
-  class Groups;      // the c10d store and process groups
-  class SideThread;  // runs the Gloo reduce_scatter rings in issue order
-  struct Shared;     // what works need after the call: stats, diagnosis
-
   C10dCommunicator(int64_t rank, int64_t world_size,
                    std::chrono::milliseconds timeout);
 
@@ -73,9 +74,9 @@ class C10dCommunicator final : public Communicator {
   const int64_t world_size_;
   const std::chrono::milliseconds timeout_;
   // Members in dependency order; destruction runs bottom-up.
-  std::shared_ptr<Shared> shared_;
-  std::unique_ptr<Groups> groups_;
-  std::unique_ptr<SideThread> side_thread_;
+  std::shared_ptr<c10d_internal::Shared> shared_;
+  std::unique_ptr<c10d_internal::Groups> groups_;
+  std::unique_ptr<c10d_internal::SideThread> side_thread_;
   std::atomic<int64_t> ring_count_{0};  // tags the rings' sends and receives
 };
 

@@ -24,8 +24,8 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 std::string HeartbeatDiagnosis::ToString() const {
   if (store_lost) {
-    return absl::StrCat("rank 0 (the store host) lost (store unreachable: ",
-                        store_error, ")");
+    return absl::StrCat(
+        "rank 0 (the store host) lost (store unreachable: ", store_error, ")");
   }
   if (lost.empty()) return "no rank lost (all heartbeats current)";
   std::vector<std::string> ranks;
@@ -65,8 +65,8 @@ std::string HeartbeatMonitor::Key(int64_t rank) {
 void HeartbeatMonitor::Run() {
   // Polls several times per beat while watched, so a change is seen soon
   // after it happens.
-  const auto poll_every = std::max(options_.interval / 4,
-                                   std::chrono::milliseconds(10));
+  const auto poll_every =
+      std::max(options_.interval / 4, std::chrono::milliseconds(10));
   Clock::time_point next_beat = Clock::now();
   Clock::time_point next_poll = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -86,8 +86,7 @@ void HeartbeatMonitor::Run() {
     const Clock::time_point wake =
         watchers_ > 0 ? std::min(next_beat, next_poll) : next_beat;
     const int watchers = watchers_;
-    cv_.wait_until(lock, wake,
-                   [&] { return stop_ || watchers_ > watchers; });
+    cv_.wait_until(lock, wake, [&] { return stop_ || watchers_ > watchers; });
   }
 }
 
@@ -161,8 +160,8 @@ HeartbeatDiagnosis HeartbeatMonitor::Conclude(Clock::time_point now) const {
       // The heartbeat thread is stuck in a store call: the store's host is
       // not answering.
       diagnosis.store_lost = true;
-      diagnosis.store_error = absl::StrFormat(
-          "no answer for %.1f s", Seconds(now - watch_start_));
+      diagnosis.store_error =
+          absl::StrFormat("no answer for %.1f s", Seconds(now - watch_start_));
       diagnosis.lost.clear();
       return diagnosis;
     }

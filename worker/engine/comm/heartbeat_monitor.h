@@ -85,9 +85,9 @@ class HeartbeatMonitor {
  private:
   using Clock = std::chrono::steady_clock;
   struct Observation {
-    bool seen = false;         // a first value was read during this watch
-    int64_t first_value = 0;   // that value: a rank is alive once it changes
-    int64_t last_value = 0;    // wall-clock ms of its latest heartbeat (0: none)
+    bool seen = false;        // a first value was read during this watch
+    int64_t first_value = 0;  // that value: a rank is alive once it changes
+    int64_t last_value = 0;   // wall-clock ms of its latest heartbeat (0: none)
     Clock::time_point first_seen;
     bool alive = false;
   };
@@ -95,7 +95,8 @@ class HeartbeatMonitor {
   void Run();
   // One round with the store: beat if due, poll the others while watched.
   void Tick(bool beat, bool poll);
-  bool Resolved(Clock::time_point now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool Resolved(Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   HeartbeatDiagnosis Conclude(Clock::time_point now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 

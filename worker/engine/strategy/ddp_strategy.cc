@@ -61,8 +61,8 @@ DdpStrategy::~DdpStrategy() {
 }
 
 absl::Status DdpStrategy::Setup(Gpt2 model) {
-  params_ = model->parameters();
   if (absl::Status s = local_.Setup(model); !s.ok()) return s;
+  params_ = model->parameters();
   try {
     BuildBuckets();
     if (absl::Status s = BroadcastFromRankZero(); !s.ok()) return s;
@@ -203,7 +203,7 @@ torch::Tensor DdpStrategy::ForwardBackward(const torch::Tensor& inputs,
     if (sync) trace_.bucket_launch.assign(buckets_.size(), {});
   }
   torch::Tensor loss =
-      local_.ForwardBackward(inputs, targets, loss_scale, /*sync=*/false);
+      local_.ForwardBackward(inputs, targets, loss_scale, sync);
   if (!sync) return loss;
 
   {

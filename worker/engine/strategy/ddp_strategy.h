@@ -95,9 +95,10 @@ class DdpStrategy final : public Strategy {
 
  private:
   struct Bucket {
-    torch::Tensor flat;              // 1-D; each member's grad is a view of it
-    std::vector<int64_t> params;     // indices into params_
-    std::vector<int64_t> offsets;    // element offset of each member in flat
+    torch::Tensor flat;            // 1-D; each member's grad is a view of it
+    std::vector<int64_t> params;   // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each member in flat
+    // Guarded by mutex_ while a sync backward runs:
     int64_t pending = 0;             // members whose gradient is not ready yet
     std::unique_ptr<CommWork> work;  // the in-flight AllReduce, if launched
   };
@@ -110,7 +111,8 @@ class DdpStrategy final : public Strategy {
   void RegisterHooks();
   // Called by the gradient-accumulator hook of params_[index].
   void OnGradReady(int64_t index);
-  // Launches the consecutive complete buckets from next_launch_ on.
+  // Launches the consecutive complete buckets from next_launch_ on; with
+  // `force`, every bucket not launched yet.
   void LaunchReadyBuckets(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   StrategyOptions options_;

@@ -17,12 +17,12 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_UNIT_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_UNIT_H_
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

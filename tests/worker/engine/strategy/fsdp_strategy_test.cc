@@ -1,0 +1,619 @@
+// FsdpStrategy against SingleDeviceStrategy, llm.c style: the same global
+// batches through both must give the same losses, gradient norms and
+// (consolidated) parameters within float rounding; plus what FSDP promises
+// beyond that: sharded memory, resharding, prefetch order and sharded
+// checkpoints. Ranks are threads of this process joined by the in-process
+// fake Communicator.
+#include "worker/engine/strategy/fsdp_strategy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tests/fakes/in_process_communicator.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/memory_tracker.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+// Small enough that a test runs in seconds on one core per rank. vocab_size
+// 1000 pads wte to 1024 rows. Unit sizes: root 69,760, block 49,984
+// elements, neither divisible by 3 (world 3 takes the padding path).
+constexpr char kSpec[] =
+    "custom:n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=1000";
+// Four blocks, for memory and prefetch order over more than two units.
+constexpr char kDeepSpec[] =
+    "custom:n_layer=4,n_head=2,n_embd=64,block_size=64,vocab_size=1000";
+constexpr int64_t kVocab = 1000;
+constexpr int64_t kSeqLen = 32;
+constexpr int64_t kLocalBatch = 2;
+constexpr double kLr = 3e-4;
+constexpr double kMaxNorm = 1.0;
+constexpr uint64_t kSeed = 7;
+
+// Float rounding differs between a mean over W*B rows and the mean of W
+// means over B rows (and in how the norm's sum of squares is ordered);
+// nothing else may. AdamW magnifies that rounding on elements whose gradient
+// is ~0 (the key bias's is 0 in exact arithmetic: both runs step it by noise,
+// up to lr * |g| / eps): after 10 steps the worst element differs by ~3e-6 at
+// kLr = 3e-4, by ~1e-5 (the tolerance itself) at 1e-3.
+constexpr double kRelTol = 1e-5;
+constexpr double kParamTol = 1e-5;
+
+Gpt2 MakeModel(const std::string& spec, uint64_t seed = kSeed) {
+  absl::StatusOr<Gpt2Config> config = ParseModelSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Gpt2> model = CreateGpt2(*config, seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+// `steps` global batches of `rows` windows of kSeqLen + 1 tokens.
+torch::Tensor MakeBatches(int64_t steps, int64_t rows) {
+  torch::manual_seed(1234);
+  return torch::randint(0, kVocab, {steps, rows, kSeqLen + 1}, torch::kInt64);
+}
+
+// Rows [first, first + count) of global batch `step` as (inputs, targets).
+std::pair<torch::Tensor, torch::Tensor> Slice(const torch::Tensor& batches,
+                                              int64_t step, int64_t first,
+                                              int64_t count) {
+  torch::Tensor rows = batches[step].narrow(0, first, count);
+  return {rows.narrow(1, 0, kSeqLen).contiguous(),
+          rows.narrow(1, 1, kSeqLen).contiguous()};
+}
+
+using ParamMap = std::map<std::string, torch::Tensor>;
+
+struct TrainResult {
+  std::vector<double> losses;  // mean over ranks, per step
+  std::vector<double> norms;   // before clipping, per step
+  ParamMap params;             // after the last step, full
+  double eval_loss = 0;        // ForwardLoss on the first batch, at the end
+};
+
+// Trains `strategy` on global batches [first_step, last_step): each step is
+// `micro_steps` micro-batches of this rank's rows, synced on the last.
+void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
+           int64_t world, int64_t micro_steps, int64_t first_step,
+           int64_t last_step, TrainResult* result) {
+  const int64_t rank_rows = batches.size(1) / world;
+  const int64_t micro_rows = rank_rows / micro_steps;
+  for (int64_t step = first_step; step < last_step; ++step) {
+    double loss = 0;
+    for (int64_t micro = 0; micro < micro_steps; ++micro) {
+      auto [inputs, targets] = Slice(
+          batches, step, rank * rank_rows + micro * micro_rows, micro_rows);
+      loss += strategy
+                  .ForwardBackward(inputs, targets, 1.0 / micro_steps,
+                                   /*sync=*/micro + 1 == micro_steps)
+                  .item<double>();
+    }
+    result->norms.push_back(strategy.ClipGradNorm(kMaxNorm));
+    strategy.OptimizerStep(kLr);
+    result->losses.push_back(strategy.AllReduceMean(loss / micro_steps));
+  }
+  auto [inputs, targets] = Slice(batches, 0, rank * rank_rows, rank_rows);
+  result->eval_loss = strategy.AllReduceMean(
+      strategy.ForwardLoss(inputs, targets).item<double>());
+}
+
+TrainResult TrainSingle(const std::string& spec, const torch::Tensor& batches,
+                        int64_t steps) {
+  torch::set_num_threads(1);
+  Gpt2 model = MakeModel(spec);
+  SingleDeviceStrategy single(StrategyOptions{});
+  EXPECT_TRUE(single.Setup(model).ok());
+  TrainResult result;
+  Train(single, batches, /*rank=*/0, /*world=*/1, /*micro_steps=*/1, 0, steps,
+        &result);
+  for (const auto& item : model->named_parameters()) {
+    result.params[item.key()] = item.value().detach().clone();
+  }
+  return result;
+}
+
+StrategyOptions RankOptions(int64_t rank, int64_t world) {
+  StrategyOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  return options;
+}
+
+ParamMap Consolidate(FsdpStrategy& fsdp) {
+  absl::StatusOr<NamedTensors> full = fsdp.GatherFullParameters();
+  EXPECT_TRUE(full.ok()) << full.status();
+  ParamMap params;
+  if (full.ok()) {
+    for (const auto& [name, tensor] : *full) params[name] = tensor.clone();
+  }
+  return params;
+}
+
+// Rank 0's view of an FSDP run of `steps` steps at world size `world`.
+TrainResult TrainFsdp(const std::string& spec, const torch::Tensor& batches,
+                      int64_t steps, int64_t world, int64_t micro_steps = 1,
+                      FsdpOptions fsdp_options = {}) {
+  TrainResult result;
+  RunRanks(world, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(spec);
+    FsdpStrategy fsdp(RankOptions(rank, world), &comm, fsdp_options);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    TrainResult mine;
+    Train(fsdp, batches, rank, world, micro_steps, 0, steps, &mine);
+    mine.params = Consolidate(fsdp);
+    if (rank == 0) result = std::move(mine);
+  });
+  return result;
+}
+
+double RelDiff(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
+
+double MaxAbsDiff(const ParamMap& a, const ParamMap& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0;
+  for (const auto& [name, tensor] : a) {
+    const auto other = b.find(name);
+    EXPECT_NE(other, b.end()) << name;
+    if (other == b.end()) continue;
+    EXPECT_EQ(tensor.sizes(), other->second.sizes()) << name;
+    diff = std::max(diff, (tensor - other->second).abs().max().item<double>());
+  }
+  return diff;
+}
+
+// Every step's loss and norm within kRelTol, final parameters within
+// kParamTol; prints the worst differences.
+void ExpectSameTraining(const TrainResult& expected, const TrainResult& actual,
+                        const std::string& what) {
+  ASSERT_EQ(expected.losses.size(), actual.losses.size());
+  double loss_diff = 0;
+  double norm_diff = 0;
+  for (size_t i = 0; i < expected.losses.size(); ++i) {
+    loss_diff =
+        std::max(loss_diff, RelDiff(actual.losses[i], expected.losses[i]));
+    norm_diff =
+        std::max(norm_diff, RelDiff(actual.norms[i], expected.norms[i]));
+    EXPECT_LT(RelDiff(actual.losses[i], expected.losses[i]), kRelTol)
+        << "step " << i << ": " << actual.losses[i] << " vs "
+        << expected.losses[i];
+    EXPECT_LT(RelDiff(actual.norms[i], expected.norms[i]), kRelTol)
+        << "step " << i << ": " << actual.norms[i] << " vs "
+        << expected.norms[i];
+  }
+  const double eval_diff = RelDiff(actual.eval_loss, expected.eval_loss);
+  EXPECT_LT(eval_diff, kRelTol);
+  const double param_diff = MaxAbsDiff(actual.params, expected.params);
+  EXPECT_LE(param_diff, kParamTol);
+  const bool ok = loss_diff < kRelTol && norm_diff < kRelTol &&
+                  eval_diff < kRelTol && param_diff <= kParamTol;
+  std::printf(
+      "%s: %s, maxdiff loss %.3g (rel), grad norm %.3g (rel), eval loss %.3g "
+      "(rel), params %.3g (abs) over %zu steps\n",
+      what.c_str(), ok ? "OK" : "NOT OK", loss_diff, norm_diff, eval_diff,
+      param_diff, expected.losses.size());
+}
+
+TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
+  constexpr int64_t kSteps = 10;
+  for (const int64_t world : {2, 3}) {
+    SCOPED_TRACE(world);
+    const torch::Tensor batches = MakeBatches(kSteps, world * kLocalBatch);
+    const TrainResult single = TrainSingle(kSpec, batches, kSteps);
+    const TrainResult fsdp = TrainFsdp(kSpec, batches, kSteps, world);
+    ExpectSameTraining(single, fsdp, "world " + std::to_string(world));
+  }
+  // The padding path was exercised: no unit divides evenly by 3.
+  Gpt2 model = MakeModel(kSpec);
+  int64_t root = 0;
+  int64_t block = 0;
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.rfind("h.", 0) != 0) root += item.value().numel();
+    if (name.rfind("h.0.", 0) == 0) block += item.value().numel();
+  }
+  EXPECT_NE(root % 3, 0);
+  EXPECT_NE(block % 3, 0);
+}
+
+TEST(FsdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatch) {
+  constexpr int64_t kSteps = 4;
+  constexpr int64_t kWorld = 2;
+  constexpr int64_t kMicroSteps = 4;
+  const torch::Tensor batches =
+      MakeBatches(kSteps, kWorld * kMicroSteps * kLocalBatch);
+
+  const TrainResult one_batch = TrainFsdp(kSpec, batches, kSteps, kWorld);
+  const TrainResult accumulated =
+      TrainFsdp(kSpec, batches, kSteps, kWorld, kMicroSteps);
+
+  ExpectSameTraining(one_batch, accumulated, "4 micro-steps vs 1");
+}
+
+TEST(FsdpStrategyTest, EachRankHoldsAboutOneNthOfTheModelState) {
+  MemoryTracker& tracker = MemoryTracker::Get();  // before any model
+  const Gpt2Config config = *ParseModelSpec("gpt2-mini");
+  // A replica's fp32 params + grads + exp_avg + exp_avg_sq: what single and
+  // DDP hold on every rank.
+  const int64_t replica_bytes = 4 * 4 * config.NumParameters();
+  for (const int64_t world : {2, 4}) {
+    SCOPED_TRACE(world);
+    const int64_t before = tracker.Snapshot(torch::kCPU).allocated_bytes;
+    std::vector<int64_t> state(world);
+    int64_t largest_unit = 0;
+    int64_t after_setup = 0;
+    RunRanks(world, [&](int64_t rank, Communicator& comm) {
+      torch::set_num_threads(1);
+      Gpt2 model = MakeModel("gpt2-mini");
+      FsdpStrategy fsdp(RankOptions(rank, world), &comm);
+      ASSERT_TRUE(fsdp.Setup(model).ok());
+      state[rank] = fsdp.ModelStateBytes();
+      if (rank == 0) largest_unit = fsdp.LargestUnitBytes();
+      ASSERT_TRUE(comm.Barrier().ok());
+      if (rank == 0) {
+        after_setup = tracker.Snapshot(torch::kCPU).allocated_bytes;
+      }
+      ASSERT_TRUE(comm.Barrier().ok());
+      // Every rank's model tensors are now empty: the shards are the weights.
+      for (const torch::Tensor& p : model->parameters()) {
+        EXPECT_EQ(p.numel(), 0);
+      }
+    });
+    int64_t total_state = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const double bound = 1.10 * static_cast<double>(replica_bytes) / world +
+                           static_cast<double>(largest_unit);
+      EXPECT_LE(static_cast<double>(state[r]), bound) << "rank " << r;
+      total_state += state[r];
+    }
+    // Exact tensor bytes: after Setup the N ranks hold their shard state and
+    // nothing else (the full parameters really are freed), give or take the
+    // fake communicator's 4-byte barrier tensors.
+    EXPECT_NEAR(static_cast<double>(after_setup - before),
+                static_cast<double>(total_state), 1024.0);
+    std::printf(
+        "world %ld: per-rank model state %.1f MiB = %.3f x (replica %.1f MiB "
+        "/ %ld); all ranks' live tensors after Setup %.1f MiB; largest unit "
+        "%.1f MiB\n",
+        static_cast<long>(world), state[0] / 1048576.0,
+        state[0] / (static_cast<double>(replica_bytes) / world),
+        replica_bytes / 1048576.0, static_cast<long>(world),
+        (after_setup - before) / 1048576.0, largest_unit / 1048576.0);
+  }
+}
+
+struct MemoryTrace {
+  std::vector<FsdpEvent> events;
+  std::vector<int64_t> allocated;  // live tensor bytes at each event
+  int64_t after_setup = 0;
+  int64_t after_step = 0;
+  int64_t peak = 0;  // during the step
+  std::vector<int64_t> unit_bytes;
+};
+
+// One ForwardBackward at world 1 (a single thread, so the process-wide
+// tracking allocator sees this rank alone), with the tracker read at every
+// event.
+MemoryTrace TraceOneStep(const FsdpOptions& fsdp_options) {
+  MemoryTracker& tracker = MemoryTracker::Get();
+  const torch::Tensor batches = MakeBatches(1, kLocalBatch);
+  MemoryTrace trace;
+  RunRanks(1, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    const auto allocated = [&] {
+      return tracker.Snapshot(torch::kCPU).allocated_bytes;
+    };
+    Gpt2 model = MakeModel(kDeepSpec);
+    FsdpStrategy fsdp(RankOptions(rank, 1), &comm, fsdp_options);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    for (int64_t u = 0; u < fsdp.num_units(); ++u) {
+      trace.unit_bytes.push_back(fsdp.UnitBytes(u));
+    }
+    auto [inputs, targets] = Slice(batches, 0, 0, kLocalBatch);
+    ASSERT_TRUE(comm.Barrier().ok());
+    trace.after_setup = allocated();
+    fsdp.set_observer([&](const FsdpEvent& event) {
+      trace.events.push_back(event);
+      trace.allocated.push_back(allocated());
+    });
+    tracker.ResetPeak(torch::kCPU);
+    fsdp.ForwardBackward(inputs, targets, 1.0, /*sync=*/true);
+    trace.peak = tracker.Snapshot(torch::kCPU).peak_bytes;
+    ASSERT_TRUE(comm.Barrier().ok());  // drops the fake's last buffers
+    trace.after_step = allocated();
+  });
+  return trace;
+}
+
+TEST(FsdpStrategyTest, ReshardingFreesEachBlockRightAfterItsForward) {
+  const MemoryTrace resharded = TraceOneStep(FsdpOptions{});
+  const MemoryTrace kept = TraceOneStep(FsdpOptions{false, true});
+  ASSERT_FALSE(resharded.events.empty());
+
+  // In forward (before the first pre-backward hook), each block but the last
+  // is resharded right after its compute_end, which frees exactly its full
+  // flat buffer.
+  int64_t freed_in_forward = 0;
+  for (size_t i = 1; i < resharded.events.size(); ++i) {
+    const FsdpEvent& event = resharded.events[i];
+    if (event.kind == FsdpEvent::Kind::kBackwardBegin) break;
+    if (event.kind != FsdpEvent::Kind::kReshard) continue;
+    ASSERT_EQ(resharded.events[i - 1].kind, FsdpEvent::Kind::kComputeEnd);
+    EXPECT_EQ(resharded.allocated[i - 1] - resharded.allocated[i],
+              resharded.unit_bytes[event.unit])
+        << "unit " << event.unit;
+    ++freed_in_forward;
+  }
+  EXPECT_EQ(freed_in_forward, 3);
+  for (const FsdpEvent& event : kept.events) {
+    if (event.kind == FsdpEvent::Kind::kBackwardBegin) break;
+    EXPECT_NE(event.kind, FsdpEvent::Kind::kReshard) << event.ToString();
+  }
+  // After the step no full parameters or gradients are left: only the
+  // shards (and small things: the loss, the model's causal mask).
+  for (const MemoryTrace* trace : {&resharded, &kept}) {
+    EXPECT_LT(trace->after_step - trace->after_setup, trace->unit_bytes[1] / 4);
+  }
+  // Keeping the blocks gathered until backward costs memory at the peak.
+  EXPECT_GE(kept.peak - resharded.peak, resharded.unit_bytes[1]);
+  std::printf(
+      "peak during the step above the shards: %.2f MiB resharded, %.2f MiB "
+      "kept (block %.2f MiB, root %.2f MiB)\n",
+      (resharded.peak - resharded.after_setup) / 1048576.0,
+      (kept.peak - kept.after_setup) / 1048576.0,
+      resharded.unit_bytes[1] / 1048576.0, resharded.unit_bytes[0] / 1048576.0);
+}
+
+TEST(FsdpStrategyTest, KeepingParametersUntilBackwardGivesTheSameNumbers) {
+  constexpr int64_t kSteps = 5;
+  constexpr int64_t kWorld = 2;
+  const torch::Tensor batches = MakeBatches(kSteps, kWorld * kLocalBatch);
+  const TrainResult resharded = TrainFsdp(kSpec, batches, kSteps, kWorld);
+  const TrainResult kept =
+      TrainFsdp(kSpec, batches, kSteps, kWorld, 1, FsdpOptions{false, true});
+  // The same arithmetic on the same data: bit for bit.
+  EXPECT_EQ(kept.losses, resharded.losses);
+  EXPECT_EQ(kept.norms, resharded.norms);
+  EXPECT_EQ(MaxAbsDiff(kept.params, resharded.params), 0.0);
+  std::printf("OK, maxdiff params %.3g over %ld steps\n",
+              MaxAbsDiff(kept.params, resharded.params),
+              static_cast<long>(kSteps));
+}
+
+std::vector<FsdpEvent> TraceEvents(const FsdpOptions& fsdp_options) {
+  constexpr int64_t kWorld = 2;
+  const torch::Tensor batches = MakeBatches(1, kWorld * kLocalBatch);
+  std::vector<FsdpEvent> events;
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(kDeepSpec);
+    FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm, fsdp_options);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    if (rank == 0) {
+      fsdp.set_observer(
+          [&](const FsdpEvent& event) { events.push_back(event); });
+    }
+    auto [inputs, targets] = Slice(batches, 0, rank * kLocalBatch, kLocalBatch);
+    fsdp.ForwardBackward(inputs, targets, 1.0, /*sync=*/true);
+  });
+  return events;
+}
+
+// Position of the n-th (0-based) event of `kind` for `unit`; -1 if none.
+int64_t Find(const std::vector<FsdpEvent>& events, FsdpEvent::Kind kind,
+             int64_t unit, int n = 0) {
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind == kind && events[i].unit == unit && n-- == 0) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
+TEST(FsdpStrategyTest,
+     PrefetchLaunchesTheNextGatherBeforeTheCurrentComputeEnds) {
+  using Kind = FsdpEvent::Kind;
+  constexpr int64_t kLastBlock = 4;  // units 1..4 are the blocks
+  const std::vector<FsdpEvent> events = TraceEvents(FsdpOptions{});
+  std::string line;
+  for (const FsdpEvent& event : events) line += event.ToString() + ", ";
+  std::printf("trace: %s\n", line.c_str());
+
+  // Forward: block u+1's all-gather is in flight while block u computes.
+  for (int64_t u = 1; u < kLastBlock; ++u) {
+    const int64_t launch = Find(events, Kind::kGatherLaunch, u + 1);
+    ASSERT_GE(launch, 0);
+    EXPECT_LT(launch, Find(events, Kind::kComputeBegin, u)) << "unit " << u;
+    EXPECT_GT(launch, Find(events, Kind::kGatherDone, u)) << "unit " << u;
+  }
+  // Backward: the last block, still gathered from forward, is not gathered
+  // again; block u-1's all-gather is launched before block u's gradient is
+  // ready.
+  EXPECT_EQ(Find(events, Kind::kReshard, kLastBlock),
+            Find(events, Kind::kGradReady, kLastBlock) + 1);
+  EXPECT_EQ(Find(events, Kind::kGatherLaunch, kLastBlock, 1), -1);
+  for (int64_t u = kLastBlock; u > 1; --u) {
+    const int64_t launch = Find(events, Kind::kGatherLaunch, u - 1, 1);
+    ASSERT_GE(launch, 0) << "unit " << u - 1;
+    EXPECT_GT(launch, Find(events, Kind::kBackwardBegin, u)) << "unit " << u;
+    EXPECT_LT(launch, Find(events, Kind::kGradReady, u)) << "unit " << u;
+  }
+  // Every unit's gradient is reduced exactly once, the root's last.
+  for (int64_t u = 0; u <= kLastBlock; ++u) {
+    EXPECT_GE(Find(events, Kind::kGradReady, u), 0) << "unit " << u;
+    EXPECT_EQ(Find(events, Kind::kGradReady, u, 1), -1) << "unit " << u;
+  }
+  EXPECT_EQ(events.back().kind, Kind::kReshard);
+  EXPECT_EQ(events.back().unit, 0);
+
+  // Without prefetch each all-gather waits for the previous compute.
+  const std::vector<FsdpEvent> serial = TraceEvents(FsdpOptions{true, false});
+  for (int64_t u = 1; u < kLastBlock; ++u) {
+    EXPECT_GT(Find(serial, Kind::kGatherLaunch, u + 1),
+              Find(serial, Kind::kComputeEnd, u))
+        << "unit " << u;
+  }
+}
+
+TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
+  constexpr int64_t kSteps = 6;
+  constexpr int64_t kSaveAt = 3;
+  constexpr int64_t kWorld = 2;
+  const torch::Tensor batches = MakeBatches(kSteps, kWorld * kLocalBatch);
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       ("fsdp_checkpoint_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+
+  const TrainResult uninterrupted = TrainFsdp(kSpec, batches, kSteps, kWorld);
+
+  TrainResult resumed;
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    {
+      Gpt2 model = MakeModel(kSpec);
+      FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm);
+      ASSERT_TRUE(fsdp.Setup(model).ok());
+      TrainResult first;
+      Train(fsdp, batches, rank, kWorld, 1, 0, kSaveAt, &first);
+      fsdp.Barrier();
+      ASSERT_TRUE(fsdp.SaveCheckpoint(dir.string()).ok());
+      fsdp.Barrier();
+    }
+    // Fresh shards from other weights: everything comes from the files.
+    Gpt2 model = MakeModel(kSpec, /*seed=*/99);
+    FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    const absl::Status loaded = fsdp.LoadCheckpoint(dir.string());
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    TrainResult mine;
+    Train(fsdp, batches, rank, kWorld, 1, kSaveAt, kSteps, &mine);
+    mine.params = Consolidate(fsdp);
+    if (rank == 0) resumed = std::move(mine);
+  });
+
+  EXPECT_TRUE(fs::exists(dir / "shard_rank0.pt"));
+  EXPECT_TRUE(fs::exists(dir / "shard_rank1.pt"));
+  std::ifstream index_file(dir / "fsdp_index.json");
+  const nlohmann::json index = nlohmann::json::parse(index_file);
+  EXPECT_EQ(index["world_size"], kWorld);
+  ASSERT_EQ(index["units"].size(), 3u);  // root, h.0, h.1
+  EXPECT_EQ(index["units"][1]["name"], "h.0");
+  EXPECT_EQ(index["units"][1]["padded_numel"], 49984);
+  EXPECT_EQ(index["units"][0]["params"][0]["name"], "wte.weight");
+
+  const std::vector<double> tail(uninterrupted.losses.begin() + kSaveAt,
+                                 uninterrupted.losses.end());
+  EXPECT_EQ(resumed.losses, tail);
+  const double diff = MaxAbsDiff(resumed.params, uninterrupted.params);
+  EXPECT_EQ(diff, 0.0);
+  std::printf("OK, resumed vs uninterrupted maxdiff %.3g\n", diff);
+
+  // At another world size the shards do not fit: a clear error, no crash.
+  std::vector<absl::Status> at_three(3);
+  RunRanks(3, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(kSpec);
+    FsdpStrategy fsdp(RankOptions(rank, 3), &comm);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    at_three[rank] = fsdp.LoadCheckpoint(dir.string());
+  });
+  for (const absl::Status& status : at_three) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("world size 2"), std::string::npos)
+        << status;
+    EXPECT_NE(status.message().find("world size 3"), std::string::npos)
+        << status;
+  }
+  std::printf("world 3 load: %s\n", at_three[0].ToString().c_str());
+  fs::remove_all(dir);
+}
+
+TEST(FsdpStrategyTest, ExportWritesTheConsolidatedModel) {
+  constexpr int64_t kWorld = 3;
+  const torch::Tensor batches = MakeBatches(2, kWorld * kLocalBatch);
+  const std::string path =
+      (fs::path(::testing::TempDir()) /
+       ("fsdp_export_test_" + std::to_string(::getpid()) + ".bin"))
+          .string();
+  ParamMap consolidated;
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(kSpec);
+    FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    TrainResult ignored;
+    Train(fsdp, batches, rank, kWorld, 1, 0, 2, &ignored);
+    ASSERT_TRUE(fsdp.ExportModel(path).ok());
+    ParamMap mine = Consolidate(fsdp);
+    if (rank == 0) consolidated = std::move(mine);
+    // Training goes on after an export.
+    auto [inputs, targets] = Slice(batches, 0, rank * kLocalBatch, kLocalBatch);
+    EXPECT_TRUE(std::isfinite(
+        fsdp.ForwardBackward(inputs, targets, 1.0, true).item<double>()));
+  });
+  Gpt2 loaded = MakeModel(kSpec, /*seed=*/99);
+  ASSERT_TRUE(LoadLlmcCheckpoint(path, loaded).ok());
+  ParamMap from_file;
+  for (const auto& item : loaded->named_parameters()) {
+    from_file[item.key()] = item.value().detach();
+  }
+  EXPECT_EQ(MaxAbsDiff(from_file, consolidated), 0.0);
+  fs::remove(path);
+}
+
+TEST(FsdpStrategyTest, LostPeerMakesTheStepFailNamingTheCollective) {
+  InProcessGroup group(2, std::chrono::milliseconds(300));
+  std::unique_ptr<Communicator> comm = group.ForRank(0);
+  std::thread peer([&] {
+    torch::set_num_threads(1);
+    std::unique_ptr<Communicator> peer_comm = group.ForRank(1);
+    Gpt2 model = MakeModel(kSpec);
+    FsdpStrategy fsdp(RankOptions(1, 2), peer_comm.get());
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    // ... and then the peer is gone.
+  });
+  torch::set_num_threads(1);
+  Gpt2 model = MakeModel(kSpec);
+  // No prefetch: the fake's group is unusable after one timed-out
+  // collective, so the step must fail at the first one.
+  FsdpStrategy fsdp(RankOptions(0, 2), comm.get(), FsdpOptions{true, false});
+  ASSERT_TRUE(fsdp.Setup(model).ok());
+  peer.join();
+  const int64_t state_bytes = fsdp.ModelStateBytes();
+
+  const torch::Tensor batches = MakeBatches(1, kLocalBatch);
+  auto [inputs, targets] = Slice(batches, 0, 0, kLocalBatch);
+  std::string error;
+  try {
+    fsdp.ForwardBackward(inputs, targets, 1.0, /*sync=*/true);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  EXPECT_NE(error.find("FSDP unit root: all-gather"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("timed out"), std::string::npos) << error;
+  EXPECT_EQ(fsdp.ModelStateBytes(), state_bytes);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,176 @@
+// LocalLauncher with `sh -c` ranks: environment, prefixed output, exit codes,
+// and who is reported as failing first.
+#include "worker/local_launcher.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+
+namespace shardtrain {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Clock = std::chrono::steady_clock;
+
+struct Launched {
+  absl::StatusOr<LaunchResult> result;
+  std::string out;
+  std::string err;
+  double seconds;
+};
+
+// Runs `script` under /bin/sh as `nproc` ranks.
+Launched Launch(int nproc, const std::string& script,
+                std::chrono::milliseconds grace = std::chrono::seconds(5)) {
+  LocalLaunchOptions options;
+  options.nproc = nproc;
+  options.program = "/bin/sh";
+  options.argv = {"sh", "-c", script};
+  options.grace = grace;
+  std::ostringstream out, err;
+  const Clock::time_point start = Clock::now();
+  LocalLauncher launcher(options, out, err);
+  absl::StatusOr<LaunchResult> result = launcher.Run();
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  return {std::move(result), out.str(), err.str(), seconds};
+}
+
+TEST(LocalLauncherTest, RanksSeeTorchrunVariablesAndOutputIsPrefixed) {
+  Launched l = Launch(3,
+                      "echo \"out $RANK/$WORLD_SIZE local $LOCAL_RANK/"
+                      "$LOCAL_WORLD_SIZE at $MASTER_ADDR\"; "
+                      "echo \"err $RANK port $MASTER_PORT\" >&2");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->exit_code, 0);
+  EXPECT_EQ(l.result->first_failure.rank, -1);
+  for (int r = 0; r < 3; ++r) {
+    const std::string rank = std::to_string(r);
+    EXPECT_THAT(l.out, HasSubstr("[rank " + rank + "] out " + rank +
+                                 "/3 local " + rank + "/3 at 127.0.0.1\n"));
+    EXPECT_THAT(l.err, HasSubstr("[rank " + rank + "] err " + rank + " port "));
+  }
+  EXPECT_THAT(l.err, Not(HasSubstr("port 0\n")));
+  EXPECT_THAT(l.err, Not(HasSubstr("[launcher]")));
+}
+
+TEST(LocalLauncherTest, EveryRankGetsTheSamePort) {
+  Launched l = Launch(2, "echo $MASTER_PORT");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  const size_t first = l.out.find("] ");
+  const std::string port =
+      l.out.substr(first + 2, l.out.find('\n') - first - 2);
+  EXPECT_THAT(l.out, HasSubstr("[rank 0] " + port + "\n"));
+  EXPECT_THAT(l.out, HasSubstr("[rank 1] " + port + "\n"));
+}
+
+TEST(LocalLauncherTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
+  Launched l = Launch(1, "printf 'a\\nb'; printf 'c\\nd'");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.out, "[rank 0] a\n[rank 0] bc\n[rank 0] d\n");
+}
+
+TEST(LocalLauncherTest, FailingRankStopsTheOthersAndIsReportedFirst) {
+  Launched l = Launch(3,
+                      "if [ \"$RANK\" = 1 ]; then echo bye; exit 3; fi; "
+                      "sleep 30");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->exit_code, 3);
+  EXPECT_EQ(l.result->first_failure.rank, 1);
+  EXPECT_EQ(l.result->first_failure.Describe(), "exit code 3");
+  EXPECT_EQ(l.result->ranks[0].signal, SIGTERM);
+  EXPECT_EQ(l.result->ranks[2].signal, SIGTERM);
+  EXPECT_THAT(l.out, HasSubstr("[rank 1] bye\n"));
+  EXPECT_THAT(l.err, HasSubstr("[launcher] rank 1 failed first (exit code 3); "
+                               "stopping the other ranks\n"));
+  EXPECT_THAT(l.err, HasSubstr("[launcher] rank 1 failed first (exit code 3); "
+                               "other ranks: 0: stopped, signal TERM, 2: "
+                               "stopped, signal TERM\n"));
+  EXPECT_LT(l.seconds, 5.0);
+}
+
+TEST(LocalLauncherTest, RankKilledBySignalIsReportedByName) {
+  Launched l =
+      Launch(2, "if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; sleep 30");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->first_failure.rank, 1);
+  EXPECT_EQ(l.result->first_failure.Describe(), "signal KILL");
+  EXPECT_EQ(l.result->exit_code, 128 + SIGKILL);
+  EXPECT_THAT(l.err, HasSubstr("rank 1 failed first (signal KILL)"));
+}
+
+TEST(LocalLauncherTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  const std::chrono::milliseconds grace(300);
+  Launched l = Launch(2,
+                      "if [ \"$RANK\" = 1 ]; then exit 1; fi; "
+                      "trap '' TERM; sleep 30",
+                      grace);
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->first_failure.rank, 1);
+  EXPECT_EQ(l.result->ranks[0].signal, SIGKILL);
+  EXPECT_THAT(l.err, HasSubstr("other ranks: 0: stopped, signal KILL"));
+  EXPECT_GE(l.seconds, 0.3);
+  EXPECT_LT(l.seconds, 3.0);
+}
+
+TEST(LocalLauncherTest, SigtermToTheLauncherStopsAllRanks) {
+  // Rank 0 plays the user: it sends SIGTERM to the launcher (its parent).
+  Launched l = Launch(2,
+                      "if [ \"$RANK\" = 0 ]; then kill -TERM $PPID; fi; "
+                      "sleep 30");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->interrupted_by, SIGTERM);
+  EXPECT_EQ(l.result->exit_code, 128 + SIGTERM);
+  EXPECT_EQ(l.result->first_failure.rank, -1);
+  EXPECT_EQ(l.result->ranks[0].signal, SIGTERM);
+  EXPECT_EQ(l.result->ranks[1].signal, SIGTERM);
+  EXPECT_THAT(l.err,
+              HasSubstr("[launcher] received SIGTERM; stopping all ranks"));
+  EXPECT_LT(l.seconds, 5.0);
+}
+
+TEST(LocalLauncherTest, ProgramThatCannotRunIsAnError) {
+  LocalLaunchOptions options;
+  options.nproc = 2;
+  options.program = "/nonexistent/shardtrain-train";
+  std::ostringstream out, err;
+
+  absl::StatusOr<LaunchResult> result = LocalLauncher(options, out, err).Run();
+
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      result.status().message(),
+      HasSubstr("rank 0: cannot run /nonexistent/shardtrain-train: No such "
+                "file or directory"));
+}
+
+TEST(LocalLauncherTest, PickFreePortGivesABindablePort) {
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(*port));
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,660 @@
+#include "worker/engine/comm/c10d_communicator.h"
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
+#include <vector>
+#ifdef SHARDTRAIN_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+// LibTorch 1.13 is the oldest this is written against: from it on the work
+// handle is c10d::Work (Work.hpp) and TCPStore takes TCPStoreOptions, in 2.x
+// as well. Older releases named it c10d::ProcessGroup::Work.
+#if TORCH_VERSION_MAJOR < 1 || \
+    (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR < 13)
+#error "C10dCommunicator needs LibTorch 1.13 or newer"
+#endif
+
+namespace shardtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// The message of an exception from c10d or Gloo, without c10's backtrace.
+std::string ErrorText(std::exception_ptr error) {
+  std::string text = "unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    text = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    text = e.what();
+  } catch (...) {
+  }
+  return std::string(absl::StripAsciiWhitespace(text));
+}
+
+bool IsTimeout(const std::string& error) {
+  return absl::StrContains(absl::AsciiStrToLower(error), "timed out");
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
+}
+
+// Gloo binds one address for its connections: GLOO_SOCKET_IFNAME when set
+// (as in PyTorch), loopback when the store is on this host's loopback, else
+// the address this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> GlooDevice(
+    const std::string& master_addr) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (IsLoopback(master_addr)) {
+    return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10d::TCPStoreOptions StoreOptions(int port, bool is_server,
+                                   std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(port);
+  options.isServer = is_server;
+  // TCPStore's own wait for workers gives up silently on timeout; Rendezvous()
+  // below does the waiting instead.
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  return options;
+}
+
+// Waits until all ranks have reached the store or `deadline` passes. The
+// last rank to arrive marks the rendezvous complete for the others.
+absl::Status Rendezvous(c10d::Store& store, int64_t world_size,
+                        Clock::time_point deadline) {
+  const std::string arrived_key = "shardtrain/rendezvous/arrived";
+  const std::string complete_key = "shardtrain/rendezvous/complete";
+  try {
+    if (store.add(arrived_key, 1) == world_size) {
+      store.set(complete_key, std::vector<uint8_t>{1});
+      return absl::OkStatus();
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    store.wait({complete_key}, std::max(left, std::chrono::milliseconds(1)));
+  } catch (...) {
+    std::string error = ErrorText(std::current_exception());
+    try {
+      error = absl::StrCat(store.add(arrived_key, 0), " of ", world_size,
+                           " ranks arrived (", error, ")");
+    } catch (...) {
+    }
+    return absl::DeadlineExceededError(error);
+  }
+  return absl::OkStatus();
+}
+
+// The heartbeat's own connection to the rendezvous store.
+class TcpHeartbeatStore final : public HeartbeatStore {
+ public:
+  explicit TcpHeartbeatStore(c10::intrusive_ptr<c10d::TCPStore> store)
+      : store_(std::move(store)) {}
+
+  absl::Status Set(const std::string& key, int64_t value) override {
+    const std::string text = absl::StrCat(value);
+    try {
+      store_->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (...) {
+      return absl::UnavailableError(ErrorText(std::current_exception()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Get(const std::string& key) override {
+    // add(key, 0) reads a decimal value without waiting for the key to exist.
+    try {
+      return store_->add(key, 0);
+    } catch (...) {
+      return absl::UnavailableError(ErrorText(std::current_exception()));
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
+
+// Where a collective that completes asynchronously reports its outcome.
+struct Completion {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;  // empty: success
+
+  void Finish(std::string e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+namespace c10d_internal {
+
+// State shared by the communicator and the works it hands out.
+struct Shared {
+  Shared(int64_t rank, std::chrono::milliseconds timeout)
+      : rank(rank), timeout(timeout) {}
+
+  void Count(const torch::Tensor& tensor) {
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.bytes += tensor.nbytes();
+  }
+  void Blocked(Clock::duration d) {
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.seconds += Seconds(d);
+  }
+
+  // Turns the error of collective `op` into a Status that names the lost
+  // ranks. The first diagnosis that finds someone lost is kept: the group is
+  // broken from then on and later failures have the same cause.
+  absl::Status Failure(const std::string& op, const std::string& error) {
+    std::string cause = "no heartbeat information";
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (lost.has_value()) {
+        cause = lost->ToString();
+      } else if (monitor != nullptr) {
+        std::shared_ptr<HeartbeatMonitor> m = monitor;
+        lock.unlock();
+        HeartbeatDiagnosis diagnosis = m->Diagnose();
+        lock.lock();
+        if (diagnosis.any_lost() && !lost.has_value()) lost = diagnosis;
+        cause = diagnosis.ToString();
+      }
+    }
+    if (IsTimeout(error)) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s timed out after %.1f s on rank %d: %s: %s", op,
+                          timeout.count() / 1000.0, rank, cause, error));
+    }
+    return absl::UnavailableError(absl::StrFormat(
+        "%s failed on rank %d: %s: %s", op, rank, cause, error));
+  }
+
+  const int64_t rank;
+  const std::chrono::milliseconds timeout;
+  std::mutex mutex;
+  CommStats stats ABSL_GUARDED_BY(mutex);
+  std::shared_ptr<HeartbeatMonitor> monitor ABSL_GUARDED_BY(mutex);
+  std::optional<HeartbeatDiagnosis> lost ABSL_GUARDED_BY(mutex);
+};
+
+// ---------------------------------------------------------------------------
+// Process groups
+
+class Groups {
+ public:
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#ifdef SHARDTRAIN_WITH_CUDA
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
+#endif
+};
+
+// One thread that runs jobs in the order they were queued, so the Gloo
+// reduce_scatter rings of all ranks line up.
+class SideThread {
+ public:
+  SideThread() : thread_([this] { Run(); }) {}
+  // Runs the jobs still queued, then joins.
+  ~SideThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mutex_);
+  std::thread thread_;
+};
+
+}  // namespace c10d_internal
+
+using c10d_internal::Groups;
+using c10d_internal::Shared;
+using c10d_internal::SideThread;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Works
+
+// A work that was settled when it was issued (bad arguments, world size 1).
+class DoneWork final : public CommWork {
+ public:
+  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+  bool IsCompleted() override { return true; }
+
+ private:
+  absl::Status status_;
+};
+
+// A c10d work; Wait() waits for it with the communicator's timeout.
+class C10dWork final : public CommWork {
+ public:
+  C10dWork(std::shared_ptr<Shared> shared, std::string op, WorkPtr work)
+      : shared_(std::move(shared)),
+        op_(std::move(op)),
+        work_(std::move(work)) {}
+
+  absl::Status Wait() override {
+    if (waited_) return status_;
+    waited_ = true;
+    const Clock::time_point start = Clock::now();
+    try {
+      work_->wait(shared_->timeout);
+    } catch (...) {
+      status_ = shared_->Failure(op_, ErrorText(std::current_exception()));
+    }
+    shared_->Blocked(Clock::now() - start);
+    return status_;
+  }
+  bool IsCompleted() override { return work_->isCompleted(); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const std::string op_;
+  WorkPtr work_;
+  bool waited_ = false;
+  absl::Status status_;
+};
+
+// A collective run by the side thread.
+class SideWork final : public CommWork {
+ public:
+  SideWork(std::shared_ptr<Shared> shared, std::string op,
+           std::shared_ptr<Completion> completion)
+      : shared_(std::move(shared)),
+        op_(std::move(op)),
+        completion_(std::move(completion)) {}
+
+  absl::Status Wait() override {
+    if (waited_) return status_;
+    waited_ = true;
+    const Clock::time_point start = Clock::now();
+    std::string error;
+    {
+      std::unique_lock<std::mutex> lock(completion_->mutex);
+      if (!completion_->cv.wait_for(lock, shared_->timeout,
+                                    [&] { return completion_->done; })) {
+        error = absl::StrFormat("timed out waiting %d ms",
+                                shared_->timeout.count());
+      } else {
+        error = completion_->error;
+      }
+    }
+    if (!error.empty()) status_ = shared_->Failure(op_, error);
+    shared_->Blocked(Clock::now() - start);
+    return status_;
+  }
+  bool IsCompleted() override {
+    std::lock_guard<std::mutex> lock(completion_->mutex);
+    return completion_->done;
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const std::string op_;
+  std::shared_ptr<Completion> completion_;
+  bool waited_ = false;
+  absl::Status status_;
+};
+
+std::unique_ptr<CommWork> Done(absl::Status status) {
+  return std::make_unique<DoneWork>(std::move(status));
+}
+
+// Ring reduce-scatter over Gloo sends and receives. With chunks indexed by
+// rank, at step s every rank passes its running sum of chunk (rank - 1 - s)
+// to the right and adds its own contribution to chunk (rank - 2 - s) arriving
+// from the left; after world - 1 steps it holds the full sum of chunk rank.
+// Each rank sends (world - 1) / world of the input, half of what an
+// all-reduce would. Returns the error text, empty on success.
+std::string RingReduceScatter(c10d::ProcessGroupGloo& gloo,
+                              torch::Tensor output, torch::Tensor input,
+                              int64_t rank, int64_t world, int64_t ring,
+                              std::chrono::milliseconds timeout) {
+  try {
+    const int64_t n = output.numel();
+    const torch::Tensor flat_in = input.view({-1});
+    auto chunk = [&](int64_t i) {
+      return flat_in.narrow(0, ((i % world) + world) % world * n, n);
+    };
+    const int right = static_cast<int>((rank + 1) % world);
+    const int left = static_cast<int>((rank + world - 1) % world);
+    torch::Tensor buffers[2] = {torch::empty_like(flat_in.narrow(0, 0, n)),
+                                world > 2
+                                    ? torch::empty_like(flat_in.narrow(0, 0, n))
+                                    : torch::Tensor()};
+    torch::Tensor outgoing = chunk(rank - 1);
+    for (int64_t step = 0; step + 1 < world; ++step) {
+      torch::Tensor incoming = buffers[step % 2];
+      const int tag = static_cast<int>((ring * world + step) & 0x7fffffff);
+      std::vector<torch::Tensor> send_tensors{outgoing};
+      std::vector<torch::Tensor> recv_tensors{incoming};
+      WorkPtr send = gloo.send(send_tensors, right, tag);
+      WorkPtr recv = gloo.recv(recv_tensors, left, tag);
+      recv->wait(timeout);
+      send->wait(timeout);
+      if (step + 2 < world) {
+        incoming.add_(chunk(rank - 2 - step));
+        outgoing = incoming;
+      } else {
+        // The last chunk arriving is this rank's; writing the sum straight
+        // into `output` is safe even when it is that chunk of `input`.
+        torch::Tensor flat_out = output.view({-1});
+        torch::add_out(flat_out, incoming, chunk(rank));
+      }
+    }
+  } catch (...) {
+    return ErrorText(std::current_exception());
+  }
+  return "";
+}
+
+absl::Status CheckDense(const char* op, const char* name,
+                        const torch::Tensor& t) {
+  if (!t.defined() || !t.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " must be a defined, contiguous tensor"));
+  }
+  return absl::OkStatus();
+}
+
+// The flat collectives: `large` has world times the elements of `small`.
+absl::Status CheckFlatPair(const char* op, const char* small_name,
+                           const torch::Tensor& small, const char* large_name,
+                           const torch::Tensor& large, int64_t world) {
+  if (absl::Status s = CheckDense(op, small_name, small); !s.ok()) return s;
+  if (absl::Status s = CheckDense(op, large_name, large); !s.ok()) return s;
+  if (large.numel() != small.numel() * world ||
+      large.dtype() != small.dtype() || large.device() != small.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", large_name, " must have world_size (", world, ") times the ",
+        small_name, "'s ", small.numel(), " elements (has ", large.numel(),
+        "), with the same dtype and device"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Launch>
+std::unique_ptr<CommWork> Issue(const std::shared_ptr<Shared>& shared,
+                                const char* op, Launch launch) {
+  try {
+    return std::make_unique<C10dWork>(shared, op, launch());
+  } catch (...) {
+    return Done(absl::InvalidArgumentError(absl::StrCat(
+        op, " could not start: ", ErrorText(std::current_exception()))));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// C10dCommunicator
+
+C10dCommunicator::C10dCommunicator(int64_t rank, int64_t world_size,
+                                   std::chrono::milliseconds timeout)
+    : rank_(rank),
+      world_size_(world_size),
+      timeout_(timeout),
+      shared_(std::make_shared<Shared>(rank, timeout)),
+      groups_(std::make_unique<Groups>()) {}
+
+absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
+    const DistEnv& env, std::chrono::milliseconds timeout, torch::Device device,
+    HeartbeatOptions heartbeat) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", env.rank, " is not in a world of size ", env.world_size));
+  }
+  if (timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        "the communication timeout must be positive");
+  }
+#ifndef SHARDTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    return absl::FailedPreconditionError(
+        "this build has no CUDA: NCCL is unavailable; use a cpu device");
+  }
+#endif
+  std::unique_ptr<C10dCommunicator> comm(
+      new C10dCommunicator(env.rank, env.world_size, timeout));
+  const std::string where = absl::StrCat(env.master_addr, ":", env.master_port);
+  Groups& groups = *comm->groups_;
+  const Clock::time_point deadline = Clock::now() + timeout;
+  absl::Status joined;
+  try {
+    groups.store = c10::make_intrusive<c10d::TCPStore>(
+        env.master_addr, StoreOptions(env.master_port, env.rank == 0, timeout));
+    joined = Rendezvous(*groups.store, env.world_size, deadline);
+  } catch (...) {
+    const std::string error = ErrorText(std::current_exception());
+    joined = IsTimeout(error) ? absl::DeadlineExceededError(error)
+                              : absl::UnavailableError(error);
+  }
+  if (!joined.ok()) {
+    return absl::Status(
+        joined.code(),
+        absl::StrFormat("rendezvous of rank %d of %d at %s (MASTER_ADDR:"
+                        "MASTER_PORT) failed within %.1f s: %s",
+                        env.rank, env.world_size, where,
+                        timeout.count() / 1000.0, joined.message()));
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(GlooDevice(env.master_addr));
+    groups.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gloo", groups.store),
+        static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (device.is_cuda()) {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout;
+      groups.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", groups.store),
+          static_cast<int>(env.rank), static_cast<int>(env.world_size),
+          nccl_options);
+    }
+#endif
+    auto heartbeat_store = c10::make_intrusive<c10d::TCPStore>(
+        env.master_addr,
+        StoreOptions(env.master_port, /*is_server=*/false, timeout));
+    std::lock_guard<std::mutex> lock(comm->shared_->mutex);
+    comm->shared_->monitor = std::make_shared<HeartbeatMonitor>(
+        std::make_unique<TcpHeartbeatStore>(std::move(heartbeat_store)),
+        env.rank, env.world_size, heartbeat);
+  } catch (...) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", env.rank, " could not set up its process groups via ", where,
+        ": ", ErrorText(std::current_exception())));
+  }
+  comm->side_thread_ = std::make_unique<SideThread>();
+  return comm;
+}
+
+C10dCommunicator::~C10dCommunicator() {
+  side_thread_.reset();
+  groups_.reset();
+  // Stop the heartbeat now rather than when the last work handle goes: a
+  // Diagnose() still running holds its own reference and finishes first.
+  std::shared_ptr<HeartbeatMonitor> monitor;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    monitor = std::move(shared_->monitor);
+  }
+}
+
+std::unique_ptr<CommWork> C10dCommunicator::AllReduce(torch::Tensor& tensor) {
+  if (absl::Status s = CheckDense("all_reduce", "tensor", tensor); !s.ok()) {
+    return Done(s);
+  }
+  shared_->Count(tensor);
+  std::vector<torch::Tensor> tensors{tensor};
+  return Issue(shared_, "all_reduce", [&]() -> WorkPtr {
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (tensor.is_cuda()) return groups_->nccl->allreduce(tensors);
+#endif
+    return groups_->gloo->allreduce(tensors);
+  });
+}
+
+std::unique_ptr<CommWork> C10dCommunicator::ReduceScatter(
+    torch::Tensor& output, const torch::Tensor& input) {
+  if (absl::Status s = CheckFlatPair("reduce_scatter", "output", output,
+                                     "input", input, world_size_);
+      !s.ok()) {
+    return Done(s);
+  }
+  shared_->Count(input);
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (input.is_cuda()) {
+    return Issue(shared_, "reduce_scatter", [&]() -> WorkPtr {
+      torch::Tensor in = input;
+      return groups_->nccl->_reduce_scatter_base(output, in);
+    });
+  }
+#endif
+  if (world_size_ == 1) {
+    if (!output.is_same(input)) output.copy_(input.view_as(output));
+    return Done(absl::OkStatus());
+  }
+  auto completion = std::make_shared<Completion>();
+  side_thread_->Post([gloo = groups_->gloo, output, input, rank = rank_,
+                      world = world_size_, ring = ring_count_++,
+                      timeout = timeout_, completion] {
+    completion->Finish(
+        RingReduceScatter(*gloo, output, input, rank, world, ring, timeout));
+  });
+  return std::make_unique<SideWork>(shared_, "reduce_scatter", completion);
+}
+
+std::unique_ptr<CommWork> C10dCommunicator::AllGather(
+    torch::Tensor& output, const torch::Tensor& input) {
+  if (absl::Status s = CheckFlatPair("all_gather", "input", input, "output",
+                                     output, world_size_);
+      !s.ok()) {
+    return Done(s);
+  }
+  shared_->Count(input);
+  return Issue(shared_, "all_gather", [&]() -> WorkPtr {
+    std::vector<torch::Tensor> inputs{input};
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (input.is_cuda())
+      return groups_->nccl->_allgather_base(output, inputs[0]);
+#endif
+    // Gloo has only the list form: give it views of the flat output.
+    const int64_t n = input.numel();
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int64_t r = 0; r < world_size_; ++r) {
+      outputs[0].push_back(
+          output.view({-1}).narrow(0, r * n, n).view(input.sizes()));
+    }
+    return groups_->gloo->allgather(outputs, inputs);
+  });
+}
+
+std::unique_ptr<CommWork> C10dCommunicator::Broadcast(torch::Tensor& tensor,
+                                                      int64_t root) {
+  if (absl::Status s = CheckDense("broadcast", "tensor", tensor); !s.ok()) {
+    return Done(s);
+  }
+  if (root < 0 || root >= world_size_) {
+    return Done(absl::InvalidArgumentError(absl::StrCat(
+        "broadcast: root ", root, " is not a rank below ", world_size_)));
+  }
+  shared_->Count(tensor);
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  return Issue(shared_, "broadcast", [&]() -> WorkPtr {
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (tensor.is_cuda()) return groups_->nccl->broadcast(tensors, options);
+#endif
+    return groups_->gloo->broadcast(tensors, options);
+  });
+}
+
+absl::Status C10dCommunicator::Barrier() {
+  // Gloo's barrier blocks the host whatever the device, which is what a
+  // barrier is for.
+  return Issue(shared_, "barrier", [&] { return groups_->gloo->barrier(); })
+      ->Wait();
+}
+
+CommStats C10dCommunicator::TakeStats() {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  CommStats stats = shared_->stats;
+  shared_->stats = {};
+  return stats;
+}
+
+}  // namespace shardtrain

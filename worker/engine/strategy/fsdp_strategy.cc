@@ -1,0 +1,508 @@
+#include "worker/engine/strategy/fsdp_strategy.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/autocast.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr char kIndexFile[] = "fsdp_index.json";
+constexpr char kIndexFormat[] = "shardtrain-fsdp";
+constexpr int kIndexVersion = 1;
+
+// Strategy calls that cannot return a Status report collective failures as
+// exceptions (see the header).
+void Check(const absl::Status& status) {
+  TORCH_CHECK(status.ok(), "FSDP: ", status.ToString());
+}
+
+std::string ShardFileName(int64_t rank) {
+  return absl::StrCat("shard_rank", rank, ".pt");
+}
+
+// Runs `fn` after a gradient accumulator has stored the gradient.
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+// The tensor members that each module's forward() reads, by the parameter's
+// name in the model: FSDP points them at views of the gathered flat buffer.
+std::map<std::string, torch::Tensor*> ModuleMembers(Gpt2Impl& model) {
+  std::map<std::string, torch::Tensor*> members;
+  for (const auto& item : model.named_modules()) {
+    const std::string& prefix = item.key();
+    torch::nn::Module& module = *item.value();
+    const auto add = [&](const std::string& leaf, torch::Tensor* member) {
+      members[prefix.empty() ? leaf : absl::StrCat(prefix, ".", leaf)] = member;
+    };
+    if (auto* linear = module.as<torch::nn::Linear>()) {
+      add("weight", &linear->weight);
+      add("bias", &linear->bias);
+    } else if (auto* norm = module.as<torch::nn::LayerNorm>()) {
+      add("weight", &norm->weight);
+      add("bias", &norm->bias);
+    } else if (auto* embedding = module.as<torch::nn::Embedding>()) {
+      add("weight", &embedding->weight);
+    }
+  }
+  return members;
+}
+
+// 1 + i for the parameters of block h.i, 0 (the root) for the others.
+int64_t UnitOf(const std::string& name) {
+  if (!absl::StartsWith(name, "h.")) return 0;
+  const size_t end = name.find('.', 2);
+  int64_t block = 0;
+  if (end == std::string::npos ||
+      !absl::SimpleAtoi(name.substr(2, end - 2), &block)) {
+    return 0;
+  }
+  return 1 + block;
+}
+
+}  // namespace
+
+std::string FsdpEvent::ToString() const {
+  const char* names[] = {"gather_launch", "gather_done",    "compute_begin",
+                         "compute_end",   "backward_begin", "grad_ready",
+                         "reshard"};
+  return absl::StrCat(names[static_cast<int>(kind)], " ", unit);
+}
+
+FsdpStrategy::FsdpStrategy(const StrategyOptions& options, Communicator* comm,
+                           FsdpOptions fsdp)
+    : options_(options), comm_(comm), fsdp_(fsdp) {}
+
+FsdpStrategy::~FsdpStrategy() = default;
+
+absl::Status FsdpStrategy::Setup(Gpt2 model) {
+  if (comm_ == nullptr) {
+    return absl::InvalidArgumentError("fsdp: needs a communicator");
+  }
+  if (comm_->rank() != options_.rank ||
+      comm_->world_size() != options_.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fsdp: options say rank ", options_.rank, " of ",
+                     options_.world_size, " but the communicator is rank ",
+                     comm_->rank(), " of ", comm_->world_size()));
+  }
+  if (!units_.empty()) {
+    return absl::FailedPreconditionError("fsdp: Setup() called twice");
+  }
+  model_ = std::move(model);
+  const torch::ScalarType compute_dtype =
+      options_.device.is_cuda() && options_.precision == "bf16"
+          ? torch::kBFloat16
+          : torch::kFloat;
+  try {
+    const std::map<std::string, torch::Tensor*> members =
+        ModuleMembers(*model_);
+    std::vector<std::vector<FsdpUnit::Source>> sources(
+        static_cast<size_t>(1 + model_->num_blocks()));
+    for (const auto& item : model_->named_parameters()) {
+      const auto member = members.find(item.key());
+      if (member == members.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fsdp: parameter '", item.key(),
+            "' is not the weight or bias of a Linear, LayerNorm or Embedding, "
+            "the modules whose tensors FSDP can point at gathered views"));
+      }
+      const int64_t u = UnitOf(item.key());
+      if (u >= static_cast<int64_t>(sources.size())) {
+        return absl::InternalError(
+            absl::StrCat("fsdp: parameter '", item.key(), "' has no unit"));
+      }
+      sources[u].push_back({item.key(), item.value(), member->second});
+    }
+    // One unit at a time: each frees its parameters once sharded, so Setup
+    // needs the model plus one unit's flat copy at most.
+    for (size_t u = 0; u < sources.size(); ++u) {
+      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
+          u == 0 ? "root" : absl::StrCat("h.", u - 1), std::move(sources[u]),
+          comm_, options_.device, compute_dtype);
+      if (!unit.ok()) return unit.status();
+      std::shared_ptr<torch::autograd::Node> accumulator =
+          torch::autograd::impl::grad_accumulator((*unit)->full());
+      const int64_t index = static_cast<int64_t>(u);
+      accumulator->add_post_hook(std::make_unique<GradReadyHook>(
+          [this, index] { OnGradReady(index); }));
+      grad_accumulators_.push_back(std::move(accumulator));
+      units_.push_back(std::move(*unit));
+    }
+    AdamW::Group decay{{}, options_.weight_decay};
+    AdamW::Group no_decay{{}, 0.0};
+    for (const auto& unit : units_) {
+      for (const torch::Tensor& p : unit->decay_pieces()) {
+        decay.params.push_back(p);
+      }
+      for (const torch::Tensor& p : unit->no_decay_pieces()) {
+        no_decay.params.push_back(p);
+      }
+    }
+    optimizer_ = std::make_unique<AdamW>(
+        std::vector<AdamW::Group>{decay, no_decay}, options_.adamw);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("fsdp: setup: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+void FsdpStrategy::Emit(FsdpEvent::Kind kind, int64_t unit) {
+  if (observer_) observer_(FsdpEvent{kind, unit});
+}
+
+void FsdpStrategy::LaunchGather(int64_t u) {
+  FsdpUnit& unit = *units_[u];
+  if (unit.gathered() || unit.gather_in_flight()) return;
+  Check(unit.LaunchGather());
+  Emit(FsdpEvent::Kind::kGatherLaunch, u);
+}
+
+void FsdpStrategy::Unshard(int64_t u) {
+  FsdpUnit& unit = *units_[u];
+  if (!unit.gathered()) {
+    LaunchGather(u);
+    Check(unit.WaitGather());
+    Emit(FsdpEvent::Kind::kGatherDone, u);
+  }
+  unit.UseFullParams();
+}
+
+void FsdpStrategy::Reshard(int64_t u) {
+  units_[u]->Reshard();
+  Emit(FsdpEvent::Kind::kReshard, u);
+}
+
+torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
+                                    const torch::Tensor& targets,
+                                    bool training) {
+  TORCH_CHECK(!units_.empty(), "FSDP: Setup() must come first");
+  const int64_t last = num_units() - 1;  // units 1..last are the blocks
+  LaunchGather(0);
+  if (fsdp_.prefetch && last >= 1) LaunchGather(1);
+  Unshard(0);  // the root stays gathered: Head needs the tied wte again
+  ScopedAutocast autocast(options_.device, options_.precision);
+  torch::Tensor x = model_->Embed(inputs);
+  for (int64_t u = 1; u <= last; ++u) {
+    Unshard(u);
+    if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
+    Emit(FsdpEvent::Kind::kComputeBegin, u);
+    x = model_->block(u - 1)->forward(x);
+    Emit(FsdpEvent::Kind::kComputeEnd, u);
+    if (training) {
+      // Fires when the gradient of the block's output is complete, i.e.
+      // right before the block's own backward.
+      x.register_hook([this, u](const torch::Tensor&) { PreBackward(u); });
+    }
+    // The last block stays gathered in training: its backward comes right
+    // after the head's, so freeing it would only buy a second all-gather.
+    if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
+  }
+  torch::Tensor loss = CrossEntropyLoss(model_->Head(x), targets);
+  if (!training) Reshard(0);
+  return loss;
+}
+
+torch::Tensor FsdpStrategy::ForwardBackward(const torch::Tensor& inputs,
+                                            const torch::Tensor& targets,
+                                            double loss_scale, bool /*sync*/) {
+  torch::Tensor loss;
+  try {
+    loss = Forward(inputs, targets, /*training=*/true);
+    (loss * loss_scale).backward();
+    FinishBackward();
+  } catch (...) {
+    ResetUnits();
+    throw;
+  }
+  return loss.detach();
+}
+
+void FsdpStrategy::ResetUnits() {
+  pending_reductions_.clear();
+  for (const auto& unit : units_) {
+    if (unit->gather_in_flight()) (void)unit->WaitGather();
+    (void)unit->WaitReduceScatter();
+    unit->Reshard();
+    unit->full().mutable_grad() = torch::Tensor();
+  }
+}
+
+void FsdpStrategy::PreBackward(int64_t u) {
+  Emit(FsdpEvent::Kind::kBackwardBegin, u);
+  FsdpUnit& unit = *units_[u];
+  if (!unit.gathered()) {
+    // The graph holds views of the full buffer: refilling its storage is
+    // enough, no new views are made.
+    LaunchGather(u);
+    Check(unit.WaitGather());
+    Emit(FsdpEvent::Kind::kGatherDone, u);
+  }
+  if (fsdp_.prefetch && u > 1) LaunchGather(u - 1);
+}
+
+void FsdpStrategy::OnGradReady(int64_t u) {
+  Emit(FsdpEvent::Kind::kGradReady, u);
+  Check(units_[u]->LaunchReduceScatter());
+  // At most two reductions in flight: the full gradients of the units
+  // finished earlier must not pile up while backward goes on.
+  for (int64_t earlier : pending_reductions_) {
+    Check(units_[earlier]->WaitReduceScatter());
+  }
+  pending_reductions_.assign(1, u);
+  Reshard(u);
+}
+
+void FsdpStrategy::FinishBackward() {
+  for (int64_t u : pending_reductions_) Check(units_[u]->WaitReduceScatter());
+  pending_reductions_.clear();
+  for (int64_t u = 0; u < num_units(); ++u) {
+    FsdpUnit& unit = *units_[u];
+    if (unit.full().grad().defined()) {  // a gradient that missed its hook
+      Check(unit.LaunchReduceScatter());
+      Check(unit.WaitReduceScatter());
+    }
+    if (unit.gather_in_flight()) Check(unit.WaitGather());
+    if (unit.gathered()) Reshard(u);
+  }
+}
+
+double FsdpStrategy::ClipGradNorm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  // Padding is zero in every shard gradient, so the shards' sum of squares
+  // over all ranks is the full gradient's.
+  torch::Tensor squares = torch::zeros(
+      {1},
+      torch::TensorOptions().dtype(torch::kDouble).device(options_.device));
+  for (const auto& unit : units_) {
+    squares += unit->shard_grad().to(torch::kDouble).pow(2).sum();
+  }
+  Check(comm_->AllReduce(squares)->Wait());
+  const double norm = std::sqrt(squares.item<double>());
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1) {
+      for (const auto& unit : units_) unit->shard_grad().mul_(coef);
+    }
+  }
+  return norm;
+}
+
+void FsdpStrategy::OptimizerStep(double lr) {
+  optimizer_->Step(lr);
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : units_) unit->shard_grad().zero_();
+}
+
+torch::Tensor FsdpStrategy::ForwardLoss(const torch::Tensor& inputs,
+                                        const torch::Tensor& targets) {
+  torch::NoGradGuard no_grad;
+  try {
+    return Forward(inputs, targets, /*training=*/false);
+  } catch (...) {
+    ResetUnits();
+    throw;
+  }
+}
+
+double FsdpStrategy::AllReduceMean(double value) {
+  torch::Tensor t = torch::full(
+      {1}, value,
+      torch::TensorOptions().dtype(torch::kDouble).device(options_.device));
+  Check(comm_->AllReduce(t)->Wait());
+  return t.item<double>() / static_cast<double>(comm_->world_size());
+}
+
+void FsdpStrategy::Barrier() { Check(comm_->Barrier()); }
+
+CommStats FsdpStrategy::TakeCommStats() { return comm_->TakeStats(); }
+
+std::string FsdpStrategy::IndexJson() const {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& unit : units_) {
+    nlohmann::json params = nlohmann::json::array();
+    for (const FsdpUnit::Param& p : unit->params()) {
+      params.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"offset", p.offset},
+                        {"numel", p.numel}});
+    }
+    units.push_back({{"name", unit->name()},
+                     {"numel", unit->numel()},
+                     {"padded_numel", unit->padded_numel()},
+                     {"shard_numel", unit->shard_numel()},
+                     {"params", params}});
+  }
+  nlohmann::json files = nlohmann::json::array();
+  for (int64_t r = 0; r < comm_->world_size(); ++r) {
+    files.push_back(ShardFileName(r));
+  }
+  const nlohmann::json index = {{"format", kIndexFormat},
+                                {"version", kIndexVersion},
+                                {"world_size", comm_->world_size()},
+                                {"shard_dtype", "float32"},
+                                {"shard_files", files},
+                                {"units", units}};
+  return index.dump(2) + "\n";
+}
+
+absl::Status FsdpStrategy::SaveCheckpoint(const std::string& dir) {
+  NamedTensors state;
+  for (const auto& unit : units_) {
+    state.emplace_back(absl::StrCat("unit.", unit->name(), ".shard"),
+                       unit->shard());
+  }
+  for (const auto& [name, tensor] : optimizer_->StateTensors()) {
+    state.emplace_back(absl::StrCat("optimizer.", name), tensor);
+  }
+  if (absl::Status s = SaveTensorFile(
+          absl::StrCat(dir, "/", ShardFileName(comm_->rank())), state);
+      !s.ok()) {
+    return s;
+  }
+  if (comm_->rank() != 0) return absl::OkStatus();
+  return WriteFileAtomically(absl::StrCat(dir, "/", kIndexFile), IndexJson());
+}
+
+absl::Status FsdpStrategy::LoadCheckpoint(const std::string& dir) {
+  const std::string index_path = absl::StrCat(dir, "/", kIndexFile);
+  std::ifstream in(index_path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        dir, " holds no ", kIndexFile,
+        ": not an FSDP checkpoint (written by another strategy?)"));
+  }
+  const nlohmann::json saved =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || saved.value("format", "") != kIndexFormat ||
+      !saved.contains("world_size") || !saved.contains("units")) {
+    return absl::DataLossError(
+        absl::StrCat(index_path, " is unreadable or not an FSDP index"));
+  }
+  const int64_t saved_world = saved["world_size"].get<int64_t>();
+  if (saved_world != comm_->world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FSDP checkpoint ", dir, " was written at world size ", saved_world,
+        " but this run has world size ", comm_->world_size(),
+        "; sharded checkpoints resume only at the same world size (to change "
+        "it, start from the exported model.bin with --init_from)"));
+  }
+  const nlohmann::json expected = nlohmann::json::parse(IndexJson());
+  if (saved["units"] != expected["units"]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FSDP checkpoint ", dir,
+        " holds units that do not match this model (wrong --model?)"));
+  }
+  const std::string shard_path =
+      absl::StrCat(dir, "/", ShardFileName(comm_->rank()));
+  absl::StatusOr<NamedTensors> state = LoadTensorFile(shard_path);
+  if (!state.ok()) return state.status();
+  std::map<std::string, torch::Tensor> by_name;
+  NamedTensors optimizer_state;
+  for (const auto& [name, tensor] : *state) {
+    if (absl::StartsWith(name, "optimizer.")) {
+      optimizer_state.emplace_back(name.substr(sizeof("optimizer.") - 1),
+                                   tensor);
+    } else {
+      by_name[name] = tensor;
+    }
+  }
+  // Every shard is checked before any is touched.
+  std::vector<torch::Tensor> shards;
+  for (const auto& unit : units_) {
+    const std::string key = absl::StrCat("unit.", unit->name(), ".shard");
+    const auto it = by_name.find(key);
+    if (it == by_name.end() || it->second.sizes() != unit->shard().sizes()) {
+      return absl::DataLossError(absl::StrCat(
+          shard_path, ": '", key, "' is missing or has the wrong size"));
+    }
+    shards.push_back(it->second);
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u]->shard().copy_(shards[u]);
+    units_[u]->shard_grad().zero_();
+  }
+  return optimizer_->LoadStateTensors(optimizer_state);
+}
+
+absl::StatusOr<NamedTensors> FsdpStrategy::GatherFullParameters() {
+  NamedTensors params;
+  for (const auto& unit : units_) {
+    absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
+    if (!flat.ok()) return flat.status();
+    for (const FsdpUnit::Param& p : unit->params()) {
+      params.emplace_back(p.name,
+                          flat->narrow(0, p.offset, p.numel).view(p.shape));
+    }
+  }
+  return params;
+}
+
+absl::Status FsdpStrategy::ExportModel(const std::string& path) {
+  // Rank 0 points the model's members at the consolidated fp32 weights (the
+  // whole model, once) and writes them; the others gather and drop.
+  std::vector<torch::Tensor> flats;
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : units_) {
+    absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
+    if (!flat.ok()) return flat.status();
+    if (comm_->rank() == 0) {
+      unit->PointMembersAt(*flat);
+      flats.push_back(*std::move(flat));
+    }
+  }
+  absl::Status status = absl::OkStatus();
+  if (comm_->rank() == 0) {
+    status = SaveLlmcCheckpoint(model_, path);
+    for (const auto& unit : units_) unit->Reshard();  // resets the members
+  }
+  return status;
+}
+
+int64_t FsdpStrategy::ModelStateBytes() const {
+  int64_t bytes = optimizer_ == nullptr ? 0 : optimizer_->StateBytes();
+  for (const auto& unit : units_) bytes += unit->ShardBytes();
+  return bytes;
+}
+
+int64_t FsdpStrategy::UnitBytes(int64_t unit) const {
+  return units_.at(static_cast<size_t>(unit))->FullBytes();
+}
+
+int64_t FsdpStrategy::LargestUnitBytes() const {
+  int64_t largest = 0;
+  for (const auto& unit : units_)
+    largest = std::max(largest, unit->FullBytes());
+  return largest;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,170 @@
+// FsdpStrategy: Fully Sharded Data Parallel (ZeRO-3) over our Communicator.
+//
+// Units: one per transformer block plus a root unit (wte, wpe, ln_f); each is
+// an FsdpUnit, flattened, padded to a multiple of the world size and sharded.
+// A rank holds its shards of the parameters, the gradients and the AdamW
+// state — about 1/N of a replica's — plus, transiently, the full parameters
+// of the units being computed.
+//
+// One training micro-step:
+//   forward   root gathered (kept until backward: Embed and the tied Head need
+//             it); for each block: wait for its all-gather, launch the next
+//             block's (prefetch), compute, free the full buffer (reshard after
+//             forward) unless reshard_after_forward is false. The last block
+//             is kept either way: its backward is the first.
+//   backward  a hook on each block's output fires just before that block's
+//             backward: re-gather it and launch the all-gather of the block
+//             before it. When a unit's flat gradient is complete (a post-hook
+//             on its gradient accumulator), it is reduce-scattered (mean over
+//             ranks) into the rank's shard gradient and the full parameters
+//             and gradient are freed.
+// Gradient accumulation reduce-scatters on every micro-step and accumulates
+// the shard gradients, so `sync` is ignored: memory stays sharded at the cost
+// of one reduce-scatter per micro-step (PyTorch's no_sync instead keeps a full
+// unsharded gradient, a replica's worth of memory, to skip them).
+//
+// With precision bf16 on CUDA the units are gathered and computed in bf16
+// while the shards (the optimizer's master weights) and the reduction stay
+// fp32. That path compiles everywhere but is exercised only on CUDA.
+//
+// Collective failures inside the void/Tensor-returning Strategy calls (a lost
+// or stuck peer) are thrown as c10::Error naming the unit and collective.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_STRATEGY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/strategy/fsdp_unit.h"
+#include "worker/engine/strategy/strategy.h"
+#include "worker/engine/train/tensor_file.h"
+
+namespace torch {
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
+
+namespace shardtrain {
+
+struct FsdpOptions {
+  // Free each block's full parameters after its forward and gather them again
+  // for backward (all but the last block, whose backward comes first). false
+  // keeps them from forward until the block's gradient is reduced (ZeRO-2-like
+  // memory, one all-gather per block instead of two).
+  bool reshard_after_forward = true;
+  // Overlap: launch the next unit's all-gather while the current one computes.
+  bool prefetch = true;
+};
+
+// What the strategy did, in order, for tests and tracing. Units are numbered
+// 0 = root, 1 + i = block h.i.
+struct FsdpEvent {
+  enum class Kind {
+    kGatherLaunch,   // all-gather launched (full buffer allocated)
+    kGatherDone,     // waited for; the full parameters are in place
+    kComputeBegin,   // a block's forward starts
+    kComputeEnd,     // a block's forward has returned
+    kBackwardBegin,  // the pre-backward hook of a block fired
+    kGradReady,      // the unit's flat gradient is complete
+    kReshard,        // the full buffer was freed
+  };
+  Kind kind;
+  int64_t unit;
+
+  std::string ToString() const;
+};
+
+class FsdpStrategy final : public Strategy {
+ public:
+  // `comm` (rank and world size must agree with `options`) must outlive the
+  // strategy.
+  FsdpStrategy(const StrategyOptions& options, Communicator* comm,
+               FsdpOptions fsdp = {});
+  ~FsdpStrategy() override;
+  FsdpStrategy(const FsdpStrategy&) = delete;
+  FsdpStrategy& operator=(const FsdpStrategy&) = delete;
+
+  std::string name() const override { return "fsdp"; }
+  // Shards `model` and frees its full parameters: afterwards the model's own
+  // parameter tensors are empty; the strategy alone holds the weights.
+  absl::Status Setup(Gpt2 model) override;
+  torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                const torch::Tensor& targets, double loss_scale,
+                                bool sync) override;
+  // The norm comes from every rank's shard gradients with one all-reduce.
+  double ClipGradNorm(double max_norm) override;
+  void OptimizerStep(double lr) override;
+  torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                            const torch::Tensor& targets) override;
+  double AllReduceMean(double value) override;
+  void Barrier() override;
+  // Every rank writes dir/shard_rank<r>.pt (its flat parameter shards and
+  // their AdamW state); rank 0 also writes dir/fsdp_index.json (world size,
+  // units, their sizes and each parameter's name, shape and offset). Loading
+  // requires the same world size and model.
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  absl::Status LoadCheckpoint(const std::string& dir) override;
+  // Consolidates the fp32 master weights unit by unit; rank 0 writes llm.c's
+  // model.bin. Collective.
+  absl::Status ExportModel(const std::string& path) override;
+  // Shard parameters + shard gradients + AdamW state held by this rank.
+  int64_t ModelStateBytes() const override;
+  CommStats TakeCommStats() override;
+
+  // Full (unsharded) parameters by model name, fp32, on every rank.
+  // Collective.
+  absl::StatusOr<NamedTensors> GatherFullParameters();
+
+  int64_t num_units() const { return static_cast<int64_t>(units_.size()); }
+  // Bytes of unit `unit`'s full flat buffer (padded, compute dtype), the
+  // memory a gather adds.
+  int64_t UnitBytes(int64_t unit) const;
+  int64_t LargestUnitBytes() const;
+  // Called synchronously at every FsdpEvent (on the rank's thread, also from
+  // inside backward). Empty to stop.
+  void set_observer(std::function<void(const FsdpEvent&)> observer) {
+    observer_ = std::move(observer);
+  }
+
+ private:
+  void Emit(FsdpEvent::Kind kind, int64_t unit);
+  // Launches unit `u`'s all-gather if it is neither gathered nor in flight.
+  void LaunchGather(int64_t u);
+  // Gathers unit `u` (waiting for a prefetched all-gather) and points its
+  // module members at the full parameters.
+  void Unshard(int64_t u);
+  void Reshard(int64_t u);
+  // Runs one forward over the units; under grad mode installs the
+  // pre-backward hooks. Returns the mean loss.
+  torch::Tensor Forward(const torch::Tensor& inputs,
+                        const torch::Tensor& targets, bool training);
+  void PreBackward(int64_t u);
+  void OnGradReady(int64_t u);
+  // Waits for every reduce-scatter in flight, frees what is still gathered.
+  void FinishBackward();
+  // After a failure: no unit gathered, no collective pending, no full
+  // gradient left (results of failed collectives are dropped).
+  void ResetUnits();
+  std::string IndexJson() const;
+
+  const StrategyOptions options_;
+  Communicator* const comm_;
+  const FsdpOptions fsdp_;
+  Gpt2 model_{nullptr};
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  // The gradient accumulators of the units' full buffers, kept alive so their
+  // post-hooks keep firing.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::unique_ptr<AdamW> optimizer_;
+  // Units whose reduce-scatter is in flight, oldest first.
+  std::vector<int64_t> pending_reductions_;
+  std::function<void(const FsdpEvent&)> observer_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_FSDP_STRATEGY_H_

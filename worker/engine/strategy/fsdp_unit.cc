@@ -1,0 +1,235 @@
+#include "worker/engine/strategy/fsdp_unit.h"
+
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+// Releases the memory of `t` while the tensor, every view of it and every
+// autograd graph holding those views stay valid (their data must not be read
+// until AllocateStorage). The same StorageImpl calls exist in LibTorch 1.13
+// and 2.x.
+void FreeStorage(const torch::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+}
+
+// Gives `t` (whose storage was freed) memory for all its elements again. The
+// memory comes from an ordinary tensor allocation, so it goes through the
+// device's current allocator (the tracking allocator on CPU, the caching
+// allocator on CUDA) and is counted like any other tensor.
+void AllocateStorage(const torch::Tensor& t) {
+  torch::Tensor fresh =
+      torch::empty({t.numel()}, t.options().requires_grad(false));
+  c10::StorageImpl* source = fresh.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* target = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = source->nbytes();
+  target->set_data_ptr_noswap(
+      source->set_data_ptr(c10::DataPtr(nullptr, source->device())));
+  target->set_nbytes(nbytes);
+}
+
+absl::Status Annotate(const absl::Status& status, const std::string& unit,
+                      const char* what) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat("FSDP unit ", unit, ": ", what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FsdpUnit>> FsdpUnit::Create(
+    std::string name, std::vector<Source> sources, Communicator* comm,
+    const torch::Device& device, torch::ScalarType compute_dtype) {
+  std::unique_ptr<FsdpUnit> unit(new FsdpUnit());
+  FsdpUnit& u = *unit;
+  u.name_ = std::move(name);
+  u.comm_ = comm;
+  u.rank_ = comm->rank();
+  u.world_size_ = comm->world_size();
+  for (const Source& source : sources) {
+    if (source.member == nullptr || !source.value.defined()) {
+      return absl::InternalError(absl::StrCat("FSDP unit ", u.name_,
+                                              ": parameter '", source.name,
+                                              "' has no module member"));
+    }
+    Param param;
+    param.name = source.name;
+    param.shape = source.value.sizes().vec();
+    param.offset = u.numel_;
+    param.numel = source.value.numel();
+    param.member = source.member;
+    u.numel_ += param.numel;
+    u.params_.push_back(std::move(param));
+  }
+  u.padded_numel_ =
+      (u.numel_ + u.world_size_ - 1) / u.world_size_ * u.world_size_;
+  const int64_t shard_numel = u.shard_numel();
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor flat = torch::zeros(
+        {u.padded_numel_},
+        torch::TensorOptions().dtype(torch::kFloat).device(device));
+    for (size_t i = 0; i < sources.size(); ++i) {
+      flat.narrow(0, u.params_[i].offset, u.params_[i].numel)
+          .copy_(sources[i].value.reshape({-1}));
+    }
+    // Every rank starts from rank 0's values: ranks that built their models
+    // differently cannot silently train different replicas of the shards.
+    if (u.world_size_ > 1) {
+      if (absl::Status s = comm->Broadcast(flat, 0)->Wait(); !s.ok()) {
+        return Annotate(s, u.name_, "broadcast of the initial parameters");
+      }
+    }
+    u.shard_ = flat.narrow(0, u.rank_ * shard_numel, shard_numel).clone();
+    u.shard_grad_ = torch::zeros_like(u.shard_);
+    flat = torch::Tensor();
+
+    // The full parameters are not kept: the model's own tensors become empty
+    // (an accidental use is a shape error, not a read of freed memory) and the
+    // members stay undefined until the unit is gathered.
+    for (Source& source : sources) {
+      source.value.set_data(torch::empty({0}, source.value.options()));
+      *source.member = torch::Tensor();
+    }
+
+    u.full_ =
+        torch::empty({u.padded_numel_},
+                     torch::TensorOptions().dtype(compute_dtype).device(device))
+            .requires_grad_(true);
+    FreeStorage(u.full_);
+
+    const int64_t begin = u.rank_ * shard_numel;
+    const int64_t end = begin + shard_numel;
+    for (const Param& param : u.params_) {
+      const int64_t lo = std::max(param.offset, begin);
+      const int64_t hi = std::min(param.offset + param.numel, end);
+      if (lo >= hi) continue;
+      torch::Tensor piece = u.shard_.narrow(0, lo - begin, hi - lo);
+      piece.mutable_grad() = u.shard_grad_.narrow(0, lo - begin, hi - lo);
+      (param.shape.size() >= 2 ? u.decay_pieces_ : u.no_decay_pieces_)
+          .push_back(piece);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("FSDP unit ", u.name_, ": ", e.what_without_backtrace()));
+  }
+  return unit;
+}
+
+int64_t FsdpUnit::FullBytes() const {
+  return padded_numel_ *
+         static_cast<int64_t>(c10::elementSize(full_.scalar_type()));
+}
+
+int64_t FsdpUnit::ShardBytes() const {
+  return static_cast<int64_t>(shard_.nbytes() + shard_grad_.nbytes());
+}
+
+absl::Status FsdpUnit::LaunchGather() {
+  if (state_ != State::kFreed) return absl::OkStatus();
+  AllocateStorage(full_);
+  torch::NoGradGuard no_grad;
+  gather_input_ = shard_.scalar_type() == full_.scalar_type()
+                      ? shard_
+                      : shard_.to(full_.scalar_type());
+  // Written through an alias with its own version counter: autograd saved
+  // views of full_ in forward, and refilling their storage before backward
+  // must not look like an in-place modification to it.
+  gather_output_ = full_.variable_data();
+  gather_work_ = comm_->AllGather(gather_output_, gather_input_);
+  state_ = State::kGathering;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::WaitGather() {
+  if (state_ == State::kFreed) {
+    if (absl::Status s = LaunchGather(); !s.ok()) return s;
+  }
+  if (state_ != State::kGathering) return absl::OkStatus();
+  const absl::Status s = gather_work_->Wait();
+  gather_work_.reset();
+  gather_input_ = torch::Tensor();
+  gather_output_ = torch::Tensor();
+  state_ = State::kGathered;
+  if (!s.ok()) {
+    Reshard();
+    return Annotate(s, name_, "all-gather");
+  }
+  return absl::OkStatus();
+}
+
+void FsdpUnit::UseFullParams() {
+  TORCH_INTERNAL_ASSERT(state_ == State::kGathered, "FSDP unit ", name_,
+                        " used before it was gathered");
+  PointMembersAt(full_);
+}
+
+void FsdpUnit::PointMembersAt(const torch::Tensor& flat) {
+  std::vector<int64_t> sizes;
+  for (const Param& param : params_) sizes.push_back(param.numel);
+  if (padded_numel_ > numel_) sizes.push_back(padded_numel_ - numel_);
+  const std::vector<torch::Tensor> pieces = flat.split_with_sizes(sizes);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    *params_[i].member = pieces[i].view(params_[i].shape);
+  }
+}
+
+void FsdpUnit::Reshard() {
+  TORCH_INTERNAL_ASSERT(state_ != State::kGathering, "FSDP unit ", name_,
+                        " resharded with its all-gather in flight");
+  for (const Param& param : params_) *param.member = torch::Tensor();
+  if (state_ == State::kGathered) FreeStorage(full_);
+  state_ = State::kFreed;
+}
+
+absl::Status FsdpUnit::LaunchReduceScatter() {
+  if (absl::Status s = WaitReduceScatter(); !s.ok()) return s;
+  torch::Tensor grad = full_.grad();
+  if (!grad.defined()) return absl::OkStatus();
+  full_.mutable_grad() = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  // Reduced in fp32 even when computing in bf16: the sum over ranks is where
+  // bf16's 8-bit mantissa would lose most.
+  rs_input_ = grad.to(torch::kFloat).contiguous();
+  rs_output_ = torch::empty_like(shard_);
+  rs_work_ = comm_->ReduceScatter(rs_output_, rs_input_);
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::WaitReduceScatter() {
+  if (rs_work_ == nullptr) return absl::OkStatus();
+  const absl::Status s = rs_work_->Wait();
+  rs_work_.reset();
+  rs_input_ = torch::Tensor();
+  if (s.ok()) {
+    torch::NoGradGuard no_grad;
+    shard_grad_.add_(rs_output_, 1.0 / static_cast<double>(world_size_));
+  }
+  rs_output_ = torch::Tensor();
+  return s.ok() ? s : Annotate(s, name_, "reduce-scatter");
+}
+
+absl::StatusOr<torch::Tensor> FsdpUnit::GatherMaster() {
+  torch::Tensor flat;
+  try {
+    flat = torch::empty({padded_numel_}, shard_.options());
+    if (absl::Status s = comm_->AllGather(flat, shard_)->Wait(); !s.ok()) {
+      return Annotate(s, name_, "all-gather of the master parameters");
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("FSDP unit ", name_, ": ", e.what_without_backtrace()));
+  }
+  return flat;
+}
+
+}  // namespace shardtrain

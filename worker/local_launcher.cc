@@ -1,0 +1,480 @@
+#include "worker/local_launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+extern char** environ;
+
+namespace shardtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kReport[] = "[launcher] ";
+
+std::string ErrnoText(const std::string& what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+// ---------------------------------------------------------------------------
+// Signals reach the event loop through a self-pipe, so poll() wakes for them.
+
+int g_signal_pipe_write = -1;
+
+void OnSignal(int signo) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signo);
+  if (write(g_signal_pipe_write, &byte, 1) < 0) {
+    // The pipe is full: the loop has wake-ups pending anyway.
+  }
+  errno = saved;
+}
+
+// Routes SIGINT, SIGTERM and SIGCHLD to a pipe while alive; restores the
+// previous handlers afterwards.
+class SignalPipe {
+ public:
+  SignalPipe() {
+    if (pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      error_ = ErrnoText("pipe");
+      return;
+    }
+    g_signal_pipe_write = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = OnSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (int i = 0; i < kCount; ++i) sigaction(kSignals[i], &action, &old_[i]);
+  }
+  ~SignalPipe() {
+    if (fds_[0] < 0) return;
+    for (int i = 0; i < kCount; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    g_signal_pipe_write = -1;
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  const std::string& error() const { return error_; }
+  int read_fd() const { return fds_[0]; }
+
+  // The signals received since the last call, in order.
+  std::vector<int> Drain() {
+    std::vector<int> signals;
+    unsigned char buffer[64];
+    ssize_t n;
+    while ((n = read(fds_[0], buffer, sizeof buffer)) > 0) {
+      signals.insert(signals.end(), buffer, buffer + n);
+    }
+    return signals;
+  }
+
+ private:
+  static constexpr int kCount = 3;
+  static constexpr int kSignals[kCount] = {SIGINT, SIGTERM, SIGCHLD};
+  int fds_[2] = {-1, -1};
+  struct sigaction old_[kCount] {};
+  std::string error_;
+};
+
+// ---------------------------------------------------------------------------
+// A rank's output stream: complete lines are forwarded with the prefix.
+
+class PrefixedStream {
+ public:
+  PrefixedStream(int fd, std::string prefix, std::ostream* sink)
+      : fd_(fd), prefix_(std::move(prefix)), sink_(sink) {}
+  PrefixedStream(PrefixedStream&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)),
+        prefix_(std::move(other.prefix_)),
+        sink_(other.sink_),
+        pending_(std::move(other.pending_)) {}
+  ~PrefixedStream() { Close(); }
+
+  int fd() const { return fd_; }
+  bool open() const { return fd_ >= 0; }
+
+  // Reads what is available without blocking; at end of file forwards the
+  // last partial line and closes.
+  void Pump() {
+    if (fd_ < 0) return;
+    char buffer[65536];
+    while (true) {
+      const ssize_t n = read(fd_, buffer, sizeof buffer);
+      if (n > 0) {
+        pending_.append(buffer, n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        if (!pending_.empty()) pending_ += '\n';
+        Forward();
+        Close();
+      }
+      break;
+    }
+    Forward();
+  }
+
+ private:
+  void Forward() {
+    size_t start = 0;
+    size_t end;
+    while ((end = pending_.find('\n', start)) != std::string::npos) {
+      *sink_ << prefix_;
+      sink_->write(pending_.data() + start, end + 1 - start);
+      start = end + 1;
+    }
+    if (start > 0) {
+      pending_.erase(0, start);
+      sink_->flush();
+    }
+  }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  int fd_;
+  std::string prefix_;
+  std::ostream* sink_;
+  std::string pending_;
+};
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+  bool signalled_by_us = false;
+  RankExit exit;
+  std::vector<PrefixedStream> streams;  // stdout, stderr
+};
+
+std::vector<std::string> ChildEnvironment(const LocalLaunchOptions& options,
+                                          int rank, int port) {
+  std::map<std::string, std::string> overrides = {
+      {"RANK", absl::StrCat(rank)},
+      {"LOCAL_RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(options.nproc)},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(options.nproc)},
+      {"MASTER_ADDR", options.master_addr},
+      {"MASTER_PORT", absl::StrCat(port)},
+  };
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (overrides.count(entry.substr(0, entry.find('='))) == 0)
+      env.push_back(entry);
+  }
+  for (const auto& [key, value] : overrides)
+    env.push_back(absl::StrCat(key, "=", value));
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// Forks and execs one rank in its own process group (so stopping it also
+// stops what it started) with stdout/stderr on pipes and stdin on /dev/null.
+absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
+                   std::ostream& out, std::ostream& err, Child* child) {
+  std::vector<std::string> argv_strings = options.argv;
+  if (argv_strings.empty()) argv_strings.push_back(options.program);
+  std::vector<std::string> env_strings = ChildEnvironment(options, rank, port);
+  std::vector<char*> argv = CStrings(argv_strings);
+  std::vector<char*> envp = CStrings(env_strings);
+
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0)
+    return absl::InternalError(ErrnoText("pipe"));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return absl::InternalError(ErrnoText("pipe"));
+  }
+  if (pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+      close(fd);
+    return absl::InternalError(ErrnoText("pipe"));
+  }
+  const int dev_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls from here to exec.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the launcher died before prctl
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (dev_null >= 0) dup2(dev_null, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    execve(options.program.c_str(), argv.data(), envp.data());
+    const int error = errno;
+    if (write(exec_pipe[1], &error, sizeof error) < 0) {
+    }
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  for (int fd : {out_pipe[1], err_pipe[1], exec_pipe[1], dev_null}) {
+    if (fd >= 0) close(fd);
+  }
+  if (pid < 0) {
+    for (int fd : {out_pipe[0], err_pipe[0], exec_pipe[0]}) close(fd);
+    errno = fork_errno;
+    return absl::InternalError(ErrnoText("fork"));
+  }
+  setpgid(pid, pid);  // also in the parent, so a kill right away finds it
+  child->pid = pid;
+  child->running = true;
+  child->exit.rank = rank;
+  const std::string prefix = absl::StrCat("[rank ", rank, "] ");
+  for (int fd : {out_pipe[0], err_pipe[0]}) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+  child->streams.emplace_back(out_pipe[0], prefix, &out);
+  child->streams.emplace_back(err_pipe[0], prefix, &err);
+  // The exec pipe closes on a successful exec; otherwise it carries errno.
+  int exec_errno = 0;
+  ssize_t n;
+  while ((n = read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 &&
+         errno == EINTR) {
+  }
+  close(exec_pipe[0]);
+  if (n == sizeof exec_errno) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot run ", options.program, ": ", std::strerror(exec_errno)));
+  }
+  return absl::OkStatus();
+}
+
+void SignalGroup(Child& child, int signo) {
+  if (!child.running) return;
+  child.signalled_by_us = true;
+  kill(-child.pid, signo);
+}
+
+}  // namespace
+
+std::string RankExit::Describe() const {
+  if (signal != 0) {
+    const char* name = sigabbrev_np(signal);
+    return name != nullptr ? absl::StrCat("signal ", name)
+                           : absl::StrCat("signal ", signal);
+  }
+  return absl::StrCat("exit code ", exit_code);
+}
+
+LocalLauncher::LocalLauncher(LocalLaunchOptions options, std::ostream& out,
+                             std::ostream& err)
+    : options_(std::move(options)), out_(out), err_(err) {}
+
+absl::StatusOr<LaunchResult> LocalLauncher::Run() {
+  if (options_.nproc < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc must be at least 1, got ", options_.nproc));
+  }
+  int port = options_.master_port;
+  if (port == 0) {
+    absl::StatusOr<int> free_port = PickFreePort();
+    if (!free_port.ok()) return free_port.status();
+    port = *free_port;
+  }
+  SignalPipe signals;
+  if (!signals.error().empty()) return absl::InternalError(signals.error());
+
+  std::vector<Child> children(options_.nproc);
+  auto reap_all = [&](bool block) {
+    std::vector<int> ended;
+    for (Child& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      const pid_t r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+      if (r != c.pid) continue;
+      c.running = false;
+      if (WIFSIGNALED(status)) c.exit.signal = WTERMSIG(status);
+      if (WIFEXITED(status)) c.exit.exit_code = WEXITSTATUS(status);
+      ended.push_back(c.exit.rank);
+    }
+    return ended;
+  };
+  auto stop_all = [&](int signo) {
+    for (Child& c : children) SignalGroup(c, signo);
+  };
+
+  for (int rank = 0; rank < options_.nproc; ++rank) {
+    if (absl::Status s =
+            Spawn(options_, rank, port, out_, err_, &children[rank]);
+        !s.ok()) {
+      stop_all(SIGKILL);
+      reap_all(/*block=*/true);
+      for (Child& c : children) {
+        for (PrefixedStream& stream : c.streams) stream.Pump();
+      }
+      return absl::Status(s.code(),
+                          absl::StrCat("rank ", rank, ": ", s.message()));
+    }
+  }
+
+  LaunchResult result;
+  bool stopping = false;
+  bool killed = false;
+  Clock::time_point kill_at;
+  auto begin_stop = [&] {
+    if (stopping) return;
+    stopping = true;
+    kill_at = Clock::now() + options_.grace;
+    stop_all(SIGTERM);
+  };
+
+  while (true) {
+    const std::vector<int> ended = reap_all(/*block=*/false);
+    if (result.first_failure.rank < 0 && result.interrupted_by == 0) {
+      // Ranks often fail together (a peer's death breaks the collective of
+      // the rest); among those reaped in the same round, one killed by a
+      // signal or else the lowest rank is taken as the first.
+      const RankExit* first = nullptr;
+      for (int rank : ended) {
+        const RankExit& e = children[rank].exit;
+        if (e.ok()) continue;
+        if (first == nullptr || (e.signal != 0 && first->signal == 0))
+          first = &e;
+      }
+      if (first != nullptr) {
+        result.first_failure = *first;
+        err_ << kReport << "rank " << first->rank << " failed first ("
+             << first->Describe() << "); stopping the other ranks" << std::endl;
+        begin_stop();
+      }
+    }
+    bool any_running = false;
+    for (const Child& c : children) any_running |= c.running;
+    if (!any_running) break;
+
+    if (stopping && !killed && Clock::now() >= kill_at) {
+      stop_all(SIGKILL);
+      killed = true;
+    }
+    std::vector<pollfd> fds = {{signals.read_fd(), POLLIN, 0}};
+    std::vector<PrefixedStream*> polled;
+    for (Child& c : children) {
+      for (PrefixedStream& stream : c.streams) {
+        if (!stream.open()) continue;
+        fds.push_back({stream.fd(), POLLIN, 0});
+        polled.push_back(&stream);
+      }
+    }
+    int timeout_ms = -1;
+    if (stopping && !killed) {
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(kill_at -
+                                                                   Clock::now())
+                     .count() +
+                 1));
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      err_ << kReport << ErrnoText("poll") << std::endl;
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) polled[i - 1]->Pump();
+    }
+    for (int signo : signals.Drain()) {
+      if (signo == SIGCHLD) continue;  // reaped at the top of the loop
+      if (result.interrupted_by == 0) {
+        result.interrupted_by = signo;
+        err_ << kReport << "received SIG" << sigabbrev_np(signo)
+             << "; stopping all ranks" << std::endl;
+        begin_stop();
+      } else if (!killed) {
+        stop_all(SIGKILL);  // a second interrupt: no more grace
+        killed = true;
+      }
+    }
+  }
+  // Output still buffered in the pipes of ranks that have exited; a
+  // descendant holding a pipe open does not keep us waiting.
+  for (Child& c : children) {
+    for (PrefixedStream& stream : c.streams) stream.Pump();
+  }
+
+  for (const Child& c : children) result.ranks.push_back(c.exit);
+  if (result.interrupted_by != 0) {
+    result.exit_code = 128 + result.interrupted_by;
+  } else if (result.first_failure.rank >= 0) {
+    const RankExit& first = result.first_failure;
+    result.exit_code = first.signal != 0 ? 128 + first.signal : first.exit_code;
+    std::vector<std::string> others;
+    for (const Child& c : children) {
+      if (c.exit.rank == first.rank) continue;
+      others.push_back(absl::StrCat(
+          c.exit.rank, ": ",
+          c.signalled_by_us && c.exit.signal != 0 ? "stopped, " : "",
+          c.exit.Describe()));
+    }
+    err_ << kReport << "rank " << first.rank << " failed first ("
+         << first.Describe() << ")";
+    if (!others.empty())
+      err_ << "; other ranks: " << absl::StrJoin(others, ", ");
+    err_ << std::endl;
+  }
+  return result;
+}
+
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(ErrnoText("socket"));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const absl::Status status =
+        absl::InternalError(ErrnoText("bind 127.0.0.1:0"));
+    close(fd);
+    return status;
+  }
+  close(fd);
+  return static_cast<int>(ntohs(address.sin_port));
+}
+
+int RunLocalRanks(int nproc, int argc, char** argv) {
+  LocalLaunchOptions options;
+  options.nproc = nproc;
+  options.program = "/proc/self/exe";
+  options.argv.assign(argv, argv + argc);
+  LocalLauncher launcher(std::move(options), std::cout, std::cerr);
+  absl::StatusOr<LaunchResult> result = launcher.Run();
+  if (!result.ok()) {
+    std::cerr << kReport << result.status().message() << std::endl;
+    return 1;
+  }
+  return result->exit_code;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,86 @@
+// LocalLauncher: `shardtrain-train --nproc N` starts N ranks of a program on
+// this host, the way torchrun's standalone mode does. Each rank gets RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a
+// free loopback port); its stdout and stderr come back line by line prefixed
+// "[rank r] ". When a rank exits non-zero or is killed, the others get
+// SIGTERM, then SIGKILL after a grace period, and the launcher reports which
+// rank failed first and how. SIGINT/SIGTERM to the launcher stop all ranks.
+// Ranks die with the launcher (PR_SET_PDEATHSIG). Torch-free.
+#ifndef SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
+#define SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
+
+#include <chrono>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardtrain {
+
+struct LocalLaunchOptions {
+  int nproc = 1;
+  // Executable to run and its argv (argv[0] included), the same for every
+  // rank; ranks tell themselves apart by RANK.
+  std::string program;
+  std::vector<std::string> argv;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port, found by binding port 0
+  // Between SIGTERM and SIGKILL when stopping ranks.
+  std::chrono::milliseconds grace{5000};
+};
+
+// How one rank ended.
+struct RankExit {
+  int rank = -1;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal killed it (exit_code is then 0)
+
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  // "exit code 3" or "signal KILL".
+  std::string Describe() const;
+};
+
+struct LaunchResult {
+  // 0 when every rank exited 0; otherwise the first failed rank's exit code,
+  // or 128 + signal number when a signal killed it or stopped the launcher.
+  int exit_code = 0;
+  // The rank that failed first; rank is -1 when none failed (or the launcher
+  // was interrupted before any did).
+  RankExit first_failure;
+  // How every rank ended, indexed by rank.
+  std::vector<RankExit> ranks;
+  int interrupted_by = 0;  // the signal that stopped the launcher, if any
+};
+
+class LocalLauncher {
+ public:
+  // Ranks' output goes to `out` (their stdout) and `err` (their stderr and
+  // the launcher's own reports). Both must outlive the launcher.
+  LocalLauncher(LocalLaunchOptions options, std::ostream& out,
+                std::ostream& err);
+
+  // Starts the ranks and returns when all have ended. Installs SIGINT,
+  // SIGTERM and SIGCHLD handlers for its duration (one Run at a time per
+  // process). Ranks die with the calling thread, so call it from a thread
+  // that outlives them (the main thread). An error means the ranks could not
+  // all be started; those that were are stopped first.
+  absl::StatusOr<LaunchResult> Run();
+
+ private:
+  const LocalLaunchOptions options_;
+  std::ostream& out_;
+  std::ostream& err_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> PickFreePort();
+
+// `program --nproc N ...` as a launcher: reruns this executable
+// (/proc/self/exe) with the same arguments as N ranks, forwarding their
+// output to stdout/stderr. Returns the process exit code.
+int RunLocalRanks(int nproc, int argc, char** argv);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
