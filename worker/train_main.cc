@@ -8,7 +8,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/comm/c10d_communicator.h"
+#include "worker/engine/comm/dist_env.h"
+#include "worker/engine/strategy/strategy_factory.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/trainer.h"
 #include "worker/local_launcher.h"
@@ -17,48 +19,58 @@ namespace shardtrain {
 namespace {
 
 void AddTrainFlags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--model", c.model,
-                 "preset (gpt2-tiny, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
-                 "gpt2-xl) or custom:n_layer=L,n_head=H,n_embd=C[,block_size=T]");
+  app.add_option(
+      "--model", c.model,
+      "preset (gpt2-tiny, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
+      "gpt2-xl) or custom:n_layer=L,n_head=H,n_embd=C[,block_size=T]");
   app.add_option("--data", c.data, "directory with train.bin [and val.bin]");
-  app.add_option("--init-from", c.init_from, "llm.c GPT-2 model .bin to start from");
-  app.add_option("--batch-size", c.batch_size, "sequences per rank per micro-step");
+  app.add_option("--init-from", c.init_from,
+                 "llm.c GPT-2 model .bin to start from");
+  app.add_option("--batch-size", c.batch_size,
+                 "sequences per rank per micro-step");
   app.add_option("--seq-len", c.seq_len, "tokens per sequence");
-  app.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step");
-  app.add_option("--max-steps", c.max_steps, "optimizer steps (wins over --epochs)");
+  app.add_option("--grad-accum", c.grad_accum,
+                 "micro-steps per optimizer step");
+  app.add_option("--max-steps", c.max_steps,
+                 "optimizer steps (wins over --epochs)");
   app.add_option("--epochs", c.epochs, "passes over train.bin");
   app.add_option("--lr", c.lr, "peak learning rate");
-  app.add_option("--min-lr-ratio", c.min_lr_ratio, "final lr as a fraction of --lr");
+  app.add_option("--min-lr-ratio", c.min_lr_ratio,
+                 "final lr as a fraction of --lr");
   app.add_option("--warmup-steps", c.warmup_steps, "linear warmup steps");
   app.add_option("--weight-decay", c.weight_decay, "AdamW decay on matrices");
   app.add_option("--beta1", c.beta1, "AdamW beta1");
   app.add_option("--beta2", c.beta2, "AdamW beta2");
   app.add_option("--eps", c.eps, "AdamW epsilon");
-  app.add_option("--grad-clip", c.grad_clip, "max global grad norm (<= 0: off)");
+  app.add_option("--grad-clip", c.grad_clip,
+                 "max global grad norm (<= 0: off)");
   app.add_option("--strategy", c.strategy, "single | ddp | fsdp");
   app.add_option("--device", c.device, "cpu | cuda | cuda:N");
   app.add_option("--precision", c.precision, "fp32 | bf16 (CUDA)");
   app.add_option("--seed", c.seed, "seed for init and data order");
-  app.add_option("--threads", c.threads, "CPU threads per rank (0: cores / ranks)");
+  app.add_option("--threads", c.threads,
+                 "CPU threads per rank (0: cores / ranks)");
   app.add_option("--peak-flops", c.peak_flops, "MFU denominator in FLOP/s");
   app.add_option("--shuffle", c.shuffle, "shuffle training windows each epoch");
   app.add_option("--bucket-mb", c.bucket_mb, "DDP gradient bucket size in MB");
-  app.add_option("--reshard-after-forward", c.reshard_after_forward,
-                 "FSDP: free gathered parameters after forward (false: ZeRO-2-like)");
-  app.add_option("--prefetch", c.prefetch, "FSDP: prefetch the next unit's all-gather");
-  app.add_option("--comm-timeout", c.comm_timeout, "seconds before a collective fails");
-  app.add_option("--eval-every", c.eval_every, "eval every N steps (and at the end)");
+  app.add_option(
+      "--reshard-after-forward", c.reshard_after_forward,
+      "FSDP: free gathered parameters after forward (false: ZeRO-2-like)");
+  app.add_option("--prefetch", c.prefetch,
+                 "FSDP: prefetch the next unit's all-gather");
+  app.add_option("--comm-timeout", c.comm_timeout,
+                 "seconds before a collective fails");
+  app.add_option("--eval-every", c.eval_every,
+                 "eval every N steps (and at the end)");
   app.add_option("--eval-steps", c.eval_steps, "batches per eval");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps");
-  app.add_option("--out", c.out, "output dir: metrics.jsonl, checkpoints, model.bin");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "checkpoint every N steps");
+  app.add_option("--out", c.out,
+                 "output dir: metrics.jsonl, checkpoints, model.bin");
   app.add_flag("--eval-only", c.eval_only, "only evaluate on val.bin");
-  app.add_flag("--resume", c.resume, "continue from the latest checkpoint in --out");
+  app.add_flag("--resume", c.resume,
+               "continue from the latest checkpoint in --out");
   app.add_option("--log-every", c.log_every, "print a step line every N steps");
-}
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoll(value) : fallback;
 }
 
 int Main(int argc, char** argv) {
@@ -74,14 +86,16 @@ int Main(int argc, char** argv) {
     if (arg.rfind("--config=", 0) == 0) config_file = arg.substr(9);
   }
   if (!config_file.empty()) {
-    if (absl::Status s = LoadYamlTrainConfigFile(config_file, &config); !s.ok()) {
+    if (absl::Status s = LoadYamlTrainConfigFile(config_file, &config);
+        !s.ok()) {
       std::cerr << "shardtrain-train: " << s.message() << "\n";
       return 2;
     }
   }
 
   CLI::App app{"shardtrain-train: train GPT-2 with single, DDP or FSDP"};
-  app.add_option("--config", config_file, "YAML file with the same keys as the flags");
+  app.add_option("--config", config_file,
+                 "YAML file with the same keys as the flags");
   AddTrainFlags(app, config);
   int nproc = 1;
   app.add_option("--nproc", nproc,
@@ -93,7 +107,6 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  RankInfo rank_info{EnvInt("RANK", 0), EnvInt("WORLD_SIZE", 1)};
   if (absl::Status s = config.Validate(); !s.ok()) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
@@ -103,23 +116,37 @@ int Main(int argc, char** argv) {
   if (nproc > 1 && std::getenv("RANK") == nullptr) {
     return RunLocalRanks(nproc, argc, argv);
   }
-  if (config.strategy != "single" || rank_info.world_size != 1) {
-    std::cerr << "shardtrain-train: strategy '" << config.strategy
-              << "' at world size " << rank_info.world_size
-              << " is not available in this build; use --strategy single\n";
+  absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
+  if (!env.ok()) {
+    std::cerr << "shardtrain-train: " << env.status().message() << "\n";
     return 2;
   }
+  const RankInfo rank_info{env->rank, env->world_size};
+  // One GPU per rank: plain "cuda" means this rank's local device.
+  torch::Device device(config.device == "cuda" && env->world_size > 1
+                           ? "cuda:" + std::to_string(env->local_rank)
+                           : config.device);
 
-  StrategyOptions options;
-  options.device = torch::Device(config.device);
-  options.rank = rank_info.rank;
-  options.world_size = rank_info.world_size;
-  options.precision = config.precision;
-  options.adamw = {config.beta1, config.beta2, config.eps};
-  options.weight_decay = config.weight_decay;
-  auto trainer = Trainer::Create(
-      config, rank_info, std::make_unique<SingleDeviceStrategy>(options),
-      &std::cout);
+  std::unique_ptr<Communicator> comm;
+  if (config.strategy != "single") {
+    auto c10d = C10dCommunicator::Create(
+        *env, std::chrono::seconds(config.comm_timeout), device);
+    if (!c10d.ok()) {
+      std::cerr << "shardtrain-train: rank " << env->rank << ": "
+                << c10d.status().message() << "\n";
+      return 1;
+    }
+    comm = std::move(*c10d);
+  }
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = CreateStrategy(
+      config, StrategyOptionsFor(config, device, env->rank, env->world_size),
+      comm.get());
+  if (!strategy.ok()) {
+    std::cerr << "shardtrain-train: " << strategy.status().message() << "\n";
+    return 2;
+  }
+  auto trainer =
+      Trainer::Create(config, rank_info, std::move(*strategy), &std::cout);
   if (!trainer.ok()) {
     std::cerr << "shardtrain-train: " << trainer.status().message() << "\n";
     return 1;

@@ -67,7 +67,10 @@ def main() -> int:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, CUDA)")
     args = p.parse_args()
+    device = torch.device(args.device)
 
     # The same thread policy as shardtrain's SetCpuComputeThreads: OpenBLAS
     # (OPENBLAS_NUM_THREADS, set by the bench driver before start) gets the
@@ -77,7 +80,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     config = GPTConfig.parse(args.model)
-    model = GPT(config, seed=args.seed)
+    model = GPT(config, seed=args.seed).to(device)
     ddp = None
     if world > 1:
         torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -110,9 +113,12 @@ def main() -> int:
         first = (step * global_batch) % (windows - global_batch) + rank * B
         rows = [tokens[w * T: w * T + T + 1].astype(np.int64)
                 for w in order[first:first + B]]
-        batch = torch.from_numpy(np.stack(rows))
+        batch = torch.from_numpy(np.stack(rows)).to(device)
         x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
-        loss = cross_entropy_loss((ddp or model)(x), y)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                            enabled=args.precision == "bf16"):
+            logits = (ddp or model)(x)
+        loss = cross_entropy_loss(logits.float(), y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         for group in optimizer.param_groups:
@@ -124,7 +130,9 @@ def main() -> int:
                       "grad_norm": float(norm),
                       "step_seconds": time.perf_counter() - start})
 
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
     print(json.dumps({
+        "peak_memory_bytes": peak,
         "model": args.model, "batch_size": B, "seq_len": T, "rank": rank,
         "world_size": world,
         "threads": args.threads, "torch": torch.__version__,

@@ -1,8 +1,8 @@
 #include "tests/fakes/in_process_communicator.h"
 
-#include <thread>
-
 #include <torch/torch.h>
+
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,16 +26,21 @@ class InProcessCommunicator final : public Communicator {
 
   int64_t rank() const override { return rank_; }
   int64_t world_size() const override { return group_->world_size(); }
-  std::chrono::milliseconds timeout() const override { return group_->timeout(); }
+  std::chrono::milliseconds timeout() const override {
+    return group_->timeout();
+  }
 
   std::unique_ptr<CommWork> AllReduce(torch::Tensor& tensor) override {
     stats_.bytes += tensor.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(tensor, [](const std::vector<torch::Tensor>& all) {
-          torch::Tensor sum = all[0].clone();
-          for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
-          return std::vector<torch::Tensor>{sum};
-        }, &out)) {
+    if (!Exchange(
+            tensor,
+            [](const std::vector<torch::Tensor>& all) {
+              torch::Tensor sum = all[0].clone();
+              for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+              return std::vector<torch::Tensor>{sum};
+            },
+            &out)) {
       return Timeout("all_reduce");
     }
     tensor.copy_(out[0]);
@@ -46,11 +51,14 @@ class InProcessCommunicator final : public Communicator {
                                           const torch::Tensor& input) override {
     stats_.bytes += input.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(input, [](const std::vector<torch::Tensor>& all) {
-          torch::Tensor sum = all[0].clone();
-          for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
-          return std::vector<torch::Tensor>{sum};
-        }, &out)) {
+    if (!Exchange(
+            input,
+            [](const std::vector<torch::Tensor>& all) {
+              torch::Tensor sum = all[0].clone();
+              for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+              return std::vector<torch::Tensor>{sum};
+            },
+            &out)) {
       return Timeout("reduce_scatter");
     }
     const int64_t n = output.numel();
@@ -62,23 +70,30 @@ class InProcessCommunicator final : public Communicator {
                                       const torch::Tensor& input) override {
     stats_.bytes += input.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(input, [](const std::vector<torch::Tensor>& all) {
-          std::vector<torch::Tensor> flat;
-          for (const auto& t : all) flat.push_back(t.reshape({-1}));
-          return std::vector<torch::Tensor>{torch::cat(flat)};
-        }, &out)) {
+    if (!Exchange(
+            input,
+            [](const std::vector<torch::Tensor>& all) {
+              std::vector<torch::Tensor> flat;
+              for (const auto& t : all) flat.push_back(t.reshape({-1}));
+              return std::vector<torch::Tensor>{torch::cat(flat)};
+            },
+            &out)) {
       return Timeout("all_gather");
     }
     output.copy_(out[0].view_as(output));
     return Ok();
   }
 
-  std::unique_ptr<CommWork> Broadcast(torch::Tensor& tensor, int64_t root) override {
+  std::unique_ptr<CommWork> Broadcast(torch::Tensor& tensor,
+                                      int64_t root) override {
     stats_.bytes += tensor.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(tensor, [root](const std::vector<torch::Tensor>& all) {
-          return std::vector<torch::Tensor>{all[root].clone()};
-        }, &out)) {
+    if (!Exchange(
+            tensor,
+            [root](const std::vector<torch::Tensor>& all) {
+              return std::vector<torch::Tensor>{all[root].clone()};
+            },
+            &out)) {
       return Timeout("broadcast");
     }
     tensor.copy_(out[0]);
@@ -87,9 +102,12 @@ class InProcessCommunicator final : public Communicator {
 
   absl::Status Barrier() override {
     std::vector<torch::Tensor> out;
-    if (!Exchange(torch::zeros({1}), [](const std::vector<torch::Tensor>&) {
-          return std::vector<torch::Tensor>{};
-        }, &out)) {
+    if (!Exchange(
+            torch::zeros({1}),
+            [](const std::vector<torch::Tensor>&) {
+              return std::vector<torch::Tensor>{};
+            },
+            &out)) {
       return absl::DeadlineExceededError("barrier timed out");
     }
     return absl::OkStatus();
@@ -106,7 +124,8 @@ class InProcessCommunicator final : public Communicator {
                 const std::function<std::vector<torch::Tensor>(
                     const std::vector<torch::Tensor>&)>& combine,
                 std::vector<torch::Tensor>* results) {
-    return group_->Exchange(rank_, contribution.detach().clone(), combine, results);
+    return group_->Exchange(rank_, contribution.detach().clone(), combine,
+                            results);
   }
   std::unique_ptr<CommWork> Ok() {
     return std::make_unique<DoneWork>(absl::OkStatus());
@@ -131,11 +150,10 @@ std::unique_ptr<Communicator> InProcessGroup::ForRank(int64_t rank) {
   return std::make_unique<InProcessCommunicator>(this, rank);
 }
 
-bool InProcessGroup::Exchange(
-    int64_t rank, torch::Tensor contribution,
-    const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>&
-        combine,
-    std::vector<torch::Tensor>* results) {
+bool InProcessGroup::Exchange(int64_t rank, torch::Tensor contribution,
+                              const std::function<std::vector<torch::Tensor>(
+                                  const std::vector<torch::Tensor>&)>& combine,
+                              std::vector<torch::Tensor>* results) {
   std::unique_lock<std::mutex> lock(mutex_);
   const int64_t generation = generation_;
   contributions_[rank] = std::move(contribution);

@@ -19,8 +19,9 @@ namespace shardtrain {
 
 class InProcessGroup {
  public:
-  explicit InProcessGroup(int64_t world_size,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  explicit InProcessGroup(
+      int64_t world_size,
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // The communicator of `rank`; the group must outlive it.
   std::unique_ptr<Communicator> ForRank(int64_t rank);
 

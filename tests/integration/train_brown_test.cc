@@ -1,5 +1,6 @@
 // End to end: prepare the Brown Corpus with the CLI, train gpt2-tiny on it
 // with shardtrain-train for a few hundred steps, and check that it learns.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -7,8 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "worker/engine/train/step_metrics.h"
 
@@ -21,7 +20,8 @@ int RunCommand(const std::string& command, std::string* output) {
   if (pipe == nullptr) return -1;
   char buffer[4096];
   size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    output->append(buffer, n);
   const int status = pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -29,38 +29,46 @@ int RunCommand(const std::string& command, std::string* output) {
 TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
   const std::string dir =
-      (fs::temp_directory_path() / ("shardtrain_brown_e2e_" + std::to_string(::getpid())))
+      (fs::temp_directory_path() /
+       ("shardtrain_brown_e2e_" + std::to_string(::getpid())))
           .string();
   fs::remove_all(dir);
 
   std::string output;
-  ASSERT_EQ(RunCommand(bin + "shardtrain data prepare --corpus brown --out " + dir + "/data",
+  ASSERT_EQ(RunCommand(bin + "shardtrain data prepare --corpus brown --out " +
+                           dir + "/data",
                        &output),
             0)
       << output;
 
   output.clear();
-  ASSERT_EQ(RunCommand(bin + "shardtrain-train --model gpt2-tiny --data " + dir +
-                           "/data --batch-size 8 --seq-len 128 --max-steps 300 "
-                           "--lr 1e-3 --warmup-steps 20 --eval-every 150 --eval-steps 10 "
-                           "--log-every 50 --out " + dir + "/run",
-                       &output),
-            0)
+  ASSERT_EQ(
+      RunCommand(
+          bin + "shardtrain-train --model gpt2-tiny --data " + dir +
+              "/data --batch-size 8 --seq-len 128 --max-steps 300 "
+              "--lr 1e-3 --warmup-steps 20 --eval-every 150 --eval-steps 10 "
+              "--log-every 50 --out " +
+              dir + "/run",
+          &output),
+      0)
       << output;
   std::cout << output;
 
   std::ifstream metrics(dir + "/run/metrics.jsonl");
   std::vector<StepMetrics> steps;
   std::string line;
-  while (std::getline(metrics, line)) steps.push_back(*StepMetrics::FromJson(line));
+  while (std::getline(metrics, line))
+    steps.push_back(*StepMetrics::FromJson(line));
   ASSERT_EQ(steps.size(), 300u);
 
   const double initial = std::log(50257.0);  // uniform prediction
   EXPECT_NEAR(steps.front().loss, initial, 0.3);
   double last_ten = 0;
-  for (size_t i = steps.size() - 10; i < steps.size(); ++i) last_ten += steps[i].loss;
+  for (size_t i = steps.size() - 10; i < steps.size(); ++i)
+    last_ten += steps[i].loss;
   last_ten /= 10;
-  EXPECT_LT(last_ten, 0.7 * initial) << "train loss did not fall well below ln(V)";
+  EXPECT_LT(last_ten, 0.7 * initial)
+      << "train loss did not fall well below ln(V)";
   ASSERT_GE(steps.back().val_loss, 0);
   EXPECT_LT(steps.back().val_loss, 0.75 * initial) << "val loss did not fall";
   EXPECT_LT(steps.back().val_loss, steps[149].val_loss) << "val loss rose";

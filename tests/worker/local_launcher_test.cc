@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <sstream>
 #include <string>
 
@@ -113,11 +114,22 @@ TEST(LocalLauncherTest, RankKilledBySignalIsReportedByName) {
 }
 
 TEST(LocalLauncherTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  const std::string ready =
+      testing::TempDir() + "launcher_trap_set_" + std::to_string(getpid());
+  std::remove(ready.c_str());
   const std::chrono::milliseconds grace(300);
+  // Rank 1 fails only once rank 0 ignores SIGTERM.
   Launched l = Launch(2,
-                      "if [ \"$RANK\" = 1 ]; then exit 1; fi; "
-                      "trap '' TERM; sleep 30",
+                      "if [ \"$RANK\" = 1 ]; then "
+                      "  while [ ! -e " +
+                          ready +
+                          " ]; do sleep 0.01; done; "
+                          "  exit 1; "
+                          "fi; "
+                          "trap '' TERM; touch " +
+                          ready + "; sleep 30",
                       grace);
+  std::remove(ready.c_str());
 
   ASSERT_TRUE(l.result.ok()) << l.result.status();
   EXPECT_EQ(l.result->first_failure.rank, 1);

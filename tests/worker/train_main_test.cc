@@ -1,4 +1,5 @@
 // shardtrain-train as a user meets it: flags, YAML, exit codes, messages.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -6,8 +7,6 @@
 #include <fstream>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "worker/engine/data/token_file.h"
 
@@ -21,14 +20,15 @@ struct Result {
 };
 
 Result RunTrain(const std::string& args) {
-  const std::string command =
-      std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train " + args + " 2>&1";
+  const std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
+                              "/bin/shardtrain-train " + args + " 2>&1";
   Result result{-1, ""};
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
   char buffer[4096];
   size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    result.output.append(buffer, n);
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
@@ -37,9 +37,10 @@ Result RunTrain(const std::string& args) {
 class TrainMainTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((fs::temp_directory_path() /
-                            ("shardtrain_train_main_" + std::to_string(::getpid())))
-                               .string());
+    dir_ = new std::string(
+        (fs::temp_directory_path() /
+         ("shardtrain_train_main_" + std::to_string(::getpid())))
+            .string());
     fs::remove_all(*dir_);
     fs::create_directories(*dir_ + "/data");
     std::mt19937 rng(1);
@@ -56,9 +57,10 @@ class TrainMainTest : public testing::Test {
 std::string* TrainMainTest::dir_ = nullptr;
 
 TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
-  Result r = RunTrain("--model gpt2-tiny --data " + Data() +
-                 " --batch-size 2 --seq-len 32 --max-steps 3 --eval-steps 2 --out " +
-                 Out("ok"));
+  Result r = RunTrain(
+      "--model gpt2-tiny --data " + Data() +
+      " --batch-size 2 --seq-len 32 --max-steps 3 --eval-steps 2 --out " +
+      Out("ok"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 1/3 | loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
@@ -68,9 +70,10 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   EXPECT_TRUE(fs::exists(Out("ok") + "/model.bin"));
 
   // The written model evaluates with --eval-only --init-from.
-  Result eval = RunTrain("--model gpt2-tiny --data " + Data() +
-                    " --batch-size 2 --seq-len 32 --eval-only --eval-steps 2 --init-from " +
-                    Out("ok") + "/model.bin");
+  Result eval = RunTrain(
+      "--model gpt2-tiny --data " + Data() +
+      " --batch-size 2 --seq-len 32 --eval-only --eval-steps 2 --init-from " +
+      Out("ok") + "/model.bin");
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   EXPECT_EQ(eval.output.rfind("val_loss ", 0), 0u) << eval.output;
 }
@@ -113,13 +116,16 @@ TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
   const std::string out = Out("bad_data");
   Result missing = RunTrain("--data /nonexistent/dir --out " + out);
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos)
+      << missing.output;
   EXPECT_FALSE(fs::exists(out));
 
   std::ofstream(Out("garbage.bin")) << "not a model";
-  Result bad_init = RunTrain("--data " + Data() + " --init-from " + Out("garbage.bin"));
+  Result bad_init =
+      RunTrain("--data " + Data() + " --init-from " + Out("garbage.bin"));
   EXPECT_EQ(bad_init.exit_code, 1);
-  EXPECT_NE(bad_init.output.find("init_from"), std::string::npos) << bad_init.output;
+  EXPECT_NE(bad_init.output.find("init_from"), std::string::npos)
+      << bad_init.output;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "worker/engine/comm/c10d_communicator.h"
 
+#include <signal.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -462,16 +463,18 @@ std::unique_ptr<CommWork> Issue(const std::shared_ptr<Shared>& shared,
 // C10dCommunicator
 
 C10dCommunicator::C10dCommunicator(int64_t rank, int64_t world_size,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout,
+                                   HeartbeatOptions heartbeat)
     : rank_(rank),
       world_size_(world_size),
       timeout_(timeout),
+      heartbeat_(heartbeat),
       shared_(std::make_shared<Shared>(rank, timeout)),
       groups_(std::make_unique<Groups>()) {}
 
 absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
     const DistEnv& env, std::chrono::milliseconds timeout, torch::Device device,
-    HeartbeatOptions heartbeat) {
+    C10dOptions options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", env.rank, " is not in a world of size ", env.world_size));
@@ -486,15 +489,26 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
         "this build has no CUDA: NCCL is unavailable; use a cpu device");
   }
 #endif
-  std::unique_ptr<C10dCommunicator> comm(
-      new C10dCommunicator(env.rank, env.world_size, timeout));
+  std::unique_ptr<C10dCommunicator> comm(new C10dCommunicator(
+      env.rank, env.world_size, timeout, options.heartbeat));
   const std::string where = absl::StrCat(env.master_addr, ":", env.master_port);
   Groups& groups = *comm->groups_;
-  const Clock::time_point deadline = Clock::now() + timeout;
+  // Gloo writes with writev(), which raises SIGPIPE when a peer is gone.
+  struct sigaction pipe_action {};
+  if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 &&
+      pipe_action.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+  const std::chrono::milliseconds rendezvous_timeout =
+      options.rendezvous_timeout > std::chrono::milliseconds(0)
+          ? options.rendezvous_timeout
+          : timeout;
+  const Clock::time_point deadline = Clock::now() + rendezvous_timeout;
   absl::Status joined;
   try {
     groups.store = c10::make_intrusive<c10d::TCPStore>(
-        env.master_addr, StoreOptions(env.master_port, env.rank == 0, timeout));
+        env.master_addr,
+        StoreOptions(env.master_port, env.rank == 0, rendezvous_timeout));
     joined = Rendezvous(*groups.store, env.world_size, deadline);
   } catch (...) {
     const std::string error = ErrorText(std::current_exception());
@@ -507,14 +521,15 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
         absl::StrFormat("rendezvous of rank %d of %d at %s (MASTER_ADDR:"
                         "MASTER_PORT) failed within %.1f s: %s",
                         env.rank, env.world_size, where,
-                        timeout.count() / 1000.0, joined.message()));
+                        rendezvous_timeout.count() / 1000.0, joined.message()));
   }
   try {
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(GlooDevice(env.master_addr));
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_options->devices.push_back(GlooDevice(env.master_addr));
     groups.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", groups.store),
-        static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
+        static_cast<int>(env.rank), static_cast<int>(env.world_size),
+        gloo_options);
 #ifdef SHARDTRAIN_WITH_CUDA
     if (device.is_cuda()) {
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
@@ -531,7 +546,7 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
     std::lock_guard<std::mutex> lock(comm->shared_->mutex);
     comm->shared_->monitor = std::make_shared<HeartbeatMonitor>(
         std::make_unique<TcpHeartbeatStore>(std::move(heartbeat_store)),
-        env.rank, env.world_size, heartbeat);
+        env.rank, env.world_size, options.heartbeat);
   } catch (...) {
     return absl::UnavailableError(absl::StrCat(
         "rank ", env.rank, " could not set up its process groups via ", where,
@@ -543,13 +558,71 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
 
 C10dCommunicator::~C10dCommunicator() {
   side_thread_.reset();
-  groups_.reset();
-  // Stop the heartbeat now rather than when the last work handle goes: a
-  // Diagnose() still running holds its own reference and finishes first.
+  // Leave the process groups first, so that peers still in a collective
+  // with us fail at once instead of timing out.
+  groups_->gloo.reset();
+#ifdef SHARDTRAIN_WITH_CUDA
+  groups_->nccl.reset();
+#endif
   std::shared_ptr<HeartbeatMonitor> monitor;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     monitor = std::move(shared_->monitor);
+  }
+  const bool joined = monitor != nullptr;  // Create() got to the end
+  monitor.reset();
+  // LibTorch 1.13's store client misbehaves when its server goes away under
+  // it (a background thread spins on the closed socket, or aborts the
+  // process on a reset one), so rank 0 keeps the store up until the others
+  // have closed their connections.
+  if (!joined) {
+    // Nobody counts on us yet.
+  } else if (rank_ == 0) {
+    AwaitDepartures();
+  } else {
+    try {
+      groups_->store->set(DepartureKey(rank_), std::vector<uint8_t>{1});
+    } catch (...) {
+      // The store is gone already; nobody is waiting.
+    }
+  }
+  groups_.reset();
+}
+
+std::string C10dCommunicator::DepartureKey(int64_t rank) {
+  return absl::StrCat("shardtrain/left/", rank);
+}
+
+void C10dCommunicator::AwaitDepartures() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (shared_->lost.has_value()) return;  // the group broke; don't linger
+  }
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  // A rank that has not left but whose heartbeat is this old is dead.
+  const int64_t stale_ms = heartbeat_.stale_after.count() + 1000;
+  try {
+    std::vector<int64_t> pending;
+    for (int64_t r = 1; r < world_size_; ++r) pending.push_back(r);
+    while (!pending.empty() && Clock::now() < deadline) {
+      const int64_t unix_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::vector<int64_t> still;
+      for (int64_t r : pending) {
+        if (groups_->store->check({DepartureKey(r)})) continue;
+        const int64_t beat = groups_->store->add(HeartbeatMonitor::Key(r), 0);
+        if (unix_ms - beat > stale_ms) continue;
+        still.push_back(r);
+      }
+      pending = std::move(still);
+      if (!pending.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (...) {
+    // Our own store failing is no reason to keep the process.
   }
 }
 

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "worker/engine/comm/communicator.h"
@@ -33,19 +34,31 @@ class Groups;      // the c10d store and process groups
 class SideThread;  // runs the Gloo reduce_scatter rings in issue order
 }  // namespace c10d_internal
 
+struct C10dOptions {
+  // How long Create() waits for all ranks to arrive; 0: the collective
+  // timeout.
+  std::chrono::milliseconds rendezvous_timeout{0};
+  HeartbeatOptions heartbeat;
+};
+
 class C10dCommunicator final : public Communicator {
  public:
   // Joins the group described by `env`: rank 0 hosts the store and every
-  // rank waits up to `timeout` for all world_size ranks to arrive
-  // (DeadlineExceeded naming the address otherwise). `timeout` then bounds
-  // every collective. `device` is where this rank's tensors live: a CUDA
-  // device adds an NCCL group for CUDA tensors; CPU tensors always use Gloo.
+  // rank waits for all world_size ranks to arrive (DeadlineExceeded naming
+  // the address and how many arrived otherwise). `timeout` bounds every
+  // collective. `device` is where this rank's tensors live: a CUDA device
+  // adds an NCCL group for CUDA tensors; CPU tensors always use Gloo.
+  //
+  // Ignores SIGPIPE for the whole process (as Python does for PyTorch):
+  // Gloo writes to sockets whose peer may be gone and handles the error.
   static absl::StatusOr<std::unique_ptr<C10dCommunicator>> Create(
       const DistEnv& env, std::chrono::milliseconds timeout,
-      torch::Device device, HeartbeatOptions heartbeat = {});
+      torch::Device device, C10dOptions options = {});
 
-  // Finishes queued emulated collectives, then leaves the group. Works
-  // returned by this communicator must not be waited on afterwards.
+  // Finishes queued emulated collectives, then leaves the group. Rank 0,
+  // which hosts the store, waits (at most `timeout`) until the other ranks
+  // have left or stopped heartbeating before closing it. Works returned by
+  // this communicator must not be waited on afterwards.
   ~C10dCommunicator() override;
   C10dCommunicator(const C10dCommunicator&) = delete;
   C10dCommunicator& operator=(const C10dCommunicator&) = delete;
@@ -68,11 +81,20 @@ class C10dCommunicator final : public Communicator {
 
  private:
   C10dCommunicator(int64_t rank, int64_t world_size,
-                   std::chrono::milliseconds timeout);
+                   std::chrono::milliseconds timeout,
+                   HeartbeatOptions heartbeat);
+
+  // Rank r sets this store key when it has closed everything but its main
+  // store connection.
+  static std::string DepartureKey(int64_t rank);
+  // Rank 0, before closing the store: waits until every other rank has left
+  // or stopped heartbeating, at most `timeout`.
+  void AwaitDepartures();
 
   const int64_t rank_;
   const int64_t world_size_;
   const std::chrono::milliseconds timeout_;
+  const HeartbeatOptions heartbeat_;
   // Members in dependency order; destruction runs bottom-up.
   std::shared_ptr<c10d_internal::Shared> shared_;
   std::unique_ptr<c10d_internal::Groups> groups_;

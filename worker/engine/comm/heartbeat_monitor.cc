@@ -1,8 +1,11 @@
 #include "worker/engine/comm/heartbeat_monitor.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -10,13 +13,15 @@
 namespace shardtrain {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-double Seconds(std::chrono::steady_clock::duration d) {
+double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
@@ -39,158 +44,219 @@ std::string HeartbeatDiagnosis::ToString() const {
                       absl::StrJoin(silences, ", "), ")");
 }
 
+class HeartbeatMonitor::Core {
+ public:
+  Core(std::unique_ptr<HeartbeatStore> store, int64_t rank, int64_t world_size,
+       HeartbeatOptions options)
+      : store_(std::move(store)),
+        rank_(rank),
+        world_size_(world_size),
+        options_(options),
+        observations_(world_size) {}
+
+  // The thread's body: beats every `interval` and, while someone is in
+  // Diagnose(), polls the other ranks' heartbeats several times per beat.
+  void Run() {
+    const auto poll_every =
+        std::max(options_.interval / 4, std::chrono::milliseconds(10));
+    Clock::time_point next_beat = Clock::now();
+    Clock::time_point next_poll = Clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      const Clock::time_point now = Clock::now();
+      const bool beat = now >= next_beat;
+      const bool poll = watchers_ > 0 && now >= next_poll;
+      if (beat || poll) {
+        lock.unlock();
+        Tick(beat, poll);
+        lock.lock();
+        if (beat) next_beat = now + options_.interval;
+        if (poll) next_poll = Clock::now() + poll_every;
+        cv_.notify_all();
+        continue;
+      }
+      const Clock::time_point wake =
+          watchers_ > 0 ? std::min(next_beat, next_poll) : next_beat;
+      const int watchers = watchers_;
+      cv_.wait_until(lock, wake, [&] { return stop_ || watchers_ > watchers; });
+    }
+    exited_ = true;
+    cv_.notify_all();
+  }
+
+  // Asks the thread to stop; true when it has. Store calls take
+  // microseconds, so one still running after a whole interval (at least
+  // 100 ms) is hung on a frozen host and is not waited for.
+  bool Stop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stop_ = true;
+    cv_.notify_all();
+    return cv_.wait_for(
+        lock, std::max(options_.interval, std::chrono::milliseconds(100)),
+        [&] { return exited_; });
+  }
+
+  HeartbeatDiagnosis Diagnose() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (watchers_++ == 0) {
+      watch_start_ = Clock::now();
+      observations_.assign(world_size_, Observation{});
+      store_error_.clear();
+    }
+    cv_.notify_all();
+    // Alive ranks show a new beat within `interval`; lost ones are known
+    // after `stale_after`. The slack covers a poll in progress.
+    const Clock::time_point deadline =
+        watch_start_ + options_.stale_after + 2 * options_.interval;
+    // Re-checked on a short period too: when the thread hangs in a store
+    // call nobody notifies, yet silence itself is the answer.
+    for (Clock::time_point now = Clock::now(); !Resolved(now) && now < deadline;
+         now = Clock::now()) {
+      cv_.wait_until(lock,
+                     std::min(deadline, now + std::chrono::milliseconds(20)));
+    }
+    HeartbeatDiagnosis diagnosis = Conclude(Clock::now());
+    --watchers_;
+    return diagnosis;
+  }
+
+ private:
+  struct Observation {
+    bool seen = false;        // a first value was read during this watch
+    int64_t first_value = 0;  // that value: a rank is alive once it changes
+    int64_t last_value = 0;   // wall-clock ms of its latest heartbeat (0: none)
+    Clock::time_point first_seen;
+    bool alive = false;
+  };
+
+  // One round with the store, outside the lock: beat if due, poll the
+  // others while watched.
+  void Tick(bool beat, bool poll) {
+    std::string error;
+    if (beat) {
+      if (absl::Status s = store_->Set(Key(rank_), UnixMillis()); !s.ok()) {
+        error = std::string(s.message());
+      }
+    }
+    if (poll && error.empty()) {
+      std::vector<int64_t> values(world_size_, 0);
+      for (int64_t r = 0; r < world_size_ && error.empty(); ++r) {
+        if (r == rank_) continue;
+        absl::StatusOr<int64_t> value = store_->Get(Key(r));
+        if (value.ok()) {
+          values[r] = *value;
+        } else {
+          error = std::string(value.status().message());
+        }
+      }
+      if (error.empty()) Observe(values);
+    }
+    if (!error.empty()) {
+      // Errors matter only while someone asks; a store that goes away after
+      // rank 0 has finished cleanly is not news.
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (watchers_ > 0 && store_error_.empty()) store_error_ = error;
+    }
+  }
+
+  void Observe(const std::vector<int64_t>& values) {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      Observation& o = observations_[r];
+      if (!o.seen) {
+        o.seen = true;
+        o.first_value = values[r];
+        o.first_seen = now;
+      } else if (values[r] != o.first_value) {
+        o.alive = true;
+      }
+      o.last_value = values[r];
+    }
+  }
+
+  bool Resolved(Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (!store_error_.empty()) return true;
+    for (int64_t r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const Observation& o = observations_[r];
+      if (o.alive) continue;
+      // Lost, or (never seen) the store has not answered for as long.
+      const Clock::time_point since = o.seen ? o.first_seen : watch_start_;
+      if (now - since >= options_.stale_after) continue;
+      return false;
+    }
+    return true;
+  }
+
+  HeartbeatDiagnosis Conclude(Clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    HeartbeatDiagnosis diagnosis;
+    if (!store_error_.empty()) {
+      diagnosis.store_lost = true;
+      diagnosis.store_error = store_error_;
+      return diagnosis;
+    }
+    const int64_t unix_now = UnixMillis();
+    for (int64_t r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const Observation& o = observations_[r];
+      if (!o.seen) {
+        // The thread is stuck in a store call: the store's host does not
+        // answer.
+        diagnosis.store_lost = true;
+        diagnosis.store_error = absl::StrFormat("no answer for %.1f s",
+                                                Seconds(now - watch_start_));
+        diagnosis.lost.clear();
+        return diagnosis;
+      }
+      if (o.alive) continue;
+      double silent = Seconds(now - o.first_seen);
+      if (o.last_value > 0) {
+        silent = std::max(silent, (unix_now - o.last_value) / 1000.0);
+      }
+      diagnosis.lost.push_back({r, silent});
+    }
+    return diagnosis;
+  }
+
+  const std::unique_ptr<HeartbeatStore> store_;
+  const int64_t rank_;
+  const int64_t world_size_;
+  const HeartbeatOptions options_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  bool exited_ ABSL_GUARDED_BY(mutex_) = false;
+  int watchers_ ABSL_GUARDED_BY(mutex_) = 0;
+  Clock::time_point watch_start_ ABSL_GUARDED_BY(mutex_);
+  std::vector<Observation> observations_ ABSL_GUARDED_BY(mutex_);
+  // The first store error since the watch started (empty: none).
+  std::string store_error_ ABSL_GUARDED_BY(mutex_);
+};
+
 HeartbeatMonitor::HeartbeatMonitor(std::unique_ptr<HeartbeatStore> store,
                                    int64_t rank, int64_t world_size,
                                    HeartbeatOptions options)
-    : store_(std::move(store)),
-      rank_(rank),
-      world_size_(world_size),
-      options_(options),
-      observations_(world_size),
-      thread_([this] { Run(); }) {}
+    : core_(
+          std::make_shared<Core>(std::move(store), rank, world_size, options)),
+      thread_([core = core_] { core->Run(); }) {}
 
 HeartbeatMonitor::~HeartbeatMonitor() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+  if (core_->Stop()) {
+    thread_.join();
+  } else {
+    thread_.detach();  // it owns a reference to the core
   }
-  cv_.notify_all();
-  thread_.join();
 }
 
 std::string HeartbeatMonitor::Key(int64_t rank) {
   return absl::StrCat("shardtrain/heartbeat/", rank);
 }
 
-void HeartbeatMonitor::Run() {
-  // Polls several times per beat while watched, so a change is seen soon
-  // after it happens.
-  const auto poll_every =
-      std::max(options_.interval / 4, std::chrono::milliseconds(10));
-  Clock::time_point next_beat = Clock::now();
-  Clock::time_point next_poll = Clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    const Clock::time_point now = Clock::now();
-    const bool beat = now >= next_beat;
-    const bool poll = watchers_ > 0 && now >= next_poll;
-    if (beat || poll) {
-      lock.unlock();
-      Tick(beat, poll);
-      lock.lock();
-      if (beat) next_beat = now + options_.interval;
-      if (poll) next_poll = Clock::now() + poll_every;
-      cv_.notify_all();
-      continue;
-    }
-    const Clock::time_point wake =
-        watchers_ > 0 ? std::min(next_beat, next_poll) : next_beat;
-    const int watchers = watchers_;
-    cv_.wait_until(lock, wake, [&] { return stop_ || watchers_ > watchers; });
-  }
-}
-
-void HeartbeatMonitor::Tick(bool beat, bool poll) {
-  std::string error;
-  if (beat) {
-    if (absl::Status s = store_->Set(Key(rank_), UnixMillis()); !s.ok()) {
-      error = std::string(s.message());
-    }
-  }
-  if (poll && error.empty()) {
-    std::vector<int64_t> values(world_size_, 0);
-    for (int64_t r = 0; r < world_size_ && error.empty(); ++r) {
-      if (r == rank_) continue;
-      absl::StatusOr<int64_t> value = store_->Get(Key(r));
-      if (value.ok()) {
-        values[r] = *value;
-      } else {
-        error = std::string(value.status().message());
-      }
-    }
-    if (error.empty()) {
-      const Clock::time_point now = Clock::now();
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (int64_t r = 0; r < world_size_; ++r) {
-        if (r == rank_) continue;
-        Observation& o = observations_[r];
-        if (!o.seen) {
-          o.seen = true;
-          o.first_value = values[r];
-          o.first_seen = now;
-        } else if (values[r] != o.first_value) {
-          o.alive = true;
-        }
-        o.last_value = values[r];
-      }
-    }
-  }
-  if (!error.empty()) {
-    // Errors matter only while someone asks; a store that goes away after a
-    // clean shutdown of rank 0 is not news.
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (watchers_ > 0 && store_error_.empty()) store_error_ = error;
-  }
-}
-
-bool HeartbeatMonitor::Resolved(Clock::time_point now) const {
-  if (!store_error_.empty()) return true;
-  for (int64_t r = 0; r < world_size_; ++r) {
-    if (r == rank_) continue;
-    const Observation& o = observations_[r];
-    if (o.alive) continue;
-    if (o.seen && now - o.first_seen >= options_.stale_after) continue;
-    return false;
-  }
-  return true;
-}
-
-HeartbeatDiagnosis HeartbeatMonitor::Conclude(Clock::time_point now) const {
-  HeartbeatDiagnosis diagnosis;
-  if (!store_error_.empty()) {
-    diagnosis.store_lost = true;
-    diagnosis.store_error = store_error_;
-    return diagnosis;
-  }
-  const int64_t unix_now = UnixMillis();
-  for (int64_t r = 0; r < world_size_; ++r) {
-    if (r == rank_) continue;
-    const Observation& o = observations_[r];
-    if (!o.seen) {
-      // The heartbeat thread is stuck in a store call: the store's host is
-      // not answering.
-      diagnosis.store_lost = true;
-      diagnosis.store_error =
-          absl::StrFormat("no answer for %.1f s", Seconds(now - watch_start_));
-      diagnosis.lost.clear();
-      return diagnosis;
-    }
-    if (o.alive) continue;
-    double silent = Seconds(now - o.first_seen);
-    if (o.last_value > 0) {
-      silent = std::max(silent, (unix_now - o.last_value) / 1000.0);
-    }
-    diagnosis.lost.push_back({r, silent});
-  }
-  return diagnosis;
-}
-
-HeartbeatDiagnosis HeartbeatMonitor::Diagnose() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (watchers_++ == 0) {
-    watch_start_ = Clock::now();
-    observations_.assign(world_size_, Observation{});
-    store_error_.clear();
-  }
-  cv_.notify_all();
-  // Alive ranks show a new beat within `interval`; lost ones are known after
-  // `stale_after`. The slack covers a poll in progress.
-  const Clock::time_point deadline =
-      watch_start_ + options_.stale_after + 2 * options_.interval;
-  cv_.wait_until(lock, deadline, [&] { return Resolved(Clock::now()); });
-  HeartbeatDiagnosis diagnosis = Conclude(Clock::now());
-  --watchers_;
-  return diagnosis;
-}
+HeartbeatDiagnosis HeartbeatMonitor::Diagnose() { return core_->Diagnose(); }
 
 }  // namespace shardtrain

@@ -13,15 +13,12 @@
 #define SHARDTRAIN_WORKER_ENGINE_COMM_HEARTBEAT_MONITOR_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -69,7 +66,10 @@ class HeartbeatMonitor {
   // Starts beating at once. `store` is used only by the monitor's thread.
   HeartbeatMonitor(std::unique_ptr<HeartbeatStore> store, int64_t rank,
                    int64_t world_size, HeartbeatOptions options = {});
-  // Stops and joins the thread (waits for a store call in progress).
+  // Stops the thread. A store call in progress normally returns at once; one
+  // that hangs (a frozen store host: c10d's client has no receive timeout)
+  // is not waited for beyond `interval`: the thread is then left to end with
+  // that call, keeping its own state alive until it does.
   ~HeartbeatMonitor();
   HeartbeatMonitor(const HeartbeatMonitor&) = delete;
   HeartbeatMonitor& operator=(const HeartbeatMonitor&) = delete;
@@ -83,38 +83,10 @@ class HeartbeatMonitor {
   HeartbeatDiagnosis Diagnose();
 
  private:
-  using Clock = std::chrono::steady_clock;
-  struct Observation {
-    bool seen = false;        // a first value was read during this watch
-    int64_t first_value = 0;  // that value: a rank is alive once it changes
-    int64_t last_value = 0;   // wall-clock ms of its latest heartbeat (0: none)
-    Clock::time_point first_seen;
-    bool alive = false;
-  };
+  class Core;  // everything the thread touches, shared with it
 
-  void Run();
-  // One round with the store: beat if due, poll the others while watched.
-  void Tick(bool beat, bool poll);
-  bool Resolved(Clock::time_point now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  HeartbeatDiagnosis Conclude(Clock::time_point now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-
-  const std::unique_ptr<HeartbeatStore> store_;
-  const int64_t rank_;
-  const int64_t world_size_;
-  const HeartbeatOptions options_;
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
-  int watchers_ ABSL_GUARDED_BY(mutex_) = 0;
-  Clock::time_point watch_start_ ABSL_GUARDED_BY(mutex_);
-  std::vector<Observation> observations_ ABSL_GUARDED_BY(mutex_);
-  // The first store error since the watch started (empty: none).
-  std::string store_error_ ABSL_GUARDED_BY(mutex_);
-
-  std::thread thread_;  // last: started after everything it uses
+  std::shared_ptr<Core> core_;
+  std::thread thread_;
 };
 
 }  // namespace shardtrain

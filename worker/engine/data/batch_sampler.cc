@@ -30,9 +30,8 @@ absl::StatusOr<BatchSampler> BatchSampler::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "batch sampler needs positive seq_len, batch, world size and "
         "grad_accum; got seq_len=",
-        options.seq_len, " batch=", options.local_batch,
-        " world_size=", options.world_size,
-        " grad_accum=", options.grad_accum));
+        options.seq_len, " batch=", options.local_batch, " world_size=",
+        options.world_size, " grad_accum=", options.grad_accum));
   }
   BatchSampler sampler(options);
   if (sampler.steps_per_epoch_ == 0) {

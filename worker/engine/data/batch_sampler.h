@@ -32,7 +32,8 @@ struct BatchSamplerOptions {
 class BatchSampler {
  public:
   // Fails when the stream cannot fill one optimizer step.
-  static absl::StatusOr<BatchSampler> Create(const BatchSamplerOptions& options);
+  static absl::StatusOr<BatchSampler> Create(
+      const BatchSamplerOptions& options);
 
   int64_t num_windows() const { return num_windows_; }
   int64_t windows_per_step() const;

@@ -1,9 +1,9 @@
 #include "worker/engine/train/adamw.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 #include <map>
-
-#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,8 +31,8 @@ void AdamW::Step(double lr) {
     if (!grad.defined()) continue;
     if (slot.weight_decay != 0) slot.param.mul_(1 - lr * slot.weight_decay);
     slot.exp_avg.mul_(options_.beta1).add_(grad, 1 - options_.beta1);
-    slot.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad,
-                                                   1 - options_.beta2);
+    slot.exp_avg_sq.mul_(options_.beta2)
+        .addcmul_(grad, grad, 1 - options_.beta2);
     torch::Tensor denom =
         (slot.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options_.eps);
     slot.param.addcdiv_(slot.exp_avg, denom, -step_size);
@@ -54,8 +54,7 @@ int64_t AdamW::StateBytes() const {
   return bytes;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors()
-    const {
+std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> state;
   state.emplace_back("step", torch::tensor(step_, torch::kInt64));
   for (size_t i = 0; i < slots_.size(); ++i) {

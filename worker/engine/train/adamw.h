@@ -4,11 +4,11 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 

@@ -30,9 +30,8 @@ absl::StatusOr<std::string> CheckpointStore::Begin(int64_t step) {
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create checkpoint dir ", staging, ": ",
-                     ec.message()));
+    return absl::InternalError(absl::StrCat("cannot create checkpoint dir ",
+                                            staging, ": ", ec.message()));
   }
   return staging;
 }

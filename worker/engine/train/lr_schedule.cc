@@ -5,8 +5,8 @@
 
 namespace shardtrain {
 
-LrSchedule::LrSchedule(double max_lr, double min_lr_ratio,
-                       int64_t warmup_steps, int64_t total_steps)
+LrSchedule::LrSchedule(double max_lr, double min_lr_ratio, int64_t warmup_steps,
+                       int64_t total_steps)
     : max_lr_(max_lr),
       min_lr_(max_lr * min_lr_ratio),
       warmup_steps_(warmup_steps),

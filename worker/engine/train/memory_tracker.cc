@@ -1,11 +1,10 @@
 #include "worker/engine/train/memory_tracker.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <malloc.h>
+#include <torch/version.h>
 
 #include <atomic>
-
-#include <c10/core/CPUAllocator.h>
-#include <torch/version.h>
 #ifdef SHARDTRAIN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -19,7 +18,8 @@ class TrackingCpuAllocator final : public c10::Allocator {
  public:
   explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   c10::DataPtr allocate(size_t nbytes) override { return Allocate(nbytes); }
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);

@@ -7,9 +7,9 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_TRACKER_H_
 
-#include <cstdint>
-
 #include <torch/types.h>
+
+#include <cstdint>
 
 namespace shardtrain {
 

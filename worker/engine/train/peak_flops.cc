@@ -1,12 +1,12 @@
 #include "worker/engine/train/peak_flops.h"
 
+#include <torch/torch.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
-
-#include <torch/torch.h>
 #ifdef SHARDTRAIN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -22,10 +22,10 @@ namespace {
 std::filesystem::path CacheFile() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
-  std::filesystem::path dir = xdg != nullptr && *xdg != '\0'
-                                  ? std::filesystem::path(xdg)
-                                  : std::filesystem::path(home ? home : "/tmp") /
-                                        ".cache";
+  std::filesystem::path dir =
+      xdg != nullptr && *xdg != '\0'
+          ? std::filesystem::path(xdg)
+          : std::filesystem::path(home ? home : "/tmp") / ".cache";
   return dir / "shardtrain" / "peak_flops.json";
 }
 
@@ -76,8 +76,8 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device.is_cuda()) {
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) ==
-        cudaSuccess) {
+    if (cudaGetDeviceProperties(
+            &prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
       return GpuPeakFlops(prop.name, precision == "bf16");
     }
     return 0;
@@ -95,7 +95,8 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
       if (!cache.is_object()) cache = nlohmann::json::object();
     }
   }
-  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0) {
+  if (cache.contains(key) && cache[key].is_number() &&
+      cache[key].get<double>() > 0) {
     return cache[key].get<double>();
   }
   const double measured = MeasureCpuGemmFlops();

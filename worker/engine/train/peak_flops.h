@@ -7,9 +7,9 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_PEAK_FLOPS_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_PEAK_FLOPS_H_
 
-#include <string>
-
 #include <torch/types.h>
+
+#include <string>
 
 namespace shardtrain {
 

@@ -16,7 +16,7 @@ struct StepMetrics {
   int64_t total_steps = 0;
   int64_t epoch = 0;  // 0-based
   int64_t rank = 0;
-  double loss = 0;  // mean training loss of the step over all ranks
+  double loss = 0;       // mean training loss of the step over all ranks
   double grad_norm = 0;  // global, before clipping
   double lr = 0;
   double step_seconds = 0;
@@ -27,9 +27,9 @@ struct StepMetrics {
   int64_t memory_peak_bytes = 0;       // peak during the step
   int64_t memory_reserved_bytes = 0;
   int64_t model_state_bytes = 0;  // parameters + gradients + optimizer state
-  double comm_seconds = 0;  // time blocked on collectives
-  int64_t comm_bytes = 0;   // bytes sent through collectives
-  double val_loss = -1;     // < 0: no eval at this step
+  double comm_seconds = 0;        // time blocked on collectives
+  int64_t comm_bytes = 0;         // bytes sent through collectives
+  double val_loss = -1;           // < 0: no eval at this step
 
   // `step 12/500 | loss 5.4312 | norm 1.23 | lr 6.0e-04 | 312 ms |
   //  38.1% MFU | 52,410 tok/s | mem 1.2 GiB`

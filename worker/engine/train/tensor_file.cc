@@ -1,11 +1,11 @@
 #include "worker/engine/train/tensor_file.h"
 
+#include <torch/serialize.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-
-#include <torch/serialize.h>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -39,7 +39,8 @@ absl::Status SaveTensorFile(const std::string& path,
       dict.insert(name, tensor.detach().to(torch::kCPU));
     }
     const std::vector<char> bytes = torch::pickle_save(dict);
-    return WriteFileAtomically(path, std::string_view(bytes.data(), bytes.size()));
+    return WriteFileAtomically(path,
+                               std::string_view(bytes.data(), bytes.size()));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("saving ", path, ": ", e.what_without_backtrace()));

@@ -3,11 +3,11 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_
 
+#include <torch/types.h>
+
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,7 +16,8 @@ namespace shardtrain {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-absl::Status SaveTensorFile(const std::string& path, const NamedTensors& tensors);
+absl::Status SaveTensorFile(const std::string& path,
+                            const NamedTensors& tensors);
 absl::StatusOr<NamedTensors> LoadTensorFile(const std::string& path);
 
 // Writes `contents` to `path` through a temporary file in the same directory

@@ -209,9 +209,9 @@ absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
     try {
       it->second(entry.second, &updated);
     } catch (const YAML::Exception&) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config: key '", key, "' has a value of the wrong type: ",
-                       YAML::Dump(entry.second)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: key '", key,
+          "' has a value of the wrong type: ", YAML::Dump(entry.second)));
     }
   }
   *config = updated;

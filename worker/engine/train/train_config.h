@@ -42,9 +42,9 @@ struct TrainConfig {
   std::string device = "cpu";       // cpu | cuda | cuda:N
   std::string precision = "fp32";   // fp32 | bf16
   uint64_t seed = 1337;
-  int64_t threads = 0;      // intra-op CPU threads; 0 = cores / world size
-  double peak_flops = 0;    // MFU denominator; 0 = table (GPU) or measured
-  bool shuffle = true;      // shuffle training windows each epoch
+  int64_t threads = 0;    // intra-op CPU threads; 0 = cores / world size
+  double peak_flops = 0;  // MFU denominator; 0 = table (GPU) or measured
+  bool shuffle = true;    // shuffle training windows each epoch
 
   // Distributed strategies.
   double bucket_mb = 25;              // DDP gradient bucket size

@@ -1,6 +1,7 @@
 #include "worker/engine/train/trainer.h"
 
 #include <fcntl.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
-
-#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,10 +36,10 @@ double SecondsSince(Clock::time_point start) {
 nlohmann::json ResumeFingerprint(const TrainConfig& config,
                                  const Gpt2Config& model, int64_t world_size,
                                  int64_t total_steps) {
-  return {{"model", model.ToSpec()},         {"strategy", config.strategy},
-          {"world_size", world_size},        {"batch_size", config.batch_size},
-          {"seq_len", config.seq_len},       {"grad_accum", config.grad_accum},
-          {"seed", config.seed},             {"shuffle", config.shuffle},
+  return {{"model", model.ToSpec()},   {"strategy", config.strategy},
+          {"world_size", world_size},  {"batch_size", config.batch_size},
+          {"seq_len", config.seq_len}, {"grad_accum", config.grad_accum},
+          {"seed", config.seed},       {"shuffle", config.shuffle},
           {"total_steps", total_steps}};
 }
 
@@ -79,8 +78,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   const int64_t threads =
       config.threads > 0
           ? config.threads
-          : std::max<int64_t>(1, std::thread::hardware_concurrency() /
-                                     rank_info.world_size);
+          : std::max<int64_t>(
+                1, std::thread::hardware_concurrency() / rank_info.world_size);
   if (t.device_.is_cpu()) SetCpuComputeThreads(static_cast<int>(threads));
   RetainFreedHostMemory();
   MemoryTracker::Get();  // count every tensor from here on
@@ -135,7 +134,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     sampler_options.grad_accum = config.grad_accum;
     sampler_options.seed = config.seed;
     sampler_options.shuffle = config.shuffle;
-    absl::StatusOr<BatchSampler> sampler = BatchSampler::Create(sampler_options);
+    absl::StatusOr<BatchSampler> sampler =
+        BatchSampler::Create(sampler_options);
     if (!sampler.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data: ", sampler.status().message()));
@@ -158,9 +158,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (absl::Status s = t.strategy_->Setup(model); !s.ok()) return s;
 
   t.flops_per_token_ = t.model_config_.FlopsPerToken(config.seq_len);
-  t.peak_flops_ = config.peak_flops > 0
-                      ? config.peak_flops
-                      : PeakFlops(t.device_, config.precision, static_cast<int>(threads));
+  t.peak_flops_ = config.peak_flops > 0 ? config.peak_flops
+                                        : PeakFlops(t.device_, config.precision,
+                                                    static_cast<int>(threads));
   if (!config.out.empty()) t.checkpoints_.emplace(config.out);
   if (config.resume) {
     if (absl::Status s = t.Resume(); !s.ok()) return s;
@@ -251,16 +251,18 @@ absl::StatusOr<double> Trainer::Evaluate() {
       static_cast<int64_t>(val_tokens_->size()) / (window * global_batch);
   const int64_t batches = std::min(config_.eval_steps, available);
   if (batches == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "val.bin has ", val_tokens_->size(), " tokens, fewer than one eval batch (",
-        global_batch, " x ", window, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("val.bin has ", val_tokens_->size(),
+                     " tokens, fewer than one eval batch (", global_batch,
+                     " x ", window, ")"));
   }
   double sum = 0;
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> starts(config_.batch_size);
     for (int64_t i = 0; i < config_.batch_size; ++i) {
       starts[i] =
-          (b * global_batch + rank_info_.rank * config_.batch_size + i) * window;
+          (b * global_batch + rank_info_.rank * config_.batch_size + i) *
+          window;
     }
     auto [inputs, targets] = LoadBatch(*val_tokens_, starts);
     sum += strategy_->ForwardLoss(inputs, targets).item<double>();
@@ -282,10 +284,11 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
   if (rank_info_.rank == 0) {
     nlohmann::json state = {
         {"step", next_step},
-        {"fingerprint", ResumeFingerprint(config_, model_config_,
-                                          rank_info_.world_size, total_steps_)}};
-    if (absl::Status s = WriteFileAtomically(*dir + "/trainer.json",
-                                             state.dump(2) + "\n");
+        {"fingerprint",
+         ResumeFingerprint(config_, model_config_, rank_info_.world_size,
+                           total_steps_)}};
+    if (absl::Status s =
+            WriteFileAtomically(*dir + "/trainer.json", state.dump(2) + "\n");
         !s.ok()) {
       return s;
     }
@@ -304,7 +307,8 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
 absl::Status Trainer::Resume() {
   absl::StatusOr<std::string> dir = checkpoints_->Latest();
   if (absl::IsNotFound(dir.status())) {
-    Log(absl::StrCat("resume: ", dir.status().message(), "; starting at step 0"));
+    Log(absl::StrCat("resume: ", dir.status().message(),
+                     "; starting at step 0"));
     return absl::OkStatus();
   }
   if (!dir.ok()) return dir.status();
@@ -383,9 +387,9 @@ absl::Status Trainer::RunLoop() {
     const bool last_step = step + 1 == total_steps_;
     StepMetrics m = TrainStep(step);
 
-    if (val_tokens_ && ((config_.eval_every > 0 &&
-                         (step + 1) % config_.eval_every == 0) ||
-                        last_step)) {
+    if (val_tokens_ &&
+        ((config_.eval_every > 0 && (step + 1) % config_.eval_every == 0) ||
+         last_step)) {
       absl::StatusOr<double> val_loss = Evaluate();
       if (!val_loss.ok()) return val_loss.status();
       m.val_loss = *val_loss;

@@ -10,13 +10,13 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_TRAINER_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_TRAINER_H_
 
+#include <torch/types.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

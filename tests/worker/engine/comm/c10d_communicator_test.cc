@@ -55,6 +55,14 @@ DistEnv Env(int64_t rank, int64_t world, int port) {
   return env;
 }
 
+// Collectives may time out quickly, but joining is allowed the usual time:
+// a loaded machine can take seconds to start a peer process.
+C10dOptions Patient() {
+  C10dOptions options;
+  options.rendezvous_timeout = kTimeout;
+  return options;
+}
+
 // Runs fn(rank, communicator) for every rank on its own thread and joins.
 void RunGroup(int64_t world,
               const std::function<void(int64_t, C10dCommunicator&)>& fn,
@@ -64,7 +72,7 @@ void RunGroup(int64_t world,
   for (int64_t rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       auto comm = C10dCommunicator::Create(Env(rank, world, port), timeout,
-                                           torch::kCPU);
+                                           torch::kCPU, Patient());
       ASSERT_TRUE(comm.ok()) << comm.status();
       fn(rank, **comm);
     });
@@ -211,7 +219,7 @@ TEST_P(C10dCommunicatorTest, StatsCountContributedBytesAndBlockedSeconds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, C10dCommunicatorTest,
-                         testing::Values(2, 3),
+                         testing::Values(2, 3, 4),
                          [](const testing::TestParamInfo<int64_t>& info) {
                            return "World" + std::to_string(info.param);
                          });
@@ -389,7 +397,8 @@ TEST(C10dCommunicatorFailureTest, FrozenRankIsNamedAfterTheTimeout) {
   const int port = FreePort();
   const milliseconds timeout{2000};
   PeerProcess peer(/*rank=*/1, /*world=*/2, port);
-  auto comm = C10dCommunicator::Create(Env(0, 2, port), timeout, torch::kCPU);
+  auto comm = C10dCommunicator::Create(Env(0, 2, port), timeout, torch::kCPU,
+                                       Patient());
   ASSERT_TRUE(comm.ok()) << comm.status();
   torch::Tensor first = torch::ones({3});  // the peer's one all_reduce
   ASSERT_TRUE((*comm)->AllReduce(first)->Wait().ok());
@@ -430,26 +439,73 @@ TEST(C10dCommunicatorFailureTest, LostStoreHostIsNamedAsRankZero) {
   EXPECT_LT(took, 1.5);
 }
 
-}  // namespace
-}  // namespace shardtrain
-
-namespace shardtrain {
-namespace {
-TEST(C10dCommunicatorFailureTest, ScratchFrozenStoreHost) {
+TEST(C10dCommunicatorFailureTest, FrozenStoreHostIsNamedAsRankZero) {
   const int port = FreePort();
   const milliseconds timeout{2000};
   PeerProcess peer(/*rank=*/0, /*world=*/2, port);
-  auto comm = C10dCommunicator::Create(Env(1, 2, port), timeout, torch::kCPU);
+  auto comm = C10dCommunicator::Create(Env(1, 2, port), timeout, torch::kCPU,
+                                       Patient());
   ASSERT_TRUE(comm.ok()) << comm.status();
-  torch::Tensor first = torch::ones({3});
-  ASSERT_TRUE((*comm)->AllReduce(first)->Wait().ok());
+  torch::Tensor t = torch::ones({3});
+  ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
+
   peer.Signal(SIGSTOP);
   const Clock::time_point start = Clock::now();
-  absl::Status s = (*comm)->AllReduce(first)->Wait();
-  std::cout << "took " << SecondsSince(start) << " " << s << "\n";
+  absl::Status s = (*comm)->AllReduce(t)->Wait();
+  const double took = SecondsSince(start);
+
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("all_reduce timed out after 2.0 s on rank "
+                                     "1: rank 0 (the store host) lost (store "
+                                     "unreachable: no answer for "));
+  std::cout << "frozen store host named after " << took << " s: " << s.message()
+            << "\n";
+  EXPECT_LT(took, 2.0 + 3.0 + 0.5);
+  // The heartbeat thread is stuck on the frozen store; destruction does not
+  // wait for it beyond one heartbeat interval.
   const Clock::time_point destroy = Clock::now();
   comm->reset();
-  std::cout << "destroy took " << SecondsSince(destroy) << "\n";
+  EXPECT_LT(SecondsSince(destroy), 1.5);
 }
+
+TEST(C10dCommunicatorShutdownTest, StoreHostStaysUntilTheOtherRanksHaveLeft) {
+  const int port = FreePort();
+  Clock::time_point rank0_gone, rank1_leaving;
+  auto run = [&](int64_t rank) {
+    auto comm =
+        C10dCommunicator::Create(Env(rank, 2, port), kTimeout, torch::kCPU);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    torch::Tensor t = torch::ones({3});
+    ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
+    if (rank == 1) {
+      std::this_thread::sleep_for(milliseconds(500));  // e.g. a checkpoint
+      rank1_leaving = Clock::now();
+    }
+    comm->reset();
+    if (rank == 0) rank0_gone = Clock::now();
+  };
+  std::thread rank0(run, 0), rank1(run, 1);
+  rank0.join();
+  rank1.join();
+
+  EXPECT_GE(rank0_gone, rank1_leaving);
+}
+
+TEST(C10dCommunicatorShutdownTest, StoreHostDoesNotWaitLongForADeadRank) {
+  const int port = FreePort();
+  PeerProcess peer(/*rank=*/1, /*world=*/2, port);
+  auto comm = C10dCommunicator::Create(Env(0, 2, port), kTimeout, torch::kCPU);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  torch::Tensor t = torch::ones({3});
+  ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
+  peer.Kill();  // dies without leaving; no collective notices
+
+  const Clock::time_point start = Clock::now();
+  comm->reset();
+
+  // Its heartbeat goes stale (3 s) plus a second of margin; not kTimeout.
+  EXPECT_LT(SecondsSince(start), 3.0 + 1.0 + 1.5);
+}
+
 }  // namespace
 }  // namespace shardtrain

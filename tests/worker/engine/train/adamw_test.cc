@@ -1,8 +1,7 @@
 #include "worker/engine/train/adamw.h"
 
-#include <torch/torch.h>
-
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace shardtrain {
 namespace {
@@ -41,14 +40,14 @@ TEST(AdamWTest, MatchesLibTorchAdamWWithPerGroupWeightDecay) {
     ours.Step(1e-3);
     reference.step();
   }
-  const double maxdiff =
-      std::max((w_ours - w_ref).abs().max().item<double>(),
-               (b_ours - b_ref).abs().max().item<double>());
+  const double maxdiff = std::max((w_ours - w_ref).abs().max().item<double>(),
+                                  (b_ours - b_ref).abs().max().item<double>());
   std::cout << "AdamW vs torch::optim::AdamW: maxdiff " << maxdiff << "\n";
   EXPECT_LT(maxdiff, 1e-6);
   // The update really moved the weights (a no-op optimizer would fail above
   // only if the reference also did nothing).
-  EXPECT_GT((w_ours - w_ref.detach().clone().zero_()).abs().max().item<double>(), 0);
+  EXPECT_GT(
+      (w_ours - w_ref.detach().clone().zero_()).abs().max().item<double>(), 0);
   EXPECT_EQ(ours.step_count(), 20);
 }
 

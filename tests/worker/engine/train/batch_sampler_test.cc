@@ -1,15 +1,16 @@
 #include "worker/engine/data/batch_sampler.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <set>
-
-#include <gtest/gtest.h>
 
 namespace shardtrain {
 namespace {
 
 BatchSampler MakeSampler(int64_t batch, int64_t world, int64_t accum,
-                         uint64_t seed = 7, int64_t num_tokens = 64 * 1000 + 1) {
+                         uint64_t seed = 7,
+                         int64_t num_tokens = 64 * 1000 + 1) {
   BatchSamplerOptions options;
   options.num_tokens = num_tokens;
   options.seq_len = 64;
@@ -53,8 +54,9 @@ TEST(BatchSamplerTest, EachEpochVisitsEveryWindowOnceInANewOrder) {
   std::vector<int64_t> epoch0, epoch1;
   for (int64_t step = 0; step < 200; ++step) {
     auto starts = sampler.WindowStarts(step, 0, 0);
-    (step < 100 ? epoch0 : epoch1).insert((step < 100 ? epoch0 : epoch1).end(),
-                                          starts.begin(), starts.end());
+    (step < 100 ? epoch0 : epoch1)
+        .insert((step < 100 ? epoch0 : epoch1).end(), starts.begin(),
+                starts.end());
   }
   std::set<int64_t> unique0(epoch0.begin(), epoch0.end());
   EXPECT_EQ(unique0.size(), 1000u);

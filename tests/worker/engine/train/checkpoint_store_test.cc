@@ -1,11 +1,10 @@
 #include "worker/engine/train/checkpoint_store.h"
 
-#include <filesystem>
-#include <fstream>
-
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
 
 #include "worker/engine/train/tensor_file.h"
 
@@ -56,7 +55,8 @@ TEST(TensorFileTest, RoundTripsNamedTensors) {
   const std::string path = TempDir("tensors") + "/t.pt";
   torch::Tensor a = torch::randn({3, 4});
   torch::Tensor b = torch::arange(5);
-  ASSERT_TRUE(SaveTensorFile(path, {{"h.0.attn.c_attn.weight", a}, {"b", b}}).ok());
+  ASSERT_TRUE(
+      SaveTensorFile(path, {{"h.0.attn.c_attn.weight", a}, {"b", b}}).ok());
   auto loaded = LoadTensorFile(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->size(), 2u);

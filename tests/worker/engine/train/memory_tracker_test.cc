@@ -1,8 +1,7 @@
 #include "worker/engine/train/memory_tracker.h"
 
-#include <torch/torch.h>
-
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace shardtrain {
 namespace {

@@ -1,8 +1,8 @@
 #include "worker/engine/train/train_config.h"
 
-#include <functional>
-
 #include <gtest/gtest.h>
+
+#include <functional>
 
 namespace shardtrain {
 namespace {
@@ -100,7 +100,8 @@ eval-only: true
 
 TEST(TrainConfigTest, YamlRejectsUnknownKeysAndWrongTypesWithoutChanges) {
   TrainConfig config;
-  absl::Status unknown = ApplyYamlTrainConfig("batch_size: 2\nbatchsize: 4\n", &config);
+  absl::Status unknown =
+      ApplyYamlTrainConfig("batch_size: 2\nbatchsize: 4\n", &config);
   EXPECT_FALSE(unknown.ok());
   EXPECT_NE(unknown.message().find("batchsize"), std::string::npos);
   EXPECT_EQ(config.batch_size, 8);  // nothing applied
@@ -111,7 +112,8 @@ TEST(TrainConfigTest, YamlRejectsUnknownKeysAndWrongTypesWithoutChanges) {
 
   EXPECT_FALSE(ApplyYamlTrainConfig("[1, 2]", &config).ok());
   EXPECT_FALSE(ApplyYamlTrainConfig("a: [unclosed", &config).ok());
-  EXPECT_FALSE(LoadYamlTrainConfigFile("/nonexistent/train.yaml", &config).ok());
+  EXPECT_FALSE(
+      LoadYamlTrainConfigFile("/nonexistent/train.yaml", &config).ok());
 }
 
 }  // namespace

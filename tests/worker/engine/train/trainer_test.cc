@@ -1,14 +1,13 @@
 #include "worker/engine/train/trainer.h"
 
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <torch/torch.h>
-
-#include <gtest/gtest.h>
 
 #include "worker/engine/data/token_file.h"
 #include "worker/engine/model/llmc_checkpoint.h"
@@ -21,10 +20,10 @@ namespace fs = std::filesystem;
 
 // A small corpus with structure a model can learn: a noisy periodic sequence.
 std::string MakeData(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() /
-                           ("shardtrain_trainer_" + name + "_" +
-                            std::to_string(::getpid())))
-                              .string();
+  const std::string dir =
+      (fs::temp_directory_path() /
+       ("shardtrain_trainer_" + name + "_" + std::to_string(::getpid())))
+          .string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::mt19937 rng(42);
@@ -32,7 +31,8 @@ std::string MakeData(const std::string& name) {
        {std::pair{"train.bin", 40000}, std::pair{"val.bin", 8000}}) {
     std::vector<uint16_t> tokens(count);
     for (int i = 0; i < count; ++i) {
-      tokens[i] = static_cast<uint16_t>((i * 7) % 97 + (rng() % 4 == 0 ? 1000 : 0));
+      tokens[i] =
+          static_cast<uint16_t>((i * 7) % 97 + (rng() % 4 == 0 ? 1000 : 0));
     }
     EXPECT_TRUE(WriteTokenFile(dir + "/" + file, tokens).ok());
   }
@@ -109,18 +109,18 @@ TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRun) {
   config.resume = true;
   config.batch_size = 2;  // changes the data order
   StrategyOptions options;
-  auto trainer = Trainer::Create(config, RankInfo{},
-                                 std::make_unique<SingleDeviceStrategy>(options),
-                                 nullptr);
+  auto trainer =
+      Trainer::Create(config, RankInfo{},
+                      std::make_unique<SingleDeviceStrategy>(options), nullptr);
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.status().message().find("batch_size"), std::string::npos)
       << trainer.status();
 
   config.batch_size = 4;
   std::ofstream(config.out + "/checkpoints/step_00000010/model.pt") << "torn";
-  trainer = Trainer::Create(config, RankInfo{},
-                            std::make_unique<SingleDeviceStrategy>(options),
-                            nullptr);
+  trainer =
+      Trainer::Create(config, RankInfo{},
+                      std::make_unique<SingleDeviceStrategy>(options), nullptr);
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.status().message().find("model.pt"), std::string::npos)
       << trainer.status();
@@ -141,7 +141,8 @@ TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
   ASSERT_TRUE(b->Run().ok());
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_LE(RelDiff(b->history()[i].loss, a->history()[i].loss), 1e-5) << i;
-    EXPECT_LE(RelDiff(b->history()[i].grad_norm, a->history()[i].grad_norm), 1e-5)
+    EXPECT_LE(RelDiff(b->history()[i].grad_norm, a->history()[i].grad_norm),
+              1e-5)
         << i;
     EXPECT_EQ(b->history()[i].tokens, a->history()[i].tokens);
   }
@@ -174,7 +175,8 @@ TEST(TrainerTest, WritesMetricsLinesStepLinesAndTheModel) {
   }
   EXPECT_EQ(lines, 10);
   EXPECT_EQ(evals, 2);  // steps 5 and 10
-  EXPECT_NE(log.str().find("step 10/10 | loss "), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("step 10/10 | loss "), std::string::npos)
+      << log.str();
   EXPECT_NE(log.str().find("val_loss "), std::string::npos);
 
   // The exported llm.c model holds the trained weights.
@@ -197,7 +199,8 @@ TEST(TrainerTest, LossFallsOnLearnableData) {
   auto trainer = MakeTrainer(config);
   ASSERT_TRUE(trainer->Run().ok());
   EXPECT_NEAR(trainer->history().front().loss, std::log(50257.0), 0.3);
-  EXPECT_LT(trainer->history().back().loss, 0.5 * trainer->history().front().loss);
+  EXPECT_LT(trainer->history().back().loss,
+            0.5 * trainer->history().front().loss);
 }
 
 TEST(TrainerTest, CreateNamesTheProblem) {
@@ -209,7 +212,8 @@ TEST(TrainerTest, CreateNamesTheProblem) {
         .status();
   };
   TrainConfig missing = SmallConfig("/nonexistent/data");
-  EXPECT_NE(create(missing).message().find("/nonexistent/data"), std::string::npos);
+  EXPECT_NE(create(missing).message().find("/nonexistent/data"),
+            std::string::npos);
 
   const std::string data = MakeData("errors");
   TrainConfig too_long = SmallConfig(data);

@@ -1,0 +1,297 @@
+// The proof that DDP and FSDP train exactly like a single device: real
+// shardtrain-train processes (--nproc N, c10d over Gloo on loopback), fp32 on
+// CPU, compared step by step through their metrics.jsonl and model.bin.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/engine/data/token_file.h"
+#include "worker/engine/train/step_metrics.h"
+
+namespace shardtrain {
+namespace {
+namespace fs = std::filesystem;
+
+struct TrainRun {
+  int exit_code = -1;
+  std::string output;
+  std::vector<StepMetrics> rank0;          // rank 0's steps in order
+  std::map<int64_t, int64_t> state_bytes;  // rank -> model_state_bytes
+};
+
+class StrategyEquivalenceTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((fs::temp_directory_path() /
+                            ("shardtrain_equiv_" + std::to_string(::getpid())))
+                               .string());
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_ + "/data");
+    // A noisy periodic stream: learnable, so the runs move away from init.
+    std::mt19937 rng(5);
+    for (const auto& [name, count] :
+         {std::pair{"train.bin", 60000}, std::pair{"val.bin", 9000}}) {
+      std::vector<uint16_t> tokens(count);
+      for (int i = 0; i < count; ++i) {
+        tokens[i] =
+            static_cast<uint16_t>((i * 13) % 211 + (rng() % 5 == 0 ? 3000 : 0));
+      }
+      ASSERT_TRUE(WriteTokenFile(*dir_ + "/data/" + name, tokens).ok());
+    }
+  }
+
+  // Eval covers eval_steps global batches (batch x world windows each).
+  static std::string Common(int eval_steps = 2) {
+    return " --data " + *dir_ +
+           "/data --model gpt2-tiny --seq-len 64 --max-steps 20 --warmup-steps "
+           "2"
+           " --eval-every 10 --comm-timeout 60 --log-every 100 --eval-steps " +
+           std::to_string(eval_steps);
+  }
+
+  // Runs shardtrain-train with --out DIR/name (emptied first unless `keep`).
+  static TrainRun Train(const std::string& name, const std::string& args,
+                        bool keep = false) {
+    TrainRun run;
+    const std::string out = *dir_ + "/" + name;
+    if (!keep) fs::remove_all(out);
+    const std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
+                                "/bin/shardtrain-train " + args + " --out " +
+                                out + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    char buffer[4096];
+    size_t n;
+    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
+      run.output.append(buffer, n);
+    const int status = pclose(pipe);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream metrics(out + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line)) {
+      StepMetrics m = *StepMetrics::FromJson(line);
+      run.state_bytes[m.rank] = m.model_state_bytes;
+      if (m.rank == 0) run.rank0.push_back(m);
+    }
+    return run;
+  }
+
+  static std::vector<float> ModelWeights(const std::string& name) {
+    std::ifstream in(*dir_ + "/" + name + "/model.bin", std::ios::binary);
+    in.seekg(0, std::ios::end);
+    const size_t bytes = static_cast<size_t>(in.tellg()) - 1024;
+    std::vector<float> weights(bytes / sizeof(float));
+    in.seekg(1024);
+    in.read(reinterpret_cast<char*>(weights.data()),
+            static_cast<std::streamsize>(bytes));
+    return weights;
+  }
+
+  // llm.c's check_tensor: every step's loss and grad norm within `rel`
+  // relative, the final weights within `abs` absolute.
+  static void ExpectSameTraining(const std::string& a_name, const TrainRun& a,
+                                 const std::string& b_name, const TrainRun& b,
+                                 double rel, double abs) {
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    ASSERT_EQ(a.rank0.size(), b.rank0.size());
+    ASSERT_FALSE(a.rank0.empty());
+    double loss_diff = 0, norm_diff = 0, val_diff = 0;
+    for (size_t i = 0; i < a.rank0.size(); ++i) {
+      loss_diff =
+          std::max(loss_diff, std::fabs(a.rank0[i].loss - b.rank0[i].loss) /
+                                  std::fabs(b.rank0[i].loss));
+      norm_diff = std::max(
+          norm_diff, std::fabs(a.rank0[i].grad_norm - b.rank0[i].grad_norm) /
+                         std::fabs(b.rank0[i].grad_norm));
+      if (b.rank0[i].val_loss >= 0) {
+        val_diff = std::max(
+            val_diff, std::fabs(a.rank0[i].val_loss - b.rank0[i].val_loss) /
+                          b.rank0[i].val_loss);
+      }
+    }
+    const std::vector<float> wa = ModelWeights(a_name);
+    const std::vector<float> wb = ModelWeights(b_name);
+    ASSERT_EQ(wa.size(), wb.size());
+    double weight_diff = 0;
+    for (size_t i = 0; i < wa.size(); ++i) {
+      weight_diff =
+          std::max(weight_diff, static_cast<double>(std::fabs(wa[i] - wb[i])));
+    }
+    std::printf(
+        "%s vs %s: loss maxdiff %.2e, grad norm maxdiff %.2e, val maxdiff %.2e "
+        "(rel); "
+        "weights maxdiff %.2e (abs)\n",
+        a_name.c_str(), b_name.c_str(), loss_diff, norm_diff, val_diff,
+        weight_diff);
+    EXPECT_LE(loss_diff, rel);
+    EXPECT_LE(norm_diff, rel);
+    EXPECT_LE(val_diff, rel);
+    EXPECT_LE(weight_diff, abs);
+    // The runs trained: the loss moved well away from its initial value.
+    EXPECT_LT(a.rank0.back().loss, a.rank0.front().loss - 0.2);
+  }
+
+  static std::string* dir_;
+};
+std::string* StrategyEquivalenceTest::dir_ = nullptr;
+
+// AdamW divides by sqrt(v): an element whose true gradient is 0 gets a float-
+// rounding-level gradient that differs with the reduction order, and AdamW
+// turns it into a step of up to lr. The weight check therefore runs at
+// lr 1e-4, where 20 steps stay within 1e-5; the losses and norms are held to
+// 1e-5 at the default 6e-4 in the next test (see the issue notes).
+TEST_F(StrategyEquivalenceTest, DdpTwoRanksEqualsSingleWithTheGlobalBatch) {
+  const std::string lr = " --lr 1e-4";
+  TrainRun single =
+      Train("single", "--strategy single --batch-size 8" + Common() + lr);
+  TrainRun ddp =
+      Train("ddp2", "--strategy ddp --nproc 2 --batch-size 4" + Common() + lr);
+  ExpectSameTraining("ddp2", ddp, "single", single, 1e-5, 1e-5);
+}
+
+TEST_F(StrategyEquivalenceTest, FsdpEqualsDdpAtTwoAndThreeRanks) {
+  TrainRun ddp2 = Train("ddp2_default_lr",
+                        "--strategy ddp --nproc 2 --batch-size 3" + Common());
+  TrainRun fsdp2 =
+      Train("fsdp2", "--strategy fsdp --nproc 2 --batch-size 3" + Common());
+  ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5, 2e-4);
+
+  // World 3: no unit's size divides by 3, so every shard is padded.
+  TrainRun ddp3 = Train(
+      "ddp3", "--strategy ddp --nproc 3 --batch-size 2 --lr 1e-4" + Common());
+  TrainRun fsdp3 = Train(
+      "fsdp3", "--strategy fsdp --nproc 3 --batch-size 2 --lr 1e-4" + Common());
+  ExpectSameTraining("fsdp3", fsdp3, "ddp3", ddp3, 1e-5, 1e-5);
+}
+
+TEST_F(StrategyEquivalenceTest,
+       AccumulationEqualsTheLargeBatchUnderEveryStrategy) {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    TrainRun large =
+        Train(strategy + "_large", "--strategy " + strategy +
+                                       " --nproc 2 --batch-size 4 --lr 1e-4" +
+                                       Common());
+    // Batch 1 evaluates over 8 batches the windows batch 4 covers in 2.
+    TrainRun micro = Train(strategy + "_micro",
+                           "--strategy " + strategy +
+                               " --nproc 2 --batch-size 1 --grad-accum 4"
+                               " --lr 1e-4" +
+                               Common(/*eval_steps=*/8));
+    ExpectSameTraining(strategy + "_micro", micro, strategy + "_large", large,
+                       1e-5, 1e-5);
+  }
+}
+
+TEST_F(StrategyEquivalenceTest, FsdpShardedCheckpointResumesTheSameRun) {
+  const std::string args =
+      "--strategy fsdp --nproc 2 --batch-size 2" + Common();
+  TrainRun full = Train("fsdp_full", args);
+  TrainRun first = Train("fsdp_ckpt", args + " --checkpoint-every 10");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string out = *dir_ + "/fsdp_ckpt";
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/shard_rank0.pt"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/shard_rank1.pt"));
+  // As if the run died after step 10: resume from that checkpoint.
+  std::ofstream(out + "/checkpoints/latest") << "step_00000010\n";
+  fs::rename(out, *dir_ + "/fsdp_resume");
+  TrainRun resumed = Train("fsdp_resume", args + " --resume", /*keep=*/true);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos)
+      << resumed.output;
+  // metrics.jsonl holds steps 1-20 of the first run, then 11-20 resumed.
+  ASSERT_EQ(resumed.rank0.size(), 30u);
+  for (size_t i = 0; i < 10; ++i) {
+    const StepMetrics& expected = full.rank0[10 + i];
+    const StepMetrics& got = resumed.rank0[20 + i];
+    ASSERT_EQ(got.step, expected.step);
+    EXPECT_NEAR(got.loss, expected.loss, 1e-6 * expected.loss)
+        << "step " << got.step;
+  }
+}
+
+TEST_F(StrategyEquivalenceTest, FsdpHoldsAShareOfTheModelState) {
+  const std::string mini =
+      " --data " + *dir_ +
+      "/data --model gpt2-mini --seq-len 32 --batch-size 1 --max-steps 1"
+      " --eval-steps 1 --comm-timeout 120";
+  TrainRun ddp = Train("mini_ddp", "--strategy ddp --nproc 2" + mini);
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  // gpt2-mini's largest FSDP unit is the root: wte + wpe + ln_f.
+  const double largest_unit = (50304.0 * 256 + 512 * 256 + 2 * 256) * 4;
+  for (int n : {2, 4}) {
+    TrainRun fsdp =
+        Train("mini_fsdp" + std::to_string(n),
+              "--strategy fsdp --nproc " + std::to_string(n) + mini);
+    ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+    ASSERT_EQ(fsdp.state_bytes.size(), static_cast<size_t>(n));
+    for (const auto& [rank, bytes] : fsdp.state_bytes) {
+      const double bound = (ddp.state_bytes[0] / n + largest_unit) * 1.10;
+      std::printf(
+          "N=%d rank %ld: FSDP model state %.1f MiB, DDP %.1f MiB (ratio "
+          "%.3f)\n",
+          n, rank, bytes / 1048576.0, ddp.state_bytes[0] / 1048576.0,
+          static_cast<double>(bytes) / ddp.state_bytes[0]);
+      EXPECT_LE(bytes, bound) << "rank " << rank;
+      EXPECT_LE(bytes, ddp.state_bytes[0] / n + 4096)
+          << "shards should be exactly 1/N";
+    }
+  }
+}
+
+TEST_F(StrategyEquivalenceTest,
+       AKilledRankFailsTheOthersWithinTheTimeoutNamingIt) {
+  const std::string out = *dir_ + "/killed";
+  fs::remove_all(out);
+  const std::string command =
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain-train --strategy ddp --nproc 2" + " --data " + *dir_ +
+      "/data --model gpt2-tiny --seq-len 64 --batch-size 2"
+      " --max-steps 100000 --comm-timeout 10 --log-every 1 --out " +
+      out + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char line[4096];
+  bool killed = false;
+  std::chrono::steady_clock::time_point killed_at;
+  while (fgets(line, sizeof line, pipe) != nullptr) {
+    output += line;
+    if (!killed && output.find("step 3/") != std::string::npos) {
+      // Find rank 1: the child of the launcher whose environment has RANK=1.
+      for (const auto& entry : fs::directory_iterator("/proc")) {
+        std::ifstream environ(entry.path() / "environ");
+        std::string env((std::istreambuf_iterator<char>(environ)), {});
+        if (env.find(std::string("RANK=1") + '\0') != std::string::npos &&
+            env.find(std::string("WORLD_SIZE=2") + '\0') != std::string::npos) {
+          const int pid = std::stoi(entry.path().filename().string());
+          if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) killed = true;
+        }
+      }
+      ASSERT_TRUE(killed) << "could not find rank 1's process";
+      killed_at = std::chrono::steady_clock::now();
+    }
+  }
+  const int status = pclose(pipe);
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - killed_at)
+                             .count();
+  std::printf("launcher exited %.1f s after rank 1 was killed\n", seconds);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << output;
+  EXPECT_LT(seconds, 10 + 5) << output;
+  EXPECT_NE(output.find("rank 1"), std::string::npos) << output;
+  EXPECT_NE(output.find("KILL"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace shardtrain
