@@ -149,8 +149,9 @@ std::string* StrategyEquivalenceTest::dir_ = nullptr;
 // AdamW divides by sqrt(v): an element whose true gradient is 0 gets a float-
 // rounding-level gradient that differs with the reduction order, and AdamW
 // turns it into a step of up to lr. The weight check therefore runs at
-// lr 1e-4, where 20 steps stay within 1e-5; the losses and norms are held to
-// 1e-5 at the default 6e-4 in the next test (see the issue notes).
+// lr 1e-4, where 20 steps stay within 1e-5 (measured 9e-7). FSDP and DDP
+// reduce in the same order per element, so the next test holds them to 1e-5
+// at the default lr 6e-4 too (measured 5e-7).
 TEST_F(StrategyEquivalenceTest, DdpTwoRanksEqualsSingleWithTheGlobalBatch) {
   const std::string lr = " --lr 1e-4";
   TrainRun single =
@@ -165,7 +166,7 @@ TEST_F(StrategyEquivalenceTest, FsdpEqualsDdpAtTwoAndThreeRanks) {
                         "--strategy ddp --nproc 2 --batch-size 3" + Common());
   TrainRun fsdp2 =
       Train("fsdp2", "--strategy fsdp --nproc 2 --batch-size 3" + Common());
-  ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5, 2e-4);
+  ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5, 1e-5);
 
   // World 3: no unit's size divides by 3, so every shard is padded.
   TrainRun ddp3 = Train(
