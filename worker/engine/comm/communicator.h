@@ -8,12 +8,12 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_COMM_COMMUNICATOR_H_
 #define SHARDTRAIN_WORKER_ENGINE_COMM_COMMUNICATOR_H_
 
+#include <torch/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 
@@ -48,8 +48,8 @@ class Communicator {
   virtual std::unique_ptr<CommWork> AllReduce(torch::Tensor& tensor) = 0;
   // input has world_size * output.numel() elements; output = sum over ranks
   // of the rank()-th chunk of input.
-  virtual std::unique_ptr<CommWork> ReduceScatter(torch::Tensor& output,
-                                                  const torch::Tensor& input) = 0;
+  virtual std::unique_ptr<CommWork> ReduceScatter(
+      torch::Tensor& output, const torch::Tensor& input) = 0;
   // output has world_size * input.numel() elements; chunk r of output is rank
   // r's input.
   virtual std::unique_ptr<CommWork> AllGather(torch::Tensor& output,

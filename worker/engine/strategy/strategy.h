@@ -5,13 +5,13 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_STRATEGY_H_
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,7 +25,8 @@ struct StrategyOptions {
   torch::Device device = torch::kCPU;
   int64_t rank = 0;
   int64_t world_size = 1;
-  std::string precision = "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
+  std::string precision =
+      "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
   AdamWOptions adamw;
   double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
 };
