@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/worker/engine/data/data_test_util.h"
+#include "tests/test_util.h"
 
 namespace shardtrain {
 namespace {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
 #include "worker/engine/train/step_metrics.h"
 
@@ -66,16 +67,11 @@ class StrategyEquivalenceTest : public testing::Test {
     TrainRun run;
     const std::string out = *dir_ + "/" + name;
     if (!keep) fs::remove_all(out);
-    const std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
-                                "/bin/shardtrain-train " + args + " --out " +
-                                out + " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    char buffer[4096];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
-      run.output.append(buffer, n);
-    const int status = pclose(pipe);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    test::CommandResult result =
+        test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                         "/bin/shardtrain-train " + args + " --out " + out);
+    run.exit_code = result.exit_code;
+    run.output = result.out + result.err;
     std::ifstream metrics(out + "/metrics.jsonl");
     std::string line;
     while (std::getline(metrics, line)) {

@@ -1,7 +1,6 @@
 // End to end: prepare the Brown Corpus with the CLI, train gpt2-tiny on it
 // with shardtrain-train for a few hundred steps, and check that it learns.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -9,22 +8,12 @@
 #include <fstream>
 #include <string>
 
+#include "tests/test_util.h"
 #include "worker/engine/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
-
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    output->append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
@@ -34,25 +23,18 @@ TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
           .string();
   fs::remove_all(dir);
 
-  std::string output;
-  ASSERT_EQ(RunCommand(bin + "shardtrain data prepare --corpus brown --out " +
-                           dir + "/data",
-                       &output),
-            0)
-      << output;
+  test::CommandResult prepare = test::RunCommand(
+      bin + "shardtrain data prepare --corpus brown --out " + dir + "/data");
+  ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
 
-  output.clear();
-  ASSERT_EQ(
-      RunCommand(
-          bin + "shardtrain-train --model gpt2-tiny --data " + dir +
-              "/data --batch-size 8 --seq-len 128 --max-steps 300 "
-              "--lr 1e-3 --warmup-steps 20 --eval-every 150 --eval-steps 10 "
-              "--log-every 50 --out " +
-              dir + "/run",
-          &output),
-      0)
-      << output;
-  std::cout << output;
+  test::CommandResult train = test::RunCommand(
+      bin + "shardtrain-train --model gpt2-tiny --data " + dir +
+      "/data --batch-size 8 --seq-len 128 --max-steps 300 --lr 1e-3 "
+      "--warmup-steps 20 --eval-every 150 --eval-steps 10 --log-every 50 "
+      "--out " +
+      dir + "/run");
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  std::cout << train.out;
 
   std::ifstream metrics(dir + "/run/metrics.jsonl");
   std::vector<StepMetrics> steps;

@@ -1,13 +1,12 @@
 // shardtrain-train as a user meets it: flags, YAML, exit codes, messages.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 
+#include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
 
 namespace shardtrain {
@@ -20,18 +19,9 @@ struct Result {
 };
 
 Result RunTrain(const std::string& args) {
-  const std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
-                              "/bin/shardtrain-train " + args + " 2>&1";
-  Result result{-1, ""};
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  test::CommandResult r = test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                                           "/bin/shardtrain-train " + args);
+  return {r.exit_code, r.out + r.err};
 }
 
 class TrainMainTest : public testing::Test {

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/worker/engine/data/data_test_util.h"
+#include "tests/test_util.h"
 #include "worker/engine/data/asset_paths.h"
 #include "worker/engine/data/brown_corpus.h"
 

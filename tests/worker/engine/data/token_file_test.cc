@@ -10,7 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/worker/engine/data/data_test_util.h"
+#include "tests/test_util.h"
 #include "worker/engine/data/gpt2_vocab.h"
 
 namespace shardtrain {

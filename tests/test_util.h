@@ -1,7 +1,7 @@
-// Helpers shared by the data and CLI tests: scratch folders, whole-file I/O
+// Helpers shared by the tests: scratch folders, whole-file I/O
 // and running a command with captured output.
-#ifndef SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_
-#define SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_
+#ifndef SHARDTRAIN_TESTS_TEST_UTIL_H_
+#define SHARDTRAIN_TESTS_TEST_UTIL_H_
 
 #include <sys/wait.h>
 
@@ -78,4 +78,4 @@ inline bool NodeAvailable() {
 
 }  // namespace shardtrain::test
 
-#endif  // SHARDTRAIN_TESTS_WORKER_ENGINE_DATA_DATA_TEST_UTIL_H_
+#endif  // SHARDTRAIN_TESTS_TEST_UTIL_H_
