@@ -32,9 +32,11 @@ class CheckpointStore {
   absl::StatusOr<std::string> Latest() const;
 
   std::string root() const { return root_; }
+  // Where the checkpoint of `step` is written before Commit (what Begin
+  // returns); other ranks write their parts there too.
+  std::string StagingDir(int64_t step) const;
 
  private:
-  std::string StagingDir(int64_t step) const;
   std::string FinalDir(int64_t step) const;
 
   std::string root_;

@@ -276,10 +276,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
       rank_info_.rank == 0 ? checkpoints_->Begin(next_step) : "";
   if (!dir.ok()) return dir.status();
   strategy_->Barrier();
-  if (rank_info_.rank != 0) {
-    dir = absl::StrFormat("%s/.step_%08d.partial", checkpoints_->root(),
-                          next_step);
-  }
+  if (rank_info_.rank != 0) dir = checkpoints_->StagingDir(next_step);
   if (absl::Status s = strategy_->SaveCheckpoint(*dir); !s.ok()) return s;
   if (rank_info_.rank == 0) {
     nlohmann::json state = {
