@@ -1,0 +1,128 @@
+#include "worker/job_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace shardtrain {
+namespace {
+
+constexpr char kOut[] = "/state/jobs/j1";
+
+v1::JobSpec MinimalSpec() {
+  v1::JobSpec spec;
+  spec.set_model("gpt2-tiny");
+  spec.set_data("/data/brown");
+  spec.mutable_strategy()->set_name("ddp");
+  spec.set_world_size(2);
+  return spec;
+}
+
+TEST(JobConfigTest, UnsetFieldsKeepTheTrainConfigDefaults) {
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(MinimalSpec(), kOut);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const TrainConfig defaults;
+  EXPECT_EQ(config->model, "gpt2-tiny");
+  EXPECT_EQ(config->data, "/data/brown");
+  EXPECT_EQ(config->strategy, "ddp");
+  EXPECT_EQ(config->device, "cpu");
+  EXPECT_EQ(config->out, kOut);
+  EXPECT_EQ(config->batch_size, defaults.batch_size);
+  EXPECT_DOUBLE_EQ(config->lr, defaults.lr);
+  EXPECT_DOUBLE_EQ(config->bucket_mb, defaults.bucket_mb);
+  EXPECT_EQ(config->shuffle, defaults.shuffle);
+}
+
+TEST(JobConfigTest, SetFieldsOverrideIncludingZeroAndFalse) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_trainer()->set_batch_size(3);
+  spec.mutable_trainer()->set_warmup_steps(0);
+  spec.mutable_trainer()->set_grad_clip(0);  // 0 disables clipping: must stick
+  spec.mutable_trainer()->set_shuffle(false);
+  spec.mutable_strategy()->set_name("fsdp");
+  spec.mutable_strategy()->set_reshard_after_forward(false);
+  spec.set_device_kind(v1::GPU);
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, kOut);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->batch_size, 3);
+  EXPECT_EQ(config->warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(config->grad_clip, 0);
+  EXPECT_FALSE(config->shuffle);
+  EXPECT_FALSE(config->reshard_after_forward);
+  EXPECT_EQ(config->device, "cuda");
+}
+
+TEST(JobConfigTest, RoundTripsEveryTrainerField) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.data = "/d";
+  config.strategy = "fsdp";
+  config.batch_size = 5;
+  config.seq_len = 64;
+  config.grad_accum = 2;
+  config.max_steps = 77;
+  config.lr = 3e-4;
+  config.min_lr_ratio = 0.2;
+  config.warmup_steps = 7;
+  config.weight_decay = 0.05;
+  config.beta1 = 0.8;
+  config.beta2 = 0.9;
+  config.eps = 1e-7;
+  config.grad_clip = 0.5;
+  config.seed = 99;
+  config.eval_every = 10;
+  config.eval_steps = 3;
+  config.checkpoint_every = 20;
+  config.shuffle = false;
+  config.peak_flops = 1e12;
+  config.bucket_mb = 4;
+  config.prefetch = false;
+  config.comm_timeout = 30;
+  absl::StatusOr<TrainConfig> back =
+      TrainConfigFromJobSpec(JobSpecFromTrainConfig(config, 2), kOut);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(JobSpecFromTrainConfig(*back, 2).SerializeAsString(),
+            JobSpecFromTrainConfig(config, 2).SerializeAsString());
+  EXPECT_EQ(back->max_steps, 77);
+  EXPECT_DOUBLE_EQ(back->beta1, 0.8);
+  EXPECT_EQ(back->comm_timeout, 30);
+}
+
+TEST(JobConfigTest, InvalidSpecsNameTheField) {
+  struct Case {
+    std::string field;
+    void (*mutate)(v1::JobSpec&);
+  };
+  const Case cases[] = {
+      {"model", [](v1::JobSpec& s) { s.set_model("gpt5"); }},
+      {"batch_size",
+       [](v1::JobSpec& s) { s.mutable_trainer()->set_batch_size(-1); }},
+      {"seq_len",
+       [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(100000); }},
+      {"strategy",
+       [](v1::JobSpec& s) { s.mutable_strategy()->set_name("zero"); }},
+      {"world_size", [](v1::JobSpec& s) { s.set_world_size(0); }},
+      {"world_size",
+       [](v1::JobSpec& s) {
+         s.mutable_strategy()->set_name("single");
+         s.set_world_size(2);
+       }},
+      {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(-1); }},
+      {"precision",
+       [](v1::JobSpec& s) { s.mutable_trainer()->set_precision("fp8"); }},
+      {"data", [](v1::JobSpec& s) { s.set_data(""); }},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = MinimalSpec();
+    c.mutate(spec);
+    absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, kOut);
+    ASSERT_FALSE(config.ok()) << c.field;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find(c.field), std::string::npos)
+        << c.field << ": " << config.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,107 @@
+#include "worker/job_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int kMaxWorldSize = 1024;
+constexpr int kMaxRestarts = 100;
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
+                                                   const std::string& out_dir) {
+  TrainConfig c;
+  c.out = out_dir;
+  c.model = spec.model();
+  c.data = spec.data();
+  if (!spec.strategy().name().empty()) c.strategy = spec.strategy().name();
+  const v1::StrategyOptions& s = spec.strategy();
+  if (s.has_bucket_mb()) c.bucket_mb = s.bucket_mb();
+  if (s.has_reshard_after_forward())
+    c.reshard_after_forward = s.reshard_after_forward();
+  if (s.has_prefetch()) c.prefetch = s.prefetch();
+  if (s.has_comm_timeout_seconds()) c.comm_timeout = s.comm_timeout_seconds();
+
+  const v1::TrainerOptions& t = spec.trainer();
+  if (t.has_batch_size()) c.batch_size = t.batch_size();
+  if (t.has_seq_len()) c.seq_len = t.seq_len();
+  if (t.has_grad_accum()) c.grad_accum = t.grad_accum();
+  if (t.has_max_steps()) c.max_steps = t.max_steps();
+  if (t.has_epochs()) c.epochs = t.epochs();
+  if (t.has_lr()) c.lr = t.lr();
+  if (t.has_min_lr_ratio()) c.min_lr_ratio = t.min_lr_ratio();
+  if (t.has_warmup_steps()) c.warmup_steps = t.warmup_steps();
+  if (t.has_weight_decay()) c.weight_decay = t.weight_decay();
+  if (t.has_beta1()) c.beta1 = t.beta1();
+  if (t.has_beta2()) c.beta2 = t.beta2();
+  if (t.has_eps()) c.eps = t.eps();
+  if (t.has_grad_clip()) c.grad_clip = t.grad_clip();
+  if (t.has_seed()) c.seed = t.seed();
+  if (t.has_precision()) c.precision = t.precision();
+  if (t.has_eval_every()) c.eval_every = t.eval_every();
+  if (t.has_eval_steps()) c.eval_steps = t.eval_steps();
+  if (t.has_checkpoint_every()) c.checkpoint_every = t.checkpoint_every();
+  if (t.has_shuffle()) c.shuffle = t.shuffle();
+  if (t.has_peak_flops()) c.peak_flops = t.peak_flops();
+  if (t.has_init_from()) c.init_from = t.init_from();
+  c.device = spec.device_kind() == v1::GPU ? "cuda" : "cpu";
+
+  if (spec.world_size() < 1 || spec.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: got ", spec.world_size(), "; must be in [1, ",
+                     kMaxWorldSize, "]"));
+  }
+  if (spec.max_restarts() < 0 || spec.max_restarts() > kMaxRestarts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_restarts: got ", spec.max_restarts(),
+                     "; must be in [0, ", kMaxRestarts, "]"));
+  }
+  if (c.strategy == "single" && spec.world_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: got ", spec.world_size(),
+        "; strategy single trains on one device (use ddp or fsdp)"));
+  }
+  if (absl::Status status = c.Validate(); !status.ok()) return status;
+  return c;
+}
+
+v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
+  v1::JobSpec spec;
+  spec.set_model(c.model);
+  spec.set_data(c.data);
+  spec.set_world_size(world_size);
+  spec.set_device_kind(c.device == "cpu" ? v1::CPU : v1::GPU);
+  v1::StrategyOptions* s = spec.mutable_strategy();
+  s->set_name(c.strategy);
+  s->set_bucket_mb(c.bucket_mb);
+  s->set_reshard_after_forward(c.reshard_after_forward);
+  s->set_prefetch(c.prefetch);
+  s->set_comm_timeout_seconds(c.comm_timeout);
+  v1::TrainerOptions* t = spec.mutable_trainer();
+  t->set_batch_size(c.batch_size);
+  t->set_seq_len(c.seq_len);
+  t->set_grad_accum(c.grad_accum);
+  t->set_max_steps(c.max_steps);
+  t->set_epochs(c.epochs);
+  t->set_lr(c.lr);
+  t->set_min_lr_ratio(c.min_lr_ratio);
+  t->set_warmup_steps(c.warmup_steps);
+  t->set_weight_decay(c.weight_decay);
+  t->set_beta1(c.beta1);
+  t->set_beta2(c.beta2);
+  t->set_eps(c.eps);
+  t->set_grad_clip(c.grad_clip);
+  t->set_seed(c.seed);
+  t->set_precision(c.precision);
+  t->set_eval_every(c.eval_every);
+  t->set_eval_steps(c.eval_steps);
+  t->set_checkpoint_every(c.checkpoint_every);
+  t->set_shuffle(c.shuffle);
+  t->set_peak_flops(c.peak_flops);
+  if (!c.init_from.empty()) t->set_init_from(c.init_from);
+  return spec;
+}
+
+}  // namespace shardtrain

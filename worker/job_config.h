@@ -1,0 +1,28 @@
+// JobSpec (proto) <-> TrainConfig (engine): the one conversion between the
+// control plane's job description and the engine's config. Validation stays
+// in TrainConfig::Validate(), so the coordinator and shardtrain-train accept
+// exactly the same jobs. Torch-free.
+#ifndef SHARDTRAIN_WORKER_JOB_CONFIG_H_
+#define SHARDTRAIN_WORKER_JOB_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "shardtrain/v1/job.pb.h"
+#include "worker/engine/train/train_config.h"
+
+namespace shardtrain {
+
+// The TrainConfig a job's ranks run: spec fields that are set override
+// TrainConfig's defaults; `out_dir` is where the coordinator keeps the job's
+// outputs (state-dir/jobs/<id>). Validates the result (and the fields
+// TrainConfig does not hold: world size, restarts); errors name the field.
+absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
+                                                   const std::string& out_dir);
+
+// A JobSpec that converts back to `config` (every trainer field set).
+v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& config, int world_size);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_JOB_CONFIG_H_
