@@ -9,6 +9,12 @@
 namespace shardtrain {
 namespace {
 
+std::vector<torch::Tensor> SumOverRanks(const std::vector<torch::Tensor>& all) {
+  torch::Tensor sum = all[0].clone();
+  for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+  return {sum};
+}
+
 class DoneWork final : public CommWork {
  public:
   explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
@@ -33,14 +39,7 @@ class InProcessCommunicator final : public Communicator {
   std::unique_ptr<CommWork> AllReduce(torch::Tensor& tensor) override {
     stats_.bytes += tensor.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(
-            tensor,
-            [](const std::vector<torch::Tensor>& all) {
-              torch::Tensor sum = all[0].clone();
-              for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
-              return std::vector<torch::Tensor>{sum};
-            },
-            &out)) {
+    if (!Exchange(tensor, SumOverRanks, &out)) {
       return Timeout("all_reduce");
     }
     tensor.copy_(out[0]);
@@ -51,14 +50,7 @@ class InProcessCommunicator final : public Communicator {
                                           const torch::Tensor& input) override {
     stats_.bytes += input.nbytes();
     std::vector<torch::Tensor> out;
-    if (!Exchange(
-            input,
-            [](const std::vector<torch::Tensor>& all) {
-              torch::Tensor sum = all[0].clone();
-              for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
-              return std::vector<torch::Tensor>{sum};
-            },
-            &out)) {
+    if (!Exchange(input, SumOverRanks, &out)) {
       return Timeout("reduce_scatter");
     }
     const int64_t n = output.numel();

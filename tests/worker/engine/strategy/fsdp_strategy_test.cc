@@ -23,6 +23,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
+#include "tests/worker/engine/strategy/strategy_test_util.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
@@ -57,27 +58,14 @@ constexpr double kRelTol = 1e-5;
 constexpr double kParamTol = 1e-5;
 
 Gpt2 MakeModel(const std::string& spec, uint64_t seed = kSeed) {
-  absl::StatusOr<Gpt2Config> config = ParseModelSpec(spec);
-  EXPECT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<Gpt2> model = CreateGpt2(*config, seed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return *model;
+  return test::MakeModel(spec, seed);
 }
 
-// `steps` global batches of `rows` windows of kSeqLen + 1 tokens.
 torch::Tensor MakeBatches(int64_t steps, int64_t rows) {
-  torch::manual_seed(1234);
-  return torch::randint(0, kVocab, {steps, rows, kSeqLen + 1}, torch::kInt64);
+  return test::MakeBatches(steps, rows, kSeqLen, kVocab);
 }
 
-// Rows [first, first + count) of global batch `step` as (inputs, targets).
-std::pair<torch::Tensor, torch::Tensor> Slice(const torch::Tensor& batches,
-                                              int64_t step, int64_t first,
-                                              int64_t count) {
-  torch::Tensor rows = batches[step].narrow(0, first, count);
-  return {rows.narrow(1, 0, kSeqLen).contiguous(),
-          rows.narrow(1, 1, kSeqLen).contiguous()};
-}
+using test::Slice;
 
 using ParamMap = std::map<std::string, torch::Tensor>;
 
