@@ -7,11 +7,88 @@ namespace {
 
 constexpr int kMaxWorldSize = 1024;
 constexpr int kMaxRestarts = 100;
+constexpr size_t kMaxNameLength = 128;
+constexpr size_t kMaxLabels = 32;
+constexpr size_t kMaxLabelKeyLength = 63;
+constexpr size_t kMaxLabelValueLength = 256;
+constexpr size_t kMaxPathLength = 4096;
+constexpr size_t kMaxModelLength = 256;
+constexpr int kMaxPriority = 1000;
+
+bool IsLabelKey(const std::string& key) {
+  if (key.empty() || key.size() > kMaxLabelKeyLength) return false;
+  for (char ch : key) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' ||
+                    ch == '.' || ch == '/';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// A value too long to echo back is summarised by its length.
+std::string Shown(const std::string& value) {
+  if (value.size() <= 64) return absl::StrCat("'", value, "'");
+  return absl::StrCat("a string of ", value.size(), " characters");
+}
+
+// The JobSpec fields TrainConfig does not hold.
+absl::Status ValidateJobFields(const v1::JobSpec& spec) {
+  if (spec.name().size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: got ", Shown(spec.name()), "; at most ", kMaxNameLength,
+        " characters"));
+  }
+  if (spec.labels_size() > static_cast<int>(kMaxLabels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels: got ", spec.labels_size(), "; at most ", kMaxLabels));
+  }
+  for (const auto& [key, value] : spec.labels()) {
+    if (!IsLabelKey(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels: key ", Shown(key), " must be 1-", kMaxLabelKeyLength,
+          " characters of [A-Za-z0-9_.-/]"));
+    }
+    if (value.size() > kMaxLabelValueLength) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels[", key, "]: got ", Shown(value), "; at most ",
+          kMaxLabelValueLength, " characters"));
+    }
+  }
+  if (spec.priority() < -kMaxPriority || spec.priority() > kMaxPriority) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority: got ", spec.priority(), "; must be in [",
+                     -kMaxPriority, ", ", kMaxPriority, "]"));
+  }
+  if (spec.model().size() > kMaxModelLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: got ", Shown(spec.model()), "; at most ", kMaxModelLength,
+        " characters"));
+  }
+  if (spec.data().size() > kMaxPathLength ||
+      spec.trainer().init_from().size() > kMaxPathLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.data().size() > kMaxPathLength ? "data" : "trainer.init_from",
+        ": path longer than ", kMaxPathLength, " characters"));
+  }
+  if (spec.strategy().name().size() > kMaxModelLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy.name: got ", Shown(spec.strategy().name()),
+                     "; expected single, ddp or fsdp"));
+  }
+  if (spec.device_kind() != v1::DEVICE_KIND_UNSPECIFIED &&
+      !v1::DeviceKind_IsValid(spec.device_kind())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_kind: got ", spec.device_kind(), "; expected CPU or GPU"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
 absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
                                                    const std::string& out_dir) {
+  if (absl::Status s = ValidateJobFields(spec); !s.ok()) return s;
   TrainConfig c;
   c.out = out_dir;
   c.model = spec.model();
@@ -102,6 +179,52 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   t->set_peak_flops(c.peak_flops);
   if (!c.init_from.empty()) t->set_init_from(c.init_from);
   return spec;
+}
+
+v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
+  v1::StepMetrics p;
+  p.set_step(m.step);
+  p.set_total_steps(m.total_steps);
+  p.set_epoch(m.epoch);
+  p.set_rank(static_cast<int32_t>(m.rank));
+  p.set_loss(m.loss);
+  p.set_grad_norm(m.grad_norm);
+  p.set_lr(m.lr);
+  p.set_step_seconds(m.step_seconds);
+  p.set_tokens(m.tokens);
+  p.set_tokens_per_second(m.tokens_per_second);
+  p.set_mfu(m.mfu);
+  p.set_memory_allocated_bytes(m.memory_allocated_bytes);
+  p.set_memory_peak_bytes(m.memory_peak_bytes);
+  p.set_memory_reserved_bytes(m.memory_reserved_bytes);
+  p.set_model_state_bytes(m.model_state_bytes);
+  p.set_comm_seconds(m.comm_seconds);
+  p.set_comm_bytes(m.comm_bytes);
+  if (m.val_loss >= 0) p.set_val_loss(m.val_loss);
+  return p;
+}
+
+StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
+  StepMetrics m;
+  m.step = p.step();
+  m.total_steps = p.total_steps();
+  m.epoch = p.epoch();
+  m.rank = p.rank();
+  m.loss = p.loss();
+  m.grad_norm = p.grad_norm();
+  m.lr = p.lr();
+  m.step_seconds = p.step_seconds();
+  m.tokens = p.tokens();
+  m.tokens_per_second = p.tokens_per_second();
+  m.mfu = p.mfu();
+  m.memory_allocated_bytes = p.memory_allocated_bytes();
+  m.memory_peak_bytes = p.memory_peak_bytes();
+  m.memory_reserved_bytes = p.memory_reserved_bytes();
+  m.model_state_bytes = p.model_state_bytes();
+  m.comm_seconds = p.comm_seconds();
+  m.comm_bytes = p.comm_bytes();
+  m.val_loss = p.has_val_loss() ? p.val_loss() : -1;
+  return m;
 }
 
 }  // namespace shardtrain

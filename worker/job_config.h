@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "shardtrain/v1/job.pb.h"
+#include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/train_config.h"
 
 namespace shardtrain {
@@ -22,6 +23,11 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
 
 // A JobSpec that converts back to `config` (every trainer field set).
 v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& config, int world_size);
+
+// The engine's per-step metrics as the control plane carries them, and back.
+// val_loss < 0 in the engine means "no eval this step": unset in the proto.
+v1::StepMetrics StepMetricsToProto(const StepMetrics& m);
+StepMetrics StepMetricsFromProto(const v1::StepMetrics& m);
 
 }  // namespace shardtrain
 

@@ -8,12 +8,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/comm/dist_env.h"
-#include "worker/engine/strategy/strategy_factory.h"
 #include "worker/engine/train/train_config.h"
-#include "worker/engine/train/trainer.h"
 #include "worker/local_launcher.h"
+#include "worker/training_run.h"
 
 namespace shardtrain {
 namespace {
@@ -121,39 +119,10 @@ int Main(int argc, char** argv) {
     std::cerr << "shardtrain-train: " << env.status().message() << "\n";
     return 2;
   }
-  const RankInfo rank_info{env->rank, env->world_size};
-  // One GPU per rank: plain "cuda" means this rank's local device.
-  torch::Device device(config.device == "cuda" && env->world_size > 1
-                           ? "cuda:" + std::to_string(env->local_rank)
-                           : config.device);
-
-  std::unique_ptr<Communicator> comm;
-  if (config.strategy != "single") {
-    auto c10d = C10dCommunicator::Create(
-        *env, std::chrono::seconds(config.comm_timeout), device);
-    if (!c10d.ok()) {
-      std::cerr << "shardtrain-train: rank " << env->rank << ": "
-                << c10d.status().message() << "\n";
-      return 1;
-    }
-    comm = std::move(*c10d);
-  }
-  absl::StatusOr<std::unique_ptr<Strategy>> strategy = CreateStrategy(
-      config, StrategyOptionsFor(config, device, env->rank, env->world_size),
-      comm.get());
-  if (!strategy.ok()) {
-    std::cerr << "shardtrain-train: " << strategy.status().message() << "\n";
-    return 2;
-  }
-  auto trainer =
-      Trainer::Create(config, rank_info, std::move(*strategy), &std::cout);
-  if (!trainer.ok()) {
-    std::cerr << "shardtrain-train: " << trainer.status().message() << "\n";
-    return 1;
-  }
-  if (absl::Status s = (*trainer)->Run(); !s.ok()) {
-    std::cerr << "shardtrain-train: " << s.message() << "\n";
-    return 1;
+  absl::Status run = RunTrainingRank(config, *env, &std::cout, {});
+  if (!run.ok()) {
+    std::cerr << "shardtrain-train: " << run.message() << "\n";
+    return absl::IsInvalidArgument(run) ? 2 : 1;
   }
   return 0;
 }

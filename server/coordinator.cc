@@ -1,0 +1,238 @@
+#include "server/coordinator.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/dataset_locator.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& flag,
+                                          const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
+  }
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+std::string DefaultWorkerBinary() {
+  std::error_code ec;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (self.parent_path() / "shardtrain-worker").string();
+}
+
+// Locks state-dir/LOCK for this process's lifetime.
+absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
+  const std::string path = state_dir + "/LOCK";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--state-dir: cannot open ", path));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    (void)!pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state-dir: ", state_dir, " is in use by another shardtraind (pid ",
+        std::string(pid), ")"));
+  }
+  const std::string me = std::to_string(getpid());
+  (void)!ftruncate(fd, 0);
+  (void)!pwrite(fd, me.data(), me.size(), 0);
+  return fd;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)) {}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
+    CoordinatorOptions options) {
+  if (options.state_dir.empty()) {
+    return absl::InvalidArgumentError("--state-dir: required");
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key: give both or neither");
+  }
+  if (options.grace_period < absl::ZeroDuration() ||
+      options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_timeout <= options.heartbeat_interval ||
+      options.rendezvous_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "timeouts: need --grace-period >= 0, --heartbeat-interval > 0, "
+        "--heartbeat-timeout > --heartbeat-interval, --rendezvous-timeout > 0");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir + "/jobs", ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "--state-dir: cannot create ", options.state_dir, ": ", ec.message()));
+  }
+  options.state_dir = std::filesystem::absolute(options.state_dir).string();
+  if (options.worker_binary.empty()) options.worker_binary = DefaultWorkerBinary();
+  if (access(options.worker_binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--worker-binary: '", options.worker_binary, "' is not executable"));
+  }
+
+  std::unique_ptr<Coordinator> c(new Coordinator(options));
+  absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+  if (!lock.ok()) return lock.status();
+  c->lock_fd_ = *lock;
+
+  c->nvml_ = Nvml::Load();
+  absl::StatusOr<std::vector<DeviceInfo>> devices =
+      DiscoverDevices(options.devices, c->nvml_.get());
+  if (!devices.ok()) return devices.status();
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open(options.state_dir + "/shardtraind.db");
+  if (!store.ok()) return store.status();
+  c->store_ = std::move(*store);
+
+  std::string token;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> read =
+        RequestAuthorizer::ReadTokenFile(options.auth_token_file);
+    if (!read.ok()) return read.status();
+    token = std::move(*read);
+  }
+  c->authorizer_ = std::make_unique<RequestAuthorizer>(token);
+
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadWholeFile("--tls-cert", options.tls_cert);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadWholeFile("--tls-key", options.tls_key);
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+
+  // The workers' channel: a Unix socket only this user can reach.
+  const std::string socket_path = options.state_dir + "/shardtraind.sock";
+  std::string worker_listen;
+  if (socket_path.size() <= kMaxUnixSocketPath) {
+    std::filesystem::remove(socket_path, ec);  // left by a killed coordinator
+    worker_listen = "unix:" + socket_path;
+  } else {
+    worker_listen = "127.0.0.1:0";
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int public_port = 0;
+  int worker_port = 0;
+  builder.AddListeningPort(options.listen, credentials, &public_port);
+  builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
+                           &worker_port);
+
+  // The manager needs the workers' address before the server runs: the port
+  // of a TCP fallback is only known after BuildAndStart, so that case binds
+  // the services first and the manager reads the port afterwards.
+  JobManagerOptions manager_options;
+  manager_options.state_dir = options.state_dir;
+  manager_options.worker_binary = options.worker_binary;
+  manager_options.devices = *devices;
+  manager_options.cpu_cores = UsableCores();
+  manager_options.grace_period = options.grace_period;
+  manager_options.heartbeat_interval = options.heartbeat_interval;
+  manager_options.heartbeat_timeout = options.heartbeat_timeout;
+  manager_options.rendezvous_timeout = options.rendezvous_timeout;
+  manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
+  manager_options.worker_address = worker_listen;
+  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
+      manager_options, c->store_.get(), &c->launcher_, &c->clock_);
+  if (!manager.ok()) return manager.status();
+  c->manager_ = std::move(*manager);
+
+  c->job_service_ =
+      std::make_unique<JobServiceImpl>(c->manager_.get(), c->authorizer_.get());
+  c->cluster_service_ = std::make_unique<ClusterServiceImpl>(
+      c->manager_.get(), c->authorizer_.get());
+  c->worker_service_ = std::make_unique<WorkerServiceImpl>(c->manager_.get());
+  builder.RegisterService(c->job_service_.get());
+  builder.RegisterService(c->cluster_service_.get());
+  builder.RegisterService(c->worker_service_.get());
+  c->server_ = builder.BuildAndStart();
+  if (c->server_ == nullptr || public_port == 0 || worker_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "--listen: cannot listen on ", options.listen,
+        public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),
+        "; is another shardtraind running?"));
+  }
+  if (worker_listen == "127.0.0.1:0") {
+    c->manager_->set_worker_address(absl::StrCat("127.0.0.1:", worker_port));
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  c->address_ = absl::StrCat(host, ":", public_port);
+  for (const char* service :
+       {"", "shardtrain.v1.JobService", "shardtrain.v1.ClusterService",
+        "shardtrain.v1.WorkerService"}) {
+    c->server_->GetHealthCheckService()->SetServingStatus(service, true);
+  }
+  {
+    const std::string endpoint = options.state_dir + "/endpoint";
+    std::ofstream out(endpoint + ".tmp", std::ios::trunc);
+    out << c->address_ << "\n";
+    out.close();
+    std::filesystem::rename(endpoint + ".tmp", endpoint, ec);
+  }
+  c->manager_->Start();
+  std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
+            << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
+            << (token.empty() ? "" : " with token auth") << "; "
+            << devices->size() << " "
+            << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
+            << "; state in " << options.state_dir << std::endl;
+  return c;
+}
+
+void Coordinator::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    // Streams (WatchJob, StreamLogs -f) end once the manager closes them;
+    // the deadline bounds any other call still running.
+    manager_->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+    server_->Wait();
+  } else if (manager_ != nullptr) {
+    manager_->Shutdown();
+  }
+  std::error_code ec;
+  std::filesystem::remove(options_.state_dir + "/endpoint", ec);
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,89 @@
+// Coordinator: shardtraind assembled. Builds the store, launcher, job manager
+// and gRPC services from CoordinatorOptions and serves them; owns nothing
+// else. Members are declared in dependency order, so they are destroyed in
+// reverse.
+//
+// Listens on options.listen (TLS when a certificate is given) and, for its
+// own workers, on a Unix socket in the state dir (state-dir/shardtraind.sock;
+// a loopback port when the path is too long for a socket). The address bound
+// on options.listen is written to state-dir/endpoint for local clients.
+#ifndef SHARDTRAIN_SERVER_COORDINATOR_H_
+#define SHARDTRAIN_SERVER_COORDINATOR_H_
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/clock.h"
+#include "server/cluster_service.h"
+#include "server/device_inventory.h"
+#include "server/job_manager.h"
+#include "server/job_service.h"
+#include "server/job_store.h"
+#include "server/nvml.h"
+#include "server/process_launcher.h"
+#include "server/request_authorizer.h"
+#include "server/worker_service.h"
+
+namespace shardtrain {
+
+// The port shardtraind listens on by default (127.0.0.1 only).
+inline constexpr int kDefaultPort = 50551;
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:50551";
+  std::string state_dir;
+  std::string worker_binary;  // empty: shardtrain-worker beside shardtraind
+  DeviceOptions devices;
+  absl::Duration grace_period = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration heartbeat_timeout = absl::Seconds(30);
+  absl::Duration rendezvous_timeout = absl::Seconds(300);
+  std::string auth_token_file;
+  std::string tls_cert;
+  std::string tls_key;
+};
+
+class Coordinator {
+ public:
+  // Everything up and serving, or an error naming what failed (a flag, the
+  // state dir, the listen address).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(
+      CoordinatorOptions options);
+
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Stops accepting calls, stops the workers, closes the store. Idempotent.
+  void Shutdown();
+
+  // The address bound on options.listen ("127.0.0.1:50551").
+  const std::string& address() const { return address_; }
+  JobManager& manager() { return *manager_; }
+
+ private:
+  explicit Coordinator(CoordinatorOptions options);
+
+  const CoordinatorOptions options_;
+  int lock_fd_ = -1;  // flock on state-dir/LOCK: one coordinator per state dir
+  std::unique_ptr<Nvml> nvml_;
+  std::unique_ptr<JobStore> store_;
+  PosixProcessLauncher launcher_;
+  RealClock clock_;
+  std::unique_ptr<RequestAuthorizer> authorizer_;
+  std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<ClusterServiceImpl> cluster_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_SERVER_COORDINATOR_H_

@@ -1,0 +1,936 @@
+#include "server/job_manager.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/log_files.h"
+#include "server/scheduler.h"
+#include "worker/job_config.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+
+int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+void LogInfo(const std::string& message) {
+  std::cerr << absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                                absl::UTCTimeZone())
+            << " shardtraind: " << message << "\n";
+}
+
+std::string NewSecret() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+// Compares without an early exit, so timing reveals nothing of the secret.
+bool SecretsEqual(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+// A TCP port on loopback that is free now, for the job's rendezvous store.
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return absl::InternalError("no free loopback port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
+bool LooksLikeOom(const std::vector<std::string>& lines) {
+  for (const std::string& line : lines) {
+    const std::string lower = absl::AsciiStrToLower(line);
+    if (lower.find("out of memory") != std::string::npos ||
+        lower.find("outofmemoryerror") != std::string::npos ||
+        lower.find("std::bad_alloc") != std::string::npos ||
+        lower.find("can't allocate memory") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* StateName(v1::JobState state) {
+  return v1::JobState_Name(state).c_str();
+}
+
+bool IsActive(v1::JobState state) {
+  return state == v1::STARTING || state == v1::RUNNING ||
+         state == v1::RESTARTING;
+}
+
+}  // namespace
+
+bool JobManager::IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED ||
+         state == v1::CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
+    JobManagerOptions options, JobStore* store, ProcessLauncher* launcher,
+    Clock* clock, JobObserver* observer) {
+  if (options.devices.empty()) {
+    return absl::InvalidArgumentError("job manager: no devices to schedule");
+  }
+  if (!options.resolve_data) {
+    return absl::InvalidArgumentError("job manager: no data resolver");
+  }
+  std::unique_ptr<JobManager> manager(
+      new JobManager(std::move(options), store, launcher, clock, observer));
+  if (absl::Status s = manager->Recover(); !s.ok()) return s;
+  return manager;
+}
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store,
+                       ProcessLauncher* launcher, Clock* clock,
+                       JobObserver* observer)
+    : options_(std::move(options)),
+      store_(store),
+      launcher_(launcher),
+      clock_(clock),
+      observer_(observer) {
+  device_holder_.resize(options_.devices.size());
+  worker_address_ = options_.worker_address;
+}
+
+void JobManager::set_worker_address(std::string address) {
+  absl::MutexLock lock(&mutex_);
+  worker_address_ = std::move(address);
+}
+
+JobManager::~JobManager() { Shutdown(); }
+
+std::string JobManager::JobDir(const std::string& job_id) const {
+  return absl::StrCat(options_.state_dir, "/jobs/", job_id);
+}
+
+std::string JobManager::LogPath(const std::string& job_id, int rank) const {
+  return absl::StrCat(JobDir(job_id), "/rank-", rank, ".log");
+}
+
+absl::Status JobManager::Recover() {
+  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadJobs();
+  if (!stored.ok()) return stored.status();
+  absl::MutexLock lock(&mutex_);
+  for (StoredJob& s : *stored) {
+    auto entry = std::make_unique<Entry>();
+    entry->stored = std::move(s);
+    next_seq_ = std::max(next_seq_, entry->stored.seq + 1);
+    order_.push_back(entry->stored.job.id());
+    jobs_[entry->stored.job.id()] = std::move(entry);
+  }
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_[id];
+    v1::Job& job = entry.stored.job;
+    if (!IsActive(job.state())) continue;
+    // The previous coordinator's workers died with it (parent-death signal);
+    // make sure of it before anything is relaunched.
+    for (int pid : entry.stored.worker_pids) {
+      launcher_->KillOrphan(pid, id, absl::Seconds(5));
+    }
+    entry.stored.worker_pids.clear();
+    entry.stored.worker_pgid = 0;
+    const int max_restarts = job.spec().max_restarts();
+    if (job.restarts() < max_restarts) {
+      job.set_restarts(job.restarts() + 1);
+      entry.relaunch_pending = true;
+      SetState(entry, v1::RESTARTING,
+               absl::StrCat("coordinator restarted while the job was ",
+                            StateName(job.state()), "; restart ",
+                            job.restarts(), " of ", max_restarts,
+                            " from the last checkpoint"));
+    } else {
+      v1::Failure* failure = job.mutable_failure();
+      failure->set_reason(v1::COORDINATOR_RESTART);
+      failure->set_rank(-1);
+      failure->set_message(absl::StrCat(
+          "the coordinator restarted while the job was ",
+          StateName(job.state()), " and no restarts were left (max_restarts ",
+          max_restarts, ")"));
+      SetState(entry, v1::FAILED, failure->message());
+    }
+  }
+  LogInfo(absl::StrCat("recovered ", order_.size(), " jobs from the store"));
+  return absl::OkStatus();
+}
+
+void JobManager::Start() {
+  supervisor_ = std::thread([this] { SupervisorLoop(); });
+}
+
+void JobManager::SupervisorLoop() {
+  while (!stop_supervisor_.WaitForNotificationWithTimeout(options_.tick)) {
+    Tick();
+  }
+}
+
+void JobManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!shutting_down_) {
+      shutting_down_ = true;
+      for (auto& [id, entry] : jobs_) {
+        if (!entry->ranks.empty()) BeginStop(*entry, StopIntent::kShutdown);
+        for (auto& weak : entry->watchers) {
+          if (auto watch = weak.lock()) watch->Close();
+        }
+        entry->watchers.clear();
+      }
+    }
+  }
+  // Workers die with the thread that spawned them, so the supervisor keeps
+  // running (and reaping) until they are gone.
+  const absl::Time deadline =
+      clock_->Now() + options_.grace_period + absl::Seconds(5);
+  while (true) {
+    {
+      absl::MutexLock lock(&mutex_);
+      bool any = false;
+      for (auto& [id, entry] : jobs_) any = any || !entry->ranks.empty();
+      if (!any) break;
+    }
+    if (clock_->Now() > deadline) break;
+    if (!supervisor_.joinable()) Tick();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!stop_supervisor_.HasBeenNotified()) stop_supervisor_.Notify();
+  if (supervisor_.joinable()) supervisor_.join();
+}
+
+// ---------------------------------------------------------------------------
+// JobService
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  const v1::DeviceKind cluster_kind = options_.devices.front().kind;
+  v1::JobSpec effective = spec;
+  if (effective.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) {
+    effective.set_device_kind(cluster_kind);
+  }
+  if (effective.device_kind() != cluster_kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_kind: got ", v1::DeviceKind_Name(effective.device_kind()),
+        "; this coordinator schedules ", v1::DeviceKind_Name(cluster_kind),
+        " devices only"));
+  }
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(effective, "");
+  if (!config.ok()) return config.status();
+  const int devices = static_cast<int>(options_.devices.size());
+  if (effective.world_size() > devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: got ", effective.world_size(), "; this coordinator has ",
+        devices, cluster_kind == v1::GPU ? " GPU" : " CPU slot",
+        devices == 1 ? "" : "s"));
+  }
+  if (absl::StatusOr<std::string> data = options_.resolve_data(spec.data());
+      !data.ok()) {
+    return data.status();
+  }
+  if (!config->init_from.empty() &&
+      !std::filesystem::is_regular_file(config->init_from)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer.init_from: got '", config->init_from,
+                     "'; no such file on the coordinator's host"));
+  }
+
+  absl::MutexLock lock(&mutex_);
+  if (shutting_down_) {
+    return absl::UnavailableError("shardtraind is shutting down");
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->stored.seq = next_seq_;
+  entry->stored.secret = NewSecret();
+  v1::Job& job = entry->stored.job;
+  job.set_id(absl::StrFormat("job-%06d", next_seq_));
+  *job.mutable_spec() = effective;
+  job.set_state(v1::QUEUED);
+  job.set_state_reason("waiting for the scheduler");
+  job.set_submit_time_unix_ms(UnixMillis(clock_->Now()));
+  v1::JobEvent event;
+  event.set_time_unix_ms(job.submit_time_unix_ms());
+  event.set_state(v1::QUEUED);
+  event.set_message("submitted");
+  if (absl::Status s = store_->InsertJob(entry->stored, event); !s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("could not store the job: ", s.message()));
+  }
+  ++next_seq_;
+  const std::string id = job.id();
+  order_.push_back(id);
+  v1::Job result = job;
+  jobs_[id] = std::move(entry);
+  if (observer_ != nullptr) observer_->OnJobChanged(result);
+  return result;
+}
+
+JobManager::Entry* JobManager::Find(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  return it->second->stored.job;
+}
+
+absl::StatusOr<ListJobsPage> JobManager::List(
+    const ListJobsQuery& query) const {
+  if (query.page_size < 0 || query.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: got ", query.page_size, "; must be in [0, ",
+                     kMaxPageSize, "]"));
+  }
+  int64_t after_seq = 0;
+  if (!query.page_token.empty() &&
+      (!absl::SimpleAtoi(query.page_token, &after_seq) || after_seq < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token: got '", query.page_token,
+        "'; pass the next_page_token of the previous page"));
+  }
+  const int page_size = query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  absl::MutexLock lock(&mutex_);
+  ListJobsPage page;
+  for (const std::string& id : order_) {
+    const Entry& entry = *jobs_.at(id);
+    if (entry.stored.seq <= after_seq) continue;
+    const v1::Job& job = entry.stored.job;
+    if (!query.states.empty() &&
+        std::find(query.states.begin(), query.states.end(), job.state()) ==
+            query.states.end()) {
+      continue;
+    }
+    bool labels_match = true;
+    for (const auto& [key, value] : query.labels) {
+      auto it = job.spec().labels().find(key);
+      labels_match = labels_match && it != job.spec().labels().end() &&
+                     it->second == value;
+    }
+    if (!labels_match) continue;
+    if (static_cast<int>(page.jobs.size()) == page_size) {
+      page.next_page_token =
+          absl::StrCat(jobs_.at(page.jobs.back().id())->stored.seq);
+      break;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&mutex_);
+  Entry* entry = Find(job_id);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  const v1::JobState state = entry->stored.job.state();
+  if (IsTerminal(state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " already ended (", StateName(state), ")"));
+  }
+  if (state == v1::QUEUED || (entry->ranks.empty() && !entry->relaunch_pending &&
+                              entry->stop == StopIntent::kNone)) {
+    entry->relaunch_pending = false;
+    ReleaseDevices(*entry);
+    SetState(*entry, v1::CANCELLED, "cancelled before it started");
+  } else if (entry->relaunch_pending) {
+    entry->relaunch_pending = false;
+    ReleaseDevices(*entry);
+    SetState(*entry, v1::CANCELLED, "cancelled while waiting to restart");
+  } else if (entry->stop != StopIntent::kCancel) {
+    BeginStop(*entry, StopIntent::kCancel);
+    v1::JobEvent event;
+    event.set_time_unix_ms(UnixMillis(clock_->Now()));
+    event.set_state(state);
+    event.set_message(absl::StrCat("cancel requested; stopping ",
+                                   entry->ranks.size(), " ranks"));
+    Persist(*entry, event);
+  }
+  return entry->stored.job;
+}
+
+absl::StatusOr<std::vector<v1::StepMetrics>> JobManager::Metrics(
+    const std::string& job_id, std::optional<int> rank,
+    int64_t from_step) const {
+  if (absl::StatusOr<v1::Job> job = Get(job_id); !job.ok()) {
+    return job.status();
+  }
+  return store_->GetMetrics(job_id, rank, from_step);
+}
+
+absl::StatusOr<std::shared_ptr<JobWatch>> JobManager::Watch(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mutex_);
+  Entry* entry = Find(job_id);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  auto watch = std::make_shared<JobWatch>();
+  v1::WatchJobEvent first;
+  *first.mutable_job() = entry->stored.job;
+  watch->Push(std::move(first));
+  if (IsTerminal(entry->stored.job.state()) || shutting_down_) {
+    watch->Close();
+  } else {
+    entry->watchers.push_back(watch);
+  }
+  return watch;
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::LogPaths(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  std::vector<std::string> paths;
+  for (int r = 0; r < it->second->stored.job.spec().world_size(); ++r) {
+    paths.push_back(LogPath(job_id, r));
+  }
+  return paths;
+}
+
+ClusterView JobManager::Cluster() const {
+  absl::MutexLock lock(&mutex_);
+  ClusterView view;
+  view.devices = options_.devices;
+  view.holders.resize(options_.devices.size());
+  for (size_t d = 0; d < device_holder_.size(); ++d) {
+    const std::string& id = device_holder_[d];
+    if (id.empty()) continue;
+    view.holders[d].job_id = id;
+    const std::vector<int>& devices = jobs_.at(id)->devices;
+    view.holders[d].rank = static_cast<int>(
+        std::find(devices.begin(), devices.end(), static_cast<int>(d)) -
+        devices.begin());
+  }
+  std::vector<QueuedJobRef> queue;
+  for (const std::string& id : order_) {
+    const Entry& entry = *jobs_.at(id);
+    if (entry.stored.job.state() != v1::QUEUED) continue;
+    queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
+                     entry.stored.job.spec().world_size()});
+  }
+  SortQueue(&queue);
+  for (const QueuedJobRef& ref : queue) view.queue.push_back(jobs_.at(ref.job_id)->stored.job);
+  return view;
+}
+
+// ---------------------------------------------------------------------------
+// WorkerService
+
+absl::StatusOr<JobManager::Entry*> JobManager::Authenticate(
+    const v1::WorkerIdentity& worker) {
+  Entry* entry = Find(worker.job_id());
+  // One message for every refusal: a caller learns nothing about which part
+  // was wrong.
+  const absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
+      "worker: not a live rank of job '", worker.job_id(),
+      "' with that secret"));
+  if (entry == nullptr || !IsActive(entry->stored.job.state()) ||
+      entry->ranks.empty()) {
+    return denied;
+  }
+  if (!SecretsEqual(worker.secret(), entry->stored.secret) ||
+      worker.rank() < 0 ||
+      worker.rank() >= static_cast<int>(entry->ranks.size()) ||
+      entry->ranks[worker.rank()].pid != worker.pid() ||
+      entry->ranks[worker.rank()].exited) {
+    return denied;
+  }
+  return entry;
+}
+
+absl::Status JobManager::RegisterWorker(const v1::WorkerIdentity& worker) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<Entry*> found = Authenticate(worker);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  RankProcess& rank = entry.ranks[worker.rank()];
+  rank.registered = true;
+  rank.last_heartbeat = clock_->Now();
+  if (observer_ != nullptr) {
+    observer_->OnHeartbeat(worker.job_id(), worker.rank(), rank.last_heartbeat);
+  }
+  const bool all = std::all_of(entry.ranks.begin(), entry.ranks.end(),
+                               [](const RankProcess& r) { return r.registered; });
+  if (all && entry.stop == StopIntent::kNone &&
+      entry.stored.job.state() != v1::RUNNING) {
+    const v1::Job& job = entry.stored.job;
+    SetState(entry, v1::RUNNING,
+             job.restarts() == 0
+                 ? absl::StrCat("all ", entry.ranks.size(), " ranks joined")
+                 : absl::StrCat("all ", entry.ranks.size(),
+                                " ranks joined after restart ", job.restarts()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> JobManager::ReportProgress(
+    const v1::WorkerIdentity& worker,
+    const std::vector<v1::StepMetrics>& steps) {
+  bool stop = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    absl::StatusOr<Entry*> found = Authenticate(worker);
+    if (!found.ok()) return found.status();
+    Entry& entry = **found;
+    entry.ranks[worker.rank()].last_heartbeat = clock_->Now();
+    stop = entry.stop != StopIntent::kNone;
+  }
+  for (const v1::StepMetrics& step : steps) {
+    if (step.rank() != worker.rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("steps: rank ", worker.rank(),
+                       " reported a step of rank ", step.rank()));
+    }
+  }
+  // Stored outside the lock: the store batches concurrent reports into one
+  // transaction, and the other ranks keep reporting meanwhile.
+  if (absl::Status s = store_->AppendMetrics(worker.job_id(), steps); !s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("could not store step metrics: ", s.message()));
+  }
+  absl::MutexLock lock(&mutex_);
+  Entry* entry = Find(worker.job_id());
+  if (entry == nullptr) return stop;
+  v1::Job& job = entry->stored.job;
+  for (const v1::StepMetrics& step : steps) {
+    if (step.rank() == 0 && step.step() >= job.last_step().step()) {
+      *job.mutable_last_step() = step;
+    }
+    v1::WatchJobEvent event;
+    *event.mutable_step() = step;
+    for (auto& weak : entry->watchers) {
+      if (auto watch = weak.lock()) watch->Push(event);
+    }
+  }
+  if (observer_ != nullptr && !steps.empty()) observer_->OnSteps(job, steps);
+  return stop;
+}
+
+absl::StatusOr<bool> JobManager::Heartbeat(const v1::WorkerIdentity& worker) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<Entry*> found = Authenticate(worker);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  entry.ranks[worker.rank()].last_heartbeat = clock_->Now();
+  if (observer_ != nullptr) {
+    observer_->OnHeartbeat(worker.job_id(), worker.rank(),
+                           entry.ranks[worker.rank()].last_heartbeat);
+  }
+  return entry.stop != StopIntent::kNone;
+}
+
+// ---------------------------------------------------------------------------
+// Supervision
+
+void JobManager::Tick() {
+  absl::MutexLock lock(&mutex_);
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_.at(id);
+    if (!entry.ranks.empty()) ReapAndDetect(entry);
+  }
+  if (shutting_down_) return;
+  // Jobs recovered after a coordinator restart go before the queue: they held
+  // their devices before.
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_.at(id);
+    if (!entry.relaunch_pending) continue;
+    entry.relaunch_pending = false;
+    const std::vector<int> free = FreeDevices();
+    const int world = entry.stored.job.spec().world_size();
+    if (static_cast<int>(free.size()) < world) {
+      v1::Failure* failure = entry.stored.job.mutable_failure();
+      failure->set_reason(v1::COORDINATOR_RESTART);
+      failure->set_rank(-1);
+      failure->set_message(absl::StrCat(
+          "after the coordinator restarted the job needs ", world,
+          " devices and only ", free.size(), " are free"));
+      SetState(entry, v1::FAILED, failure->message());
+      continue;
+    }
+    Launch(entry, std::vector<int>(free.begin(), free.begin() + world));
+  }
+  ScheduleQueued();
+}
+
+void JobManager::ReapAndDetect(Entry& entry) {
+  const absl::Time now = clock_->Now();
+  const std::string& id = entry.stored.job.id();
+  for (size_t r = 0; r < entry.ranks.size(); ++r) {
+    RankProcess& rank = entry.ranks[r];
+    if (rank.exited) continue;
+    std::optional<ExitStatus> exit = launcher_->TryWait(rank.pid);
+    if (!exit) continue;
+    rank.exited = true;
+    rank.exit = *exit;
+    LogInfo(absl::StrCat(id, " rank ", r, " (pid ", rank.pid, ") ended: ",
+                         exit->ToString()));
+    if (exit->success() || entry.stop != StopIntent::kNone) continue;
+    v1::Failure failure;
+    failure.set_rank(static_cast<int>(r));
+    const std::vector<std::string> tail =
+        ReadLastLines(LogPath(id, static_cast<int>(r)), options_.log_tail_lines);
+    for (const std::string& line : tail) failure.add_log_tail(line);
+    if (LooksLikeOom(tail)) {
+      failure.set_reason(v1::OOM);
+    } else {
+      failure.set_reason(exit->signal > 0 ? v1::SIGNAL : v1::EXIT_CODE);
+    }
+    failure.set_message(absl::StrCat(
+        "rank ", r, " ended with ", exit->ToString(),
+        failure.reason() == v1::OOM ? " (out of memory)" : ""));
+    FailAttempt(entry, std::move(failure));
+  }
+
+  if (entry.stop == StopIntent::kNone) {
+    std::vector<int> unregistered;
+    for (size_t r = 0; r < entry.ranks.size(); ++r) {
+      const RankProcess& rank = entry.ranks[r];
+      if (!rank.registered) {
+        unregistered.push_back(static_cast<int>(r));
+        continue;
+      }
+      if (!rank.exited && now - rank.last_heartbeat > options_.heartbeat_timeout) {
+        v1::Failure failure;
+        failure.set_reason(v1::HANG);
+        failure.set_rank(static_cast<int>(r));
+        failure.set_message(absl::StrCat(
+            "rank ", r, " sent no heartbeat for ",
+            absl::FormatDuration(absl::Trunc(now - rank.last_heartbeat,
+                                             absl::Milliseconds(100))),
+            " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
+        for (const std::string& line :
+             ReadLastLines(LogPath(id, static_cast<int>(r)),
+                           options_.log_tail_lines)) {
+          failure.add_log_tail(line);
+        }
+        FailAttempt(entry, std::move(failure));
+        break;
+      }
+    }
+    if (entry.stop == StopIntent::kNone && !unregistered.empty() &&
+        now - entry.launch_time > options_.rendezvous_timeout) {
+      v1::Failure failure;
+      failure.set_reason(v1::RENDEZVOUS_TIMEOUT);
+      failure.set_rank(unregistered.front());
+      failure.set_message(absl::StrCat(
+          "rank", unregistered.size() == 1 ? " " : "s ",
+          absl::StrJoin(unregistered, ", "), " did not join within ",
+          absl::FormatDuration(options_.rendezvous_timeout)));
+      for (const std::string& line :
+           ReadLastLines(LogPath(id, unregistered.front()),
+                         options_.log_tail_lines)) {
+        failure.add_log_tail(line);
+      }
+      FailAttempt(entry, std::move(failure));
+    }
+  }
+
+  if (entry.stop != StopIntent::kNone && !entry.killed &&
+      now >= entry.stop_deadline) {
+    for (const RankProcess& rank : entry.ranks) {
+      if (!rank.exited) {
+        launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGKILL);
+      }
+    }
+    entry.killed = true;
+  }
+  const bool all_exited =
+      std::all_of(entry.ranks.begin(), entry.ranks.end(),
+                  [](const RankProcess& r) { return r.exited; });
+  if (all_exited) FinishAttempt(entry);
+}
+
+void JobManager::FailAttempt(Entry& entry, v1::Failure failure) {
+  if (entry.failure.has_value()) return;
+  LogInfo(absl::StrCat(entry.stored.job.id(), ": ", failure.message()));
+  v1::JobEvent event;
+  event.set_time_unix_ms(UnixMillis(clock_->Now()));
+  event.set_state(entry.stored.job.state());
+  event.set_message(absl::StrCat(failure.message(), "; stopping the other ranks"));
+  entry.failure = std::move(failure);
+  BeginStop(entry, StopIntent::kFail);
+  Persist(entry, event);
+}
+
+void JobManager::BeginStop(Entry& entry, StopIntent intent) {
+  entry.stop = intent;
+  entry.stop_deadline = clock_->Now() + options_.grace_period;
+  for (const RankProcess& rank : entry.ranks) {
+    if (!rank.exited) {
+      launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGTERM);
+    }
+  }
+}
+
+void JobManager::FinishAttempt(Entry& entry) {
+  const StopIntent stop = entry.stop;
+  const bool no_restart = entry.no_restart;
+  entry.no_restart = false;
+  std::optional<v1::Failure> failure = std::move(entry.failure);
+  entry.ranks.clear();
+  entry.stop = StopIntent::kNone;
+  entry.failure.reset();
+  entry.killed = false;
+  entry.stored.worker_pids.clear();
+  entry.stored.worker_pgid = 0;
+  v1::Job& job = entry.stored.job;
+  switch (stop) {
+    case StopIntent::kShutdown:
+      Persist(entry, std::nullopt);
+      return;
+    case StopIntent::kCancel:
+      ReleaseDevices(entry);
+      SetState(entry, v1::CANCELLED, "cancelled; all ranks stopped");
+      return;
+    case StopIntent::kFail:
+      if (job.restarts() < job.spec().max_restarts() && !no_restart) {
+        job.set_restarts(job.restarts() + 1);
+        SetState(entry, v1::RESTARTING,
+                 absl::StrCat(failure->message(), "; restart ", job.restarts(),
+                              " of ", job.spec().max_restarts(),
+                              " from the last checkpoint"));
+        Launch(entry, entry.devices);
+        return;
+      }
+      ReleaseDevices(entry);
+      *job.mutable_failure() = *failure;
+      SetState(entry, v1::FAILED, failure->message());
+      return;
+    case StopIntent::kNone:
+      ReleaseDevices(entry);
+      SetState(entry, v1::SUCCEEDED, "all ranks finished");
+      return;
+  }
+}
+
+void JobManager::ScheduleQueued() {
+  std::vector<QueuedJobRef> queue;
+  for (const std::string& id : order_) {
+    const Entry& entry = *jobs_.at(id);
+    if (entry.stored.job.state() != v1::QUEUED) continue;
+    queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
+                     entry.stored.job.spec().world_size()});
+  }
+  if (queue.empty()) return;
+  const ScheduleDecision decision = Schedule(std::move(queue), FreeDevices());
+  for (const auto& [id, reason] : decision.waiting) {
+    jobs_.at(id)->stored.job.set_state_reason(reason);
+  }
+  for (const Placement& placement : decision.start) {
+    Launch(*jobs_.at(placement.job_id), placement.devices);
+  }
+}
+
+std::vector<int> JobManager::FreeDevices() const {
+  std::vector<int> free;
+  for (size_t d = 0; d < device_holder_.size(); ++d) {
+    if (device_holder_[d].empty()) free.push_back(static_cast<int>(d));
+  }
+  return free;
+}
+
+void JobManager::ReleaseDevices(Entry& entry) {
+  for (int d : entry.devices) {
+    if (device_holder_[d] == entry.stored.job.id()) device_holder_[d].clear();
+  }
+  entry.devices.clear();
+}
+
+void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  entry.devices = devices;
+  for (int d : devices) device_holder_[d] = id;
+  const int world = job.spec().world_size();
+  const bool first_attempt = job.state() == v1::QUEUED;
+
+  auto fail_launch = [&](const std::string& message) {
+    v1::Failure failure;
+    failure.set_reason(v1::EXIT_CODE);
+    failure.set_rank(static_cast<int>(entry.ranks.size()));
+    failure.set_message(message);
+    if (entry.ranks.empty()) {
+      // Nothing to stop: no restart either, the same launch would fail again.
+      ReleaseDevices(entry);
+      *job.mutable_failure() = failure;
+      SetState(entry, v1::FAILED, message);
+      return;
+    }
+    entry.no_restart = true;
+    FailAttempt(entry, std::move(failure));
+  };
+
+  const std::string dir = JobDir(id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fail_launch(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  absl::StatusOr<std::string> data = options_.resolve_data(job.spec().data());
+  if (!data.ok()) return fail_launch(std::string(data.status().message()));
+  v1::JobSpec resolved = job.spec();
+  resolved.set_data(*data);
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
+  const std::string spec_path = dir + "/spec.json";
+  {
+    std::ofstream out(spec_path + ".tmp", std::ios::trunc);
+    out << json;
+    out.close();
+    std::filesystem::rename(spec_path + ".tmp", spec_path, ec);
+    if (!out || ec) return fail_launch(absl::StrCat("cannot write ", spec_path));
+  }
+  absl::StatusOr<int> port = FreeLoopbackPort();
+  if (!port.ok()) return fail_launch(std::string(port.status().message()));
+
+  entry.stored.secret = NewSecret();
+  entry.ranks.clear();
+  entry.stop = StopIntent::kNone;
+  entry.failure.reset();
+  entry.killed = false;
+  entry.launch_time = clock_->Now();
+  entry.stored.worker_pids.clear();
+  entry.stored.worker_pgid = 0;
+  const bool cpu = job.spec().device_kind() == v1::CPU;
+  const int threads = std::max(1, options_.cpu_cores / world);
+  std::vector<std::string> gpu_list;
+  for (int d : devices) gpu_list.push_back(std::to_string(d));
+  for (int r = 0; r < world; ++r) {
+    ProcessSpec spec;
+    spec.argv = {options_.worker_binary, "--spec", spec_path, "--out", dir,
+                 "--job-id", id};
+    if (cpu) {
+      spec.argv.push_back("--threads");
+      spec.argv.push_back(std::to_string(threads));
+    }
+    if (job.restarts() > 0) spec.argv.push_back("--resume");
+    spec.env = {
+        {"RANK", std::to_string(r)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(r)},
+        {"LOCAL_WORLD_SIZE", std::to_string(world)},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(*port)},
+        {"SHARDTRAIN_JOB_ID", id},
+        {"SHARDTRAIN_COORDINATOR", worker_address_},
+        {"SHARDTRAIN_JOB_SECRET", entry.stored.secret},
+        {"SHARDTRAIN_HEARTBEAT_SECONDS",
+         absl::StrCat(absl::ToDoubleSeconds(options_.heartbeat_interval))},
+    };
+    if (cpu) {
+      spec.env.push_back({"OMP_NUM_THREADS", std::to_string(threads)});
+      spec.env.push_back({"CUDA_VISIBLE_DEVICES", ""});
+    } else {
+      spec.env.push_back({"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpu_list, ",")});
+    }
+    spec.log_path = LogPath(id, r);
+    spec.process_group = entry.stored.worker_pgid;
+    {
+      std::ofstream log(spec.log_path, std::ios::app);
+      log << "=== shardtraind: " << id << " rank " << r << " of " << world
+          << ", attempt " << job.restarts() + 1 << ", "
+          << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", clock_->Now(),
+                              absl::UTCTimeZone())
+          << " ===\n";
+    }
+    absl::StatusOr<int> pid = launcher_->Spawn(spec);
+    if (!pid.ok()) {
+      return fail_launch(absl::StrCat("could not start rank ", r, ": ",
+                                      pid.status().message()));
+    }
+    RankProcess rank;
+    rank.pid = *pid;
+    entry.ranks.push_back(rank);
+    entry.stored.worker_pids.push_back(*pid);
+    if (r == 0) entry.stored.worker_pgid = *pid;
+  }
+  LogInfo(absl::StrCat(id, ": started ", world, " ranks (pids ",
+                       absl::StrJoin(entry.stored.worker_pids, ", "), ")"));
+  if (first_attempt) {
+    job.set_start_time_unix_ms(UnixMillis(clock_->Now()));
+    SetState(entry, v1::STARTING,
+             absl::StrCat("starting ", world, " ranks on ",
+                          cpu ? "CPU slots " : "GPUs ",
+                          absl::StrJoin(gpu_list, ",")));
+  } else {
+    v1::JobEvent event;
+    event.set_time_unix_ms(UnixMillis(clock_->Now()));
+    event.set_state(job.state());
+    event.set_message(absl::StrCat("relaunched ", world, " ranks (attempt ",
+                                   job.restarts() + 1, ")"));
+    Persist(entry, event);
+  }
+}
+
+void JobManager::SetState(Entry& entry, v1::JobState state,
+                          const std::string& message) {
+  v1::Job& job = entry.stored.job;
+  const absl::Time now = clock_->Now();
+  job.set_state(state);
+  job.set_state_reason(message);
+  if (IsTerminal(state)) job.set_end_time_unix_ms(UnixMillis(now));
+  v1::JobEvent event;
+  event.set_time_unix_ms(UnixMillis(now));
+  event.set_state(state);
+  event.set_message(message);
+  Persist(entry, event);
+  LogInfo(absl::StrCat(job.id(), " -> ", StateName(state), ": ", message));
+  v1::WatchJobEvent change;
+  *change.mutable_state_change() = event;
+  for (auto& weak : entry.watchers) {
+    if (auto watch = weak.lock()) {
+      watch->Push(change);
+      if (IsTerminal(state)) watch->Close();
+    }
+  }
+  if (IsTerminal(state)) entry.watchers.clear();
+  if (observer_ != nullptr) observer_->OnJobChanged(job);
+}
+
+void JobManager::Persist(Entry& entry, const std::optional<v1::JobEvent>& event) {
+  if (absl::Status s = store_->UpdateJob(entry.stored, event); !s.ok()) {
+    LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), ": ",
+                         s.message()));
+  }
+}
+
+}  // namespace shardtrain

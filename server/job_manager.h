@@ -1,0 +1,222 @@
+// JobManager: owns every job's life in shardtraind. Validates and stores
+// submissions, runs the scheduler, launches a job's ranks, takes their
+// registrations, progress and heartbeats, notices failures (exit, signal,
+// missed heartbeats, rendezvous timeout, out of memory), restarts jobs from
+// their last checkpoint when allowed, and recovers after a coordinator
+// restart. It includes no gRPC header: the services in this folder are thin
+// adapters over it, and tests drive it with a fake launcher and clock.
+//
+// States: QUEUED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;
+// RUNNING -> RESTARTING -> RUNNING while restarts remain. Every change is
+// stored (with an event row) before it becomes visible.
+#ifndef SHARDTRAIN_SERVER_JOB_MANAGER_H_
+#define SHARDTRAIN_SERVER_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "server/clock.h"
+#include "server/device_inventory.h"
+#include "server/job_store.h"
+#include "server/job_watch.h"
+#include "server/process_launcher.h"
+#include "shardtrain/v1/job.pb.h"
+#include "shardtrain/v1/worker_service.pb.h"
+
+namespace shardtrain {
+
+// Turns a JobSpec's `data` ("brown" or a directory) into the directory the
+// workers read; errors name the field and the problem.
+using DataResolver =
+    std::function<absl::StatusOr<std::string>(const std::string& data)>;
+
+// Told about every state change and step report (the Prometheus exporter).
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  virtual void OnJobChanged(const v1::Job& job) = 0;
+  virtual void OnSteps(const v1::Job& job,
+                       const std::vector<v1::StepMetrics>& steps) = 0;
+  virtual void OnHeartbeat(const std::string& job_id, int rank,
+                           absl::Time time) = 0;
+};
+
+struct JobManagerOptions {
+  std::string state_dir;        // jobs/<id>/ live here
+  std::string worker_binary;    // shardtrain-worker
+  std::string worker_address;   // what workers dial (e.g. unix:/.../sock)
+  std::vector<DeviceInfo> devices;
+  int cpu_cores = 1;            // split among a CPU job's ranks
+  absl::Duration grace_period = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration heartbeat_timeout = absl::Seconds(30);
+  absl::Duration rendezvous_timeout = absl::Seconds(300);
+  absl::Duration tick = absl::Milliseconds(50);
+  int log_tail_lines = 20;
+  DataResolver resolve_data;    // required
+};
+
+struct ListJobsQuery {
+  std::vector<v1::JobState> states;          // empty: all
+  std::map<std::string, std::string> labels; // all must match
+  int page_size = 0;                         // 0: 100
+  std::string page_token;
+};
+
+struct ListJobsPage {
+  std::vector<v1::Job> jobs;
+  std::string next_page_token;
+};
+
+struct ClusterView {
+  struct Holder {
+    std::string job_id;
+    int rank = 0;
+  };
+  std::vector<DeviceInfo> devices;
+  std::vector<Holder> holders;  // parallel to devices; empty job_id = free
+  std::vector<v1::Job> queue;   // in scheduling order, state_reason set
+};
+
+class JobManager {
+ public:
+  // Loads the store and recovers: queued jobs stay queued; jobs that were
+  // starting or running are restarted from their last checkpoint when
+  // restarts remain, else FAILED with COORDINATOR_RESTART. Leftover workers
+  // of the previous coordinator are stopped first.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(
+      JobManagerOptions options, JobStore* store, ProcessLauncher* launcher,
+      Clock* clock, JobObserver* observer = nullptr);
+
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Starts the supervisor thread (Tick every options.tick). Workers are
+  // spawned from it, so they die with it.
+  void Start();
+  // Stops all workers (TERM, KILL after the grace period), reaps them and
+  // closes the watchers. Jobs that were running stay RUNNING in the store,
+  // so the next coordinator resumes or fails them. Idempotent.
+  void Shutdown();
+
+  // One supervision round: reap, detect failures, finish stops, schedule and
+  // launch. Called by the supervisor thread; tests call it directly.
+  void Tick();
+
+  // --- JobService ---
+  // InvalidArgument names the field; nothing is stored then.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+  absl::StatusOr<ListJobsPage> List(const ListJobsQuery& query) const;
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::StepMetrics>> Metrics(
+      const std::string& job_id, std::optional<int> rank,
+      int64_t from_step) const;
+  // The job as it is now is the watch's first event; it closes after the
+  // job's terminal state change.
+  absl::StatusOr<std::shared_ptr<JobWatch>> Watch(const std::string& job_id);
+  // state-dir/jobs/<id>/rank-<r>.log, and the job's world size.
+  absl::StatusOr<std::vector<std::string>> LogPaths(
+      const std::string& job_id) const;
+  ClusterView Cluster() const;
+
+  // Replaces options.worker_address (known only once the server listens).
+  void set_worker_address(std::string address);
+
+  // --- WorkerService: PermissionDenied unless the identity is a rank of a
+  // live job's current attempt presenting its secret. ---
+  absl::Status RegisterWorker(const v1::WorkerIdentity& worker);
+  // Stores the steps; returns whether the worker should stop.
+  absl::StatusOr<bool> ReportProgress(const v1::WorkerIdentity& worker,
+                                      const std::vector<v1::StepMetrics>& steps);
+  absl::StatusOr<bool> Heartbeat(const v1::WorkerIdentity& worker);
+
+  static bool IsTerminal(v1::JobState state);
+
+ private:
+  enum class StopIntent { kNone, kCancel, kFail, kShutdown };
+  struct RankProcess {
+    int pid = 0;
+    bool exited = false;
+    ExitStatus exit;
+    bool registered = false;
+    absl::Time last_heartbeat;
+  };
+  struct Entry {
+    StoredJob stored;
+    std::vector<int> devices;
+    std::vector<RankProcess> ranks;
+    absl::Time launch_time;
+    StopIntent stop = StopIntent::kNone;
+    absl::Time stop_deadline;
+    bool killed = false;
+    std::optional<v1::Failure> failure;  // the first failure of the attempt
+    bool no_restart = false;  // the attempt could not even start
+    bool relaunch_pending = false;  // recovered; Tick relaunches it
+    std::vector<std::weak_ptr<JobWatch>> watchers;
+  };
+
+  JobManager(JobManagerOptions options, JobStore* store,
+             ProcessLauncher* launcher, Clock* clock, JobObserver* observer);
+
+  absl::Status Recover();
+  void SupervisorLoop();
+
+  Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<Entry*> Authenticate(const v1::WorkerIdentity& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Stores the new state with an event and tells watchers and the observer.
+  void SetState(Entry& entry, v1::JobState state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Persist(Entry& entry, const std::optional<v1::JobEvent>& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Launch(Entry& entry, const std::vector<int>& devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void BeginStop(Entry& entry, StopIntent intent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void FailAttempt(Entry& entry, v1::Failure failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // All ranks of the attempt are gone: decide what happens next.
+  void FinishAttempt(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ReapAndDetect(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::string JobDir(const std::string& job_id) const;
+  std::string LogPath(const std::string& job_id, int rank) const;
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  ProcessLauncher* const launcher_;
+  Clock* const clock_;
+  JobObserver* const observer_;
+
+  mutable absl::Mutex mutex_;
+  std::map<std::string, std::unique_ptr<Entry>> jobs_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mutex_);  // by seq
+  int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::vector<std::string> device_holder_ ABSL_GUARDED_BY(mutex_);
+  std::map<std::string, std::string> waiting_reason_ ABSL_GUARDED_BY(mutex_);
+  bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+  std::string worker_address_ ABSL_GUARDED_BY(mutex_);
+
+  absl::Notification stop_supervisor_;
+  std::thread supervisor_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_SERVER_JOB_MANAGER_H_

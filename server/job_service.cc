@@ -1,0 +1,165 @@
+#include "server/job_service.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc_status.h"
+#include "server/log_files.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr absl::Duration kStreamPoll = absl::Milliseconds(100);
+constexpr int kMaxTail = 100000;
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request,
+                                       v1::Job* response) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = manager_->Submit(request->spec());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
+                                    const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = manager_->Get(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  ListJobsQuery query;
+  for (int state : request->states()) {
+    query.states.push_back(static_cast<v1::JobState>(state));
+  }
+  query.labels.insert(request->labels().begin(), request->labels().end());
+  query.page_size = request->page_size();
+  query.page_token = request->page_token();
+  absl::StatusOr<ListJobsPage> page = manager_->List(query);
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request,
+                                       v1::Job* response) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = manager_->Cancel(request->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchJob(
+    grpc::ServerContext* context, const v1::WatchJobRequest* request,
+    grpc::ServerWriter<v1::WatchJobEvent>* writer) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<JobWatch>> watch =
+      manager_->Watch(request->job_id());
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
+  while (!context->IsCancelled()) {
+    std::optional<v1::WatchJobEvent> event = (*watch)->Next(kStreamPoll);
+    if (event.has_value()) {
+      if (!writer->Write(*event)) return grpc::Status::CANCELLED;
+    } else if ((*watch)->closed_and_drained()) {
+      return grpc::Status::OK;
+    }
+  }
+  return grpc::Status::CANCELLED;
+}
+
+grpc::Status JobServiceImpl::GetJobMetrics(
+    grpc::ServerContext* context, const v1::GetJobMetricsRequest* request,
+    v1::GetJobMetricsResponse* response) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  std::optional<int> rank;
+  if (request->has_rank()) rank = request->rank();
+  absl::StatusOr<std::vector<v1::StepMetrics>> steps =
+      manager_->Metrics(request->job_id(), rank, request->from_step());
+  if (!steps.ok()) return ToGrpcStatus(steps.status());
+  for (v1::StepMetrics& step : *steps) *response->add_steps() = std::move(step);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* context,
+                                        const v1::StreamLogsRequest* request,
+                                        grpc::ServerWriter<v1::LogLine>* writer) {
+  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> paths =
+      manager_->LogPaths(request->job_id());
+  if (!paths.ok()) return ToGrpcStatus(paths.status());
+  const int world = static_cast<int>(paths->size());
+  if (request->has_rank() && (request->rank() < 0 || request->rank() >= world)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank: got ", request->rank(), "; ",
+                                     request->job_id(), " has ranks 0..",
+                                     world - 1));
+  }
+  if (request->tail() < 0 || request->tail() > kMaxTail) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("tail: got ", request->tail(),
+                                     "; must be in [0, ", kMaxTail, "]"));
+  }
+  std::vector<std::pair<int, std::unique_ptr<LogFollower>>> followers;
+  for (int r = 0; r < world; ++r) {
+    if (request->has_rank() && request->rank() != r) continue;
+    followers.emplace_back(
+        r, std::make_unique<LogFollower>((*paths)[r], request->tail()));
+  }
+  auto send = [&](int rank, std::string line) {
+    v1::LogLine out;
+    out.set_rank(rank);
+    out.set_line(std::move(line));
+    return writer->Write(out);
+  };
+  auto drain = [&]() {
+    bool any = false;
+    for (auto& [rank, follower] : followers) {
+      for (std::string& line : follower->Poll()) {
+        any = true;
+        if (!send(rank, std::move(line))) return std::optional<bool>();
+      }
+    }
+    return std::optional<bool>(any);
+  };
+  auto flush_partials = [&]() {
+    for (auto& [rank, follower] : followers) {
+      std::string partial = follower->TakePartial();
+      if (!partial.empty() && !send(rank, std::move(partial))) return false;
+    }
+    return true;
+  };
+  if (!request->follow()) {
+    if (!drain().has_value() || !flush_partials()) return grpc::Status::CANCELLED;
+    return grpc::Status::OK;
+  }
+  while (!context->IsCancelled()) {
+    // Read the state before draining: lines written before the job ended are
+    // then surely on disk when the last drain runs.
+    absl::StatusOr<v1::Job> job = manager_->Get(request->job_id());
+    const bool ended = job.ok() && JobManager::IsTerminal(job->state());
+    std::optional<bool> sent = drain();
+    if (!sent.has_value()) return grpc::Status::CANCELLED;
+    if (ended && !*sent) {
+      return flush_partials() ? grpc::Status::OK : grpc::Status::CANCELLED;
+    }
+    if (!*sent) absl::SleepFor(kStreamPoll);
+  }
+  return grpc::Status::CANCELLED;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,100 @@
+// shardtraind: the coordinator. Flags -> CoordinatorOptions -> Coordinator;
+// runs until SIGTERM or SIGINT, then shuts down gracefully.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "server/coordinator.h"
+
+namespace shardtrain {
+namespace {
+
+std::string DefaultStateDir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg && *xdg) {
+    return absl::StrCat(xdg, "/shardtrain");
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    return absl::StrCat(home, "/.local/state/shardtrain");
+  }
+  return "/var/lib/shardtrain";
+}
+
+int Main(int argc, char** argv) {
+  // Blocked in every thread (threads inherit the mask), taken by sigwait
+  // below; the launcher unblocks them in the workers.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  CoordinatorOptions options;
+  options.state_dir = DefaultStateDir();
+  double grace = 10, heartbeat_interval = 2, heartbeat_timeout = 30,
+         rendezvous_timeout = 300;
+  CLI::App app{"shardtraind: the shardtrain coordinator (gRPC control plane)"};
+  app.add_option("--listen", options.listen,
+                 absl::StrCat("address:port for clients (default 127.0.0.1:",
+                              kDefaultPort, "; port 0 picks a free one)"));
+  app.add_option("--state-dir", options.state_dir,
+                 "SQLite database, job logs and checkpoints")
+      ->capture_default_str();
+  app.add_option("--grace-period", grace,
+                 "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->capture_default_str();
+  app.add_option("--device-kind", options.devices.kind,
+                 "auto (GPUs via NVML, else CPU slots) | gpu | cpu")
+      ->capture_default_str();
+  app.add_option("--cpu-slots", options.devices.cpu_slots,
+                 "CPU devices to schedule onto (0: one per core)")
+      ->capture_default_str();
+  app.add_option("--worker-binary", options.worker_binary,
+                 "shardtrain-worker to launch (default: beside shardtraind)");
+  app.add_option("--heartbeat-interval", heartbeat_interval,
+                 "seconds between worker heartbeats")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", heartbeat_timeout,
+                 "seconds without a heartbeat before a job fails with HANG")
+      ->capture_default_str();
+  app.add_option("--rendezvous-timeout", rendezvous_timeout,
+                 "seconds for all ranks to join before RENDEZVOUS_TIMEOUT")
+      ->capture_default_str();
+  app.add_option("--auth-token-file", options.auth_token_file,
+                 "require 'authorization: Bearer <token>' on every call");
+  app.add_option("--tls-cert", options.tls_cert, "PEM certificate (enables TLS)");
+  app.add_option("--tls-key", options.tls_key, "PEM private key");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  options.grace_period = absl::Seconds(grace);
+  options.heartbeat_interval = absl::Seconds(heartbeat_interval);
+  options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
+  options.rendezvous_timeout = absl::Seconds(rendezvous_timeout);
+
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Start(options);
+  if (!coordinator.ok()) {
+    std::cerr << "shardtraind: " << coordinator.status().message() << "\n";
+    return absl::IsInvalidArgument(coordinator.status()) ? 2 : 1;
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::cerr << "shardtraind: received " << sigabbrev_np(signal_number)
+            << "; stopping workers and shutting down" << std::endl;
+  (*coordinator)->Shutdown();
+  coordinator->reset();
+  std::cerr << "shardtraind: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }

@@ -1,0 +1,50 @@
+#include "server/request_authorizer.h"
+
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+
+absl::StatusOr<std::string> RequestAuthorizer::ReadTokenFile(
+    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--auth-token-file: cannot read '", path, "'"));
+  }
+  std::string token((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  absl::StripAsciiWhitespace(&token);
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth-token-file: '", path, "' is empty"));
+  }
+  return token;
+}
+
+grpc::Status RequestAuthorizer::Check(const grpc::ServerContext& context) const {
+  if (token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing 'authorization: Bearer <token>' metadata "
+                        "(set SHARDTRAIN_TOKEN or --token-file)");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  const std::string expected = "Bearer " + token_;
+  unsigned char diff = value.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < value.size() && i < expected.size(); ++i) {
+    diff |= value[i] ^ expected[i];
+  }
+  if (diff != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "invalid bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,267 @@
+// shardtraind end to end with real shardtrain-worker ranks training gpt2-tiny
+// on the Brown Corpus over Gloo on loopback: the jobs complete and their
+// stored metrics are what the workers logged; cancel, a killed worker (with
+// and without restarts) and a killed coordinator behave as specified.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/daemon_harness.h"
+#include "worker/engine/train/step_metrics.h"
+
+namespace shardtrain {
+namespace {
+
+using ::testing::HasSubstr;
+using test::Daemon;
+using test::DaemonOptions;
+using test::TempDir;
+
+v1::JobSpec TinySpec(const std::string& strategy, int world, int steps) {
+  v1::JobSpec spec;
+  spec.set_name(absl::StrCat("tiny-", strategy));
+  spec.set_model("gpt2-tiny");
+  spec.set_data("brown");
+  spec.mutable_strategy()->set_name(strategy);
+  spec.set_world_size(world);
+  v1::TrainerOptions* t = spec.mutable_trainer();
+  t->set_batch_size(2);
+  t->set_seq_len(64);
+  t->set_max_steps(steps);
+  t->set_lr(1e-3);
+  t->set_eval_steps(2);
+  t->set_checkpoint_every(4);
+  return spec;
+}
+
+bool Running(const v1::Job& job) { return job.state() == v1::RUNNING; }
+
+std::function<bool(const v1::Job&)> ReachedStep(int step) {
+  return [step](const v1::Job& job) {
+    return test::IsTerminal(job) ||
+           (job.state() == v1::RUNNING && job.last_step().step() >= step);
+  };
+}
+
+// RANK of a worker process, from its environment.
+int RankOf(int pid) {
+  const std::string environ = test::ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+  const size_t at = environ.find(std::string("\0RANK=", 6));
+  return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 6);
+}
+
+int PidOfRank(const std::string& job_id, int rank) {
+  for (int pid : test::WorkerPids(job_id))
+    if (RankOf(pid) == rank) return pid;
+  return -1;
+}
+
+// (rank, step) -> metrics, from the metrics.jsonl the ranks append to (a step
+// written twice, before and after a restart, keeps its last line).
+std::map<std::pair<int, int64_t>, StepMetrics> WorkerLog(const std::string& path) {
+  std::map<std::pair<int, int64_t>, StepMetrics> steps;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::StatusOr<StepMetrics> m = StepMetrics::FromJson(line);
+    if (m.ok()) steps[{static_cast<int>(m->rank), m->step}] = *m;
+  }
+  return steps;
+}
+
+void ExpectRelNear(double a, double b, double rel, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), rel * std::max(std::abs(a), std::abs(b))) << what
+      << ": " << a << " vs " << b;
+}
+
+class CoordinatorTrainingTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options) {
+    auto daemon = std::make_unique<Daemon>(dir_ / "state", std::move(options));
+    std::string error;
+    EXPECT_TRUE(daemon->Start(&error)) << error;
+    return daemon;
+  }
+  std::string JobDir(const std::string& id) { return dir_ / ("state/jobs/" + id); }
+
+  TempDir dir_;
+};
+
+TEST_F(CoordinatorTrainingTest, DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorkerLogs) {
+  auto daemon = StartDaemon({});
+  v1::Job ddp, fsdp;
+  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 10), &ddp).ok());
+  ASSERT_TRUE(daemon->Submit(TinySpec("fsdp", 2, 10), &fsdp).ok());
+  // Two CPU slots: the FSDP job waits for the DDP job's devices.
+  EXPECT_EQ(daemon->Get(fsdp.id()).state(), v1::QUEUED);
+
+  std::map<std::pair<int, int64_t>, double> loss_by_strategy[2];
+  int i = 0;
+  for (const v1::Job& submitted : {ddp, fsdp}) {
+    const v1::Job job =
+        daemon->WaitFor(submitted.id(), test::IsTerminal, absl::Seconds(600));
+    ASSERT_EQ(job.state(), v1::SUCCEEDED)
+        << job.DebugString() << test::ReadFile(JobDir(job.id()) + "/rank-0.log");
+    const std::vector<v1::StepMetrics> stored = daemon->Metrics(job.id());
+    const auto logged = WorkerLog(JobDir(job.id()) + "/metrics.jsonl");
+    ASSERT_EQ(stored.size(), 20u);  // 10 steps x 2 ranks
+    ASSERT_EQ(logged.size(), 20u);
+    for (const v1::StepMetrics& s : stored) {
+      const StepMetrics& w = logged.at({s.rank(), s.step()});
+      const std::string where = absl::StrCat(job.id(), " rank ", s.rank(), " step ", s.step());
+      EXPECT_DOUBLE_EQ(s.loss(), w.loss) << where;
+      EXPECT_DOUBLE_EQ(s.grad_norm(), w.grad_norm) << where;
+      EXPECT_DOUBLE_EQ(s.lr(), w.lr) << where;
+      EXPECT_DOUBLE_EQ(s.step_seconds(), w.step_seconds) << where;
+      EXPECT_EQ(s.tokens(), w.tokens) << where;
+      EXPECT_EQ(s.memory_peak_bytes(), w.memory_peak_bytes) << where;
+      EXPECT_EQ(s.model_state_bytes(), w.model_state_bytes) << where;
+      EXPECT_EQ(s.has_val_loss(), w.val_loss >= 0) << where;
+      loss_by_strategy[i][{s.rank(), s.step()}] = s.loss();
+    }
+    EXPECT_EQ(job.last_step().step(), 10);
+    EXPECT_EQ(job.last_step().rank(), 0);
+    ++i;
+  }
+  // Same data, seed and global batch: DDP and FSDP train the same model.
+  for (const auto& [key, loss] : loss_by_strategy[0]) {
+    ExpectRelNear(loss, loss_by_strategy[1].at(key), 1e-5, "ddp vs fsdp loss");
+  }
+}
+
+TEST_F(CoordinatorTrainingTest, CancelMidRunEndsEveryWorkerWithinTheGracePeriod) {
+  DaemonOptions options;
+  options.grace_period = 3;
+  auto daemon = StartDaemon(options);
+  v1::Job job;
+  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 100000), &job).ok());
+  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
+  ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
+
+  grpc::ClientContext context;
+  v1::CancelJobRequest request;
+  request.set_job_id(job.id());
+  v1::Job response;
+  const absl::Time cancelled_at = absl::Now();
+  ASSERT_TRUE(daemon->jobs().CancelJob(&context, request, &response).ok());
+  ASSERT_TRUE(test::WaitUntil([&] { return test::WorkerPids(job.id()).empty(); },
+                              absl::Seconds(options.grace_period)));
+  const absl::Duration gone_after = absl::Now() - cancelled_at;
+  const v1::Job final = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(10));
+  EXPECT_EQ(final.state(), v1::CANCELLED);
+  std::cout << "workers gone " << absl::FormatDuration(gone_after)
+            << " after CancelJob\n";
+}
+
+TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
+  auto daemon = StartDaemon({});
+  v1::Job job;
+  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 100000), &job).ok());
+  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
+  const int victim = PidOfRank(job.id(), 1);
+  ASSERT_GT(victim, 0);
+  kill(victim, SIGKILL);
+
+  job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30));
+  ASSERT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.failure().reason(), v1::SIGNAL);
+  EXPECT_EQ(job.failure().rank(), 1);
+  EXPECT_THAT(job.failure().message(), HasSubstr("rank 1 ended with signal KILL"));
+  EXPECT_GT(job.failure().log_tail_size(), 0);
+  EXPECT_TRUE(test::WorkerPids(job.id()).empty()) << "rank 0 left running";
+}
+
+TEST_F(CoordinatorTrainingTest, KilledWorkerWithARestartResumesFromItsCheckpoint) {
+  auto daemon = StartDaemon({});
+  // The uninterrupted run the resumed one must reproduce.
+  v1::Job reference;
+  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 12), &reference).ok());
+  ASSERT_EQ(daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600)).state(),
+            v1::SUCCEEDED);
+
+  v1::JobSpec spec = TinySpec("ddp", 2, 12);
+  spec.set_max_restarts(1);
+  v1::Job job;
+  ASSERT_TRUE(daemon->Submit(spec, &job).ok());
+  // Past the checkpoint of step 4.
+  ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(job.id(), ReachedStep(6), absl::Seconds(300))));
+  kill(PidOfRank(job.id(), 1), SIGKILL);
+
+  EXPECT_EQ(daemon->WaitFor(job.id(), [](const v1::Job& j) {
+                  return j.state() == v1::RESTARTING || test::IsTerminal(j);
+                }, absl::Seconds(30)).state(), v1::RESTARTING);
+  job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(test::ReadFile(JobDir(job.id()) + "/rank-0.log"),
+              HasSubstr("resumed from"));
+
+  const std::vector<v1::StepMetrics> resumed = daemon->Metrics(job.id());
+  const std::vector<v1::StepMetrics> uninterrupted = daemon->Metrics(reference.id());
+  ASSERT_EQ(resumed.size(), 24u);
+  ASSERT_EQ(uninterrupted.size(), 24u);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    ASSERT_EQ(resumed[i].step(), uninterrupted[i].step());
+    ExpectRelNear(resumed[i].loss(), uninterrupted[i].loss(), 1e-6,
+                  absl::StrCat("loss at step ", resumed[i].step()));
+  }
+}
+
+TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs) {
+  DaemonOptions options;
+  options.cpu_slots = 3;
+  auto daemon = StartDaemon(options);
+  v1::JobSpec resumable = TinySpec("ddp", 2, 12);
+  resumable.set_max_restarts(1);
+  v1::JobSpec fragile = TinySpec("single", 1, 100000);
+  v1::JobSpec waiting = TinySpec("single", 1, 3);
+  v1::Job a, b, c;
+  ASSERT_TRUE(daemon->Submit(resumable, &a).ok());
+  ASSERT_TRUE(daemon->Submit(fragile, &b).ok());
+  ASSERT_TRUE(daemon->Submit(waiting, &c).ok());
+  ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(a.id(), ReachedStep(6), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(b.id(), ReachedStep(2), absl::Seconds(300))));
+  EXPECT_EQ(daemon->Get(c.id()).state(), v1::QUEUED);
+  const std::vector<v1::StepMetrics> a_before = daemon->Metrics(a.id());
+  const std::vector<v1::StepMetrics> b_before = daemon->Metrics(b.id());
+
+  daemon->Signal(SIGKILL);
+  daemon->WaitExit(absl::Seconds(10));
+  // The workers die with their coordinator.
+  EXPECT_TRUE(test::WaitUntil(
+      [&] { return test::WorkerPids(a.id()).empty() && test::WorkerPids(b.id()).empty(); },
+      absl::Seconds(10)));
+
+  auto restarted = StartDaemon(options);
+  // Every job is still there; the stored metrics are a superset of what was
+  // acknowledged before the kill.
+  const v1::Job b_after = restarted->Get(b.id());
+  EXPECT_EQ(b_after.state(), v1::FAILED);
+  EXPECT_EQ(b_after.failure().reason(), v1::COORDINATOR_RESTART);
+  const std::vector<v1::StepMetrics> b_stored = restarted->Metrics(b.id());
+  ASSERT_GE(b_stored.size(), b_before.size());
+  for (size_t i = 0; i < b_before.size(); ++i) {
+    EXPECT_EQ(b_stored[i].SerializeAsString(), b_before[i].SerializeAsString());
+  }
+  const v1::Job a_done = restarted->WaitFor(a.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(a_done.state(), v1::SUCCEEDED) << a_done.DebugString();
+  EXPECT_EQ(a_done.restarts(), 1);
+  std::map<std::pair<int, int64_t>, double> a_final;
+  for (const v1::StepMetrics& s : restarted->Metrics(a.id())) a_final[{s.rank(), s.step()}] = s.loss();
+  EXPECT_EQ(a_final.size(), 24u);
+  for (const v1::StepMetrics& s : a_before) {
+    ASSERT_TRUE(a_final.count({s.rank(), s.step()}));
+    ExpectRelNear(a_final.at({s.rank(), s.step()}), s.loss(), 1e-6,
+                  absl::StrCat("job a step ", s.step()));
+  }
+  EXPECT_EQ(restarted->WaitFor(c.id(), test::IsTerminal, absl::Seconds(600)).state(),
+            v1::SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace shardtrain

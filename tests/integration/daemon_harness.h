@@ -1,0 +1,229 @@
+// DaemonHarness: a real shardtraind started as a child process on loopback
+// (port 0, its own state dir), with gRPC stubs to it and helpers to wait for
+// job states and to find a job's worker processes.
+#ifndef SHARDTRAIN_TESTS_INTEGRATION_DAEMON_HARNESS_H_
+#define SHARDTRAIN_TESTS_INTEGRATION_DAEMON_HARNESS_H_
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "shardtrain/v1/cluster_service.grpc.pb.h"
+#include "shardtrain/v1/job_service.grpc.pb.h"
+#include "tests/test_util.h"
+
+namespace shardtrain::test {
+
+inline std::string BinDir() { return std::string(SHARDTRAIN_BINARY_DIR) + "/bin"; }
+inline std::string FakeWorker() {
+  return std::string(SHARDTRAIN_BINARY_DIR) + "/tests/fake_worker";
+}
+
+struct DaemonOptions {
+  int cpu_slots = 2;
+  double grace_period = 3;
+  double heartbeat_interval = 0.5;
+  double heartbeat_timeout = 5;
+  double rendezvous_timeout = 60;
+  std::string worker_binary;  // empty: the real shardtrain-worker
+  std::vector<std::string> extra_flags;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+class Daemon {
+ public:
+  Daemon(std::string state_dir, DaemonOptions options)
+      : state_dir_(std::move(state_dir)), options_(std::move(options)) {}
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      if (WaitExit(absl::Seconds(30)) == -2) {
+        kill(pid_, SIGKILL);
+        WaitExit(absl::Seconds(5));
+      }
+    }
+  }
+
+  // Starts the daemon and waits for it to serve. Returns false (with the
+  // daemon's log in `error`) when it does not come up.
+  bool Start(std::string* error, bool insecure_channel = true) {
+    std::filesystem::create_directories(state_dir_);
+    std::filesystem::remove(state_dir_ + "/endpoint");
+    const std::string log = state_dir_ + "/daemon.log";
+    std::vector<std::string> args = {
+        BinDir() + "/shardtraind",
+        "--listen", "127.0.0.1:0",
+        "--state-dir", state_dir_,
+        "--device-kind", "cpu",
+        "--cpu-slots", std::to_string(options_.cpu_slots),
+        "--grace-period", absl::StrCat(options_.grace_period),
+        "--heartbeat-interval", absl::StrCat(options_.heartbeat_interval),
+        "--heartbeat-timeout", absl::StrCat(options_.heartbeat_timeout),
+        "--rendezvous-timeout", absl::StrCat(options_.rendezvous_timeout)};
+    if (!options_.worker_binary.empty()) {
+      args.push_back("--worker-binary");
+      args.push_back(options_.worker_binary);
+    }
+    for (const std::string& flag : options_.extra_flags) args.push_back(flag);
+    pid_ = fork();
+    if (pid_ == 0) {
+      for (const auto& [key, value] : options_.env) {
+        setenv(key.c_str(), value.c_str(), 1);
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      freopen(log.c_str(), "a", stderr);
+      freopen(log.c_str(), "a", stdout);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      std::string endpoint = ReadFile(state_dir_ + "/endpoint");
+      if (!endpoint.empty() && endpoint.back() == '\n') {
+        address_ = std::string(absl::StripSuffix(endpoint, "\n"));
+        if (insecure_channel) Connect(grpc::InsecureChannelCredentials());
+        return true;
+      }
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        *error = "shardtraind exited: " + ReadFile(log);
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    *error = "shardtraind did not start: " + ReadFile(log);
+    return false;
+  }
+
+  void Connect(std::shared_ptr<grpc::ChannelCredentials> credentials,
+               const grpc::ChannelArguments& args = {}) {
+    channel_ = grpc::CreateCustomChannel(address_, credentials, args);
+    jobs_ = v1::JobService::NewStub(channel_);
+    cluster_ = v1::ClusterService::NewStub(channel_);
+  }
+
+  void Signal(int signal) { kill(pid_, signal); }
+  // The exit status (as waitpid reports it), -2 on timeout.
+  int WaitExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return -2;
+  }
+
+  v1::JobService::Stub& jobs() { return *jobs_; }
+  v1::ClusterService::Stub& cluster() { return *cluster_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  const std::string& address() const { return address_; }
+  const std::string& state_dir() const { return state_dir_; }
+  std::string log() const { return ReadFile(state_dir_ + "/daemon.log"); }
+  int pid() const { return pid_; }
+
+  grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    return jobs_->SubmitJob(&context, request, job);
+  }
+
+  v1::Job Get(const std::string& id) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    jobs_->GetJob(&context, request, &job);
+    return job;
+  }
+
+  // Polls GetJob until `done` holds or `timeout` passes; returns the last
+  // answer (the caller asserts on it).
+  v1::Job WaitFor(const std::string& id,
+                  const std::function<bool(const v1::Job&)>& done,
+                  absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    v1::Job job = Get(id);
+    while (!done(job) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      job = Get(id);
+    }
+    return job;
+  }
+
+  std::vector<v1::StepMetrics> Metrics(const std::string& id) {
+    grpc::ClientContext context;
+    v1::GetJobMetricsRequest request;
+    request.set_job_id(id);
+    v1::GetJobMetricsResponse response;
+    jobs_->GetJobMetrics(&context, request, &response);
+    return {response.steps().begin(), response.steps().end()};
+  }
+
+ private:
+  std::string state_dir_;
+  DaemonOptions options_;
+  pid_t pid_ = -1;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+inline bool IsTerminal(const v1::Job& job) {
+  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+         job.state() == v1::CANCELLED;
+}
+
+// Live (non-zombie) processes whose command line has `--job-id <id>`.
+inline std::vector<int> WorkerPids(const std::string& job_id) {
+  std::vector<int> pids;
+  const std::string marker = std::string("--job-id") + '\0' + job_id + '\0';
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
+    if (cmdline.find(marker) == std::string::npos) continue;
+    const std::string stat = ReadFile(entry.path().string() + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() &&
+        stat[paren + 2] == 'Z') {
+      continue;
+    }
+    pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+inline bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+}  // namespace shardtrain::test
+
+#endif  // SHARDTRAIN_TESTS_INTEGRATION_DAEMON_HARNESS_H_

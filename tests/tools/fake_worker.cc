@@ -1,0 +1,110 @@
+// fake_worker: stands in for shardtrain-worker in coordinator tests and
+// benchmarks, so scheduling, failure handling and ingestion are exercised
+// with real processes and the real WorkerService but without training.
+// Takes the worker's command line; what it does is chosen by the job's name:
+//   (anything else)  register, report one step, exit 0
+//   hold             register, then run (heartbeating) until killed
+//   hang             register, then stop itself (SIGSTOP): heartbeats cease
+//   no-register      never register; sleep until killed
+//   oom              print an out-of-memory error, exit 1
+//   exit:N           register, exit N
+//   flood:N          register, report N steps as fast as possible, exit 0
+// With SHARDTRAIN_FAKE_ORDER_FILE set, rank 0 appends the job id to that file
+// when it starts (the launch order).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "google/protobuf/util/json_util.h"
+#include "shardtrain/v1/job.pb.h"
+#include "worker/progress_reporter.h"
+
+namespace {
+
+int Main(int argc, char** argv) {
+  std::string spec_path, out_dir, job_id;
+  int64_t threads = 0;
+  bool resume = false;
+  CLI::App app{"fake_worker"};
+  app.add_option("--spec", spec_path)->required();
+  app.add_option("--out", out_dir);
+  app.add_option("--job-id", job_id);
+  app.add_option("--threads", threads);
+  app.add_flag("--resume", resume);
+  CLI11_PARSE(app, argc, argv);
+
+  std::ifstream in(spec_path);
+  const std::string json((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  shardtrain::v1::JobSpec spec;
+  if (!google::protobuf::util::JsonStringToMessage(json, &spec).ok()) {
+    std::cerr << "fake_worker: cannot parse " << spec_path << "\n";
+    return 2;
+  }
+  auto options = shardtrain::ProgressReporter::OptionsFromEnvironment();
+  if (!options.ok()) {
+    std::cerr << "fake_worker: " << options.status() << "\n";
+    return 2;
+  }
+  const std::string mode = spec.name();
+  if (const char* order = std::getenv("SHARDTRAIN_FAKE_ORDER_FILE");
+      order != nullptr && options->rank == 0) {
+    std::ofstream(order, std::ios::app) << job_id << "\n";
+  }
+  std::cout << "fake_worker " << job_id << " rank " << options->rank
+            << " mode '" << mode << "'" << std::endl;
+  if (mode == "no-register") {
+    while (true) pause();
+  }
+  if (mode == "oom") {
+    std::cerr << "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+              << std::endl;
+    return 1;
+  }
+  shardtrain::ProgressReporter reporter(*options);
+  if (auto s = reporter.Register(absl::Seconds(30)); !s.ok()) {
+    std::cerr << "fake_worker: " << s << "\n";
+    return 1;
+  }
+  if (mode == "hold") {
+    while (true) pause();
+  }
+  if (mode == "hang") {
+    absl::SleepFor(absl::Milliseconds(300));
+    raise(SIGSTOP);
+    while (true) pause();
+  }
+  int n = 1;
+  if (absl::StartsWith(mode, "exit:")) {
+    int code = 0;
+    (void)absl::SimpleAtoi(mode.substr(5), &code);
+    return code;
+  }
+  if (absl::StartsWith(mode, "flood:")) (void)absl::SimpleAtoi(mode.substr(6), &n);
+  for (int step = 1; step <= n; ++step) {
+    shardtrain::v1::StepMetrics m;
+    m.set_step(step);
+    m.set_total_steps(n);
+    m.set_rank(options->rank);
+    m.set_loss(10.0 / step);
+    m.set_tokens(1024);
+    reporter.Report(m);
+  }
+  if (auto s = reporter.Flush(absl::Seconds(120)); !s.ok()) {
+    std::cerr << "fake_worker: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Main(argc, argv); }

@@ -1,0 +1,54 @@
+#include "worker/training_run.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/comm/c10d_communicator.h"
+#include "worker/engine/strategy/strategy_factory.h"
+
+namespace shardtrain {
+
+absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
+                             std::ostream* log, const TrainingHooks& hooks) {
+  const RankInfo rank_info{env.rank, env.world_size};
+  // One GPU per rank: plain "cuda" means this rank's local device.
+  torch::Device device(config.device == "cuda" && env.world_size > 1
+                           ? "cuda:" + std::to_string(env.local_rank)
+                           : config.device);
+
+  std::unique_ptr<Communicator> comm;
+  if (config.strategy != "single") {
+    auto c10d = C10dCommunicator::Create(
+        env, std::chrono::seconds(config.comm_timeout), device);
+    if (!c10d.ok()) {
+      return absl::Status(c10d.status().code(),
+                          absl::StrCat("rank ", env.rank, ": ",
+                                       c10d.status().message()));
+    }
+    comm = std::move(*c10d);
+  }
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = CreateStrategy(
+      config, StrategyOptionsFor(config, device, env.rank, env.world_size),
+      comm.get());
+  if (!strategy.ok()) {
+    return absl::InvalidArgumentError(strategy.status().message());
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(config, rank_info, std::move(*strategy), log);
+  if (!trainer.ok()) {
+    // A bad config is caught by Validate() before; what fails here is the
+    // run itself (data, checkpoint, memory).
+    return absl::Status(
+        absl::IsInvalidArgument(trainer.status()) ? absl::StatusCode::kInternal
+                                                  : trainer.status().code(),
+        trainer.status().message());
+  }
+  if (hooks.on_step) (*trainer)->set_step_callback(hooks.on_step);
+  if (hooks.on_ready) {
+    if (absl::Status s = hooks.on_ready(); !s.ok()) return s;
+  }
+  return (*trainer)->Run();
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,97 @@
+// shardtrain-worker: one rank of a shardtraind job. The coordinator starts it
+// with torchrun's variables plus SHARDTRAIN_JOB_ID, SHARDTRAIN_COORDINATOR and
+// SHARDTRAIN_JOB_SECRET, and the job's spec (JSON) in the job directory. It
+// trains exactly as shardtrain-train does (RunTrainingRank), registers once
+// the process group has formed, and reports every step.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/engine/comm/dist_env.h"
+#include "worker/job_config.h"
+#include "worker/progress_reporter.h"
+#include "worker/training_run.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr absl::Duration kRegisterTimeout = absl::Seconds(60);
+constexpr absl::Duration kFlushTimeout = absl::Seconds(60);
+
+absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--spec: cannot read ", path));
+  const std::string json((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  v1::JobSpec spec;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec: ", path, ": ", status.ToString()));
+  }
+  return spec;
+}
+
+int Fail(const absl::Status& status, int code) {
+  std::cerr << "shardtrain-worker: " << status.message() << std::endl;
+  return code;
+}
+
+int Main(int argc, char** argv) {
+  std::string spec_path, out_dir, job_id;
+  int64_t threads = 0;
+  bool resume = false;
+  CLI::App app{"shardtrain-worker: one rank of a shardtraind job"};
+  app.add_option("--spec", spec_path, "the job's spec (JSON)")->required();
+  app.add_option("--out", out_dir, "the job's directory")->required();
+  app.add_option("--job-id", job_id, "the job's id (for ps and logs)");
+  app.add_option("--threads", threads, "CPU threads for this rank");
+  app.add_flag("--resume", resume, "continue from the latest checkpoint");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  absl::StatusOr<v1::JobSpec> spec = ReadSpec(spec_path);
+  if (!spec.ok()) return Fail(spec.status(), 2);
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(*spec, out_dir);
+  if (!config.ok()) return Fail(config.status(), 2);
+  config->threads = threads;
+  config->resume = resume;
+  absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
+  if (!env.ok()) return Fail(env.status(), 2);
+  absl::StatusOr<ReporterOptions> options =
+      ProgressReporter::OptionsFromEnvironment();
+  if (!options.ok()) return Fail(options.status(), 2);
+
+  ProgressReporter reporter(*options);
+  reporter.set_on_cancel([rank = env->rank] {
+    std::cerr << "shardtrain-worker: rank " << rank
+              << ": the coordinator asked this job to stop" << std::endl;
+    std::_Exit(143);
+  });
+  TrainingHooks hooks;
+  hooks.on_ready = [&reporter] { return reporter.Register(kRegisterTimeout); };
+  hooks.on_step = [&reporter](const StepMetrics& m) {
+    reporter.Report(StepMetricsToProto(m));
+  };
+  absl::Status run = RunTrainingRank(*config, *env, &std::cout, hooks);
+  std::cout.flush();
+  if (!run.ok()) return Fail(run, absl::IsInvalidArgument(run) ? 2 : 1);
+  // The job succeeds only when every step it reported is stored.
+  if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok()) return Fail(s, 1);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }
