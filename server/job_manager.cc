@@ -244,7 +244,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
         "; this coordinator schedules ", v1::DeviceKind_Name(cluster_kind),
         " devices only"));
   }
-  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(effective, "");
+  // The job's directory is not known yet; any path checks the same rules.
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(effective, JobDir("new"));
   if (!config.ok()) return config.status();
   const int devices = static_cast<int>(options_.devices.size());
   if (effective.world_size() > devices) {

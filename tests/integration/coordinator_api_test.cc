@@ -63,7 +63,7 @@ class CoordinatorApiTest : public ::testing::Test {
 TEST_F(CoordinatorApiTest, QuickJobSucceedsAndItsReportIsStored) {
   auto daemon = StartDaemon({});
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("quick", data_), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
   EXPECT_EQ(job.state(), v1::QUEUED);
   EXPECT_EQ(job.id(), "job-000001");
 
@@ -158,7 +158,7 @@ TEST_F(CoordinatorApiTest, AtLeastFiftyMalformedSpecsAreRejectedAndNothingStored
   ASSERT_TRUE(daemon->jobs().ListJobs(&context, request, &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(good, &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(good, &job));
   EXPECT_EQ(job.id(), "job-000001");
 }
 
@@ -171,7 +171,7 @@ TEST_F(CoordinatorApiTest, ConcurrentSubmissionsAreStoredOnceAndRunInPriorityOrd
   // A job holds the only slot while the others are submitted, so they all
   // queue and their start order is the scheduler's choice alone.
   v1::Job blocker;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("hold", data_), &blocker).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_), &blocker));
   ASSERT_EQ(daemon->WaitFor(blocker.id(),
                             [](const v1::Job& j) { return j.state() == v1::RUNNING; },
                             absl::Seconds(30)).state(), v1::RUNNING);
@@ -292,7 +292,7 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
   };
   for (const Case& c : cases) {
     v1::Job job;
-    ASSERT_TRUE(daemon->Submit(FakeSpec(c.mode, data_, c.world), &job).ok());
+    ASSERT_GRPC_OK(daemon->Submit(FakeSpec(c.mode, data_, c.world), &job));
     job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30));
     ASSERT_EQ(job.state(), v1::FAILED) << c.mode << daemon->log();
     EXPECT_EQ(job.failure().reason(), c.reason) << c.mode << job.DebugString();
@@ -314,7 +314,7 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
   options.grace_period = 2;
   auto daemon = StartDaemon(options);
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("hold", data_, 2), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &job));
   job = daemon->WaitFor(job.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
                         absl::Seconds(30));
   ASSERT_EQ(job.state(), v1::RUNNING);
@@ -341,7 +341,7 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
 TEST_F(CoordinatorApiTest, WatchStartsWithTheJobAndEndsAtItsTerminalState) {
   auto daemon = StartDaemon({});
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("flood:50", data_, 2), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("flood:50", data_, 2), &job));
   grpc::ClientContext context;
   v1::WatchJobRequest request;
   request.set_job_id(job.id());
@@ -374,7 +374,7 @@ TEST_F(CoordinatorApiTest, WatchStartsWithTheJobAndEndsAtItsTerminalState) {
 TEST_F(CoordinatorApiTest, StreamLogsTailsAndFollowsPerRank) {
   auto daemon = StartDaemon({});
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("quick", data_, 2), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_, 2), &job));
   ASSERT_EQ(daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
             v1::SUCCEEDED);
   auto read_all = [&](std::optional<int> rank, int tail, bool follow) {
@@ -536,7 +536,7 @@ TEST_F(CoordinatorApiTest, TlsServesTlsClientsAndRefusesPlaintext) {
   // The workers' channel (Unix socket) still works: a job runs.
   daemon->Connect(grpc::SslCredentials(ssl));
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("quick", data_), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
   const v1::Job done = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30));
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << daemon->log();
 }
@@ -546,13 +546,13 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
   options.grace_period = 2;
   auto daemon = StartDaemon(options);
   v1::Job held, queued_behind, done;
-  ASSERT_TRUE(daemon->Submit(FakeSpec("quick", data_), &done).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &done));
   ASSERT_EQ(daemon->WaitFor(done.id(), test::IsTerminal, absl::Seconds(30)).state(),
             v1::SUCCEEDED);
-  ASSERT_TRUE(daemon->Submit(FakeSpec("hold", data_, 2), &held).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &held));
   ASSERT_EQ(daemon->WaitFor(held.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
                             absl::Seconds(30)).state(), v1::RUNNING);
-  ASSERT_TRUE(daemon->Submit(FakeSpec("quick", data_), &queued_behind).ok());
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &queued_behind));
   const std::vector<int> workers = test::WorkerPids(held.id());
   ASSERT_EQ(workers.size(), 2u);
 

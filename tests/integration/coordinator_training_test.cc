@@ -95,8 +95,8 @@ class CoordinatorTrainingTest : public ::testing::Test {
 TEST_F(CoordinatorTrainingTest, DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorkerLogs) {
   auto daemon = StartDaemon({});
   v1::Job ddp, fsdp;
-  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 10), &ddp).ok());
-  ASSERT_TRUE(daemon->Submit(TinySpec("fsdp", 2, 10), &fsdp).ok());
+  ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 10), &ddp));
+  ASSERT_GRPC_OK(daemon->Submit(TinySpec("fsdp", 2, 10), &fsdp));
   // Two CPU slots: the FSDP job waits for the DDP job's devices.
   EXPECT_EQ(daemon->Get(fsdp.id()).state(), v1::QUEUED);
 
@@ -139,7 +139,7 @@ TEST_F(CoordinatorTrainingTest, CancelMidRunEndsEveryWorkerWithinTheGracePeriod)
   options.grace_period = 3;
   auto daemon = StartDaemon(options);
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 100000), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
   ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
   ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
 
@@ -161,7 +161,7 @@ TEST_F(CoordinatorTrainingTest, CancelMidRunEndsEveryWorkerWithinTheGracePeriod)
 TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   auto daemon = StartDaemon({});
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 100000), &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
   ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
   const int victim = PidOfRank(job.id(), 1);
   ASSERT_GT(victim, 0);
@@ -180,14 +180,14 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerWithARestartResumesFromItsCheckpoint
   auto daemon = StartDaemon({});
   // The uninterrupted run the resumed one must reproduce.
   v1::Job reference;
-  ASSERT_TRUE(daemon->Submit(TinySpec("ddp", 2, 12), &reference).ok());
+  ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 12), &reference));
   ASSERT_EQ(daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600)).state(),
             v1::SUCCEEDED);
 
   v1::JobSpec spec = TinySpec("ddp", 2, 12);
   spec.set_max_restarts(1);
   v1::Job job;
-  ASSERT_TRUE(daemon->Submit(spec, &job).ok());
+  ASSERT_GRPC_OK(daemon->Submit(spec, &job));
   // Past the checkpoint of step 4.
   ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(job.id(), ReachedStep(6), absl::Seconds(300))));
   kill(PidOfRank(job.id(), 1), SIGKILL);
@@ -221,9 +221,9 @@ TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs)
   v1::JobSpec fragile = TinySpec("single", 1, 100000);
   v1::JobSpec waiting = TinySpec("single", 1, 3);
   v1::Job a, b, c;
-  ASSERT_TRUE(daemon->Submit(resumable, &a).ok());
-  ASSERT_TRUE(daemon->Submit(fragile, &b).ok());
-  ASSERT_TRUE(daemon->Submit(waiting, &c).ok());
+  ASSERT_GRPC_OK(daemon->Submit(resumable, &a));
+  ASSERT_GRPC_OK(daemon->Submit(fragile, &b));
+  ASSERT_GRPC_OK(daemon->Submit(waiting, &c));
   ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(a.id(), ReachedStep(6), absl::Seconds(300))));
   ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(b.id(), ReachedStep(2), absl::Seconds(300))));
   EXPECT_EQ(daemon->Get(c.id()).state(), v1::QUEUED);

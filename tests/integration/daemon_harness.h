@@ -25,6 +25,14 @@
 #include "shardtrain/v1/job_service.grpc.pb.h"
 #include "tests/test_util.h"
 
+// ASSERT that a grpc::Status is OK, printing its message when not.
+#define ASSERT_GRPC_OK(expr)                                          \
+  do {                                                                \
+    const ::grpc::Status grpc_status_ = (expr);                       \
+    ASSERT_TRUE(grpc_status_.ok()) << #expr << ": "                   \
+                                   << grpc_status_.error_message();   \
+  } while (false)
+
 namespace shardtrain::test {
 
 inline std::string BinDir() { return std::string(SHARDTRAIN_BINARY_DIR) + "/bin"; }
