@@ -8,7 +8,10 @@
 //   no-register      never register; sleep until killed
 //   oom              print an out-of-memory error, exit 1
 //   exit:N           register, exit N
-//   flood:N          register, report N steps as fast as possible, exit 0
+//   flood:N          register, report N steps as fast as possible (batched
+//                    by ProgressReporter, as real workers are), exit 0
+//   trickle:N        register, report N steps one ReportProgress call each,
+//                    waiting for every answer (the unbatched worst case)
 // With SHARDTRAIN_FAKE_ORDER_FILE set, rank 0 appends the job id to that file
 // when it starts (the launch order).
 #include <signal.h>
@@ -19,6 +22,8 @@
 #include <iostream>
 #include <iterator>
 #include <string>
+
+#include <grpcpp/create_channel.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
@@ -87,6 +92,31 @@ int Main(int argc, char** argv) {
     int code = 0;
     (void)absl::SimpleAtoi(mode.substr(5), &code);
     return code;
+  }
+  if (absl::StartsWith(mode, "trickle:")) {
+    (void)absl::SimpleAtoi(mode.substr(8), &n);
+    auto stub = shardtrain::v1::WorkerService::NewStub(grpc::CreateChannel(
+        options->address, grpc::InsecureChannelCredentials()));
+    for (int step = 1; step <= n; ++step) {
+      shardtrain::v1::ReportProgressRequest request;
+      request.mutable_worker()->set_job_id(options->job_id);
+      request.mutable_worker()->set_secret(options->secret);
+      request.mutable_worker()->set_rank(options->rank);
+      request.mutable_worker()->set_pid(options->pid);
+      shardtrain::v1::StepMetrics* m = request.add_steps();
+      m->set_step(step);
+      m->set_total_steps(n);
+      m->set_rank(options->rank);
+      m->set_loss(10.0 / step);
+      grpc::ClientContext context;
+      shardtrain::v1::ReportProgressResponse response;
+      const grpc::Status status = stub->ReportProgress(&context, request, &response);
+      if (!status.ok()) {
+        std::cerr << "fake_worker: " << status.error_message() << "\n";
+        return 1;
+      }
+    }
+    return 0;
   }
   if (absl::StartsWith(mode, "flood:")) (void)absl::SimpleAtoi(mode.substr(6), &n);
   for (int step = 1; step <= n; ++step) {

@@ -1,0 +1,226 @@
+// JobManager driven by hand: a fake launcher stands in for processes, a fake
+// clock for time, and Tick() for the supervisor thread; the store is real.
+#include "server/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/fakes/fake_clock.h"
+#include "tests/fakes/fake_process_launcher.h"
+#include "tests/test_util.h"
+
+namespace shardtrain {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir_ / "data");
+    test::WriteFile(dir_ / "data/train.bin", "x");
+    auto store = JobStore::Open(dir_ / "state.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    manager_ = NewManager();
+  }
+
+  std::unique_ptr<JobManager> NewManager() {
+    JobManagerOptions options;
+    options.state_dir = dir_.path();
+    options.worker_binary = "/bin/shardtrain-worker";
+    options.worker_address = "unix:/tmp/test.sock";
+    for (int i = 0; i < 4; ++i) options.devices.push_back({i, v1::CPU, "cpu slot", 0});
+    options.cpu_cores = 8;
+    options.heartbeat_timeout = absl::Seconds(30);
+    options.rendezvous_timeout = absl::Seconds(60);
+    options.grace_period = absl::Seconds(10);
+    options.resolve_data = [this](const std::string&) -> absl::StatusOr<std::string> {
+      return dir_ / "data";
+    };
+    auto manager = JobManager::Create(options, store_.get(), &launcher_, &clock_);
+    EXPECT_TRUE(manager.ok()) << manager.status();
+    return std::move(*manager);
+  }
+
+  v1::JobSpec Spec(int world, int max_restarts = 0) {
+    v1::JobSpec spec;
+    spec.set_model("gpt2-tiny");
+    spec.set_data("data");
+    spec.mutable_strategy()->set_name(world == 1 ? "single" : "ddp");
+    spec.set_world_size(world);
+    spec.set_max_restarts(max_restarts);
+    return spec;
+  }
+
+  v1::WorkerIdentity Identity(int pid) {
+    v1::WorkerIdentity w;
+    w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
+    w.set_secret(launcher_.Env(pid, "SHARDTRAIN_JOB_SECRET"));
+    w.set_rank(std::stoi(launcher_.Env(pid, "RANK")));
+    w.set_pid(pid);
+    return w;
+  }
+
+  // Submits, launches and registers every rank; returns the ranks' pids.
+  std::vector<int> StartRunning(const v1::JobSpec& spec, std::string* id) {
+    absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    *id = job->id();
+    const size_t before = launcher_.spawned().size();
+    manager_->Tick();
+    const std::vector<int> spawned = launcher_.spawned();
+    std::vector<int> pids(spawned.begin() + before, spawned.end());
+    for (int pid : pids) EXPECT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+    EXPECT_EQ(manager_->Get(*id)->state(), v1::RUNNING);
+    return pids;
+  }
+
+  test::TempDir dir_;
+  FakeClock clock_;
+  FakeProcessLauncher launcher_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, LaunchGivesEachRankTorchrunVariablesAndAShareOfTheCores) {
+  std::string id;
+  const std::vector<int> pids = StartRunning(Spec(2), &id);
+  ASSERT_EQ(pids.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(launcher_.Env(pids[r], "RANK"), std::to_string(r));
+    EXPECT_EQ(launcher_.Env(pids[r], "WORLD_SIZE"), "2");
+    EXPECT_EQ(launcher_.Env(pids[r], "MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(launcher_.Env(pids[r], "SHARDTRAIN_COORDINATOR"), "unix:/tmp/test.sock");
+    EXPECT_THAT(launcher_.process(pids[r]).spec.argv,
+                testing::IsSupersetOf(std::vector<std::string>{"--threads", "4", "--job-id", id}));
+  }
+  EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"), launcher_.Env(pids[1], "MASTER_PORT"));
+  EXPECT_EQ(launcher_.process(pids[1]).spec.process_group, pids[0]);
+}
+
+TEST_F(JobManagerTest, WorkersWithAWrongSecretPidOrRankAreRefused) {
+  std::string id;
+  const std::vector<int> pids = StartRunning(Spec(2), &id);
+  v1::WorkerIdentity w = Identity(pids[0]);
+  w.set_secret("guess");
+  EXPECT_TRUE(absl::IsPermissionDenied(manager_->Heartbeat(w).status()));
+  w = Identity(pids[0]);
+  w.set_pid(4242);
+  EXPECT_TRUE(absl::IsPermissionDenied(manager_->Heartbeat(w).status()));
+  w = Identity(pids[0]);
+  w.set_rank(7);
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      manager_->ReportProgress(w, {}).status()));
+  EXPECT_TRUE(manager_->Heartbeat(Identity(pids[0])).ok());
+}
+
+TEST_F(JobManagerTest, MissedHeartbeatsFailWithHangAndStuckRanksAreKilledAfterGrace) {
+  launcher_.set_exit_on_sigterm(false);
+  std::string id;
+  const std::vector<int> pids = StartRunning(Spec(2), &id);
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_TRUE(manager_->Heartbeat(Identity(pids[0])).ok());
+  clock_.Advance(absl::Seconds(15));  // rank 1 silent for 35 s, rank 0 for 15 s
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[0]).signals, ElementsAre(SIGTERM));
+  EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);  // still stopping
+  clock_.Advance(absl::Seconds(11));
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[1]).signals, ElementsAre(SIGTERM, SIGKILL));
+  manager_->Tick();
+  const v1::Job job = *manager_->Get(id);
+  ASSERT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.failure().reason(), v1::HANG);
+  EXPECT_EQ(job.failure().rank(), 1);
+  EXPECT_THAT(job.failure().message(), HasSubstr("no heartbeat for 35s"));
+  // Its devices are free again: a 4-rank job starts.
+  std::string next;
+  StartRunning(Spec(4), &next);
+  launcher_.set_exit_on_sigterm(true);  // let the teardown stop it promptly
+}
+
+TEST_F(JobManagerTest, RanksThatNeverJoinFailWithRendezvousTimeout) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2));
+  manager_->Tick();
+  const v1::WorkerIdentity rank0 = Identity(launcher_.spawned()[0]);
+  ASSERT_TRUE(manager_->RegisterWorker(rank0).ok());
+  for (int i = 0; i < 2; ++i) {  // rank 0 stays alive: only rank 1 is late
+    clock_.Advance(absl::Seconds(25));
+    manager_->Tick();
+    ASSERT_TRUE(manager_->Heartbeat(rank0).ok());
+  }
+  clock_.Advance(absl::Seconds(11));
+  manager_->Tick();
+  manager_->Tick();
+  const v1::Job failed = *manager_->Get(job->id());
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.failure().reason(), v1::RENDEZVOUS_TIMEOUT);
+  EXPECT_EQ(failed.failure().rank(), 1);
+  EXPECT_THAT(failed.failure().message(), HasSubstr("rank 1 did not join within 1m"));
+}
+
+TEST_F(JobManagerTest, RestartsUpToMaxRestartsThenFails) {
+  std::string id;
+  std::vector<int> pids = StartRunning(Spec(2, /*max_restarts=*/2), &id);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    launcher_.Exit(pids[1], ExitStatus{1, 0});
+    manager_->Tick();  // rank 1 failed: rank 0 is told to stop
+    manager_->Tick();  // rank 0 reaped: restart or fail
+    const v1::Job job = *manager_->Get(id);
+    if (attempt <= 2) {
+      ASSERT_EQ(job.state(), v1::RESTARTING) << attempt;
+      EXPECT_EQ(job.restarts(), attempt);
+      const std::vector<int> all = launcher_.spawned();
+      pids.assign(all.end() - 2, all.end());
+      EXPECT_THAT(launcher_.process(pids[0]).spec.argv, testing::Contains("--resume"));
+      for (int pid : pids) ASSERT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+      EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
+    } else {
+      ASSERT_EQ(job.state(), v1::FAILED);
+      EXPECT_EQ(job.restarts(), 2);
+      EXPECT_EQ(job.failure().reason(), v1::EXIT_CODE);
+      EXPECT_EQ(job.failure().rank(), 1);
+    }
+  }
+  EXPECT_EQ(launcher_.spawned().size(), 6u);
+}
+
+TEST_F(JobManagerTest, AfterACrashRunningJobsResumeOrFailAndQueuedJobsStayQueued) {
+  std::string resumable, fragile;
+  const std::vector<int> old_pids = StartRunning(Spec(2, 1), &resumable);
+  StartRunning(Spec(2, 0), &fragile);
+  absl::StatusOr<v1::Job> queued = manager_->Submit(Spec(1));
+  manager_.release();  // the coordinator dies without shutting down (leaked)
+
+  manager_ = NewManager();
+  EXPECT_THAT(launcher_.orphans_killed(),
+              testing::Contains(std::make_pair(old_pids[0], resumable)));
+  const v1::Job failed = *manager_->Get(fragile);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.failure().reason(), v1::COORDINATOR_RESTART);
+  EXPECT_EQ(manager_->Get(resumable)->state(), v1::RESTARTING);
+  EXPECT_EQ(manager_->Get(resumable)->restarts(), 1);
+  EXPECT_EQ(manager_->Get(queued->id())->state(), v1::QUEUED);
+  const size_t before = launcher_.spawned().size();
+  manager_->Tick();
+  EXPECT_EQ(launcher_.spawned().size(), before + 3);  // 2 resumed + 1 queued
+  EXPECT_EQ(manager_->Get(queued->id())->state(), v1::STARTING);
+}
+
+TEST_F(JobManagerTest, CancellingAQueuedJobEndsItAtOnce) {
+  std::string running;
+  StartRunning(Spec(4), &running);
+  absl::StatusOr<v1::Job> waiting = manager_->Submit(Spec(1));
+  manager_->Tick();
+  EXPECT_THAT(manager_->Get(waiting->id())->state_reason(), HasSubstr("0 free"));
+  ASSERT_TRUE(manager_->Cancel(waiting->id()).ok());
+  EXPECT_EQ(manager_->Get(waiting->id())->state(), v1::CANCELLED);
+  EXPECT_TRUE(absl::IsFailedPrecondition(manager_->Cancel(waiting->id()).status()));
+}
+
+}  // namespace
+}  // namespace shardtrain
