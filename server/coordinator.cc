@@ -111,6 +111,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       DiscoverDevices(options.devices, c->nvml_.get());
   if (!devices.ok()) return devices.status();
 
+  if (!options.metrics_listen.empty()) {
+    MetricsExporterOptions metrics;
+    metrics.listen = options.metrics_listen;
+    metrics.retention = options.metrics_retention;
+    metrics.version = SHARDTRAIN_VERSION;
+    metrics.devices = *devices;
+    metrics.nvml = c->nvml_.get();
+    absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+        MetricsExporter::Start(metrics);
+    if (!exporter.ok()) return exporter.status();
+    c->exporter_ = std::move(*exporter);
+  }
+
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open(options.state_dir + "/shardtraind.db");
   if (!store.ok()) return store.status();
@@ -171,9 +184,24 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
   manager_options.worker_address = worker_listen;
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
-      manager_options, c->store_.get(), &c->launcher_, &c->clock_);
+      manager_options, c->store_.get(), &c->launcher_, &c->clock_,
+      c->exporter_.get());
   if (!manager.ok()) return manager.status();
   c->manager_ = std::move(*manager);
+  if (c->exporter_ != nullptr) {
+    std::vector<v1::Job> all;
+    ListJobsQuery query;
+    query.page_size = 1000;
+    do {
+      absl::StatusOr<ListJobsPage> page = c->manager_->List(query);
+      if (!page.ok()) break;
+      all.insert(all.end(), page->jobs.begin(), page->jobs.end());
+      query.page_token = page->next_page_token;
+    } while (!query.page_token.empty());
+    c->exporter_->Seed(all);
+    JobManager* manager_ptr = c->manager_.get();
+    c->exporter_->set_cluster_source([manager_ptr] { return manager_ptr->Cluster(); });
+  }
 
   c->job_service_ =
       std::make_unique<JobServiceImpl>(c->manager_.get(), c->authorizer_.get());
@@ -200,17 +228,24 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         "shardtrain.v1.WorkerService"}) {
     c->server_->GetHealthCheckService()->SetServingStatus(service, true);
   }
-  {
-    const std::string endpoint = options.state_dir + "/endpoint";
-    std::ofstream out(endpoint + ".tmp", std::ios::trunc);
-    out << c->address_ << "\n";
+  auto publish = [&](const std::string& name, const std::string& address) {
+    const std::string path = options.state_dir + "/" + name;
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << address << "\n";
     out.close();
-    std::filesystem::rename(endpoint + ".tmp", endpoint, ec);
-  }
+    std::filesystem::rename(path + ".tmp", path, ec);
+  };
+  // metrics_endpoint first: a client that sees `endpoint` finds both.
+  if (c->exporter_ != nullptr) publish("metrics_endpoint", c->exporter_->address());
+  publish("endpoint", c->address_);
   c->manager_->Start();
   std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
             << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
-            << (token.empty() ? "" : " with token auth") << "; "
+            << (token.empty() ? "" : " with token auth")
+            << (c->exporter_ ? "; metrics on http://" + c->exporter_->address() +
+                                   "/metrics"
+                             : "")
+            << "; "
             << devices->size() << " "
             << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
             << "; state in " << options.state_dir << std::endl;
@@ -220,6 +255,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
 void Coordinator::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // The exporter's refresh reads the manager: stop it first.
+  if (exporter_ != nullptr) exporter_->StopRefresh();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     // Streams (WatchJob, StreamLogs -f) end once the manager closes them;
@@ -233,6 +270,7 @@ void Coordinator::Shutdown() {
   }
   std::error_code ec;
   std::filesystem::remove(options_.state_dir + "/endpoint", ec);
+  std::filesystem::remove(options_.state_dir + "/metrics_endpoint", ec);
 }
 
 }  // namespace shardtrain

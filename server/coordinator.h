@@ -23,6 +23,7 @@
 #include "server/job_manager.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
+#include "server/metrics_exporter.h"
 #include "server/nvml.h"
 #include "server/process_launcher.h"
 #include "server/request_authorizer.h"
@@ -35,6 +36,10 @@ inline constexpr int kDefaultPort = 50551;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:50551";
+  // Prometheus endpoint; empty: none. The bound address goes to
+  // state-dir/metrics_endpoint.
+  std::string metrics_listen = "127.0.0.1:9464";
+  absl::Duration metrics_retention = absl::Minutes(5);
   std::string state_dir;
   std::string worker_binary;  // empty: shardtrain-worker beside shardtraind
   DeviceOptions devices;
@@ -63,6 +68,10 @@ class Coordinator {
 
   // The address bound on options.listen ("127.0.0.1:50551").
   const std::string& address() const { return address_; }
+  // The Prometheus endpoint's address; empty without one.
+  std::string metrics_address() const {
+    return exporter_ ? exporter_->address() : "";
+  }
   JobManager& manager() { return *manager_; }
 
  private:
@@ -75,6 +84,7 @@ class Coordinator {
   PosixProcessLauncher launcher_;
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
+  std::unique_ptr<MetricsExporter> exporter_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<ClusterServiceImpl> cluster_service_;

@@ -35,12 +35,19 @@ int Main(int argc, char** argv) {
 
   CoordinatorOptions options;
   options.state_dir = DefaultStateDir();
+  double metrics_retention = 300;
   double grace = 10, heartbeat_interval = 2, heartbeat_timeout = 30,
          rendezvous_timeout = 300;
   CLI::App app{"shardtraind: the shardtrain coordinator (gRPC control plane)"};
   app.add_option("--listen", options.listen,
                  absl::StrCat("address:port for clients (default 127.0.0.1:",
                               kDefaultPort, "; port 0 picks a free one)"));
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "Prometheus endpoint address:port (/metrics); empty: none")
+      ->capture_default_str();
+  app.add_option("--metrics-retention", metrics_retention,
+                 "seconds a finished job's series stay on /metrics")
+      ->capture_default_str();
   app.add_option("--state-dir", options.state_dir,
                  "SQLite database, job logs and checkpoints")
       ->capture_default_str();
@@ -74,6 +81,7 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   }
   options.grace_period = absl::Seconds(grace);
+  options.metrics_retention = absl::Seconds(metrics_retention);
   options.heartbeat_interval = absl::Seconds(heartbeat_interval);
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
   options.rendezvous_timeout = absl::Seconds(rendezvous_timeout);

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "protos/reflection_subset.grpc.pb.h"
@@ -575,6 +576,47 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
   EXPECT_EQ(failed.failure().reason(), v1::COORDINATOR_RESTART);
   EXPECT_EQ(again->WaitFor(queued_behind.id(), test::IsTerminal, absl::Seconds(30)).state(),
             v1::SUCCEEDED);
+}
+
+TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
+  DaemonOptions options;
+  options.extra_flags = {"--metrics-retention", "2"};
+  auto daemon = StartDaemon(options);
+  v1::Job ok, failed;
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("flood:5", data_, 2), &ok));
+  ASSERT_EQ(daemon->WaitFor(ok.id(), test::IsTerminal, absl::Seconds(30)).state(),
+            v1::SUCCEEDED);
+  const std::string text = daemon->ScrapeMetrics();
+  const std::string series = absl::StrCat("{job=\"", ok.id(), "\",rank=\"1\",strategy=\"ddp\"}");
+  EXPECT_THAT(text, HasSubstr("shardtrain_build_info{version=\"0.1.0\"} 1"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_job_submissions_total 1"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_jobs{state=\"running\"} 0"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_devices{kind=\"cpu\"} 2"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_train_step" + series + " 5"));
+  EXPECT_THAT(text, HasSubstr("shardtrain_train_loss" + series + " 2"));  // 10 / 5
+  EXPECT_THAT(text, HasSubstr("shardtrain_tokens_total" + series + " 5120"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(
+      "shardtrain_step_duration_seconds_count{job=\"", ok.id(),
+      "\",rank=\"1\",strategy=\"ddp\"} 5")));
+  // The exposition is valid for Prometheus.
+  const test::CommandResult check = test::RunCommand("promtool check metrics", text);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("exit:4", data_), &failed));
+  ASSERT_EQ(daemon->WaitFor(failed.id(), test::IsTerminal, absl::Seconds(30)).state(),
+            v1::FAILED);
+  EXPECT_TRUE(test::WaitUntil(
+      [&] {
+        return absl::StrContains(daemon->ScrapeMetrics(),
+                                 "shardtrain_job_failures_total{reason=\"exit_code\"} 1");
+      },
+      absl::Seconds(5)));
+  // Finished jobs' series go after the retention (2 s), counts stay.
+  EXPECT_TRUE(test::WaitUntil(
+      [&] { return !absl::StrContains(daemon->ScrapeMetrics(), ok.id()); },
+      absl::Seconds(10)));
+  EXPECT_THAT(daemon->ScrapeMetrics(), HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
 }
 
 TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameStateDirIsRefused) {

@@ -4,8 +4,11 @@
 #ifndef SHARDTRAIN_TESTS_INTEGRATION_DAEMON_HARNESS_H_
 #define SHARDTRAIN_TESTS_INTEGRATION_DAEMON_HARNESS_H_
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +41,30 @@ namespace shardtrain::test {
 inline std::string BinDir() { return std::string(SHARDTRAIN_BINARY_DIR) + "/bin"; }
 inline std::string FakeWorker() {
   return std::string(SHARDTRAIN_BINARY_DIR) + "/tests/fake_worker";
+}
+
+// The body of GET http://<address>/metrics ("" when unreachable).
+inline std::string HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
 struct DaemonOptions {
@@ -74,6 +101,7 @@ class Daemon {
     std::vector<std::string> args = {
         BinDir() + "/shardtraind",
         "--listen", "127.0.0.1:0",
+        "--metrics-listen", "127.0.0.1:0",
         "--state-dir", state_dir_,
         "--device-kind", "cpu",
         "--cpu-slots", std::to_string(options_.cpu_slots),
@@ -147,6 +175,12 @@ class Daemon {
   const std::string& address() const { return address_; }
   const std::string& state_dir() const { return state_dir_; }
   std::string log() const { return ReadFile(state_dir_ + "/daemon.log"); }
+  std::string metrics_address() const {
+    std::string a = ReadFile(state_dir_ + "/metrics_endpoint");
+    if (!a.empty() && a.back() == '\n') a.pop_back();
+    return a;
+  }
+  std::string ScrapeMetrics() const { return HttpGet(metrics_address(), "/metrics"); }
   int pid() const { return pid_; }
 
   grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {

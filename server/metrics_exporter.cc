@@ -1,0 +1,388 @@
+#include "server/metrics_exporter.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "server/nvml.h"
+
+namespace shardtrain {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+const v1::JobState kStates[] = {v1::QUEUED,    v1::STARTING,  v1::RUNNING,
+                                v1::RESTARTING, v1::SUCCEEDED, v1::FAILED,
+                                v1::CANCELLED};
+
+std::string Lower(const std::string& name) { return absl::AsciiStrToLower(name); }
+
+std::string KindLabel(v1::DeviceKind kind) {
+  return kind == v1::GPU ? "gpu" : "cpu";
+}
+
+prometheus::Histogram::BucketBoundaries StepBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+}  // namespace
+
+MetricsExporter::MetricsExporter(MetricsExporterOptions options)
+    : options_(std::move(options)),
+      registry_(std::make_shared<prometheus::Registry>()) {}
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    MetricsExporterOptions options) {
+  std::unique_ptr<MetricsExporter> e(new MetricsExporter(std::move(options)));
+  try {
+    e->exposer_ = std::make_unique<prometheus::Exposer>(e->options_.listen);
+  } catch (const std::exception& error) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics-listen: cannot listen on ", e->options_.listen, ": ",
+        error.what()));
+  }
+  const std::vector<int> ports = e->exposer_->GetListeningPorts();
+  const std::string& listen = e->options_.listen;
+  e->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
+                             ports.empty() ? 0 : ports.front());
+  prometheus::Registry& r = *e->registry_;
+
+  BuildGauge()
+      .Name("shardtrain_build_info")
+      .Help("Always 1; the version label says which shardtraind runs")
+      .Register(r)
+      .Add({{"version", e->options_.version}})
+      .Set(1);
+  e->jobs_ = &BuildGauge()
+                  .Name("shardtrain_jobs")
+                  .Help("Jobs currently in each state")
+                  .Register(r);
+  for (v1::JobState state : kStates) {
+    e->jobs_->Add({{"state", Lower(v1::JobState_Name(state))}}).Set(0);
+  }
+  e->submissions_ = &BuildCounter()
+                         .Name("shardtrain_job_submissions_total")
+                         .Help("Jobs accepted by SubmitJob")
+                         .Register(r)
+                         .Add({});
+  e->failures_ = &BuildCounter()
+                      .Name("shardtrain_job_failures_total")
+                      .Help("Jobs that ended FAILED, by failure reason")
+                      .Register(r);
+  e->restarts_total_ = &BuildCounter()
+                            .Name("shardtrain_job_restarts_total")
+                            .Help("Job restarts from a checkpoint")
+                            .Register(r)
+                            .Add({});
+  e->queue_length_ = &BuildGauge()
+                          .Name("shardtrain_queue_length")
+                          .Help("Jobs waiting in the queue")
+                          .Register(r)
+                          .Add({});
+  e->queue_oldest_wait_ =
+      &BuildGauge()
+           .Name("shardtrain_queue_oldest_wait_seconds")
+           .Help("How long the longest-waiting queued job has waited")
+           .Register(r)
+           .Add({});
+  const std::string kind =
+      e->options_.devices.empty() ? "cpu" : KindLabel(e->options_.devices.front().kind);
+  BuildGauge()
+      .Name("shardtrain_devices")
+      .Help("Devices the coordinator schedules onto")
+      .Register(r)
+      .Add({{"kind", kind}})
+      .Set(static_cast<double>(e->options_.devices.size()));
+  e->devices_in_use_ = &BuildGauge()
+                            .Name("shardtrain_devices_in_use")
+                            .Help("Devices held by a job")
+                            .Register(r)
+                            .Add({{"kind", kind}});
+  e->job_restarts_ = &BuildGauge()
+                          .Name("shardtrain_job_restarts")
+                          .Help("Restarts of this job so far")
+                          .Register(r);
+  auto gauge = [&r](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(r);
+  };
+  e->step_ = gauge("shardtrain_train_step", "Last optimizer step reported");
+  e->loss_ = gauge("shardtrain_train_loss", "Training loss of the last step");
+  e->val_loss_ = gauge("shardtrain_val_loss", "Validation loss of the last eval");
+  e->grad_norm_ = gauge("shardtrain_grad_norm",
+                        "Global gradient norm of the last step, before clipping");
+  e->lr_ = gauge("shardtrain_learning_rate", "Learning rate of the last step");
+  e->tokens_per_second_ = gauge("shardtrain_tokens_per_second",
+                                "Tokens per second of the last step (all ranks)");
+  e->mfu_ = gauge("shardtrain_mfu_ratio",
+                  "Model FLOPs utilisation of the last step (0..1)");
+  e->memory_allocated_ = gauge("shardtrain_memory_allocated_bytes",
+                               "Tensor memory allocated at the end of the last step");
+  e->memory_peak_ = gauge("shardtrain_memory_peak_bytes",
+                          "Peak tensor memory during the last step");
+  e->memory_reserved_ = gauge("shardtrain_memory_reserved_bytes",
+                              "Memory reserved by the allocator (CUDA caching "
+                              "allocator; equals allocated on CPU)");
+  e->heartbeat_age_ = gauge("shardtrain_heartbeat_age_seconds",
+                            "Seconds since the rank's last heartbeat or report");
+  e->tokens_ = &BuildCounter()
+                    .Name("shardtrain_tokens_total")
+                    .Help("Tokens trained on (all ranks), per reporting rank")
+                    .Register(r);
+  e->comm_seconds_ = &BuildCounter()
+                          .Name("shardtrain_comm_seconds_total")
+                          .Help("Seconds the rank spent blocked on collectives")
+                          .Register(r);
+  e->step_duration_ = &BuildHistogram()
+                           .Name("shardtrain_step_duration_seconds")
+                           .Help("Optimizer step wall time")
+                           .Register(r);
+  if (e->options_.nvml != nullptr) {
+    auto& utilization = BuildGauge()
+                            .Name("shardtrain_gpu_utilization_ratio")
+                            .Help("GPU busy share over NVML's last sample period")
+                            .Register(r);
+    auto& memory = BuildGauge()
+                       .Name("shardtrain_gpu_memory_used_bytes")
+                       .Help("GPU memory in use (all processes)")
+                       .Register(r);
+    auto& power = BuildGauge()
+                      .Name("shardtrain_gpu_power_watts")
+                      .Help("GPU power draw")
+                      .Register(r);
+    for (const DeviceInfo& d : e->options_.devices) {
+      if (d.kind != v1::GPU) continue;
+      const prometheus::Labels labels = {{"gpu", std::to_string(d.index)}};
+      e->gpu_utilization_.push_back(&utilization.Add(labels));
+      e->gpu_memory_used_.push_back(&memory.Add(labels));
+      e->gpu_power_.push_back(&power.Add(labels));
+    }
+  }
+  e->exposer_->RegisterCollectable(e->registry_);
+  return e;
+}
+
+MetricsExporter::~MetricsExporter() { StopRefresh(); }
+
+void MetricsExporter::StopRefresh() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (refresher_.joinable()) refresher_.join();
+}
+
+void MetricsExporter::set_cluster_source(std::function<ClusterView()> source) {
+  {
+    absl::MutexLock lock(&mutex_);
+    cluster_source_ = std::move(source);
+  }
+  if (!refresher_.joinable()) {
+    refresher_ = std::thread([this] { RefreshLoop(); });
+  }
+}
+
+void MetricsExporter::RefreshLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.refresh)) Refresh();
+}
+
+void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
+  absl::MutexLock lock(&mutex_);
+  for (const v1::Job& job : jobs) {
+    JobSeries& series = series_[job.id()];
+    if (series.state != v1::JOB_STATE_UNSPECIFIED) continue;
+    series.strategy = job.spec().strategy().name();
+    CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
+    series.state = job.state();
+    if (JobManager::IsTerminal(job.state())) {
+      // Finished before this coordinator started: nothing per-job to show.
+      series.ended = absl::InfinitePast();
+    }
+  }
+}
+
+void MetricsExporter::CountState(v1::JobState from, v1::JobState to) {
+  if (from == to) return;
+  if (from != v1::JOB_STATE_UNSPECIFIED) {
+    jobs_->Add({{"state", Lower(v1::JobState_Name(from))}})
+        .Set(--state_counts_[from]);
+  }
+  jobs_->Add({{"state", Lower(v1::JobState_Name(to))}}).Set(++state_counts_[to]);
+}
+
+void MetricsExporter::OnJobChanged(const v1::Job& job) {
+  absl::MutexLock lock(&mutex_);
+  JobSeries& series = series_[job.id()];
+  const v1::JobState before = series.state;
+  series.strategy = job.spec().strategy().name();
+  if (before == job.state()) return;
+  if (before == v1::JOB_STATE_UNSPECIFIED && job.state() == v1::QUEUED) {
+    submissions_->Increment();
+  }
+  CountState(before, job.state());
+  series.state = job.state();
+  if (job.state() == v1::RESTARTING) restarts_total_->Increment();
+  if (job.state() == v1::FAILED) {
+    failures_->Add({{"reason", Lower(v1::FailureReason_Name(job.failure().reason()))}})
+        .Increment();
+  }
+  if (job.state() == v1::STARTING || job.state() == v1::RUNNING ||
+      job.state() == v1::RESTARTING) {
+    if (series.restarts == nullptr) {
+      series.restarts =
+          &job_restarts_->Add({{"job", job.id()}, {"strategy", series.strategy}});
+    }
+    series.restarts->Set(job.restarts());
+    series.ended = absl::InfiniteFuture();
+  }
+  if (JobManager::IsTerminal(job.state())) {
+    if (series.restarts != nullptr) series.restarts->Set(job.restarts());
+    series.ended = absl::Now();
+  }
+}
+
+MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
+                                                   JobSeries& job, int rank) {
+  auto it = job.ranks.find(rank);
+  if (it != job.ranks.end()) return it->second;
+  const prometheus::Labels labels = {
+      {"job", job_id}, {"strategy", job.strategy}, {"rank", std::to_string(rank)}};
+  RankSeries s;
+  s.step = &step_->Add(labels);
+  s.loss = &loss_->Add(labels);
+  s.val_loss = nullptr;
+  s.grad_norm = &grad_norm_->Add(labels);
+  s.lr = &lr_->Add(labels);
+  s.tokens_per_second = &tokens_per_second_->Add(labels);
+  s.mfu = &mfu_->Add(labels);
+  s.memory_allocated = &memory_allocated_->Add(labels);
+  s.memory_peak = &memory_peak_->Add(labels);
+  s.memory_reserved = &memory_reserved_->Add(labels);
+  s.heartbeat_age = &heartbeat_age_->Add(labels);
+  s.tokens = &tokens_->Add(labels);
+  s.comm_seconds = &comm_seconds_->Add(labels);
+  s.step_duration = &step_duration_->Add(labels, StepBuckets());
+  s.last_heartbeat = absl::Now();
+  return job.ranks.emplace(rank, s).first->second;
+}
+
+void MetricsExporter::OnSteps(const v1::Job& job,
+                              const std::vector<v1::StepMetrics>& steps) {
+  absl::MutexLock lock(&mutex_);
+  JobSeries& series = series_[job.id()];
+  if (series.strategy.empty()) series.strategy = job.spec().strategy().name();
+  for (const v1::StepMetrics& m : steps) {
+    RankSeries& s = Rank(job.id(), series, m.rank());
+    s.step->Set(static_cast<double>(m.step()));
+    s.loss->Set(m.loss());
+    if (m.has_val_loss()) {
+      if (s.val_loss == nullptr) {
+        s.val_loss = &val_loss_->Add({{"job", job.id()},
+                                      {"strategy", series.strategy},
+                                      {"rank", std::to_string(m.rank())}});
+      }
+      s.val_loss->Set(m.val_loss());
+    }
+    s.grad_norm->Set(m.grad_norm());
+    s.lr->Set(m.lr());
+    s.tokens_per_second->Set(m.tokens_per_second());
+    s.mfu->Set(m.mfu());
+    s.memory_allocated->Set(static_cast<double>(m.memory_allocated_bytes()));
+    s.memory_peak->Set(static_cast<double>(m.memory_peak_bytes()));
+    s.memory_reserved->Set(static_cast<double>(m.memory_reserved_bytes()));
+    s.tokens->Increment(static_cast<double>(m.tokens()));
+    s.comm_seconds->Increment(m.comm_seconds());
+    s.step_duration->Observe(m.step_seconds());
+    s.last_heartbeat = absl::Now();
+    s.heartbeat_age->Set(0);
+  }
+}
+
+void MetricsExporter::OnHeartbeat(const std::string& job_id, int rank,
+                                  absl::Time time) {
+  absl::MutexLock lock(&mutex_);
+  auto it = series_.find(job_id);
+  if (it == series_.end()) return;
+  RankSeries& s = Rank(job_id, it->second, rank);
+  s.last_heartbeat = time;
+  s.heartbeat_age->Set(0);
+}
+
+void MetricsExporter::RemoveJobSeries(JobSeries& job) {
+  for (auto& [rank, s] : job.ranks) {
+    step_->Remove(s.step);
+    loss_->Remove(s.loss);
+    if (s.val_loss != nullptr) val_loss_->Remove(s.val_loss);
+    grad_norm_->Remove(s.grad_norm);
+    lr_->Remove(s.lr);
+    tokens_per_second_->Remove(s.tokens_per_second);
+    mfu_->Remove(s.mfu);
+    memory_allocated_->Remove(s.memory_allocated);
+    memory_peak_->Remove(s.memory_peak);
+    memory_reserved_->Remove(s.memory_reserved);
+    heartbeat_age_->Remove(s.heartbeat_age);
+    tokens_->Remove(s.tokens);
+    comm_seconds_->Remove(s.comm_seconds);
+    step_duration_->Remove(s.step_duration);
+  }
+  job.ranks.clear();
+  if (job.restarts != nullptr) {
+    job_restarts_->Remove(job.restarts);
+    job.restarts = nullptr;
+  }
+}
+
+void MetricsExporter::Refresh() {
+  std::function<ClusterView()> source;
+  {
+    absl::MutexLock lock(&mutex_);
+    source = cluster_source_;
+  }
+  // Outside our lock: the source takes the job manager's, and the manager
+  // calls into this object while holding it.
+  std::optional<ClusterView> view;
+  if (source) view = source();
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mutex_);
+  if (view.has_value()) {
+    queue_length_->Set(static_cast<double>(view->queue.size()));
+    int64_t oldest = 0;
+    for (const v1::Job& job : view->queue) {
+      oldest = oldest == 0 ? job.submit_time_unix_ms()
+                           : std::min(oldest, job.submit_time_unix_ms());
+    }
+    queue_oldest_wait_->Set(
+        oldest == 0 ? 0
+                    : std::max(0.0, absl::ToDoubleSeconds(
+                                        now - absl::FromUnixMillis(oldest))));
+    int in_use = 0;
+    for (const ClusterView::Holder& h : view->holders) in_use += !h.job_id.empty();
+    devices_in_use_->Set(in_use);
+  }
+  for (auto it = series_.begin(); it != series_.end();) {
+    JobSeries& job = it->second;
+    if (JobManager::IsTerminal(job.state)) {
+      if (now - job.ended >= options_.retention) {
+        RemoveJobSeries(job);
+        it = series_.erase(it);  // a finished job changes no more
+      } else {
+        ++it;
+      }
+      continue;
+    }
+    ++it;
+    for (auto& [rank, s] : job.ranks) {
+      s.heartbeat_age->Set(absl::ToDoubleSeconds(now - s.last_heartbeat));
+    }
+  }
+  if (options_.nvml != nullptr) {
+    for (size_t i = 0; i < gpu_utilization_.size(); ++i) {
+      if (auto usage = options_.nvml->Usage(static_cast<int>(i))) {
+        gpu_utilization_[i]->Set(usage->utilization_ratio);
+        gpu_memory_used_[i]->Set(static_cast<double>(usage->memory_used_bytes));
+        gpu_power_[i]->Set(usage->power_watts);
+      }
+    }
+  }
+}
+
+}  // namespace shardtrain
