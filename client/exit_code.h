@@ -9,8 +9,10 @@ namespace shardtrain::cli {
 
 enum ExitCode : int {
   kExitOk = 0,
-  kExitFailure = 1,  // the command ran and failed (bad input, missing files)
+  kExitFailure = 1,  // the command ran and failed (bad input, missing files,
+                     // the job failed or was cancelled)
   kExitUsage = 2,    // the command line itself is wrong
+  kExitUnreachable = 3,  // no daemon answered at the address
 };
 
 // Prints "shardtrain: error: <message>" as one line on stderr and returns

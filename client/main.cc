@@ -8,6 +8,8 @@
 #include "CLI/CLI.hpp"
 #include "client/data_commands.h"
 #include "client/exit_code.h"
+#include "client/job_commands.h"
+#include "client/study_commands.h"
 #include "client/tokenize_command.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +20,9 @@ int main(int argc, char** argv) {
   int exit_code = cli::kExitOk;
   cli::AddDataCommands(&app, &exit_code);
   cli::AddTokenizeCommand(&app, &exit_code);
+  cli::AddJobCommands(&app, &exit_code, argc, argv);
+  cli::AddCompareCommand(&app, &exit_code, argc, argv);
+  cli::AddDaemonCommand(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -20,6 +20,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "server/log_files.h"
 #include "server/scheduler.h"
+#include "worker/engine/data/token_file.h"
 #include "worker/job_config.h"
 
 namespace shardtrain {
@@ -819,6 +820,10 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   if (!data.ok()) return fail_launch(std::string(data.status().message()));
   v1::JobSpec resolved = job.spec();
   resolved.set_data(*data);
+  if (absl::StatusOr<TokenFile> train = TokenFile::Open(*data + "/train.bin");
+      train.ok()) {
+    job.set_train_tokens(static_cast<int64_t>(train->size()));
+  }
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.add_whitespace = true;

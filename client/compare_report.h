@@ -1,0 +1,76 @@
+// The strategy comparison study's report: the same job run under several
+// strategies, summarised side by side from the step metrics the coordinator
+// stored. Writes report.md (the table and findings), one CSV of every step
+// per strategy, and report.html (self-contained: chart code inlined from the
+// chart.js npm package, nothing fetched when opened). Torch-free, no gRPC.
+#ifndef SHARDTRAIN_CLIENT_COMPARE_REPORT_H_
+#define SHARDTRAIN_CLIENT_COMPARE_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "shardtrain/v1/job.pb.h"
+
+namespace shardtrain::cli {
+
+// One strategy's job, as stored by the coordinator.
+struct StrategyRun {
+  std::string strategy;  // "single", "ddp", "fsdp"
+  std::string job_id;
+  int world_size = 1;
+  int64_t batch_size = 0;  // per rank per micro-step
+  int64_t grad_accum = 1;
+  int64_t seq_len = 0;
+  std::vector<v1::StepMetrics> steps;  // every rank's steps, any order
+  double wall_seconds = 0;             // job start to end
+  int64_t train_tokens = 0;            // tokens in train.bin (one epoch)
+};
+
+// One row of the table; all figures computed from StrategyRun::steps.
+struct StrategySummary {
+  std::string strategy;
+  int world_size = 1;
+  int64_t steps = 0;                 // optimizer steps (rank 0)
+  double final_train_loss = 0;       // rank 0's last step
+  double final_val_loss = -1;        // last eval, < 0 when none
+  double seconds_per_epoch = 0;      // median step time x steps per epoch
+  double tokens_per_second_mean = 0; // rank 0, steps after the first
+  double tokens_per_second_std = 0;
+  double step_seconds_p50 = 0;
+  double step_seconds_p95 = 0;
+  int64_t peak_memory_bytes_per_rank = 0;  // max over ranks and steps
+  double grad_norm_mean = 0;
+  double grad_norm_std = 0;
+  double grad_norm_spike_ratio = 0;  // max / median
+  double mfu_mean = 0;
+};
+
+struct CompareOptions {
+  std::string scaling = "strong";  // strong | weak (shown in the report)
+  std::string title;               // e.g. "gpt2-tiny on brown, world size 2"
+  // Where chart.js's dist/chart.umd.js is read from; empty: the assets dir
+  // that scripts/setup fills (AssetsDir()/node_modules/chart.js/...).
+  std::string chart_js_path;
+};
+
+StrategySummary Summarise(const StrategyRun& run);
+
+// The summary table as GitHub markdown (also what `compare` prints).
+std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
+
+// Findings computed from the rows, e.g. "FSDP peak memory per rank was 0.52x
+// DDP's; its throughput 0.91x DDP's." One sentence per line.
+std::vector<std::string> Findings(const std::vector<StrategySummary>& rows);
+
+// Writes out_dir/report.md, out_dir/<strategy>.csv and out_dir/report.html
+// (out_dir is created). NotFound names chart.umd.js when it is missing.
+absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
+                                const CompareOptions& options,
+                                const std::string& out_dir);
+
+}  // namespace shardtrain::cli
+
+#endif  // SHARDTRAIN_CLIENT_COMPARE_REPORT_H_

@@ -1,0 +1,113 @@
+#include "client/daemon_client.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "client/exit_code.h"
+
+namespace shardtrain::cli {
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& what,
+                                          const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+std::string DefaultStateDir() {
+  if (std::string xdg = Env("XDG_STATE_HOME"); !xdg.empty()) {
+    return xdg + "/shardtrain";
+  }
+  if (std::string home = Env("HOME"); !home.empty()) {
+    return home + "/.local/state/shardtrain";
+  }
+  return "/var/lib/shardtrain";
+}
+
+void AddConnectionFlags(CLI::App* app, ConnectionOptions* options) {
+  app->add_option("--address", options->address,
+                  "shardtraind host:port (default: $SHARDTRAIN_ADDRESS, else "
+                  "the local daemon, else 127.0.0.1:50551)");
+  app->add_option("--token-file", options->token_file,
+                  "file holding the bearer token (default: $SHARDTRAIN_TOKEN)");
+  app->add_option("--tls-ca", options->tls_ca,
+                  "PEM roots to verify a TLS daemon (default: $SHARDTRAIN_TLS_CA)");
+}
+
+absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
+    const ConnectionOptions& options) {
+  auto client = std::make_unique<DaemonClient>();
+  client->address_ = options.address;
+  if (client->address_.empty()) client->address_ = Env("SHARDTRAIN_ADDRESS");
+  if (client->address_.empty()) {
+    std::ifstream endpoint(DefaultStateDir() + "/endpoint");
+    std::getline(endpoint, client->address_);
+  }
+  if (client->address_.empty()) client->address_ = "127.0.0.1:50551";
+
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadSmallFile("--token-file", options.token_file);
+    if (!token.ok()) return token.status();
+    client->token_ = std::string(absl::StripAsciiWhitespace(*token));
+  } else {
+    client->token_ = std::string(absl::StripAsciiWhitespace(Env("SHARDTRAIN_TOKEN")));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  const std::string ca = options.tls_ca.empty() ? Env("SHARDTRAIN_TLS_CA") : options.tls_ca;
+  if (!ca.empty()) {
+    absl::StatusOr<std::string> roots = ReadSmallFile("--tls-ca", ca);
+    if (!roots.ok()) return roots.status();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *roots;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);  // long metric histories
+  client->channel_ = grpc::CreateCustomChannel(client->address_, credentials, args);
+  client->jobs_ = v1::JobService::NewStub(client->channel_);
+  client->cluster_ = v1::ClusterService::NewStub(client->channel_);
+  return client;
+}
+
+std::unique_ptr<grpc::ClientContext> DaemonClient::Context() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+  return context;
+}
+
+int DaemonClient::Report(const grpc::Status& status) const {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::cerr << "shardtrain: error: no shardtraind at " << address_ << " ("
+              << status.error_message()
+              << "); start one with `shardtrain daemon` or set "
+                 "SHARDTRAIN_ADDRESS"
+              << std::endl;
+    return kExitUnreachable;
+  }
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    std::cerr << "shardtrain: error: " << status.error_message()
+              << " (the daemon requires a token: set SHARDTRAIN_TOKEN or "
+                 "--token-file)"
+              << std::endl;
+    return kExitFailure;
+  }
+  ReportFailure(status.error_message());
+  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage
+                                                                   : kExitFailure;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,589 @@
+#include "client/job_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/exit_code.h"
+#include "client/output_format.h"
+#include "worker/engine/train/step_metrics.h"
+#include "worker/engine/train/train_flags.h"
+#include "worker/job_config.h"
+#include "yaml-cpp/yaml.h"
+
+namespace shardtrain::cli {
+namespace {
+
+std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+// Job-level keys of a job YAML; everything else is a trainer key.
+absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", e.what()));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-f ", path, ": expected a mapping of flag names to values"));
+  }
+  YAML::Node trainer(YAML::NodeType::Map);
+  try {
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      std::replace(key.begin(), key.end(), '_', '-');
+      if (key == "name") {
+        flags->name = it->second.as<std::string>();
+      } else if (key == "world-size") {
+        flags->world_size = it->second.as<int>();
+      } else if (key == "priority") {
+        flags->priority = it->second.as<int>();
+      } else if (key == "max-restarts") {
+        flags->max_restarts = it->second.as<int>();
+      } else if (key == "labels") {
+        for (auto l = it->second.begin(); l != it->second.end(); ++l) {
+          flags->labels.push_back(
+              absl::StrCat(l->first.as<std::string>(), "=", l->second.as<std::string>()));
+        }
+      } else {
+        if (key == "device") flags->device_given = true;
+        trainer[it->first.as<std::string>()] = it->second;
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", e.what()));
+  }
+  YAML::Emitter out;
+  out << trainer;
+  absl::Status s = ApplyYamlTrainConfig(out.c_str(), &flags->config);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatMetricValue(double value, const char* format) {
+  return absl::StrFormat(format, value);
+}
+
+std::string Strategy(const v1::Job& job) {
+  return absl::StrCat(job.spec().strategy().name(), " x", job.spec().world_size());
+}
+
+void PrintJobDetail(const v1::Job& job, std::ostream& out) {
+  std::vector<std::vector<std::string>> rows = {
+      {"id", job.id()},
+      {"name", job.spec().name().empty() ? "-" : job.spec().name()},
+      {"state", StateName(job.state())},
+      {"reason", job.state_reason()},
+      {"model", job.spec().model()},
+      {"data", job.spec().data()},
+      {"strategy", Strategy(job)},
+      {"device", v1::DeviceKind_Name(job.spec().device_kind())},
+      {"priority", std::to_string(job.spec().priority())},
+      {"restarts", absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
+      {"submitted", FormatAge(job.submit_time_unix_ms()) + " ago"},
+  };
+  if (job.start_time_unix_ms() > 0) {
+    const int64_t end = job.end_time_unix_ms() > 0 ? job.end_time_unix_ms()
+                                                    : absl::ToUnixMillis(absl::Now());
+    rows.push_back({"running for", FormatDuration((end - job.start_time_unix_ms()) / 1000.0)});
+  }
+  if (job.has_last_step()) {
+    const StepMetrics m = StepMetricsFromProto(job.last_step());
+    rows.push_back({"last step", m.FormatLine()});
+  }
+  std::vector<std::string> labels;
+  for (const auto& [k, v] : job.spec().labels()) labels.push_back(k + "=" + v);
+  std::sort(labels.begin(), labels.end());
+  if (!labels.empty()) rows.push_back({"labels", absl::StrJoin(labels, ",")});
+  for (const auto& row : rows) out << absl::StrFormat("%-12s %s\n", row[0], row[1]);
+  if (job.state() == v1::FAILED) {
+    out << absl::StrFormat("%-12s %s (rank %d): %s\n", "failure",
+                           v1::FailureReason_Name(job.failure().reason()),
+                           job.failure().rank(), job.failure().message());
+    if (job.failure().log_tail_size() > 0) {
+      out << "last lines of the failing rank's log:\n";
+      for (const std::string& line : job.failure().log_tail()) out << "  " << line << "\n";
+    }
+  }
+}
+
+std::string ProgressLine(const v1::StepMetrics& m, double seconds_per_step) {
+  const int width = 24;
+  const double fraction =
+      m.total_steps() > 0 ? std::min(1.0, static_cast<double>(m.step()) / m.total_steps())
+                          : 0;
+  const int filled = static_cast<int>(fraction * width);
+  const double eta = (m.total_steps() - m.step()) * seconds_per_step;
+  return absl::StrFormat(
+      "[%s%s] %d/%d | loss %.4f | norm %.2f | %s tok/s | ETA %s", std::string(filled, '#'),
+      std::string(width - filled, '.'), m.step(), m.total_steps(), m.loss(),
+      m.grad_norm(), FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
+      FormatDuration(std::max(0.0, eta)));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> JobFlags::ToSpec() const {
+  if (!file_status.ok()) return file_status;
+  TrainConfig c = config;
+  if (!c.data.empty() && c.data != "brown") {
+    c.data = std::filesystem::absolute(c.data).lexically_normal().string();
+  }
+  if (!c.init_from.empty()) {
+    c.init_from = std::filesystem::absolute(c.init_from).lexically_normal().string();
+  }
+  v1::JobSpec spec = JobSpecFromTrainConfig(c, world_size);
+  if (!device_given) spec.set_device_kind(v1::DEVICE_KIND_UNSPECIFIED);
+  spec.set_name(name);
+  spec.set_priority(priority);
+  spec.set_max_restarts(max_restarts);
+  for (const std::string& label : labels) {
+    const size_t eq = label.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--label: got '", label, "'; expected key=value"));
+    }
+    (*spec.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+  }
+  return spec;
+}
+
+void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
+  // The file first, so that flags parsed afterwards win.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "-f" || arg == "--file") && i + 1 < argc) flags->file = argv[i + 1];
+    if (arg.rfind("--file=", 0) == 0) flags->file = arg.substr(7);
+  }
+  if (!flags->file.empty()) flags->file_status = LoadJobFile(flags->file, flags);
+  AddTrainFlags(*command, flags->config);
+  // What the coordinator decides for a job (its directory, threads,
+  // restarts) or a JobSpec cannot express is not a submit flag.
+  for (const char* name : {"--out", "--resume", "--eval-only", "--threads", "--log-every"}) {
+    command->remove_option(command->get_option(name));
+  }
+  command->add_option("-f,--file", flags->file,
+                      "job YAML: the flags' names as keys, plus name, labels, "
+                      "priority, world-size, max-restarts");
+  command->add_option("--world-size", flags->world_size,
+                      "ranks (devices) for ddp/fsdp");
+  command->add_option("--name", flags->name, "a name for people");
+  command->add_option("--label", flags->labels, "key=value (repeatable)");
+  command->add_option("--priority", flags->priority, "higher runs first");
+  command->add_option("--max-restarts", flags->max_restarts,
+                      "restarts from the last checkpoint after a failure");
+  command->get_option("--device")->each(
+      [flags](const std::string&) { flags->device_given = true; });
+}
+
+int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
+              std::ostream& out) {
+  auto context = client.Context();
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = client.jobs().WatchJob(context.get(), request);
+  v1::WatchJobEvent event;
+  double seconds_per_step = 0;
+  bool bar_shown = false;
+  auto clear_bar = [&] {
+    if (bar_shown) out << "\r\033[K";
+    bar_shown = false;
+  };
+  while (reader->Read(&event)) {
+    if (event.has_job()) {
+      const v1::Job& job = event.job();
+      out << job.id() << " (" << Strategy(job) << ", " << job.spec().model()
+          << "): " << StateName(job.state())
+          << (job.state_reason().empty() ? "" : " - " + job.state_reason()) << "\n";
+    } else if (event.has_state_change()) {
+      clear_bar();
+      out << StateName(event.state_change().state()) << ": "
+          << event.state_change().message() << "\n";
+    } else if (event.has_step() && event.step().rank() == 0) {
+      const v1::StepMetrics& m = event.step();
+      seconds_per_step = seconds_per_step == 0
+                             ? m.step_seconds()
+                             : 0.9 * seconds_per_step + 0.1 * m.step_seconds();
+      if (terminal) {
+        out << "\r\033[K" << ProgressLine(m, seconds_per_step);
+        bar_shown = true;
+        if (m.has_val_loss()) {
+          clear_bar();
+          out << absl::StrFormat("step %d: val_loss %.4f\n", m.step(), m.val_loss());
+        }
+      } else {
+        out << StepMetricsFromProto(m).FormatLine() << "\n";
+        if (m.has_val_loss()) out << absl::StrFormat("val_loss %.6f\n", m.val_loss());
+      }
+    }
+    out.flush();
+  }
+  clear_bar();
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return client.Report(status);
+  auto get_context = client.Context();
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  v1::Job job;
+  if (grpc::Status s = client.jobs().GetJob(get_context.get(), get, &job); !s.ok()) {
+    return client.Report(s);
+  }
+  if (job.state() == v1::SUCCEEDED) {
+    out << job.id() << " SUCCEEDED in "
+        << FormatDuration((job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0)
+        << "\n";
+    return kExitOk;
+  }
+  if (!IsTerminal(job.state())) {
+    out << job.id() << " is " << StateName(job.state())
+        << " (the daemon stopped streaming)\n";
+    return kExitFailure;
+  }
+  PrintJobDetail(job, out);
+  return kExitFailure;
+}
+
+void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
+  auto connection = std::make_shared<ConnectionOptions>();
+  auto connect = [connection, exit_code]() -> std::unique_ptr<DaemonClient> {
+    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+        DaemonClient::Connect(*connection);
+    if (!client.ok()) {
+      *exit_code = ReportFailure(client.status());
+      return nullptr;
+    }
+    return std::move(*client);
+  };
+  const bool terminal = isatty(STDOUT_FILENO) != 0;
+
+  // submit
+  {
+    auto flags = std::make_shared<JobFlags>();
+    auto watch = std::make_shared<bool>(false);
+    auto format = std::make_shared<std::string>("table");
+    CLI::App* cmd = app->add_subcommand(
+        "submit", "Submit a training job (shardtrain-train's flags, or -f job.yaml)");
+    AddJobFlags(cmd, flags.get(), argc, argv);
+    cmd->add_flag("--watch,-w", *watch, "follow the job until it ends");
+    AddOutputFlag(cmd, format.get());
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      absl::StatusOr<v1::JobSpec> spec = flags->ToSpec();
+      if (!spec.ok()) {
+        ReportFailure(spec.status());
+        *exit_code = kExitUsage;
+        return;
+      }
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::SubmitJobRequest request;
+      *request.mutable_spec() = *spec;
+      v1::Job job;
+      if (grpc::Status s = client->jobs().SubmitJob(context.get(), request, &job); !s.ok()) {
+        *exit_code = client->Report(s);
+        return;
+      }
+      if (*format != "table") {
+        PrintMessage(job, *format);
+      } else {
+        std::cout << job.id() << "\n";
+      }
+      *exit_code = *watch ? FollowJob(*client, job.id(), terminal, std::cerr) : kExitOk;
+    });
+  }
+
+  // list
+  {
+    auto states = std::make_shared<std::vector<std::string>>();
+    auto labels = std::make_shared<std::vector<std::string>>();
+    auto format = std::make_shared<std::string>("table");
+    auto limit = std::make_shared<int>(0);
+    CLI::App* cmd = app->add_subcommand("list", "List jobs (oldest first)");
+    std::vector<std::string> state_names;
+    for (int s = v1::QUEUED; s <= v1::CANCELLED; ++s) {
+      state_names.push_back(v1::JobState_Name(static_cast<v1::JobState>(s)));
+    }
+    cmd->add_option("--state", *states, "only these states (repeatable)")
+        ->transform(CLI::IsMember(state_names, CLI::ignore_case));
+    cmd->add_option("--label", *labels, "key=value; all must match (repeatable)");
+    cmd->add_option("--limit", *limit, "at most N jobs (0: all)")->check(CLI::NonNegativeNumber);
+    AddOutputFlag(cmd, format.get());
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      v1::ListJobsRequest request;
+      for (const std::string& s : *states) {
+        v1::JobState state;
+        v1::JobState_Parse(s, &state);
+        request.add_states(state);
+      }
+      for (const std::string& label : *labels) {
+        const size_t eq = label.find('=');
+        if (eq == std::string::npos) {
+          ReportFailure(absl::StrCat("--label: got '", label, "'; expected key=value"));
+          *exit_code = kExitUsage;
+          return;
+        }
+        (*request.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+      }
+      v1::ListJobsResponse all;
+      do {
+        auto context = client->Context();
+        v1::ListJobsResponse page;
+        if (grpc::Status s = client->jobs().ListJobs(context.get(), request, &page); !s.ok()) {
+          *exit_code = client->Report(s);
+          return;
+        }
+        for (const v1::Job& job : page.jobs()) {
+          if (*limit > 0 && all.jobs_size() >= *limit) break;
+          *all.add_jobs() = job;
+        }
+        request.set_page_token(page.next_page_token());
+      } while (!request.page_token().empty() && (*limit == 0 || all.jobs_size() < *limit));
+      if (*format != "table") {
+        PrintMessage(all, *format);
+        return;
+      }
+      std::vector<std::vector<std::string>> rows;
+      for (const v1::Job& job : all.jobs()) {
+        rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                        StateName(job.state()), Strategy(job), job.spec().model(),
+                        job.has_last_step()
+                            ? absl::StrCat(job.last_step().step(), "/",
+                                           job.last_step().total_steps())
+                            : "-",
+                        job.has_last_step() ? FormatMetricValue(job.last_step().loss(), "%.4f")
+                                            : "-",
+                        FormatAge(job.submit_time_unix_ms())});
+      }
+      std::cout << FormatTable(
+          {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"}, rows);
+    });
+  }
+
+  // get / status
+  for (const char* name : {"get", "status"}) {
+    auto id = std::make_shared<std::string>();
+    auto format = std::make_shared<std::string>("table");
+    CLI::App* cmd = app->add_subcommand(name, "Show one job");
+    cmd->add_option("job", *id, "job id")->required();
+    AddOutputFlag(cmd, format.get());
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::GetJobRequest request;
+      request.set_job_id(*id);
+      v1::Job job;
+      if (grpc::Status s = client->jobs().GetJob(context.get(), request, &job); !s.ok()) {
+        *exit_code = client->Report(s);
+        return;
+      }
+      if (*format != "table") {
+        PrintMessage(job, *format);
+      } else {
+        PrintJobDetail(job, std::cout);
+      }
+    });
+  }
+
+  // watch
+  {
+    auto id = std::make_shared<std::string>();
+    CLI::App* cmd = app->add_subcommand(
+        "watch", "Follow a job live until it ends (exit 1 if it fails)");
+    cmd->add_option("job", *id, "job id")->required();
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      *exit_code = FollowJob(*client, *id, terminal, std::cout);
+    });
+  }
+
+  // logs
+  {
+    auto id = std::make_shared<std::string>();
+    auto rank = std::make_shared<int>(-1);
+    auto tail = std::make_shared<int>(0);
+    auto follow = std::make_shared<bool>(false);
+    CLI::App* cmd = app->add_subcommand("logs", "Print a job's worker logs");
+    cmd->add_option("job", *id, "job id")->required();
+    cmd->add_option("--rank", *rank, "one rank (default: all, prefixed)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--tail", *tail, "last N lines of each rank first")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("-f,--follow", *follow, "keep printing until the job ends");
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::StreamLogsRequest request;
+      request.set_job_id(*id);
+      if (*rank >= 0) request.set_rank(*rank);
+      request.set_tail(*tail);
+      request.set_follow(*follow);
+      auto reader = client->jobs().StreamLogs(context.get(), request);
+      v1::LogLine line;
+      while (reader->Read(&line)) {
+        if (*rank < 0) std::cout << "[rank " << line.rank() << "] ";
+        std::cout << line.line() << "\n";
+      }
+      std::cout.flush();
+      if (grpc::Status s = reader->Finish(); !s.ok()) *exit_code = client->Report(s);
+    });
+  }
+
+  // cancel
+  {
+    auto id = std::make_shared<std::string>();
+    CLI::App* cmd = app->add_subcommand("cancel", "Cancel a queued or running job");
+    cmd->add_option("job", *id, "job id")->required();
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::CancelJobRequest request;
+      request.set_job_id(*id);
+      v1::Job job;
+      if (grpc::Status s = client->jobs().CancelJob(context.get(), request, &job); !s.ok()) {
+        *exit_code = client->Report(s);
+        return;
+      }
+      std::cout << job.id() << ": "
+                << (job.state() == v1::CANCELLED ? "CANCELLED"
+                                                 : "cancel requested; stopping its ranks")
+                << "\n";
+    });
+  }
+
+  // metrics
+  {
+    auto id = std::make_shared<std::string>();
+    auto rank = std::make_shared<int>(-1);
+    auto csv = std::make_shared<bool>(false);
+    auto format = std::make_shared<std::string>("table");
+    CLI::App* cmd = app->add_subcommand("metrics", "A job's stored step metrics");
+    cmd->add_option("job", *id, "job id")->required();
+    cmd->add_option("--rank", *rank, "one rank (table default: 0; csv/json: all)");
+    cmd->add_flag("--csv", *csv, "every field of every step as CSV");
+    AddOutputFlag(cmd, format.get());
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::GetJobMetricsRequest request;
+      request.set_job_id(*id);
+      const bool table = !*csv && *format == "table";
+      if (*rank >= 0) {
+        request.set_rank(*rank);
+      } else if (table) {
+        request.set_rank(0);
+      }
+      v1::GetJobMetricsResponse response;
+      if (grpc::Status s = client->jobs().GetJobMetrics(context.get(), request, &response);
+          !s.ok()) {
+        *exit_code = client->Report(s);
+        return;
+      }
+      if (*csv) {
+        std::cout << "step,total_steps,epoch,rank,loss,val_loss,grad_norm,lr,step_seconds,"
+                     "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
+                     "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
+                     "comm_seconds,comm_bytes\n";
+        for (const v1::StepMetrics& m : response.steps()) {
+          std::cout << absl::StrCat(
+              m.step(), ",", m.total_steps(), ",", m.epoch(), ",", m.rank(), ",",
+              absl::StrFormat("%.9g", m.loss()), ",",
+              m.has_val_loss() ? absl::StrFormat("%.9g", m.val_loss()) : "", ",",
+              absl::StrFormat("%.9g,%.9g,%.9g", m.grad_norm(), m.lr(), m.step_seconds()),
+              ",", m.tokens(), ",", absl::StrFormat("%.9g,%.9g", m.tokens_per_second(), m.mfu()),
+              ",", m.memory_allocated_bytes(), ",", m.memory_peak_bytes(), ",",
+              m.memory_reserved_bytes(), ",", m.model_state_bytes(), ",",
+              absl::StrFormat("%.9g", m.comm_seconds()), ",", m.comm_bytes())
+                    << "\n";
+        }
+        return;
+      }
+      if (!table) {
+        PrintMessage(response, *format);
+        return;
+      }
+      std::vector<std::vector<std::string>> rows;
+      for (const v1::StepMetrics& m : response.steps()) {
+        rows.push_back({std::to_string(m.step()), absl::StrFormat("%.4f", m.loss()),
+                        m.has_val_loss() ? absl::StrFormat("%.4f", m.val_loss()) : "",
+                        absl::StrFormat("%.3f", m.grad_norm()),
+                        absl::StrFormat("%.2e", m.lr()),
+                        absl::StrFormat("%.0f", m.step_seconds() * 1000),
+                        FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
+                        absl::StrFormat("%.1f%%", m.mfu() * 100),
+                        FormatBytes(m.memory_peak_bytes())});
+      }
+      std::cout << FormatTable({"STEP", "LOSS", "VAL", "NORM", "LR", "MS", "TOK/S",
+                                "MFU", "PEAK MEM"},
+                               rows);
+    });
+  }
+
+  // cluster
+  {
+    auto format = std::make_shared<std::string>("table");
+    CLI::App* cmd = app->add_subcommand("cluster", "Devices, who holds them, and the queue");
+    AddOutputFlag(cmd, format.get());
+    AddConnectionFlags(cmd, connection.get());
+    cmd->callback([=] {
+      auto client = connect();
+      if (!client) return;
+      auto context = client->Context();
+      v1::Cluster cluster;
+      if (grpc::Status s = client->cluster().GetCluster(context.get(), {}, &cluster); !s.ok()) {
+        *exit_code = client->Report(s);
+        return;
+      }
+      if (*format != "table") {
+        PrintMessage(cluster, *format);
+        return;
+      }
+      std::cout << "shardtraind " << cluster.version() << " at " << client->address()
+                << "\n\n";
+      std::vector<std::vector<std::string>> devices;
+      for (const v1::Device& d : cluster.devices()) {
+        devices.push_back({std::to_string(d.index()), v1::DeviceKind_Name(d.kind()), d.name(),
+                           FormatBytes(d.memory_bytes()),
+                           d.job_id().empty() ? "-" : absl::StrCat(d.job_id(), " rank ", d.rank())});
+      }
+      std::cout << FormatTable({"DEVICE", "KIND", "NAME", "MEMORY", "HELD BY"}, devices);
+      std::vector<std::vector<std::string>> queue;
+      for (const v1::QueuedJob& q : cluster.queue()) {
+        queue.push_back({q.job_id(), std::to_string(q.priority()), q.reason()});
+      }
+      std::cout << "\n"
+                << (queue.empty() ? "queue empty\n"
+                                  : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"}, queue));
+    });
+  }
+}
+
+}  // namespace shardtrain::cli

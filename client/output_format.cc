@@ -1,0 +1,87 @@
+#include "client/output_format.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "yaml-cpp/yaml.h"
+
+namespace shardtrain::cli {
+namespace {
+
+void BlockStyle(YAML::Node node) {
+  node.SetStyle(YAML::EmitterStyle::Block);
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) BlockStyle(it->second);
+  } else if (node.IsSequence()) {
+    for (auto it = node.begin(); it != node.end(); ++it) BlockStyle(*it);
+  }
+}
+
+}  // namespace
+
+void AddOutputFlag(CLI::App* app, std::string* format) {
+  app->add_option("-o,--output", *format, "table | json | yaml")
+      ->check(CLI::IsMember({"table", "json", "yaml"}))
+      ->capture_default_str();
+}
+
+std::string MessageToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+std::string JsonToYaml(const std::string& json) {
+  YAML::Node node = YAML::Load(json);
+  BlockStyle(node);
+  YAML::Emitter out;
+  out << node;
+  return std::string(out.c_str()) + "\n";
+}
+
+void PrintMessage(const google::protobuf::Message& message,
+                  const std::string& format) {
+  const std::string json = MessageToJson(message);
+  std::cout << (format == "yaml" ? JsonToYaml(json) : json);
+  std::cout.flush();
+}
+
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      text += cells[c];
+      if (c + 1 < cells.size()) text += std::string(width[c] - cells[c].size() + 2, ' ');
+    }
+    out += text + "\n";
+  };
+  line(header);
+  for (const auto& row : rows) line(row);
+  return out;
+}
+
+std::string FormatAge(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  const absl::Duration age =
+      absl::Trunc(absl::Now() - absl::FromUnixMillis(unix_ms), absl::Seconds(1));
+  return absl::FormatDuration(std::max(age, absl::ZeroDuration()));
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,15 @@
+// `shardtrain compare` (the strategy comparison study) and `shardtrain
+// daemon` (start a local shardtraind when none answers).
+#ifndef SHARDTRAIN_CLIENT_STUDY_COMMANDS_H_
+#define SHARDTRAIN_CLIENT_STUDY_COMMANDS_H_
+
+#include "CLI/CLI.hpp"
+
+namespace shardtrain::cli {
+
+void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv);
+void AddDaemonCommand(CLI::App* app, int* exit_code);
+
+}  // namespace shardtrain::cli
+
+#endif  // SHARDTRAIN_CLIENT_STUDY_COMMANDS_H_

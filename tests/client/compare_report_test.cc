@@ -1,0 +1,512 @@
+#include "client/compare_report.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+#include "worker/engine/data/asset_paths.h"
+
+namespace shardtrain::cli {
+namespace {
+
+using ::shardtrain::test::ReadFile;
+using ::shardtrain::test::RunCommand;
+using ::shardtrain::test::TempDir;
+using ::shardtrain::test::WriteFile;
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+constexpr int64_t kMiB = 1024 * 1024;
+
+// What one step measured; unnamed fields keep plausible defaults.
+struct StepValues {
+  double loss = 4.0;
+  double grad_norm = 1.0;
+  double step_seconds = 0.5;
+  double tokens_per_second = 1000;
+  double mfu = 0.3;
+  int64_t peak_bytes = 100 * kMiB;
+
+  StepValues& Loss(double v) {
+    loss = v;
+    return *this;
+  }
+  StepValues& GradNorm(double v) {
+    grad_norm = v;
+    return *this;
+  }
+  StepValues& Seconds(double v) {
+    step_seconds = v;
+    return *this;
+  }
+  StepValues& TokensPerSecond(double v) {
+    tokens_per_second = v;
+    return *this;
+  }
+  StepValues& Mfu(double v) {
+    mfu = v;
+    return *this;
+  }
+  StepValues& PeakBytes(int64_t v) {
+    peak_bytes = v;
+    return *this;
+  }
+};
+
+v1::StepMetrics Step(int32_t rank, int64_t step, const StepValues& v) {
+  v1::StepMetrics m;
+  m.set_rank(rank);
+  m.set_step(step);
+  m.set_total_steps(100);
+  m.set_loss(v.loss);
+  m.set_grad_norm(v.grad_norm);
+  m.set_lr(6e-4);
+  m.set_step_seconds(v.step_seconds);
+  m.set_tokens(1024);
+  m.set_tokens_per_second(v.tokens_per_second);
+  m.set_mfu(v.mfu);
+  m.set_memory_allocated_bytes(v.peak_bytes / 2);
+  m.set_memory_peak_bytes(v.peak_bytes);
+  m.set_memory_reserved_bytes(v.peak_bytes);
+  m.set_model_state_bytes(v.peak_bytes / 4);
+  return m;
+}
+
+// A DDP run on 2 ranks with hand-checkable rank-0 figures:
+//   step_seconds 2.0 0.5 0.4 0.6 0.5  -> p50 0.5, p95 2.0 (nearest rank)
+//   tokens/s     100 1000 1200 800 1000 -> after warm-up: mean 1000,
+//                                          population std sqrt(20000)
+//   mfu          .01 .30 .36 .24 .30  -> after warm-up: mean 0.30
+//   grad norm    1 2 3 4 10           -> mean 4, std sqrt(10), median 3
+//   loss         5.0 4.5 4.0 3.5 3.0; val loss 4.6 at step 2, 3.6 at step 4
+// Rank 1 reports nonsense for everything but memory (150 MiB at step 3), so
+// any use of it other than for peak memory shows. Step 3 is reported twice
+// by each rank (a restart replayed it); the first reports are stale.
+StrategyRun FiveStepDdpRun() {
+  StrategyRun run;
+  run.strategy = "ddp";
+  run.job_id = "job-ddp";
+  run.world_size = 2;
+  run.batch_size = 4;
+  run.grad_accum = 2;
+  run.seq_len = 64;
+  run.train_tokens = 4 * 2 * 64 * 2 * 100;  // 100 steps per epoch
+
+  const double seconds[] = {2.0, 0.5, 0.4, 0.6, 0.5};
+  const double tps[] = {100, 1000, 1200, 800, 1000};
+  const double mfu[] = {0.01, 0.30, 0.36, 0.24, 0.30};
+  const double norms[] = {1, 2, 3, 4, 10};
+  const double losses[] = {5.0, 4.5, 4.0, 3.5, 3.0};
+
+  // Stale reports from before the restart: must lose to the replay.
+  run.steps.push_back(Step(0, 3,
+                           StepValues()
+                               .Loss(42)
+                               .GradNorm(1000)
+                               .Seconds(99)
+                               .TokensPerSecond(1)
+                               .Mfu(0.9)
+                               .PeakBytes(900 * kMiB)));
+  run.steps.push_back(Step(1, 3, StepValues().PeakBytes(800 * kMiB)));
+  for (int i = 4; i >= 0; --i) {  // any order
+    v1::StepMetrics m = Step(0, i + 1,
+                             StepValues()
+                                 .Loss(losses[i])
+                                 .GradNorm(norms[i])
+                                 .Seconds(seconds[i])
+                                 .TokensPerSecond(tps[i])
+                                 .Mfu(mfu[i])
+                                 .PeakBytes(100 * kMiB));
+    if (i + 1 == 2) m.set_val_loss(4.6);
+    if (i + 1 == 4) m.set_val_loss(3.6);
+    run.steps.push_back(m);
+    run.steps.push_back(Step(1, i + 1,
+                             StepValues()
+                                 .Loss(77)
+                                 .GradNorm(77)
+                                 .Seconds(77)
+                                 .TokensPerSecond(77)
+                                 .Mfu(0.77)
+                                 .PeakBytes((i + 1 == 3 ? 150 : 120) * kMiB)));
+  }
+  return run;
+}
+
+// ---------------------------------------------------------------------------
+// Summarise
+// ---------------------------------------------------------------------------
+
+TEST(SummariseTest, ComputesEveryFieldFromRankZeroAndMemoryFromAllRanks) {
+  const StrategySummary s = Summarise(FiveStepDdpRun());
+
+  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.world_size, 2);
+  EXPECT_EQ(s.steps, 5);
+  EXPECT_DOUBLE_EQ(s.final_train_loss, 3.0);
+  EXPECT_DOUBLE_EQ(s.final_val_loss, 3.6);
+  EXPECT_DOUBLE_EQ(s.step_seconds_p50, 0.5);
+  EXPECT_DOUBLE_EQ(s.step_seconds_p95, 2.0);
+  EXPECT_DOUBLE_EQ(s.seconds_per_epoch, 0.5 * 100);
+  EXPECT_NEAR(s.tokens_per_second_mean, 1000, 1e-9);
+  EXPECT_NEAR(s.tokens_per_second_std, 141.42135623730951, 1e-9);
+  EXPECT_NEAR(s.mfu_mean, 0.30, 1e-12);
+  EXPECT_NEAR(s.grad_norm_mean, 4.0, 1e-12);
+  EXPECT_NEAR(s.grad_norm_std, 3.1622776601683795, 1e-12);
+  EXPECT_NEAR(s.grad_norm_spike_ratio, 10.0 / 3.0, 1e-12);
+  EXPECT_EQ(s.peak_memory_bytes_per_rank, 150 * kMiB);
+}
+
+TEST(SummariseTest, PercentilesAreNearestRankNotInterpolated) {
+  StrategyRun run;
+  run.strategy = "single";
+  for (int i = 1; i <= 20; ++i) {
+    run.steps.push_back(
+        Step(0, i, StepValues().Seconds(static_cast<double>(i))));
+  }
+
+  const StrategySummary s = Summarise(run);
+
+  // Interpolation would give 10.5 and 19.05.
+  EXPECT_DOUBLE_EQ(s.step_seconds_p50, 10.0);
+  EXPECT_DOUBLE_EQ(s.step_seconds_p95, 19.0);
+}
+
+TEST(SummariseTest, SingleStepKeepsItsThroughputAndReportsNoEpochOrEval) {
+  StrategyRun run;
+  run.strategy = "single";
+  run.batch_size = 4;
+  run.seq_len = 64;
+  run.train_tokens = 0;  // unknown
+  run.steps.push_back(
+      Step(0, 1, StepValues().GradNorm(2).TokensPerSecond(500).Mfu(0.1)));
+
+  const StrategySummary s = Summarise(run);
+
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second_mean, 500);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second_std, 0);
+  EXPECT_DOUBLE_EQ(s.mfu_mean, 0.1);
+  EXPECT_DOUBLE_EQ(s.grad_norm_spike_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(s.seconds_per_epoch, 0);
+  EXPECT_LT(s.final_val_loss, 0);
+}
+
+TEST(SummariseTest, RunWithoutRankZeroHasNoStepsButKeepsPeakMemory) {
+  StrategyRun run;
+  run.strategy = "fsdp";
+  run.steps.push_back(Step(1, 1, StepValues().PeakBytes(7 * kMiB)));
+
+  const StrategySummary s = Summarise(run);
+
+  EXPECT_EQ(s.steps, 0);
+  EXPECT_EQ(s.peak_memory_bytes_per_rank, 7 * kMiB);
+}
+
+// ---------------------------------------------------------------------------
+// Table and findings
+// ---------------------------------------------------------------------------
+
+StrategySummary Row(const std::string& strategy, double loss,
+                    int64_t peak_bytes, double tokens_per_second,
+                    double spike_ratio) {
+  StrategySummary s;
+  s.strategy = strategy;
+  s.world_size = strategy == "single" ? 1 : 2;
+  s.steps = 50;
+  s.final_train_loss = loss;
+  s.peak_memory_bytes_per_rank = peak_bytes;
+  s.tokens_per_second_mean = tokens_per_second;
+  s.grad_norm_spike_ratio = spike_ratio;
+  return s;
+}
+
+TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
+  const std::string table =
+      FormatSummaryTable({Summarise(FiveStepDdpRun()),
+                          Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5)});
+
+  const std::vector<std::string> lines =
+      absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_THAT(lines, SizeIs(4));
+  EXPECT_EQ(
+      lines[0],
+      "| strategy | world | steps | final train loss | final val loss | "
+      "s/epoch | tokens/s (mean ± std) | step p50 | step p95 | "
+      "peak mem/rank | grad norm mean | std | spike (max/median) | MFU |");
+  EXPECT_EQ(lines[1].substr(0, 9), "|---|---:");
+  EXPECT_EQ(lines[2],
+            "| ddp | 2 | 5 | 3.0000 | 3.6000 | 50.00 s | 1,000 ± 141 | "
+            "500 ms | 2.00 s | 150.0 MiB | 4.000 | 3.162 | 3.33 | 30.0% |");
+  // No eval and no epoch size: shown as "-", not as zeros.
+  EXPECT_THAT(lines[3],
+              AllOf(HasSubstr("| fsdp | 2 | 50 | 3.2500 | - | - |"),
+                    HasSubstr("| 52,410 ± 0 |"), HasSubstr("| 1.5 MiB |")));
+}
+
+TEST(FindingsTest, ComparesEachStrategyWithDdpAndNamesBestLossAndSpeed) {
+  const std::vector<std::string> findings =
+      Findings({Row("single", 3.30, 80 * kMiB, 500, 1.2),
+                Row("ddp", 3.20, 200 * kMiB, 1000, 1.3),
+                Row("fsdp", 3.10, 100 * kMiB, 900, 4.5)});
+
+  EXPECT_THAT(
+      findings,
+      ElementsAre(
+          "Single-device peak memory per rank was 0.40× DDP's; its "
+          "throughput 0.50× DDP's.",
+          "FSDP peak memory per rank was 0.50× DDP's; its throughput 0.90× "
+          "DDP's.",
+          "FSDP reached the lowest final train loss (3.1000); final losses "
+          "spanned 0.2000 (3.1000 to 3.3000).",
+          "DDP was the fastest at 1,000 tokens/s, 2.00× the slowest "
+          "(single-device).",
+          HasSubstr("FSDP's gradient norm spiked to 4.5× its median")));
+}
+
+TEST(FindingsTest, ComparesWithSingleDeviceWhenThereIsNoDdp) {
+  const std::vector<std::string> findings =
+      Findings({Row("single", 3.0, 400 * kMiB, 1000, 1.0),
+                Row("fsdp", 3.0, 100 * kMiB, 1500, 1.0)});
+
+  EXPECT_THAT(findings,
+              Contains("FSDP peak memory per rank was 0.25× single-device's; "
+                       "its throughput 1.50× single-device's."));
+  EXPECT_THAT(findings, Contains(HasSubstr("spanned 0.0000")));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("spiked"))));
+}
+
+TEST(FindingsTest, StrategiesWithoutStepsAreLeftOut) {
+  StrategySummary empty = Row("ddp", 0, 0, 0, 0);
+  empty.steps = 0;
+
+  EXPECT_THAT(Findings({empty}), SizeIs(0));
+  EXPECT_THAT(Findings({empty, Row("fsdp", 3.0, kMiB, 100, 1.0)}),
+              Not(Contains(HasSubstr("DDP"))));
+}
+
+// ---------------------------------------------------------------------------
+// WriteCompareReport
+// ---------------------------------------------------------------------------
+
+// DDP and FSDP, 2 ranks x 10 steps each, with evals every 5 steps.
+std::vector<StrategyRun> TenStepRuns() {
+  std::vector<StrategyRun> runs;
+  for (const char* name : {"ddp", "fsdp"}) {
+    StrategyRun run;
+    run.strategy = name;
+    run.job_id = absl::StrCat("job-", name);
+    run.world_size = 2;
+    run.batch_size = 4;
+    run.seq_len = 64;
+    run.train_tokens = 4 * 64 * 2 * 50;
+    const bool fsdp = run.strategy == "fsdp";
+    for (int step = 1; step <= 10; ++step) {
+      for (int rank = 1; rank >= 0; --rank) {
+        v1::StepMetrics m =
+            Step(rank, step,
+                 StepValues()
+                     .Loss(5.0 - 0.1 * step - (fsdp ? 0.02 : 0))
+                     .GradNorm(1.0 + 0.05 * step)
+                     .Seconds(fsdp ? 0.55 : 0.5)
+                     .TokensPerSecond((fsdp ? 900.0 : 1000.0) + 10 * step)
+                     .PeakBytes((fsdp ? 60 : 100) * kMiB + rank * kMiB));
+        if (step % 5 == 0) m.set_val_loss(5.1 - 0.1 * step);
+        run.steps.push_back(m);
+      }
+    }
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+std::string ChartJsPath() {
+  return AssetsDir() + "/node_modules/chart.js/dist/chart.umd.js";
+}
+
+TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
+  TempDir tmp;
+  const std::string out = tmp / "report";  // created by the call
+  CompareOptions options;
+  options.title = "gpt2-tiny on brown, world size 2";
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "/* fake chart.js */");
+
+  const absl::Status status = WriteCompareReport(TenStepRuns(), options, out);
+
+  ASSERT_TRUE(status.ok()) << status;
+  const std::string md = ReadFile(out + "/report.md");
+  EXPECT_THAT(md, HasSubstr("# gpt2-tiny on brown, world size 2"));
+  EXPECT_THAT(md, HasSubstr("Strong scaling: the global batch is fixed"));
+  EXPECT_THAT(md, HasSubstr("| strategy | world | steps |"));
+  EXPECT_THAT(md, HasSubstr("| ddp | 2 | 10 |"));
+  EXPECT_THAT(md, HasSubstr("- FSDP peak memory per rank was 0.60× DDP's"));
+  EXPECT_THAT(md, HasSubstr("`ddp.csv`"));
+  EXPECT_THAT(md, HasSubstr("`fsdp.csv`"));
+  EXPECT_THAT(md, HasSubstr("`job-ddp`"));
+  EXPECT_THAT(md, HasSubstr("`job-fsdp`"));
+
+  for (const char* name : {"ddp", "fsdp"}) {
+    const std::string csv = ReadFile(absl::StrCat(out, "/", name, ".csv"));
+    const std::vector<std::string> lines =
+        absl::StrSplit(csv, '\n', absl::SkipEmpty());
+    ASSERT_THAT(lines, SizeIs(1 + 2 * 10)) << name;
+    EXPECT_EQ(lines[0],
+              "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,"
+              "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
+              "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
+              "comm_seconds,comm_bytes,val_loss");
+    // Sorted by step, then rank; val_loss empty where no eval ran.
+    EXPECT_THAT(lines[1], HasSubstr("1,100,0,0,"));
+    EXPECT_EQ(lines[1].back(), ',');
+    EXPECT_THAT(lines[2], HasSubstr("1,100,0,1,"));
+    EXPECT_THAT(lines[10], HasSubstr("5,100,0,1,"));
+    EXPECT_NE(lines[10].back(), ',');
+    EXPECT_THAT(lines[20], HasSubstr("10,100,0,1,"));
+  }
+
+  const std::string html = ReadFile(out + "/report.html");
+  EXPECT_THAT(html, HasSubstr("/* fake chart.js */"));
+  EXPECT_THAT(html, Not(HasSubstr("<script src")));
+  for (const char* id :
+       {"chart-loss", "chart-grad-norm", "chart-throughput", "chart-memory"}) {
+    EXPECT_THAT(html, HasSubstr(absl::StrCat("<canvas id=\"", id, "\">")));
+  }
+  EXPECT_THAT(html, HasSubstr("<td>fsdp</td>"));
+  EXPECT_THAT(html, HasSubstr("animation: false"));
+}
+
+TEST(WriteCompareReportTest, EscapesInlinedScriptAndTextFromTheData) {
+  TempDir tmp;
+  std::vector<StrategyRun> runs = TenStepRuns();
+  runs[0].job_id = "</script><b>x</b>";
+  CompareOptions options;
+  options.title = "a <i>title</i> & more";
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "var closer = \"</SCRIPT>\";");
+
+  ASSERT_TRUE(WriteCompareReport(runs, options, tmp.path()).ok());
+
+  const std::string html = ReadFile(tmp / "report.html");
+  EXPECT_THAT(html, HasSubstr("var closer = \"<\\/SCRIPT>\";"));
+  EXPECT_THAT(html, Not(HasSubstr("<b>x</b>")));
+  EXPECT_THAT(html, HasSubstr("&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;"));
+  EXPECT_THAT(html, HasSubstr("a &lt;i&gt;title&lt;/i&gt; &amp; more"));
+  // Only the four <script> elements the page itself opens are closed.
+  const std::string lower = absl::AsciiStrToLower(html);
+  int closers = 0;
+  for (size_t at = lower.find("</script"); at != std::string::npos;
+       at = lower.find("</script", at + 1)) {
+    ++closers;
+  }
+  EXPECT_EQ(closers, 4);
+}
+
+TEST(WriteCompareReportTest, MissingChartJsIsNotFoundNamingThePath) {
+  TempDir tmp;
+  CompareOptions options;
+  options.chart_js_path = tmp / "nowhere/chart.umd.js";
+
+  const absl::Status status =
+      WriteCompareReport(TenStepRuns(), options, tmp / "report");
+
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr(options.chart_js_path));
+  EXPECT_THAT(status.message(), HasSubstr("scripts/setup"));
+  EXPECT_FALSE(std::filesystem::exists(tmp / "report/report.md"));
+}
+
+TEST(WriteCompareReportTest, DuplicateStrategyIsInvalidArgument) {
+  TempDir tmp;
+  std::vector<StrategyRun> runs = TenStepRuns();
+  runs[1].strategy = "ddp";
+  CompareOptions options;
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "");
+
+  EXPECT_EQ(WriteCompareReport(runs, options, tmp.path()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// report.html in a real browser
+// ---------------------------------------------------------------------------
+
+// The text of <pre id="render-check"> in a dumped DOM, unescaped.
+std::string RenderCheckText(const std::string& dom) {
+  const std::string open = "<pre id=\"render-check\">";
+  const size_t begin = dom.find(open);
+  if (begin == std::string::npos) return "";
+  const size_t end = dom.find("</pre>", begin);
+  if (end == std::string::npos) return "";
+  return absl::StrReplaceAll(
+      dom.substr(begin + open.size(), end - begin - open.size()),
+      {{"&lt;", "<"}, {"&gt;", ">"}, {"&amp;", "&"}});
+}
+
+TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
+  if (RunCommand("command -v chromium").exit_code != 0) {
+    GTEST_SKIP() << "chromium is not installed (scripts/setup installs it)";
+  }
+  TempDir tmp;
+  CompareOptions options;  // the chart.js that scripts/setup installed
+  options.title = "render check";
+  ASSERT_TRUE(std::filesystem::exists(ChartJsPath()))
+      << ChartJsPath() << " is missing; run scripts/setup";
+  ASSERT_TRUE(WriteCompareReport(TenStepRuns(), options, tmp / "out").ok());
+  const std::string url = "file://" + (tmp / "out/report.html");
+  // Its own profile, so parallel tests do not share a locked one; as root
+  // Chromium refuses to start without --no-sandbox.
+  const std::string chromium = absl::StrCat(
+      "chromium --headless --no-sandbox --disable-gpu --hide-scrollbars "
+      "--user-data-dir=",
+      tmp / "profile", " --virtual-time-budget=5000");
+
+  const test::CommandResult dom =
+      RunCommand(absl::StrCat(chromium, " --dump-dom ", url));
+
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  const std::string check = RenderCheckText(dom.out);
+  ASSERT_FALSE(check.empty()) << "the page script did not finish; chromium "
+                                 "said:\n"
+                              << dom.err;
+  const nlohmann::json result = nlohmann::json::parse(check);
+  EXPECT_EQ(result["errors"], nlohmann::json::array()) << check;
+  for (const char* id :
+       {"chart-loss", "chart-grad-norm", "chart-throughput", "chart-memory"}) {
+    SCOPED_TRACE(id);
+    ASSERT_TRUE(result["canvases"].contains(id)) << check;
+    EXPECT_GT(result["canvases"][id]["painted_pixels"].get<int64_t>(), 1000);
+    EXPECT_GT(result["canvases"][id]["data_points"].get<int64_t>(), 0);
+  }
+  // Loss: 2 x 10 train + 2 x 2 val; memory: 2 ranks x 2 strategies.
+  EXPECT_EQ(result["canvases"]["chart-loss"]["data_points"], 24);
+  EXPECT_EQ(result["canvases"]["chart-memory"]["data_points"], 4);
+
+  // Kept for people to look at: build/test-artefacts/compare_report.png.
+  const std::string artefacts =
+      std::string(SHARDTRAIN_BINARY_DIR) + "/test-artefacts";
+  std::filesystem::create_directories(artefacts);
+  const std::string png = artefacts + "/compare_report.png";
+  std::filesystem::remove(png);
+  const test::CommandResult shot = RunCommand(absl::StrCat(
+      chromium, " --window-size=1280,2400 --screenshot=", png, " ", url));
+  ASSERT_EQ(shot.exit_code, 0) << shot.err;
+  ASSERT_TRUE(std::filesystem::exists(png)) << shot.err;
+  EXPECT_GT(std::filesystem::file_size(png), 10000u);
+}
+
+}  // namespace
+}  // namespace shardtrain::cli

@@ -1,0 +1,252 @@
+// Every job subcommand of the `shardtrain` binary against a real shardtraind:
+// exit codes, table/JSON/YAML output, and the comparison study end to end.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/daemon_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using test::CommandResult;
+using test::Daemon;
+using test::DaemonOptions;
+using test::TempDir;
+
+class CliJobCommandsTest : public ::testing::Test {
+ protected:
+  void StartDaemon(DaemonOptions options) {
+    daemon_ = std::make_unique<Daemon>(dir_ / "state", std::move(options));
+    std::string error;
+    ASSERT_TRUE(daemon_->Start(&error)) << error;
+  }
+  void StartFakeDaemon() {
+    std::filesystem::create_directories(dir_ / "data");
+    test::WriteFile(dir_ / "data/train.bin", "x");
+    DaemonOptions options;
+    options.worker_binary = test::FakeWorker();
+    StartDaemon(options);
+  }
+  // Runs `shardtrain ARGS` against the daemon.
+  CommandResult Cli(const std::string& args) {
+    return test::RunCommand(absl::StrCat("SHARDTRAIN_ADDRESS=", daemon_->address(), " ",
+                                         test::BinDir(), "/shardtrain ", args));
+  }
+  std::string FakeJob(const std::string& mode, int world = 1) {
+    return absl::StrCat("submit --name '", mode, "' --model gpt2-tiny --data ",
+                        dir_ / "data", " --max-steps 1",
+                        world > 1 ? absl::StrCat(" --strategy ddp --world-size ", world) : "");
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(CliJobCommandsTest, SubmitPrintsTheIdAndWatchExitsByTheJobsOutcome) {
+  StartFakeDaemon();
+  CommandResult ok = Cli(FakeJob("quick", 2) + " --watch");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  EXPECT_EQ(ok.out, "job-000001\n");
+  EXPECT_THAT(ok.err, HasSubstr("job-000001 SUCCEEDED"));
+
+  CommandResult failed = Cli(FakeJob("exit:3") + " -w");
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  EXPECT_THAT(failed.err, HasSubstr("EXIT_CODE (rank 0): rank 0 ended with exit code 3"));
+
+  CommandResult watch = Cli("watch job-000001");
+  EXPECT_EQ(watch.exit_code, 0);
+  EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+  EXPECT_EQ(Cli("watch job-000002").exit_code, 1);
+}
+
+TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
+  StartFakeDaemon();
+  ASSERT_EQ(Cli(FakeJob("flood:3", 2) + " --label team=nlp --priority 2 -w").exit_code, 0);
+
+  CommandResult list = Cli("list");
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_THAT(list.out, HasSubstr("ID"));
+  EXPECT_THAT(list.out, HasSubstr("job-000001  flood:3  SUCCEEDED  ddp x2"));
+
+  CommandResult json = Cli("list -o json --label team=nlp");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json jobs = nlohmann::json::parse(json.out);
+  ASSERT_EQ(jobs["jobs"].size(), 1u);
+  const nlohmann::json& job = jobs["jobs"][0];
+  EXPECT_EQ(job["id"], "job-000001");
+  EXPECT_EQ(job["state"], "SUCCEEDED");
+  EXPECT_EQ(job["spec"]["strategy"]["name"], "ddp");
+  EXPECT_EQ(job["spec"]["world_size"], 2);
+  EXPECT_EQ(job["spec"]["priority"], 2);
+  EXPECT_EQ(job["last_step"]["step"], "3");  // int64 is a JSON string in proto3
+  EXPECT_EQ(Cli("list -o json --label team=cv").out.find("job-000001"), std::string::npos);
+
+  CommandResult yaml = Cli("get job-000001 -o yaml");
+  ASSERT_EQ(yaml.exit_code, 0);
+  EXPECT_THAT(yaml.out, HasSubstr("id: job-000001"));
+  EXPECT_THAT(yaml.out, HasSubstr("state: SUCCEEDED"));
+
+  CommandResult get = Cli("status job-000001");
+  EXPECT_THAT(get.out, HasSubstr("state        SUCCEEDED"));
+  EXPECT_THAT(get.out, HasSubstr("labels       team=nlp"));
+
+  CommandResult csv = Cli("metrics job-000001 --csv");
+  ASSERT_EQ(csv.exit_code, 0);
+  std::vector<std::string> lines = absl::StrSplit(csv.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u + 6u);  // header + 3 steps x 2 ranks
+  EXPECT_THAT(lines[0], HasSubstr("step,total_steps,epoch,rank,loss"));
+  EXPECT_THAT(lines[1], testing::StartsWith("1,3,0,0,10,"));
+  CommandResult table = Cli("metrics job-000001");
+  EXPECT_THAT(table.out, HasSubstr("STEP  LOSS"));
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(table.out, '\n', absl::SkipEmpty())).size(),
+            4u);  // rank 0 only
+  const nlohmann::json steps = nlohmann::json::parse(Cli("metrics job-000001 -o json").out);
+  EXPECT_EQ(steps["steps"].size(), 6u);
+
+  const nlohmann::json cluster = nlohmann::json::parse(Cli("cluster -o json").out);
+  EXPECT_EQ(cluster["devices"].size(), 2u);
+  EXPECT_EQ(cluster["version"], "0.1.0");
+  EXPECT_THAT(Cli("cluster").out, HasSubstr("queue empty"));
+
+  CommandResult logs = Cli("logs job-000001 --rank 1 --tail 1");
+  EXPECT_EQ(logs.exit_code, 0);
+  EXPECT_EQ(logs.out, "fake_worker job-000001 rank 1 mode 'flood:3'\n");
+  EXPECT_THAT(Cli("logs job-000001").out, HasSubstr("[rank 0] fake_worker job-000001 rank 0"));
+}
+
+TEST_F(CliJobCommandsTest, CancelStopsARunningJob) {
+  StartFakeDaemon();
+  ASSERT_EQ(Cli(FakeJob("hold")).exit_code, 0);
+  ASSERT_EQ(daemon_->WaitFor("job-000001", [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                             absl::Seconds(30)).state(), v1::RUNNING);
+  CommandResult cancel = Cli("cancel job-000001");
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_EQ(daemon_->WaitFor("job-000001", test::IsTerminal, absl::Seconds(30)).state(),
+            v1::CANCELLED);
+  CommandResult again = Cli("cancel job-000001");
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("already ended (CANCELLED)"));
+}
+
+TEST_F(CliJobCommandsTest, ErrorsAreOneLineWithTheRightExitCode) {
+  StartFakeDaemon();
+  // The daemon rejects the spec: a usage error, its message shown as is.
+  CommandResult bad = Cli(FakeJob("quick") + " --batch-size -4");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("batch_size"));
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  CommandResult unknown = Cli("get job-424242");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("no job 'job-424242'"));
+  // The command line itself is wrong.
+  EXPECT_EQ(Cli("list --output xml").exit_code, 2);
+  EXPECT_EQ(Cli("frobnicate").exit_code, 2);
+  // No daemon there: exit 3 with a hint.
+  CommandResult down = test::RunCommand(
+      absl::StrCat(test::BinDir(), "/shardtrain list --address 127.0.0.1:1"));
+  EXPECT_EQ(down.exit_code, 3);
+  EXPECT_THAT(down.err, HasSubstr("start one with `shardtrain daemon`"));
+}
+
+TEST_F(CliJobCommandsTest, TokenComesFromTheEnvironmentOrAFile) {
+  std::filesystem::create_directories(dir_ / "data");
+  test::WriteFile(dir_ / "data/train.bin", "x");
+  test::WriteFile(dir_ / "token", "t0k3n\n");
+  DaemonOptions options;
+  options.worker_binary = test::FakeWorker();
+  options.extra_flags = {"--auth-token-file", dir_ / "token"};
+  StartDaemon(options);
+  EXPECT_EQ(Cli("list").exit_code, 1);
+  EXPECT_THAT(Cli("list").err, HasSubstr("SHARDTRAIN_TOKEN"));
+  EXPECT_EQ(Cli("list --token-file " + (dir_ / "token")).exit_code, 0);
+  EXPECT_EQ(test::RunCommand(absl::StrCat("SHARDTRAIN_TOKEN=t0k3n SHARDTRAIN_ADDRESS=",
+                                          daemon_->address(), " ", test::BinDir(),
+                                          "/shardtrain cluster"))
+                .exit_code,
+            0);
+}
+
+TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
+  StartFakeDaemon();
+  test::WriteFile(dir_ / "job.yaml", absl::StrCat(
+      "name: from-file\nmodel: gpt2-tiny\ndata: ", dir_ / "data",
+      "\nstrategy: ddp\nworld-size: 2\nlr: 0.002\nbatch-size: 3\nmax-steps: 1\n"
+      "labels:\n  team: nlp\n"));
+  CommandResult submit = Cli("submit -f " + (dir_ / "job.yaml") + " --lr 0.005 -o json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const nlohmann::json job = nlohmann::json::parse(submit.out);
+  EXPECT_EQ(job["spec"]["name"], "from-file");
+  EXPECT_EQ(job["spec"]["world_size"], 2);
+  EXPECT_EQ(job["spec"]["trainer"]["batch_size"], "3");
+  EXPECT_DOUBLE_EQ(job["spec"]["trainer"]["lr"].get<double>(), 0.005);
+  EXPECT_EQ(job["spec"]["labels"]["team"], "nlp");
+  test::WriteFile(dir_ / "bad.yaml", "model: gpt2-tiny\nbatch-sise: 3\n");
+  CommandResult bad = Cli("submit -f " + (dir_ / "bad.yaml"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("batch-sise"));
+}
+
+// The study end to end with real workers: the report's numbers are the
+// stored metrics, and under strong scaling the strategies' losses agree.
+TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
+  StartDaemon({});
+  const std::string out = dir_ / "study";
+  CommandResult compare = Cli(absl::StrCat(
+      "compare --strategies single,ddp,fsdp --world-size 2 --model gpt2-tiny --data brown "
+      "--batch-size 2 --seq-len 64 --max-steps 5 --eval-every 5 --eval-steps 2 --out ",
+      out));
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  EXPECT_THAT(compare.out, HasSubstr("| single |"));
+  EXPECT_THAT(compare.out, HasSubstr("FSDP peak memory per rank was"));
+  EXPECT_THAT(compare.out, HasSubstr(out + "/report.html"));
+  for (const char* file : {"report.md", "report.html", "single.csv", "ddp.csv", "fsdp.csv"}) {
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + file)) << file;
+  }
+  // Each CSV is the job's stored history; losses agree across strategies.
+  std::map<std::string, std::map<std::pair<int, int>, double>> loss;
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 3);
+  for (const v1::Job& job : jobs.jobs()) {
+    const std::string strategy = job.spec().strategy().name();
+    std::ifstream csv(out + "/" + strategy + ".csv");
+    std::string line;
+    std::getline(csv, line);  // header
+    std::vector<std::vector<std::string>> rows;
+    while (std::getline(csv, line)) rows.push_back(absl::StrSplit(line, ','));
+    const std::vector<v1::StepMetrics> stored = daemon_->Metrics(job.id());
+    ASSERT_EQ(rows.size(), stored.size()) << strategy;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(std::stoll(rows[i][0]), stored[i].step());
+      EXPECT_EQ(std::stoi(rows[i][3]), stored[i].rank());
+      EXPECT_NEAR(std::stod(rows[i][4]), stored[i].loss(), 1e-9 * stored[i].loss());
+      loss[strategy][{stored[i].rank(), static_cast<int>(stored[i].step())}] = stored[i].loss();
+    }
+    // The report's final train loss is rank 0's last stored step.
+    EXPECT_THAT(compare.out,
+                HasSubstr(absl::StrFormat("| %s | %d | 5 | %.4f |", strategy,
+                                          job.spec().world_size(),
+                                          loss[strategy][{0, 5}])));
+  }
+  for (int step = 1; step <= 5; ++step) {
+    const double single = loss["single"][std::make_pair(0, step)];
+    for (const char* s : {"ddp", "fsdp"}) {
+      const double other = loss[s][std::make_pair(0, step)];
+      EXPECT_NEAR(other, single, 1e-5 * single) << s << " step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain
