@@ -72,6 +72,12 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
                       .Name("shardtrain_job_failures_total")
                       .Help("Jobs that ended FAILED, by failure reason")
                       .Register(r);
+  // Every reason from the start, so queries over them have data at zero.
+  for (int r = v1::FailureReason_MIN; r <= v1::FailureReason_MAX; ++r) {
+    if (r == v1::FAILURE_REASON_UNSPECIFIED || !v1::FailureReason_IsValid(r)) continue;
+    e->failures_->Add(
+        {{"reason", Lower(v1::FailureReason_Name(static_cast<v1::FailureReason>(r)))}});
+  }
   e->restarts_total_ = &BuildCounter()
                             .Name("shardtrain_job_restarts_total")
                             .Help("Job restarts from a checkpoint")
