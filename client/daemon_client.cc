@@ -27,16 +27,6 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& what,
 
 }  // namespace
 
-std::string DefaultStateDir() {
-  if (std::string xdg = Env("XDG_STATE_HOME"); !xdg.empty()) {
-    return xdg + "/shardtrain";
-  }
-  if (std::string home = Env("HOME"); !home.empty()) {
-    return home + "/.local/state/shardtrain";
-  }
-  return "/var/lib/shardtrain";
-}
-
 void AddConnectionFlags(CLI::App* app, ConnectionOptions* options) {
   app->add_option("--address", options->address,
                   "shardtraind host:port (default: $SHARDTRAIN_ADDRESS, else "

@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "shardtrain/v1/cluster_service.grpc.pb.h"
+#include "server/state_dir.h"  // DefaultStateDir(): where the local daemon lives
 #include "shardtrain/v1/job_service.grpc.pb.h"
 
 namespace shardtrain::cli {
@@ -23,9 +24,6 @@ struct ConnectionOptions {
   std::string token_file;  // empty: SHARDTRAIN_TOKEN
   std::string tls_ca;      // empty: SHARDTRAIN_TLS_CA; both empty: plaintext
 };
-
-// The state dir a local daemon uses by default (same rule as shardtraind).
-std::string DefaultStateDir();
 
 // Adds --address, --token-file and --tls-ca to `app`.
 void AddConnectionFlags(CLI::App* app, ConnectionOptions* options);

@@ -239,7 +239,7 @@ void AddDaemonCommand(CLI::App* app, int* exit_code) {
   CLI::App* cmd = app->add_subcommand(
       "daemon", "Start a local shardtraind (in the background) unless one answers");
   cmd->add_option("--state-dir", flags->state_dir,
-                  "default: $XDG_STATE_HOME/shardtrain or ~/.local/state/shardtrain");
+                  "default: $XDG_CACHE_HOME/shardtrain/state or ~/.cache/shardtrain/state");
   cmd->add_option("--listen", flags->listen, "address:port")->capture_default_str();
   cmd->add_option("--metrics-listen", flags->metrics_listen, "Prometheus endpoint")
       ->capture_default_str();

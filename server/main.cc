@@ -9,19 +9,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "server/coordinator.h"
+#include "server/state_dir.h"
 
 namespace shardtrain {
 namespace {
-
-std::string DefaultStateDir() {
-  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg && *xdg) {
-    return absl::StrCat(xdg, "/shardtrain");
-  }
-  if (const char* home = std::getenv("HOME"); home && *home) {
-    return absl::StrCat(home, "/.local/state/shardtrain");
-  }
-  return "/var/lib/shardtrain";
-}
 
 int Main(int argc, char** argv) {
   // Blocked in every thread (threads inherit the mask), taken by sigwait

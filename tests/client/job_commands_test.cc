@@ -196,6 +196,41 @@ TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
   EXPECT_THAT(bad.err, HasSubstr("batch-sise"));
 }
 
+TEST_F(CliJobCommandsTest, DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards) {
+  // A free port: bind to 0 through a throwaway daemon-less socket.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  close(fd);
+  // The user's cache is the default home of the state dir.
+  const std::string env = absl::StrCat("XDG_CACHE_HOME=", dir_ / "cache", " ");
+  const std::string cli = absl::StrCat(env, test::BinDir(), "/shardtrain ");
+  CommandResult start = test::RunCommand(absl::StrCat(
+      cli, "daemon --listen ", address, " --metrics-listen 127.0.0.1:0 --cpu-slots 1"));
+  ASSERT_EQ(start.exit_code, 0) << start.out << start.err;
+  EXPECT_THAT(start.out, HasSubstr("shardtraind started at " + address));
+  const std::string state = dir_ / "cache/shardtrain/state";
+  EXPECT_TRUE(std::filesystem::exists(state + "/shardtraind.db"));
+  const int pid = std::stoi(test::ReadFile(state + "/LOCK"));
+
+  CommandResult again = test::RunCommand(absl::StrCat(
+      cli, "daemon --listen ", address, " --metrics-listen 127.0.0.1:0"));
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_THAT(again.out, HasSubstr("already running"));
+  // Without --address or SHARDTRAIN_ADDRESS the CLI finds the local daemon.
+  CommandResult cluster = test::RunCommand(cli + "cluster -o json");
+  EXPECT_EQ(cluster.exit_code, 0) << cluster.err;
+  EXPECT_EQ(nlohmann::json::parse(cluster.out)["devices"].size(), 1u);
+
+  kill(pid, SIGTERM);
+  EXPECT_TRUE(test::WaitUntil([&] { return kill(pid, 0) != 0; }, absl::Seconds(20)));
+}
+
 // The study end to end with real workers: the report's numbers are the
 // stored metrics, and under strong scaling the strategies' losses agree.
 TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
