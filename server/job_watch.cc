@@ -4,7 +4,9 @@ namespace shardtrain {
 
 void JobWatch::Push(v1::WatchJobEvent event) {
   absl::MutexLock lock(&mutex_);
-  if (!closed_) events_.push_back(std::move(event));
+  if (closed_) return;
+  if (event.has_step() && events_.size() >= kMaxPendingEvents) return;
+  events_.push_back(std::move(event));
 }
 
 void JobWatch::Close() {

@@ -16,6 +16,11 @@ namespace shardtrain {
 
 class JobWatch {
  public:
+  // A watcher that stops reading must not grow the coordinator's memory
+  // without bound: past this many unread events, step events are dropped
+  // (state changes never are).
+  static constexpr size_t kMaxPendingEvents = 100000;
+
   void Push(v1::WatchJobEvent event);
   // No more events will come (the job ended or the coordinator stops).
   void Close();
