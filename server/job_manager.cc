@@ -460,8 +460,17 @@ ClusterView JobManager::Cluster() const {
     queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
                      entry.stored.job.spec().world_size()});
   }
+  // Reasons as of now, not as of the last scheduling round.
+  const ScheduleDecision decision = Schedule(queue, FreeDevices());
   SortQueue(&queue);
-  for (const QueuedJobRef& ref : queue) view.queue.push_back(jobs_.at(ref.job_id)->stored.job);
+  for (const QueuedJobRef& ref : queue) {
+    v1::Job job = jobs_.at(ref.job_id)->stored.job;
+    auto waiting = decision.waiting.find(ref.job_id);
+    job.set_state_reason(waiting != decision.waiting.end()
+                             ? waiting->second
+                             : "fits now; starts on the next scheduling round");
+    view.queue.push_back(std::move(job));
+  }
   return view;
 }
 
