@@ -1,6 +1,8 @@
 #include "server/job_service.h"
 
 #include <memory>
+#include <set>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -68,15 +70,36 @@ grpc::Status JobServiceImpl::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::WatchJobEvent>* writer) {
   if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  // Registered first, history read second: a step is stored before it is
+  // pushed to watchers, so every step is in the history or arrives live
+  // (or both, around this moment: those live duplicates are skipped once).
   absl::StatusOr<std::shared_ptr<JobWatch>> watch =
       manager_->Watch(request->job_id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
+  absl::StatusOr<std::vector<v1::StepMetrics>> history =
+      manager_->Metrics(request->job_id(), std::nullopt, 0);
+  if (!history.ok()) return ToGrpcStatus(history.status());
+  std::set<std::pair<int, int64_t>> replayed;
+  bool first = true;
   while (!context->IsCancelled()) {
     std::optional<v1::WatchJobEvent> event = (*watch)->Next(kStreamPoll);
-    if (event.has_value()) {
-      if (!writer->Write(*event)) return grpc::Status::CANCELLED;
-    } else if ((*watch)->closed_and_drained()) {
-      return grpc::Status::OK;
+    if (!event.has_value()) {
+      if ((*watch)->closed_and_drained()) return grpc::Status::OK;
+      continue;
+    }
+    if (event->has_step() &&
+        replayed.erase({event->step().rank(), event->step().step()}) > 0) {
+      continue;
+    }
+    if (!writer->Write(*event)) return grpc::Status::CANCELLED;
+    if (first) {  // the job as it is now, then everything it reported so far
+      first = false;
+      for (v1::StepMetrics& step : *history) {
+        replayed.insert({step.rank(), step.step()});
+        v1::WatchJobEvent past;
+        *past.mutable_step() = std::move(step);
+        if (!writer->Write(past)) return grpc::Status::CANCELLED;
+      }
     }
   }
   return grpc::Status::CANCELLED;

@@ -69,6 +69,25 @@ TEST_F(CliJobCommandsTest, SubmitPrintsTheIdAndWatchExitsByTheJobsOutcome) {
   EXPECT_EQ(Cli("watch job-000002").exit_code, 1);
 }
 
+TEST_F(CliJobCommandsTest, WatchOnATerminalDrawsAProgressBar) {
+  StartFakeDaemon();
+  ASSERT_EQ(Cli(FakeJob("slow:40", 2)).exit_code, 0);
+  ASSERT_EQ(Cli(FakeJob("slow:40", 2)).exit_code, 0);  // queued behind it
+  // util-linux `script` gives the CLI a pseudo-terminal.
+  CommandResult tty = test::RunCommand(absl::StrCat(
+      "script -qec '", test::BinDir(), "/shardtrain watch job-000001 --address ",
+      daemon_->address(), "' /dev/null"));
+  EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+  EXPECT_THAT(tty.out, HasSubstr("[########################] 40/40 | loss 0.2500"));
+  EXPECT_THAT(tty.out, HasSubstr("| 51,200 tok/s | ETA"));
+  EXPECT_THAT(tty.out, HasSubstr("\r\033[K"));  // redrawn in place
+  // Not a terminal: one plain line per step instead.
+  CommandResult plain = Cli("watch job-000002");
+  EXPECT_THAT(plain.out, Not(HasSubstr("[####")));
+  EXPECT_THAT(plain.out, HasSubstr("step 40/40 | loss 0.2500"));
+  EXPECT_THAT(plain.out, HasSubstr("step 1/40 | loss 10.0000"));
+}
+
 TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   StartFakeDaemon();
   ASSERT_EQ(Cli(FakeJob("flood:3", 2) + " --label team=nlp --priority 2 -w").exit_code, 0);

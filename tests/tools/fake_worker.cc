@@ -10,6 +10,7 @@
 //   exit:N           register, exit N
 //   flood:N          register, report N steps as fast as possible (batched
 //                    by ProgressReporter, as real workers are), exit 0
+//   slow:N           register, report N steps 20 ms apart, exit 0
 //   trickle:N        register, report N steps one ReportProgress call each,
 //                    waiting for every answer (the unbatched worst case)
 // With SHARDTRAIN_FAKE_ORDER_FILE set, rank 0 appends the job id to that file
@@ -119,6 +120,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (absl::StartsWith(mode, "flood:")) (void)absl::SimpleAtoi(mode.substr(6), &n);
+  const bool slow = absl::StartsWith(mode, "slow:");
+  if (slow) (void)absl::SimpleAtoi(mode.substr(5), &n);
   for (int step = 1; step <= n; ++step) {
     shardtrain::v1::StepMetrics m;
     m.set_step(step);
@@ -126,7 +129,10 @@ int Main(int argc, char** argv) {
     m.set_rank(options->rank);
     m.set_loss(10.0 / step);
     m.set_tokens(1024);
+    m.set_step_seconds(0.02);
+    m.set_tokens_per_second(51200);
     reporter.Report(m);
+    if (slow) absl::SleepFor(absl::Milliseconds(20));
   }
   if (auto s = reporter.Flush(absl::Seconds(120)); !s.ok()) {
     std::cerr << "fake_worker: " << s << "\n";
