@@ -238,6 +238,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   // metrics_endpoint first: a client that sees `endpoint` finds both.
   if (c->exporter_ != nullptr) publish("metrics_endpoint", c->exporter_->address());
   publish("endpoint", c->address_);
+  // Serving for sure: only now may jobs the last coordinator left active
+  // use up a restart.
+  c->manager_->ResumeInterruptedJobs();
   c->manager_->Start();
   std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
             << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")

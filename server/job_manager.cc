@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
   }
   std::unique_ptr<JobManager> manager(
       new JobManager(std::move(options), store, launcher, clock, observer));
-  if (absl::Status s = manager->Recover(); !s.ok()) return s;
+  if (absl::Status s = manager->Load(); !s.ok()) return s;
   return manager;
 }
 
@@ -141,7 +141,7 @@ std::string JobManager::LogPath(const std::string& job_id, int rank) const {
   return absl::StrCat(JobDir(job_id), "/rank-", rank, ".log");
 }
 
-absl::Status JobManager::Recover() {
+absl::Status JobManager::Load() {
   absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadJobs();
   if (!stored.ok()) return stored.status();
   absl::MutexLock lock(&mutex_);
@@ -152,10 +152,19 @@ absl::Status JobManager::Recover() {
     order_.push_back(entry->stored.job.id());
     jobs_[entry->stored.job.id()] = std::move(entry);
   }
+  return absl::OkStatus();
+}
+
+void JobManager::ResumeInterruptedJobs() {
+  absl::MutexLock lock(&mutex_);
+  int interrupted = 0;
   for (const std::string& id : order_) {
     Entry& entry = *jobs_[id];
     v1::Job& job = entry.stored.job;
-    if (!IsActive(job.state())) continue;
+    if (!IsActive(job.state()) || entry.ranks.size() > 0 || entry.relaunch_pending) {
+      continue;
+    }
+    ++interrupted;
     // The previous coordinator's workers died with it (parent-death signal);
     // make sure of it before anything is relaunched.
     for (int pid : entry.stored.worker_pids) {
@@ -164,7 +173,10 @@ absl::Status JobManager::Recover() {
     entry.stored.worker_pids.clear();
     entry.stored.worker_pgid = 0;
     const int max_restarts = job.spec().max_restarts();
-    if (job.restarts() < max_restarts) {
+    if (job.cancel_requested()) {
+      SetState(entry, v1::CANCELLED,
+               "cancelled (the coordinator restarted while the ranks stopped)");
+    } else if (job.restarts() < max_restarts) {
       job.set_restarts(job.restarts() + 1);
       entry.relaunch_pending = true;
       SetState(entry, v1::RESTARTING,
@@ -183,8 +195,8 @@ absl::Status JobManager::Recover() {
       SetState(entry, v1::FAILED, failure->message());
     }
   }
-  LogInfo(absl::StrCat("recovered ", order_.size(), " jobs from the store"));
-  return absl::OkStatus();
+  LogInfo(absl::StrCat("loaded ", order_.size(), " jobs from the store; ",
+                       interrupted, " were interrupted"));
 }
 
 void JobManager::Start() {
@@ -203,7 +215,11 @@ void JobManager::Shutdown() {
     if (!shutting_down_) {
       shutting_down_ = true;
       for (auto& [id, entry] : jobs_) {
-        if (!entry->ranks.empty()) BeginStop(*entry, StopIntent::kShutdown);
+        // A cancel or failure already under way keeps its intent, so its
+        // outcome is stored as CANCELLED / FAILED, not lost to the shutdown.
+        if (!entry->ranks.empty() && entry->stop == StopIntent::kNone) {
+          BeginStop(*entry, StopIntent::kShutdown);
+        }
         for (auto& weak : entry->watchers) {
           if (auto watch = weak.lock()) watch->Close();
         }
@@ -271,8 +287,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       !data.ok()) {
     return data.status();
   }
+  std::error_code fs_error;
   if (!config->init_from.empty() &&
-      !std::filesystem::is_regular_file(config->init_from)) {
+      !std::filesystem::is_regular_file(config->init_from, fs_error)) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer.init_from: got '", config->init_from,
                      "'; no such file on the coordinator's host"));
@@ -386,6 +403,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     ReleaseDevices(*entry);
     SetState(*entry, v1::CANCELLED, "cancelled while waiting to restart");
   } else if (entry->stop != StopIntent::kCancel) {
+    entry->stored.job.set_cancel_requested(true);
     BeginStop(*entry, StopIntent::kCancel);
     v1::JobEvent event;
     event.set_time_unix_ms(UnixMillis(clock_->Now()));
@@ -420,7 +438,13 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobManager::Watch(
   if (IsTerminal(entry->stored.job.state()) || shutting_down_) {
     watch->Close();
   } else {
-    entry->watchers.push_back(watch);
+    auto& watchers = entry->watchers;
+    watchers.erase(std::remove_if(watchers.begin(), watchers.end(),
+                                  [](const std::weak_ptr<JobWatch>& w) {
+                                    return w.expired();
+                                  }),
+                   watchers.end());
+    watchers.push_back(watch);
   }
   return watch;
 }
@@ -744,6 +768,13 @@ void JobManager::FinishAttempt(Entry& entry) {
       SetState(entry, v1::CANCELLED, "cancelled; all ranks stopped");
       return;
     case StopIntent::kFail:
+      if (job.restarts() < job.spec().max_restarts() && !no_restart &&
+          shutting_down_) {
+        // No relaunch now: the job stays active in the store and the next
+        // coordinator restarts it (counting this restart then).
+        Persist(entry, std::nullopt);
+        return;
+      }
       if (job.restarts() < job.spec().max_restarts() && !no_restart) {
         job.set_restarts(job.restarts() + 1);
         SetState(entry, v1::RESTARTING,
@@ -861,6 +892,15 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   const int threads = std::max(1, options_.cpu_cores / world);
   std::vector<std::string> gpu_list;
   for (int d : devices) gpu_list.push_back(std::to_string(d));
+  if (first_attempt) {
+    // Before the first spawn: from here on the job owns processes and is no
+    // longer a queue entry, even if a later rank fails to start.
+    job.set_start_time_unix_ms(UnixMillis(clock_->Now()));
+    SetState(entry, v1::STARTING,
+             absl::StrCat("starting ", world, " ranks on ",
+                          cpu ? "CPU slots " : "GPUs ",
+                          absl::StrJoin(gpu_list, ",")));
+  }
   for (int r = 0; r < world; ++r) {
     ProcessSpec spec;
     spec.argv = {options_.worker_binary, "--spec", spec_path, "--out", dir,
@@ -912,13 +952,8 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   }
   LogInfo(absl::StrCat(id, ": started ", world, " ranks (pids ",
                        absl::StrJoin(entry.stored.worker_pids, ", "), ")"));
-  if (first_attempt) {
-    job.set_start_time_unix_ms(UnixMillis(clock_->Now()));
-    SetState(entry, v1::STARTING,
-             absl::StrCat("starting ", world, " ranks on ",
-                          cpu ? "CPU slots " : "GPUs ",
-                          absl::StrJoin(gpu_list, ",")));
-  } else {
+  Persist(entry, std::nullopt);  // the workers' pids
+  if (!first_attempt) {
     v1::JobEvent event;
     event.set_time_unix_ms(UnixMillis(clock_->Now()));
     event.set_state(job.state());

@@ -92,10 +92,7 @@ struct ClusterView {
 
 class JobManager {
  public:
-  // Loads the store and recovers: queued jobs stay queued; jobs that were
-  // starting or running are restarted from their last checkpoint when
-  // restarts remain, else FAILED with COORDINATOR_RESTART. Leftover workers
-  // of the previous coordinator are stopped first.
+  // Loads the store. Nothing is changed until ResumeInterruptedJobs().
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(
       JobManagerOptions options, JobStore* store, ProcessLauncher* launcher,
       Clock* clock, JobObserver* observer = nullptr);
@@ -103,6 +100,14 @@ class JobManager {
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
+
+  // Deals with jobs the previous coordinator left active, once this one is
+  // sure to serve (so a coordinator that fails to start uses up no
+  // restarts): leftover workers are killed; a job whose cancel was requested
+  // ends CANCELLED; others restart from their last checkpoint when restarts
+  // remain, else end FAILED with COORDINATOR_RESTART. Queued jobs stay
+  // queued.
+  void ResumeInterruptedJobs();
 
   // Starts the supervisor thread (Tick every options.tick). Workers are
   // spawned from it, so they die with it.
@@ -172,7 +177,7 @@ class JobManager {
   JobManager(JobManagerOptions options, JobStore* store,
              ProcessLauncher* launcher, Clock* clock, JobObserver* observer);
 
-  absl::Status Recover();
+  absl::Status Load();
   void SupervisorLoop();
 
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -1,7 +1,7 @@
 #include "server/job_service.h"
 
 #include <memory>
-#include <set>
+#include <map>
 #include <utility>
 #include <thread>
 #include <vector>
@@ -79,7 +79,9 @@ grpc::Status JobServiceImpl::WatchJob(
   absl::StatusOr<std::vector<v1::StepMetrics>> history =
       manager_->Metrics(request->job_id(), std::nullopt, 0);
   if (!history.ok()) return ToGrpcStatus(history.status());
-  std::set<std::pair<int, int64_t>> replayed;
+  // Replayed steps by (rank, step) with their bytes: a live copy of one is
+  // skipped, while a step re-run after a restart (other values) is not.
+  std::map<std::pair<int, int64_t>, std::string> replayed;
   bool first = true;
   while (!context->IsCancelled()) {
     std::optional<v1::WatchJobEvent> event = (*watch)->Next(kStreamPoll);
@@ -87,19 +89,25 @@ grpc::Status JobServiceImpl::WatchJob(
       if ((*watch)->closed_and_drained()) return grpc::Status::OK;
       continue;
     }
-    if (event->has_step() &&
-        replayed.erase({event->step().rank(), event->step().step()}) > 0) {
-      continue;
+    if (event->has_step() && !replayed.empty()) {
+      auto it = replayed.find({event->step().rank(), event->step().step()});
+      if (it != replayed.end()) {
+        const bool duplicate = it->second == event->step().SerializeAsString();
+        replayed.erase(it);
+        if (duplicate) continue;
+      }
     }
     if (!writer->Write(*event)) return grpc::Status::CANCELLED;
     if (first) {  // the job as it is now, then everything it reported so far
       first = false;
       for (v1::StepMetrics& step : *history) {
-        replayed.insert({step.rank(), step.step()});
+        replayed[{step.rank(), step.step()}] = step.SerializeAsString();
         v1::WatchJobEvent past;
         *past.mutable_step() = std::move(step);
         if (!writer->Write(past)) return grpc::Status::CANCELLED;
       }
+      history->clear();
+      history->shrink_to_fit();
     }
   }
   return grpc::Status::CANCELLED;

@@ -28,8 +28,18 @@ class FakeProcessLauncher : public ProcessLauncher {
   // stuck in a collective); SIGKILL always ends it.
   void set_exit_on_sigterm(bool value) { exit_on_sigterm_ = value; }
 
+  // Spawn fails once `n` more processes have been started; -1: never.
+  void FailSpawnAfter(int n) {
+    absl::MutexLock lock(&mutex_);
+    spawns_left_ = n;
+  }
+
   absl::StatusOr<int> Spawn(const ProcessSpec& spec) override {
     absl::MutexLock lock(&mutex_);
+    if (spawns_left_ == 0) {
+      return absl::ResourceExhaustedError("fork: Resource temporarily unavailable");
+    }
+    if (spawns_left_ > 0) --spawns_left_;
     const int pid = next_pid_++;
     processes_[pid].spec = spec;
     spawned_.push_back(pid);
@@ -83,6 +93,7 @@ class FakeProcessLauncher : public ProcessLauncher {
  private:
   absl::Mutex mutex_;
   int next_pid_ = 1000;
+  int spawns_left_ = -1;
   bool exit_on_sigterm_ = true;
   std::map<int, Process> processes_;
   std::map<int, bool> reaped_;

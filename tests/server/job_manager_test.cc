@@ -43,6 +43,7 @@ class JobManagerTest : public ::testing::Test {
     };
     auto manager = JobManager::Create(options, store_.get(), &launcher_, &clock_);
     EXPECT_TRUE(manager.ok()) << manager.status();
+    (*manager)->ResumeInterruptedJobs();
     return std::move(*manager);
   }
 
@@ -209,6 +210,35 @@ TEST_F(JobManagerTest, AfterACrashRunningJobsResumeOrFailAndQueuedJobsStayQueued
   manager_->Tick();
   EXPECT_EQ(launcher_.spawned().size(), before + 3);  // 2 resumed + 1 queued
   EXPECT_EQ(manager_->Get(queued->id())->state(), v1::STARTING);
+}
+
+TEST_F(JobManagerTest, ACancelUnderWayWhenTheCoordinatorDiesIsNotLost) {
+  launcher_.set_exit_on_sigterm(false);  // ranks slow to stop
+  std::string id;
+  StartRunning(Spec(2, /*max_restarts=*/3), &id);
+  ASSERT_TRUE(manager_->Cancel(id).ok());
+  EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
+  manager_.release();  // dies before the ranks are gone (leaked)
+
+  manager_ = NewManager();
+  const v1::Job job = *manager_->Get(id);
+  EXPECT_EQ(job.state(), v1::CANCELLED);
+  EXPECT_EQ(job.restarts(), 0);
+}
+
+TEST_F(JobManagerTest, ASpawnFailingAfterTheFirstRankFailsTheJobAndFreesItsDevices) {
+  launcher_.FailSpawnAfter(1);
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2, /*max_restarts=*/2));
+  manager_->Tick();  // rank 0 starts, rank 1 cannot: rank 0 is stopped
+  EXPECT_EQ(manager_->Get(job->id())->state(), v1::STARTING);
+  manager_->Tick();  // rank 0 reaped
+  const v1::Job failed = *manager_->Get(job->id());
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.restarts(), 0);  // the same launch would fail again
+  EXPECT_THAT(failed.failure().message(), HasSubstr("could not start rank 1"));
+  launcher_.FailSpawnAfter(-1);
+  std::string next;
+  StartRunning(Spec(4), &next);  // all four devices are free again
 }
 
 TEST_F(JobManagerTest, CancellingAQueuedJobEndsItAtOnce) {
