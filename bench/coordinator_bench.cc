@@ -55,15 +55,20 @@ int Main(int argc, char** argv) {
     const std::string flag = argv[i];
     int value = 0;
     if (!absl::SimpleAtoi(argv[i + 1], &value) || value <= 0) {
-      std::fprintf(stderr, "coordinator_bench: %s: expected a positive number\n",
+      std::fprintf(stderr,
+                   "coordinator_bench: %s: expected a positive number\n",
                    flag.c_str());
       return 2;
     }
-    if (flag == "--submissions") submissions = value;
-    else if (flag == "--workers") workers = value;
-    else if (flag == "--steps") steps = value;
+    if (flag == "--submissions")
+      submissions = value;
+    else if (flag == "--workers")
+      workers = value;
+    else if (flag == "--steps")
+      steps = value;
     else {
-      std::fprintf(stderr, "coordinator_bench: unknown flag %s\n", flag.c_str());
+      std::fprintf(stderr, "coordinator_bench: unknown flag %s\n",
+                   flag.c_str());
       return 2;
     }
   }
@@ -85,8 +90,9 @@ int Main(int argc, char** argv) {
     }
     v1::Job held;
     daemon.Submit(Spec("hold", data, 1), &held);
-    daemon.WaitFor(held.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                   absl::Seconds(30));
+    daemon.WaitFor(
+        held.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+        absl::Seconds(30));
     for (int clients : {1, 8}) {
       std::vector<std::vector<double>> per_client(clients);
       std::atomic<int> failed{0};
@@ -103,7 +109,8 @@ int Main(int argc, char** argv) {
             v1::Job job;
             const absl::Time t0 = absl::Now();
             const bool ok = stub->SubmitJob(&context, request, &job).ok();
-            per_client[c].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+            per_client[c].push_back(
+                absl::ToDoubleMilliseconds(absl::Now() - t0));
             if (!ok) ++failed;
           }
         });
@@ -114,7 +121,8 @@ int Main(int argc, char** argv) {
       for (auto& v : per_client) all.insert(all.end(), v.begin(), v.end());
       const Latency l = Summarise(all);
       std::printf(
-          "| SubmitJob, %d client%s | %d calls | p50 %.2f ms | p99 %.2f ms | max "
+          "| SubmitJob, %d client%s | %d calls | p50 %.2f ms | p99 %.2f ms | "
+          "max "
           "%.2f ms | mean %.2f ms | %.0f calls/s | %d failed |\n",
           clients, clients == 1 ? "" : "s", submissions, l.p50_ms, l.p99_ms,
           l.max_ms, l.mean_ms, submissions / seconds, failed.load());

@@ -33,11 +33,11 @@ struct StrategyRun {
 struct StrategySummary {
   std::string strategy;
   int world_size = 1;
-  int64_t steps = 0;                 // optimizer steps (rank 0)
-  double final_train_loss = 0;       // rank 0's last step
-  double final_val_loss = -1;        // last eval, < 0 when none
-  double seconds_per_epoch = 0;      // median step time x steps per epoch
-  double tokens_per_second_mean = 0; // rank 0, steps after the first
+  int64_t steps = 0;                  // optimizer steps (rank 0)
+  double final_train_loss = 0;        // rank 0's last step
+  double final_val_loss = -1;         // last eval, < 0 when none
+  double seconds_per_epoch = 0;       // median step time x steps per epoch
+  double tokens_per_second_mean = 0;  // rank 0, steps after the first
   double tokens_per_second_std = 0;
   double step_seconds_p50 = 0;
   double step_seconds_p95 = 0;

@@ -20,7 +20,8 @@ std::string Env(const char* name) {
 absl::StatusOr<std::string> ReadSmallFile(const std::string& what,
                                           const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
   return std::string((std::istreambuf_iterator<char>(in)),
                      std::istreambuf_iterator<char>());
 }
@@ -33,8 +34,9 @@ void AddConnectionFlags(CLI::App* app, ConnectionOptions* options) {
                   "the local daemon, else 127.0.0.1:50551)");
   app->add_option("--token-file", options->token_file,
                   "file holding the bearer token (default: $SHARDTRAIN_TOKEN)");
-  app->add_option("--tls-ca", options->tls_ca,
-                  "PEM roots to verify a TLS daemon (default: $SHARDTRAIN_TLS_CA)");
+  app->add_option(
+      "--tls-ca", options->tls_ca,
+      "PEM roots to verify a TLS daemon (default: $SHARDTRAIN_TLS_CA)");
 }
 
 absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
@@ -49,15 +51,18 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   if (client->address_.empty()) client->address_ = "127.0.0.1:50551";
 
   if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadSmallFile("--token-file", options.token_file);
+    absl::StatusOr<std::string> token =
+        ReadSmallFile("--token-file", options.token_file);
     if (!token.ok()) return token.status();
     client->token_ = std::string(absl::StripAsciiWhitespace(*token));
   } else {
-    client->token_ = std::string(absl::StripAsciiWhitespace(Env("SHARDTRAIN_TOKEN")));
+    client->token_ =
+        std::string(absl::StripAsciiWhitespace(Env("SHARDTRAIN_TOKEN")));
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
-  const std::string ca = options.tls_ca.empty() ? Env("SHARDTRAIN_TLS_CA") : options.tls_ca;
+  const std::string ca =
+      options.tls_ca.empty() ? Env("SHARDTRAIN_TLS_CA") : options.tls_ca;
   if (!ca.empty()) {
     absl::StatusOr<std::string> roots = ReadSmallFile("--tls-ca", ca);
     if (!roots.ok()) return roots.status();
@@ -67,7 +72,8 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);  // long metric histories
-  client->channel_ = grpc::CreateCustomChannel(client->address_, credentials, args);
+  client->channel_ =
+      grpc::CreateCustomChannel(client->address_, credentials, args);
   client->jobs_ = v1::JobService::NewStub(client->channel_);
   client->cluster_ = v1::ClusterService::NewStub(client->channel_);
   return client;
@@ -75,7 +81,8 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
 
 std::unique_ptr<grpc::ClientContext> DaemonClient::Context() const {
   auto context = std::make_unique<grpc::ClientContext>();
-  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+  if (!token_.empty())
+    context->AddMetadata("authorization", "Bearer " + token_);
   return context;
 }
 
@@ -96,8 +103,9 @@ int DaemonClient::Report(const grpc::Status& status) const {
     return kExitFailure;
   }
   ReportFailure(status.error_message());
-  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage
-                                                                   : kExitFailure;
+  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT
+             ? kExitUsage
+             : kExitFailure;
 }
 
 }  // namespace shardtrain::cli

@@ -25,7 +25,8 @@ namespace {
 std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
 
 bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+  return state == v1::SUCCEEDED || state == v1::FAILED ||
+         state == v1::CANCELLED;
 }
 
 // Job-level keys of a job YAML; everything else is a trainer key.
@@ -34,11 +35,12 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("-f ", path, ": ", e.what()));
   }
   if (!root.IsMap()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("-f ", path, ": expected a mapping of flag names to values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "-f ", path, ": expected a mapping of flag names to values"));
   }
   YAML::Node trainer(YAML::NodeType::Map);
   try {
@@ -55,8 +57,8 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
         flags->max_restarts = it->second.as<int>();
       } else if (key == "labels") {
         for (auto l = it->second.begin(); l != it->second.end(); ++l) {
-          flags->labels.push_back(
-              absl::StrCat(l->first.as<std::string>(), "=", l->second.as<std::string>()));
+          flags->labels.push_back(absl::StrCat(l->first.as<std::string>(), "=",
+                                               l->second.as<std::string>()));
         }
       } else {
         if (key == "device") flags->device_given = true;
@@ -64,13 +66,15 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
       }
     }
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("-f ", path, ": ", e.what()));
   }
   YAML::Emitter out;
   out << trainer;
   absl::Status s = ApplyYamlTrainConfig(out.c_str(), &flags->config);
   if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("-f ", path, ": ", s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("-f ", path, ": ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -80,7 +84,8 @@ std::string FormatMetricValue(double value, const char* format) {
 }
 
 std::string Strategy(const v1::Job& job) {
-  return absl::StrCat(job.spec().strategy().name(), " x", job.spec().world_size());
+  return absl::StrCat(job.spec().strategy().name(), " x",
+                      job.spec().world_size());
 }
 
 void PrintJobDetail(const v1::Job& job, std::ostream& out) {
@@ -94,13 +99,16 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
       {"strategy", Strategy(job)},
       {"device", v1::DeviceKind_Name(job.spec().device_kind())},
       {"priority", std::to_string(job.spec().priority())},
-      {"restarts", absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
+      {"restarts",
+       absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
       {"submitted", FormatAge(job.submit_time_unix_ms()) + " ago"},
   };
   if (job.start_time_unix_ms() > 0) {
-    const int64_t end = job.end_time_unix_ms() > 0 ? job.end_time_unix_ms()
-                                                    : absl::ToUnixMillis(absl::Now());
-    rows.push_back({"running for", FormatDuration((end - job.start_time_unix_ms()) / 1000.0)});
+    const int64_t end = job.end_time_unix_ms() > 0
+                            ? job.end_time_unix_ms()
+                            : absl::ToUnixMillis(absl::Now());
+    rows.push_back({"running for",
+                    FormatDuration((end - job.start_time_unix_ms()) / 1000.0)});
   }
   if (job.has_last_step()) {
     const StepMetrics m = StepMetricsFromProto(job.last_step());
@@ -110,14 +118,16 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
   for (const auto& [k, v] : job.spec().labels()) labels.push_back(k + "=" + v);
   std::sort(labels.begin(), labels.end());
   if (!labels.empty()) rows.push_back({"labels", absl::StrJoin(labels, ",")});
-  for (const auto& row : rows) out << absl::StrFormat("%-12s %s\n", row[0], row[1]);
+  for (const auto& row : rows)
+    out << absl::StrFormat("%-12s %s\n", row[0], row[1]);
   if (job.state() == v1::FAILED) {
     out << absl::StrFormat("%-12s %s (rank %d): %s\n", "failure",
                            v1::FailureReason_Name(job.failure().reason()),
                            job.failure().rank(), job.failure().message());
     if (job.failure().log_tail_size() > 0) {
       out << "last lines of the failing rank's log:\n";
-      for (const std::string& line : job.failure().log_tail()) out << "  " << line << "\n";
+      for (const std::string& line : job.failure().log_tail())
+        out << "  " << line << "\n";
     }
   }
 }
@@ -125,14 +135,16 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
 std::string ProgressLine(const v1::StepMetrics& m, double seconds_per_step) {
   const int width = 24;
   const double fraction =
-      m.total_steps() > 0 ? std::min(1.0, static_cast<double>(m.step()) / m.total_steps())
-                          : 0;
+      m.total_steps() > 0
+          ? std::min(1.0, static_cast<double>(m.step()) / m.total_steps())
+          : 0;
   const int filled = static_cast<int>(fraction * width);
   const double eta = (m.total_steps() - m.step()) * seconds_per_step;
   return absl::StrFormat(
-      "[%s%s] %d/%d | loss %.4f | norm %.2f | %s tok/s | ETA %s", std::string(filled, '#'),
-      std::string(width - filled, '.'), m.step(), m.total_steps(), m.loss(),
-      m.grad_norm(), FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
+      "[%s%s] %d/%d | loss %.4f | norm %.2f | %s tok/s | ETA %s",
+      std::string(filled, '#'), std::string(width - filled, '.'), m.step(),
+      m.total_steps(), m.loss(), m.grad_norm(),
+      FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
       FormatDuration(std::max(0.0, eta)));
 }
 
@@ -145,7 +157,8 @@ absl::StatusOr<v1::JobSpec> JobFlags::ToSpec() const {
     c.data = std::filesystem::absolute(c.data).lexically_normal().string();
   }
   if (!c.init_from.empty()) {
-    c.init_from = std::filesystem::absolute(c.init_from).lexically_normal().string();
+    c.init_from =
+        std::filesystem::absolute(c.init_from).lexically_normal().string();
   }
   v1::JobSpec spec = JobSpecFromTrainConfig(c, world_size);
   if (!device_given) spec.set_device_kind(v1::DEVICE_KIND_UNSPECIFIED);
@@ -167,14 +180,17 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   // The file first, so that flags parsed afterwards win.
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "-f" || arg == "--file") && i + 1 < argc) flags->file = argv[i + 1];
+    if ((arg == "-f" || arg == "--file") && i + 1 < argc)
+      flags->file = argv[i + 1];
     if (arg.rfind("--file=", 0) == 0) flags->file = arg.substr(7);
   }
-  if (!flags->file.empty()) flags->file_status = LoadJobFile(flags->file, flags);
+  if (!flags->file.empty())
+    flags->file_status = LoadJobFile(flags->file, flags);
   AddTrainFlags(*command, flags->config);
   // What the coordinator decides for a job (its directory, threads,
   // restarts) or a JobSpec cannot express is not a submit flag.
-  for (const char* name : {"--out", "--resume", "--eval-only", "--threads", "--log-every"}) {
+  for (const char* name :
+       {"--out", "--resume", "--eval-only", "--threads", "--log-every"}) {
     command->remove_option(command->get_option(name));
   }
   command->add_option("-f,--file", flags->file,
@@ -187,8 +203,9 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   command->add_option("--priority", flags->priority, "higher runs first");
   command->add_option("--max-restarts", flags->max_restarts,
                       "restarts from the last checkpoint after a failure");
-  command->get_option("--device")->each(
-      [flags](const std::string&) { flags->device_given = true; });
+  command->get_option("--device")->each([flags](const std::string&) {
+    flags->device_given = true;
+  });
 }
 
 int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
@@ -209,7 +226,8 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
       const v1::Job& job = event.job();
       out << job.id() << " (" << Strategy(job) << ", " << job.spec().model()
           << "): " << StateName(job.state())
-          << (job.state_reason().empty() ? "" : " - " + job.state_reason()) << "\n";
+          << (job.state_reason().empty() ? "" : " - " + job.state_reason())
+          << "\n";
     } else if (event.has_state_change()) {
       clear_bar();
       out << StateName(event.state_change().state()) << ": "
@@ -224,11 +242,13 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
         bar_shown = true;
         if (m.has_val_loss()) {
           clear_bar();
-          out << absl::StrFormat("step %d: val_loss %.4f\n", m.step(), m.val_loss());
+          out << absl::StrFormat("step %d: val_loss %.4f\n", m.step(),
+                                 m.val_loss());
         }
       } else {
         out << StepMetricsFromProto(m).FormatLine() << "\n";
-        if (m.has_val_loss()) out << absl::StrFormat("val_loss %.6f\n", m.val_loss());
+        if (m.has_val_loss())
+          out << absl::StrFormat("val_loss %.6f\n", m.val_loss());
       }
     }
     out.flush();
@@ -240,12 +260,14 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   v1::GetJobRequest get;
   get.set_job_id(job_id);
   v1::Job job;
-  if (grpc::Status s = client.jobs().GetJob(get_context.get(), get, &job); !s.ok()) {
+  if (grpc::Status s = client.jobs().GetJob(get_context.get(), get, &job);
+      !s.ok()) {
     return client.Report(s);
   }
   if (job.state() == v1::SUCCEEDED) {
     out << job.id() << " SUCCEEDED in "
-        << FormatDuration((job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0)
+        << FormatDuration((job.end_time_unix_ms() - job.start_time_unix_ms()) /
+                          1000.0)
         << "\n";
     return kExitOk;
   }
@@ -277,7 +299,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     auto watch = std::make_shared<bool>(false);
     auto format = std::make_shared<std::string>("table");
     CLI::App* cmd = app->add_subcommand(
-        "submit", "Submit a training job (shardtrain-train's flags, or -f job.yaml)");
+        "submit",
+        "Submit a training job (shardtrain-train's flags, or -f job.yaml)");
     AddJobFlags(cmd, flags.get(), argc, argv);
     cmd->add_flag("--watch,-w", *watch, "follow the job until it ends");
     AddOutputFlag(cmd, format.get());
@@ -295,7 +318,9 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
       v1::Job job;
-      if (grpc::Status s = client->jobs().SubmitJob(context.get(), request, &job); !s.ok()) {
+      if (grpc::Status s =
+              client->jobs().SubmitJob(context.get(), request, &job);
+          !s.ok()) {
         *exit_code = client->Report(s);
         return;
       }
@@ -304,7 +329,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       } else {
         std::cout << job.id() << "\n";
       }
-      *exit_code = *watch ? FollowJob(*client, job.id(), terminal, std::cerr) : kExitOk;
+      *exit_code =
+          *watch ? FollowJob(*client, job.id(), terminal, std::cerr) : kExitOk;
     });
   }
 
@@ -321,8 +347,10 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     }
     cmd->add_option("--state", *states, "only these states (repeatable)")
         ->transform(CLI::IsMember(state_names, CLI::ignore_case));
-    cmd->add_option("--label", *labels, "key=value; all must match (repeatable)");
-    cmd->add_option("--limit", *limit, "at most N jobs (0: all)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--label", *labels,
+                    "key=value; all must match (repeatable)");
+    cmd->add_option("--limit", *limit, "at most N jobs (0: all)")
+        ->check(CLI::NonNegativeNumber);
     AddOutputFlag(cmd, format.get());
     AddConnectionFlags(cmd, connection.get());
     cmd->callback([=] {
@@ -337,7 +365,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       for (const std::string& label : *labels) {
         const size_t eq = label.find('=');
         if (eq == std::string::npos) {
-          ReportFailure(absl::StrCat("--label: got '", label, "'; expected key=value"));
+          ReportFailure(
+              absl::StrCat("--label: got '", label, "'; expected key=value"));
           *exit_code = kExitUsage;
           return;
         }
@@ -347,7 +376,9 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       do {
         auto context = client->Context();
         v1::ListJobsResponse page;
-        if (grpc::Status s = client->jobs().ListJobs(context.get(), request, &page); !s.ok()) {
+        if (grpc::Status s =
+                client->jobs().ListJobs(context.get(), request, &page);
+            !s.ok()) {
           *exit_code = client->Report(s);
           return;
         }
@@ -356,25 +387,28 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
           *all.add_jobs() = job;
         }
         request.set_page_token(page.next_page_token());
-      } while (!request.page_token().empty() && (*limit == 0 || all.jobs_size() < *limit));
+      } while (!request.page_token().empty() &&
+               (*limit == 0 || all.jobs_size() < *limit));
       if (*format != "table") {
         PrintMessage(all, *format);
         return;
       }
       std::vector<std::vector<std::string>> rows;
       for (const v1::Job& job : all.jobs()) {
-        rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-                        StateName(job.state()), Strategy(job), job.spec().model(),
-                        job.has_last_step()
-                            ? absl::StrCat(job.last_step().step(), "/",
-                                           job.last_step().total_steps())
-                            : "-",
-                        job.has_last_step() ? FormatMetricValue(job.last_step().loss(), "%.4f")
-                                            : "-",
-                        FormatAge(job.submit_time_unix_ms())});
+        rows.push_back(
+            {job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+             StateName(job.state()), Strategy(job), job.spec().model(),
+             job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
+                                                job.last_step().total_steps())
+                                 : "-",
+             job.has_last_step()
+                 ? FormatMetricValue(job.last_step().loss(), "%.4f")
+                 : "-",
+             FormatAge(job.submit_time_unix_ms())});
       }
       std::cout << FormatTable(
-          {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"}, rows);
+          {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"},
+          rows);
     });
   }
 
@@ -393,7 +427,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       v1::GetJobRequest request;
       request.set_job_id(*id);
       v1::Job job;
-      if (grpc::Status s = client->jobs().GetJob(context.get(), request, &job); !s.ok()) {
+      if (grpc::Status s = client->jobs().GetJob(context.get(), request, &job);
+          !s.ok()) {
         *exit_code = client->Report(s);
         return;
       }
@@ -449,14 +484,16 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
         std::cout << line.line() << "\n";
       }
       std::cout.flush();
-      if (grpc::Status s = reader->Finish(); !s.ok()) *exit_code = client->Report(s);
+      if (grpc::Status s = reader->Finish(); !s.ok())
+        *exit_code = client->Report(s);
     });
   }
 
   // cancel
   {
     auto id = std::make_shared<std::string>();
-    CLI::App* cmd = app->add_subcommand("cancel", "Cancel a queued or running job");
+    CLI::App* cmd =
+        app->add_subcommand("cancel", "Cancel a queued or running job");
     cmd->add_option("job", *id, "job id")->required();
     AddConnectionFlags(cmd, connection.get());
     cmd->callback([=] {
@@ -466,13 +503,16 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       v1::CancelJobRequest request;
       request.set_job_id(*id);
       v1::Job job;
-      if (grpc::Status s = client->jobs().CancelJob(context.get(), request, &job); !s.ok()) {
+      if (grpc::Status s =
+              client->jobs().CancelJob(context.get(), request, &job);
+          !s.ok()) {
         *exit_code = client->Report(s);
         return;
       }
       std::cout << job.id() << ": "
-                << (job.state() == v1::CANCELLED ? "CANCELLED"
-                                                 : "cancel requested; stopping its ranks")
+                << (job.state() == v1::CANCELLED
+                        ? "CANCELLED"
+                        : "cancel requested; stopping its ranks")
                 << "\n";
     });
   }
@@ -483,9 +523,11 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     auto rank = std::make_shared<int>(-1);
     auto csv = std::make_shared<bool>(false);
     auto format = std::make_shared<std::string>("table");
-    CLI::App* cmd = app->add_subcommand("metrics", "A job's stored step metrics");
+    CLI::App* cmd =
+        app->add_subcommand("metrics", "A job's stored step metrics");
     cmd->add_option("job", *id, "job id")->required();
-    cmd->add_option("--rank", *rank, "one rank (table default: 0; csv/json: all)");
+    cmd->add_option("--rank", *rank,
+                    "one rank (table default: 0; csv/json: all)");
     cmd->add_flag("--csv", *csv, "every field of every step as CSV");
     AddOutputFlag(cmd, format.get());
     AddConnectionFlags(cmd, connection.get());
@@ -502,26 +544,39 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
         request.set_rank(0);
       }
       v1::GetJobMetricsResponse response;
-      if (grpc::Status s = client->jobs().GetJobMetrics(context.get(), request, &response);
+      if (grpc::Status s =
+              client->jobs().GetJobMetrics(context.get(), request, &response);
           !s.ok()) {
         *exit_code = client->Report(s);
         return;
       }
       if (*csv) {
-        std::cout << "step,total_steps,epoch,rank,loss,val_loss,grad_norm,lr,step_seconds,"
-                     "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
-                     "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
-                     "comm_seconds,comm_bytes\n";
+        std::cout
+            << "step,total_steps,epoch,rank,loss,val_loss,grad_norm,lr,step_"
+               "seconds,"
+               "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
+               "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
+               "comm_seconds,comm_bytes\n";
         for (const v1::StepMetrics& m : response.steps()) {
           std::cout << absl::StrCat(
-              m.step(), ",", m.total_steps(), ",", m.epoch(), ",", m.rank(), ",",
-              absl::StrFormat("%.9g", m.loss()), ",",
-              m.has_val_loss() ? absl::StrFormat("%.9g", m.val_loss()) : "", ",",
-              absl::StrFormat("%.9g,%.9g,%.9g", m.grad_norm(), m.lr(), m.step_seconds()),
-              ",", m.tokens(), ",", absl::StrFormat("%.9g,%.9g", m.tokens_per_second(), m.mfu()),
-              ",", m.memory_allocated_bytes(), ",", m.memory_peak_bytes(), ",",
-              m.memory_reserved_bytes(), ",", m.model_state_bytes(), ",",
-              absl::StrFormat("%.9g", m.comm_seconds()), ",", m.comm_bytes())
+                           m.step(), ",", m.total_steps(), ",", m.epoch(), ",",
+                           m.rank(), ",", absl::StrFormat("%.9g", m.loss()),
+                           ",",
+                           m.has_val_loss()
+                               ? absl::StrFormat("%.9g", m.val_loss())
+                               : "",
+                           ",",
+                           absl::StrFormat("%.9g,%.9g,%.9g", m.grad_norm(),
+                                           m.lr(), m.step_seconds()),
+                           ",", m.tokens(), ",",
+                           absl::StrFormat("%.9g,%.9g", m.tokens_per_second(),
+                                           m.mfu()),
+                           ",", m.memory_allocated_bytes(), ",",
+                           m.memory_peak_bytes(), ",",
+                           m.memory_reserved_bytes(), ",",
+                           m.model_state_bytes(), ",",
+                           absl::StrFormat("%.9g", m.comm_seconds()), ",",
+                           m.comm_bytes())
                     << "\n";
         }
         return;
@@ -532,17 +587,18 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       }
       std::vector<std::vector<std::string>> rows;
       for (const v1::StepMetrics& m : response.steps()) {
-        rows.push_back({std::to_string(m.step()), absl::StrFormat("%.4f", m.loss()),
-                        m.has_val_loss() ? absl::StrFormat("%.4f", m.val_loss()) : "",
-                        absl::StrFormat("%.3f", m.grad_norm()),
-                        absl::StrFormat("%.2e", m.lr()),
-                        absl::StrFormat("%.0f", m.step_seconds() * 1000),
-                        FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
-                        absl::StrFormat("%.1f%%", m.mfu() * 100),
-                        FormatBytes(m.memory_peak_bytes())});
+        rows.push_back(
+            {std::to_string(m.step()), absl::StrFormat("%.4f", m.loss()),
+             m.has_val_loss() ? absl::StrFormat("%.4f", m.val_loss()) : "",
+             absl::StrFormat("%.3f", m.grad_norm()),
+             absl::StrFormat("%.2e", m.lr()),
+             absl::StrFormat("%.0f", m.step_seconds() * 1000),
+             FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
+             absl::StrFormat("%.1f%%", m.mfu() * 100),
+             FormatBytes(m.memory_peak_bytes())});
       }
-      std::cout << FormatTable({"STEP", "LOSS", "VAL", "NORM", "LR", "MS", "TOK/S",
-                                "MFU", "PEAK MEM"},
+      std::cout << FormatTable({"STEP", "LOSS", "VAL", "NORM", "LR", "MS",
+                                "TOK/S", "MFU", "PEAK MEM"},
                                rows);
     });
   }
@@ -550,7 +606,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
   // cluster
   {
     auto format = std::make_shared<std::string>("table");
-    CLI::App* cmd = app->add_subcommand("cluster", "Devices, who holds them, and the queue");
+    CLI::App* cmd = app->add_subcommand(
+        "cluster", "Devices, who holds them, and the queue");
     AddOutputFlag(cmd, format.get());
     AddConnectionFlags(cmd, connection.get());
     cmd->callback([=] {
@@ -558,7 +615,9 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       if (!client) return;
       auto context = client->Context();
       v1::Cluster cluster;
-      if (grpc::Status s = client->cluster().GetCluster(context.get(), {}, &cluster); !s.ok()) {
+      if (grpc::Status s =
+              client->cluster().GetCluster(context.get(), {}, &cluster);
+          !s.ok()) {
         *exit_code = client->Report(s);
         return;
       }
@@ -566,22 +625,28 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
         PrintMessage(cluster, *format);
         return;
       }
-      std::cout << "shardtraind " << cluster.version() << " at " << client->address()
-                << "\n\n";
+      std::cout << "shardtraind " << cluster.version() << " at "
+                << client->address() << "\n\n";
       std::vector<std::vector<std::string>> devices;
       for (const v1::Device& d : cluster.devices()) {
-        devices.push_back({std::to_string(d.index()), v1::DeviceKind_Name(d.kind()), d.name(),
+        devices.push_back({std::to_string(d.index()),
+                           v1::DeviceKind_Name(d.kind()), d.name(),
                            FormatBytes(d.memory_bytes()),
-                           d.job_id().empty() ? "-" : absl::StrCat(d.job_id(), " rank ", d.rank())});
+                           d.job_id().empty()
+                               ? "-"
+                               : absl::StrCat(d.job_id(), " rank ", d.rank())});
       }
-      std::cout << FormatTable({"DEVICE", "KIND", "NAME", "MEMORY", "HELD BY"}, devices);
+      std::cout << FormatTable({"DEVICE", "KIND", "NAME", "MEMORY", "HELD BY"},
+                               devices);
       std::vector<std::vector<std::string>> queue;
       for (const v1::QueuedJob& q : cluster.queue()) {
         queue.push_back({q.job_id(), std::to_string(q.priority()), q.reason()});
       }
       std::cout << "\n"
-                << (queue.empty() ? "queue empty\n"
-                                  : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"}, queue));
+                << (queue.empty()
+                        ? "queue empty\n"
+                        : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
+                                      queue));
     });
   }
 }

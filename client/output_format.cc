@@ -68,7 +68,8 @@ std::string FormatTable(const std::vector<std::string>& header,
     std::string text;
     for (size_t c = 0; c < cells.size(); ++c) {
       text += cells[c];
-      if (c + 1 < cells.size()) text += std::string(width[c] - cells[c].size() + 2, ' ');
+      if (c + 1 < cells.size())
+        text += std::string(width[c] - cells[c].size() + 2, ' ');
     }
     out += text + "\n";
   };
@@ -79,8 +80,8 @@ std::string FormatTable(const std::vector<std::string>& header,
 
 std::string FormatAge(int64_t unix_ms) {
   if (unix_ms <= 0) return "-";
-  const absl::Duration age =
-      absl::Trunc(absl::Now() - absl::FromUnixMillis(unix_ms), absl::Seconds(1));
+  const absl::Duration age = absl::Trunc(
+      absl::Now() - absl::FromUnixMillis(unix_ms), absl::Seconds(1));
   return absl::FormatDuration(std::max(age, absl::ZeroDuration()));
 }
 

@@ -47,10 +47,12 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
       return kExitUsage;
     }
   }
-  absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(connection);
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+      DaemonClient::Connect(connection);
   if (!client.ok()) return ReportFailure(client.status());
   const bool terminal = isatty(STDERR_FILENO) != 0;
-  const std::string study = absl::StrCat("compare-", absl::ToUnixSeconds(absl::Now()));
+  const std::string study =
+      absl::StrCat("compare-", absl::ToUnixSeconds(absl::Now()));
 
   std::vector<StrategyRun> runs;
   for (size_t i = 0; i < flags.strategies.size(); ++i) {
@@ -63,23 +65,30 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     // losses match step for step; single-device takes the whole of it.
     // Weak scaling: the same batch per device.
     if (strategy == "single" && flags.scaling == "strong") {
-      spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() * world);
+      spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() *
+                                             world);
     }
-    spec.set_name(absl::StrCat(flags.job.name.empty() ? study : flags.job.name, "-", strategy));
-    (*spec.mutable_labels())["study"] = flags.job.name.empty() ? study : flags.job.name;
+    spec.set_name(absl::StrCat(flags.job.name.empty() ? study : flags.job.name,
+                               "-", strategy));
+    (*spec.mutable_labels())["study"] =
+        flags.job.name.empty() ? study : flags.job.name;
     (*spec.mutable_labels())["strategy"] = strategy;
 
-    std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": " << strategy
-              << " on " << ranks << (ranks == 1 ? " device" : " devices") << ", batch "
+    std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": "
+              << strategy << " on " << ranks
+              << (ranks == 1 ? " device" : " devices") << ", batch "
               << spec.trainer().batch_size() << " per rank ==\n";
     auto context = (*client)->Context();
     v1::SubmitJobRequest request;
     *request.mutable_spec() = spec;
     v1::Job job;
-    if (grpc::Status s = (*client)->jobs().SubmitJob(context.get(), request, &job); !s.ok()) {
+    if (grpc::Status s =
+            (*client)->jobs().SubmitJob(context.get(), request, &job);
+        !s.ok()) {
       return (*client)->Report(s);
     }
-    if (int code = FollowJob(**client, job.id(), terminal, std::cerr); code != kExitOk) {
+    if (int code = FollowJob(**client, job.id(), terminal, std::cerr);
+        code != kExitOk) {
       std::cerr << "shardtrain: error: " << strategy << " run " << job.id()
                 << " did not succeed; the study stops here\n";
       return code;
@@ -92,7 +101,8 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     v1::GetJobMetricsRequest metrics;
     metrics.set_job_id(job.id());
     v1::GetJobMetricsResponse steps;
-    if (grpc::Status s = (*client)->jobs().GetJobMetrics(metrics_context.get(), metrics, &steps);
+    if (grpc::Status s = (*client)->jobs().GetJobMetrics(metrics_context.get(),
+                                                         metrics, &steps);
         !s.ok()) {
       return (*client)->Report(s);
     }
@@ -104,23 +114,27 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     run.grad_accum = spec.trainer().grad_accum();
     run.seq_len = spec.trainer().seq_len();
     run.steps.assign(steps.steps().begin(), steps.steps().end());
-    run.wall_seconds = (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
+    run.wall_seconds =
+        (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
     run.train_tokens = job.train_tokens();  // read by the daemon at launch
     runs.push_back(std::move(run));
   }
 
   CompareOptions options;
   options.scaling = flags.scaling;
-  options.title = absl::StrCat(base->model(), " on ", base->data() == "brown" ? "the Brown Corpus" : base->data(),
-                               ", ", absl::StrJoin(flags.strategies, " vs "),
-                               ", world size ", world, ", ", flags.scaling, " scaling");
+  options.title =
+      absl::StrCat(base->model(), " on ",
+                   base->data() == "brown" ? "the Brown Corpus" : base->data(),
+                   ", ", absl::StrJoin(flags.strategies, " vs "),
+                   ", world size ", world, ", ", flags.scaling, " scaling");
   if (absl::Status s = WriteCompareReport(runs, options, flags.out); !s.ok()) {
     return ReportFailure(s);
   }
   std::vector<StrategySummary> rows;
   for (const StrategyRun& run : runs) rows.push_back(Summarise(run));
   std::cout << "\n" << FormatSummaryTable(rows) << "\n";
-  for (const std::string& finding : Findings(rows)) std::cout << finding << "\n";
+  for (const std::string& finding : Findings(rows))
+    std::cout << finding << "\n";
   std::cout << "\nreport: " << std::filesystem::absolute(flags.out).string()
             << "/report.html (and report.md, one CSV per strategy)\n";
   return kExitOk;
@@ -128,7 +142,9 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
 
 std::string SelfDir() {
   std::error_code ec;
-  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+  return std::filesystem::read_symlink("/proc/self/exe", ec)
+      .parent_path()
+      .string();
 }
 
 struct DaemonFlags {
@@ -141,22 +157,30 @@ struct DaemonFlags {
 };
 
 int RunDaemon(const DaemonFlags& flags) {
-  const std::string state_dir = flags.state_dir.empty() ? DefaultStateDir() : flags.state_dir;
+  const std::string state_dir =
+      flags.state_dir.empty() ? DefaultStateDir() : flags.state_dir;
   ConnectionOptions connection;
   connection.address = flags.listen;
-  absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(connection);
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+      DaemonClient::Connect(connection);
   if (client.ok()) {
     auto context = (*client)->Context();
-    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(2));
     v1::Cluster cluster;
-    const grpc::Status s = (*client)->cluster().GetCluster(context.get(), {}, &cluster);
+    const grpc::Status s =
+        (*client)->cluster().GetCluster(context.get(), {}, &cluster);
     if (s.ok() || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       std::cout << "shardtraind already running at " << flags.listen << "\n";
       return kExitOk;
     }
   }
-  std::vector<std::string> args = {SelfDir() + "/shardtraind", "--state-dir", state_dir,
-                                   "--listen", flags.listen, "--metrics-listen",
+  std::vector<std::string> args = {SelfDir() + "/shardtraind",
+                                   "--state-dir",
+                                   state_dir,
+                                   "--listen",
+                                   flags.listen,
+                                   "--metrics-listen",
                                    flags.metrics_listen};
   args.push_back("--device-kind");
   args.push_back(flags.device_kind);
@@ -206,7 +230,8 @@ int RunDaemon(const DaemonFlags& flags) {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return ReportFailure(absl::StrCat("shardtraind did not start within 60 s; see ", log));
+  return ReportFailure(
+      absl::StrCat("shardtraind did not start within 60 s; see ", log));
 }
 
 }  // namespace
@@ -237,13 +262,18 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
 void AddDaemonCommand(CLI::App* app, int* exit_code) {
   auto flags = std::make_shared<DaemonFlags>();
   CLI::App* cmd = app->add_subcommand(
-      "daemon", "Start a local shardtraind (in the background) unless one answers");
-  cmd->add_option("--state-dir", flags->state_dir,
-                  "default: $XDG_CACHE_HOME/shardtrain/state or ~/.cache/shardtrain/state");
-  cmd->add_option("--listen", flags->listen, "address:port")->capture_default_str();
-  cmd->add_option("--metrics-listen", flags->metrics_listen, "Prometheus endpoint")
+      "daemon",
+      "Start a local shardtraind (in the background) unless one answers");
+  cmd->add_option(
+      "--state-dir", flags->state_dir,
+      "default: $XDG_CACHE_HOME/shardtrain/state or ~/.cache/shardtrain/state");
+  cmd->add_option("--listen", flags->listen, "address:port")
       ->capture_default_str();
-  cmd->add_option("--cpu-slots", flags->cpu_slots, "CPU devices (0: one per core)");
+  cmd->add_option("--metrics-listen", flags->metrics_listen,
+                  "Prometheus endpoint")
+      ->capture_default_str();
+  cmd->add_option("--cpu-slots", flags->cpu_slots,
+                  "CPU devices (0: one per core)");
   cmd->add_option("--device-kind", flags->device_kind, "auto | gpu | cpu")
       ->check(CLI::IsMember({"auto", "gpu", "cpu"}))
       ->capture_default_str();

@@ -15,7 +15,8 @@ grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
     device->set_name(info.name);
     device->set_memory_bytes(info.memory_bytes);
     device->set_job_id(view.holders[i].job_id);
-    device->set_rank(view.holders[i].job_id.empty() ? -1 : view.holders[i].rank);
+    device->set_rank(view.holders[i].job_id.empty() ? -1
+                                                    : view.holders[i].rank);
   }
   for (const v1::Job& job : view.queue) {
     v1::QueuedJob* queued = response->add_queue();
