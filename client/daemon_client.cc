@@ -86,6 +86,13 @@ std::unique_ptr<grpc::ClientContext> DaemonClient::Context() const {
   return context;
 }
 
+int DaemonClient::Call(
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const {
+  const std::unique_ptr<grpc::ClientContext> context = Context();
+  const grpc::Status status = rpc(context.get());
+  return status.ok() ? kExitOk : Report(status);
+}
+
 int DaemonClient::Report(const grpc::Status& status) const {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     std::cerr << "shardtrain: error: no shardtraind at " << address_ << " ("

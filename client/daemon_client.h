@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,10 @@ class DaemonClient {
 
   // A context carrying the token (when there is one).
   std::unique_ptr<grpc::ClientContext> Context() const;
+
+  // Runs one unary call with such a context; on failure prints it (Report)
+  // and returns its exit code, else kExitOk.
+  int Call(const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const;
 
   // Prints the error as one line and returns the exit code: 3 (with a hint
   // on starting a daemon) when the daemon is unreachable, 2 for an invalid

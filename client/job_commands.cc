@@ -256,13 +256,14 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   clear_bar();
   const grpc::Status status = reader->Finish();
   if (!status.ok()) return client.Report(status);
-  auto get_context = client.Context();
   v1::GetJobRequest get;
   get.set_job_id(job_id);
   v1::Job job;
-  if (grpc::Status s = client.jobs().GetJob(get_context.get(), get, &job);
-      !s.ok()) {
-    return client.Report(s);
+  if (int code = client.Call([&](grpc::ClientContext* c) {
+        return client.jobs().GetJob(c, get, &job);
+      });
+      code != kExitOk) {
+    return code;
   }
   if (job.state() == v1::SUCCEEDED) {
     out << job.id() << " SUCCEEDED in "
@@ -314,14 +315,12 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       }
       auto client = connect();
       if (!client) return;
-      auto context = client->Context();
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
       v1::Job job;
-      if (grpc::Status s =
-              client->jobs().SubmitJob(context.get(), request, &job);
-          !s.ok()) {
-        *exit_code = client->Report(s);
+      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+            return client->jobs().SubmitJob(c, request, &job);
+          })) != kExitOk) {
         return;
       }
       if (*format != "table") {
@@ -374,12 +373,10 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       }
       v1::ListJobsResponse all;
       do {
-        auto context = client->Context();
         v1::ListJobsResponse page;
-        if (grpc::Status s =
-                client->jobs().ListJobs(context.get(), request, &page);
-            !s.ok()) {
-          *exit_code = client->Report(s);
+        if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+              return client->jobs().ListJobs(c, request, &page);
+            })) != kExitOk) {
           return;
         }
         for (const v1::Job& job : page.jobs()) {
@@ -423,13 +420,12 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     cmd->callback([=] {
       auto client = connect();
       if (!client) return;
-      auto context = client->Context();
       v1::GetJobRequest request;
       request.set_job_id(*id);
       v1::Job job;
-      if (grpc::Status s = client->jobs().GetJob(context.get(), request, &job);
-          !s.ok()) {
-        *exit_code = client->Report(s);
+      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+            return client->jobs().GetJob(c, request, &job);
+          })) != kExitOk) {
         return;
       }
       if (*format != "table") {
@@ -499,14 +495,12 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     cmd->callback([=] {
       auto client = connect();
       if (!client) return;
-      auto context = client->Context();
       v1::CancelJobRequest request;
       request.set_job_id(*id);
       v1::Job job;
-      if (grpc::Status s =
-              client->jobs().CancelJob(context.get(), request, &job);
-          !s.ok()) {
-        *exit_code = client->Report(s);
+      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+            return client->jobs().CancelJob(c, request, &job);
+          })) != kExitOk) {
         return;
       }
       std::cout << job.id() << ": "
@@ -534,7 +528,6 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     cmd->callback([=] {
       auto client = connect();
       if (!client) return;
-      auto context = client->Context();
       v1::GetJobMetricsRequest request;
       request.set_job_id(*id);
       const bool table = !*csv && *format == "table";
@@ -544,10 +537,9 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
         request.set_rank(0);
       }
       v1::GetJobMetricsResponse response;
-      if (grpc::Status s =
-              client->jobs().GetJobMetrics(context.get(), request, &response);
-          !s.ok()) {
-        *exit_code = client->Report(s);
+      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+            return client->jobs().GetJobMetrics(c, request, &response);
+          })) != kExitOk) {
         return;
       }
       if (*csv) {
@@ -613,12 +605,10 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
     cmd->callback([=] {
       auto client = connect();
       if (!client) return;
-      auto context = client->Context();
       v1::Cluster cluster;
-      if (grpc::Status s =
-              client->cluster().GetCluster(context.get(), {}, &cluster);
-          !s.ok()) {
-        *exit_code = client->Report(s);
+      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+            return client->cluster().GetCluster(c, {}, &cluster);
+          })) != kExitOk) {
         return;
       }
       if (*format != "table") {

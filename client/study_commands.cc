@@ -78,14 +78,14 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
               << strategy << " on " << ranks
               << (ranks == 1 ? " device" : " devices") << ", batch "
               << spec.trainer().batch_size() << " per rank ==\n";
-    auto context = (*client)->Context();
     v1::SubmitJobRequest request;
     *request.mutable_spec() = spec;
     v1::Job job;
-    if (grpc::Status s =
-            (*client)->jobs().SubmitJob(context.get(), request, &job);
-        !s.ok()) {
-      return (*client)->Report(s);
+    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
+          return (*client)->jobs().SubmitJob(c, request, &job);
+        });
+        code != kExitOk) {
+      return code;
     }
     if (int code = FollowJob(**client, job.id(), terminal, std::cerr);
         code != kExitOk) {
@@ -93,18 +93,22 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
                 << " did not succeed; the study stops here\n";
       return code;
     }
-    auto get_context = (*client)->Context();
     v1::GetJobRequest get;
     get.set_job_id(job.id());
-    (*client)->jobs().GetJob(get_context.get(), get, &job);
-    auto metrics_context = (*client)->Context();
     v1::GetJobMetricsRequest metrics;
     metrics.set_job_id(job.id());
     v1::GetJobMetricsResponse steps;
-    if (grpc::Status s = (*client)->jobs().GetJobMetrics(metrics_context.get(),
-                                                         metrics, &steps);
-        !s.ok()) {
-      return (*client)->Report(s);
+    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
+          return (*client)->jobs().GetJob(c, get, &job);
+        });
+        code != kExitOk) {
+      return code;
+    }
+    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
+          return (*client)->jobs().GetJobMetrics(c, metrics, &steps);
+        });
+        code != kExitOk) {
+      return code;
     }
     StrategyRun run;
     run.strategy = strategy;

@@ -161,7 +161,8 @@ void JobManager::ResumeInterruptedJobs() {
   for (const std::string& id : order_) {
     Entry& entry = *jobs_[id];
     v1::Job& job = entry.stored.job;
-    if (!IsActive(job.state()) || entry.ranks.size() > 0 || entry.relaunch_pending) {
+    if (!IsActive(job.state()) || entry.ranks.size() > 0 ||
+        entry.relaunch_pending) {
       continue;
     }
     ++interrupted;
@@ -179,11 +180,11 @@ void JobManager::ResumeInterruptedJobs() {
     } else if (job.restarts() < max_restarts) {
       job.set_restarts(job.restarts() + 1);
       entry.relaunch_pending = true;
-      SetState(entry, v1::RESTARTING,
-               absl::StrCat("coordinator restarted while the job was ",
-                            StateName(job.state()), "; restart ",
-                            job.restarts(), " of ", max_restarts,
-                            " from the last checkpoint"));
+      SetState(
+          entry, v1::RESTARTING,
+          absl::StrCat("coordinator restarted while the job was ",
+                       StateName(job.state()), "; restart ", job.restarts(),
+                       " of ", max_restarts, " from the last checkpoint"));
     } else {
       v1::Failure* failure = job.mutable_failure();
       failure->set_reason(v1::COORDINATOR_RESTART);
@@ -349,11 +350,12 @@ absl::StatusOr<ListJobsPage> JobManager::List(
   int64_t after_seq = 0;
   if (!query.page_token.empty() &&
       (!absl::SimpleAtoi(query.page_token, &after_seq) || after_seq < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_token: got '", query.page_token,
-        "'; pass the next_page_token of the previous page"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: got '", query.page_token,
+                     "'; pass the next_page_token of the previous page"));
   }
-  const int page_size = query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  const int page_size =
+      query.page_size == 0 ? kDefaultPageSize : query.page_size;
   absl::MutexLock lock(&mutex_);
   ListJobsPage page;
   for (const std::string& id : order_) {
@@ -390,11 +392,12 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   }
   const v1::JobState state = entry->stored.job.state();
   if (IsTerminal(state)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job_id, " already ended (", StateName(state), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, " already ended (", StateName(state), ")"));
   }
-  if (state == v1::QUEUED || (entry->ranks.empty() && !entry->relaunch_pending &&
-                              entry->stop == StopIntent::kNone)) {
+  if (state == v1::QUEUED ||
+      (entry->ranks.empty() && !entry->relaunch_pending &&
+       entry->stop == StopIntent::kNone)) {
     entry->relaunch_pending = false;
     ReleaseDevices(*entry);
     SetState(*entry, v1::CANCELLED, "cancelled before it started");
@@ -405,12 +408,8 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   } else if (entry->stop != StopIntent::kCancel) {
     entry->stored.job.set_cancel_requested(true);
     BeginStop(*entry, StopIntent::kCancel);
-    v1::JobEvent event;
-    event.set_time_unix_ms(UnixMillis(clock_->Now()));
-    event.set_state(state);
-    event.set_message(absl::StrCat("cancel requested; stopping ",
-                                   entry->ranks.size(), " ranks"));
-    Persist(*entry, event);
+    Persist(*entry, Event(state, absl::StrCat("cancel requested; stopping ",
+                                              entry->ranks.size(), " ranks")));
   }
   return entry->stored.job;
 }
@@ -477,13 +476,7 @@ ClusterView JobManager::Cluster() const {
         std::find(devices.begin(), devices.end(), static_cast<int>(d)) -
         devices.begin());
   }
-  std::vector<QueuedJobRef> queue;
-  for (const std::string& id : order_) {
-    const Entry& entry = *jobs_.at(id);
-    if (entry.stored.job.state() != v1::QUEUED) continue;
-    queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
-                     entry.stored.job.spec().world_size()});
-  }
+  std::vector<QueuedJobRef> queue = QueuedRefs();
   // Reasons as of now, not as of the last scheduling round.
   const ScheduleDecision decision = Schedule(queue, FreeDevices());
   SortQueue(&queue);
@@ -506,9 +499,9 @@ absl::StatusOr<JobManager::Entry*> JobManager::Authenticate(
   Entry* entry = Find(worker.job_id());
   // One message for every refusal: a caller learns nothing about which part
   // was wrong.
-  const absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
-      "worker: not a live rank of job '", worker.job_id(),
-      "' with that secret"));
+  const absl::Status denied = absl::PermissionDeniedError(
+      absl::StrCat("worker: not a live rank of job '", worker.job_id(),
+                   "' with that secret"));
   if (entry == nullptr || !IsActive(entry->stored.job.state()) ||
       entry->ranks.empty()) {
     return denied;
@@ -534,16 +527,18 @@ absl::Status JobManager::RegisterWorker(const v1::WorkerIdentity& worker) {
   if (observer_ != nullptr) {
     observer_->OnHeartbeat(worker.job_id(), worker.rank(), rank.last_heartbeat);
   }
-  const bool all = std::all_of(entry.ranks.begin(), entry.ranks.end(),
-                               [](const RankProcess& r) { return r.registered; });
+  const bool all =
+      std::all_of(entry.ranks.begin(), entry.ranks.end(),
+                  [](const RankProcess& r) { return r.registered; });
   if (all && entry.stop == StopIntent::kNone &&
       entry.stored.job.state() != v1::RUNNING) {
     const v1::Job& job = entry.stored.job;
-    SetState(entry, v1::RUNNING,
-             job.restarts() == 0
-                 ? absl::StrCat("all ", entry.ranks.size(), " ranks joined")
-                 : absl::StrCat("all ", entry.ranks.size(),
-                                " ranks joined after restart ", job.restarts()));
+    SetState(
+        entry, v1::RUNNING,
+        job.restarts() == 0
+            ? absl::StrCat("all ", entry.ranks.size(), " ranks joined")
+            : absl::StrCat("all ", entry.ranks.size(),
+                           " ranks joined after restart ", job.restarts()));
   }
   return absl::OkStatus();
 }
@@ -626,9 +621,9 @@ void JobManager::Tick() {
       v1::Failure* failure = entry.stored.job.mutable_failure();
       failure->set_reason(v1::COORDINATOR_RESTART);
       failure->set_rank(-1);
-      failure->set_message(absl::StrCat(
-          "after the coordinator restarted the job needs ", world,
-          " devices and only ", free.size(), " are free"));
+      failure->set_message(
+          absl::StrCat("after the coordinator restarted the job needs ", world,
+                       " devices and only ", free.size(), " are free"));
       SetState(entry, v1::FAILED, failure->message());
       continue;
     }
@@ -647,22 +642,18 @@ void JobManager::ReapAndDetect(Entry& entry) {
     if (!exit) continue;
     rank.exited = true;
     rank.exit = *exit;
-    LogInfo(absl::StrCat(id, " rank ", r, " (pid ", rank.pid, ") ended: ",
-                         exit->ToString()));
+    LogInfo(absl::StrCat(id, " rank ", r, " (pid ", rank.pid,
+                         ") ended: ", exit->ToString()));
     if (exit->success() || entry.stop != StopIntent::kNone) continue;
-    v1::Failure failure;
-    failure.set_rank(static_cast<int>(r));
-    const std::vector<std::string> tail =
-        ReadLastLines(LogPath(id, static_cast<int>(r)), options_.log_tail_lines);
-    for (const std::string& line : tail) failure.add_log_tail(line);
+    v1::Failure failure = RankFailure(
+        id, static_cast<int>(r), exit->signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
+        absl::StrCat("rank ", r, " ended with ", exit->ToString()));
+    const std::vector<std::string> tail(failure.log_tail().begin(),
+                                        failure.log_tail().end());
     if (LooksLikeOom(tail)) {
       failure.set_reason(v1::OOM);
-    } else {
-      failure.set_reason(exit->signal > 0 ? v1::SIGNAL : v1::EXIT_CODE);
+      failure.set_message(failure.message() + " (out of memory)");
     }
-    failure.set_message(absl::StrCat(
-        "rank ", r, " ended with ", exit->ToString(),
-        failure.reason() == v1::OOM ? " (out of memory)" : ""));
     FailAttempt(entry, std::move(failure));
   }
 
@@ -674,39 +665,31 @@ void JobManager::ReapAndDetect(Entry& entry) {
         unregistered.push_back(static_cast<int>(r));
         continue;
       }
-      if (!rank.exited && now - rank.last_heartbeat > options_.heartbeat_timeout) {
-        v1::Failure failure;
-        failure.set_reason(v1::HANG);
-        failure.set_rank(static_cast<int>(r));
-        failure.set_message(absl::StrCat(
-            "rank ", r, " sent no heartbeat for ",
-            absl::FormatDuration(absl::Trunc(now - rank.last_heartbeat,
-                                             absl::Milliseconds(100))),
-            " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
-        for (const std::string& line :
-             ReadLastLines(LogPath(id, static_cast<int>(r)),
-                           options_.log_tail_lines)) {
-          failure.add_log_tail(line);
-        }
-        FailAttempt(entry, std::move(failure));
+      if (!rank.exited &&
+          now - rank.last_heartbeat > options_.heartbeat_timeout) {
+        FailAttempt(
+            entry,
+            RankFailure(
+                id, static_cast<int>(r), v1::HANG,
+                absl::StrCat(
+                    "rank ", r, " sent no heartbeat for ",
+                    absl::FormatDuration(absl::Trunc(now - rank.last_heartbeat,
+                                                     absl::Milliseconds(100))),
+                    " (timeout ",
+                    absl::FormatDuration(options_.heartbeat_timeout), ")")));
         break;
       }
     }
     if (entry.stop == StopIntent::kNone && !unregistered.empty() &&
         now - entry.launch_time > options_.rendezvous_timeout) {
-      v1::Failure failure;
-      failure.set_reason(v1::RENDEZVOUS_TIMEOUT);
-      failure.set_rank(unregistered.front());
-      failure.set_message(absl::StrCat(
-          "rank", unregistered.size() == 1 ? " " : "s ",
-          absl::StrJoin(unregistered, ", "), " did not join within ",
-          absl::FormatDuration(options_.rendezvous_timeout)));
-      for (const std::string& line :
-           ReadLastLines(LogPath(id, unregistered.front()),
-                         options_.log_tail_lines)) {
-        failure.add_log_tail(line);
-      }
-      FailAttempt(entry, std::move(failure));
+      FailAttempt(
+          entry,
+          RankFailure(
+              id, unregistered.front(), v1::RENDEZVOUS_TIMEOUT,
+              absl::StrCat("rank", unregistered.size() == 1 ? " " : "s ",
+                           absl::StrJoin(unregistered, ", "),
+                           " did not join within ",
+                           absl::FormatDuration(options_.rendezvous_timeout))));
     }
   }
 
@@ -728,10 +711,9 @@ void JobManager::ReapAndDetect(Entry& entry) {
 void JobManager::FailAttempt(Entry& entry, v1::Failure failure) {
   if (entry.failure.has_value()) return;
   LogInfo(absl::StrCat(entry.stored.job.id(), ": ", failure.message()));
-  v1::JobEvent event;
-  event.set_time_unix_ms(UnixMillis(clock_->Now()));
-  event.set_state(entry.stored.job.state());
-  event.set_message(absl::StrCat(failure.message(), "; stopping the other ranks"));
+  const v1::JobEvent event =
+      Event(entry.stored.job.state(),
+            absl::StrCat(failure.message(), "; stopping the other ranks"));
   entry.failure = std::move(failure);
   BeginStop(entry, StopIntent::kFail);
   Persist(entry, event);
@@ -795,7 +777,7 @@ void JobManager::FinishAttempt(Entry& entry) {
   }
 }
 
-void JobManager::ScheduleQueued() {
+std::vector<QueuedJobRef> JobManager::QueuedRefs() const {
   std::vector<QueuedJobRef> queue;
   for (const std::string& id : order_) {
     const Entry& entry = *jobs_.at(id);
@@ -803,6 +785,33 @@ void JobManager::ScheduleQueued() {
     queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
                      entry.stored.job.spec().world_size()});
   }
+  return queue;
+}
+
+v1::JobEvent JobManager::Event(v1::JobState state, std::string message) const {
+  v1::JobEvent event;
+  event.set_time_unix_ms(UnixMillis(clock_->Now()));
+  event.set_state(state);
+  event.set_message(std::move(message));
+  return event;
+}
+
+v1::Failure JobManager::RankFailure(const std::string& job_id, int rank,
+                                    v1::FailureReason reason,
+                                    std::string message) const {
+  v1::Failure failure;
+  failure.set_reason(reason);
+  failure.set_rank(rank);
+  failure.set_message(std::move(message));
+  for (std::string& line :
+       ReadLastLines(LogPath(job_id, rank), options_.log_tail_lines)) {
+    failure.add_log_tail(std::move(line));
+  }
+  return failure;
+}
+
+void JobManager::ScheduleQueued() {
+  std::vector<QueuedJobRef> queue = QueuedRefs();
   if (queue.empty()) return;
   const ScheduleDecision decision = Schedule(std::move(queue), FreeDevices());
   for (const auto& [id, reason] : decision.waiting) {
@@ -855,7 +864,8 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   const std::string dir = JobDir(id);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return fail_launch(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return fail_launch(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   absl::StatusOr<std::string> data = options_.resolve_data(job.spec().data());
   if (!data.ok()) return fail_launch(std::string(data.status().message()));
   v1::JobSpec resolved = job.spec();
@@ -875,7 +885,8 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
     out << json;
     out.close();
     std::filesystem::rename(spec_path + ".tmp", spec_path, ec);
-    if (!out || ec) return fail_launch(absl::StrCat("cannot write ", spec_path));
+    if (!out || ec)
+      return fail_launch(absl::StrCat("cannot write ", spec_path));
   }
   absl::StatusOr<int> port = FreeLoopbackPort();
   if (!port.ok()) return fail_launch(std::string(port.status().message()));
@@ -903,8 +914,13 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   }
   for (int r = 0; r < world; ++r) {
     ProcessSpec spec;
-    spec.argv = {options_.worker_binary, "--spec", spec_path, "--out", dir,
-                 "--job-id", id};
+    spec.argv = {options_.worker_binary,
+                 "--spec",
+                 spec_path,
+                 "--out",
+                 dir,
+                 "--job-id",
+                 id};
     if (cpu) {
       spec.argv.push_back("--threads");
       spec.argv.push_back(std::to_string(threads));
@@ -927,7 +943,8 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
       spec.env.push_back({"OMP_NUM_THREADS", std::to_string(threads)});
       spec.env.push_back({"CUDA_VISIBLE_DEVICES", ""});
     } else {
-      spec.env.push_back({"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpu_list, ",")});
+      spec.env.push_back(
+          {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpu_list, ",")});
     }
     spec.log_path = LogPath(id, r);
     spec.process_group = entry.stored.worker_pgid;
@@ -952,15 +969,14 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   }
   LogInfo(absl::StrCat(id, ": started ", world, " ranks (pids ",
                        absl::StrJoin(entry.stored.worker_pids, ", "), ")"));
-  Persist(entry, std::nullopt);  // the workers' pids
-  if (!first_attempt) {
-    v1::JobEvent event;
-    event.set_time_unix_ms(UnixMillis(clock_->Now()));
-    event.set_state(job.state());
-    event.set_message(absl::StrCat("relaunched ", world, " ranks (attempt ",
-                                   job.restarts() + 1, ")"));
-    Persist(entry, event);
-  }
+  // The workers' pids, and on a restart an event saying so.
+  Persist(entry,
+          first_attempt
+              ? std::nullopt
+              : std::optional<v1::JobEvent>(
+                    Event(job.state(),
+                          absl::StrCat("relaunched ", world, " ranks (attempt ",
+                                       job.restarts() + 1, ")"))));
 }
 
 void JobManager::SetState(Entry& entry, v1::JobState state,
@@ -970,10 +986,7 @@ void JobManager::SetState(Entry& entry, v1::JobState state,
   job.set_state(state);
   job.set_state_reason(message);
   if (IsTerminal(state)) job.set_end_time_unix_ms(UnixMillis(now));
-  v1::JobEvent event;
-  event.set_time_unix_ms(UnixMillis(now));
-  event.set_state(state);
-  event.set_message(message);
+  const v1::JobEvent event = Event(state, message);
   Persist(entry, event);
   LogInfo(absl::StrCat(job.id(), " -> ", StateName(state), ": ", message));
   v1::WatchJobEvent change;
@@ -988,7 +1001,8 @@ void JobManager::SetState(Entry& entry, v1::JobState state,
   if (observer_ != nullptr) observer_->OnJobChanged(job);
 }
 
-void JobManager::Persist(Entry& entry, const std::optional<v1::JobEvent>& event) {
+void JobManager::Persist(Entry& entry,
+                         const std::optional<v1::JobEvent>& event) {
   if (absl::Status s = store_->UpdateJob(entry.stored, event); !s.ok()) {
     LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), ": ",
                          s.message()));

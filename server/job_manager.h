@@ -32,6 +32,7 @@
 #include "server/job_store.h"
 #include "server/job_watch.h"
 #include "server/process_launcher.h"
+#include "server/scheduler.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
 
@@ -54,24 +55,24 @@ class JobObserver {
 };
 
 struct JobManagerOptions {
-  std::string state_dir;        // jobs/<id>/ live here
-  std::string worker_binary;    // shardtrain-worker
-  std::string worker_address;   // what workers dial (e.g. unix:/.../sock)
+  std::string state_dir;       // jobs/<id>/ live here
+  std::string worker_binary;   // shardtrain-worker
+  std::string worker_address;  // what workers dial (e.g. unix:/.../sock)
   std::vector<DeviceInfo> devices;
-  int cpu_cores = 1;            // split among a CPU job's ranks
+  int cpu_cores = 1;  // split among a CPU job's ranks
   absl::Duration grace_period = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   absl::Duration heartbeat_timeout = absl::Seconds(30);
   absl::Duration rendezvous_timeout = absl::Seconds(300);
   absl::Duration tick = absl::Milliseconds(50);
   int log_tail_lines = 20;
-  DataResolver resolve_data;    // required
+  DataResolver resolve_data;  // required
 };
 
 struct ListJobsQuery {
-  std::vector<v1::JobState> states;          // empty: all
-  std::map<std::string, std::string> labels; // all must match
-  int page_size = 0;                         // 0: 100
+  std::vector<v1::JobState> states;           // empty: all
+  std::map<std::string, std::string> labels;  // all must match
+  int page_size = 0;                          // 0: 100
   std::string page_token;
 };
 
@@ -145,8 +146,9 @@ class JobManager {
   // live job's current attempt presenting its secret. ---
   absl::Status RegisterWorker(const v1::WorkerIdentity& worker);
   // Stores the steps; returns whether the worker should stop.
-  absl::StatusOr<bool> ReportProgress(const v1::WorkerIdentity& worker,
-                                      const std::vector<v1::StepMetrics>& steps);
+  absl::StatusOr<bool> ReportProgress(
+      const v1::WorkerIdentity& worker,
+      const std::vector<v1::StepMetrics>& steps);
   absl::StatusOr<bool> Heartbeat(const v1::WorkerIdentity& worker);
 
   static bool IsTerminal(v1::JobState state);
@@ -169,8 +171,8 @@ class JobManager {
     absl::Time stop_deadline;
     bool killed = false;
     std::optional<v1::Failure> failure;  // the first failure of the attempt
-    bool no_restart = false;  // the attempt could not even start
-    bool relaunch_pending = false;  // recovered; Tick relaunches it
+    bool no_restart = false;             // the attempt could not even start
+    bool relaunch_pending = false;       // recovered; Tick relaunches it
     std::vector<std::weak_ptr<JobWatch>> watchers;
   };
 
@@ -200,6 +202,14 @@ class JobManager {
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The queued jobs, unsorted, as the scheduler takes them.
+  std::vector<QueuedJobRef> QueuedRefs() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // An event stamped with the clock's time.
+  v1::JobEvent Event(v1::JobState state, std::string message) const;
+  // A failure of `rank`, with the last lines of that rank's log.
+  v1::Failure RankFailure(const std::string& job_id, int rank,
+                          v1::FailureReason reason, std::string message) const;
   std::string JobDir(const std::string& job_id) const;
   std::string LogPath(const std::string& job_id, int rank) const;
 
