@@ -1,6 +1,10 @@
 #include "server/coordinator.h"
 
 #include <fcntl.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -8,11 +12,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
 #include "server/dataset_locator.h"
@@ -26,7 +25,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& flag,
                                           const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
+    return absl::NotFoundError(
+        absl::StrCat(flag, ": cannot read '", path, "'"));
   }
   return std::string((std::istreambuf_iterator<char>(in)),
                      std::istreambuf_iterator<char>());
@@ -95,7 +95,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         "--state-dir: cannot create ", options.state_dir, ": ", ec.message()));
   }
   options.state_dir = std::filesystem::absolute(options.state_dir).string();
-  if (options.worker_binary.empty()) options.worker_binary = DefaultWorkerBinary();
+  if (options.worker_binary.empty())
+    options.worker_binary = DefaultWorkerBinary();
   if (access(options.worker_binary.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--worker-binary: '", options.worker_binary, "' is not executable"));
@@ -141,9 +142,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (!options.tls_cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadWholeFile("--tls-cert", options.tls_cert);
+    absl::StatusOr<std::string> cert =
+        ReadWholeFile("--tls-cert", options.tls_cert);
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadWholeFile("--tls-key", options.tls_key);
+    absl::StatusOr<std::string> key =
+        ReadWholeFile("--tls-key", options.tls_key);
     if (!key.ok()) return key.status();
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
@@ -183,9 +186,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.rendezvous_timeout = options.rendezvous_timeout;
   manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
   manager_options.worker_address = worker_listen;
-  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
-      manager_options, c->store_.get(), &c->launcher_, &c->clock_,
-      c->exporter_.get());
+  absl::StatusOr<std::unique_ptr<JobManager>> manager =
+      JobManager::Create(manager_options, c->store_.get(), &c->launcher_,
+                         &c->clock_, c->exporter_.get());
   if (!manager.ok()) return manager.status();
   c->manager_ = std::move(*manager);
   if (c->exporter_ != nullptr) {
@@ -200,7 +203,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     } while (!query.page_token.empty());
     c->exporter_->Seed(all);
     JobManager* manager_ptr = c->manager_.get();
-    c->exporter_->set_cluster_source([manager_ptr] { return manager_ptr->Cluster(); });
+    c->exporter_->set_cluster_source(
+        [manager_ptr] { return manager_ptr->Cluster(); });
   }
 
   c->job_service_ =
@@ -236,7 +240,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     std::filesystem::rename(path + ".tmp", path, ec);
   };
   // metrics_endpoint first: a client that sees `endpoint` finds both.
-  if (c->exporter_ != nullptr) publish("metrics_endpoint", c->exporter_->address());
+  if (c->exporter_ != nullptr)
+    publish("metrics_endpoint", c->exporter_->address());
   publish("endpoint", c->address_);
   // Serving for sure: only now may jobs the last coordinator left active
   // use up a restart.
@@ -245,11 +250,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
             << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
             << (token.empty() ? "" : " with token auth")
-            << (c->exporter_ ? "; metrics on http://" + c->exporter_->address() +
-                                   "/metrics"
+            << (c->exporter_ ? "; metrics on http://" +
+                                   c->exporter_->address() + "/metrics"
                              : "")
-            << "; "
-            << devices->size() << " "
+            << "; " << devices->size() << " "
             << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
             << "; state in " << options.state_dir << std::endl;
   return c;

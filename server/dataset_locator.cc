@@ -32,8 +32,8 @@ absl::Status PrepareBrown(const std::string& dir) {
   if (!summary.ok()) return summary.status();
   std::filesystem::rename(staging, dir, ec);
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", staging, " to ", dir, ": ", ec.message()));
+    return absl::InternalError(absl::StrCat("cannot rename ", staging, " to ",
+                                            dir, ": ", ec.message()));
   }
   return absl::OkStatus();
 }
@@ -47,8 +47,8 @@ DataResolver MakeDatasetLocator(const std::string& state_dir) {
   };
   auto shared = std::make_shared<Shared>();
   const std::string brown_dir = state_dir + "/data/brown";
-  return [shared, brown_dir](const std::string& data)
-             -> absl::StatusOr<std::string> {
+  return [shared,
+          brown_dir](const std::string& data) -> absl::StatusOr<std::string> {
     if (data == "brown") {
       absl::MutexLock lock(&shared->mutex);
       if (!shared->brown_ready) {
@@ -71,9 +71,9 @@ DataResolver MakeDatasetLocator(const std::string& state_dir) {
           "'brown'");
     }
     if (data.size() > kMaxPathLength) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data: got a path of ", data.size(), " characters; at most ",
-          kMaxPathLength));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: got a path of ", data.size(),
+                       " characters; at most ", kMaxPathLength));
     }
     std::error_code ec;
     if (!std::filesystem::is_directory(data, ec)) {
@@ -83,9 +83,10 @@ DataResolver MakeDatasetLocator(const std::string& state_dir) {
           "prepared directory with train.bin, or 'brown')"));
     }
     if (!std::filesystem::is_regular_file(data + "/train.bin", ec)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data: '", data, "' has no train.bin (prepare it with "
-          "`shardtrain data prepare`)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: '", data,
+                       "' has no train.bin (prepare it with "
+                       "`shardtrain data prepare`)"));
     }
     return std::filesystem::absolute(data).string();
   };

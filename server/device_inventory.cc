@@ -24,8 +24,8 @@ absl::StatusOr<std::vector<DeviceInfo>> DiscoverDevices(
         "--device-kind: got '", options.kind, "'; expected auto, gpu or cpu"));
   }
   if (options.cpu_slots < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--cpu-slots: got ", options.cpu_slots, "; must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu-slots: got ", options.cpu_slots, "; must be >= 0"));
   }
   std::vector<DeviceInfo> devices;
   if (options.kind != "cpu" && nvml != nullptr) {
@@ -47,8 +47,8 @@ absl::StatusOr<std::vector<DeviceInfo>> DiscoverDevices(
         "no devices)");
   }
   const int slots = options.cpu_slots > 0 ? options.cpu_slots : UsableCores();
-  const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
-                         sysconf(_SC_PAGESIZE);
+  const int64_t memory =
+      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   for (int i = 0; i < slots; ++i) {
     DeviceInfo d;
     d.index = i;

@@ -1,9 +1,9 @@
 #include "server/job_service.h"
 
-#include <memory>
 #include <map>
-#include <utility>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -126,19 +126,20 @@ grpc::Status JobServiceImpl::GetJobMetrics(
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* context,
-                                        const v1::StreamLogsRequest* request,
-                                        grpc::ServerWriter<v1::LogLine>* writer) {
+grpc::Status JobServiceImpl::StreamLogs(
+    grpc::ServerContext* context, const v1::StreamLogsRequest* request,
+    grpc::ServerWriter<v1::LogLine>* writer) {
   if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
   absl::StatusOr<std::vector<std::string>> paths =
       manager_->LogPaths(request->job_id());
   if (!paths.ok()) return ToGrpcStatus(paths.status());
   const int world = static_cast<int>(paths->size());
-  if (request->has_rank() && (request->rank() < 0 || request->rank() >= world)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("rank: got ", request->rank(), "; ",
-                                     request->job_id(), " has ranks 0..",
-                                     world - 1));
+  if (request->has_rank() &&
+      (request->rank() < 0 || request->rank() >= world)) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("rank: got ", request->rank(), "; ", request->job_id(),
+                     " has ranks 0..", world - 1));
   }
   if (request->tail() < 0 || request->tail() > kMaxTail) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -175,7 +176,8 @@ grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* context,
     return true;
   };
   if (!request->follow()) {
-    if (!drain().has_value() || !flush_partials()) return grpc::Status::CANCELLED;
+    if (!drain().has_value() || !flush_partials())
+      return grpc::Status::CANCELLED;
     return grpc::Status::OK;
   }
   while (!context->IsCancelled()) {

@@ -45,7 +45,8 @@ class JobStore {
   // Opens (creating if needed) the database at `path` and migrates it to
   // kSchemaVersion. FailedPrecondition when the file was written by a newer
   // schema; the error names the path and both versions.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(
+      const std::string& path);
 
   ~JobStore();
   JobStore(const JobStore&) = delete;

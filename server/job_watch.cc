@@ -24,9 +24,7 @@ std::optional<v1::WatchJobEvent> JobWatch::Next(absl::Duration timeout) {
   return event;
 }
 
-bool JobWatch::HasEventOrClosed() const {
-  return !events_.empty() || closed_;
-}
+bool JobWatch::HasEventOrClosed() const { return !events_.empty() || closed_; }
 
 bool JobWatch::closed_and_drained() const {
   absl::MutexLock lock(&mutex_);

@@ -64,7 +64,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--auth-token-file", options.auth_token_file,
                  "require 'authorization: Bearer <token>' on every call");
-  app.add_option("--tls-cert", options.tls_cert, "PEM certificate (enables TLS)");
+  app.add_option("--tls-cert", options.tls_cert,
+                 "PEM certificate (enables TLS)");
   app.add_option("--tls-key", options.tls_key, "PEM private key");
   try {
     app.parse(argc, argv);

@@ -14,11 +14,13 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-const v1::JobState kStates[] = {v1::QUEUED,    v1::STARTING,  v1::RUNNING,
+const v1::JobState kStates[] = {v1::QUEUED,     v1::STARTING,  v1::RUNNING,
                                 v1::RESTARTING, v1::SUCCEEDED, v1::FAILED,
                                 v1::CANCELLED};
 
-std::string Lower(const std::string& name) { return absl::AsciiStrToLower(name); }
+std::string Lower(const std::string& name) {
+  return absl::AsciiStrToLower(name);
+}
 
 std::string KindLabel(v1::DeviceKind kind) {
   return kind == v1::GPU ? "gpu" : "cpu";
@@ -40,9 +42,9 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   try {
     e->exposer_ = std::make_unique<prometheus::Exposer>(e->options_.listen);
   } catch (const std::exception& error) {
-    return absl::UnavailableError(absl::StrCat(
-        "--metrics-listen: cannot listen on ", e->options_.listen, ": ",
-        error.what()));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen: cannot listen on ", e->options_.listen,
+                     ": ", error.what()));
   }
   const std::vector<int> ports = e->exposer_->GetListeningPorts();
   const std::string& listen = e->options_.listen;
@@ -74,9 +76,10 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
                       .Register(r);
   // Every reason from the start, so queries over them have data at zero.
   for (int r = v1::FailureReason_MIN; r <= v1::FailureReason_MAX; ++r) {
-    if (r == v1::FAILURE_REASON_UNSPECIFIED || !v1::FailureReason_IsValid(r)) continue;
-    e->failures_->Add(
-        {{"reason", Lower(v1::FailureReason_Name(static_cast<v1::FailureReason>(r)))}});
+    if (r == v1::FAILURE_REASON_UNSPECIFIED || !v1::FailureReason_IsValid(r))
+      continue;
+    e->failures_->Add({{"reason", Lower(v1::FailureReason_Name(
+                                      static_cast<v1::FailureReason>(r)))}});
   }
   e->restarts_total_ = &BuildCounter()
                             .Name("shardtrain_job_restarts_total")
@@ -94,8 +97,9 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
            .Help("How long the longest-waiting queued job has waited")
            .Register(r)
            .Add({});
-  const std::string kind =
-      e->options_.devices.empty() ? "cpu" : KindLabel(e->options_.devices.front().kind);
+  const std::string kind = e->options_.devices.empty()
+                               ? "cpu"
+                               : KindLabel(e->options_.devices.front().kind);
   BuildGauge()
       .Name("shardtrain_devices")
       .Help("Devices the coordinator schedules onto")
@@ -116,23 +120,28 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   };
   e->step_ = gauge("shardtrain_train_step", "Last optimizer step reported");
   e->loss_ = gauge("shardtrain_train_loss", "Training loss of the last step");
-  e->val_loss_ = gauge("shardtrain_val_loss", "Validation loss of the last eval");
-  e->grad_norm_ = gauge("shardtrain_grad_norm",
-                        "Global gradient norm of the last step, before clipping");
+  e->val_loss_ =
+      gauge("shardtrain_val_loss", "Validation loss of the last eval");
+  e->grad_norm_ =
+      gauge("shardtrain_grad_norm",
+            "Global gradient norm of the last step, before clipping");
   e->lr_ = gauge("shardtrain_learning_rate", "Learning rate of the last step");
-  e->tokens_per_second_ = gauge("shardtrain_tokens_per_second",
-                                "Tokens per second of the last step (all ranks)");
+  e->tokens_per_second_ =
+      gauge("shardtrain_tokens_per_second",
+            "Tokens per second of the last step (all ranks)");
   e->mfu_ = gauge("shardtrain_mfu_ratio",
                   "Model FLOPs utilisation of the last step (0..1)");
-  e->memory_allocated_ = gauge("shardtrain_memory_allocated_bytes",
-                               "Tensor memory allocated at the end of the last step");
+  e->memory_allocated_ =
+      gauge("shardtrain_memory_allocated_bytes",
+            "Tensor memory allocated at the end of the last step");
   e->memory_peak_ = gauge("shardtrain_memory_peak_bytes",
                           "Peak tensor memory during the last step");
   e->memory_reserved_ = gauge("shardtrain_memory_reserved_bytes",
                               "Memory reserved by the allocator (CUDA caching "
                               "allocator; equals allocated on CPU)");
-  e->heartbeat_age_ = gauge("shardtrain_heartbeat_age_seconds",
-                            "Seconds since the rank's last heartbeat or report");
+  e->heartbeat_age_ =
+      gauge("shardtrain_heartbeat_age_seconds",
+            "Seconds since the rank's last heartbeat or report");
   e->tokens_ = &BuildCounter()
                     .Name("shardtrain_tokens_total")
                     .Help("Tokens trained on (all ranks), per reporting rank")
@@ -146,10 +155,11 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
                            .Help("Optimizer step wall time")
                            .Register(r);
   if (e->options_.nvml != nullptr) {
-    auto& utilization = BuildGauge()
-                            .Name("shardtrain_gpu_utilization_ratio")
-                            .Help("GPU busy share over NVML's last sample period")
-                            .Register(r);
+    auto& utilization =
+        BuildGauge()
+            .Name("shardtrain_gpu_utilization_ratio")
+            .Help("GPU busy share over NVML's last sample period")
+            .Register(r);
     auto& memory = BuildGauge()
                        .Name("shardtrain_gpu_memory_used_bytes")
                        .Help("GPU memory in use (all processes)")
@@ -212,7 +222,8 @@ void MetricsExporter::CountState(v1::JobState from, v1::JobState to) {
     jobs_->Add({{"state", Lower(v1::JobState_Name(from))}})
         .Set(--state_counts_[from]);
   }
-  jobs_->Add({{"state", Lower(v1::JobState_Name(to))}}).Set(++state_counts_[to]);
+  jobs_->Add({{"state", Lower(v1::JobState_Name(to))}})
+      .Set(++state_counts_[to]);
 }
 
 void MetricsExporter::OnJobChanged(const v1::Job& job) {
@@ -228,14 +239,16 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   series.state = job.state();
   if (job.state() == v1::RESTARTING) restarts_total_->Increment();
   if (job.state() == v1::FAILED) {
-    failures_->Add({{"reason", Lower(v1::FailureReason_Name(job.failure().reason()))}})
+    failures_
+        ->Add(
+            {{"reason", Lower(v1::FailureReason_Name(job.failure().reason()))}})
         .Increment();
   }
   if (job.state() == v1::STARTING || job.state() == v1::RUNNING ||
       job.state() == v1::RESTARTING) {
     if (series.restarts == nullptr) {
-      series.restarts =
-          &job_restarts_->Add({{"job", job.id()}, {"strategy", series.strategy}});
+      series.restarts = &job_restarts_->Add(
+          {{"job", job.id()}, {"strategy", series.strategy}});
     }
     series.restarts->Set(job.restarts());
     series.ended = absl::InfiniteFuture();
@@ -250,8 +263,9 @@ MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
                                                    JobSeries& job, int rank) {
   auto it = job.ranks.find(rank);
   if (it != job.ranks.end()) return it->second;
-  const prometheus::Labels labels = {
-      {"job", job_id}, {"strategy", job.strategy}, {"rank", std::to_string(rank)}};
+  const prometheus::Labels labels = {{"job", job_id},
+                                     {"strategy", job.strategy},
+                                     {"rank", std::to_string(rank)}};
   RankSeries s;
   s.step = &step_->Add(labels);
   s.loss = &loss_->Add(labels);
@@ -361,7 +375,8 @@ void MetricsExporter::Refresh() {
                     : std::max(0.0, absl::ToDoubleSeconds(
                                         now - absl::FromUnixMillis(oldest))));
     int in_use = 0;
-    for (const ClusterView::Holder& h : view->holders) in_use += !h.job_id.empty();
+    for (const ClusterView::Holder& h : view->holders)
+      in_use += !h.job_id.empty();
     devices_in_use_->Set(in_use);
   }
   for (auto it = series_.begin(); it != series_.end();) {

@@ -64,7 +64,8 @@ class MetricsExporter : public JobObserver {
   void OnJobChanged(const v1::Job& job) override;
   void OnSteps(const v1::Job& job,
                const std::vector<v1::StepMetrics>& steps) override;
-  void OnHeartbeat(const std::string& job_id, int rank, absl::Time time) override;
+  void OnHeartbeat(const std::string& job_id, int rank,
+                   absl::Time time) override;
 
   // One refresh round (the thread calls it every options.refresh).
   void Refresh();

@@ -79,7 +79,8 @@ ExecImage BuildImage(const ProcessSpec& spec) {
   sigset_t all;
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);
-  const int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int log =
+      open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) fail();
   const int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0) {
@@ -89,8 +90,10 @@ ExecImage BuildImage(const ProcessSpec& spec) {
   // out of the worker; error_fd is close-on-exec.
   // close_range (Linux 5.9+) covers every descriptor; the loop is the
   // fallback for older kernels.
-  if (syscall(SYS_close_range, 3u, static_cast<unsigned>(error_fd) - 1, 0u) != 0 ||
-      syscall(SYS_close_range, static_cast<unsigned>(error_fd) + 1, ~0u, 0u) != 0) {
+  if (syscall(SYS_close_range, 3u, static_cast<unsigned>(error_fd) - 1, 0u) !=
+          0 ||
+      syscall(SYS_close_range, static_cast<unsigned>(error_fd) + 1, ~0u, 0u) !=
+          0) {
     for (int fd = 3; fd < 4096; ++fd) {
       if (fd != error_fd) close(fd);
     }

@@ -17,7 +17,7 @@ struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is the executable's path
   // Added to (or replacing entries of) the coordinator's environment.
   std::vector<std::pair<std::string, std::string>> env;
-  std::string log_path;  // stdout and stderr are appended here
+  std::string log_path;   // stdout and stderr are appended here
   int process_group = 0;  // 0: lead a new process group; else join this one
 };
 

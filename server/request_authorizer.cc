@@ -25,7 +25,8 @@ absl::StatusOr<std::string> RequestAuthorizer::ReadTokenFile(
   return token;
 }
 
-grpc::Status RequestAuthorizer::Check(const grpc::ServerContext& context) const {
+grpc::Status RequestAuthorizer::Check(
+    const grpc::ServerContext& context) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");

@@ -23,15 +23,14 @@ ScheduleDecision Schedule(std::vector<QueuedJobRef> queue,
   for (const QueuedJobRef& job : queue) {
     const size_t free = free_devices.size() - next_free;
     if (blocker != nullptr) {
-      decision.waiting[job.job_id] =
-          absl::StrCat("behind ", blocker->job_id, " (priority ",
-                       blocker->priority, ")");
+      decision.waiting[job.job_id] = absl::StrCat(
+          "behind ", blocker->job_id, " (priority ", blocker->priority, ")");
       continue;
     }
     if (static_cast<size_t>(job.world_size) > free) {
       decision.waiting[job.job_id] = absl::StrCat(
-          "needs ", job.world_size, job.world_size == 1 ? " device, " : " devices, ",
-          free, " free");
+          "needs ", job.world_size,
+          job.world_size == 1 ? " device, " : " devices, ", free, " free");
       blocker = &job;
       continue;
     }

@@ -27,8 +27,8 @@ struct Placement {
 };
 
 struct ScheduleDecision {
-  std::vector<Placement> start;                 // in queue order
-  std::map<std::string, std::string> waiting;   // job id -> why it waits
+  std::vector<Placement> start;                // in queue order
+  std::map<std::string, std::string> waiting;  // job id -> why it waits
 };
 
 // `free_devices`: indices of the devices no job holds, ascending.

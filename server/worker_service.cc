@@ -17,7 +17,8 @@ grpc::Status WorkerServiceImpl::ReportProgress(
     v1::ReportProgressResponse* response) {
   const std::vector<v1::StepMetrics> steps(request->steps().begin(),
                                            request->steps().end());
-  absl::StatusOr<bool> cancel = manager_->ReportProgress(request->worker(), steps);
+  absl::StatusOr<bool> cancel =
+      manager_->ReportProgress(request->worker(), steps);
   if (!cancel.ok()) return ToGrpcStatus(cancel.status());
   response->set_cancel(*cancel);
   return grpc::Status::OK;

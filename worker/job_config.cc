@@ -35,9 +35,9 @@ std::string Shown(const std::string& value) {
 // The JobSpec fields TrainConfig does not hold.
 absl::Status ValidateJobFields(const v1::JobSpec& spec) {
   if (spec.name().size() > kMaxNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "name: got ", Shown(spec.name()), "; at most ", kMaxNameLength,
-        " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: got ", Shown(spec.name()), "; at most ",
+                     kMaxNameLength, " characters"));
   }
   if (spec.labels_size() > static_cast<int>(kMaxLabels)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -45,14 +45,14 @@ absl::Status ValidateJobFields(const v1::JobSpec& spec) {
   }
   for (const auto& [key, value] : spec.labels()) {
     if (!IsLabelKey(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "labels: key ", Shown(key), " must be 1-", kMaxLabelKeyLength,
-          " characters of [A-Za-z0-9_.-/]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels: key ", Shown(key), " must be 1-",
+                       kMaxLabelKeyLength, " characters of [A-Za-z0-9_.-/]"));
     }
     if (value.size() > kMaxLabelValueLength) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "labels[", key, "]: got ", Shown(value), "; at most ",
-          kMaxLabelValueLength, " characters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels[", key, "]: got ", Shown(value), "; at most ",
+                       kMaxLabelValueLength, " characters"));
     }
   }
   if (spec.priority() < -kMaxPriority || spec.priority() > kMaxPriority) {
@@ -61,9 +61,9 @@ absl::Status ValidateJobFields(const v1::JobSpec& spec) {
                      -kMaxPriority, ", ", kMaxPriority, "]"));
   }
   if (spec.model().size() > kMaxModelLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: got ", Shown(spec.model()), "; at most ", kMaxModelLength,
-        " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: got ", Shown(spec.model()), "; at most ",
+                     kMaxModelLength, " characters"));
   }
   if (spec.data().size() > kMaxPathLength ||
       spec.trainer().init_from().size() > kMaxPathLength) {

@@ -34,14 +34,16 @@ absl::StatusOr<ReporterOptions> ProgressReporter::OptionsFromEnvironment() {
   for (const char* name : required) {
     if (!Env(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, " is not set: shardtrain-worker is started by shardtraind "
-                "(use shardtrain-train to train by hand)"));
+          name,
+          " is not set: shardtrain-worker is started by shardtraind "
+          "(use shardtrain-train to train by hand)"));
     }
   }
   options.address = *Env("SHARDTRAIN_COORDINATOR");
   options.job_id = *Env("SHARDTRAIN_JOB_ID");
   options.secret = *Env("SHARDTRAIN_JOB_SECRET");
-  if (auto rank = Env("RANK"); rank && !absl::SimpleAtoi(*rank, &options.rank)) {
+  if (auto rank = Env("RANK");
+      rank && !absl::SimpleAtoi(*rank, &options.rank)) {
     return absl::InvalidArgumentError(absl::StrCat("RANK: got '", *rank, "'"));
   }
   if (auto seconds = Env("SHARDTRAIN_HEARTBEAT_SECONDS")) {
@@ -106,8 +108,9 @@ absl::Status ProgressReporter::Register(absl::Duration timeout) {
     v1::RegisterResponse response;
     const grpc::Status status = stub_->Register(&context, request, &response);
     if (status.ok()) break;
-    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    const bool retry =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!retry || absl::Now() > deadline) {
       return absl::UnavailableError(absl::StrCat(
           "rank ", options_.rank, ": cannot register with the coordinator at ",
@@ -163,10 +166,11 @@ void ProgressReporter::SenderLoop() {
         mutex_.Lock();
         break;
       }
-      last_error_ = absl::UnavailableError(absl::StrCat(
-          "reporting progress to ", options_.address, ": ",
-          status.error_message()));
-      if (stopping_ || status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      last_error_ = absl::UnavailableError(
+          absl::StrCat("reporting progress to ", options_.address, ": ",
+                       status.error_message()));
+      if (stopping_ ||
+          status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         break;
       }
       mutex_.Unlock();

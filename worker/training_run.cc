@@ -22,9 +22,9 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
     auto c10d = C10dCommunicator::Create(
         env, std::chrono::seconds(config.comm_timeout), device);
     if (!c10d.ok()) {
-      return absl::Status(c10d.status().code(),
-                          absl::StrCat("rank ", env.rank, ": ",
-                                       c10d.status().message()));
+      return absl::Status(
+          c10d.status().code(),
+          absl::StrCat("rank ", env.rank, ": ", c10d.status().message()));
     }
     comm = std::move(*c10d);
   }
@@ -39,10 +39,10 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
   if (!trainer.ok()) {
     // A bad config is caught by Validate() before; what fails here is the
     // run itself (data, checkpoint, memory).
-    return absl::Status(
-        absl::IsInvalidArgument(trainer.status()) ? absl::StatusCode::kInternal
-                                                  : trainer.status().code(),
-        trainer.status().message());
+    return absl::Status(absl::IsInvalidArgument(trainer.status())
+                            ? absl::StatusCode::kInternal
+                            : trainer.status().code(),
+                        trainer.status().message());
   }
   if (hooks.on_step) (*trainer)->set_step_callback(hooks.on_step);
   if (hooks.on_ready) {

@@ -27,7 +27,8 @@ constexpr absl::Duration kFlushTimeout = absl::Seconds(60);
 
 absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("--spec: cannot read ", path));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("--spec: cannot read ", path));
   const std::string json((std::istreambuf_iterator<char>(in)),
                          std::istreambuf_iterator<char>());
   v1::JobSpec spec;
@@ -87,7 +88,8 @@ int Main(int argc, char** argv) {
   std::cout.flush();
   if (!run.ok()) return Fail(run, absl::IsInvalidArgument(run) ? 2 : 1);
   // The job succeeds only when every step it reported is stored.
-  if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok()) return Fail(s, 1);
+  if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok())
+    return Fail(s, 1);
   return 0;
 }
 

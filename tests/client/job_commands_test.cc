@@ -16,12 +16,12 @@
 namespace shardtrain {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using test::CommandResult;
 using test::Daemon;
 using test::DaemonOptions;
 using test::TempDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 class CliJobCommandsTest : public ::testing::Test {
  protected:
@@ -39,13 +39,15 @@ class CliJobCommandsTest : public ::testing::Test {
   }
   // Runs `shardtrain ARGS` against the daemon.
   CommandResult Cli(const std::string& args) {
-    return test::RunCommand(absl::StrCat("SHARDTRAIN_ADDRESS=", daemon_->address(), " ",
-                                         test::BinDir(), "/shardtrain ", args));
+    return test::RunCommand(
+        absl::StrCat("SHARDTRAIN_ADDRESS=", daemon_->address(), " ",
+                     test::BinDir(), "/shardtrain ", args));
   }
   std::string FakeJob(const std::string& mode, int world = 1) {
-    return absl::StrCat("submit --name '", mode, "' --model gpt2-tiny --data ",
-                        dir_ / "data", " --max-steps 1",
-                        world > 1 ? absl::StrCat(" --strategy ddp --world-size ", world) : "");
+    return absl::StrCat(
+        "submit --name '", mode, "' --model gpt2-tiny --data ", dir_ / "data",
+        " --max-steps 1",
+        world > 1 ? absl::StrCat(" --strategy ddp --world-size ", world) : "");
   }
 
   TempDir dir_;
@@ -61,7 +63,8 @@ TEST_F(CliJobCommandsTest, SubmitPrintsTheIdAndWatchExitsByTheJobsOutcome) {
 
   CommandResult failed = Cli(FakeJob("exit:3") + " -w");
   EXPECT_EQ(failed.exit_code, 1) << failed.err;
-  EXPECT_THAT(failed.err, HasSubstr("EXIT_CODE (rank 0): rank 0 ended with exit code 3"));
+  EXPECT_THAT(failed.err,
+              HasSubstr("EXIT_CODE (rank 0): rank 0 ended with exit code 3"));
 
   CommandResult watch = Cli("watch job-000001");
   EXPECT_EQ(watch.exit_code, 0);
@@ -74,11 +77,13 @@ TEST_F(CliJobCommandsTest, WatchOnATerminalDrawsAProgressBar) {
   ASSERT_EQ(Cli(FakeJob("slow:40", 2)).exit_code, 0);
   ASSERT_EQ(Cli(FakeJob("slow:40", 2)).exit_code, 0);  // queued behind it
   // util-linux `script` gives the CLI a pseudo-terminal.
-  CommandResult tty = test::RunCommand(absl::StrCat(
-      "script -qec '", test::BinDir(), "/shardtrain watch job-000001 --address ",
-      daemon_->address(), "' /dev/null"));
+  CommandResult tty =
+      test::RunCommand(absl::StrCat("script -qec '", test::BinDir(),
+                                    "/shardtrain watch job-000001 --address ",
+                                    daemon_->address(), "' /dev/null"));
   EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
-  EXPECT_THAT(tty.out, HasSubstr("[########################] 40/40 | loss 0.2500"));
+  EXPECT_THAT(tty.out,
+              HasSubstr("[########################] 40/40 | loss 0.2500"));
   EXPECT_THAT(tty.out, HasSubstr("| 51,200 tok/s | ETA"));
   EXPECT_THAT(tty.out, HasSubstr("\r\033[K"));  // redrawn in place
   // Not a terminal: one plain line per step instead.
@@ -90,7 +95,9 @@ TEST_F(CliJobCommandsTest, WatchOnATerminalDrawsAProgressBar) {
 
 TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   StartFakeDaemon();
-  ASSERT_EQ(Cli(FakeJob("flood:3", 2) + " --label team=nlp --priority 2 -w").exit_code, 0);
+  ASSERT_EQ(Cli(FakeJob("flood:3", 2) + " --label team=nlp --priority 2 -w")
+                .exit_code,
+            0);
 
   CommandResult list = Cli("list");
   ASSERT_EQ(list.exit_code, 0) << list.err;
@@ -108,7 +115,8 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   EXPECT_EQ(job["spec"]["world_size"], 2);
   EXPECT_EQ(job["spec"]["priority"], 2);
   EXPECT_EQ(job["last_step"]["step"], "3");  // int64 is a JSON string in proto3
-  EXPECT_EQ(Cli("list -o json --label team=cv").out.find("job-000001"), std::string::npos);
+  EXPECT_EQ(Cli("list -o json --label team=cv").out.find("job-000001"),
+            std::string::npos);
 
   CommandResult yaml = Cli("get job-000001 -o yaml");
   ASSERT_EQ(yaml.exit_code, 0);
@@ -121,18 +129,23 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
 
   CommandResult csv = Cli("metrics job-000001 --csv");
   ASSERT_EQ(csv.exit_code, 0);
-  std::vector<std::string> lines = absl::StrSplit(csv.out, '\n', absl::SkipEmpty());
+  std::vector<std::string> lines =
+      absl::StrSplit(csv.out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 1u + 6u);  // header + 3 steps x 2 ranks
   EXPECT_THAT(lines[0], HasSubstr("step,total_steps,epoch,rank,loss"));
   EXPECT_THAT(lines[1], testing::StartsWith("1,3,0,0,10,"));
   CommandResult table = Cli("metrics job-000001");
   EXPECT_THAT(table.out, HasSubstr("STEP  LOSS"));
-  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(table.out, '\n', absl::SkipEmpty())).size(),
+  EXPECT_EQ(std::vector<std::string>(
+                absl::StrSplit(table.out, '\n', absl::SkipEmpty()))
+                .size(),
             4u);  // rank 0 only
-  const nlohmann::json steps = nlohmann::json::parse(Cli("metrics job-000001 -o json").out);
+  const nlohmann::json steps =
+      nlohmann::json::parse(Cli("metrics job-000001 -o json").out);
   EXPECT_EQ(steps["steps"].size(), 6u);
 
-  const nlohmann::json cluster = nlohmann::json::parse(Cli("cluster -o json").out);
+  const nlohmann::json cluster =
+      nlohmann::json::parse(Cli("cluster -o json").out);
   EXPECT_EQ(cluster["devices"].size(), 2u);
   EXPECT_EQ(cluster["version"], "0.1.0");
   EXPECT_THAT(Cli("cluster").out, HasSubstr("queue empty"));
@@ -140,17 +153,24 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   CommandResult logs = Cli("logs job-000001 --rank 1 --tail 1");
   EXPECT_EQ(logs.exit_code, 0);
   EXPECT_EQ(logs.out, "fake_worker job-000001 rank 1 mode 'flood:3'\n");
-  EXPECT_THAT(Cli("logs job-000001").out, HasSubstr("[rank 0] fake_worker job-000001 rank 0"));
+  EXPECT_THAT(Cli("logs job-000001").out,
+              HasSubstr("[rank 0] fake_worker job-000001 rank 0"));
 }
 
 TEST_F(CliJobCommandsTest, CancelStopsARunningJob) {
   StartFakeDaemon();
   ASSERT_EQ(Cli(FakeJob("hold")).exit_code, 0);
-  ASSERT_EQ(daemon_->WaitFor("job-000001", [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                             absl::Seconds(30)).state(), v1::RUNNING);
+  ASSERT_EQ(daemon_
+                ->WaitFor(
+                    "job-000001",
+                    [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                    absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
   CommandResult cancel = Cli("cancel job-000001");
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
-  EXPECT_EQ(daemon_->WaitFor("job-000001", test::IsTerminal, absl::Seconds(30)).state(),
+  EXPECT_EQ(daemon_->WaitFor("job-000001", test::IsTerminal, absl::Seconds(30))
+                .state(),
             v1::CANCELLED);
   CommandResult again = Cli("cancel job-000001");
   EXPECT_EQ(again.exit_code, 1);
@@ -188,20 +208,24 @@ TEST_F(CliJobCommandsTest, TokenComesFromTheEnvironmentOrAFile) {
   EXPECT_EQ(Cli("list").exit_code, 1);
   EXPECT_THAT(Cli("list").err, HasSubstr("SHARDTRAIN_TOKEN"));
   EXPECT_EQ(Cli("list --token-file " + (dir_ / "token")).exit_code, 0);
-  EXPECT_EQ(test::RunCommand(absl::StrCat("SHARDTRAIN_TOKEN=t0k3n SHARDTRAIN_ADDRESS=",
-                                          daemon_->address(), " ", test::BinDir(),
-                                          "/shardtrain cluster"))
+  EXPECT_EQ(test::RunCommand(
+                absl::StrCat("SHARDTRAIN_TOKEN=t0k3n SHARDTRAIN_ADDRESS=",
+                             daemon_->address(), " ", test::BinDir(),
+                             "/shardtrain cluster"))
                 .exit_code,
             0);
 }
 
 TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
   StartFakeDaemon();
-  test::WriteFile(dir_ / "job.yaml", absl::StrCat(
-      "name: from-file\nmodel: gpt2-tiny\ndata: ", dir_ / "data",
-      "\nstrategy: ddp\nworld-size: 2\nlr: 0.002\nbatch-size: 3\nmax-steps: 1\n"
-      "labels:\n  team: nlp\n"));
-  CommandResult submit = Cli("submit -f " + (dir_ / "job.yaml") + " --lr 0.005 -o json");
+  test::WriteFile(
+      dir_ / "job.yaml",
+      absl::StrCat("name: from-file\nmodel: gpt2-tiny\ndata: ", dir_ / "data",
+                   "\nstrategy: ddp\nworld-size: 2\nlr: 0.002\nbatch-size: "
+                   "3\nmax-steps: 1\n"
+                   "labels:\n  team: nlp\n"));
+  CommandResult submit =
+      Cli("submit -f " + (dir_ / "job.yaml") + " --lr 0.005 -o json");
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const nlohmann::json job = nlohmann::json::parse(submit.out);
   EXPECT_EQ(job["spec"]["name"], "from-file");
@@ -215,7 +239,8 @@ TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
   EXPECT_THAT(bad.err, HasSubstr("batch-sise"));
 }
 
-TEST_F(CliJobCommandsTest, DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards) {
+TEST_F(CliJobCommandsTest,
+       DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards) {
   // A free port: bind to 0 through a throwaway daemon-less socket.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -229,8 +254,9 @@ TEST_F(CliJobCommandsTest, DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards
   // The user's cache is the default home of the state dir.
   const std::string env = absl::StrCat("XDG_CACHE_HOME=", dir_ / "cache", " ");
   const std::string cli = absl::StrCat(env, test::BinDir(), "/shardtrain ");
-  CommandResult start = test::RunCommand(absl::StrCat(
-      cli, "daemon --listen ", address, " --metrics-listen 127.0.0.1:0 --cpu-slots 1"));
+  CommandResult start = test::RunCommand(
+      absl::StrCat(cli, "daemon --listen ", address,
+                   " --metrics-listen 127.0.0.1:0 --cpu-slots 1"));
   ASSERT_EQ(start.exit_code, 0) << start.out << start.err;
   EXPECT_THAT(start.out, HasSubstr("shardtraind started at " + address));
   const std::string state = dir_ / "cache/shardtrain/state";
@@ -247,7 +273,8 @@ TEST_F(CliJobCommandsTest, DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards
   EXPECT_EQ(nlohmann::json::parse(cluster.out)["devices"].size(), 1u);
 
   kill(pid, SIGTERM);
-  EXPECT_TRUE(test::WaitUntil([&] { return kill(pid, 0) != 0; }, absl::Seconds(20)));
+  EXPECT_TRUE(
+      test::WaitUntil([&] { return kill(pid, 0) != 0; }, absl::Seconds(20)));
 }
 
 // The study end to end with real workers: the report's numbers are the
@@ -255,15 +282,18 @@ TEST_F(CliJobCommandsTest, DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards
 TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
   StartDaemon({});
   const std::string out = dir_ / "study";
-  CommandResult compare = Cli(absl::StrCat(
-      "compare --strategies single,ddp,fsdp --world-size 2 --model gpt2-tiny --data brown "
-      "--batch-size 2 --seq-len 64 --max-steps 5 --eval-every 5 --eval-steps 2 --out ",
-      out));
+  CommandResult compare =
+      Cli(absl::StrCat("compare --strategies single,ddp,fsdp --world-size 2 "
+                       "--model gpt2-tiny --data brown "
+                       "--batch-size 2 --seq-len 64 --max-steps 5 --eval-every "
+                       "5 --eval-steps 2 --out ",
+                       out));
   ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
   EXPECT_THAT(compare.out, HasSubstr("| single |"));
   EXPECT_THAT(compare.out, HasSubstr("FSDP peak memory per rank was"));
   EXPECT_THAT(compare.out, HasSubstr(out + "/report.html"));
-  for (const char* file : {"report.md", "report.html", "single.csv", "ddp.csv", "fsdp.csv"}) {
+  for (const char* file :
+       {"report.md", "report.html", "single.csv", "ddp.csv", "fsdp.csv"}) {
     EXPECT_TRUE(std::filesystem::exists(out + "/" + file)) << file;
   }
   // Each CSV is the job's stored history; losses agree across strategies.
@@ -284,8 +314,10 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
     for (size_t i = 0; i < rows.size(); ++i) {
       EXPECT_EQ(std::stoll(rows[i][0]), stored[i].step());
       EXPECT_EQ(std::stoi(rows[i][3]), stored[i].rank());
-      EXPECT_NEAR(std::stod(rows[i][4]), stored[i].loss(), 1e-9 * stored[i].loss());
-      loss[strategy][{stored[i].rank(), static_cast<int>(stored[i].step())}] = stored[i].loss();
+      EXPECT_NEAR(std::stod(rows[i][4]), stored[i].loss(),
+                  1e-9 * stored[i].loss());
+      loss[strategy][{stored[i].rank(), static_cast<int>(stored[i].step())}] =
+          stored[i].loss();
     }
     // The report's final train loss is rank 0's last stored step.
     EXPECT_THAT(compare.out,

@@ -37,7 +37,8 @@ class FakeProcessLauncher : public ProcessLauncher {
   absl::StatusOr<int> Spawn(const ProcessSpec& spec) override {
     absl::MutexLock lock(&mutex_);
     if (spawns_left_ == 0) {
-      return absl::ResourceExhaustedError("fork: Resource temporarily unavailable");
+      return absl::ResourceExhaustedError(
+          "fork: Resource temporarily unavailable");
     }
     if (spawns_left_ > 0) --spawns_left_;
     const int pid = next_pid_++;
@@ -56,7 +57,8 @@ class FakeProcessLauncher : public ProcessLauncher {
     absl::MutexLock lock(&mutex_);
     Process& p = processes_.at(pid);
     p.signals.push_back(signal);
-    if (!p.exit && (signal == SIGKILL || (signal == SIGTERM && exit_on_sigterm_))) {
+    if (!p.exit &&
+        (signal == SIGKILL || (signal == SIGTERM && exit_on_sigterm_))) {
       p.exit = ExitStatus{-1, signal};
     }
   }

@@ -21,10 +21,10 @@
 namespace shardtrain {
 namespace {
 
-using ::testing::HasSubstr;
 using test::Daemon;
 using test::DaemonOptions;
 using test::TempDir;
+using ::testing::HasSubstr;
 
 // A valid spec for fake workers: the job's name selects the fake's behaviour.
 v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir,
@@ -50,7 +50,8 @@ class CoordinatorApiTest : public ::testing::Test {
   }
 
   std::unique_ptr<Daemon> StartDaemon(DaemonOptions options) {
-    if (options.worker_binary.empty()) options.worker_binary = test::FakeWorker();
+    if (options.worker_binary.empty())
+      options.worker_binary = test::FakeWorker();
     auto daemon = std::make_unique<Daemon>(dir_ / "state", std::move(options));
     std::string error;
     EXPECT_TRUE(daemon->Start(&error)) << error;
@@ -77,70 +78,141 @@ TEST_F(CoordinatorApiTest, QuickJobSucceedsAndItsReportIsStored) {
   EXPECT_EQ(job.last_step().step(), 1);
 }
 
-TEST_F(CoordinatorApiTest, AtLeastFiftyMalformedSpecsAreRejectedAndNothingStored) {
+TEST_F(CoordinatorApiTest,
+       AtLeastFiftyMalformedSpecsAreRejectedAndNothingStored) {
   auto daemon = StartDaemon({});
   const v1::JobSpec good = FakeSpec("quick", data_);
-  std::vector<std::pair<std::string, std::function<void(v1::JobSpec&)>>> cases = {
-      {"world_size", [](v1::JobSpec& s) { s.set_world_size(0); }},
-      {"world_size", [](v1::JobSpec& s) { s.set_world_size(-3); }},
-      {"world_size", [](v1::JobSpec& s) { s.set_world_size(3); s.mutable_strategy()->set_name("ddp"); }},
-      {"world_size", [](v1::JobSpec& s) { s.set_world_size(100000); s.mutable_strategy()->set_name("ddp"); }},
-      {"world_size", [](v1::JobSpec& s) { s.set_world_size(2); }},  // single on 2
-      {"model", [](v1::JobSpec& s) { s.set_model("gpt5"); }},
-      {"model", [](v1::JobSpec& s) { s.set_model(""); }},
-      {"model", [](v1::JobSpec& s) { s.set_model("custom:n_layer=-1,n_head=2,n_embd=64"); }},
-      {"model", [](v1::JobSpec& s) { s.set_model("custom:n_layer=2,n_head=3,n_embd=64"); }},
-      {"model", [](v1::JobSpec& s) { s.set_model("custom:banana"); }},
-      {"model", [](v1::JobSpec& s) { s.set_model(std::string(100000, 'm')); }},
-      {"data", [](v1::JobSpec& s) { s.set_data(""); }},
-      {"data", [](v1::JobSpec& s) { s.set_data("/nonexistent/dir"); }},
-      {"data", [](v1::JobSpec& s) { s.set_data("/tmp"); }},  // no train.bin
-      {"data", [](v1::JobSpec& s) { s.set_data(std::string(200000, 'd')); }},
-      {"strategy", [](v1::JobSpec& s) { s.mutable_strategy()->set_name("zero5"); }},
-      {"strategy", [](v1::JobSpec& s) { s.mutable_strategy()->set_name(std::string(5000, 's')); }},
-      {"bucket", [](v1::JobSpec& s) { s.mutable_strategy()->set_bucket_mb(-1); }},
-      {"bucket", [](v1::JobSpec& s) { s.mutable_strategy()->set_bucket_mb(0); }},
-      {"timeout", [](v1::JobSpec& s) { s.mutable_strategy()->set_comm_timeout_seconds(-5); }},
-      {"batch_size", [](v1::JobSpec& s) { s.mutable_trainer()->set_batch_size(-4); }},
-      {"batch_size", [](v1::JobSpec& s) { s.mutable_trainer()->set_batch_size(0); }},
-      {"seq_len", [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(0); }},
-      {"seq_len", [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(-1); }},
-      {"seq_len", [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(100000); }},
-      {"grad_accum", [](v1::JobSpec& s) { s.mutable_trainer()->set_grad_accum(0); }},
-      {"grad_accum", [](v1::JobSpec& s) { s.mutable_trainer()->set_grad_accum(-2); }},
-      {"max_steps", [](v1::JobSpec& s) { s.mutable_trainer()->set_max_steps(-1); }},
-      {"epochs", [](v1::JobSpec& s) { s.mutable_trainer()->set_max_steps(0); s.mutable_trainer()->set_epochs(0); }},
-      {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(-1e-3); }},
-      {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(0); }},
-      {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(std::nan("")); }},
-      {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(INFINITY); }},
-      {"min_lr_ratio", [](v1::JobSpec& s) { s.mutable_trainer()->set_min_lr_ratio(1.5); }},
-      {"min_lr_ratio", [](v1::JobSpec& s) { s.mutable_trainer()->set_min_lr_ratio(-0.1); }},
-      {"warmup_steps", [](v1::JobSpec& s) { s.mutable_trainer()->set_warmup_steps(-10); }},
-      {"weight_decay", [](v1::JobSpec& s) { s.mutable_trainer()->set_weight_decay(-0.1); }},
-      {"beta1", [](v1::JobSpec& s) { s.mutable_trainer()->set_beta1(1.0); }},
-      {"beta1", [](v1::JobSpec& s) { s.mutable_trainer()->set_beta1(-0.5); }},
-      {"beta2", [](v1::JobSpec& s) { s.mutable_trainer()->set_beta2(1.2); }},
-      {"eps", [](v1::JobSpec& s) { s.mutable_trainer()->set_eps(0); }},
-      {"eps", [](v1::JobSpec& s) { s.mutable_trainer()->set_eps(-1e-8); }},
-      {"precision", [](v1::JobSpec& s) { s.mutable_trainer()->set_precision("fp8"); }},
-      {"precision", [](v1::JobSpec& s) { s.mutable_trainer()->set_precision(""); }},
-      {"eval_every", [](v1::JobSpec& s) { s.mutable_trainer()->set_eval_every(-1); }},
-      {"eval_steps", [](v1::JobSpec& s) { s.mutable_trainer()->set_eval_steps(0); }},
-      {"checkpoint_every", [](v1::JobSpec& s) { s.mutable_trainer()->set_checkpoint_every(-3); }},
-      {"peak_flops", [](v1::JobSpec& s) { s.mutable_trainer()->set_peak_flops(-1); }},
-      {"init_from", [](v1::JobSpec& s) { s.mutable_trainer()->set_init_from("/no/such/model.bin"); }},
-      {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(-1); }},
-      {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(1000000); }},
-      {"priority", [](v1::JobSpec& s) { s.set_priority(1 << 30); }},
-      {"name", [](v1::JobSpec& s) { s.set_name(std::string(1 << 20, 'n')); }},
-      {"labels", [](v1::JobSpec& s) { (*s.mutable_labels())["bad key!"] = "v"; }},
-      {"labels", [](v1::JobSpec& s) { (*s.mutable_labels())[""] = "v"; }},
-      {"labels", [](v1::JobSpec& s) { (*s.mutable_labels())["k"] = std::string(100000, 'v'); }},
-      {"labels", [](v1::JobSpec& s) { for (int i = 0; i < 40; ++i) (*s.mutable_labels())[absl::StrCat("k", i)] = "v"; }},
-      {"device_kind", [](v1::JobSpec& s) { s.set_device_kind(v1::GPU); }},
-      {"device_kind", [](v1::JobSpec& s) { s.set_device_kind(static_cast<v1::DeviceKind>(42)); }},
-  };
+  std::vector<std::pair<std::string, std::function<void(v1::JobSpec&)>>> cases =
+      {
+          {"world_size", [](v1::JobSpec& s) { s.set_world_size(0); }},
+          {"world_size", [](v1::JobSpec& s) { s.set_world_size(-3); }},
+          {"world_size",
+           [](v1::JobSpec& s) {
+             s.set_world_size(3);
+             s.mutable_strategy()->set_name("ddp");
+           }},
+          {"world_size",
+           [](v1::JobSpec& s) {
+             s.set_world_size(100000);
+             s.mutable_strategy()->set_name("ddp");
+           }},
+          {"world_size",
+           [](v1::JobSpec& s) { s.set_world_size(2); }},  // single on 2
+          {"model", [](v1::JobSpec& s) { s.set_model("gpt5"); }},
+          {"model", [](v1::JobSpec& s) { s.set_model(""); }},
+          {"model",
+           [](v1::JobSpec& s) {
+             s.set_model("custom:n_layer=-1,n_head=2,n_embd=64");
+           }},
+          {"model",
+           [](v1::JobSpec& s) {
+             s.set_model("custom:n_layer=2,n_head=3,n_embd=64");
+           }},
+          {"model", [](v1::JobSpec& s) { s.set_model("custom:banana"); }},
+          {"model",
+           [](v1::JobSpec& s) { s.set_model(std::string(100000, 'm')); }},
+          {"data", [](v1::JobSpec& s) { s.set_data(""); }},
+          {"data", [](v1::JobSpec& s) { s.set_data("/nonexistent/dir"); }},
+          {"data", [](v1::JobSpec& s) { s.set_data("/tmp"); }},  // no train.bin
+          {"data",
+           [](v1::JobSpec& s) { s.set_data(std::string(200000, 'd')); }},
+          {"strategy",
+           [](v1::JobSpec& s) { s.mutable_strategy()->set_name("zero5"); }},
+          {"strategy",
+           [](v1::JobSpec& s) {
+             s.mutable_strategy()->set_name(std::string(5000, 's'));
+           }},
+          {"bucket",
+           [](v1::JobSpec& s) { s.mutable_strategy()->set_bucket_mb(-1); }},
+          {"bucket",
+           [](v1::JobSpec& s) { s.mutable_strategy()->set_bucket_mb(0); }},
+          {"timeout",
+           [](v1::JobSpec& s) {
+             s.mutable_strategy()->set_comm_timeout_seconds(-5);
+           }},
+          {"batch_size",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_batch_size(-4); }},
+          {"batch_size",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_batch_size(0); }},
+          {"seq_len",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(0); }},
+          {"seq_len",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(-1); }},
+          {"seq_len",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_seq_len(100000); }},
+          {"grad_accum",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_grad_accum(0); }},
+          {"grad_accum",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_grad_accum(-2); }},
+          {"max_steps",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_max_steps(-1); }},
+          {"epochs",
+           [](v1::JobSpec& s) {
+             s.mutable_trainer()->set_max_steps(0);
+             s.mutable_trainer()->set_epochs(0);
+           }},
+          {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(-1e-3); }},
+          {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(0); }},
+          {"lr",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(std::nan("")); }},
+          {"lr", [](v1::JobSpec& s) { s.mutable_trainer()->set_lr(INFINITY); }},
+          {"min_lr_ratio",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_min_lr_ratio(1.5); }},
+          {"min_lr_ratio",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_min_lr_ratio(-0.1); }},
+          {"warmup_steps",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_warmup_steps(-10); }},
+          {"weight_decay",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_weight_decay(-0.1); }},
+          {"beta1",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_beta1(1.0); }},
+          {"beta1",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_beta1(-0.5); }},
+          {"beta2",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_beta2(1.2); }},
+          {"eps", [](v1::JobSpec& s) { s.mutable_trainer()->set_eps(0); }},
+          {"eps", [](v1::JobSpec& s) { s.mutable_trainer()->set_eps(-1e-8); }},
+          {"precision",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_precision("fp8"); }},
+          {"precision",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_precision(""); }},
+          {"eval_every",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_eval_every(-1); }},
+          {"eval_steps",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_eval_steps(0); }},
+          {"checkpoint_every",
+           [](v1::JobSpec& s) {
+             s.mutable_trainer()->set_checkpoint_every(-3);
+           }},
+          {"peak_flops",
+           [](v1::JobSpec& s) { s.mutable_trainer()->set_peak_flops(-1); }},
+          {"init_from",
+           [](v1::JobSpec& s) {
+             s.mutable_trainer()->set_init_from("/no/such/model.bin");
+           }},
+          {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(-1); }},
+          {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(1000000); }},
+          {"priority", [](v1::JobSpec& s) { s.set_priority(1 << 30); }},
+          {"name",
+           [](v1::JobSpec& s) { s.set_name(std::string(1 << 20, 'n')); }},
+          {"labels",
+           [](v1::JobSpec& s) { (*s.mutable_labels())["bad key!"] = "v"; }},
+          {"labels", [](v1::JobSpec& s) { (*s.mutable_labels())[""] = "v"; }},
+          {"labels",
+           [](v1::JobSpec& s) {
+             (*s.mutable_labels())["k"] = std::string(100000, 'v');
+           }},
+          {"labels",
+           [](v1::JobSpec& s) {
+             for (int i = 0; i < 40; ++i)
+               (*s.mutable_labels())[absl::StrCat("k", i)] = "v";
+           }},
+          {"device_kind", [](v1::JobSpec& s) { s.set_device_kind(v1::GPU); }},
+          {"device_kind",
+           [](v1::JobSpec& s) {
+             s.set_device_kind(static_cast<v1::DeviceKind>(42));
+           }},
+      };
   ASSERT_GE(cases.size(), 50u);
   for (const auto& [field, mutate] : cases) {
     v1::JobSpec spec = good;
@@ -163,7 +235,8 @@ TEST_F(CoordinatorApiTest, AtLeastFiftyMalformedSpecsAreRejectedAndNothingStored
   EXPECT_EQ(job.id(), "job-000001");
 }
 
-TEST_F(CoordinatorApiTest, ConcurrentSubmissionsAreStoredOnceAndRunInPriorityOrder) {
+TEST_F(CoordinatorApiTest,
+       ConcurrentSubmissionsAreStoredOnceAndRunInPriorityOrder) {
   const std::string order_file = dir_ / "order.txt";
   DaemonOptions options;
   options.cpu_slots = 1;
@@ -173,9 +246,13 @@ TEST_F(CoordinatorApiTest, ConcurrentSubmissionsAreStoredOnceAndRunInPriorityOrd
   // queue and their start order is the scheduler's choice alone.
   v1::Job blocker;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_), &blocker));
-  ASSERT_EQ(daemon->WaitFor(blocker.id(),
-                            [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                            absl::Seconds(30)).state(), v1::RUNNING);
+  ASSERT_EQ(daemon
+                ->WaitFor(
+                    blocker.id(),
+                    [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                    absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
 
   constexpr int kClients = 8;
   constexpr int kPerClient = 25;
@@ -250,25 +327,28 @@ TEST_F(CoordinatorApiTest, ConcurrentSubmissionsAreStoredOnceAndRunInPriorityOrd
     return std::vector<std::string>(
         absl::StrSplit(test::ReadFile(order_file), '\n', absl::SkipEmpty()));
   };
-  ASSERT_TRUE(test::WaitUntil(
-      [&] { return started_jobs().size() == ids.size() + 1; },
-      absl::Seconds(240)))
+  ASSERT_TRUE(
+      test::WaitUntil([&] { return started_jobs().size() == ids.size() + 1; },
+                      absl::Seconds(240)))
       << daemon->log();
   const std::vector<std::string> started = started_jobs();
   std::vector<v1::Job> expected;
-  for (const auto& jobs : accepted) expected.insert(expected.end(), jobs.begin(), jobs.end());
-  std::sort(expected.begin(), expected.end(), [](const v1::Job& a, const v1::Job& b) {
-    if (a.spec().priority() != b.spec().priority())
-      return a.spec().priority() > b.spec().priority();
-    return a.id() < b.id();  // ids are zero-padded submission numbers
-  });
+  for (const auto& jobs : accepted)
+    expected.insert(expected.end(), jobs.begin(), jobs.end());
+  std::sort(expected.begin(), expected.end(),
+            [](const v1::Job& a, const v1::Job& b) {
+              if (a.spec().priority() != b.spec().priority())
+                return a.spec().priority() > b.spec().priority();
+              return a.id() < b.id();  // ids are zero-padded submission numbers
+            });
   ASSERT_EQ(started.front(), blocker.id());
   for (size_t i = 0; i < expected.size(); ++i) {
     ASSERT_EQ(started[i + 1], expected[i].id()) << "start #" << i + 1;
   }
   for (const v1::Job& job : expected) {
-    EXPECT_EQ(daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
-              v1::SUCCEEDED);
+    EXPECT_EQ(
+        daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
+        v1::SUCCEEDED);
   }
 }
 
@@ -301,11 +381,12 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
     EXPECT_EQ(job.failure().rank(), 0) << c.mode;
     ASSERT_GT(job.failure().log_tail_size(), 0) << c.mode;
     std::string tail;
-    for (const std::string& line : job.failure().log_tail()) tail += line + "\n";
+    for (const std::string& line : job.failure().log_tail())
+      tail += line + "\n";
     EXPECT_THAT(tail, HasSubstr(absl::StrCat("mode '", c.mode, "'"))) << c.mode;
     if (c.mode == "oom") EXPECT_THAT(tail, HasSubstr("CUDA out of memory"));
-    EXPECT_TRUE(test::WaitUntil([&] { return test::WorkerPids(job.id()).empty(); },
-                                absl::Seconds(10)))
+    EXPECT_TRUE(test::WaitUntil(
+        [&] { return test::WorkerPids(job.id()).empty(); }, absl::Seconds(10)))
         << c.mode << ": workers left behind";
   }
 }
@@ -316,8 +397,9 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
   auto daemon = StartDaemon(options);
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &job));
-  job = daemon->WaitFor(job.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                        absl::Seconds(30));
+  job = daemon->WaitFor(
+      job.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+      absl::Seconds(30));
   ASSERT_EQ(job.state(), v1::RUNNING);
   ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
 
@@ -331,7 +413,8 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
   EXPECT_TRUE(test::WorkerPids(job.id()).empty());
 
   grpc::ClientContext again;
-  const grpc::Status status = daemon->jobs().CancelJob(&again, request, &response);
+  const grpc::Status status =
+      daemon->jobs().CancelJob(&again, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   grpc::ClientContext unknown;
   request.set_job_id("job-999999");
@@ -354,7 +437,8 @@ TEST_F(CoordinatorApiTest, WatchStartsWithTheJobAndEndsAtItsTerminalState) {
   std::vector<v1::JobState> states;
   int steps = 0;
   while (reader->Read(&event)) {
-    if (event.has_state_change()) states.push_back(event.state_change().state());
+    if (event.has_state_change())
+      states.push_back(event.state_change().state());
     if (event.has_step()) ++steps;
   }
   EXPECT_TRUE(reader->Finish().ok());
@@ -382,8 +466,9 @@ TEST_F(CoordinatorApiTest, StreamLogsTailsAndFollowsPerRank) {
   auto daemon = StartDaemon({});
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_, 2), &job));
-  ASSERT_EQ(daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
-            v1::SUCCEEDED);
+  ASSERT_EQ(
+      daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::SUCCEEDED);
   auto read_all = [&](std::optional<int> rank, int tail, bool follow) {
     grpc::ClientContext context;
     v1::StreamLogsRequest request;
@@ -429,7 +514,8 @@ TEST_F(CoordinatorApiTest, HealthAndReflectionAnswerStandardClients) {
     request.set_service(service);
     grpc::health::v1::HealthCheckResponse response;
     ASSERT_TRUE(health->Check(&context, request, &response).ok()) << service;
-    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    EXPECT_EQ(response.status(),
+              grpc::health::v1::HealthCheckResponse::SERVING);
   }
   auto reflection =
       grpc::reflection::v1alpha::ServerReflection::NewStub(daemon->channel());
@@ -452,9 +538,9 @@ TEST_F(CoordinatorApiTest, HealthAndReflectionAnswerStandardClients) {
 class BearerToken : public grpc::MetadataCredentialsPlugin {
  public:
   explicit BearerToken(std::string token) : token_(std::move(token)) {}
-  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref,
-                           const grpc::AuthContext&,
-                           std::multimap<grpc::string, grpc::string>* metadata) override {
+  grpc::Status GetMetadata(
+      grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
+      std::multimap<grpc::string, grpc::string>* metadata) override {
     metadata->insert({"authorization", "Bearer " + token_});
     return grpc::Status::OK;
   }
@@ -478,7 +564,8 @@ TEST_F(CoordinatorApiTest, WithAuthTokenEveryCallNeedsTheToken) {
     *request.mutable_spec() = spec;
     v1::Job job;
     EXPECT_EQ(daemon->jobs().SubmitJob(&context, request, &job).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED) << header;
+              grpc::StatusCode::UNAUTHENTICATED)
+        << header;
     grpc::ClientContext list_context;
     if (!header.empty()) list_context.AddMetadata("authorization", header);
     v1::ListJobsResponse list;
@@ -486,7 +573,9 @@ TEST_F(CoordinatorApiTest, WithAuthTokenEveryCallNeedsTheToken) {
               grpc::StatusCode::UNAUTHENTICATED);
     grpc::ClientContext cluster_context;
     v1::Cluster cluster;
-    EXPECT_EQ(daemon->cluster().GetCluster(&cluster_context, {}, &cluster).error_code(),
+    EXPECT_EQ(daemon->cluster()
+                  .GetCluster(&cluster_context, {}, &cluster)
+                  .error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
   grpc::ClientContext context;
@@ -516,8 +605,8 @@ TEST_F(CoordinatorApiTest, TlsServesTlsClientsAndRefusesPlaintext) {
   const std::string key = dir_ / "key.pem";
   const test::CommandResult openssl = test::RunCommand(
       "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + key +
-      " -out " + cert);
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      key + " -out " + cert);
   ASSERT_EQ(openssl.exit_code, 0) << openssl.err;
   DaemonOptions options;
   options.extra_flags = {"--tls-cert", cert, "--tls-key", key};
@@ -537,14 +626,16 @@ TEST_F(CoordinatorApiTest, TlsServesTlsClientsAndRefusesPlaintext) {
   }
   daemon->Connect(grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(3));
   v1::Cluster cluster;
   EXPECT_FALSE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());
   // The workers' channel (Unix socket) still works: a job runs.
   daemon->Connect(grpc::SslCredentials(ssl));
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
-  const v1::Job done = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30));
+  const v1::Job done =
+      daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30));
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << daemon->log();
 }
 
@@ -554,11 +645,17 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
   auto daemon = StartDaemon(options);
   v1::Job held, queued_behind, done;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &done));
-  ASSERT_EQ(daemon->WaitFor(done.id(), test::IsTerminal, absl::Seconds(30)).state(),
-            v1::SUCCEEDED);
+  ASSERT_EQ(
+      daemon->WaitFor(done.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::SUCCEEDED);
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &held));
-  ASSERT_EQ(daemon->WaitFor(held.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                            absl::Seconds(30)).state(), v1::RUNNING);
+  ASSERT_EQ(daemon
+                ->WaitFor(
+                    held.id(),
+                    [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                    absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &queued_behind));
   const std::vector<int> workers = test::WorkerPids(held.id());
   ASSERT_EQ(workers.size(), 2u);
@@ -580,8 +677,10 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
   const v1::Job failed = again->Get(held.id());
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.failure().reason(), v1::COORDINATOR_RESTART);
-  EXPECT_EQ(again->WaitFor(queued_behind.id(), test::IsTerminal, absl::Seconds(30)).state(),
-            v1::SUCCEEDED);
+  EXPECT_EQ(
+      again->WaitFor(queued_behind.id(), test::IsTerminal, absl::Seconds(30))
+          .state(),
+      v1::SUCCEEDED);
 }
 
 TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
@@ -590,39 +689,46 @@ TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
   auto daemon = StartDaemon(options);
   v1::Job ok, failed;
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("flood:5", data_, 2), &ok));
-  ASSERT_EQ(daemon->WaitFor(ok.id(), test::IsTerminal, absl::Seconds(30)).state(),
-            v1::SUCCEEDED);
+  ASSERT_EQ(
+      daemon->WaitFor(ok.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::SUCCEEDED);
   const std::string text = daemon->ScrapeMetrics();
-  const std::string series = absl::StrCat("{job=\"", ok.id(), "\",rank=\"1\",strategy=\"ddp\"}");
+  const std::string series =
+      absl::StrCat("{job=\"", ok.id(), "\",rank=\"1\",strategy=\"ddp\"}");
   EXPECT_THAT(text, HasSubstr("shardtrain_build_info{version=\"0.1.0\"} 1"));
   EXPECT_THAT(text, HasSubstr("shardtrain_job_submissions_total 1"));
   EXPECT_THAT(text, HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
   EXPECT_THAT(text, HasSubstr("shardtrain_jobs{state=\"running\"} 0"));
   EXPECT_THAT(text, HasSubstr("shardtrain_devices{kind=\"cpu\"} 2"));
   EXPECT_THAT(text, HasSubstr("shardtrain_train_step" + series + " 5"));
-  EXPECT_THAT(text, HasSubstr("shardtrain_train_loss" + series + " 2"));  // 10 / 5
+  EXPECT_THAT(text,
+              HasSubstr("shardtrain_train_loss" + series + " 2"));  // 10 / 5
   EXPECT_THAT(text, HasSubstr("shardtrain_tokens_total" + series + " 5120"));
   EXPECT_THAT(text, HasSubstr(absl::StrCat(
-      "shardtrain_step_duration_seconds_count{job=\"", ok.id(),
-      "\",rank=\"1\",strategy=\"ddp\"} 5")));
+                        "shardtrain_step_duration_seconds_count{job=\"",
+                        ok.id(), "\",rank=\"1\",strategy=\"ddp\"} 5")));
   // The exposition is valid for Prometheus.
-  const test::CommandResult check = test::RunCommand("promtool check metrics", text);
+  const test::CommandResult check =
+      test::RunCommand("promtool check metrics", text);
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("exit:4", data_), &failed));
-  ASSERT_EQ(daemon->WaitFor(failed.id(), test::IsTerminal, absl::Seconds(30)).state(),
-            v1::FAILED);
+  ASSERT_EQ(
+      daemon->WaitFor(failed.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::FAILED);
   EXPECT_TRUE(test::WaitUntil(
       [&] {
-        return absl::StrContains(daemon->ScrapeMetrics(),
-                                 "shardtrain_job_failures_total{reason=\"exit_code\"} 1");
+        return absl::StrContains(
+            daemon->ScrapeMetrics(),
+            "shardtrain_job_failures_total{reason=\"exit_code\"} 1");
       },
       absl::Seconds(5)));
   // Finished jobs' series go after the retention (2 s), counts stay.
   EXPECT_TRUE(test::WaitUntil(
       [&] { return !absl::StrContains(daemon->ScrapeMetrics(), ok.id()); },
       absl::Seconds(10)));
-  EXPECT_THAT(daemon->ScrapeMetrics(), HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
+  EXPECT_THAT(daemon->ScrapeMetrics(),
+              HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
 }
 
 TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameStateDirIsRefused) {

@@ -4,11 +4,11 @@
 // and without restarts) and a killed coordinator behave as specified.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <signal.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/daemon_harness.h"
@@ -17,10 +17,10 @@
 namespace shardtrain {
 namespace {
 
-using ::testing::HasSubstr;
 using test::Daemon;
 using test::DaemonOptions;
 using test::TempDir;
+using ::testing::HasSubstr;
 
 v1::JobSpec TinySpec(const std::string& strategy, int world, int steps) {
   v1::JobSpec spec;
@@ -50,7 +50,8 @@ std::function<bool(const v1::Job&)> ReachedStep(int step) {
 
 // RANK of a worker process, from its environment.
 int RankOf(int pid) {
-  const std::string environ = test::ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+  const std::string environ =
+      test::ReadFile(absl::StrCat("/proc/", pid, "/environ"));
   const size_t at = environ.find(std::string("\0RANK=", 6));
   return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 6);
 }
@@ -63,7 +64,8 @@ int PidOfRank(const std::string& job_id, int rank) {
 
 // (rank, step) -> metrics, from the metrics.jsonl the ranks append to (a step
 // written twice, before and after a restart, keeps its last line).
-std::map<std::pair<int, int64_t>, StepMetrics> WorkerLog(const std::string& path) {
+std::map<std::pair<int, int64_t>, StepMetrics> WorkerLog(
+    const std::string& path) {
   std::map<std::pair<int, int64_t>, StepMetrics> steps;
   std::ifstream in(path);
   std::string line;
@@ -75,8 +77,8 @@ std::map<std::pair<int, int64_t>, StepMetrics> WorkerLog(const std::string& path
 }
 
 void ExpectRelNear(double a, double b, double rel, const std::string& what) {
-  EXPECT_LE(std::abs(a - b), rel * std::max(std::abs(a), std::abs(b))) << what
-      << ": " << a << " vs " << b;
+  EXPECT_LE(std::abs(a - b), rel * std::max(std::abs(a), std::abs(b)))
+      << what << ": " << a << " vs " << b;
 }
 
 class CoordinatorTrainingTest : public ::testing::Test {
@@ -87,12 +89,15 @@ class CoordinatorTrainingTest : public ::testing::Test {
     EXPECT_TRUE(daemon->Start(&error)) << error;
     return daemon;
   }
-  std::string JobDir(const std::string& id) { return dir_ / ("state/jobs/" + id); }
+  std::string JobDir(const std::string& id) {
+    return dir_ / ("state/jobs/" + id);
+  }
 
   TempDir dir_;
 };
 
-TEST_F(CoordinatorTrainingTest, DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorkerLogs) {
+TEST_F(CoordinatorTrainingTest,
+       DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorkerLogs) {
   auto daemon = StartDaemon({});
   v1::Job ddp, fsdp;
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 10), &ddp));
@@ -106,14 +111,16 @@ TEST_F(CoordinatorTrainingTest, DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorke
     const v1::Job job =
         daemon->WaitFor(submitted.id(), test::IsTerminal, absl::Seconds(600));
     ASSERT_EQ(job.state(), v1::SUCCEEDED)
-        << job.DebugString() << test::ReadFile(JobDir(job.id()) + "/rank-0.log");
+        << job.DebugString()
+        << test::ReadFile(JobDir(job.id()) + "/rank-0.log");
     const std::vector<v1::StepMetrics> stored = daemon->Metrics(job.id());
     const auto logged = WorkerLog(JobDir(job.id()) + "/metrics.jsonl");
     ASSERT_EQ(stored.size(), 20u);  // 10 steps x 2 ranks
     ASSERT_EQ(logged.size(), 20u);
     for (const v1::StepMetrics& s : stored) {
       const StepMetrics& w = logged.at({s.rank(), s.step()});
-      const std::string where = absl::StrCat(job.id(), " rank ", s.rank(), " step ", s.step());
+      const std::string where =
+          absl::StrCat(job.id(), " rank ", s.rank(), " step ", s.step());
       EXPECT_DOUBLE_EQ(s.loss(), w.loss) << where;
       EXPECT_DOUBLE_EQ(s.grad_norm(), w.grad_norm) << where;
       EXPECT_DOUBLE_EQ(s.lr(), w.lr) << where;
@@ -134,13 +141,15 @@ TEST_F(CoordinatorTrainingTest, DdpAndFsdpJobsCompleteAndStoredMetricsEqualWorke
   }
 }
 
-TEST_F(CoordinatorTrainingTest, CancelMidRunEndsEveryWorkerWithinTheGracePeriod) {
+TEST_F(CoordinatorTrainingTest,
+       CancelMidRunEndsEveryWorkerWithinTheGracePeriod) {
   DaemonOptions options;
   options.grace_period = 3;
   auto daemon = StartDaemon(options);
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
-  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(2)(
+      daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
   ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
 
   grpc::ClientContext context;
@@ -149,10 +158,12 @@ TEST_F(CoordinatorTrainingTest, CancelMidRunEndsEveryWorkerWithinTheGracePeriod)
   v1::Job response;
   const absl::Time cancelled_at = absl::Now();
   ASSERT_TRUE(daemon->jobs().CancelJob(&context, request, &response).ok());
-  ASSERT_TRUE(test::WaitUntil([&] { return test::WorkerPids(job.id()).empty(); },
-                              absl::Seconds(options.grace_period)));
+  ASSERT_TRUE(
+      test::WaitUntil([&] { return test::WorkerPids(job.id()).empty(); },
+                      absl::Seconds(options.grace_period)));
   const absl::Duration gone_after = absl::Now() - cancelled_at;
-  const v1::Job final = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(10));
+  const v1::Job final =
+      daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(10));
   EXPECT_EQ(final.state(), v1::CANCELLED);
   std::cout << "workers gone " << absl::FormatDuration(gone_after)
             << " after CancelJob\n";
@@ -162,7 +173,8 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   auto daemon = StartDaemon({});
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
-  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(2)(
+      daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
   const int victim = PidOfRank(job.id(), 1);
   ASSERT_GT(victim, 0);
   kill(victim, SIGKILL);
@@ -171,30 +183,41 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   ASSERT_EQ(job.state(), v1::FAILED);
   EXPECT_EQ(job.failure().reason(), v1::SIGNAL);
   EXPECT_EQ(job.failure().rank(), 1);
-  EXPECT_THAT(job.failure().message(), HasSubstr("rank 1 ended with signal KILL"));
+  EXPECT_THAT(job.failure().message(),
+              HasSubstr("rank 1 ended with signal KILL"));
   EXPECT_GT(job.failure().log_tail_size(), 0);
   EXPECT_TRUE(test::WorkerPids(job.id()).empty()) << "rank 0 left running";
 }
 
-TEST_F(CoordinatorTrainingTest, KilledWorkerWithARestartResumesFromItsCheckpoint) {
+TEST_F(CoordinatorTrainingTest,
+       KilledWorkerWithARestartResumesFromItsCheckpoint) {
   auto daemon = StartDaemon({});
   // The uninterrupted run the resumed one must reproduce.
   v1::Job reference;
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 12), &reference));
-  ASSERT_EQ(daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600)).state(),
-            v1::SUCCEEDED);
+  ASSERT_EQ(
+      daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600))
+          .state(),
+      v1::SUCCEEDED);
 
   v1::JobSpec spec = TinySpec("ddp", 2, 12);
   spec.set_max_restarts(1);
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(spec, &job));
   // Past the checkpoint of step 4.
-  ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(job.id(), ReachedStep(6), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(6)(
+      daemon->WaitFor(job.id(), ReachedStep(6), absl::Seconds(300))));
   kill(PidOfRank(job.id(), 1), SIGKILL);
 
-  EXPECT_EQ(daemon->WaitFor(job.id(), [](const v1::Job& j) {
-                  return j.state() == v1::RESTARTING || test::IsTerminal(j);
-                }, absl::Seconds(30)).state(), v1::RESTARTING);
+  EXPECT_EQ(daemon
+                ->WaitFor(
+                    job.id(),
+                    [](const v1::Job& j) {
+                      return j.state() == v1::RESTARTING || test::IsTerminal(j);
+                    },
+                    absl::Seconds(30))
+                .state(),
+            v1::RESTARTING);
   job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(600));
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.restarts(), 1);
@@ -202,7 +225,8 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerWithARestartResumesFromItsCheckpoint
               HasSubstr("resumed from"));
 
   const std::vector<v1::StepMetrics> resumed = daemon->Metrics(job.id());
-  const std::vector<v1::StepMetrics> uninterrupted = daemon->Metrics(reference.id());
+  const std::vector<v1::StepMetrics> uninterrupted =
+      daemon->Metrics(reference.id());
   ASSERT_EQ(resumed.size(), 24u);
   ASSERT_EQ(uninterrupted.size(), 24u);
   for (size_t i = 0; i < resumed.size(); ++i) {
@@ -212,7 +236,8 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerWithARestartResumesFromItsCheckpoint
   }
 }
 
-TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs) {
+TEST_F(CoordinatorTrainingTest,
+       KilledCoordinatorLosesNothingAndRecoversItsJobs) {
   DaemonOptions options;
   options.cpu_slots = 3;
   auto daemon = StartDaemon(options);
@@ -224,8 +249,10 @@ TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs)
   ASSERT_GRPC_OK(daemon->Submit(resumable, &a));
   ASSERT_GRPC_OK(daemon->Submit(fragile, &b));
   ASSERT_GRPC_OK(daemon->Submit(waiting, &c));
-  ASSERT_TRUE(ReachedStep(6)(daemon->WaitFor(a.id(), ReachedStep(6), absl::Seconds(300))));
-  ASSERT_TRUE(ReachedStep(2)(daemon->WaitFor(b.id(), ReachedStep(2), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(6)(
+      daemon->WaitFor(a.id(), ReachedStep(6), absl::Seconds(300))));
+  ASSERT_TRUE(ReachedStep(2)(
+      daemon->WaitFor(b.id(), ReachedStep(2), absl::Seconds(300))));
   EXPECT_EQ(daemon->Get(c.id()).state(), v1::QUEUED);
   const std::vector<v1::StepMetrics> a_before = daemon->Metrics(a.id());
   const std::vector<v1::StepMetrics> b_before = daemon->Metrics(b.id());
@@ -234,7 +261,10 @@ TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs)
   daemon->WaitExit(absl::Seconds(10));
   // The workers die with their coordinator.
   EXPECT_TRUE(test::WaitUntil(
-      [&] { return test::WorkerPids(a.id()).empty() && test::WorkerPids(b.id()).empty(); },
+      [&] {
+        return test::WorkerPids(a.id()).empty() &&
+               test::WorkerPids(b.id()).empty();
+      },
       absl::Seconds(10)));
 
   auto restarted = StartDaemon(options);
@@ -248,19 +278,22 @@ TEST_F(CoordinatorTrainingTest, KilledCoordinatorLosesNothingAndRecoversItsJobs)
   for (size_t i = 0; i < b_before.size(); ++i) {
     EXPECT_EQ(b_stored[i].SerializeAsString(), b_before[i].SerializeAsString());
   }
-  const v1::Job a_done = restarted->WaitFor(a.id(), test::IsTerminal, absl::Seconds(600));
+  const v1::Job a_done =
+      restarted->WaitFor(a.id(), test::IsTerminal, absl::Seconds(600));
   ASSERT_EQ(a_done.state(), v1::SUCCEEDED) << a_done.DebugString();
   EXPECT_EQ(a_done.restarts(), 1);
   std::map<std::pair<int, int64_t>, double> a_final;
-  for (const v1::StepMetrics& s : restarted->Metrics(a.id())) a_final[{s.rank(), s.step()}] = s.loss();
+  for (const v1::StepMetrics& s : restarted->Metrics(a.id()))
+    a_final[{s.rank(), s.step()}] = s.loss();
   EXPECT_EQ(a_final.size(), 24u);
   for (const v1::StepMetrics& s : a_before) {
     ASSERT_TRUE(a_final.count({s.rank(), s.step()}));
     ExpectRelNear(a_final.at({s.rank(), s.step()}), s.loss(), 1e-6,
                   absl::StrCat("job a step ", s.step()));
   }
-  EXPECT_EQ(restarted->WaitFor(c.id(), test::IsTerminal, absl::Seconds(600)).state(),
-            v1::SUCCEEDED);
+  EXPECT_EQ(
+      restarted->WaitFor(c.id(), test::IsTerminal, absl::Seconds(600)).state(),
+      v1::SUCCEEDED);
 }
 
 }  // namespace

@@ -29,26 +29,30 @@
 #include "tests/test_util.h"
 
 // ASSERT that a grpc::Status is OK, printing its message when not.
-#define ASSERT_GRPC_OK(expr)                                          \
-  do {                                                                \
-    const ::grpc::Status grpc_status_ = (expr);                       \
-    ASSERT_TRUE(grpc_status_.ok()) << #expr << ": "                   \
-                                   << grpc_status_.error_message();   \
+#define ASSERT_GRPC_OK(expr)                              \
+  do {                                                    \
+    const ::grpc::Status grpc_status_ = (expr);           \
+    ASSERT_TRUE(grpc_status_.ok())                        \
+        << #expr << ": " << grpc_status_.error_message(); \
   } while (false)
 
 namespace shardtrain::test {
 
-inline std::string BinDir() { return std::string(SHARDTRAIN_BINARY_DIR) + "/bin"; }
+inline std::string BinDir() {
+  return std::string(SHARDTRAIN_BINARY_DIR) + "/bin";
+}
 inline std::string FakeWorker() {
   return std::string(SHARDTRAIN_BINARY_DIR) + "/tests/fake_worker";
 }
 
 // The body of GET http://<address>/metrics ("" when unreachable).
-inline std::string HttpGet(const std::string& address, const std::string& path) {
+inline std::string HttpGet(const std::string& address,
+                           const std::string& path) {
   const size_t colon = address.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  addr.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
@@ -98,17 +102,25 @@ class Daemon {
     std::filesystem::create_directories(state_dir_);
     std::filesystem::remove(state_dir_ + "/endpoint");
     const std::string log = state_dir_ + "/daemon.log";
-    std::vector<std::string> args = {
-        BinDir() + "/shardtraind",
-        "--listen", "127.0.0.1:0",
-        "--metrics-listen", "127.0.0.1:0",
-        "--state-dir", state_dir_,
-        "--device-kind", "cpu",
-        "--cpu-slots", std::to_string(options_.cpu_slots),
-        "--grace-period", absl::StrCat(options_.grace_period),
-        "--heartbeat-interval", absl::StrCat(options_.heartbeat_interval),
-        "--heartbeat-timeout", absl::StrCat(options_.heartbeat_timeout),
-        "--rendezvous-timeout", absl::StrCat(options_.rendezvous_timeout)};
+    std::vector<std::string> args = {BinDir() + "/shardtraind",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
+                                     "--state-dir",
+                                     state_dir_,
+                                     "--device-kind",
+                                     "cpu",
+                                     "--cpu-slots",
+                                     std::to_string(options_.cpu_slots),
+                                     "--grace-period",
+                                     absl::StrCat(options_.grace_period),
+                                     "--heartbeat-interval",
+                                     absl::StrCat(options_.heartbeat_interval),
+                                     "--heartbeat-timeout",
+                                     absl::StrCat(options_.heartbeat_timeout),
+                                     "--rendezvous-timeout",
+                                     absl::StrCat(options_.rendezvous_timeout)};
     if (!options_.worker_binary.empty()) {
       args.push_back("--worker-binary");
       args.push_back(options_.worker_binary);
@@ -180,7 +192,9 @@ class Daemon {
     if (!a.empty() && a.back() == '\n') a.pop_back();
     return a;
   }
-  std::string ScrapeMetrics() const { return HttpGet(metrics_address(), "/metrics"); }
+  std::string ScrapeMetrics() const {
+    return HttpGet(metrics_address(), "/metrics");
+  }
   int pid() const { return pid_; }
 
   grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
@@ -257,7 +271,8 @@ inline std::vector<int> WorkerPids(const std::string& job_id) {
   return pids;
 }
 
-inline bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout) {
+inline bool WaitUntil(const std::function<bool()>& done,
+                      absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (!done()) {
     if (absl::Now() > deadline) return false;

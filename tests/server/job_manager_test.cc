@@ -33,15 +33,18 @@ class JobManagerTest : public ::testing::Test {
     options.state_dir = dir_.path();
     options.worker_binary = "/bin/shardtrain-worker";
     options.worker_address = "unix:/tmp/test.sock";
-    for (int i = 0; i < 4; ++i) options.devices.push_back({i, v1::CPU, "cpu slot", 0});
+    for (int i = 0; i < 4; ++i)
+      options.devices.push_back({i, v1::CPU, "cpu slot", 0});
     options.cpu_cores = 8;
     options.heartbeat_timeout = absl::Seconds(30);
     options.rendezvous_timeout = absl::Seconds(60);
     options.grace_period = absl::Seconds(10);
-    options.resolve_data = [this](const std::string&) -> absl::StatusOr<std::string> {
+    options.resolve_data =
+        [this](const std::string&) -> absl::StatusOr<std::string> {
       return dir_ / "data";
     };
-    auto manager = JobManager::Create(options, store_.get(), &launcher_, &clock_);
+    auto manager =
+        JobManager::Create(options, store_.get(), &launcher_, &clock_);
     EXPECT_TRUE(manager.ok()) << manager.status();
     (*manager)->ResumeInterruptedJobs();
     return std::move(*manager);
@@ -75,7 +78,8 @@ class JobManagerTest : public ::testing::Test {
     manager_->Tick();
     const std::vector<int> spawned = launcher_.spawned();
     std::vector<int> pids(spawned.begin() + before, spawned.end());
-    for (int pid : pids) EXPECT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+    for (int pid : pids)
+      EXPECT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
     EXPECT_EQ(manager_->Get(*id)->state(), v1::RUNNING);
     return pids;
   }
@@ -87,7 +91,8 @@ class JobManagerTest : public ::testing::Test {
   std::unique_ptr<JobManager> manager_;
 };
 
-TEST_F(JobManagerTest, LaunchGivesEachRankTorchrunVariablesAndAShareOfTheCores) {
+TEST_F(JobManagerTest,
+       LaunchGivesEachRankTorchrunVariablesAndAShareOfTheCores) {
   std::string id;
   const std::vector<int> pids = StartRunning(Spec(2), &id);
   ASSERT_EQ(pids.size(), 2u);
@@ -95,11 +100,14 @@ TEST_F(JobManagerTest, LaunchGivesEachRankTorchrunVariablesAndAShareOfTheCores) 
     EXPECT_EQ(launcher_.Env(pids[r], "RANK"), std::to_string(r));
     EXPECT_EQ(launcher_.Env(pids[r], "WORLD_SIZE"), "2");
     EXPECT_EQ(launcher_.Env(pids[r], "MASTER_ADDR"), "127.0.0.1");
-    EXPECT_EQ(launcher_.Env(pids[r], "SHARDTRAIN_COORDINATOR"), "unix:/tmp/test.sock");
+    EXPECT_EQ(launcher_.Env(pids[r], "SHARDTRAIN_COORDINATOR"),
+              "unix:/tmp/test.sock");
     EXPECT_THAT(launcher_.process(pids[r]).spec.argv,
-                testing::IsSupersetOf(std::vector<std::string>{"--threads", "4", "--job-id", id}));
+                testing::IsSupersetOf(std::vector<std::string>{
+                    "--threads", "4", "--job-id", id}));
   }
-  EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"), launcher_.Env(pids[1], "MASTER_PORT"));
+  EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"),
+            launcher_.Env(pids[1], "MASTER_PORT"));
   EXPECT_EQ(launcher_.process(pids[1]).spec.process_group, pids[0]);
 }
 
@@ -114,12 +122,13 @@ TEST_F(JobManagerTest, WorkersWithAWrongSecretPidOrRankAreRefused) {
   EXPECT_TRUE(absl::IsPermissionDenied(manager_->Heartbeat(w).status()));
   w = Identity(pids[0]);
   w.set_rank(7);
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      manager_->ReportProgress(w, {}).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(manager_->ReportProgress(w, {}).status()));
   EXPECT_TRUE(manager_->Heartbeat(Identity(pids[0])).ok());
 }
 
-TEST_F(JobManagerTest, MissedHeartbeatsFailWithHangAndStuckRanksAreKilledAfterGrace) {
+TEST_F(JobManagerTest,
+       MissedHeartbeatsFailWithHangAndStuckRanksAreKilledAfterGrace) {
   launcher_.set_exit_on_sigterm(false);
   std::string id;
   const std::vector<int> pids = StartRunning(Spec(2), &id);
@@ -131,7 +140,8 @@ TEST_F(JobManagerTest, MissedHeartbeatsFailWithHangAndStuckRanksAreKilledAfterGr
   EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);  // still stopping
   clock_.Advance(absl::Seconds(11));
   manager_->Tick();
-  EXPECT_THAT(launcher_.process(pids[1]).signals, ElementsAre(SIGTERM, SIGKILL));
+  EXPECT_THAT(launcher_.process(pids[1]).signals,
+              ElementsAre(SIGTERM, SIGKILL));
   manager_->Tick();
   const v1::Job job = *manager_->Get(id);
   ASSERT_EQ(job.state(), v1::FAILED);
@@ -161,7 +171,8 @@ TEST_F(JobManagerTest, RanksThatNeverJoinFailWithRendezvousTimeout) {
   ASSERT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.failure().reason(), v1::RENDEZVOUS_TIMEOUT);
   EXPECT_EQ(failed.failure().rank(), 1);
-  EXPECT_THAT(failed.failure().message(), HasSubstr("rank 1 did not join within 1m"));
+  EXPECT_THAT(failed.failure().message(),
+              HasSubstr("rank 1 did not join within 1m"));
 }
 
 TEST_F(JobManagerTest, RestartsUpToMaxRestartsThenFails) {
@@ -177,8 +188,10 @@ TEST_F(JobManagerTest, RestartsUpToMaxRestartsThenFails) {
       EXPECT_EQ(job.restarts(), attempt);
       const std::vector<int> all = launcher_.spawned();
       pids.assign(all.end() - 2, all.end());
-      EXPECT_THAT(launcher_.process(pids[0]).spec.argv, testing::Contains("--resume"));
-      for (int pid : pids) ASSERT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+      EXPECT_THAT(launcher_.process(pids[0]).spec.argv,
+                  testing::Contains("--resume"));
+      for (int pid : pids)
+        ASSERT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
       EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
     } else {
       ASSERT_EQ(job.state(), v1::FAILED);
@@ -190,7 +203,8 @@ TEST_F(JobManagerTest, RestartsUpToMaxRestartsThenFails) {
   EXPECT_EQ(launcher_.spawned().size(), 6u);
 }
 
-TEST_F(JobManagerTest, AfterACrashRunningJobsResumeOrFailAndQueuedJobsStayQueued) {
+TEST_F(JobManagerTest,
+       AfterACrashRunningJobsResumeOrFailAndQueuedJobsStayQueued) {
   std::string resumable, fragile;
   const std::vector<int> old_pids = StartRunning(Spec(2, 1), &resumable);
   StartRunning(Spec(2, 0), &fragile);
@@ -226,7 +240,8 @@ TEST_F(JobManagerTest, ACancelUnderWayWhenTheCoordinatorDiesIsNotLost) {
   EXPECT_EQ(job.restarts(), 0);
 }
 
-TEST_F(JobManagerTest, ASpawnFailingAfterTheFirstRankFailsTheJobAndFreesItsDevices) {
+TEST_F(JobManagerTest,
+       ASpawnFailingAfterTheFirstRankFailsTheJobAndFreesItsDevices) {
   launcher_.FailSpawnAfter(1);
   absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2, /*max_restarts=*/2));
   manager_->Tick();  // rank 0 starts, rank 1 cannot: rank 0 is stopped
@@ -246,10 +261,12 @@ TEST_F(JobManagerTest, CancellingAQueuedJobEndsItAtOnce) {
   StartRunning(Spec(4), &running);
   absl::StatusOr<v1::Job> waiting = manager_->Submit(Spec(1));
   manager_->Tick();
-  EXPECT_THAT(manager_->Get(waiting->id())->state_reason(), HasSubstr("0 free"));
+  EXPECT_THAT(manager_->Get(waiting->id())->state_reason(),
+              HasSubstr("0 free"));
   ASSERT_TRUE(manager_->Cancel(waiting->id()).ok());
   EXPECT_EQ(manager_->Get(waiting->id())->state(), v1::CANCELLED);
-  EXPECT_TRUE(absl::IsFailedPrecondition(manager_->Cancel(waiting->id()).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(manager_->Cancel(waiting->id()).status()));
 }
 
 }  // namespace

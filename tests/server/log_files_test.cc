@@ -24,7 +24,8 @@ TEST(ReadLastLinesTest, ReturnsTheLastNLinesWithOrWithoutFinalNewline) {
   EXPECT_THAT(ReadLastLines(path, 2), ElementsAre("two", "three"));
   Append(path, "four");
   EXPECT_THAT(ReadLastLines(path, 2), ElementsAre("three", "four"));
-  EXPECT_THAT(ReadLastLines(path, 10), ElementsAre("one", "two", "three", "four"));
+  EXPECT_THAT(ReadLastLines(path, 10),
+              ElementsAre("one", "two", "three", "four"));
   EXPECT_THAT(ReadLastLines(dir / "missing", 3), IsEmpty());
 }
 

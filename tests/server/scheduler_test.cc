@@ -10,9 +10,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(SchedulerTest, HigherPriorityStartsFirstAndFifoWithinAPriority) {
-  const ScheduleDecision d = Schedule(
-      {{"a", 0, 1, 1}, {"b", 5, 2, 1}, {"c", 0, 3, 1}, {"d", 5, 4, 1}},
-      {0, 1, 2, 3});
+  const ScheduleDecision d =
+      Schedule({{"a", 0, 1, 1}, {"b", 5, 2, 1}, {"c", 0, 3, 1}, {"d", 5, 4, 1}},
+               {0, 1, 2, 3});
   ASSERT_EQ(d.start.size(), 4u);
   EXPECT_EQ(d.start[0].job_id, "b");
   EXPECT_EQ(d.start[1].job_id, "d");
@@ -37,8 +37,8 @@ TEST(SchedulerTest, NothingOvertakesAWaitingHead) {
 }
 
 TEST(SchedulerTest, StartsAsManyAsFitThenWaits) {
-  const ScheduleDecision d = Schedule(
-      {{"a", 0, 1, 2}, {"b", 0, 2, 2}, {"c", 0, 3, 1}}, {0, 1, 2});
+  const ScheduleDecision d =
+      Schedule({{"a", 0, 1, 2}, {"b", 0, 2, 2}, {"c", 0, 3, 1}}, {0, 1, 2});
   ASSERT_EQ(d.start.size(), 1u);
   EXPECT_THAT(d.start[0].devices, ElementsAre(0, 1));
   EXPECT_THAT(d.waiting.at("b"), HasSubstr("needs 2 devices, 1 free"));

@@ -15,6 +15,7 @@
 //                    waiting for every answer (the unbatched worst case)
 // With SHARDTRAIN_FAKE_ORDER_FILE set, rank 0 appends the job id to that file
 // when it starts (the launch order).
+#include <grpcpp/create_channel.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,8 +24,6 @@
 #include <iostream>
 #include <iterator>
 #include <string>
-
-#include <grpcpp/create_channel.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
@@ -111,7 +110,8 @@ int Main(int argc, char** argv) {
       m->set_loss(10.0 / step);
       grpc::ClientContext context;
       shardtrain::v1::ReportProgressResponse response;
-      const grpc::Status status = stub->ReportProgress(&context, request, &response);
+      const grpc::Status status =
+          stub->ReportProgress(&context, request, &response);
       if (!status.ok()) {
         std::cerr << "fake_worker: " << status.error_message() << "\n";
         return 1;
@@ -119,7 +119,8 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
-  if (absl::StartsWith(mode, "flood:")) (void)absl::SimpleAtoi(mode.substr(6), &n);
+  if (absl::StartsWith(mode, "flood:"))
+    (void)absl::SimpleAtoi(mode.substr(6), &n);
   const bool slow = absl::StartsWith(mode, "slow:");
   if (slow) (void)absl::SimpleAtoi(mode.substr(5), &n);
   for (int step = 1; step <= n; ++step) {
