@@ -2,6 +2,9 @@
 
 #include <memory>
 #include <string>
+#ifdef SHARDTRAIN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/comm/c10d_communicator.h"
@@ -12,10 +15,16 @@ namespace shardtrain {
 absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
                              std::ostream* log, const TrainingHooks& hooks) {
   const RankInfo rank_info{env.rank, env.world_size};
-  // One GPU per rank: plain "cuda" means this rank's local device.
-  torch::Device device(config.device == "cuda" && env.world_size > 1
+  // One GPU per rank: plain "cuda" means this rank's local device. The index
+  // is always explicit, so memory stats and NCCL name a real device.
+  torch::Device device(config.device == "cuda"
                            ? "cuda:" + std::to_string(env.local_rank)
                            : config.device);
+#ifdef SHARDTRAIN_WITH_CUDA
+  // Kernels, the caching allocator and NCCL's streams follow the current
+  // device; make it this rank's before anything touches CUDA.
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#endif
 
   std::unique_ptr<Communicator> comm;
   if (config.strategy != "single") {

@@ -6,9 +6,13 @@ windows of seq_len + 1 tokens from an llm.c token file — the same work per
 step as `shardtrain-train --strategy single`. With WORLD_SIZE > 1 (and RANK,
 MASTER_ADDR, MASTER_PORT set by hand: torchrun crashes on Debian's Python
 3.11) it trains with PyTorch's own DistributedDataParallel over gloo, each
-rank on its slice of the global batch, like `--strategy ddp`. Prints one JSON
-object (per rank) with the per-step times and losses. Run with Debian's
-/usr/bin/python3 (python3-torch).
+rank on its slice of the global batch, like `--strategy ddp`. With --fsdp2
+(PyTorch >= 2.6, CUDA) every block and then the root are wrapped with
+`torch.distributed.fsdp.fully_shard` over NCCL (world size 1 unless WORLD_SIZE
+says otherwise; bf16 parameters and fp32 reductions under --precision bf16),
+the peer of `--strategy fsdp`. Prints one JSON object (per rank) with the
+per-step times and losses. On CPU run it with Debian's /usr/bin/python3
+(python3-torch).
 
   /usr/bin/python3 bench/reference/train_reference.py --model gpt2-tiny \\
       --data DIR --batch-size 8 --seq-len 128 --max-steps 30 --threads 2
@@ -69,6 +73,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, CUDA)")
+    p.add_argument("--fsdp2", action="store_true",
+                   help="shard with PyTorch FSDP2 (fully_shard) over NCCL")
     args = p.parse_args()
     device = torch.device(args.device)
 
@@ -82,15 +88,30 @@ def main() -> int:
     config = GPTConfig.parse(args.model)
     model = GPT(config, seed=args.seed).to(device)
     ddp = None
-    if world > 1:
+    if args.fsdp2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if args.precision == "bf16" else None,
+            reduce_dtype=torch.float32)
+        for block in model.h:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    elif world > 1:
         torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
+    # One parameter at a time on CPU, as shardtrain's AdamW there; on CUDA
+    # PyTorch's default (multi-tensor), what a PyTorch user gets.
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        foreach=None if device.type == "cuda" else False)
 
     tokens = open_tokens(os.path.join(args.data, "train.bin"))
     T, B = args.seq_len, args.batch_size
@@ -131,6 +152,8 @@ def main() -> int:
                       "step_seconds": time.perf_counter() - start})
 
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     print(json.dumps({
         "peak_memory_bytes": peak,
         "model": args.model, "batch_size": B, "seq_len": T, "rank": rank,

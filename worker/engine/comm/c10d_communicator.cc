@@ -60,9 +60,37 @@ std::string ErrorText(std::exception_ptr error) {
   return std::string(absl::StripAsciiWhitespace(text));
 }
 
+// LibTorch 1.13 says "timed out"; 2.x's NCCL watchdog "collective operation
+// timeout ... before timing out", its TCPStore "wait timeout after N ms".
 bool IsTimeout(const std::string& error) {
-  return absl::StrContains(absl::AsciiStrToLower(error), "timed out");
+  const std::string lower = absl::AsciiStrToLower(error);
+  return absl::StrContains(lower, "timed out") ||
+         absl::StrContains(lower, "timeout") ||
+         absl::StrContains(lower, "timing out");
 }
+
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define SHARDTRAIN_NCCL_HAS_SHUTDOWN 1
+#endif
+
+#ifdef SHARDTRAIN_WITH_CUDA
+// PyTorch 2.x's NCCL watchdog tears the whole process down (SIGABRT, or a
+// fatal log from its heartbeat monitor minutes later) when a collective times
+// out, before the caller sees an error. We want the error instead: the
+// communicator names the lost rank and the trainer exits with it. So, unless
+// the user chose otherwise: on a timeout the watchdog only aborts the NCCL
+// communicators (CleanUpOnly), which makes the pending and next waits throw;
+// no debug dump and no monitor thread that would kill us. Read by
+// ProcessGroupNCCL's constructor; LibTorch 1.13 knows only the first one
+// under its older name.
+void SetNcclErrorHandlingDefaults() {
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  setenv("NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", /*overwrite=*/0);
+  setenv("TORCH_NCCL_ENABLE_MONITORING", "0", /*overwrite=*/0);
+}
+#endif
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
@@ -192,6 +220,7 @@ struct Shared {
     std::string cause = "no heartbeat information";
     {
       std::unique_lock<std::mutex> lock(mutex);
+      failed = true;
       if (lost.has_value()) {
         cause = lost->ToString();
       } else if (monitor != nullptr) {
@@ -218,6 +247,9 @@ struct Shared {
   CommStats stats ABSL_GUARDED_BY(mutex);
   std::shared_ptr<HeartbeatMonitor> monitor ABSL_GUARDED_BY(mutex);
   std::optional<HeartbeatDiagnosis> lost ABSL_GUARDED_BY(mutex);
+  // A collective has failed: the groups are broken and must be aborted, not
+  // shut down (which would wait for the lost peers).
+  bool failed ABSL_GUARDED_BY(mutex) = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -298,20 +330,32 @@ class DoneWork final : public CommWork {
   absl::Status status_;
 };
 
-// A c10d work; Wait() waits for it with the communicator's timeout.
+// A c10d work. On the host (Gloo) Wait() blocks until the collective is done
+// or the communicator's timeout passes. On a GPU (NCCL) it only orders the
+// current CUDA stream after the collective and returns at once, so the host
+// keeps queueing kernels (an FSDP prefetch stays overlapped); there the
+// process group's own timeout (the same value) aborts a collective that
+// hangs, and the error surfaces at this or the next Wait(). In 2.x a
+// wait(timeout) would block the host until NCCL finished.
 class C10dWork final : public CommWork {
  public:
-  C10dWork(std::shared_ptr<Shared> shared, std::string op, WorkPtr work)
+  C10dWork(std::shared_ptr<Shared> shared, std::string op, WorkPtr work,
+           bool on_device)
       : shared_(std::move(shared)),
         op_(std::move(op)),
-        work_(std::move(work)) {}
+        work_(std::move(work)),
+        on_device_(on_device) {}
 
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
     const Clock::time_point start = Clock::now();
     try {
-      work_->wait(shared_->timeout);
+      if (on_device_) {
+        work_->wait();
+      } else {
+        work_->wait(shared_->timeout);
+      }
     } catch (...) {
       status_ = shared_->Failure(op_, ErrorText(std::current_exception()));
     }
@@ -324,6 +368,7 @@ class C10dWork final : public CommWork {
   std::shared_ptr<Shared> shared_;
   const std::string op_;
   WorkPtr work_;
+  const bool on_device_;
   bool waited_ = false;
   absl::Status status_;
 };
@@ -448,9 +493,11 @@ absl::Status CheckFlatPair(const char* op, const char* small_name,
 
 template <typename Launch>
 std::unique_ptr<CommWork> Issue(const std::shared_ptr<Shared>& shared,
-                                const char* op, Launch launch) {
+                                const char* op, const torch::Tensor& tensor,
+                                Launch launch) {
   try {
-    return std::make_unique<C10dWork>(shared, op, launch());
+    return std::make_unique<C10dWork>(shared, op, launch(),
+                                      tensor.defined() && tensor.is_cuda());
   } catch (...) {
     return Done(absl::InvalidArgumentError(absl::StrCat(
         op, " could not start: ", ErrorText(std::current_exception()))));
@@ -532,6 +579,7 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
         gloo_options);
 #ifdef SHARDTRAIN_WITH_CUDA
     if (device.is_cuda()) {
+      SetNcclErrorHandlingDefaults();
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = timeout;
       groups.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
@@ -562,7 +610,27 @@ C10dCommunicator::~C10dCommunicator() {
   // with us fail at once instead of timing out.
   groups_->gloo.reset();
 #ifdef SHARDTRAIN_WITH_CUDA
-  groups_->nccl.reset();
+  if (groups_->nccl) {
+#ifdef SHARDTRAIN_NCCL_HAS_SHUTDOWN
+    // 2.x warns when a group is destroyed without either. shutdown() flushes
+    // pending work (and would wait for a lost peer), abort() does not.
+    bool failed = false;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      failed = shared_->failed;
+    }
+    try {
+      if (failed) {
+        groups_->nccl->abort();
+      } else {
+        groups_->nccl->shutdown();
+      }
+    } catch (...) {
+      // Leaving anyway.
+    }
+#endif
+    groups_->nccl.reset();
+  }
 #endif
   std::shared_ptr<HeartbeatMonitor> monitor;
   {
@@ -632,7 +700,7 @@ std::unique_ptr<CommWork> C10dCommunicator::AllReduce(torch::Tensor& tensor) {
   }
   shared_->Count(tensor);
   std::vector<torch::Tensor> tensors{tensor};
-  return Issue(shared_, "all_reduce", [&]() -> WorkPtr {
+  return Issue(shared_, "all_reduce", tensor, [&]() -> WorkPtr {
 #ifdef SHARDTRAIN_WITH_CUDA
     if (tensor.is_cuda()) return groups_->nccl->allreduce(tensors);
 #endif
@@ -650,7 +718,7 @@ std::unique_ptr<CommWork> C10dCommunicator::ReduceScatter(
   shared_->Count(input);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (input.is_cuda()) {
-    return Issue(shared_, "reduce_scatter", [&]() -> WorkPtr {
+    return Issue(shared_, "reduce_scatter", input, [&]() -> WorkPtr {
       torch::Tensor in = input;
       return groups_->nccl->_reduce_scatter_base(output, in);
     });
@@ -678,7 +746,7 @@ std::unique_ptr<CommWork> C10dCommunicator::AllGather(
     return Done(s);
   }
   shared_->Count(input);
-  return Issue(shared_, "all_gather", [&]() -> WorkPtr {
+  return Issue(shared_, "all_gather", input, [&]() -> WorkPtr {
     std::vector<torch::Tensor> inputs{input};
 #ifdef SHARDTRAIN_WITH_CUDA
     if (input.is_cuda())
@@ -708,7 +776,7 @@ std::unique_ptr<CommWork> C10dCommunicator::Broadcast(torch::Tensor& tensor,
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  return Issue(shared_, "broadcast", [&]() -> WorkPtr {
+  return Issue(shared_, "broadcast", tensor, [&]() -> WorkPtr {
 #ifdef SHARDTRAIN_WITH_CUDA
     if (tensor.is_cuda()) return groups_->nccl->broadcast(tensors, options);
 #endif
@@ -719,7 +787,8 @@ std::unique_ptr<CommWork> C10dCommunicator::Broadcast(torch::Tensor& tensor,
 absl::Status C10dCommunicator::Barrier() {
   // Gloo's barrier blocks the host whatever the device, which is what a
   // barrier is for.
-  return Issue(shared_, "barrier", [&] { return groups_->gloo->barrier(); })
+  return Issue(shared_, "barrier", torch::Tensor(),
+               [&] { return groups_->gloo->barrier(); })
       ->Wait();
 }
 

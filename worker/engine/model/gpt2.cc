@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
@@ -151,6 +152,18 @@ torch::Tensor Gpt2Impl::Head(const torch::Tensor& x) {
   return logits.view({x.size(0), x.size(1), config_.vocab_size});
 }
 
+torch::Tensor Gpt2Impl::HeadLoss(const torch::Tensor& x,
+                                const torch::Tensor& targets) {
+  return LmHeadLoss(ln_f_(x), wte_->weight, config_.vocab_size, targets);
+}
+
+torch::Tensor Gpt2Impl::ForwardLoss(const torch::Tensor& idx,
+                                    const torch::Tensor& targets) {
+  torch::Tensor x = Embed(idx);
+  for (Block& block : blocks_) x = block(x);
+  return HeadLoss(x, targets);
+}
+
 torch::Tensor Gpt2Impl::forward(const torch::Tensor& idx) {
   torch::Tensor x = Embed(idx);
   for (Block& block : blocks_) x = block(x);
@@ -262,6 +275,126 @@ torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
               targets.sizes(), " for logits ", logits.sizes());
   return FusedCrossEntropy::apply(Flatten(logits).contiguous(),
                                   targets.reshape({-1}));
+}
+
+}  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+bool CudaAutocastEnabled() {
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
+// The chunked head: see LmHeadLoss in the header.
+class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const torch::Tensor& hidden,
+                               const torch::Tensor& weight, int64_t vocab_size,
+                               const torch::Tensor& targets,
+                               int64_t chunk_bytes) {
+    const int64_t n = hidden.size(0), c = hidden.size(1);
+    const bool want_dx = hidden.requires_grad();
+    const bool want_dw = weight.requires_grad();
+    // Products in the autocast dtype on CUDA (at::mm autocasts); in place
+    // into the fp32 gradient elsewhere.
+    const bool low_precision = hidden.is_cuda() && CudaAutocastEnabled();
+    const torch::Tensor w = weight.narrow(0, 0, vocab_size);  // contiguous
+    const int64_t rows = std::max<int64_t>(
+        1, chunk_bytes / (vocab_size * static_cast<int64_t>(sizeof(float))));
+    torch::Tensor row_loss = at::empty({n}, hidden.options().dtype(at::kFloat));
+    torch::Tensor dx, dw;
+    if (want_dx) dx = at::empty({n, c}, hidden.options());
+    if (want_dw) dw = at::zeros_like(weight);
+    const double inv_n = 1.0 / static_cast<double>(n);
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      const torch::Tensor x = hidden.narrow(0, start, len);
+      const torch::Tensor t = targets.narrow(0, start, len).unsqueeze(1);
+      torch::Tensor logits = at::mm(x, w.t()).to(at::kFloat);  // [len, V]
+      // loss = log(sum(exp(l - max))) + max - l[target]. The softmax is
+      // exp(l - max) / sum, as softmax computes it: exp(l - logsumexp) would
+      // be ~10x less precise, and near-cancelling gradient entries show it.
+      const torch::Tensor target_logit = logits.gather(1, t);
+      const torch::Tensor max = std::get<0>(logits.max(1, /*keepdim=*/true));
+      torch::Tensor e = logits.sub_(max).exp_();
+      const torch::Tensor sum = e.sum(1, /*keepdim=*/true);
+      torch::Tensor loss = row_loss.narrow(0, start, len);
+      at::sub_out(loss, (sum.log() + max).squeeze(1), target_logit.squeeze(1));
+      if (!want_dx && !want_dw) continue;
+      // d(mean loss)/d(logits) = (softmax - onehot) / N, in place.
+      torch::Tensor g = e.div_(sum);
+      g.scatter_add_(1, t, at::full({len, 1}, -1.0, g.options()));
+      g.mul_(inv_n);
+      if (want_dx) {
+        torch::Tensor out = dx.narrow(0, start, len);
+        if (low_precision) {
+          out.copy_(at::mm(g, w));
+        } else {
+          at::mm_out(out, g, w);
+        }
+      }
+      if (want_dw) {
+        torch::Tensor dw_rows = dw.narrow(0, 0, vocab_size);
+        if (low_precision) {
+          dw_rows.add_(at::mm(g.t(), x));
+        } else {
+          dw_rows.addmm_(g.t(), x);
+        }
+      }
+    }
+    ctx->save_for_backward({dx, dw});
+    return row_loss.mean();
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grad_outputs) {
+    // The gradients are scaled in place (a second [V_pad, C] buffer here
+    // would raise the step's peak memory), so this runs once.
+    TORCH_CHECK(!ctx->saved_data.count("done"),
+                "LmHeadLoss: backward through the same graph twice");
+    ctx->saved_data["done"] = true;
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& scale = grad_outputs[0];
+    torch::Tensor dx = saved[0].defined() ? saved[0].mul_(scale) : saved[0];
+    torch::Tensor dw = saved[1].defined() ? saved[1].mul_(scale) : saved[1];
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t LmHeadChunkBytes(const torch::Device& device) {
+  return device.is_cpu() ? (int64_t{8} << 20) : (int64_t{512} << 20);
+}
+
+torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
+                         const torch::Tensor& weight, int64_t vocab_size,
+                         const torch::Tensor& targets, int64_t chunk_bytes) {
+  TORCH_CHECK(hidden.dim() >= 2 && hidden.is_floating_point(),
+              "LmHeadLoss: hidden must be [..., C] floating point, got ",
+              hidden.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(-1) &&
+                  vocab_size >= 1 && vocab_size <= weight.size(0),
+              "LmHeadLoss: weight must be [V_pad >= vocab_size, C], got ",
+              weight.sizes(), " for vocab_size ", vocab_size, " and hidden ",
+              hidden.sizes());
+  TORCH_CHECK(targets.scalar_type() == torch::kLong &&
+                  targets.numel() * hidden.size(-1) == hidden.numel(),
+              "LmHeadLoss: targets must be int64 with one entry per row of "
+              "hidden, got ",
+              targets.sizes(), " for hidden ", hidden.sizes());
+  if (chunk_bytes <= 0) chunk_bytes = LmHeadChunkBytes(hidden.device());
+  return ChunkedLmHead::apply(
+      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
+      vocab_size, targets.reshape({-1}), chunk_bytes);
 }
 
 }  // namespace shardtrain

@@ -132,6 +132,13 @@ class Gpt2Impl : public torch::nn::Module {
   torch::Tensor Embed(const torch::Tensor& idx);
   // ln_f, then the tied LM head: [B,T,C] -> logits [B,T,vocab_size].
   torch::Tensor Head(const torch::Tensor& x);
+  // ln_f, then the mean cross-entropy of the tied head against `targets`
+  // [B,T], without materialising the logits (LmHeadLoss). Equal to
+  // CrossEntropyLoss(Head(x), targets) to float rounding, gradients too.
+  torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
+  // HeadLoss(blocks(Embed(idx)), targets): the training objective.
+  torch::Tensor ForwardLoss(const torch::Tensor& idx,
+                            const torch::Tensor& targets);
 
   // GPT-2 initialisation, a pure function of (config, seed) on any device:
   // one pass over named_parameters() in order, drawing from a CPU generator
@@ -171,6 +178,29 @@ absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed);
 // its gradient is not itself differentiable.
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
                                const torch::Tensor& targets);
+
+// Mean cross-entropy of a tied LM head, hidden @ weight[0:vocab_size]^T,
+// against `targets`, without the [N, vocab_size] logits or their gradient:
+// rows of `hidden` go through in chunks whose logits take at most
+// `chunk_bytes` (0: LmHeadChunkBytes of the device). hidden: [..., C] (after
+// ln_f); weight: [V_pad, C], V_pad >= vocab_size (padding rows are never
+// scored); targets: hidden's leading shape, int64 in [0, vocab_size).
+//
+// The loss ends the graph, so backward follows at once: when hidden or weight
+// requires grad, their gradients are computed chunk by chunk during this
+// forward pass and backward only scales them. The head then costs the three
+// matrix products of an unfused one, and at most one chunk of logits is
+// alive. weight's gradient is [V_pad, C] with the padding rows zero. Under
+// CUDA autocast the products run in its dtype, the softmax in fp32. Not
+// twice differentiable.
+torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
+                         const torch::Tensor& weight, int64_t vocab_size,
+                         const torch::Tensor& targets, int64_t chunk_bytes = 0);
+
+// The logits budget of one LmHeadLoss chunk: 8 MiB on CPU (a chunk of ~40
+// rows of GPT-2's vocabulary runs its matrix products as fast as any larger
+// one, and stays in cache), 512 MiB on an accelerator.
+int64_t LmHeadChunkBytes(const torch::Device& device);
 
 }  // namespace shardtrain
 

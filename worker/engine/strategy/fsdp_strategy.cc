@@ -226,7 +226,7 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
     // after the head's, so freeing it would only buy a second all-gather.
     if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
   }
-  torch::Tensor loss = CrossEntropyLoss(model_->Head(x), targets);
+  torch::Tensor loss = model_->HeadLoss(x, targets);
   if (!training) Reshard(0);
   return loss;
 }
@@ -299,12 +299,9 @@ double FsdpStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
   // Padding is zero in every shard gradient, so the shards' sum of squares
   // over all ranks is the full gradient's.
-  torch::Tensor squares = torch::zeros(
-      {1},
-      torch::TensorOptions().dtype(torch::kDouble).device(options_.device));
-  for (const auto& unit : units_) {
-    squares += unit->shard_grad().to(torch::kDouble).pow(2).sum();
-  }
+  std::vector<torch::Tensor> grads;
+  for (const auto& unit : units_) grads.push_back(unit->shard_grad());
+  torch::Tensor squares = SumOfSquares(grads, options_.device).reshape({1});
   Check(comm_->AllReduce(squares)->Wait());
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0) {

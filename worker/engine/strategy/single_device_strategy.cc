@@ -29,7 +29,7 @@ torch::Tensor SingleDeviceStrategy::ForwardBackward(
   torch::Tensor loss;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
-    loss = CrossEntropyLoss(model_->forward(inputs), targets);
+    loss = model_->ForwardLoss(inputs, targets);
   }
   (loss * loss_scale).backward();
   return loss.detach();
@@ -37,11 +37,10 @@ torch::Tensor SingleDeviceStrategy::ForwardBackward(
 
 double SingleDeviceStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> squares;
-  for (const torch::Tensor& p : model_->parameters()) {
-    if (p.grad().defined()) squares.push_back(p.grad().pow(2).sum());
-  }
-  const double norm = torch::stack(squares).sum().sqrt().item<double>();
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : model_->parameters()) grads.push_back(p.grad());
+  const double norm =
+      std::sqrt(SumOfSquares(grads, options_.device).item<double>());
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
     if (coef < 1) {
@@ -62,7 +61,7 @@ torch::Tensor SingleDeviceStrategy::ForwardLoss(const torch::Tensor& inputs,
                                                 const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   ScopedAutocast autocast(options_.device, options_.precision);
-  return CrossEntropyLoss(model_->forward(inputs), targets);
+  return model_->ForwardLoss(inputs, targets);
 }
 
 absl::Status SingleDeviceStrategy::SaveCheckpoint(const std::string& dir) {

@@ -78,6 +78,12 @@ class Strategy {
   virtual CommStats TakeCommStats() { return {}; }
 };
 
+// Sum over `tensors` of their squared L2 norms, as a 0-dim double tensor on
+// `device`, without a temporary the size of a tensor. Empty or undefined
+// tensors count zero.
+torch::Tensor SumOfSquares(const std::vector<torch::Tensor>& tensors,
+                           const torch::Device& device);
+
 // Parameters split as GPT-2 training does: matrices and embeddings decay,
 // biases and LayerNorm gains do not.
 std::vector<AdamW::Group> WeightDecayGroups(

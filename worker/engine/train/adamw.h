@@ -1,6 +1,11 @@
 // AdamW with decoupled weight decay, the same arithmetic as PyTorch's
 // single-tensor torch.optim.AdamW, over arbitrary tensors: full parameters
 // (single, DDP) or flat shards (FSDP). Parameters are grouped by weight decay.
+//
+// Step() runs multi-tensor (_foreach_) kernels over batches of at most
+// StepChunkElements() elements, large tensors split into pieces: few kernel
+// launches on a GPU, and its one temporary (the denominator) bounded by the
+// batch, not the largest parameter, on every device.
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_ADAMW_H_
 
@@ -35,6 +40,9 @@ class AdamW {
   void ZeroGrad();
 
   int64_t step_count() const { return step_; }
+  // Elements per multi-tensor batch: 1 Mi on CPU (4 MiB of temporary), 64 Mi
+  // on an accelerator.
+  static int64_t StepChunkElements(const torch::Device& device);
   // Bytes of optimizer state (exp_avg + exp_avg_sq).
   int64_t StateBytes() const;
 
