@@ -99,6 +99,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (s.has_reshard_after_forward())
     c.reshard_after_forward = s.reshard_after_forward();
   if (s.has_prefetch()) c.prefetch = s.prefetch();
+  if (s.has_fsdp_no_sync()) c.fsdp_no_sync = s.fsdp_no_sync();
   if (s.has_comm_timeout_seconds()) c.comm_timeout = s.comm_timeout_seconds();
 
   const v1::TrainerOptions& t = spec.trainer();
@@ -155,6 +156,7 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   s->set_bucket_mb(c.bucket_mb);
   s->set_reshard_after_forward(c.reshard_after_forward);
   s->set_prefetch(c.prefetch);
+  s->set_fsdp_no_sync(c.fsdp_no_sync);
   s->set_comm_timeout_seconds(c.comm_timeout);
   v1::TrainerOptions* t = spec.mutable_trainer();
   t->set_batch_size(c.batch_size);

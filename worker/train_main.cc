@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/comm/dist_env.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/train_flags.h"
@@ -76,4 +77,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shardtrain
 
-int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shardtrain::ReexecForFasterBlasKernels(argv);
+  return shardtrain::Main(argc, argv);
+}

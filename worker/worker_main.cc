@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/engine/comm/dist_env.h"
+#include "worker/engine/train/cpu_threads.h"
 #include "worker/job_config.h"
 #include "worker/progress_reporter.h"
 #include "worker/training_run.h"
@@ -96,4 +97,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shardtrain
 
-int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shardtrain::ReexecForFasterBlasKernels(argv);
+  return shardtrain::Main(argc, argv);
+}

@@ -42,6 +42,7 @@ TEST(JobConfigTest, SetFieldsOverrideIncludingZeroAndFalse) {
   spec.mutable_trainer()->set_shuffle(false);
   spec.mutable_strategy()->set_name("fsdp");
   spec.mutable_strategy()->set_reshard_after_forward(false);
+  spec.mutable_strategy()->set_fsdp_no_sync(true);
   spec.set_device_kind(v1::GPU);
   absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, kOut);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -50,6 +51,7 @@ TEST(JobConfigTest, SetFieldsOverrideIncludingZeroAndFalse) {
   EXPECT_DOUBLE_EQ(config->grad_clip, 0);
   EXPECT_FALSE(config->shuffle);
   EXPECT_FALSE(config->reshard_after_forward);
+  EXPECT_TRUE(config->fsdp_no_sync);
   EXPECT_EQ(config->device, "cuda");
 }
 

@@ -3,11 +3,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
 #include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
+#include "worker/engine/train/cpu_threads.h"
 
 namespace shardtrain {
 namespace {
@@ -45,6 +47,42 @@ class TrainMainTest : public testing::Test {
   static std::string* dir_;
 };
 std::string* TrainMainTest::dir_ = nullptr;
+
+// On a CPU whose flags allow AVX2/AVX-512 kernels, shardtrain-train runs
+// them even where OpenBLAS's own detection falls back to generic ones (a
+// virtual CPU with a generic model name): it re-executes itself with
+// OPENBLAS_CORETYPE set.
+TEST_F(TrainMainTest, RunsTheFastestBlasKernelsTheCpuSupports) {
+  std::ifstream in("/proc/cpuinfo");
+  const std::string cpuinfo((std::istreambuf_iterator<char>(in)),
+                            std::istreambuf_iterator<char>());
+  const std::string expected = BlasCoreTypeFor(cpuinfo.c_str());
+  if (expected.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  test::CommandResult r = test::RunCommand(
+      "env -u OPENBLAS_CORETYPE " + std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain-train --model gpt2-tiny --data " + Data() +
+      " --batch-size 1 --seq-len 16 --max-steps 1 --eval-steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const size_t line = r.out.find("cpu: OpenBLAS ");
+  ASSERT_NE(line, std::string::npos) << r.out;
+  const std::string core = r.out.substr(line + 14, r.out.find(' ', line + 14) - line - 14);
+  // Either the type the flags allow, or one OpenBLAS detected by itself
+  // that is at least as good (it never needed the re-exec).
+  EXPECT_TRUE(core == expected || core == "SkylakeX" || core == "Cooperlake" ||
+              core == "SapphireRapids" || (expected == "Haswell" && core == "Zen"))
+      << "OpenBLAS runs " << core << " kernels; the CPU supports " << expected;
+}
+
+TEST(BlasCoreTypeTest, FollowsTheCpuFlags) {
+  EXPECT_STREQ(BlasCoreTypeFor("processor : 0\nflags : fpu sse2 avx avx2 fma "
+                               "avx512f avx512bw avx512vl\n"),
+               "SkylakeX");
+  EXPECT_STREQ(BlasCoreTypeFor("flags\t\t: fpu sse2 avx avx2 fma bmi2\n"),
+               "Haswell");
+  EXPECT_STREQ(BlasCoreTypeFor("flags : fpu sse2 avx\n"), "");
+  EXPECT_STREQ(BlasCoreTypeFor("flags : avx2\n"), "");  // no FMA
+  EXPECT_STREQ(BlasCoreTypeFor(""), "");
+}
 
 TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   Result r = RunTrain(

@@ -349,7 +349,7 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
         }
       }
     }
-    ctx->save_for_backward({dx, dw});
+    ctx->save_for_backward({dx, dw, weight});
     return row_loss.mean();
   }
 
@@ -364,15 +364,28 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& scale = grad_outputs[0];
     torch::Tensor dx = saved[0].defined() ? saved[0].mul_(scale) : saved[0];
-    torch::Tensor dw = saved[1].defined() ? saved[1].mul_(scale) : saved[1];
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (saved[1].defined()) {
+      // Straight into the leaf's gradient, as AccumulateGrad would: returned
+      // to autograd, this [V_pad, C] gradient would wait in the engine's
+      // input buffer for the tied embedding's (the last backward of all),
+      // holding a second copy of wte's gradient through the whole backward.
+      torch::Tensor weight = saved[2];
+      torch::Tensor& grad = weight.mutable_grad();
+      if (grad.defined()) {
+        grad.add_(saved[1].mul_(scale));
+      } else {
+        grad = saved[1].mul_(scale);
+      }
+    }
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
 }  // namespace
 
 int64_t LmHeadChunkBytes(const torch::Device& device) {
-  return device.is_cpu() ? (int64_t{8} << 20) : (int64_t{512} << 20);
+  return device.is_cpu() ? (int64_t{16} << 20) : (int64_t{512} << 20);
 }
 
 torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
@@ -381,7 +394,7 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
   TORCH_CHECK(hidden.dim() >= 2 && hidden.is_floating_point(),
               "LmHeadLoss: hidden must be [..., C] floating point, got ",
               hidden.sizes());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(-1) &&
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(-1) &&
                   vocab_size >= 1 && vocab_size <= weight.size(0),
               "LmHeadLoss: weight must be [V_pad >= vocab_size, C], got ",
               weight.sizes(), " for vocab_size ", vocab_size, " and hidden ",
@@ -391,9 +404,12 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
               "LmHeadLoss: targets must be int64 with one entry per row of "
               "hidden, got ",
               targets.sizes(), " for hidden ", hidden.sizes());
+  TORCH_CHECK(!weight.requires_grad() || weight.is_leaf(),
+              "LmHeadLoss: a weight that requires grad must be a leaf (its "
+              "gradient is accumulated into weight.grad() directly)");
   if (chunk_bytes <= 0) chunk_bytes = LmHeadChunkBytes(hidden.device());
   return ChunkedLmHead::apply(
-      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
+      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight,
       vocab_size, targets.reshape({-1}), chunk_bytes);
 }
 

@@ -25,7 +25,8 @@ namespace {
 
 constexpr char kIndexFile[] = "fsdp_index.json";
 constexpr char kIndexFormat[] = "shardtrain-fsdp";
-constexpr int kIndexVersion = 1;
+// 2: wte is a unit of its own, sharded by rows (1 had it in the root unit).
+constexpr int kIndexVersion = 2;
 
 // Strategy calls that cannot return a Status report collective failures as
 // exceptions (see the header).
@@ -75,8 +76,10 @@ std::map<std::string, torch::Tensor*> ModuleMembers(Gpt2Impl& model) {
   return members;
 }
 
-// 1 + i for the parameters of block h.i, 0 (the root) for the others.
-int64_t UnitOf(const std::string& name) {
+// 1 + i for the parameters of block h.i, num_blocks + 1 for wte, 0 (the
+// root) for the others.
+int64_t UnitOf(const std::string& name, int64_t num_blocks) {
+  if (name == "wte.weight") return num_blocks + 1;
   if (!absl::StartsWith(name, "h.")) return 0;
   const size_t end = name.find('.', 2);
   int64_t block = 0;
@@ -124,8 +127,10 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
   try {
     const std::map<std::string, torch::Tensor*> members =
         ModuleMembers(*model_);
+    const int64_t num_blocks = model_->num_blocks();
+    wte_unit_ = num_blocks + 1;
     std::vector<std::vector<FsdpUnit::Source>> sources(
-        static_cast<size_t>(1 + model_->num_blocks()));
+        static_cast<size_t>(num_blocks + 2));
     for (const auto& item : model_->named_parameters()) {
       const auto member = members.find(item.key());
       if (member == members.end()) {
@@ -134,7 +139,7 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
             "' is not the weight or bias of a Linear, LayerNorm or Embedding, "
             "the modules whose tensors FSDP can point at gathered views"));
       }
-      const int64_t u = UnitOf(item.key());
+      const int64_t u = UnitOf(item.key(), num_blocks);
       if (u >= static_cast<int64_t>(sources.size())) {
         return absl::InternalError(
             absl::StrCat("fsdp: parameter '", item.key(), "' has no unit"));
@@ -143,10 +148,13 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     }
     // One unit at a time: each frees its parameters once sharded, so Setup
     // needs the model plus one unit's flat copy at most.
+    const int64_t n_embd = model_->config().n_embd;
     for (size_t u = 0; u < sources.size(); ++u) {
+      const bool wte = static_cast<int64_t>(u) == wte_unit_;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u == 0 ? "root" : absl::StrCat("h.", u - 1), std::move(sources[u]),
-          comm_, options_.device, compute_dtype);
+          u == 0 ? "root" : wte ? "wte" : absl::StrCat("h.", u - 1),
+          std::move(sources[u]), comm_, options_.device, compute_dtype,
+          /*align=*/wte ? n_embd : 1);
       if (!unit.ok()) return unit.status();
       std::shared_ptr<torch::autograd::Node> accumulator =
           torch::autograd::impl::grad_accumulator((*unit)->full());
@@ -156,6 +164,17 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
       grad_accumulators_.push_back(std::move(accumulator));
       units_.push_back(std::move(*unit));
     }
+    FsdpUnit& wte = *units_[wte_unit_];
+    const int64_t rows = wte.shard_numel() / n_embd;
+    vocab_.comm = comm_;
+    vocab_.weight = wte.shard().view({rows, n_embd});
+    vocab_.grad = wte.shard_grad().view({rows, n_embd});
+    vocab_.row_begin = wte.shard_offset() / n_embd;
+    vocab_.vocab_size = model_->config().vocab_size;
+    vocab_.compute_dtype = compute_dtype;
+    vocab_.chunk_bytes = fsdp_.head_chunk_bytes;
+    vocab_.anchor = torch::zeros(
+        {}, torch::TensorOptions().device(options_.device).requires_grad(true));
     AdamW::Group decay{{}, options_.weight_decay};
     AdamW::Group no_decay{{}, 0.0};
     for (const auto& unit : units_) {
@@ -202,15 +221,21 @@ void FsdpStrategy::Reshard(int64_t u) {
 }
 
 torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
-                                    const torch::Tensor& targets,
-                                    bool training) {
+                                    const torch::Tensor& targets, bool training,
+                                    double loss_scale) {
   TORCH_CHECK(!units_.empty(), "FSDP: Setup() must come first");
-  const int64_t last = num_units() - 1;  // units 1..last are the blocks
+  TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
+                  inputs.size(1) <= model_->config().block_size,
+              "FSDP: inputs must be [B,T] with 1 <= T <= block_size = ",
+              model_->config().block_size, ", got ", inputs.sizes());
+  const int64_t last = model_->num_blocks();  // units 1..last are the blocks
   LaunchGather(0);
   if (fsdp_.prefetch && last >= 1) LaunchGather(1);
-  Unshard(0);  // the root stays gathered: Head needs the tied wte again
+  Unshard(0);  // the root stays gathered: ln_f comes last
   ScopedAutocast autocast(options_.device, options_.precision);
-  torch::Tensor x = model_->Embed(inputs);
+  torch::Tensor x =
+      VocabParallelEmbedding(inputs, vocab_) +
+      model_->wpe()->weight.narrow(0, 0, inputs.size(1));
   for (int64_t u = 1; u <= last; ++u) {
     Unshard(u);
     if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
@@ -226,17 +251,19 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
     // after the head's, so freeing it would only buy a second all-gather.
     if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
   }
-  torch::Tensor loss = model_->HeadLoss(x, targets);
+  torch::Tensor loss = VocabParallelLoss(model_->ln_f()(x), targets, vocab_,
+                                         training ? loss_scale : 0.0);
   if (!training) Reshard(0);
   return loss;
 }
 
 torch::Tensor FsdpStrategy::ForwardBackward(const torch::Tensor& inputs,
                                             const torch::Tensor& targets,
-                                            double loss_scale, bool /*sync*/) {
+                                            double loss_scale, bool sync) {
   torch::Tensor loss;
+  sync_ = sync;
   try {
-    loss = Forward(inputs, targets, /*training=*/true);
+    loss = Forward(inputs, targets, /*training=*/true, loss_scale);
     (loss * loss_scale).backward();
     FinishBackward();
   } catch (...) {
@@ -253,6 +280,7 @@ void FsdpStrategy::ResetUnits() {
     (void)unit->WaitReduceScatter();
     unit->Reshard();
     unit->full().mutable_grad() = torch::Tensor();
+    unit->DropUnshardedGradient();
   }
 }
 
@@ -271,6 +299,11 @@ void FsdpStrategy::PreBackward(int64_t u) {
 
 void FsdpStrategy::OnGradReady(int64_t u) {
   Emit(FsdpEvent::Kind::kGradReady, u);
+  if (!sync_ && fsdp_.no_sync) {
+    units_[u]->HoldUnshardedGradient();
+    Reshard(u);
+    return;
+  }
   Check(units_[u]->LaunchReduceScatter());
   // At most two reductions in flight: the full gradients of the units
   // finished earlier must not pile up while backward goes on.
@@ -286,7 +319,11 @@ void FsdpStrategy::FinishBackward() {
   pending_reductions_.clear();
   for (int64_t u = 0; u < num_units(); ++u) {
     FsdpUnit& unit = *units_[u];
-    if (unit.full().grad().defined()) {  // a gradient that missed its hook
+    const bool hold = !sync_ && fsdp_.no_sync;
+    if (hold) {
+      unit.HoldUnshardedGradient();  // one that missed its hook
+    } else if (unit.full().grad().defined() ||
+               unit.holds_unsharded_gradient()) {
       Check(unit.LaunchReduceScatter());
       Check(unit.WaitReduceScatter());
     }
@@ -323,7 +360,7 @@ torch::Tensor FsdpStrategy::ForwardLoss(const torch::Tensor& inputs,
                                         const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   try {
-    return Forward(inputs, targets, /*training=*/false);
+    return Forward(inputs, targets, /*training=*/false, /*loss_scale=*/0.0);
   } catch (...) {
     ResetUnits();
     throw;
@@ -404,13 +441,20 @@ absl::Status FsdpStrategy::LoadCheckpoint(const std::string& dir) {
     return absl::DataLossError(
         absl::StrCat(index_path, " is unreadable or not an FSDP index"));
   }
+  if (saved.value("version", 0) != kIndexVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FSDP checkpoint ", dir, " has index version ", saved.value("version", 0),
+        " but this shardtrain reads version ", kIndexVersion,
+        " (from version 2 wte is a unit of its own, sharded by rows); resume "
+        "is not possible: start from its model.bin with --init-from"));
+  }
   const int64_t saved_world = saved["world_size"].get<int64_t>();
   if (saved_world != comm_->world_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "FSDP checkpoint ", dir, " was written at world size ", saved_world,
         " but this run has world size ", comm_->world_size(),
         "; sharded checkpoints resume only at the same world size (to change "
-        "it, start from the exported model.bin with --init_from)"));
+        "it, start from the exported model.bin with --init-from)"));
   }
   const nlohmann::json expected = nlohmann::json::parse(IndexJson());
   if (saved["units"] != expected["units"]) {

@@ -1,27 +1,41 @@
 // FsdpStrategy: Fully Sharded Data Parallel (ZeRO-3) over our Communicator.
 //
-// Units: one per transformer block plus a root unit (wte, wpe, ln_f); each is
-// an FsdpUnit, flattened, padded to a multiple of the world size and sharded.
+// Units: one per transformer block, a small root unit (wpe, ln_f) and the
+// tied embedding wte; each is an FsdpUnit, flattened, padded and sharded.
 // A rank holds its shards of the parameters, the gradients and the AdamW
 // state — about 1/N of a replica's — plus, transiently, the full parameters
-// of the units being computed.
+// of the units being computed. wte is sharded by whole rows and never
+// gathered: the embedding and the LM head + loss run vocabulary-parallel on
+// the rows (vocab_parallel.h), so no rank ever holds the full embedding or
+// its full gradient, nor the [tokens, vocab] logits.
 //
 // One training micro-step:
-//   forward   root gathered (kept until backward: Embed and the tied Head need
-//             it); for each block: wait for its all-gather, launch the next
-//             block's (prefetch), compute, free the full buffer (reshard after
-//             forward) unless reshard_after_forward is false. The last block
-//             is kept either way: its backward is the first.
+//   forward   root gathered (kept until backward: the positions and ln_f);
+//             the vocabulary-parallel embedding; for each block: wait for its
+//             all-gather, launch the next block's (prefetch), compute, free
+//             the full buffer (reshard after forward) unless
+//             reshard_after_forward is false. The last block is kept either
+//             way: its backward is the first. Then ln_f and the
+//             vocabulary-parallel loss, which also adds wte's gradient into
+//             its shard.
 //   backward  a hook on each block's output fires just before that block's
 //             backward: re-gather it and launch the all-gather of the block
 //             before it. When a unit's flat gradient is complete (a post-hook
 //             on its gradient accumulator), it is reduce-scattered (mean over
 //             ranks) into the rank's shard gradient and the full parameters
 //             and gradient are freed.
-// Gradient accumulation reduce-scatters on every micro-step and accumulates
-// the shard gradients, so `sync` is ignored: memory stays sharded at the cost
-// of one reduce-scatter per micro-step (PyTorch's no_sync instead keeps a full
-// unsharded gradient, a replica's worth of memory, to skip them).
+// Gradient accumulation reduce-scatters on every micro-step by default and
+// accumulates the shard gradients: memory stays sharded at the cost of one
+// reduce-scatter per micro-step. With FsdpOptions::no_sync (PyTorch's
+// no_sync) the micro-steps with sync = false keep each unit's full gradient
+// (fp32, a replica's worth of the blocks and root) and reduce-scatter only on
+// the last: less communication, more memory. wte's gradient goes to its
+// shard on every micro-step either way (its communication is in forward).
+//
+// reshard_after_forward is a bool, not PyTorch FSDP2's integer (reshard to a
+// smaller group after forward, so backward's all-gather stays inside a node):
+// with one host, every rank is in one node and that group is the world, and
+// the Communicator has no sub-groups; see docs/strategies.md.
 //
 // With precision bf16 on CUDA the units are gathered and computed in bf16
 // while the shards (the optimizer's master weights) and the reduction stay
@@ -40,6 +54,7 @@
 
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/vocab_parallel.h"
 #include "worker/engine/train/tensor_file.h"
 
 namespace torch {
@@ -58,10 +73,15 @@ struct FsdpOptions {
   bool reshard_after_forward = true;
   // Overlap: launch the next unit's all-gather while the current one computes.
   bool prefetch = true;
+  // On accumulation micro-steps (sync = false) keep the blocks' and root's
+  // full gradients instead of reduce-scattering them (see above).
+  bool no_sync = false;
+  // Logits per chunk of the vocabulary-parallel head (0: LmHeadChunkBytes).
+  int64_t head_chunk_bytes = 0;
 };
 
 // What the strategy did, in order, for tests and tracing. Units are numbered
-// 0 = root, 1 + i = block h.i.
+// 0 = root, 1 + i = block h.i, num_blocks + 1 = wte (which is never gathered).
 struct FsdpEvent {
   enum class Kind {
     kGatherLaunch,   // all-gather launched (full buffer allocated)
@@ -139,9 +159,11 @@ class FsdpStrategy final : public Strategy {
   void Unshard(int64_t u);
   void Reshard(int64_t u);
   // Runs one forward over the units; under grad mode installs the
-  // pre-backward hooks. Returns the mean loss.
+  // pre-backward hooks. Returns the mean loss; in training the caller must
+  // backpropagate exactly `loss_scale` into it.
   torch::Tensor Forward(const torch::Tensor& inputs,
-                        const torch::Tensor& targets, bool training);
+                        const torch::Tensor& targets, bool training,
+                        double loss_scale);
   void PreBackward(int64_t u);
   void OnGradReady(int64_t u);
   // Waits for every reduce-scatter in flight, frees what is still gathered.
@@ -156,6 +178,9 @@ class FsdpStrategy final : public Strategy {
   const FsdpOptions fsdp_;
   Gpt2 model_{nullptr};
   std::vector<std::unique_ptr<FsdpUnit>> units_;
+  int64_t wte_unit_ = -1;
+  VocabShard vocab_;  // views of the wte unit's shard
+  bool sync_ = true;  // of the micro-step in progress
   // The gradient accumulators of the units' full buffers, kept alive so their
   // post-hooks keep firing.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;

@@ -48,7 +48,8 @@ absl::Status Annotate(const absl::Status& status, const std::string& unit,
 
 absl::StatusOr<std::unique_ptr<FsdpUnit>> FsdpUnit::Create(
     std::string name, std::vector<Source> sources, Communicator* comm,
-    const torch::Device& device, torch::ScalarType compute_dtype) {
+    const torch::Device& device, torch::ScalarType compute_dtype,
+    int64_t align) {
   std::unique_ptr<FsdpUnit> unit(new FsdpUnit());
   FsdpUnit& u = *unit;
   u.name_ = std::move(name);
@@ -70,8 +71,8 @@ absl::StatusOr<std::unique_ptr<FsdpUnit>> FsdpUnit::Create(
     u.numel_ += param.numel;
     u.params_.push_back(std::move(param));
   }
-  u.padded_numel_ =
-      (u.numel_ + u.world_size_ - 1) / u.world_size_ * u.world_size_;
+  const int64_t multiple = u.world_size_ * std::max<int64_t>(align, 1);
+  u.padded_numel_ = (u.numel_ + multiple - 1) / multiple * multiple;
   const int64_t shard_numel = u.shard_numel();
   try {
     torch::NoGradGuard no_grad;
@@ -191,14 +192,31 @@ void FsdpUnit::Reshard() {
   state_ = State::kFreed;
 }
 
+void FsdpUnit::HoldUnshardedGradient() {
+  torch::Tensor grad = full_.grad();
+  if (!grad.defined()) return;
+  full_.mutable_grad() = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  if (held_grad_.defined()) {
+    held_grad_.add_(grad);
+  } else {
+    held_grad_ = grad.to(torch::kFloat).contiguous();
+  }
+}
+
 absl::Status FsdpUnit::LaunchReduceScatter() {
   if (absl::Status s = WaitReduceScatter(); !s.ok()) return s;
   torch::Tensor grad = full_.grad();
-  if (!grad.defined()) return absl::OkStatus();
+  if (!grad.defined() && !held_grad_.defined()) return absl::OkStatus();
   full_.mutable_grad() = torch::Tensor();
   torch::NoGradGuard no_grad;
   // Reduced in fp32 even when computing in bf16: the sum over ranks is where
   // bf16's 8-bit mantissa would lose most.
+  if (held_grad_.defined()) {
+    if (grad.defined()) held_grad_.add_(grad);
+    grad = std::move(held_grad_);
+    held_grad_ = torch::Tensor();
+  }
   rs_input_ = grad.to(torch::kFloat).contiguous();
   rs_output_ = torch::empty_like(shard_);
   rs_work_ = comm_->ReduceScatter(rs_output_, rs_input_);

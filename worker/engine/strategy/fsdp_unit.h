@@ -55,10 +55,14 @@ class FsdpUnit {
   // and frees the sources' storage: afterwards each source's value is an empty
   // tensor and its member is undefined until the unit is gathered. The full
   // buffer is kept in `compute_dtype` (bf16 for mixed precision on CUDA), the
-  // shard always in fp32. `comm` must outlive the unit. Collective.
+  // shard always in fp32. The padding makes the buffer a multiple of
+  // world size * `align` elements, so with align = a row's length every
+  // shard is whole rows (the row-sharded wte). `comm` must outlive the unit.
+  // Collective.
   static absl::StatusOr<std::unique_ptr<FsdpUnit>> Create(
       std::string name, std::vector<Source> sources, Communicator* comm,
-      const torch::Device& device, torch::ScalarType compute_dtype);
+      const torch::Device& device, torch::ScalarType compute_dtype,
+      int64_t align = 1);
 
   FsdpUnit(const FsdpUnit&) = delete;
   FsdpUnit& operator=(const FsdpUnit&) = delete;
@@ -68,6 +72,8 @@ class FsdpUnit {
   int64_t numel() const { return numel_; }                // without padding
   int64_t padded_numel() const { return padded_numel_; }  // multiple of world
   int64_t shard_numel() const { return padded_numel_ / world_size_; }
+  // Where this rank's shard starts in the flat buffer.
+  int64_t shard_offset() const { return rank_ * shard_numel(); }
   // Bytes of the full flat buffer while gathered.
   int64_t FullBytes() const;
   // Bytes of the shard and its gradient (always held).
@@ -94,8 +100,17 @@ class FsdpUnit {
 
   // Moves full().grad() out of the leaf and launches its reduce-scatter; the
   // wait adds this rank's part, divided by the world size (the mean over
-  // ranks), to the shard gradient. Nothing happens when there is no gradient.
+  // ranks), to the shard gradient. Gradients held back by
+  // HoldUnshardedGradient() are reduced with it. Nothing happens when there
+  // is neither.
   absl::Status LaunchReduceScatter();
+  // Gradient accumulation without communication (FSDP's no_sync): adds
+  // full().grad() into an fp32 full-size buffer kept until the next
+  // LaunchReduceScatter() and frees the leaf's gradient.
+  void HoldUnshardedGradient();
+  bool holds_unsharded_gradient() const { return held_grad_.defined(); }
+  // Drops a held gradient (after a failed step).
+  void DropUnshardedGradient() { held_grad_ = torch::Tensor(); }
   absl::Status WaitReduceScatter();
   bool reduce_scatter_in_flight() const { return rs_work_ != nullptr; }
 
@@ -148,6 +163,7 @@ class FsdpUnit {
   std::unique_ptr<CommWork> rs_work_;
   torch::Tensor rs_input_;
   torch::Tensor rs_output_;
+  torch::Tensor held_grad_;  // [padded_numel] fp32, see HoldUnshardedGradient
 };
 
 }  // namespace shardtrain

@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     FsdpOptions fsdp;
     fsdp.reshard_after_forward = config.reshard_after_forward;
     fsdp.prefetch = config.prefetch;
+    fsdp.no_sync = config.fsdp_no_sync;
     return std::make_unique<FsdpStrategy>(options, comm, fsdp);
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -12,9 +12,11 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/train/cpu_threads.h"
 
 namespace shardtrain {
 namespace {
@@ -85,7 +87,12 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
 #endif
   (void)device;
   (void)precision;
-  const std::string key = absl::StrCat("cpu_fp32_threads_", cpu_threads);
+  // Keyed by OpenBLAS's kernels too: the same machine runs 5x apart between
+  // its generic and its AVX-512 ones (cpu_threads.h).
+  const std::string core = BlasCoreName();
+  const std::string key =
+      absl::StrCat("cpu_fp32_threads_", cpu_threads, core.empty() ? "" : "_",
+                   absl::AsciiStrToLower(core));
   const std::filesystem::path path = CacheFile();
   nlohmann::json cache = nlohmann::json::object();
   {

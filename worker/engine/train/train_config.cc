@@ -165,6 +165,7 @@ const std::map<std::string, Setter>& YamlSetters() {
       {"bucket_mb", Set(&TrainConfig::bucket_mb)},
       {"reshard_after_forward", Set(&TrainConfig::reshard_after_forward)},
       {"prefetch", Set(&TrainConfig::prefetch)},
+      {"fsdp_no_sync", Set(&TrainConfig::fsdp_no_sync)},
       {"comm_timeout", Set(&TrainConfig::comm_timeout)},
       {"eval_every", Set(&TrainConfig::eval_every)},
       {"eval_steps", Set(&TrainConfig::eval_steps)},

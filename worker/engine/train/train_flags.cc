@@ -42,6 +42,9 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
       "FSDP: free gathered parameters after forward (false: ZeRO-2-like)");
   app.add_option("--prefetch", c.prefetch,
                  "FSDP: prefetch the next unit's all-gather");
+  app.add_option("--fsdp-no-sync", c.fsdp_no_sync,
+                 "FSDP: keep full gradients over accumulation micro-steps and "
+                 "reduce-scatter once (less communication, more memory)");
   app.add_option("--comm-timeout", c.comm_timeout,
                  "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every,

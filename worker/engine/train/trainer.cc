@@ -379,6 +379,9 @@ absl::Status Trainer::RunLoop() {
       config_.batch_size, config_.seq_len, config_.grad_accum,
       rank_info_.world_size,
       FormatThousands(sampler_->windows_per_step() * config_.seq_len)));
+  if (device_.is_cpu() && *BlasCoreName() != '\0') {
+    Log(absl::StrCat("cpu: OpenBLAS ", BlasCoreName(), " kernels"));
+  }
 
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     const bool last_step = step + 1 == total_steps_;

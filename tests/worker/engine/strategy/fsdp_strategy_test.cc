@@ -34,8 +34,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // Small enough that a test runs in seconds on one core per rank. vocab_size
-// 1000 pads wte to 1024 rows. Unit sizes: root 69,760, block 49,984
-// elements, neither divisible by 3 (world 3 takes the padding path).
+// 1000 pads wte to 1024 rows. Unit sizes: wte 1024 rows of 64, block 49,984
+// elements, neither divisible by 3 (world 3 takes the padding paths).
 constexpr char kSpec[] =
     "custom:n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=1000";
 // Four blocks, for memory and prefetch order over more than two units.
@@ -210,17 +210,33 @@ TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
     const TrainResult fsdp = TrainFsdp(kSpec, batches, kSteps, world);
     ExpectSameTraining(single, fsdp, "world " + std::to_string(world));
   }
-  // The padding path was exercised: no unit divides evenly by 3.
+  // The padding paths were exercised at world 3: neither a block nor wte's
+  // rows (the row-sharded unit pads whole rows) divide evenly by 3.
   Gpt2 model = MakeModel(kSpec);
-  int64_t root = 0;
   int64_t block = 0;
   for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    if (name.rfind("h.", 0) != 0) root += item.value().numel();
-    if (name.rfind("h.0.", 0) == 0) block += item.value().numel();
+    if (item.key().rfind("h.0.", 0) == 0) block += item.value().numel();
   }
-  EXPECT_NE(root % 3, 0);
   EXPECT_NE(block % 3, 0);
+  EXPECT_NE(model->wte()->weight.size(0) % 3, 0);
+}
+
+// The vocabulary-parallel head in many chunks of a few rows, the last one
+// short, while ranks score different numbers of rows (the last rank's shard
+// ends in padding): still the single-device run.
+TEST(FsdpStrategyTest, ChunkedVocabParallelHeadMatchesSingleDevice) {
+  constexpr int64_t kSteps = 4;
+  for (const int64_t world : {2, 3}) {
+    SCOPED_TRACE(world);
+    const torch::Tensor batches = MakeBatches(kSteps, world * kLocalBatch);
+    const TrainResult single = TrainSingle(kSpec, batches, kSteps);
+    FsdpOptions options;
+    options.head_chunk_bytes = 5 * (1026 / world) * 4;  // 5 rows a chunk
+    const TrainResult fsdp =
+        TrainFsdp(kSpec, batches, kSteps, world, 1, options);
+    ExpectSameTraining(single, fsdp,
+                       "chunked head, world " + std::to_string(world));
+  }
 }
 
 TEST(FsdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatch) {
@@ -235,6 +251,44 @@ TEST(FsdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatch) {
       TrainFsdp(kSpec, batches, kSteps, kWorld, kMicroSteps);
 
   ExpectSameTraining(one_batch, accumulated, "4 micro-steps vs 1");
+}
+
+// no_sync: the accumulation micro-steps keep full gradients instead of
+// reduce-scattering them. Same training (within rounding: the sum over
+// micro-steps happens before the reduction instead of after), fewer bytes sent.
+TEST(FsdpStrategyTest, NoSyncAccumulationMatchesAndSendsLess) {
+  constexpr int64_t kSteps = 3;
+  constexpr int64_t kWorld = 2;
+  constexpr int64_t kMicroSteps = 4;
+  const torch::Tensor batches =
+      MakeBatches(kSteps, kWorld * kMicroSteps * kLocalBatch);
+  int64_t bytes[2] = {0, 0};
+  TrainResult results[2];
+  for (const bool no_sync : {false, true}) {
+    RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+      torch::set_num_threads(1);
+      Gpt2 model = MakeModel(kSpec);
+      FsdpOptions options;
+      options.no_sync = no_sync;
+      FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm, options);
+      ASSERT_TRUE(fsdp.Setup(model).ok());
+      comm.TakeStats();
+      TrainResult mine;
+      Train(fsdp, batches, rank, kWorld, kMicroSteps, 0, kSteps, &mine);
+      const int64_t sent = comm.TakeStats().bytes;
+      mine.params = Consolidate(fsdp);
+      if (rank == 0) {
+        results[no_sync] = std::move(mine);
+        bytes[no_sync] = sent;
+      }
+    });
+  }
+  ExpectSameTraining(results[0], results[1], "no_sync vs reduce every micro-step");
+  // Three of every four reduce-scatters of the blocks and root are skipped.
+  EXPECT_LT(bytes[1], bytes[0]);
+  std::printf("bytes sent by rank 0: %.2f MiB reducing every micro-step, "
+              "%.2f MiB with no_sync\n",
+              bytes[0] / 1048576.0, bytes[1] / 1048576.0);
 }
 
 TEST(FsdpStrategyTest, EachRankHoldsAboutOneNthOfTheModelState) {
@@ -504,10 +558,15 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
   std::ifstream index_file(dir / "fsdp_index.json");
   const nlohmann::json index = nlohmann::json::parse(index_file);
   EXPECT_EQ(index["world_size"], kWorld);
-  ASSERT_EQ(index["units"].size(), 3u);  // root, h.0, h.1
+  EXPECT_EQ(index["version"], 2);
+  ASSERT_EQ(index["units"].size(), 4u);  // root, h.0, h.1, wte
+  EXPECT_EQ(index["units"][0]["params"][0]["name"], "wpe.weight");
   EXPECT_EQ(index["units"][1]["name"], "h.0");
   EXPECT_EQ(index["units"][1]["padded_numel"], 49984);
-  EXPECT_EQ(index["units"][0]["params"][0]["name"], "wte.weight");
+  // wte is sharded by whole rows: 1024 rows of 64 split in two.
+  EXPECT_EQ(index["units"][3]["name"], "wte");
+  EXPECT_EQ(index["units"][3]["params"][0]["name"], "wte.weight");
+  EXPECT_EQ(index["units"][3]["shard_numel"], 512 * 64);
 
   const std::vector<double> tail(uninterrupted.losses.begin() + kSaveAt,
                                  uninterrupted.losses.end());
@@ -533,6 +592,25 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
         << status;
   }
   std::printf("world 3 load: %s\n", at_three[0].ToString().c_str());
+
+  // A checkpoint of index version 1 (wte inside the root unit) is refused by
+  // name, not misread.
+  nlohmann::json old_index = index;
+  old_index["version"] = 1;
+  std::ofstream(dir / "fsdp_index.json") << old_index.dump();
+  std::vector<absl::Status> old_version(kWorld);
+  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(kSpec);
+    FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    old_version[rank] = fsdp.LoadCheckpoint(dir.string());
+  });
+  for (const absl::Status& status : old_version) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("index version 1"), std::string::npos)
+        << status;
+  }
   fs::remove_all(dir);
 }
 
