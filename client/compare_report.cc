@@ -162,6 +162,7 @@ const std::vector<std::string>& TableHeader() {
                                    "step p50",
                                    "step p95",
                                    "peak mem/rank",
+                                   "predicted",
                                    "grad norm mean",
                                    "std",
                                    "spike (max/median)",
@@ -184,6 +185,9 @@ std::vector<std::string> TableCells(const StrategySummary& row) {
       FormatDuration(row.step_seconds_p50),
       FormatDuration(row.step_seconds_p95),
       FormatBytes(row.peak_memory_bytes_per_rank),
+      row.predicted_peak_bytes_per_rank > 0
+          ? FormatBytes(row.predicted_peak_bytes_per_rank)
+          : "-",
       absl::StrFormat("%.3f", row.grad_norm_mean),
       absl::StrFormat("%.3f", row.grad_norm_std),
       absl::StrFormat("%.2f", row.grad_norm_spike_ratio),
@@ -510,6 +514,7 @@ StrategySummary Summarise(const StrategyRun& run) {
   StrategySummary summary;
   summary.strategy = run.strategy;
   summary.world_size = run.world_size;
+  summary.predicted_peak_bytes_per_rank = run.predicted_peak_bytes_per_rank;
 
   std::vector<v1::StepMetrics> rank0;
   for (const v1::StepMetrics& m : Deduplicated(run.steps)) {

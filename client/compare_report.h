@@ -27,6 +27,8 @@ struct StrategyRun {
   std::vector<v1::StepMetrics> steps;  // every rank's steps, any order
   double wall_seconds = 0;             // job start to end
   int64_t train_tokens = 0;            // tokens in train.bin (one epoch)
+  // `shardtrain plan`'s prediction of the peak per rank; 0 when unknown.
+  int64_t predicted_peak_bytes_per_rank = 0;
 };
 
 // One row of the table; all figures computed from StrategyRun::steps.
@@ -42,6 +44,7 @@ struct StrategySummary {
   double step_seconds_p50 = 0;
   double step_seconds_p95 = 0;
   int64_t peak_memory_bytes_per_rank = 0;  // max over ranks and steps
+  int64_t predicted_peak_bytes_per_rank = 0;  // 0: not predicted
   double grad_norm_mean = 0;
   double grad_norm_std = 0;
   double grad_norm_spike_ratio = 0;  // max / median

@@ -9,6 +9,7 @@
 #include "client/data_commands.h"
 #include "client/exit_code.h"
 #include "client/job_commands.h"
+#include "client/plan_command.h"
 #include "client/study_commands.h"
 #include "client/tokenize_command.h"
 
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   cli::AddTokenizeCommand(&app, &exit_code);
   cli::AddJobCommands(&app, &exit_code, argc, argv);
   cli::AddCompareCommand(&app, &exit_code, argc, argv);
+  cli::AddPlanCommand(&app, &exit_code);
   cli::AddDaemonCommand(&app, &exit_code);
   try {
     app.parse(argc, argv);

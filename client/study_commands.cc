@@ -17,6 +17,8 @@
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
 #include "client/job_commands.h"
+#include "worker/engine/train/memory_plan.h"
+#include "worker/job_config.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -121,6 +123,15 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     run.wall_seconds =
         (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
     run.train_tokens = job.train_tokens();  // read by the daemon at launch
+    // The stored spec: the daemon filled in its device kind.
+    if (absl::StatusOr<TrainConfig> config =
+            TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
+        config.ok()) {
+      if (absl::StatusOr<MemoryPlan> plan = PlanMemory(*config, ranks);
+          plan.ok()) {
+        run.predicted_peak_bytes_per_rank = plan->total();
+      }
+    }
     runs.push_back(std::move(run));
   }
 

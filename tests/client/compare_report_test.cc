@@ -234,8 +234,10 @@ StrategySummary Row(const std::string& strategy, double loss,
 }
 
 TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
+  StrategyRun ddp = FiveStepDdpRun();
+  ddp.predicted_peak_bytes_per_rank = 160 * kMiB;  // `shardtrain plan`'s
   const std::string table =
-      FormatSummaryTable({Summarise(FiveStepDdpRun()),
+      FormatSummaryTable({Summarise(ddp),
                           Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5)});
 
   const std::vector<std::string> lines =
@@ -245,15 +247,17 @@ TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
       lines[0],
       "| strategy | world | steps | final train loss | final val loss | "
       "s/epoch | tokens/s (mean ± std) | step p50 | step p95 | "
-      "peak mem/rank | grad norm mean | std | spike (max/median) | MFU |");
+      "peak mem/rank | predicted | grad norm mean | std | spike (max/median) "
+      "| MFU |");
   EXPECT_EQ(lines[1].substr(0, 9), "|---|---:");
   EXPECT_EQ(lines[2],
             "| ddp | 2 | 5 | 3.0000 | 3.6000 | 50.00 s | 1,000 ± 141 | "
-            "500 ms | 2.00 s | 150.0 MiB | 4.000 | 3.162 | 3.33 | 30.0% |");
-  // No eval and no epoch size: shown as "-", not as zeros.
+            "500 ms | 2.00 s | 150.0 MiB | 160.0 MiB | 4.000 | 3.162 | 3.33 | "
+            "30.0% |");
+  // No eval, no epoch size, no prediction: shown as "-", not as zeros.
   EXPECT_THAT(lines[3],
               AllOf(HasSubstr("| fsdp | 2 | 50 | 3.2500 | - | - |"),
-                    HasSubstr("| 52,410 ± 0 |"), HasSubstr("| 1.5 MiB |")));
+                    HasSubstr("| 52,410 ± 0 |"), HasSubstr("| 1.5 MiB | - |")));
 }
 
 TEST(FindingsTest, ComparesEachStrategyWithDdpAndNamesBestLossAndSpeed) {

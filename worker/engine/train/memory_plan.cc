@@ -1,0 +1,170 @@
+#include "worker/engine/train/memory_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+namespace {
+
+int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// The LM head's logits budget per chunk (LmHeadChunkBytes in model/gpt2.h).
+int64_t HeadChunkBytes(bool cuda) {
+  return cuda ? (int64_t{512} << 20) : (int64_t{16} << 20);
+}
+
+struct Shapes {
+  int64_t c = 0, heads = 0, layers = 0, seq = 0, vocab = 0, padded_vocab = 0;
+  int64_t block_params = 0;  // one transformer block
+  int64_t root_params = 0;   // wpe + ln_f
+  int64_t wte_params = 0;
+  int64_t tokens = 0;  // per rank per micro-step
+};
+
+// Bytes autograd keeps for backward at the end of one micro-step's forward,
+// counted tensor by tensor for model/gpt2.cc (per token of one block):
+//   ln_1 and ln_2: mean and rstd (2 + 2 floats); their outputs, saved by
+//   c_attn and c_fc (C + C); qkv, laid out head-major (3C); attention: the
+//   probabilities (heads x T) for a masked softmax, or the output and a
+//   log-sum-exp per head (C + heads) fused; the heads merged back, saved by
+//   c_proj (C); the residual after attention (C); c_fc's output and its GELU
+//   (4C + 4C); the block's output (C, the next block's input).
+// Plus the embeddings (C), ln_f's output and statistics (C + 2), the batch's
+// token ids (two int64) and, for a masked softmax, the [block, block] mask.
+int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
+                        AttentionKind attention, int64_t block_size) {
+  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
+                                       ? s.heads * s.seq
+                                       : s.c + s.heads;
+  const int64_t per_token_block =
+      element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
+  const int64_t per_token =
+      s.layers * per_token_block + element_bytes * 2 * s.c + 4 * 2 + 2 * 8;
+  int64_t bytes = s.tokens * per_token;
+  if (attention == AttentionKind::kMaskedSoftmax) {
+    bytes += block_size * block_size * 4;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+AttentionKind BuiltAttentionKind() {
+#if defined(SHARDTRAIN_TORCH_FUSED_ATTENTION)
+  return AttentionKind::kFused;
+#else
+  return AttentionKind::kMaskedSoftmax;
+#endif
+}
+
+int64_t MemoryPlan::total() const {
+  int64_t sum = 0;
+  for (const auto& [name, bytes] : Parts()) sum += bytes;
+  return sum;
+}
+
+std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
+  return {{"parameters", parameters},
+          {"gradients", gradients},
+          {"optimizer_state", optimizer_state},
+          {"gathered_units", gathered_units},
+          {"activations", activations},
+          {"logits", logits},
+          {"communication", communication}};
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
+                                      int64_t world_size,
+                                      AttentionKind attention) {
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  if (!model.ok()) return model.status();
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size must be >= 1, got ", world_size));
+  }
+  if (config.strategy != "single" && config.strategy != "ddp" &&
+      config.strategy != "fsdp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy: got ", config.strategy, "; allowed: single, ddp, fsdp"));
+  }
+  if (config.strategy == "single" && world_size != 1) {
+    return absl::InvalidArgumentError("strategy single runs at world size 1");
+  }
+  Shapes s;
+  s.c = model->n_embd;
+  s.heads = model->n_head;
+  s.layers = model->n_layer;
+  s.seq = config.seq_len;
+  s.vocab = model->vocab_size;
+  s.padded_vocab = model->padded_vocab_size;
+  s.block_params = 12 * s.c * s.c + 13 * s.c;
+  s.wte_params = s.padded_vocab * s.c;
+  s.root_params = model->block_size * s.c + 2 * s.c;
+  s.tokens = config.batch_size * config.seq_len;
+  const int64_t params = model->NumParameters();
+
+  const bool cuda = config.device.rfind("cuda", 0) == 0;
+  const bool bf16 = cuda && config.precision == "bf16";
+  const int64_t chunk_budget = HeadChunkBytes(cuda);
+
+  MemoryPlan plan;
+  plan.strategy = config.strategy;
+  plan.world_size = world_size;
+  if (config.strategy != "fsdp") {
+    plan.parameters = 4 * params;
+    plan.gradients = 4 * params;
+    plan.optimizer_state = 8 * params;
+    // Autocast keeps one bf16 copy of every block weight it casts.
+    if (bf16) plan.gathered_units = 2 * s.layers * 12 * s.c * s.c;
+    plan.activations =
+        ActivationBytes(s, bf16 ? 2 : 4, attention, model->block_size);
+    // The chunked head (model/gpt2.cc LmHeadLoss): one chunk of fp32 logits
+    // (and its bf16 product), wte's gradient computed in forward, the hidden
+    // states' gradient and per-row losses.
+    const int64_t rows =
+        std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (s.vocab * 4)));
+    plan.logits = rows * s.vocab * (bf16 ? 6 : 4) + 4 * s.wte_params +
+                  4 * s.tokens * s.c + 4 * s.tokens;
+    if (bf16) plan.logits += 2 * s.vocab * s.c;  // the cast head weight
+    return plan;
+  }
+
+  // FSDP: each unit's flat buffer padded to the world size (wte to whole
+  // rows per rank); a rank holds 1/N of each.
+  const int64_t block_padded = RoundUp(s.block_params, world_size);
+  const int64_t root_padded = RoundUp(s.root_params, world_size);
+  const int64_t wte_rows = RoundUp(s.padded_vocab, world_size) / world_size;
+  const int64_t shard = s.layers * block_padded / world_size +
+                        root_padded / world_size + wte_rows * s.c;
+  plan.parameters = 4 * shard;
+  plan.gradients = 4 * shard;
+  plan.optimizer_state = 8 * shard;
+  if (config.fsdp_no_sync && config.grad_accum > 1) {
+    // Full fp32 gradients of the blocks and root, held across micro-steps.
+    plan.gradients += 4 * (s.layers * block_padded + root_padded);
+  }
+  const int64_t unit_bytes = bf16 ? 2 : 4;
+  // At the head: the root (positions, ln_f) and the last block are gathered
+  // (the last block's backward comes first); without resharding, all blocks.
+  const int64_t gathered_blocks = config.reshard_after_forward ? 1 : s.layers;
+  plan.gathered_units =
+      unit_bytes * (root_padded + gathered_blocks * block_padded);
+  plan.activations =
+      ActivationBytes(s, unit_bytes, attention, model->block_size);
+  // The vocabulary-parallel head (strategy/vocab_parallel.cc): every rank's
+  // tokens against this rank's rows, one chunk at a time.
+  const int64_t all_tokens = world_size * s.tokens;
+  const int64_t rows = std::min(
+      all_tokens, std::max<int64_t>(1, chunk_budget / (wte_rows * 4)));
+  plan.logits = rows * wte_rows * (bf16 ? 6 : 4) + 4 * all_tokens;
+  if (bf16) plan.logits += 2 * wte_rows * s.c + 2 * all_tokens * s.c;
+  // Every rank's hidden states, their gradient (partial over this rank's
+  // columns) and targets.
+  plan.communication = 4 * all_tokens * s.c * 2 + 8 * all_tokens;
+  return plan;
+}
+
+}  // namespace shardtrain

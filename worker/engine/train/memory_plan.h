@@ -1,0 +1,71 @@
+// MemoryPlan: the tensor bytes one rank will need at its peak, predicted
+// from the job's configuration before anything is launched (`shardtrain
+// plan`, and the compare report's "predicted" column). Torch-free.
+//
+// The model is this engine's own, not a generic formula: it counts the
+// tensors our strategies and our GPT-2 keep alive at the moment the step
+// peaks, which for every strategy here is the end of the forward pass (the
+// LM head's last chunk), when all activations saved for backward exist:
+//   parameters, gradients, optimizer state  persistent (a replica's, or 1/N
+//                                           of the padded flat shards for FSDP)
+//   gathered units      FSDP: full buffers of the units still gathered (the
+//                       root and the last block; every block without reshard
+//                       after forward); bf16 weight casts under autocast
+//   activations         what autograd saves per block (counted tensor by
+//                       tensor for this model), the embeddings, ln_f
+//   logits              one chunk of the chunked LM head, plus wte's gradient
+//                       computed in the head's forward (single/DDP)
+//   communication       FSDP's vocabulary-parallel head: every rank's hidden
+//                       states and their gradient
+// Checked against the tracking allocator's exact peak on CPU (fp32) within
+// 10% for gpt2-tiny and gpt2-mini at world sizes 1, 2 and 4
+// (tests/integration/memory_plan_test.cc). bf16 on CUDA is an estimate of
+// the same tensors at their autocast dtypes, not yet measured on a GPU.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_PLAN_H_
+#define SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/train/train_config.h"
+
+namespace shardtrain {
+
+struct MemoryPlan {
+  std::string strategy;
+  int64_t world_size = 1;
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t gathered_units = 0;
+  int64_t activations = 0;
+  int64_t logits = 0;
+  int64_t communication = 0;
+
+  int64_t total() const;
+  // (name, bytes) in the order above, for tables and JSON.
+  std::vector<std::pair<std::string, int64_t>> Parts() const;
+};
+
+// How the LibTorch the workers run computes attention, which decides what
+// autograd saves: a masked softmax (LibTorch 1.x: the [T, T] probabilities
+// per head) or fused scaled-dot-product attention (2.x: the output and a
+// log-sum-exp per head).
+enum class AttentionKind { kMaskedSoftmax, kFused };
+// The kind this build's LibTorch uses.
+AttentionKind BuiltAttentionKind();
+
+// Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
+// FSDP options) at `world_size` ranks. Errors: a model spec or strategy that
+// does not parse.
+absl::StatusOr<MemoryPlan> PlanMemory(
+    const TrainConfig& config, int64_t world_size,
+    AttentionKind attention = BuiltAttentionKind());
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_MEMORY_PLAN_H_
