@@ -29,6 +29,25 @@ ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 WARMUP = 3
 
 
+def blas_core_env() -> dict:
+    """OPENBLAS_CORETYPE as shardtrain's binaries pick it (cpu_threads.h), so
+    the PyTorch side runs the same BLAS kernels: OpenBLAS falls back to
+    generic ones on virtual CPUs with a generic model name."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return {}
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        return {"OPENBLAS_CORETYPE": "SkylakeX"}
+    if {"avx2", "fma"} <= flags:
+        return {"OPENBLAS_CORETYPE": "Haswell"}
+    return {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +83,7 @@ def torch_ddp(world: int, batch: int, common: list[str], threads: int) -> dict:
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "OPENBLAS_NUM_THREADS": str(threads)}
+               "OPENBLAS_NUM_THREADS": str(threads), **blas_core_env()}
         procs.append(subprocess.Popen(
             ["/usr/bin/python3", f"{ROOT}/bench/reference/train_reference.py", *common,
              "--batch-size", str(batch), "--threads", str(threads)],
@@ -102,17 +121,20 @@ def main() -> int:
     print(f"{args.model}, seq {args.seq_len}, global batch {W * B}, world {W}, "
           f"{cores} cores, {args.steps} steps (median after {WARMUP})\n")
     print("| run | world × batch | tokens/s | vs our DDP | step ms | peak tensor MiB/rank "
-          "| model state MiB/rank | vs DDP | comm share |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| peak vs DDP | model state MiB/rank | vs DDP | comm share |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     mib = 1 << 20
     for r in rows:
         fmt = lambda v, d=0: "n/a" if v is None else f"{v / mib:,.{d}f}"  # noqa: E731
         state_ratio = ("n/a" if r["state_bytes"] is None
                        else f"{r['state_bytes'] / ddp['state_bytes']:.2f}×")
+        peak_ratio = ("n/a" if r["peak_bytes"] is None
+                      else f"{r['peak_bytes'] / ddp['peak_bytes']:.2f}×")
         comm = "n/a" if r["comm_share"] is None else f"{r['comm_share']:.0%}"
         print(f"| {r['name']} | {r['world']} × {r['batch']} | {r['tokens_per_s']:,.0f} | "
               f"{r['tokens_per_s'] / ddp['tokens_per_s']:.2f}× | {r['step_s'] * 1e3:,.0f} | "
-              f"{fmt(r['peak_bytes'])} | {fmt(r['state_bytes'], 1)} | {state_ratio} | {comm} |")
+              f"{fmt(r['peak_bytes'], 1)} | {peak_ratio} | {fmt(r['state_bytes'], 1)} | "
+              f"{state_ratio} | {comm} |")
     return 0
 
 

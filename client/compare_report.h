@@ -43,7 +43,7 @@ struct StrategySummary {
   double tokens_per_second_std = 0;
   double step_seconds_p50 = 0;
   double step_seconds_p95 = 0;
-  int64_t peak_memory_bytes_per_rank = 0;  // max over ranks and steps
+  int64_t peak_memory_bytes_per_rank = 0;     // max over ranks and steps
   int64_t predicted_peak_bytes_per_rank = 0;  // 0: not predicted
   double grad_norm_mean = 0;
   double grad_norm_std = 0;

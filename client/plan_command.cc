@@ -18,7 +18,7 @@ namespace shardtrain::cli {
 namespace {
 
 struct PlanOptions {
-  TrainConfig config;  // model, batch, seq_len, device, precision, FSDP knobs
+  TrainConfig config;    // model, batch, seq_len, device, precision, FSDP knobs
   std::string strategy;  // empty: every strategy
   int64_t world_size = 2;
   std::string scaling = "strong";
@@ -31,12 +31,13 @@ int RunPlan(const PlanOptions& options) {
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
   if (absl::Status s = base.Validate(); !s.ok()) return ReportFailure(s);
   if (options.world_size < 1) {
-    return ReportFailure(absl::StrCat("world-size: got ", options.world_size,
-                                      "; must be >= 1"));
+    return ReportFailure(
+        absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
   }
   if (options.strategy == "single" && options.world_size != 1) {
-    return ReportFailure("strategy single runs at world size 1 (omit "
-                         "--strategy to compare it with ddp and fsdp)");
+    return ReportFailure(
+        "strategy single runs at world size 1 (omit "
+        "--strategy to compare it with ddp and fsdp)");
   }
   std::vector<std::string> strategies =
       options.strategy.empty()
@@ -96,7 +97,8 @@ int RunPlan(const PlanOptions& options) {
     rows.push_back(row);
   }
   std::vector<std::string> total = {"total"};
-  for (const MemoryPlan& plan : plans) total.push_back(FormatBytes(plan.total()));
+  for (const MemoryPlan& plan : plans)
+    total.push_back(FormatBytes(plan.total()));
   rows.push_back(total);
   const MemoryPlan* ddp = nullptr;
   for (const MemoryPlan& plan : plans) {

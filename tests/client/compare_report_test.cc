@@ -236,9 +236,8 @@ StrategySummary Row(const std::string& strategy, double loss,
 TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
   StrategyRun ddp = FiveStepDdpRun();
   ddp.predicted_peak_bytes_per_rank = 160 * kMiB;  // `shardtrain plan`'s
-  const std::string table =
-      FormatSummaryTable({Summarise(ddp),
-                          Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5)});
+  const std::string table = FormatSummaryTable(
+      {Summarise(ddp), Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5)});
 
   const std::vector<std::string> lines =
       absl::StrSplit(table, '\n', absl::SkipEmpty());

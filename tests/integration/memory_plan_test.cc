@@ -3,6 +3,8 @@
 // of the peak the tracking CPU allocator measured in a real shardtrain-train
 // run (memory_peak_bytes in metrics.jsonl: exact tensor bytes, per rank and
 // step; the plan is compared with the largest over ranks and steps).
+#include "worker/engine/train/memory_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
-#include "worker/engine/train/memory_plan.h"
 #include "worker/engine/train/step_metrics.h"
 
 namespace shardtrain {
@@ -30,14 +31,16 @@ constexpr double kTolerance = 0.02;
 class MemoryPlanTest : public testing::Test {
  public:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("shardtrain_memory_plan_" + std::to_string(::getpid())));
+    dir_ =
+        new fs::path(fs::temp_directory_path() /
+                     ("shardtrain_memory_plan_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_ / "data");
     std::mt19937 rng(3);
     std::vector<uint16_t> tokens(60000);
     for (auto& t : tokens) t = static_cast<uint16_t>(rng() % 50257);
-    ASSERT_TRUE(WriteTokenFile((*dir_ / "data/train.bin").string(), tokens).ok());
+    ASSERT_TRUE(
+        WriteTokenFile((*dir_ / "data/train.bin").string(), tokens).ok());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
@@ -46,17 +49,18 @@ class MemoryPlanTest : public testing::Test {
 
   // The largest memory_peak_bytes of any rank and step of a 3-step run.
   static int64_t MeasuredPeak(const TrainConfig& config, int64_t world) {
-    const std::string name = config.model + "_" + config.strategy + "_" +
-                             std::to_string(world);
+    const std::string name =
+        config.model + "_" + config.strategy + "_" + std::to_string(world);
     const fs::path out = *dir_ / name;
     std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
                           "/bin/shardtrain-train --model " + config.model +
-                          " --strategy " + config.strategy +
-                          " --data " + (*dir_ / "data").string() +
-                          " --batch-size " + std::to_string(config.batch_size) +
-                          " --seq-len " + std::to_string(config.seq_len) +
+                          " --strategy " + config.strategy + " --data " +
+                          (*dir_ / "data").string() + " --batch-size " +
+                          std::to_string(config.batch_size) + " --seq-len " +
+                          std::to_string(config.seq_len) +
                           " --max-steps 3 --eval-steps 1 --out " + out.string();
-    if (config.strategy != "single") command += " --nproc " + std::to_string(world);
+    if (config.strategy != "single")
+      command += " --nproc " + std::to_string(world);
     const test::CommandResult r = test::RunCommand(command);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::ifstream metrics(out / "metrics.jsonl");
@@ -91,9 +95,10 @@ void CheckModel(const std::string& model, int64_t batch, int64_t seq) {
       const int64_t measured = MemoryPlanTest::MeasuredPeak(config, world);
       const double error =
           static_cast<double>(plan->total() - measured) / measured;
-      std::printf("%s %s world %ld: predicted %.1f MiB, measured %.1f MiB (%+.1f%%)\n",
-                  model.c_str(), strategy.c_str(), static_cast<long>(world),
-                  plan->total() / 1048576.0, measured / 1048576.0, 100 * error);
+      std::printf(
+          "%s %s world %ld: predicted %.1f MiB, measured %.1f MiB (%+.1f%%)\n",
+          model.c_str(), strategy.c_str(), static_cast<long>(world),
+          plan->total() / 1048576.0, measured / 1048576.0, 100 * error);
       EXPECT_LE(std::abs(error), kTolerance)
           << model << " " << strategy << " world " << world;
     }
@@ -130,7 +135,8 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
     ASSERT_TRUE(expected.ok());
     EXPECT_EQ(plan["total_bytes_per_rank"], expected->total());
     int64_t sum = 0;
-    for (const auto& [part, bytes] : plan["bytes_per_rank"].items()) sum += bytes.get<int64_t>();
+    for (const auto& [part, bytes] : plan["bytes_per_rank"].items())
+      sum += bytes.get<int64_t>();
     EXPECT_EQ(sum, expected->total());
     if (plan["strategy"] == "ddp") ddp = expected->total();
     if (plan["strategy"] == "fsdp") fsdp = expected->total();
@@ -138,14 +144,14 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
   EXPECT_EQ(out["plans"][0]["batch_size"], 8);  // single: strong scaling
   EXPECT_LT(fsdp, ddp / 3);
 
-  const test::CommandResult bad = test::RunCommand(
-      std::string(SHARDTRAIN_BINARY_DIR) +
-      "/bin/shardtrain plan --model gpt2-huge --world-size 2");
+  const test::CommandResult bad =
+      test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                       "/bin/shardtrain plan --model gpt2-huge --world-size 2");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("model"), std::string::npos) << bad.err;
-  const test::CommandResult single = test::RunCommand(
-      std::string(SHARDTRAIN_BINARY_DIR) +
-      "/bin/shardtrain plan --strategy single --world-size 2");
+  const test::CommandResult single =
+      test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                       "/bin/shardtrain plan --strategy single --world-size 2");
   EXPECT_EQ(single.exit_code, 1);
   EXPECT_NE(single.err.find("world size 1"), std::string::npos) << single.err;
 }

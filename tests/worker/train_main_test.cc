@@ -65,11 +65,13 @@ TEST_F(TrainMainTest, RunsTheFastestBlasKernelsTheCpuSupports) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const size_t line = r.out.find("cpu: OpenBLAS ");
   ASSERT_NE(line, std::string::npos) << r.out;
-  const std::string core = r.out.substr(line + 14, r.out.find(' ', line + 14) - line - 14);
+  const std::string core =
+      r.out.substr(line + 14, r.out.find(' ', line + 14) - line - 14);
   // Either the type the flags allow, or one OpenBLAS detected by itself
   // that is at least as good (it never needed the re-exec).
   EXPECT_TRUE(core == expected || core == "SkylakeX" || core == "Cooperlake" ||
-              core == "SapphireRapids" || (expected == "Haswell" && core == "Zen"))
+              core == "SapphireRapids" ||
+              (expected == "Haswell" && core == "Zen"))
       << "OpenBLAS runs " << core << " kernels; the CPU supports " << expected;
 }
 

@@ -153,7 +153,7 @@ torch::Tensor Gpt2Impl::Head(const torch::Tensor& x) {
 }
 
 torch::Tensor Gpt2Impl::HeadLoss(const torch::Tensor& x,
-                                const torch::Tensor& targets) {
+                                 const torch::Tensor& targets) {
   return LmHeadLoss(ln_f_(x), wte_->weight, config_.vocab_size, targets);
 }
 
@@ -394,8 +394,9 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
   TORCH_CHECK(hidden.dim() >= 2 && hidden.is_floating_point(),
               "LmHeadLoss: hidden must be [..., C] floating point, got ",
               hidden.sizes());
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(-1) &&
-                  vocab_size >= 1 && vocab_size <= weight.size(0),
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() &&
+                  weight.size(1) == hidden.size(-1) && vocab_size >= 1 &&
+                  vocab_size <= weight.size(0),
               "LmHeadLoss: weight must be [V_pad >= vocab_size, C], got ",
               weight.sizes(), " for vocab_size ", vocab_size, " and hidden ",
               hidden.sizes());
@@ -409,8 +410,8 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
               "gradient is accumulated into weight.grad() directly)");
   if (chunk_bytes <= 0) chunk_bytes = LmHeadChunkBytes(hidden.device());
   return ChunkedLmHead::apply(
-      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight,
-      vocab_size, targets.reshape({-1}), chunk_bytes);
+      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight, vocab_size,
+      targets.reshape({-1}), chunk_bytes);
 }
 
 }  // namespace shardtrain

@@ -152,7 +152,9 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     for (size_t u = 0; u < sources.size(); ++u) {
       const bool wte = static_cast<int64_t>(u) == wte_unit_;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u == 0 ? "root" : wte ? "wte" : absl::StrCat("h.", u - 1),
+          u == 0 ? "root"
+          : wte  ? "wte"
+                 : absl::StrCat("h.", u - 1),
           std::move(sources[u]), comm_, options_.device, compute_dtype,
           /*align=*/wte ? n_embd : 1);
       if (!unit.ok()) return unit.status();
@@ -233,9 +235,8 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
   if (fsdp_.prefetch && last >= 1) LaunchGather(1);
   Unshard(0);  // the root stays gathered: ln_f comes last
   ScopedAutocast autocast(options_.device, options_.precision);
-  torch::Tensor x =
-      VocabParallelEmbedding(inputs, vocab_) +
-      model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+  torch::Tensor x = VocabParallelEmbedding(inputs, vocab_) +
+                    model_->wpe()->weight.narrow(0, 0, inputs.size(1));
   for (int64_t u = 1; u <= last; ++u) {
     Unshard(u);
     if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
@@ -443,8 +444,9 @@ absl::Status FsdpStrategy::LoadCheckpoint(const std::string& dir) {
   }
   if (saved.value("version", 0) != kIndexVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "FSDP checkpoint ", dir, " has index version ", saved.value("version", 0),
-        " but this shardtrain reads version ", kIndexVersion,
+        "FSDP checkpoint ", dir, " has index version ",
+        saved.value("version", 0), " but this shardtrain reads version ",
+        kIndexVersion,
         " (from version 2 wte is a unit of its own, sharded by rows); resume "
         "is not possible: start from its model.bin with --init-from"));
   }

@@ -1,8 +1,8 @@
 #include "worker/engine/strategy/single_device_strategy.h"
 
-#include <cmath>
-
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/model/llmc_checkpoint.h"
@@ -69,7 +69,8 @@ absl::Status SingleDeviceStrategy::SaveCheckpoint(const std::string& dir) {
   for (const auto& item : model_->named_parameters()) {
     model_state.emplace_back(item.key(), item.value());
   }
-  if (absl::Status s = SaveTensorFile(dir + "/model.pt", model_state); !s.ok()) {
+  if (absl::Status s = SaveTensorFile(dir + "/model.pt", model_state);
+      !s.ok()) {
     return s;
   }
   return SaveTensorFile(dir + "/optimizer.pt", optimizer_->StateTensors());
@@ -92,9 +93,9 @@ absl::Status SingleDeviceStrategy::LoadCheckpoint(const std::string& dir) {
     ++loaded;
   }
   if (loaded != params.size()) {
-    return absl::DataLossError(
-        absl::StrCat(dir, "/model.pt holds ", loaded, " of the model's ",
-                     params.size(), " parameters"));
+    return absl::DataLossError(absl::StrCat(dir, "/model.pt holds ", loaded,
+                                            " of the model's ", params.size(),
+                                            " parameters"));
   }
   absl::StatusOr<NamedTensors> optimizer_state =
       LoadTensorFile(dir + "/optimizer.pt");

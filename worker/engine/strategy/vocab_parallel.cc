@@ -89,10 +89,9 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
             .reshape({-1, grad.size(1)});
     const torch::Tensor index = mine.nonzero().squeeze(1);
     torch::NoGradGuard no_grad;
-    shard.grad.index_add_(
-        0, local.index_select(0, index),
-        all_grads.index_select(0, index)
-            .mul_(1.0 / static_cast<double>(comm.world_size())));
+    shard.grad.index_add_(0, local.index_select(0, index),
+                          all_grads.index_select(0, index).mul_(
+                              1.0 / static_cast<double>(comm.world_size())));
     return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -129,8 +128,8 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
     // From the shard's row count, the same on every rank (its scored rows
     // are not): all ranks must cut the same chunks for the collectives.
     const int64_t chunk_rows = std::max<int64_t>(
-        1, chunk_bytes / (shard->weight.size(0) *
-                          static_cast<int64_t>(sizeof(float))));
+        1, chunk_bytes /
+               (shard->weight.size(0) * static_cast<int64_t>(sizeof(float))));
     const auto fp32_options = x_all.options().dtype(torch::kFloat);
     torch::Tensor loss_all = at::empty({world * n}, fp32_options);
     torch::Tensor dx_all;
@@ -144,17 +143,16 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
       const int64_t len = std::min(chunk_rows, world * n - start);
       const torch::Tensor x = x_compute.narrow(0, start, len);
       const torch::Tensor target = t_all.narrow(0, start, len);
-      torch::Tensor logits =
-          scored > 0 ? at::mm(x, w_compute.t()).to(torch::kFloat)
-                     : at::empty({len, 0}, fp32_options);
+      torch::Tensor logits = scored > 0
+                                 ? at::mm(x, w_compute.t()).to(torch::kFloat)
+                                 : at::empty({len, 0}, fp32_options);
       const torch::Tensor local = target - shard->row_begin;
       const torch::Tensor owned = local.ge(0).logical_and(local.lt(scored));
       const torch::Tensor column =
           local.clamp(0, std::max<int64_t>(scored - 1, 0)).unsqueeze(1);
       torch::Tensor target_logit = at::zeros({len}, fp32_options);
-      torch::Tensor max =
-          at::full({len}, -std::numeric_limits<float>::infinity(),
-                   fp32_options);
+      torch::Tensor max = at::full(
+          {len}, -std::numeric_limits<float>::infinity(), fp32_options);
       torch::Tensor sum = at::zeros({len}, fp32_options);
       if (scored > 0) {
         target_logit =
@@ -180,8 +178,8 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
       // Softmax over this rank's columns: exp(l - max) / (S exp(M - max)),
       // at world size 1 exactly what a softmax computes; minus the one-hot
       // target; over the token's rank's n tokens.
-      torch::Tensor g = logits.div_(
-          (global_sum * (global_max - max).exp()).unsqueeze(1));
+      torch::Tensor g =
+          logits.div_((global_sum * (global_max - max).exp()).unsqueeze(1));
       g.scatter_add_(1, column, owned.to(torch::kFloat).neg().unsqueeze(1));
       g.mul_(row_scale);
       torch::Tensor dx = dx_all.narrow(0, start, len);
@@ -230,10 +228,11 @@ torch::Tensor VocabParallelEmbedding(const torch::Tensor& ids,
               ids.sizes(), " ", ids.scalar_type());
   TORCH_CHECK(shard.anchor.defined() && shard.anchor.requires_grad(),
               "vocab-parallel embedding: the shard needs an anchor leaf");
-  TORCH_CHECK(ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 &&
-                                   ids.max().item<int64_t>() < shard.vocab_size),
-              "vocab-parallel embedding: token ids must be in [0, ",
-              shard.vocab_size, ")");
+  TORCH_CHECK(
+      ids.numel() == 0 || (ids.min().item<int64_t>() >= 0 &&
+                           ids.max().item<int64_t>() < shard.vocab_size),
+      "vocab-parallel embedding: token ids must be in [0, ", shard.vocab_size,
+      ")");
   return EmbeddingFunction::apply(ids, shard.anchor, &shard);
 }
 

@@ -48,9 +48,9 @@ namespace shardtrain {
 // FSDP unit's flat shard and shard gradient; all must outlive their use.
 struct VocabShard {
   Communicator* comm = nullptr;
-  torch::Tensor weight;   // [R, C] fp32: rows [row_begin, row_begin + R)
-  torch::Tensor grad;     // [R, C] fp32: their gradient, accumulated into
-  int64_t row_begin = 0;  // rank * R
+  torch::Tensor weight;    // [R, C] fp32: rows [row_begin, row_begin + R)
+  torch::Tensor grad;      // [R, C] fp32: their gradient, accumulated into
+  int64_t row_begin = 0;   // rank * R
   int64_t vocab_size = 0;  // rows at or past it are padding, never scored
   // The dtype of the products (bf16 under CUDA mixed precision).
   torch::ScalarType compute_dtype = torch::kFloat;

@@ -33,7 +33,8 @@ bool HasFlag(const std::string& cpuinfo, const char* flag) {
   const size_t line = cpuinfo.find("\nflags");
   if (line == std::string::npos) return false;
   const size_t end = cpuinfo.find('\n', line + 1);
-  const std::string flags = " " + cpuinfo.substr(line + 1, end - line - 1) + " ";
+  const std::string flags =
+      " " + cpuinfo.substr(line + 1, end - line - 1) + " ";
   return absl::StrContains(flags, absl::StrCat(" ", flag, " "));
 }
 
@@ -51,8 +52,8 @@ const char* BlasCoreTypeFor(const char* cpuinfo) {
 
 const char* BlasCoreName() {
   using CoreName = char* (*)();
-  auto get = reinterpret_cast<CoreName>(
-      dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  auto get =
+      reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   return get == nullptr ? "" : get();
 }
 

@@ -67,13 +67,11 @@ int64_t MemoryPlan::total() const {
 }
 
 std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
-  return {{"parameters", parameters},
-          {"gradients", gradients},
-          {"optimizer_state", optimizer_state},
-          {"gathered_units", gathered_units},
-          {"activations", activations},
-          {"logits", logits},
-          {"communication", communication}};
+  return {
+      {"parameters", parameters},           {"gradients", gradients},
+      {"optimizer_state", optimizer_state}, {"gathered_units", gathered_units},
+      {"activations", activations},         {"logits", logits},
+      {"communication", communication}};
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
@@ -157,8 +155,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   // The vocabulary-parallel head (strategy/vocab_parallel.cc): every rank's
   // tokens against this rank's rows, one chunk at a time.
   const int64_t all_tokens = world_size * s.tokens;
-  const int64_t rows = std::min(
-      all_tokens, std::max<int64_t>(1, chunk_budget / (wte_rows * 4)));
+  const int64_t rows =
+      std::min(all_tokens, std::max<int64_t>(1, chunk_budget / (wte_rows * 4)));
   plan.logits = rows * wte_rows * (bf16 ? 6 : 4) + 4 * all_tokens;
   if (bf16) plan.logits += 2 * wte_rows * s.c + 2 * all_tokens * s.c;
   // Every rank's hidden states, their gradient (partial over this rank's

@@ -50,8 +50,8 @@ struct TrainConfig {
   double bucket_mb = 25;              // DDP gradient bucket size
   bool reshard_after_forward = true;  // FSDP: free full params after forward
   bool prefetch = true;               // FSDP: gather the next unit early
-  bool fsdp_no_sync = false;  // FSDP: no reduce-scatter on accumulation steps
-  int64_t comm_timeout = 300;         // seconds before a collective fails
+  bool fsdp_no_sync = false;   // FSDP: no reduce-scatter on accumulation steps
+  int64_t comm_timeout = 300;  // seconds before a collective fails
 
   // Eval, checkpoints, output.
   int64_t eval_every = 0;  // 0 = only at the end when val.bin exists

@@ -164,8 +164,7 @@ TEST(Gpt2Test, ChunkedHeadLossEqualsFullLogitsInValueAndGradients) {
 
   const torch::Tensor ref_x = hidden.clone().requires_grad_(true);
   const torch::Tensor ref_w = wte.detach().clone().requires_grad_(true);
-  const torch::Tensor ref_logits =
-      at::linear(ref_x, ref_w.narrow(0, 0, vocab));
+  const torch::Tensor ref_logits = at::linear(ref_x, ref_w.narrow(0, 0, vocab));
   const torch::Tensor ref_loss = CrossEntropyLoss(ref_logits, targets) * 0.5;
   ref_loss.backward();
 
@@ -205,9 +204,9 @@ TEST(Gpt2Test, ChunkedHeadLossRejectsBadShapesAndTargets) {
   EXPECT_THROW(LmHeadLoss(hidden, weight, 65, targets), c10::Error);
   EXPECT_THROW(LmHeadLoss(hidden, weight, 50, targets.to(torch::kInt)),
                c10::Error);
-  EXPECT_THROW(LmHeadLoss(hidden, weight, 50,
-                          torch::full({4}, 50, torch::kLong)),
-               c10::Error);
+  EXPECT_THROW(
+      LmHeadLoss(hidden, weight, 50, torch::full({4}, 50, torch::kLong)),
+      c10::Error);
 }
 
 TEST(Gpt2Test, HeadIsTiedToWteAndNarrowedToTheRealVocab) {

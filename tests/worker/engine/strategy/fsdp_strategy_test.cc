@@ -283,12 +283,14 @@ TEST(FsdpStrategyTest, NoSyncAccumulationMatchesAndSendsLess) {
       }
     });
   }
-  ExpectSameTraining(results[0], results[1], "no_sync vs reduce every micro-step");
+  ExpectSameTraining(results[0], results[1],
+                     "no_sync vs reduce every micro-step");
   // Three of every four reduce-scatters of the blocks and root are skipped.
   EXPECT_LT(bytes[1], bytes[0]);
-  std::printf("bytes sent by rank 0: %.2f MiB reducing every micro-step, "
-              "%.2f MiB with no_sync\n",
-              bytes[0] / 1048576.0, bytes[1] / 1048576.0);
+  std::printf(
+      "bytes sent by rank 0: %.2f MiB reducing every micro-step, "
+      "%.2f MiB with no_sync\n",
+      bytes[0] / 1048576.0, bytes[1] / 1048576.0);
 }
 
 TEST(FsdpStrategyTest, EachRankHoldsAboutOneNthOfTheModelState) {
