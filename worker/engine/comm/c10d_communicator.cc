@@ -62,11 +62,13 @@ std::string ErrorText(std::exception_ptr error) {
 
 // LibTorch 1.13 says "timed out"; 2.x's NCCL watchdog "collective operation
 // timeout ... before timing out", its TCPStore "wait timeout after N ms".
+// Not any "timeout": 2.x describes every NCCL work with "Timeout(ms)=...".
 bool IsTimeout(const std::string& error) {
   const std::string lower = absl::AsciiStrToLower(error);
   return absl::StrContains(lower, "timed out") ||
-         absl::StrContains(lower, "timeout") ||
-         absl::StrContains(lower, "timing out");
+         absl::StrContains(lower, "timing out") ||
+         absl::StrContains(lower, "operation timeout") ||
+         absl::StrContains(lower, "wait timeout");
 }
 
 #if TORCH_VERSION_MAJOR > 2 || \
@@ -85,8 +87,11 @@ bool IsTimeout(const std::string& error) {
 // ProcessGroupNCCL's constructor; LibTorch 1.13 knows only the first one
 // under its older name.
 void SetNcclErrorHandlingDefaults() {
-  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
-  setenv("NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  if (std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
+      std::getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+    setenv("NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+  }
   setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", /*overwrite=*/0);
   setenv("TORCH_NCCL_ENABLE_MONITORING", "0", /*overwrite=*/0);
 }
@@ -353,6 +358,11 @@ class C10dWork final : public CommWork {
     try {
       if (on_device_) {
         work_->wait();
+        // A collective the watchdog already aborted reports it here; one
+        // aborted later surfaces at the next Wait() or launch.
+        if (work_->isCompleted() && work_->exception()) {
+          std::rethrow_exception(work_->exception());
+        }
       } else {
         work_->wait(shared_->timeout);
       }
@@ -499,8 +509,10 @@ std::unique_ptr<CommWork> Issue(const std::shared_ptr<Shared>& shared,
     return std::make_unique<C10dWork>(shared, op, launch(),
                                       tensor.defined() && tensor.is_cuda());
   } catch (...) {
-    return Done(absl::InvalidArgumentError(absl::StrCat(
-        op, " could not start: ", ErrorText(std::current_exception()))));
+    // The arguments were checked before: a launch that throws is a broken
+    // group (2.x: a communicator the watchdog aborted), diagnosed as such.
+    return Done(shared->Failure(absl::StrCat(op, " (at launch)"),
+                                ErrorText(std::current_exception())));
   }
 }
 

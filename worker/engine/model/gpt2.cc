@@ -298,10 +298,9 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
                                const torch::Tensor& hidden,
                                const torch::Tensor& weight, int64_t vocab_size,
                                const torch::Tensor& targets,
-                               int64_t chunk_bytes) {
+                               int64_t chunk_bytes, bool want_dx,
+                               bool want_dw) {
     const int64_t n = hidden.size(0), c = hidden.size(1);
-    const bool want_dx = hidden.requires_grad();
-    const bool want_dw = weight.requires_grad();
     // Products in the autocast dtype on CUDA (at::mm autocasts); in place
     // into the fp32 gradient elsewhere.
     const bool low_precision = hidden.is_cuda() && CudaAutocastEnabled();
@@ -377,7 +376,12 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
         grad = saved[1].mul_(scale);
       }
     }
-    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+    return {dx,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -409,9 +413,14 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
               "LmHeadLoss: a weight that requires grad must be a leaf (its "
               "gradient is accumulated into weight.grad() directly)");
   if (chunk_bytes <= 0) chunk_bytes = LmHeadChunkBytes(hidden.device());
+  // Inside forward grad mode is always off: decide here whether gradients
+  // are wanted (not in evaluation under NoGradGuard, where wte still
+  // requires grad).
+  const bool grad_mode = at::GradMode::is_enabled();
   return ChunkedLmHead::apply(
       hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight, vocab_size,
-      targets.reshape({-1}), chunk_bytes);
+      targets.reshape({-1}), chunk_bytes, grad_mode && hidden.requires_grad(),
+      grad_mode && weight.requires_grad());
 }
 
 }  // namespace shardtrain

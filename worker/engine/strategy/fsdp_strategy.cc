@@ -543,8 +543,9 @@ int64_t FsdpStrategy::UnitBytes(int64_t unit) const {
 
 int64_t FsdpStrategy::LargestUnitBytes() const {
   int64_t largest = 0;
-  for (const auto& unit : units_)
-    largest = std::max(largest, unit->FullBytes());
+  for (int64_t u = 0; u < num_units(); ++u) {
+    if (u != wte_unit_) largest = std::max(largest, units_[u]->FullBytes());
+  }
   return largest;
 }
 

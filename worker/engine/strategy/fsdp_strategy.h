@@ -143,6 +143,7 @@ class FsdpStrategy final : public Strategy {
   // Bytes of unit `unit`'s full flat buffer (padded, compute dtype), the
   // memory a gather adds.
   int64_t UnitBytes(int64_t unit) const;
+  // The largest of the units that are ever gathered (all but wte).
   int64_t LargestUnitBytes() const;
   // Called synchronously at every FsdpEvent (on the rank's thread, also from
   // inside backward). Empty to stop.

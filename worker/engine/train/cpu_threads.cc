@@ -66,8 +66,21 @@ void ReexecForFasterBlasKernels(char** argv) {
   cpuinfo << in.rdbuf();
   const char* best = BlasCoreTypeFor(cpuinfo.str().c_str());
   if (*best == '\0' || CoreRank(best) <= CoreRank(current)) return;
+  // Re-run this very program by its real path (so the process keeps its
+  // name); only when argv[0] names it too, which rules out running under a
+  // loader or a tool (ld.so, valgrind) whose binary /proc/self/exe would be.
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0 || argv == nullptr || argv[0] == nullptr) return;
+  path[length] = '\0';
+  const std::string exe(path);
+  const std::string self(argv[0]);
+  const auto base = [](const std::string& p) {
+    return p.substr(p.find_last_of('/') + 1);
+  };
+  if (base(exe) != base(self)) return;
   setenv("OPENBLAS_CORETYPE", best, /*overwrite=*/1);
-  execv("/proc/self/exe", argv);
+  execv(path, argv);
   // exec failed: carry on with the kernels we have.
 }
 

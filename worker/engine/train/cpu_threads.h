@@ -23,8 +23,10 @@ const char* BlasCoreTypeFor(const char* cpuinfo);
 // (46 vs 227 GFLOP/s for a 1024^3 product here). It reads OPENBLAS_CORETYPE
 // only when it loads, before main(): so when OpenBLAS is in use, the variable
 // is unset and the CPU's flags support a better core than OpenBLAS chose,
-// this sets it and re-executes the program with the same arguments (once).
-// Otherwise it returns. Call first thing in main(); children inherit it.
+// this sets it and re-executes the program with the same arguments (once;
+// not when argv[0] names another program than /proc/self/exe, as under
+// ld.so or valgrind). Otherwise it returns. Call first thing in main();
+// children inherit the variable.
 void ReexecForFasterBlasKernels(char** argv);
 
 // The core OpenBLAS runs (e.g. "SkylakeX"), or "" without OpenBLAS.

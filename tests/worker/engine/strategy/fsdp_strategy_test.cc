@@ -53,9 +53,13 @@ constexpr uint64_t kSeed = 7;
 // nothing else may. AdamW magnifies that rounding on elements whose gradient
 // is ~0 (the key bias's is 0 in exact arithmetic: both runs step it by noise,
 // up to lr * |g| / eps): after 10 steps the worst element differs by ~3e-6 at
-// kLr = 3e-4, by ~1e-5 (the tolerance itself) at 1e-3.
+// kLr = 3e-4, by ~1e-5 at 1e-3. Which elements, and by how much, depends on
+// the BLAS kernels' rounding: at kLr the worst over world sizes 2 and 3 is
+// 7.4e-6 with OpenBLAS's SSE3 kernels and 1.14e-5 with its AVX-512 ones, so
+// parameters are held to 1.5e-5; losses, norms and eval losses, where no
+// such amplification happens, stay at 1e-5 relative (measured: <= 4e-7).
 constexpr double kRelTol = 1e-5;
-constexpr double kParamTol = 1e-5;
+constexpr double kParamTol = 1.5e-5;
 
 Gpt2 MakeModel(const std::string& spec, uint64_t seed = kSeed) {
   return test::MakeModel(spec, seed);
@@ -134,20 +138,27 @@ ParamMap Consolidate(FsdpStrategy& fsdp) {
   return params;
 }
 
-// Rank 0's view of an FSDP run of `steps` steps at world size `world`.
+// Rank 0's view of an FSDP run of `steps` steps at world size `world`;
+// `bytes_sent`, when given, receives what rank 0 sent while training.
 TrainResult TrainFsdp(const std::string& spec, const torch::Tensor& batches,
                       int64_t steps, int64_t world, int64_t micro_steps = 1,
-                      FsdpOptions fsdp_options = {}) {
+                      FsdpOptions fsdp_options = {},
+                      int64_t* bytes_sent = nullptr) {
   TrainResult result;
   RunRanks(world, [&](int64_t rank, Communicator& comm) {
     torch::set_num_threads(1);
     Gpt2 model = MakeModel(spec);
     FsdpStrategy fsdp(RankOptions(rank, world), &comm, fsdp_options);
     ASSERT_TRUE(fsdp.Setup(model).ok());
+    comm.TakeStats();
     TrainResult mine;
     Train(fsdp, batches, rank, world, micro_steps, 0, steps, &mine);
+    const int64_t sent = comm.TakeStats().bytes;
     mine.params = Consolidate(fsdp);
-    if (rank == 0) result = std::move(mine);
+    if (rank == 0) {
+      result = std::move(mine);
+      if (bytes_sent != nullptr) *bytes_sent = sent;
+    }
   });
   return result;
 }
@@ -201,15 +212,27 @@ void ExpectSameTraining(const TrainResult& expected, const TrainResult& actual,
       param_diff, expected.losses.size());
 }
 
-TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
-  constexpr int64_t kSteps = 10;
+// FSDP at world sizes 2 and 3 against single-device on the whole batch;
+// `chunk_rows` > 0 cuts the vocabulary-parallel head into chunks of that
+// many rows.
+void ExpectFsdpMatchesSingle(int64_t steps, int64_t chunk_rows,
+                             const std::string& what) {
   for (const int64_t world : {2, 3}) {
     SCOPED_TRACE(world);
-    const torch::Tensor batches = MakeBatches(kSteps, world * kLocalBatch);
-    const TrainResult single = TrainSingle(kSpec, batches, kSteps);
-    const TrainResult fsdp = TrainFsdp(kSpec, batches, kSteps, world);
-    ExpectSameTraining(single, fsdp, "world " + std::to_string(world));
+    const torch::Tensor batches = MakeBatches(steps, world * kLocalBatch);
+    const TrainResult single = TrainSingle(kSpec, batches, steps);
+    FsdpOptions options;
+    // wte's 1024 rows pad to 1026 at world 3; a rank owns 1026 / world.
+    if (chunk_rows > 0)
+      options.head_chunk_bytes = chunk_rows * (1026 / world) * 4;
+    const TrainResult fsdp =
+        TrainFsdp(kSpec, batches, steps, world, 1, options);
+    ExpectSameTraining(single, fsdp, what + "world " + std::to_string(world));
   }
+}
+
+TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
+  ExpectFsdpMatchesSingle(/*steps=*/10, /*chunk_rows=*/0, "");
   // The padding paths were exercised at world 3: neither a block nor wte's
   // rows (the row-sharded unit pads whole rows) divide evenly by 3.
   Gpt2 model = MakeModel(kSpec);
@@ -221,22 +244,11 @@ TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
   EXPECT_NE(model->wte()->weight.size(0) % 3, 0);
 }
 
-// The vocabulary-parallel head in many chunks of a few rows, the last one
-// short, while ranks score different numbers of rows (the last rank's shard
-// ends in padding): still the single-device run.
+// The vocabulary-parallel head in many chunks of 5 rows, the last one short,
+// while ranks score different numbers of rows (the last rank's shard ends in
+// padding): still the single-device run.
 TEST(FsdpStrategyTest, ChunkedVocabParallelHeadMatchesSingleDevice) {
-  constexpr int64_t kSteps = 4;
-  for (const int64_t world : {2, 3}) {
-    SCOPED_TRACE(world);
-    const torch::Tensor batches = MakeBatches(kSteps, world * kLocalBatch);
-    const TrainResult single = TrainSingle(kSpec, batches, kSteps);
-    FsdpOptions options;
-    options.head_chunk_bytes = 5 * (1026 / world) * 4;  // 5 rows a chunk
-    const TrainResult fsdp =
-        TrainFsdp(kSpec, batches, kSteps, world, 1, options);
-    ExpectSameTraining(single, fsdp,
-                       "chunked head, world " + std::to_string(world));
-  }
+  ExpectFsdpMatchesSingle(/*steps=*/4, /*chunk_rows=*/5, "chunked head, ");
 }
 
 TEST(FsdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatch) {
@@ -265,23 +277,10 @@ TEST(FsdpStrategyTest, NoSyncAccumulationMatchesAndSendsLess) {
   int64_t bytes[2] = {0, 0};
   TrainResult results[2];
   for (const bool no_sync : {false, true}) {
-    RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
-      torch::set_num_threads(1);
-      Gpt2 model = MakeModel(kSpec);
-      FsdpOptions options;
-      options.no_sync = no_sync;
-      FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm, options);
-      ASSERT_TRUE(fsdp.Setup(model).ok());
-      comm.TakeStats();
-      TrainResult mine;
-      Train(fsdp, batches, rank, kWorld, kMicroSteps, 0, kSteps, &mine);
-      const int64_t sent = comm.TakeStats().bytes;
-      mine.params = Consolidate(fsdp);
-      if (rank == 0) {
-        results[no_sync] = std::move(mine);
-        bytes[no_sync] = sent;
-      }
-    });
+    FsdpOptions options;
+    options.no_sync = no_sync;
+    results[no_sync] = TrainFsdp(kSpec, batches, kSteps, kWorld, kMicroSteps,
+                                 options, &bytes[no_sync]);
   }
   ExpectSameTraining(results[0], results[1],
                      "no_sync vs reduce every micro-step");
@@ -518,6 +517,19 @@ TEST(FsdpStrategyTest,
   }
 }
 
+// Each of `world` fresh ranks' LoadCheckpoint(dir) status.
+std::vector<absl::Status> LoadOnFreshRanks(const fs::path& dir, int64_t world) {
+  std::vector<absl::Status> statuses(world);
+  RunRanks(world, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    Gpt2 model = MakeModel(kSpec);
+    FsdpStrategy fsdp(RankOptions(rank, world), &comm);
+    ASSERT_TRUE(fsdp.Setup(model).ok());
+    statuses[rank] = fsdp.LoadCheckpoint(dir.string());
+  });
+  return statuses;
+}
+
 TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
   constexpr int64_t kSteps = 6;
   constexpr int64_t kSaveAt = 3;
@@ -578,14 +590,7 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
   std::printf("OK, resumed vs uninterrupted maxdiff %.3g\n", diff);
 
   // At another world size the shards do not fit: a clear error, no crash.
-  std::vector<absl::Status> at_three(3);
-  RunRanks(3, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    Gpt2 model = MakeModel(kSpec);
-    FsdpStrategy fsdp(RankOptions(rank, 3), &comm);
-    ASSERT_TRUE(fsdp.Setup(model).ok());
-    at_three[rank] = fsdp.LoadCheckpoint(dir.string());
-  });
+  const std::vector<absl::Status> at_three = LoadOnFreshRanks(dir, 3);
   for (const absl::Status& status : at_three) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_NE(status.message().find("world size 2"), std::string::npos)
@@ -600,15 +605,7 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
   nlohmann::json old_index = index;
   old_index["version"] = 1;
   std::ofstream(dir / "fsdp_index.json") << old_index.dump();
-  std::vector<absl::Status> old_version(kWorld);
-  RunRanks(kWorld, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    Gpt2 model = MakeModel(kSpec);
-    FsdpStrategy fsdp(RankOptions(rank, kWorld), &comm);
-    ASSERT_TRUE(fsdp.Setup(model).ok());
-    old_version[rank] = fsdp.LoadCheckpoint(dir.string());
-  });
-  for (const absl::Status& status : old_version) {
+  for (const absl::Status& status : LoadOnFreshRanks(dir, kWorld)) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_NE(status.message().find("index version 1"), std::string::npos)
         << status;
