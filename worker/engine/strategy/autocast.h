@@ -4,11 +4,11 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_AUTOCAST_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_AUTOCAST_H_
 
-#include <string>
-
 #include <ATen/autocast_mode.h>
 #include <torch/types.h>
 #include <torch/version.h>
+
+#include <string>
 
 namespace shardtrain {
 
@@ -17,7 +17,8 @@ class ScopedAutocast {
   ScopedAutocast(const torch::Device& device, const std::string& precision)
       : active_(device.is_cuda() && precision == "bf16") {
     if (!active_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
 #else
@@ -27,7 +28,8 @@ class ScopedAutocast {
   }
   ~ScopedAutocast() {
     if (!active_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     at::autocast::set_autocast_enabled(at::kCUDA, false);
 #else
     at::autocast::set_enabled(false);

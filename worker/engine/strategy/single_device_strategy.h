@@ -16,8 +16,8 @@ class SingleDeviceStrategy final : public Strategy {
   std::string name() const override { return "single"; }
   absl::Status Setup(Gpt2 model) override;
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
-                                const torch::Tensor& targets,
-                                double loss_scale, bool sync) override;
+                                const torch::Tensor& targets, double loss_scale,
+                                bool sync) override;
   double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
