@@ -357,9 +357,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       if (!client) return;
       v1::ListJobsRequest request;
       for (const std::string& s : *states) {
-        v1::JobState state;
-        v1::JobState_Parse(s, &state);
-        request.add_states(state);
+        v1::JobState state{};
+        if (v1::JobState_Parse(s, &state)) request.add_states(state);
       }
       for (const std::string& label : *labels) {
         const size_t eq = label.find('=');

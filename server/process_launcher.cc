@@ -100,6 +100,7 @@ ExecImage BuildImage(const ProcessSpec& spec) {
   }
   execve(image.argv[0], image.argv.data(), image.envp.data());
   fail();
+  _exit(127);  // not reached: fail() exits
 }
 
 }  // namespace

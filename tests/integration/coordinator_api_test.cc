@@ -384,7 +384,9 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
     for (const std::string& line : job.failure().log_tail())
       tail += line + "\n";
     EXPECT_THAT(tail, HasSubstr(absl::StrCat("mode '", c.mode, "'"))) << c.mode;
-    if (c.mode == "oom") EXPECT_THAT(tail, HasSubstr("CUDA out of memory"));
+    if (c.mode == "oom") {
+      EXPECT_THAT(tail, HasSubstr("CUDA out of memory"));
+    }
     EXPECT_TRUE(test::WaitUntil(
         [&] { return test::WorkerPids(job.id()).empty(); }, absl::Seconds(10)))
         << c.mode << ": workers left behind";

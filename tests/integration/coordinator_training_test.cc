@@ -39,8 +39,6 @@ v1::JobSpec TinySpec(const std::string& strategy, int world, int steps) {
   return spec;
 }
 
-bool Running(const v1::Job& job) { return job.state() == v1::RUNNING; }
-
 std::function<bool(const v1::Job&)> ReachedStep(int step) {
   return [step](const v1::Job& job) {
     return test::IsTerminal(job) ||

@@ -211,7 +211,9 @@ TEST_P(C10dCommunicatorTest, StatsCountContributedBytesAndBlockedSeconds) {
 
     const CommStats stats = comm.TakeStats();
     EXPECT_EQ(stats.bytes, 400 + 40 + 40 * w);
-    if (rank != 0) EXPECT_GE(stats.seconds, 0.25);
+    if (rank != 0) {
+      EXPECT_GE(stats.seconds, 0.25);
+    }
     const CommStats again = comm.TakeStats();
     EXPECT_EQ(again.bytes, 0);
     EXPECT_EQ(again.seconds, 0);
