@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/data/asset_paths.h"
 #include "worker/engine/train/step_metrics.h"
+#include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -82,12 +83,11 @@ std::vector<v1::StepMetrics> Deduplicated(
 // Text helpers
 // ---------------------------------------------------------------------------
 
-// "DDP", "FSDP", "single-device"; other names as given.
+// "DDP", "FSDP", "single-device" (train/strategy_kinds.h); other names as
+// given.
 std::string DisplayName(const std::string& strategy) {
-  if (strategy == "ddp") return "DDP";
-  if (strategy == "fsdp") return "FSDP";
-  if (strategy == "single") return "single-device";
-  return strategy;
+  const StrategyKind* kind = FindStrategyKind(strategy);
+  return kind != nullptr ? kind->display_name : strategy;
 }
 
 std::string Capitalised(std::string text) {

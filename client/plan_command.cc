@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/train/memory_plan.h"
 #include "worker/engine/train/step_metrics.h"
+#include "worker/engine/train/strategy_kinds.h"
 #include "worker/engine/train/train_config.h"
 
 namespace shardtrain::cli {
@@ -34,15 +35,16 @@ int RunPlan(const PlanOptions& options) {
     return ReportFailure(
         absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
   }
-  if (options.strategy == "single" && options.world_size != 1) {
-    return ReportFailure(
-        "strategy single runs at world size 1 (omit "
-        "--strategy to compare it with ddp and fsdp)");
+  if (!options.strategy.empty() &&
+      !FindStrategyKind(options.strategy)->distributed &&
+      options.world_size != 1) {
+    return ReportFailure(absl::StrCat(
+        "strategy ", options.strategy,
+        " runs at world size 1 (omit --strategy to compare all strategies)"));
   }
   std::vector<std::string> strategies =
-      options.strategy.empty()
-          ? std::vector<std::string>{"single", "ddp", "fsdp"}
-          : std::vector<std::string>{options.strategy};
+      options.strategy.empty() ? StrategyNames()
+                               : std::vector<std::string>{options.strategy};
 
   std::vector<MemoryPlan> plans;
   std::vector<int64_t> batches;
@@ -50,7 +52,7 @@ int RunPlan(const PlanOptions& options) {
     TrainConfig config = base;
     config.strategy = strategy;
     int64_t world = options.world_size;
-    if (strategy == "single" && world > 1) {
+    if (!FindStrategyKind(strategy)->distributed && world > 1) {
       // As `shardtrain compare`: strong scaling gives single-device the
       // global batch, weak scaling the per-device one.
       if (options.scaling == "strong") config.batch_size *= world;
@@ -134,7 +136,7 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
       ->capture_default_str();
   plan->add_option("--strategy", options->strategy,
                    "single | ddp | fsdp (default: all three)")
-      ->check(CLI::IsMember({"single", "ddp", "fsdp"}));
+      ->check(CLI::IsMember(StrategyNames()));
   plan->add_option("--world-size", options->world_size, "ranks")
       ->capture_default_str();
   plan->add_option("--batch-size", c.batch_size,

@@ -18,6 +18,7 @@
 #include "client/exit_code.h"
 #include "client/job_commands.h"
 #include "worker/engine/train/memory_plan.h"
+#include "worker/engine/train/strategy_kinds.h"
 #include "worker/job_config.h"
 
 namespace shardtrain::cli {
@@ -25,7 +26,7 @@ namespace {
 
 struct CompareFlags {
   JobFlags job;
-  std::vector<std::string> strategies = {"single", "ddp", "fsdp"};
+  std::vector<std::string> strategies = StrategyNames();
   std::string out;
   std::string scaling = "strong";
 };
@@ -38,12 +39,13 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
   }
   const int world = flags.job.world_size;
   for (const std::string& s : flags.strategies) {
-    if (s != "single" && s != "ddp" && s != "fsdp") {
+    const StrategyKind* kind = FindStrategyKind(s);
+    if (kind == nullptr) {
       ReportFailure(absl::StrCat("--strategies: unknown strategy '", s,
-                                 "'; expected single, ddp or fsdp"));
+                                 "'; expected one of ", StrategyNameList()));
       return kExitUsage;
     }
-    if (s != "single" && world < 2) {
+    if (kind->distributed && world < 2) {
       ReportFailure(absl::StrCat("--world-size: got ", world, "; ", s,
                                  " needs at least 2 ranks to compare"));
       return kExitUsage;
@@ -61,12 +63,13 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     const std::string& strategy = flags.strategies[i];
     v1::JobSpec spec = *base;
     spec.mutable_strategy()->set_name(strategy);
-    const int ranks = strategy == "single" ? 1 : world;
+    const bool distributed = FindStrategyKind(strategy)->distributed;
+    const int ranks = distributed ? world : 1;
     spec.set_world_size(ranks);
     // Strong scaling: every strategy trains on the same global batch, so the
     // losses match step for step; single-device takes the whole of it.
     // Weak scaling: the same batch per device.
-    if (strategy == "single" && flags.scaling == "strong") {
+    if (!distributed && flags.scaling == "strong") {
       spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() *
                                              world);
     }

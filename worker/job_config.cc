@@ -1,6 +1,7 @@
 #include "worker/job_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {
@@ -136,10 +137,11 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         absl::StrCat("max_restarts: got ", spec.max_restarts(),
                      "; must be in [0, ", kMaxRestarts, "]"));
   }
-  if (c.strategy == "single" && spec.world_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size: got ", spec.world_size(),
-        "; strategy single trains on one device (use ddp or fsdp)"));
+  const StrategyKind* kind = FindStrategyKind(c.strategy);
+  if (kind != nullptr && !kind->distributed && spec.world_size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: got ", spec.world_size(), "; strategy ",
+                     kind->name, " trains on one device (use ddp or fsdp)"));
   }
   if (absl::Status status = c.Validate(); !status.ok()) return status;
   return c;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/strategy/strategy_factory.h"
+#include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain {
 
@@ -27,7 +28,8 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
 #endif
 
   std::unique_ptr<Communicator> comm;
-  if (config.strategy != "single") {
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind != nullptr && kind->distributed) {
     auto c10d = C10dCommunicator::Create(
         env, std::chrono::seconds(config.comm_timeout), device);
     if (!c10d.ok()) {

@@ -1,9 +1,13 @@
 #include "worker/engine/strategy/strategy_factory.h"
 
+#include <map>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "worker/engine/strategy/ddp_strategy.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain {
 
@@ -20,33 +24,64 @@ StrategyOptions StrategyOptionsFor(const TrainConfig& config,
   return options;
 }
 
+namespace {
+
+using Factory = std::unique_ptr<Strategy> (*)(const TrainConfig&,
+                                              const StrategyOptions&,
+                                              Communicator*);
+
+// One row per StrategyKinds() row (train/strategy_kinds.h), by name.
+const std::map<std::string, Factory>& Factories() {
+  static const auto* const kFactories = new std::map<std::string, Factory>{
+      {"single",
+       [](const TrainConfig&, const StrategyOptions& options,
+          Communicator*) -> std::unique_ptr<Strategy> {
+         return std::make_unique<SingleDeviceStrategy>(options);
+       }},
+      {"ddp",
+       [](const TrainConfig& config, const StrategyOptions& options,
+          Communicator* comm) -> std::unique_ptr<Strategy> {
+         return std::make_unique<DdpStrategy>(options, comm, config.bucket_mb);
+       }},
+      {"fsdp",
+       [](const TrainConfig& config, const StrategyOptions& options,
+          Communicator* comm) -> std::unique_ptr<Strategy> {
+         FsdpOptions fsdp;
+         fsdp.reshard_after_forward = config.reshard_after_forward;
+         fsdp.prefetch = config.prefetch;
+         fsdp.no_sync = config.fsdp_no_sync;
+         return std::make_unique<FsdpStrategy>(options, comm, fsdp);
+       }},
+  };
+  return *kFactories;
+}
+
+}  // namespace
+
+bool HasStrategyFactory(const std::string& name) {
+  return Factories().count(name) > 0;
+}
+
 absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm) {
-  if (config.strategy == "single") {
-    if (options.world_size != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "strategy: single trains on one device, but the world size is ",
-          options.world_size, "; use ddp or fsdp"));
-    }
-    return std::make_unique<SingleDeviceStrategy>(options);
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  const auto factory = Factories().find(config.strategy);
+  if (kind == nullptr || factory == Factories().end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
-  if (comm == nullptr) {
+  if (!kind->distributed && options.world_size != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("strategy: ", config.strategy, " needs a communicator"));
+        absl::StrCat("strategy: ", kind->name,
+                     " trains on one device, but the world size is ",
+                     options.world_size, "; use a distributed strategy"));
   }
-  if (config.strategy == "ddp") {
-    return std::make_unique<DdpStrategy>(options, comm, config.bucket_mb);
+  if (kind->distributed && comm == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy: ", kind->name, " needs a communicator"));
   }
-  if (config.strategy == "fsdp") {
-    FsdpOptions fsdp;
-    fsdp.reshard_after_forward = config.reshard_after_forward;
-    fsdp.prefetch = config.prefetch;
-    fsdp.no_sync = config.fsdp_no_sync;
-    return std::make_unique<FsdpStrategy>(options, comm, fsdp);
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "strategy: got ", config.strategy, "; allowed: single, ddp, fsdp"));
+  return factory->second(config, options, comm);
 }
 
 }  // namespace shardtrain

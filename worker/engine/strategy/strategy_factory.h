@@ -16,10 +16,16 @@ StrategyOptions StrategyOptionsFor(const TrainConfig& config,
                                    const torch::Device& device, int64_t rank,
                                    int64_t world_size);
 
-// `comm` may be null only for "single"; it must outlive the strategy.
+// The strategy config.strategy names (a StrategyKinds() row). `comm` may be
+// null only for a strategy that is not distributed; it must outlive the
+// strategy.
 absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm);
+
+// Whether CreateStrategy can build `name` (tests check every StrategyKinds()
+// row has a factory).
+bool HasStrategyFactory(const std::string& name);
 
 }  // namespace shardtrain
 

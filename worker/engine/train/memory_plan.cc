@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {
@@ -83,13 +84,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("world size must be >= 1, got ", world_size));
   }
-  if (config.strategy != "single" && config.strategy != "ddp" &&
-      config.strategy != "fsdp") {
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "strategy: got ", config.strategy, "; allowed: single, ddp, fsdp"));
+        "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
-  if (config.strategy == "single" && world_size != 1) {
-    return absl::InvalidArgumentError("strategy single runs at world size 1");
+  if (!kind->distributed && world_size != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy ", kind->name, " runs at world size 1"));
   }
   Shapes s;
   s.c = model->n_embd;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/train/strategy_kinds.h"
 #include "yaml-cpp/yaml.h"
 
 namespace shardtrain {
@@ -81,8 +82,9 @@ absl::Status TrainConfig::Validate() const {
   if (grad_clip != grad_clip) {
     return FieldError("grad_clip", grad_clip, "must be a number");
   }
-  if (strategy != "single" && strategy != "ddp" && strategy != "fsdp") {
-    return FieldError("strategy", strategy, "allowed: single, ddp, fsdp");
+  if (FindStrategyKind(strategy) == nullptr) {
+    return FieldError("strategy", strategy,
+                      absl::StrCat("allowed: ", StrategyNameList()));
   }
   if (device != "cpu" && !IsCudaDevice(device)) {
     return FieldError("device", device, "allowed: cpu, cuda, cuda:N");
