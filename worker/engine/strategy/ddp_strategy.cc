@@ -1,7 +1,5 @@
 #include "worker/engine/strategy/ddp_strategy.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
@@ -11,35 +9,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 
 namespace shardtrain {
 namespace {
 
-// Runs `on_ready` after a parameter's AccumulateGrad node has added this
-// backward's contribution to .grad(). The operator() signature is the same in
-// LibTorch 1.13 and 2.x; 2.x only adds a virtual compiled_args() with a
-// default, used by compiled autograd (torch.compile), which never runs these
-// graphs, so no version guard is needed.
-class GradReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> on_ready)
-      : on_ready_(std::move(on_ready)) {}
-
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    on_ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> on_ready_;
-};
-
-// A collective failed: the step cannot go on with partial gradients, and
-// ForwardBackward has no Status to return, so this throws like LibTorch does.
+// A collective failed: the step cannot go on with partial gradients.
 void CheckCollective(const absl::Status& status, const char* what) {
-  TORCH_CHECK(status.ok(), "ddp: ", what, " failed: ", status.ToString());
+  ThrowIfFailed(status, "ddp", what);
 }
 
 }  // namespace
@@ -52,13 +29,7 @@ DdpStrategy::DdpStrategy(const StrategyOptions& options, Communicator* comm,
           1, static_cast<int64_t>(std::llround(bucket_mb * 1024 * 1024)))),
       local_(options) {}
 
-DdpStrategy::~DdpStrategy() {
-  // A graph built before this strategy died may still hold the accumulators;
-  // its backward must not call into a destroyed object.
-  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
-    grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
-  }
-}
+DdpStrategy::~DdpStrategy() = default;
 
 absl::Status DdpStrategy::Setup(Gpt2 model) {
   if (absl::Status s = local_.Setup(model); !s.ok()) return s;
@@ -160,12 +131,7 @@ void DdpStrategy::AttachGradViews() {
 
 void DdpStrategy::RegisterHooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(
-        accumulator->add_post_hook(std::make_unique<GradReadyHook>(
-            [this, i] { OnGradReady(static_cast<int64_t>(i)); })));
-    grad_accumulators_.push_back(std::move(accumulator));
+    hooks_.Add(params_[i], [this, i] { OnGradReady(static_cast<int64_t>(i)); });
   }
 }
 
@@ -236,10 +202,7 @@ torch::Tensor DdpStrategy::ForwardLoss(const torch::Tensor& inputs,
 }
 
 double DdpStrategy::AllReduceMean(double value) {
-  torch::Tensor t = torch::full(
-      {1}, value, torch::TensorOptions(options_.device).dtype(torch::kFloat64));
-  CheckCollective(comm_->AllReduce(t)->Wait(), "all-reduce of a metric");
-  return t.item<double>() / static_cast<double>(comm_->world_size());
+  return shardtrain::AllReduceMean(*comm_, value, options_.device, "ddp");
 }
 
 void DdpStrategy::Barrier() { CheckCollective(comm_->Barrier(), "barrier"); }

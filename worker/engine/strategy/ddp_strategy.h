@@ -29,12 +29,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/single_device_strategy.h"
 #include "worker/engine/strategy/strategy.h"
-
-namespace torch::autograd {
-struct Node;
-}  // namespace torch::autograd
 
 namespace shardtrain {
 
@@ -122,11 +119,6 @@ class DdpStrategy final : public Strategy {
   std::vector<torch::Tensor> params_;  // model->parameters(), in order
   std::vector<int64_t> bucket_of_param_;
   std::vector<Bucket> buckets_;
-  // Gradient accumulators of params_ with our hook attached; holding them
-  // keeps the same node (and hook) in every graph built from the params.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-
   // Hooks run on the autograd engine's thread while the caller is blocked in
   // backward(); the mutex orders them with the caller (and with each other
   // should a backend run them on several threads).
@@ -135,6 +127,10 @@ class DdpStrategy final : public Strategy {
   std::vector<bool> param_ready_ ABSL_GUARDED_BY(mutex_);
   size_t next_launch_ ABSL_GUARDED_BY(mutex_) = 0;
   OverlapTrace trace_ ABSL_GUARDED_BY(mutex_);
+  // Gradient-ready hooks on params_ (holding their accumulators keeps the
+  // same node, and hook, in every graph built from the params). Declared
+  // last: removed first, before anything the hooks touch.
+  GradReadyHooks hooks_;
 };
 
 }  // namespace shardtrain

@@ -1,8 +1,6 @@
 #include "worker/engine/strategy/fsdp_strategy.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
@@ -19,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 
 namespace shardtrain {
 namespace {
@@ -31,27 +30,12 @@ constexpr int kIndexVersion = 2;
 // Strategy calls that cannot return a Status report collective failures as
 // exceptions (see the header).
 void Check(const absl::Status& status) {
-  TORCH_CHECK(status.ok(), "FSDP: ", status.ToString());
+  ThrowIfFailed(status, "FSDP", "a collective");
 }
 
 std::string ShardFileName(int64_t rank) {
   return absl::StrCat("shard_rank", rank, ".pt");
 }
-
-// Runs `fn` after a gradient accumulator has stored the gradient.
-class GradReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 // The tensor members that each module's forward() reads, by the parameter's
 // name in the model: FSDP points them at views of the gathered flat buffer.
@@ -158,12 +142,8 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
           std::move(sources[u]), comm_, options_.device, compute_dtype,
           /*align=*/wte ? n_embd : 1);
       if (!unit.ok()) return unit.status();
-      std::shared_ptr<torch::autograd::Node> accumulator =
-          torch::autograd::impl::grad_accumulator((*unit)->full());
       const int64_t index = static_cast<int64_t>(u);
-      accumulator->add_post_hook(std::make_unique<GradReadyHook>(
-          [this, index] { OnGradReady(index); }));
-      grad_accumulators_.push_back(std::move(accumulator));
+      hooks_.Add((*unit)->full(), [this, index] { OnGradReady(index); });
       units_.push_back(std::move(*unit));
     }
     FsdpUnit& wte = *units_[wte_unit_];
@@ -369,11 +349,7 @@ torch::Tensor FsdpStrategy::ForwardLoss(const torch::Tensor& inputs,
 }
 
 double FsdpStrategy::AllReduceMean(double value) {
-  torch::Tensor t = torch::full(
-      {1}, value,
-      torch::TensorOptions().dtype(torch::kDouble).device(options_.device));
-  Check(comm_->AllReduce(t)->Wait());
-  return t.item<double>() / static_cast<double>(comm_->world_size());
+  return shardtrain::AllReduceMean(*comm_, value, options_.device, "FSDP");
 }
 
 void FsdpStrategy::Barrier() { Check(comm_->Barrier()); }

@@ -52,16 +52,11 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 #include "worker/engine/train/tensor_file.h"
-
-namespace torch {
-namespace autograd {
-struct Node;
-}  // namespace autograd
-}  // namespace torch
 
 namespace shardtrain {
 
@@ -182,13 +177,12 @@ class FsdpStrategy final : public Strategy {
   int64_t wte_unit_ = -1;
   VocabShard vocab_;  // views of the wte unit's shard
   bool sync_ = true;  // of the micro-step in progress
-  // The gradient accumulators of the units' full buffers, kept alive so their
-  // post-hooks keep firing.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   std::unique_ptr<AdamW> optimizer_;
   // Units whose reduce-scatter is in flight, oldest first.
   std::vector<int64_t> pending_reductions_;
   std::function<void(const FsdpEvent&)> observer_;
+  // On the units' full buffers. Declared last: removed first.
+  GradReadyHooks hooks_;
 };
 
 }  // namespace shardtrain
