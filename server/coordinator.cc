@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "server/dataset_locator.h"
 
 namespace shardtrain {
@@ -233,11 +234,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     c->server_->GetHealthCheckService()->SetServingStatus(service, true);
   }
   auto publish = [&](const std::string& name, const std::string& address) {
-    const std::string path = options.state_dir + "/" + name;
-    std::ofstream out(path + ".tmp", std::ios::trunc);
-    out << address << "\n";
-    out.close();
-    std::filesystem::rename(path + ".tmp", path, ec);
+    // Best effort: clients fall back to the default address.
+    (void)WriteFileAtomically(options.state_dir + "/" + name, address + "\n");
   };
   // metrics_endpoint first: a client that sees `endpoint` finds both.
   if (c->exporter_ != nullptr)

@@ -1,9 +1,6 @@
 #include "server/job_manager.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/atomic_file.h"
+#include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/log_files.h"
 #include "server/scheduler.h"
@@ -49,24 +48,6 @@ bool SecretsEqual(const std::string& a, const std::string& b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
   return diff == 0;
-}
-
-// A TCP port on loopback that is free now, for the job's rendezvous store.
-absl::StatusOr<int> FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return absl::InternalError("no free loopback port");
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
@@ -880,15 +861,10 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   print.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
   const std::string spec_path = dir + "/spec.json";
-  {
-    std::ofstream out(spec_path + ".tmp", std::ios::trunc);
-    out << json;
-    out.close();
-    std::filesystem::rename(spec_path + ".tmp", spec_path, ec);
-    if (!out || ec)
-      return fail_launch(absl::StrCat("cannot write ", spec_path));
+  if (absl::Status s = WriteFileAtomically(spec_path, json); !s.ok()) {
+    return fail_launch(std::string(s.message()));
   }
-  absl::StatusOr<int> port = FreeLoopbackPort();
+  absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
   if (!port.ok()) return fail_launch(std::string(port.status().message()));
 
   entry.stored.secret = NewSecret();

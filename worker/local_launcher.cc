@@ -1,12 +1,8 @@
 #include "worker/local_launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,14 +10,13 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-
-extern char** environ;
+#include "common/free_port.h"
+#include "common/subprocess.h"
 
 namespace shardtrain {
 namespace {
@@ -168,9 +163,15 @@ struct Child {
   std::vector<PrefixedStream> streams;  // stdout, stderr
 };
 
-std::vector<std::string> ChildEnvironment(const LocalLaunchOptions& options,
-                                          int rank, int port) {
-  std::map<std::string, std::string> overrides = {
+// Starts one rank in its own process group (so stopping it also stops what
+// it started) with stdout/stderr on pipes and stdin on /dev/null.
+absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
+                   std::ostream& out, std::ostream& err, Child* child) {
+  SubprocessOptions spawn;
+  spawn.argv = options.argv;
+  if (spawn.argv.empty()) spawn.argv.push_back(options.program);
+  spawn.program = options.program;
+  spawn.env = {
       {"RANK", absl::StrCat(rank)},
       {"LOCAL_RANK", absl::StrCat(rank)},
       {"WORLD_SIZE", absl::StrCat(options.nproc)},
@@ -178,97 +179,18 @@ std::vector<std::string> ChildEnvironment(const LocalLaunchOptions& options,
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", absl::StrCat(port)},
   };
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (overrides.count(entry.substr(0, entry.find('='))) == 0)
-      env.push_back(entry);
-  }
-  for (const auto& [key, value] : overrides)
-    env.push_back(absl::StrCat(key, "=", value));
-  return env;
-}
-
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  for (std::string& s : strings) pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
-}
-
-// Forks and execs one rank in its own process group (so stopping it also
-// stops what it started) with stdout/stderr on pipes and stdin on /dev/null.
-absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
-                   std::ostream& out, std::ostream& err, Child* child) {
-  std::vector<std::string> argv_strings = options.argv;
-  if (argv_strings.empty()) argv_strings.push_back(options.program);
-  std::vector<std::string> env_strings = ChildEnvironment(options, rank, port);
-  std::vector<char*> argv = CStrings(argv_strings);
-  std::vector<char*> envp = CStrings(env_strings);
-
-  int out_pipe[2], err_pipe[2], exec_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0)
-    return absl::InternalError(ErrnoText("pipe"));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return absl::InternalError(ErrnoText("pipe"));
-  }
-  if (pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
-      close(fd);
-    return absl::InternalError(ErrnoText("pipe"));
-  }
-  const int dev_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls from here to exec.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);  // the launcher died before prctl
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (dev_null >= 0) dup2(dev_null, STDIN_FILENO);
-    dup2(out_pipe[1], STDOUT_FILENO);
-    dup2(err_pipe[1], STDERR_FILENO);
-    execve(options.program.c_str(), argv.data(), envp.data());
-    const int error = errno;
-    if (write(exec_pipe[1], &error, sizeof error) < 0) {
-    }
-    _exit(127);
-  }
-  const int fork_errno = errno;
-  for (int fd : {out_pipe[1], err_pipe[1], exec_pipe[1], dev_null}) {
-    if (fd >= 0) close(fd);
-  }
-  if (pid < 0) {
-    for (int fd : {out_pipe[0], err_pipe[0], exec_pipe[0]}) close(fd);
-    errno = fork_errno;
-    return absl::InternalError(ErrnoText("fork"));
-  }
-  setpgid(pid, pid);  // also in the parent, so a kill right away finds it
-  child->pid = pid;
+  spawn.output = SubprocessOptions::Output::kPipes;
+  absl::StatusOr<Subprocess> process = SpawnSubprocess(spawn);
+  if (!process.ok()) return process.status();
+  child->pid = process->pid;
   child->running = true;
   child->exit.rank = rank;
   const std::string prefix = absl::StrCat("[rank ", rank, "] ");
-  for (int fd : {out_pipe[0], err_pipe[0]}) {
+  for (int fd : {process->stdout_fd, process->stderr_fd}) {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
-  child->streams.emplace_back(out_pipe[0], prefix, &out);
-  child->streams.emplace_back(err_pipe[0], prefix, &err);
-  // The exec pipe closes on a successful exec; otherwise it carries errno.
-  int exec_errno = 0;
-  ssize_t n;
-  while ((n = read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 &&
-         errno == EINTR) {
-  }
-  close(exec_pipe[0]);
-  if (n == sizeof exec_errno) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot run ", options.program, ": ", std::strerror(exec_errno)));
-  }
+  child->streams.emplace_back(process->stdout_fd, prefix, &out);
+  child->streams.emplace_back(process->stderr_fd, prefix, &err);
   return absl::OkStatus();
 }
 
@@ -281,12 +203,7 @@ void SignalGroup(Child& child, int signo) {
 }  // namespace
 
 std::string RankExit::Describe() const {
-  if (signal != 0) {
-    const char* name = sigabbrev_np(signal);
-    return name != nullptr ? absl::StrCat("signal ", name)
-                           : absl::StrCat("signal ", signal);
-  }
-  return absl::StrCat("exit code ", exit_code);
+  return DescribeExit(exit_code, signal);
 }
 
 LocalLauncher::LocalLauncher(LocalLaunchOptions options, std::ostream& out,
@@ -442,25 +359,6 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
     err_ << std::endl;
   }
   return result;
-}
-
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(ErrnoText("socket"));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const absl::Status status =
-        absl::InternalError(ErrnoText("bind 127.0.0.1:0"));
-    close(fd);
-    return status;
-  }
-  close(fd);
-  return static_cast<int>(ntohs(address.sin_port));
 }
 
 int RunLocalRanks(int nproc, int argc, char** argv) {

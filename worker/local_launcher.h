@@ -5,7 +5,8 @@
 // "[rank r] ". When a rank exits non-zero or is killed, the others get
 // SIGTERM, then SIGKILL after a grace period, and the launcher reports which
 // rank failed first and how. SIGINT/SIGTERM to the launcher stop all ranks.
-// Ranks die with the launcher (PR_SET_PDEATHSIG). Torch-free.
+// Ranks die with the launcher (SIGKILL on parent death, common/subprocess.h).
+// Torch-free.
 #ifndef SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
 #define SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
 
@@ -72,9 +73,6 @@ class LocalLauncher {
   std::ostream& out_;
   std::ostream& err_;
 };
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-absl::StatusOr<int> PickFreePort();
 
 // `program --nproc N ...` as a launcher: reruns this executable
 // (/proc/self/exe) with the same arguments as N ranks, forwarding their

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/free_port.h"
+
 namespace shardtrain {
 namespace {
 

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/data/gpt2_vocab.h"
 #include "worker/engine/data/token_file.h"
@@ -36,22 +37,6 @@ nlohmann::json SplitJson(const SplitSummary& split,
   }
   json["document_names"] = names;
   return json;
-}
-
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  const std::string temp_path = path + ".tmp";
-  {
-    std::ofstream out(temp_path, std::ios::binary | std::ios::trunc);
-    if (!(out << text) || !out.flush()) {
-      std::remove(temp_path.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", temp_path));
-    }
-  }
-  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
-    std::remove(temp_path.c_str());
-    return absl::InternalError(absl::StrCat("cannot rename into ", path));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -165,7 +150,7 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
   meta["train"] = SplitJson(summary.train, train_names);
   meta["val"] = SplitJson(summary.val, val_names);
   if (absl::Status s =
-          WriteTextFile(out_dir + "/meta.json", meta.dump(2) + "\n");
+          WriteFileAtomically(out_dir + "/meta.json", meta.dump(2) + "\n");
       !s.ok()) {
     return s;
   }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "worker/engine/data/gpt2_vocab.h"
 
 namespace shardtrain {
@@ -30,30 +31,9 @@ class FdCloser {
   ~FdCloser() {
     if (fd_ >= 0) ::close(fd_);
   }
-  // Closes now, reporting the result (a failed close can lose written data).
-  int Close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
  private:
   int fd_;
 };
-
-bool WriteAll(int fd, const void* data, size_t bytes) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -178,25 +158,16 @@ absl::Status WriteTokenFile(const std::string& path,
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
 
-  const std::string temp_path =
-      absl::StrCat(path, ".tmp.", static_cast<long>(::getpid()));
-  const int fd =
-      ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(ErrnoMessage(temp_path, "create"));
-  FdCloser closer(fd);
-  if (!WriteAll(fd, header.data(), kTokenFileHeaderBytes) ||
-      !WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t)) ||
-      ::fsync(fd) != 0 || closer.Close() != 0) {
-    const std::string message = ErrnoMessage(temp_path, "write");
-    std::remove(temp_path.c_str());
-    return absl::InternalError(message);
-  }
-  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
-    const std::string message = ErrnoMessage(path, "rename into place");
-    std::remove(temp_path.c_str());
-    return absl::InternalError(message);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(
+      path, [&](std::FILE* file, const std::string& temp) -> absl::Status {
+        if (std::fwrite(header.data(), 1, kTokenFileHeaderBytes, file) !=
+                kTokenFileHeaderBytes ||
+            std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), file) !=
+                tokens.size()) {
+          return absl::InternalError(ErrnoMessage(temp, "write"));
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace shardtrain

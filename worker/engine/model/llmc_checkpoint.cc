@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/gpt2_config.h"
 
@@ -172,29 +173,16 @@ absl::Status WriteFile(Gpt2& model, std::FILE* file, const std::string& path) {
 }  // namespace
 
 absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  if (file == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot create llm.c checkpoint ",
-                                            temp, ": ", ErrnoText()));
-  }
-  absl::Status status;
-  try {
-    status = WriteFile(model, file, temp);
-  } catch (const c10::Error& e) {
-    status = absl::InternalError(absl::StrCat(
-        "writing llm.c checkpoint ", path, ": ", e.what_without_backtrace()));
-  }
-  if (std::fclose(file) != 0 && status.ok()) {
-    status = absl::InternalError(
-        absl::StrCat("closing llm.c checkpoint ", temp, ": ", ErrnoText()));
-  }
-  if (status.ok() && std::rename(temp.c_str(), path.c_str()) != 0) {
-    status = absl::InternalError(
-        absl::StrCat("renaming ", temp, " to ", path, ": ", ErrnoText()));
-  }
-  if (!status.ok()) std::remove(temp.c_str());
-  return status;
+  return WriteFileAtomically(
+      path, [&](std::FILE* file, const std::string& temp) -> absl::Status {
+        try {
+          return WriteFile(model, file, temp);
+        } catch (const c10::Error& e) {
+          return absl::InternalError(absl::StrCat("writing llm.c checkpoint ",
+                                                  path, ": ",
+                                                  e.what_without_backtrace()));
+        }
+      });
 }
 
 absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {

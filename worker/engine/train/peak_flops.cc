@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/train/cpu_threads.h"
 
@@ -110,13 +111,8 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
   cache[key] = measured;
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  const std::filesystem::path tmp =
-      path.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    out << cache.dump(2) << "\n";
-  }
-  std::filesystem::rename(tmp, path, ec);  // best effort: a cache only
+  // Best effort: a cache only.
+  (void)WriteFileAtomically(path.string(), cache.dump(2) + "\n");
   return measured;
 }
 

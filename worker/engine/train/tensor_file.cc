@@ -8,28 +8,9 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 
 namespace shardtrain {
-
-absl::Status WriteFileAtomically(const std::string& path,
-                                 std::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status SaveTensorFile(const std::string& path,
                             const NamedTensors& tensors) {

@@ -20,11 +20,6 @@ absl::Status SaveTensorFile(const std::string& path,
                             const NamedTensors& tensors);
 absl::StatusOr<NamedTensors> LoadTensorFile(const std::string& path);
 
-// Writes `contents` to `path` through a temporary file in the same directory
-// and a rename, so a reader never sees a torn file.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 std::string_view contents);
-
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_TRAIN_TENSOR_FILE_H_

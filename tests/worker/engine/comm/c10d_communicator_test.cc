@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/free_port.h"
 #include "worker/local_launcher.h"
 
 extern char** environ;

@@ -1,0 +1,30 @@
+// Writing a file so that a reader sees either the old one or the whole new
+// one, never a torn file: write a temporary file beside it (same directory,
+// so the same file system), flush and fsync it, rename it over the target.
+// On any failure the temporary file is removed and the target is untouched.
+#ifndef SHARDTRAIN_COMMON_ATOMIC_FILE_H_
+#define SHARDTRAIN_COMMON_ATOMIC_FILE_H_
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace shardtrain {
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::string_view contents);
+
+// For writers that stream: `write` fills the temporary file, open for binary
+// writing (`temp_path` is its name, for messages); a non-OK status from it
+// abandons the write and is returned as is.
+absl::Status WriteFileAtomically(
+    const std::string& path,
+    const std::function<absl::Status(std::FILE* file,
+                                     const std::string& temp_path)>& write);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_ATOMIC_FILE_H_

@@ -1,0 +1,35 @@
+#include "common/free_port.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain {
+
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const absl::Status status = absl::InternalError(
+        absl::StrCat("bind 127.0.0.1:0: ", strerror(errno)));
+    close(fd);
+    return status;
+  }
+  close(fd);
+  return static_cast<int>(ntohs(address.sin_port));
+}
+
+}  // namespace shardtrain

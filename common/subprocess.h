@@ -1,0 +1,52 @@
+// SpawnSubprocess: the one way shardtrain starts a child process — the
+// coordinator's workers (server/process_launcher) and `shardtrain-train
+// --nproc`'s ranks (worker/local_launcher) alike. Torch-free, gRPC-free.
+#ifndef SHARDTRAIN_COMMON_SUBPROCESS_H_
+#define SHARDTRAIN_COMMON_SUBPROCESS_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardtrain {
+
+struct SubprocessOptions {
+  std::vector<std::string> argv;  // argv[0] is the executable's path
+  // Executed instead of argv[0] when set (argv[0] stays what the child sees).
+  std::string program;
+  // Added to (or replacing entries of) this process's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  int process_group = 0;  // 0: lead a new process group; else join this one
+  enum class Output {
+    kInherit,  // this process's stdout and stderr
+    kLogFile,  // both appended to log_path
+    kPipes,    // pipes whose read ends come back in Subprocess
+  };
+  Output output = Output::kInherit;
+  std::string log_path;
+};
+
+struct Subprocess {
+  int pid = -1;
+  int stdout_fd = -1;  // Output::kPipes only; close-on-exec, blocking
+  int stderr_fd = -1;
+};
+
+// Forks and execs. The child gets its own process group (or joins
+// `process_group`), SIGKILL when the thread that spawned it dies
+// (PR_SET_PDEATHSIG; it exits at once if that happened before), an empty
+// signal mask, stdin on /dev/null and no other descriptor of this process
+// (close_range). Everything is prepared before fork(), so this is safe in a
+// multi-threaded process. A program that cannot be executed is an error
+// here (FailedPrecondition naming it and the errno text), not a child that
+// exits 127.
+absl::StatusOr<Subprocess> SpawnSubprocess(const SubprocessOptions& options);
+
+// How a process ended, as people read it: "exit code 3" or "signal KILL".
+std::string DescribeExit(int exit_code, int signal);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_SUBPROCESS_H_
