@@ -31,6 +31,7 @@ class FdCloser {
   ~FdCloser() {
     if (fd_ >= 0) ::close(fd_);
   }
+
  private:
   int fd_;
 };
