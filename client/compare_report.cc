@@ -1,7 +1,6 @@
 #include "client/compare_report.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "client/step_metrics_csv.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/data/asset_paths.h"
 #include "worker/engine/train/step_metrics.h"
@@ -123,13 +123,6 @@ std::string EscapeScriptText(const std::string& text) {
     out.push_back(text[i]);
   }
   return out;
-}
-
-// The shortest text that reads back as the same double, for the CSVs.
-std::string ExactDouble(double value) {
-  char buffer[32];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, result.ptr);
 }
 
 std::string ScalingExplanation(const std::string& scaling) {
@@ -239,33 +232,6 @@ absl::Status WriteWholeFile(const std::string& path,
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
-}
-
-std::string StepsCsv(const StrategyRun& run) {
-  std::string out =
-      "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,tokens,"
-      "tokens_per_second,mfu,memory_allocated_bytes,memory_peak_bytes,"
-      "memory_reserved_bytes,model_state_bytes,comm_seconds,comm_bytes,"
-      "val_loss\n";
-  for (const v1::StepMetrics& m : Deduplicated(run.steps)) {
-    absl::StrAppend(
-        &out,
-        absl::StrJoin(
-            {absl::StrCat(m.step()), absl::StrCat(m.total_steps()),
-             absl::StrCat(m.epoch()), absl::StrCat(m.rank()),
-             ExactDouble(m.loss()), ExactDouble(m.grad_norm()),
-             ExactDouble(m.lr()), ExactDouble(m.step_seconds()),
-             absl::StrCat(m.tokens()), ExactDouble(m.tokens_per_second()),
-             ExactDouble(m.mfu()), absl::StrCat(m.memory_allocated_bytes()),
-             absl::StrCat(m.memory_peak_bytes()),
-             absl::StrCat(m.memory_reserved_bytes()),
-             absl::StrCat(m.model_state_bytes()), ExactDouble(m.comm_seconds()),
-             absl::StrCat(m.comm_bytes()),
-             m.has_val_loss() ? ExactDouble(m.val_loss()) : std::string()},
-            ","),
-        "\n");
-  }
-  return out;
 }
 
 std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
@@ -706,7 +672,8 @@ absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
 
   for (const StrategyRun& run : runs) {
     absl::Status status =
-        WriteWholeFile(out_dir + "/" + run.strategy + ".csv", StepsCsv(run));
+        WriteWholeFile(out_dir + "/" + run.strategy + ".csv",
+                       StepMetricsCsv(Deduplicated(run.steps)));
     if (!status.ok()) return status;
   }
   absl::Status status = WriteWholeFile(

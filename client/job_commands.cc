@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "client/step_metrics_csv.h"
 #include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/train_flags.h"
 #include "worker/job_config.h"
@@ -542,34 +543,8 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
         return;
       }
       if (*csv) {
-        std::cout
-            << "step,total_steps,epoch,rank,loss,val_loss,grad_norm,lr,step_"
-               "seconds,"
-               "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
-               "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
-               "comm_seconds,comm_bytes\n";
-        for (const v1::StepMetrics& m : response.steps()) {
-          std::cout << absl::StrCat(
-                           m.step(), ",", m.total_steps(), ",", m.epoch(), ",",
-                           m.rank(), ",", absl::StrFormat("%.9g", m.loss()),
-                           ",",
-                           m.has_val_loss()
-                               ? absl::StrFormat("%.9g", m.val_loss())
-                               : "",
-                           ",",
-                           absl::StrFormat("%.9g,%.9g,%.9g", m.grad_norm(),
-                                           m.lr(), m.step_seconds()),
-                           ",", m.tokens(), ",",
-                           absl::StrFormat("%.9g,%.9g", m.tokens_per_second(),
-                                           m.mfu()),
-                           ",", m.memory_allocated_bytes(), ",",
-                           m.memory_peak_bytes(), ",",
-                           m.memory_reserved_bytes(), ",",
-                           m.model_state_bytes(), ",",
-                           absl::StrFormat("%.9g", m.comm_seconds()), ",",
-                           m.comm_bytes())
-                    << "\n";
-        }
+        std::cout << StepMetricsCsv(
+            {response.steps().begin(), response.steps().end()});
         return;
       }
       if (!table) {
