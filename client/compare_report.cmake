@@ -7,3 +7,14 @@ target_link_libraries(shardtrain_compare_report
   PUBLIC shardtrain_proto absl::status absl::statusor
   PRIVATE shardtrain_train_config shardtrain_text nlohmann_json::nlohmann_json
           absl::strings absl::str_format)
+
+# The report's own script and style live as real files (report/); they are
+# inlined at build time (CMake re-runs when they change).
+file(READ ${CMAKE_CURRENT_SOURCE_DIR}/report/report.js REPORT_JS)
+file(READ ${CMAKE_CURRENT_SOURCE_DIR}/report/report.css REPORT_CSS)
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/report/report_assets.h.in
+  ${CMAKE_CURRENT_BINARY_DIR}/report_assets.h @ONLY)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/report/report.js
+  ${CMAKE_CURRENT_SOURCE_DIR}/report/report.css)
+target_include_directories(shardtrain_compare_report PRIVATE ${CMAKE_BINARY_DIR})

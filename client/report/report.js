@@ -1,0 +1,127 @@
+// The page's own script: builds the four charts from the JSON blob, then
+// records in <pre id="render-check"> what it drew (non-blank pixels and data
+// points per canvas, and any script errors) so that a headless browser's
+// dumped DOM shows whether the report really renders.
+(function () {
+  const chartIds = ['chart-loss', 'chart-grad-norm', 'chart-throughput',
+                    'chart-memory'];
+  const charts = {};
+  const palette = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd',
+                   '#8c564b', '#e377c2', '#7f7f7f'];
+  // Bars are coloured by rank, so not in the strategies' colours.
+  const rankPalette = ['#6baed6', '#08519c', '#9ecae1', '#3182bd',
+                       '#c6dbef', '#2171b5', '#deebf7', '#4292c6'];
+  // One chart failing (or chart.js missing) must not stop the others or the
+  // render check; the error is recorded instead.
+  function guarded(fn) {
+    try { fn(); } catch (e) { window.reportErrors.push(String(e)); }
+  }
+  let data = {strategies: []};
+  guarded(function () {
+    data = JSON.parse(document.getElementById('report-data').textContent);
+  });
+
+  function lineChart(id, title, yTitle, field, extra) {
+    const datasets = [];
+    data.strategies.forEach(function (s, i) {
+      const colour = palette[i % palette.length];
+      datasets.push({
+        label: s.label,
+        data: s.steps.map(function (p) { return {x: p.step, y: p[field]}; }),
+        borderColor: colour, backgroundColor: colour,
+        pointRadius: 0, borderWidth: 2,
+      });
+      if (!extra) return;
+      const points = s.steps.filter(function (p) { return extra in p; })
+          .map(function (p) { return {x: p.step, y: p[extra]}; });
+      if (points.length === 0) return;
+      datasets.push({
+        label: s.label + ' (val)', data: points,
+        borderColor: colour, backgroundColor: colour,
+        borderDash: [6, 4], pointRadius: 3, borderWidth: 2,
+      });
+    });
+    charts[id] = new Chart(document.getElementById(id), {
+      type: 'line',
+      data: {datasets: datasets},
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        plugins: {title: {display: true, text: title}},
+        scales: {
+          x: {type: 'linear', title: {display: true, text: 'step'}},
+          y: {title: {display: true, text: yTitle}},
+        },
+      },
+    });
+  }
+
+  function memoryChart() {
+    let maxRanks = 0;
+    data.strategies.forEach(function (s) {
+      maxRanks = Math.max(maxRanks, s.peak_memory.length);
+    });
+    const datasets = [];
+    for (let r = 0; r < maxRanks; ++r) {
+      datasets.push({
+        label: 'rank ' + r,
+        data: data.strategies.map(function (s) {
+          const entry =
+              s.peak_memory.find(function (e) { return e.rank === r; });
+          return entry ? entry.bytes / (1024 * 1024) : null;
+        }),
+        backgroundColor: rankPalette[r % rankPalette.length],
+      });
+    }
+    charts['chart-memory'] =
+        new Chart(document.getElementById('chart-memory'), {
+          type: 'bar',
+          data: {
+            labels: data.strategies.map(function (s) { return s.label; }),
+            datasets: datasets,
+          },
+          options: {
+            animation: false, responsive: true, maintainAspectRatio: false,
+            plugins: {title: {display: true, text: 'Peak memory per rank'}},
+            scales: {
+              y: {beginAtZero: true, title: {display: true, text: 'MiB'}},
+            },
+          },
+        });
+  }
+
+  guarded(function () {
+    lineChart('chart-loss', 'Loss (rank 0)', 'loss', 'loss', 'val_loss');
+  });
+  guarded(function () {
+    lineChart('chart-grad-norm', 'Gradient norm (before clipping)',
+              'grad norm', 'grad_norm');
+  });
+  guarded(function () {
+    lineChart('chart-throughput', 'Throughput (all ranks)', 'tokens/s',
+              'tokens_per_second');
+  });
+  guarded(memoryChart);
+
+  function recordRender() {
+    const result = {canvases: {}, errors: window.reportErrors};
+    chartIds.forEach(function (id) {
+      const entry = {painted_pixels: 0, data_points: 0};
+      result.canvases[id] = entry;
+      guarded(function () {
+        const canvas = document.getElementById(id);
+        const pixels = canvas.getContext('2d')
+            .getImageData(0, 0, canvas.width, canvas.height).data;
+        for (let i = 3; i < pixels.length; i += 4) {
+          if (pixels[i] !== 0) ++entry.painted_pixels;
+        }
+      });
+      if (!charts[id]) return;
+      charts[id].data.datasets.forEach(function (d) {
+        d.data.forEach(function (v) { if (v !== null) ++entry.data_points; });
+      });
+    });
+    document.getElementById('render-check').textContent =
+        JSON.stringify(result);
+  }
+  requestAnimationFrame(function () { setTimeout(recordRender, 0); });
+})();
