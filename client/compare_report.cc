@@ -285,7 +285,6 @@ nlohmann::json ChartData(const std::vector<StrategyRun>& runs) {
   return {{"strategies", std::move(strategies)}};
 }
 
-
 std::string ReportHtml(const std::vector<StrategyRun>& runs,
                        const std::vector<StrategySummary>& summaries,
                        const CompareOptions& options,
