@@ -282,9 +282,19 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   return kExitFailure;
 }
 
-void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
-  auto connection = std::make_shared<ConnectionOptions>();
-  auto connect = [connection, exit_code]() -> std::unique_ptr<DaemonClient> {
+namespace {
+
+// What every job command shares: the daemon connection flags, where the exit
+// code goes, whether stdout is a terminal.
+struct CommandContext {
+  std::shared_ptr<ConnectionOptions> connection;
+  int* exit_code;
+  bool terminal;
+  int argc;
+  char** argv;
+
+  // A client for the daemon, or nullptr with the exit code set.
+  std::unique_ptr<DaemonClient> Connect() const {
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(*connection);
     if (!client.ok()) {
@@ -292,133 +302,133 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       return nullptr;
     }
     return std::move(*client);
-  };
-  const bool terminal = isatty(STDOUT_FILENO) != 0;
+  }
+};
 
-  // submit
-  {
-    auto flags = std::make_shared<JobFlags>();
-    auto watch = std::make_shared<bool>(false);
-    auto format = std::make_shared<std::string>("table");
-    CLI::App* cmd = app->add_subcommand(
-        "submit",
-        "Submit a training job (shardtrain-train's flags, or -f job.yaml)");
-    AddJobFlags(cmd, flags.get(), argc, argv);
-    cmd->add_flag("--watch,-w", *watch, "follow the job until it ends");
-    AddOutputFlag(cmd, format.get());
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      absl::StatusOr<v1::JobSpec> spec = flags->ToSpec();
-      if (!spec.ok()) {
-        ReportFailure(spec.status());
+// `submit`
+void AddSubmitCommand(CLI::App* app, const CommandContext& ctx) {
+  auto flags = std::make_shared<JobFlags>();
+  auto watch = std::make_shared<bool>(false);
+  auto format = std::make_shared<std::string>("table");
+  CLI::App* cmd = app->add_subcommand(
+      "submit",
+      "Submit a training job (shardtrain-train's flags, or -f job.yaml)");
+  AddJobFlags(cmd, flags.get(), ctx.argc, ctx.argv);
+  cmd->add_flag("--watch,-w", *watch, "follow the job until it ends");
+  AddOutputFlag(cmd, format.get());
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    absl::StatusOr<v1::JobSpec> spec = flags->ToSpec();
+    if (!spec.ok()) {
+      ReportFailure(spec.status());
+      *exit_code = kExitUsage;
+      return;
+    }
+    auto client = ctx.Connect();
+    if (!client) return;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = *spec;
+    v1::Job job;
+    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+          return client->jobs().SubmitJob(c, request, &job);
+        })) != kExitOk) {
+      return;
+    }
+    if (*format != "table") {
+      PrintMessage(job, *format);
+    } else {
+      std::cout << job.id() << "\n";
+    }
+    *exit_code =
+        *watch ? FollowJob(*client, job.id(), terminal, std::cerr) : kExitOk;
+  });
+}
+
+// `list`
+void AddListCommand(CLI::App* app, const CommandContext& ctx) {
+  auto states = std::make_shared<std::vector<std::string>>();
+  auto labels = std::make_shared<std::vector<std::string>>();
+  auto format = std::make_shared<std::string>("table");
+  auto limit = std::make_shared<int>(0);
+  CLI::App* cmd = app->add_subcommand("list", "List jobs (oldest first)");
+  std::vector<std::string> state_names;
+  for (int s = v1::QUEUED; s <= v1::CANCELLED; ++s) {
+    state_names.push_back(v1::JobState_Name(static_cast<v1::JobState>(s)));
+  }
+  cmd->add_option("--state", *states, "only these states (repeatable)")
+      ->transform(CLI::IsMember(state_names, CLI::ignore_case));
+  cmd->add_option("--label", *labels, "key=value; all must match (repeatable)");
+  cmd->add_option("--limit", *limit, "at most N jobs (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  AddOutputFlag(cmd, format.get());
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    v1::ListJobsRequest request;
+    for (const std::string& s : *states) {
+      v1::JobState state{};
+      if (v1::JobState_Parse(s, &state)) request.add_states(state);
+    }
+    for (const std::string& label : *labels) {
+      const size_t eq = label.find('=');
+      if (eq == std::string::npos) {
+        ReportFailure(
+            absl::StrCat("--label: got '", label, "'; expected key=value"));
         *exit_code = kExitUsage;
         return;
       }
-      auto client = connect();
-      if (!client) return;
-      v1::SubmitJobRequest request;
-      *request.mutable_spec() = *spec;
-      v1::Job job;
+      (*request.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+    }
+    v1::ListJobsResponse all;
+    do {
+      v1::ListJobsResponse page;
       if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-            return client->jobs().SubmitJob(c, request, &job);
+            return client->jobs().ListJobs(c, request, &page);
           })) != kExitOk) {
         return;
       }
-      if (*format != "table") {
-        PrintMessage(job, *format);
-      } else {
-        std::cout << job.id() << "\n";
+      for (const v1::Job& job : page.jobs()) {
+        if (*limit > 0 && all.jobs_size() >= *limit) break;
+        *all.add_jobs() = job;
       }
-      *exit_code =
-          *watch ? FollowJob(*client, job.id(), terminal, std::cerr) : kExitOk;
-    });
-  }
-
-  // list
-  {
-    auto states = std::make_shared<std::vector<std::string>>();
-    auto labels = std::make_shared<std::vector<std::string>>();
-    auto format = std::make_shared<std::string>("table");
-    auto limit = std::make_shared<int>(0);
-    CLI::App* cmd = app->add_subcommand("list", "List jobs (oldest first)");
-    std::vector<std::string> state_names;
-    for (int s = v1::QUEUED; s <= v1::CANCELLED; ++s) {
-      state_names.push_back(v1::JobState_Name(static_cast<v1::JobState>(s)));
+      request.set_page_token(page.next_page_token());
+    } while (!request.page_token().empty() &&
+             (*limit == 0 || all.jobs_size() < *limit));
+    if (*format != "table") {
+      PrintMessage(all, *format);
+      return;
     }
-    cmd->add_option("--state", *states, "only these states (repeatable)")
-        ->transform(CLI::IsMember(state_names, CLI::ignore_case));
-    cmd->add_option("--label", *labels,
-                    "key=value; all must match (repeatable)");
-    cmd->add_option("--limit", *limit, "at most N jobs (0: all)")
-        ->check(CLI::NonNegativeNumber);
-    AddOutputFlag(cmd, format.get());
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      v1::ListJobsRequest request;
-      for (const std::string& s : *states) {
-        v1::JobState state{};
-        if (v1::JobState_Parse(s, &state)) request.add_states(state);
-      }
-      for (const std::string& label : *labels) {
-        const size_t eq = label.find('=');
-        if (eq == std::string::npos) {
-          ReportFailure(
-              absl::StrCat("--label: got '", label, "'; expected key=value"));
-          *exit_code = kExitUsage;
-          return;
-        }
-        (*request.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
-      }
-      v1::ListJobsResponse all;
-      do {
-        v1::ListJobsResponse page;
-        if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-              return client->jobs().ListJobs(c, request, &page);
-            })) != kExitOk) {
-          return;
-        }
-        for (const v1::Job& job : page.jobs()) {
-          if (*limit > 0 && all.jobs_size() >= *limit) break;
-          *all.add_jobs() = job;
-        }
-        request.set_page_token(page.next_page_token());
-      } while (!request.page_token().empty() &&
-               (*limit == 0 || all.jobs_size() < *limit));
-      if (*format != "table") {
-        PrintMessage(all, *format);
-        return;
-      }
-      std::vector<std::vector<std::string>> rows;
-      for (const v1::Job& job : all.jobs()) {
-        rows.push_back(
-            {job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-             StateName(job.state()), Strategy(job), job.spec().model(),
-             job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
-                                                job.last_step().total_steps())
-                                 : "-",
-             job.has_last_step()
-                 ? FormatMetricValue(job.last_step().loss(), "%.4f")
-                 : "-",
-             FormatAge(job.submit_time_unix_ms())});
-      }
-      std::cout << FormatTable(
-          {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"},
-          rows);
-    });
-  }
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::Job& job : all.jobs()) {
+      rows.push_back(
+          {job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+           StateName(job.state()), Strategy(job), job.spec().model(),
+           job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
+                                              job.last_step().total_steps())
+                               : "-",
+           job.has_last_step()
+               ? FormatMetricValue(job.last_step().loss(), "%.4f")
+               : "-",
+           FormatAge(job.submit_time_unix_ms())});
+    }
+    std::cout << FormatTable(
+        {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"},
+        rows);
+  });
+}
 
-  // get / status
+// `get` and `status` (the same command)
+void AddGetCommands(CLI::App* app, const CommandContext& ctx) {
   for (const char* name : {"get", "status"}) {
     auto id = std::make_shared<std::string>();
     auto format = std::make_shared<std::string>("table");
     CLI::App* cmd = app->add_subcommand(name, "Show one job");
     cmd->add_option("job", *id, "job id")->required();
     AddOutputFlag(cmd, format.get());
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
+    AddConnectionFlags(cmd, ctx.connection.get());
+    cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+      auto client = ctx.Connect();
       if (!client) return;
       v1::GetJobRequest request;
       request.set_job_id(*id);
@@ -435,184 +445,197 @@ void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
       }
     });
   }
+}
 
-  // watch
-  {
-    auto id = std::make_shared<std::string>();
-    CLI::App* cmd = app->add_subcommand(
-        "watch", "Follow a job live until it ends (exit 1 if it fails)");
-    cmd->add_option("job", *id, "job id")->required();
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      *exit_code = FollowJob(*client, *id, terminal, std::cout);
-    });
-  }
+// `watch`
+void AddWatchCommand(CLI::App* app, const CommandContext& ctx) {
+  auto id = std::make_shared<std::string>();
+  CLI::App* cmd = app->add_subcommand(
+      "watch", "Follow a job live until it ends (exit 1 if it fails)");
+  cmd->add_option("job", *id, "job id")->required();
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    *exit_code = FollowJob(*client, *id, terminal, std::cout);
+  });
+}
 
-  // logs
-  {
-    auto id = std::make_shared<std::string>();
-    auto rank = std::make_shared<int>(-1);
-    auto tail = std::make_shared<int>(0);
-    auto follow = std::make_shared<bool>(false);
-    CLI::App* cmd = app->add_subcommand("logs", "Print a job's worker logs");
-    cmd->add_option("job", *id, "job id")->required();
-    cmd->add_option("--rank", *rank, "one rank (default: all, prefixed)")
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--tail", *tail, "last N lines of each rank first")
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_flag("-f,--follow", *follow, "keep printing until the job ends");
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      auto context = client->Context();
-      v1::StreamLogsRequest request;
-      request.set_job_id(*id);
-      if (*rank >= 0) request.set_rank(*rank);
-      request.set_tail(*tail);
-      request.set_follow(*follow);
-      auto reader = client->jobs().StreamLogs(context.get(), request);
-      v1::LogLine line;
-      while (reader->Read(&line)) {
-        if (*rank < 0) std::cout << "[rank " << line.rank() << "] ";
-        std::cout << line.line() << "\n";
-      }
-      std::cout.flush();
-      if (grpc::Status s = reader->Finish(); !s.ok())
-        *exit_code = client->Report(s);
-    });
-  }
+// `logs`
+void AddLogsCommand(CLI::App* app, const CommandContext& ctx) {
+  auto id = std::make_shared<std::string>();
+  auto rank = std::make_shared<int>(-1);
+  auto tail = std::make_shared<int>(0);
+  auto follow = std::make_shared<bool>(false);
+  CLI::App* cmd = app->add_subcommand("logs", "Print a job's worker logs");
+  cmd->add_option("job", *id, "job id")->required();
+  cmd->add_option("--rank", *rank, "one rank (default: all, prefixed)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tail", *tail, "last N lines of each rank first")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("-f,--follow", *follow, "keep printing until the job ends");
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    auto context = client->Context();
+    v1::StreamLogsRequest request;
+    request.set_job_id(*id);
+    if (*rank >= 0) request.set_rank(*rank);
+    request.set_tail(*tail);
+    request.set_follow(*follow);
+    auto reader = client->jobs().StreamLogs(context.get(), request);
+    v1::LogLine line;
+    while (reader->Read(&line)) {
+      if (*rank < 0) std::cout << "[rank " << line.rank() << "] ";
+      std::cout << line.line() << "\n";
+    }
+    std::cout.flush();
+    if (grpc::Status s = reader->Finish(); !s.ok())
+      *exit_code = client->Report(s);
+  });
+}
 
-  // cancel
-  {
-    auto id = std::make_shared<std::string>();
-    CLI::App* cmd =
-        app->add_subcommand("cancel", "Cancel a queued or running job");
-    cmd->add_option("job", *id, "job id")->required();
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      v1::CancelJobRequest request;
-      request.set_job_id(*id);
-      v1::Job job;
-      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-            return client->jobs().CancelJob(c, request, &job);
-          })) != kExitOk) {
-        return;
-      }
-      std::cout << job.id() << ": "
-                << (job.state() == v1::CANCELLED
-                        ? "CANCELLED"
-                        : "cancel requested; stopping its ranks")
-                << "\n";
-    });
-  }
+// `cancel`
+void AddCancelCommand(CLI::App* app, const CommandContext& ctx) {
+  auto id = std::make_shared<std::string>();
+  CLI::App* cmd =
+      app->add_subcommand("cancel", "Cancel a queued or running job");
+  cmd->add_option("job", *id, "job id")->required();
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    v1::CancelJobRequest request;
+    request.set_job_id(*id);
+    v1::Job job;
+    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+          return client->jobs().CancelJob(c, request, &job);
+        })) != kExitOk) {
+      return;
+    }
+    std::cout << job.id() << ": "
+              << (job.state() == v1::CANCELLED
+                      ? "CANCELLED"
+                      : "cancel requested; stopping its ranks")
+              << "\n";
+  });
+}
 
-  // metrics
-  {
-    auto id = std::make_shared<std::string>();
-    auto rank = std::make_shared<int>(-1);
-    auto csv = std::make_shared<bool>(false);
-    auto format = std::make_shared<std::string>("table");
-    CLI::App* cmd =
-        app->add_subcommand("metrics", "A job's stored step metrics");
-    cmd->add_option("job", *id, "job id")->required();
-    cmd->add_option("--rank", *rank,
-                    "one rank (table default: 0; csv/json: all)");
-    cmd->add_flag("--csv", *csv, "every field of every step as CSV");
-    AddOutputFlag(cmd, format.get());
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      v1::GetJobMetricsRequest request;
-      request.set_job_id(*id);
-      const bool table = !*csv && *format == "table";
-      if (*rank >= 0) {
-        request.set_rank(*rank);
-      } else if (table) {
-        request.set_rank(0);
-      }
-      v1::GetJobMetricsResponse response;
-      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-            return client->jobs().GetJobMetrics(c, request, &response);
-          })) != kExitOk) {
-        return;
-      }
-      if (*csv) {
-        std::cout << StepMetricsCsv(
-            {response.steps().begin(), response.steps().end()});
-        return;
-      }
-      if (!table) {
-        PrintMessage(response, *format);
-        return;
-      }
-      std::vector<std::vector<std::string>> rows;
-      for (const v1::StepMetrics& m : response.steps()) {
-        rows.push_back(
-            {std::to_string(m.step()), absl::StrFormat("%.4f", m.loss()),
-             m.has_val_loss() ? absl::StrFormat("%.4f", m.val_loss()) : "",
-             absl::StrFormat("%.3f", m.grad_norm()),
-             absl::StrFormat("%.2e", m.lr()),
-             absl::StrFormat("%.0f", m.step_seconds() * 1000),
-             FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
-             absl::StrFormat("%.1f%%", m.mfu() * 100),
-             FormatBytes(m.memory_peak_bytes())});
-      }
-      std::cout << FormatTable({"STEP", "LOSS", "VAL", "NORM", "LR", "MS",
-                                "TOK/S", "MFU", "PEAK MEM"},
-                               rows);
-    });
-  }
+// `metrics`
+void AddMetricsCommand(CLI::App* app, const CommandContext& ctx) {
+  auto id = std::make_shared<std::string>();
+  auto rank = std::make_shared<int>(-1);
+  auto csv = std::make_shared<bool>(false);
+  auto format = std::make_shared<std::string>("table");
+  CLI::App* cmd = app->add_subcommand("metrics", "A job's stored step metrics");
+  cmd->add_option("job", *id, "job id")->required();
+  cmd->add_option("--rank", *rank,
+                  "one rank (table default: 0; csv/json: all)");
+  cmd->add_flag("--csv", *csv, "every field of every step as CSV");
+  AddOutputFlag(cmd, format.get());
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    v1::GetJobMetricsRequest request;
+    request.set_job_id(*id);
+    const bool table = !*csv && *format == "table";
+    if (*rank >= 0) {
+      request.set_rank(*rank);
+    } else if (table) {
+      request.set_rank(0);
+    }
+    v1::GetJobMetricsResponse response;
+    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+          return client->jobs().GetJobMetrics(c, request, &response);
+        })) != kExitOk) {
+      return;
+    }
+    if (*csv) {
+      std::cout << StepMetricsCsv(
+          {response.steps().begin(), response.steps().end()});
+      return;
+    }
+    if (!table) {
+      PrintMessage(response, *format);
+      return;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::StepMetrics& m : response.steps()) {
+      rows.push_back(
+          {std::to_string(m.step()), absl::StrFormat("%.4f", m.loss()),
+           m.has_val_loss() ? absl::StrFormat("%.4f", m.val_loss()) : "",
+           absl::StrFormat("%.3f", m.grad_norm()),
+           absl::StrFormat("%.2e", m.lr()),
+           absl::StrFormat("%.0f", m.step_seconds() * 1000),
+           FormatThousands(static_cast<int64_t>(m.tokens_per_second())),
+           absl::StrFormat("%.1f%%", m.mfu() * 100),
+           FormatBytes(m.memory_peak_bytes())});
+    }
+    std::cout << FormatTable(
+        {"STEP", "LOSS", "VAL", "NORM", "LR", "MS", "TOK/S", "MFU", "PEAK MEM"},
+        rows);
+  });
+}
 
-  // cluster
-  {
-    auto format = std::make_shared<std::string>("table");
-    CLI::App* cmd = app->add_subcommand(
-        "cluster", "Devices, who holds them, and the queue");
-    AddOutputFlag(cmd, format.get());
-    AddConnectionFlags(cmd, connection.get());
-    cmd->callback([=] {
-      auto client = connect();
-      if (!client) return;
-      v1::Cluster cluster;
-      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-            return client->cluster().GetCluster(c, {}, &cluster);
-          })) != kExitOk) {
-        return;
-      }
-      if (*format != "table") {
-        PrintMessage(cluster, *format);
-        return;
-      }
-      std::cout << "shardtraind " << cluster.version() << " at "
-                << client->address() << "\n\n";
-      std::vector<std::vector<std::string>> devices;
-      for (const v1::Device& d : cluster.devices()) {
-        devices.push_back({std::to_string(d.index()),
-                           v1::DeviceKind_Name(d.kind()), d.name(),
-                           FormatBytes(d.memory_bytes()),
-                           d.job_id().empty()
-                               ? "-"
-                               : absl::StrCat(d.job_id(), " rank ", d.rank())});
-      }
-      std::cout << FormatTable({"DEVICE", "KIND", "NAME", "MEMORY", "HELD BY"},
-                               devices);
-      std::vector<std::vector<std::string>> queue;
-      for (const v1::QueuedJob& q : cluster.queue()) {
-        queue.push_back({q.job_id(), std::to_string(q.priority()), q.reason()});
-      }
-      std::cout << "\n"
-                << (queue.empty()
-                        ? "queue empty\n"
-                        : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
-                                      queue));
-    });
-  }
+// `cluster`
+void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
+  auto format = std::make_shared<std::string>("table");
+  CLI::App* cmd =
+      app->add_subcommand("cluster", "Devices, who holds them, and the queue");
+  AddOutputFlag(cmd, format.get());
+  AddConnectionFlags(cmd, ctx.connection.get());
+  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    auto client = ctx.Connect();
+    if (!client) return;
+    v1::Cluster cluster;
+    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
+          return client->cluster().GetCluster(c, {}, &cluster);
+        })) != kExitOk) {
+      return;
+    }
+    if (*format != "table") {
+      PrintMessage(cluster, *format);
+      return;
+    }
+    std::cout << "shardtraind " << cluster.version() << " at "
+              << client->address() << "\n\n";
+    std::vector<std::vector<std::string>> devices;
+    for (const v1::Device& d : cluster.devices()) {
+      devices.push_back(
+          {std::to_string(d.index()), v1::DeviceKind_Name(d.kind()), d.name(),
+           FormatBytes(d.memory_bytes()),
+           d.job_id().empty() ? "-"
+                              : absl::StrCat(d.job_id(), " rank ", d.rank())});
+    }
+    std::cout << FormatTable({"DEVICE", "KIND", "NAME", "MEMORY", "HELD BY"},
+                             devices);
+    std::vector<std::vector<std::string>> queue;
+    for (const v1::QueuedJob& q : cluster.queue()) {
+      queue.push_back({q.job_id(), std::to_string(q.priority()), q.reason()});
+    }
+    std::cout << "\n"
+              << (queue.empty()
+                      ? "queue empty\n"
+                      : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
+                                    queue));
+  });
+}
+
+}  // namespace
+
+void AddJobCommands(CLI::App* app, int* exit_code, int argc, char** argv) {
+  const CommandContext ctx{std::make_shared<ConnectionOptions>(), exit_code,
+                           isatty(STDOUT_FILENO) != 0, argc, argv};
+  AddSubmitCommand(app, ctx);
+  AddListCommand(app, ctx);
+  AddGetCommands(app, ctx);
+  AddWatchCommand(app, ctx);
+  AddLogsCommand(app, ctx);
+  AddCancelCommand(app, ctx);
+  AddMetricsCommand(app, ctx);
+  AddClusterCommand(app, ctx);
 }
 
 }  // namespace shardtrain::cli
