@@ -18,6 +18,7 @@
 #include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/log_files.h"
+#include "server/rank_specs.h"
 #include "server/scheduler.h"
 #include "worker/engine/data/token_file.h"
 #include "worker/job_config.h"
@@ -888,41 +889,24 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
                           cpu ? "CPU slots " : "GPUs ",
                           absl::StrJoin(gpu_list, ",")));
   }
+  RankLaunch launch;
+  launch.worker_binary = options_.worker_binary;
+  launch.job_id = id;
+  launch.job_dir = dir;
+  launch.spec_path = spec_path;
+  launch.world_size = world;
+  launch.cpu = cpu;
+  launch.devices = devices;
+  launch.threads_per_rank = threads;
+  launch.resume = job.restarts() > 0;
+  launch.master_port = *port;
+  launch.coordinator_address = worker_address_;
+  launch.secret = entry.stored.secret;
+  launch.heartbeat_seconds = absl::ToDoubleSeconds(options_.heartbeat_interval);
+  for (int r = 0; r < world; ++r) launch.log_paths.push_back(LogPath(id, r));
+  std::vector<ProcessSpec> specs = BuildRankSpecs(launch);
   for (int r = 0; r < world; ++r) {
-    ProcessSpec spec;
-    spec.argv = {options_.worker_binary,
-                 "--spec",
-                 spec_path,
-                 "--out",
-                 dir,
-                 "--job-id",
-                 id};
-    if (cpu) {
-      spec.argv.push_back("--threads");
-      spec.argv.push_back(std::to_string(threads));
-    }
-    if (job.restarts() > 0) spec.argv.push_back("--resume");
-    spec.env = {
-        {"RANK", std::to_string(r)},
-        {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_RANK", std::to_string(r)},
-        {"LOCAL_WORLD_SIZE", std::to_string(world)},
-        {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", std::to_string(*port)},
-        {"SHARDTRAIN_JOB_ID", id},
-        {"SHARDTRAIN_COORDINATOR", worker_address_},
-        {"SHARDTRAIN_JOB_SECRET", entry.stored.secret},
-        {"SHARDTRAIN_HEARTBEAT_SECONDS",
-         absl::StrCat(absl::ToDoubleSeconds(options_.heartbeat_interval))},
-    };
-    if (cpu) {
-      spec.env.push_back({"OMP_NUM_THREADS", std::to_string(threads)});
-      spec.env.push_back({"CUDA_VISIBLE_DEVICES", ""});
-    } else {
-      spec.env.push_back(
-          {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpu_list, ",")});
-    }
-    spec.log_path = LogPath(id, r);
+    ProcessSpec& spec = specs[r];
     spec.process_group = entry.stored.worker_pgid;
     {
       std::ofstream log(spec.log_path, std::ios::app);
