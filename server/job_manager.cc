@@ -827,21 +827,23 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   const int world = job.spec().world_size();
   const bool first_attempt = job.state() == v1::QUEUED;
 
-  auto fail_launch = [&](const std::string& message) {
-    v1::Failure failure;
-    failure.set_reason(v1::EXIT_CODE);
-    failure.set_rank(static_cast<int>(entry.ranks.size()));
-    failure.set_message(message);
-    if (entry.ranks.empty()) {
-      // Nothing to stop: no restart either, the same launch would fail again.
-      ReleaseDevices(entry);
-      *job.mutable_failure() = failure;
-      SetState(entry, v1::FAILED, message);
-      return;
-    }
-    entry.no_restart = true;
-    FailAttempt(entry, std::move(failure));
-  };
+  auto fail_launch =
+      [&](const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+        v1::Failure failure;
+        failure.set_reason(v1::EXIT_CODE);
+        failure.set_rank(static_cast<int>(entry.ranks.size()));
+        failure.set_message(message);
+        if (entry.ranks.empty()) {
+          // Nothing to stop: no restart either, the same launch would fail
+          // again.
+          ReleaseDevices(entry);
+          *job.mutable_failure() = failure;
+          SetState(entry, v1::FAILED, message);
+          return;
+        }
+        entry.no_restart = true;
+        FailAttempt(entry, std::move(failure));
+      };
 
   const std::string dir = JobDir(id);
   std::error_code ec;

@@ -409,25 +409,26 @@ absl::Status JobStore::Impl::InsertEvent(const std::string& job_id,
 
 void JobStore::Impl::CommitMetrics(const std::vector<MetricsBatch*>& group) {
   absl::MutexLock lock(&mutex);
-  absl::Status status = InTransaction("AppendMetrics", [&]() {
-    for (MetricsBatch* batch : group) {
-      if (absl::Status s = Use(kSavepoint).Run("AppendMetrics"); !s.ok()) {
-        return s;
-      }
-      batch->status = WriteMetrics(*batch);
-      if (!batch->status.ok()) {
-        if (absl::Status s = Use(kRollbackToSavepoint).Run("AppendMetrics");
-            !s.ok()) {
-          return s;
+  absl::Status status = InTransaction(
+      "AppendMetrics", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+        for (MetricsBatch* batch : group) {
+          if (absl::Status s = Use(kSavepoint).Run("AppendMetrics"); !s.ok()) {
+            return s;
+          }
+          batch->status = WriteMetrics(*batch);
+          if (!batch->status.ok()) {
+            if (absl::Status s = Use(kRollbackToSavepoint).Run("AppendMetrics");
+                !s.ok()) {
+              return s;
+            }
+          }
+          if (absl::Status s = Use(kReleaseSavepoint).Run("AppendMetrics");
+              !s.ok()) {
+            return s;
+          }
         }
-      }
-      if (absl::Status s = Use(kReleaseSavepoint).Run("AppendMetrics");
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
-  });
+        return absl::OkStatus();
+      });
   // When the transaction as a whole failed, nothing was committed.
   if (!status.ok()) {
     for (MetricsBatch* batch : group) batch->status = status;
@@ -494,23 +495,24 @@ absl::Status JobStore::InsertJob(const StoredJob& job,
     return absl::InternalError(absl::StrCat(operation, ": serializing"));
   }
   absl::MutexLock lock(&impl_->mutex);
-  return impl_->InTransaction(operation, [&]() {
-    StatementUse insert = impl_->Use(kInsertJob);
-    insert.BindText(1, id);
-    insert.BindInt(2, job.seq);
-    insert.BindInt(3, job.job.state());
-    insert.BindInt(4, job.job.spec().priority());
-    insert.BindBlob(5, record);
-    insert.BindText(6, job.secret);
-    insert.BindText(7, JoinPids(job.worker_pids));
-    insert.BindInt(8, job.worker_pgid);
-    if (absl::Status status =
-            insert.Run(absl::StrCat(operation, " (seq ", job.seq, ")"));
-        !status.ok()) {
-      return status;
-    }
-    return impl_->InsertEvent(id, event, operation);
-  });
+  return impl_->InTransaction(
+      operation, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mutex) {
+        StatementUse insert = impl_->Use(kInsertJob);
+        insert.BindText(1, id);
+        insert.BindInt(2, job.seq);
+        insert.BindInt(3, job.job.state());
+        insert.BindInt(4, job.job.spec().priority());
+        insert.BindBlob(5, record);
+        insert.BindText(6, job.secret);
+        insert.BindText(7, JoinPids(job.worker_pids));
+        insert.BindInt(8, job.worker_pgid);
+        if (absl::Status status =
+                insert.Run(absl::StrCat(operation, " (seq ", job.seq, ")"));
+            !status.ok()) {
+          return status;
+        }
+        return impl_->InsertEvent(id, event, operation);
+      });
 }
 
 absl::Status JobStore::UpdateJob(const StoredJob& job,
@@ -522,25 +524,26 @@ absl::Status JobStore::UpdateJob(const StoredJob& job,
     return absl::InternalError(absl::StrCat(operation, ": serializing"));
   }
   absl::MutexLock lock(&impl_->mutex);
-  return impl_->InTransaction(operation, [&]() {
-    {
-      StatementUse update = impl_->Use(kUpdateJob);
-      update.BindText(1, id);
-      update.BindInt(2, job.job.state());
-      update.BindInt(3, job.job.spec().priority());
-      update.BindBlob(4, record);
-      update.BindText(5, JoinPids(job.worker_pids));
-      update.BindInt(6, job.worker_pgid);
-      if (absl::Status status = update.Run(operation); !status.ok()) {
-        return status;
-      }
-    }
-    if (sqlite3_changes(impl_->db) == 0) {
-      return absl::NotFoundError(absl::StrCat(operation, ": no such job"));
-    }
-    if (!event.has_value()) return absl::OkStatus();
-    return impl_->InsertEvent(id, *event, operation);
-  });
+  return impl_->InTransaction(
+      operation, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mutex) {
+        {
+          StatementUse update = impl_->Use(kUpdateJob);
+          update.BindText(1, id);
+          update.BindInt(2, job.job.state());
+          update.BindInt(3, job.job.spec().priority());
+          update.BindBlob(4, record);
+          update.BindText(5, JoinPids(job.worker_pids));
+          update.BindInt(6, job.worker_pgid);
+          if (absl::Status status = update.Run(operation); !status.ok()) {
+            return status;
+          }
+        }
+        if (sqlite3_changes(impl_->db) == 0) {
+          return absl::NotFoundError(absl::StrCat(operation, ": no such job"));
+        }
+        if (!event.has_value()) return absl::OkStatus();
+        return impl_->InsertEvent(id, *event, operation);
+      });
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() const {

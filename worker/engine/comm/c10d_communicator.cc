@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 // LibTorch 1.13 is the oldest this is written against: from it on the work
 // handle is c10d::Work (Work.hpp) and TCPStore takes TCPStoreOptions, in 2.x
@@ -210,11 +211,11 @@ struct Shared {
       : rank(rank), timeout(timeout) {}
 
   void Count(const torch::Tensor& tensor) {
-    std::lock_guard<std::mutex> lock(mutex);
+    absl::MutexLock lock(&mutex);
     stats.bytes += tensor.nbytes();
   }
   void Blocked(Clock::duration d) {
-    std::lock_guard<std::mutex> lock(mutex);
+    absl::MutexLock lock(&mutex);
     stats.seconds += Seconds(d);
   }
 
@@ -223,20 +224,19 @@ struct Shared {
   // broken from then on and later failures have the same cause.
   absl::Status Failure(const std::string& op, const std::string& error) {
     std::string cause = "no heartbeat information";
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      failed = true;
-      if (lost.has_value()) {
-        cause = lost->ToString();
-      } else if (monitor != nullptr) {
-        std::shared_ptr<HeartbeatMonitor> m = monitor;
-        lock.unlock();
-        HeartbeatDiagnosis diagnosis = m->Diagnose();
-        lock.lock();
-        if (diagnosis.any_lost() && !lost.has_value()) lost = diagnosis;
-        cause = diagnosis.ToString();
-      }
+    mutex.Lock();
+    failed = true;
+    if (lost.has_value()) {
+      cause = lost->ToString();
+    } else if (monitor != nullptr) {
+      std::shared_ptr<HeartbeatMonitor> m = monitor;
+      mutex.Unlock();  // a diagnosis takes seconds
+      HeartbeatDiagnosis diagnosis = m->Diagnose();
+      mutex.Lock();
+      if (diagnosis.any_lost() && !lost.has_value()) lost = diagnosis;
+      cause = diagnosis.ToString();
     }
+    mutex.Unlock();
     if (IsTimeout(error)) {
       return absl::DeadlineExceededError(
           absl::StrFormat("%s timed out after %.1f s on rank %d: %s: %s", op,
@@ -248,7 +248,7 @@ struct Shared {
 
   const int64_t rank;
   const std::chrono::milliseconds timeout;
-  std::mutex mutex;
+  absl::Mutex mutex;
   CommStats stats ABSL_GUARDED_BY(mutex);
   std::shared_ptr<HeartbeatMonitor> monitor ABSL_GUARDED_BY(mutex);
   std::optional<HeartbeatDiagnosis> lost ABSL_GUARDED_BY(mutex);
@@ -277,37 +277,36 @@ class SideThread {
   // Runs the jobs still queued, then joins.
   ~SideThread() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      absl::MutexLock lock(&mutex_);
       stop_ = true;
     }
-    cv_.notify_all();
     thread_.join();
   }
 
   void Post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mutex_);
+    jobs_.push_back(std::move(job));
   }
 
  private:
   void Run() {
-    std::unique_lock<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      mutex_.Await(absl::Condition(
+          +[](SideThread* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+            return self->stop_ || !self->jobs_.empty();
+          },
+          this));
       if (jobs_.empty()) return;
       std::function<void()> job = std::move(jobs_.front());
       jobs_.pop_front();
-      lock.unlock();
+      mutex_.Unlock();
       job();
-      lock.lock();
+      mutex_.Lock();
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
+  absl::Mutex mutex_;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mutex_);
   std::thread thread_;
@@ -603,7 +602,7 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
     auto heartbeat_store = c10::make_intrusive<c10d::TCPStore>(
         env.master_addr,
         StoreOptions(env.master_port, /*is_server=*/false, timeout));
-    std::lock_guard<std::mutex> lock(comm->shared_->mutex);
+    absl::MutexLock lock(&comm->shared_->mutex);
     comm->shared_->monitor = std::make_shared<HeartbeatMonitor>(
         std::make_unique<TcpHeartbeatStore>(std::move(heartbeat_store)),
         env.rank, env.world_size, options.heartbeat);
@@ -628,7 +627,7 @@ C10dCommunicator::~C10dCommunicator() {
     // pending work (and would wait for a lost peer), abort() does not.
     bool failed = false;
     {
-      std::lock_guard<std::mutex> lock(shared_->mutex);
+      absl::MutexLock lock(&shared_->mutex);
       failed = shared_->failed;
     }
     try {
@@ -646,7 +645,7 @@ C10dCommunicator::~C10dCommunicator() {
 #endif
   std::shared_ptr<HeartbeatMonitor> monitor;
   {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
+    absl::MutexLock lock(&shared_->mutex);
     monitor = std::move(shared_->monitor);
   }
   const bool joined = monitor != nullptr;  // Create() got to the end
@@ -675,7 +674,7 @@ std::string C10dCommunicator::DepartureKey(int64_t rank) {
 
 void C10dCommunicator::AwaitDepartures() {
   {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
+    absl::MutexLock lock(&shared_->mutex);
     if (shared_->lost.has_value()) return;  // the group broke; don't linger
   }
   const Clock::time_point deadline = Clock::now() + timeout_;
@@ -805,7 +804,7 @@ absl::Status C10dCommunicator::Barrier() {
 }
 
 CommStats C10dCommunicator::TakeStats() {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
+  absl::MutexLock lock(&shared_->mutex);
   CommStats stats = shared_->stats;
   shared_->stats = {};
   return stats;

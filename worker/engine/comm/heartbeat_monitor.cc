@@ -1,14 +1,14 @@
 #include "worker/engine/comm/heartbeat_monitor.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace shardtrain {
 namespace {
@@ -23,6 +23,12 @@ int64_t UnixMillis() {
 
 double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+
+// The time left until `when`, for absl's waits (zero when past).
+absl::Duration Until(Clock::time_point when) {
+  return absl::FromChrono(
+      std::max(when - Clock::now(), Clock::duration::zero()));
 }
 
 }  // namespace
@@ -61,49 +67,54 @@ class HeartbeatMonitor::Core {
         std::max(options_.interval / 4, std::chrono::milliseconds(10));
     Clock::time_point next_beat = Clock::now();
     Clock::time_point next_poll = Clock::now();
-    std::unique_lock<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     while (!stop_) {
       const Clock::time_point now = Clock::now();
       const bool beat = now >= next_beat;
       const bool poll = watchers_ > 0 && now >= next_poll;
       if (beat || poll) {
-        lock.unlock();
+        mutex_.Unlock();
         Tick(beat, poll);
-        lock.lock();
+        mutex_.Lock();
         if (beat) next_beat = now + options_.interval;
         if (poll) next_poll = Clock::now() + poll_every;
-        cv_.notify_all();
+        cv_.SignalAll();
         continue;
       }
       const Clock::time_point wake =
           watchers_ > 0 ? std::min(next_beat, next_poll) : next_beat;
-      const int watchers = watchers_;
-      cv_.wait_until(lock, wake, [&] { return stop_ || watchers_ > watchers; });
+      // Woken early by Stop() or a new watcher (both signal); the loop
+      // re-checks either way.
+      cv_.WaitWithTimeout(&mutex_, Until(wake));
     }
     exited_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   // Asks the thread to stop; true when it has. Store calls take
   // microseconds, so one still running after a whole interval (at least
   // 100 ms) is hung on a frozen host and is not waited for.
   bool Stop() {
-    std::unique_lock<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     stop_ = true;
-    cv_.notify_all();
-    return cv_.wait_for(
-        lock, std::max(options_.interval, std::chrono::milliseconds(100)),
-        [&] { return exited_; });
+    cv_.SignalAll();
+    const Clock::time_point deadline =
+        Clock::now() +
+        std::max(options_.interval, std::chrono::milliseconds(100));
+    while (!exited_ && Clock::now() < deadline) {
+      cv_.WaitWithTimeout(&mutex_, Until(deadline));
+    }
+    return exited_;
   }
 
   HeartbeatDiagnosis Diagnose() {
-    std::unique_lock<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     if (watchers_++ == 0) {
       watch_start_ = Clock::now();
       observations_.assign(world_size_, Observation{});
       store_error_.clear();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     // Alive ranks show a new beat within `interval`; lost ones are known
     // after `stale_after`. The slack covers a poll in progress.
     const Clock::time_point deadline =
@@ -112,8 +123,9 @@ class HeartbeatMonitor::Core {
     // call nobody notifies, yet silence itself is the answer.
     for (Clock::time_point now = Clock::now(); !Resolved(now) && now < deadline;
          now = Clock::now()) {
-      cv_.wait_until(lock,
-                     std::min(deadline, now + std::chrono::milliseconds(20)));
+      cv_.WaitWithTimeout(
+          &mutex_,
+          Until(std::min(deadline, now + std::chrono::milliseconds(20))));
     }
     HeartbeatDiagnosis diagnosis = Conclude(Clock::now());
     --watchers_;
@@ -154,14 +166,14 @@ class HeartbeatMonitor::Core {
     if (!error.empty()) {
       // Errors matter only while someone asks; a store that goes away after
       // rank 0 has finished cleanly is not news.
-      std::lock_guard<std::mutex> lock(mutex_);
+      absl::MutexLock lock(&mutex_);
       if (watchers_ > 0 && store_error_.empty()) store_error_ = error;
     }
   }
 
   void Observe(const std::vector<int64_t>& values) {
     const Clock::time_point now = Clock::now();
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     for (int64_t r = 0; r < world_size_; ++r) {
       if (r == rank_) continue;
       Observation& o = observations_[r];
@@ -227,8 +239,8 @@ class HeartbeatMonitor::Core {
   const int64_t world_size_;
   const HeartbeatOptions options_;
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
+  absl::Mutex mutex_;
+  absl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   bool exited_ ABSL_GUARDED_BY(mutex_) = false;
   int watchers_ ABSL_GUARDED_BY(mutex_) = 0;

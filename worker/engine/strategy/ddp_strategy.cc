@@ -136,7 +136,7 @@ void DdpStrategy::RegisterHooks() {
 }
 
 void DdpStrategy::OnGradReady(int64_t index) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   if (!reducing_ || param_ready_[index]) return;
   param_ready_[index] = true;
   --buckets_[bucket_of_param_[index]].pending;
@@ -158,7 +158,7 @@ torch::Tensor DdpStrategy::ForwardBackward(const torch::Tensor& inputs,
                                            double loss_scale, bool sync) {
   AttachGradViews();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     reducing_ = sync;
     param_ready_.assign(params_.size(), false);
     for (Bucket& bucket : buckets_) {
@@ -173,7 +173,7 @@ torch::Tensor DdpStrategy::ForwardBackward(const torch::Tensor& inputs,
   if (!sync) return loss;
 
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     trace_.backward_end = Clock::now();
     // Parameters that took no part in this graph never fire their hook; their
     // (locally accumulated, possibly zero) gradients are reduced all the same.
@@ -232,7 +232,7 @@ std::vector<std::vector<int64_t>> DdpStrategy::BucketParameterIndices() const {
 }
 
 DdpStrategy::OverlapTrace DdpStrategy::last_overlap_trace() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   return trace_;
 }
 

@@ -25,10 +25,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/single_device_strategy.h"
 #include "worker/engine/strategy/strategy.h"
@@ -122,7 +122,7 @@ class DdpStrategy final : public Strategy {
   // Hooks run on the autograd engine's thread while the caller is blocked in
   // backward(); the mutex orders them with the caller (and with each other
   // should a backend run them on several threads).
-  mutable std::mutex mutex_;
+  mutable absl::Mutex mutex_;
   bool reducing_ ABSL_GUARDED_BY(mutex_) = false;  // inside a sync backward
   std::vector<bool> param_ready_ ABSL_GUARDED_BY(mutex_);
   size_t next_launch_ ABSL_GUARDED_BY(mutex_) = 0;
