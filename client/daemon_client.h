@@ -14,7 +14,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "server/state_dir.h"  // DefaultStateDir(): where the local daemon lives
+#include "common/state_dir.h"  // DefaultStateDir(): where the local daemon lives
 #include "shardtrain/v1/cluster_service.grpc.pb.h"
 #include "shardtrain/v1/job_service.grpc.pb.h"
 

@@ -15,9 +15,9 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "client/step_metrics_csv.h"
+#include "proto/job_config.h"
 #include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/train_flags.h"
-#include "worker/job_config.h"
 #include "yaml-cpp/yaml.h"
 
 namespace shardtrain::cli {

@@ -17,9 +17,9 @@
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
 #include "client/job_commands.h"
+#include "proto/job_config.h"
 #include "worker/engine/train/memory_plan.h"
 #include "worker/engine/train/strategy_kinds.h"
-#include "worker/job_config.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -138,6 +138,20 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     if (!read.ok()) return read.status();
     token = std::move(*read);
   }
+  if (absl::Status s =
+          CheckListenAllowed(options.listen, !token.empty(), options.insecure);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
+  if (!roots.ok()) return roots.status();
+  if (options.max_streams_per_client < 1 || options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-streams-per-client must be >= 1 and --max-message-bytes >= "
+        "1024; got ",
+        options.max_streams_per_client, " and ", options.max_message_bytes));
+  }
+  c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client);
   c->authorizer_ = std::make_unique<RequestAuthorizer>(token);
 
   std::shared_ptr<grpc::ServerCredentials> credentials =
@@ -167,6 +181,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   int public_port = 0;
   int worker_port = 0;
   builder.AddListeningPort(options.listen, credentials, &public_port);
@@ -186,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.heartbeat_timeout = options.heartbeat_timeout;
   manager_options.rendezvous_timeout = options.rendezvous_timeout;
   manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
+  manager_options.path_roots = *roots;
   manager_options.worker_address = worker_listen;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(manager_options, c->store_.get(), &c->launcher_,
@@ -208,8 +224,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         [manager_ptr] { return manager_ptr->Cluster(); });
   }
 
-  c->job_service_ =
-      std::make_unique<JobServiceImpl>(c->manager_.get(), c->authorizer_.get());
+  c->job_service_ = std::make_unique<JobServiceImpl>(
+      c->manager_.get(), c->authorizer_.get(), c->streams_.get());
   c->cluster_service_ = std::make_unique<ClusterServiceImpl>(
       c->manager_.get(), c->authorizer_.get());
   c->worker_service_ = std::make_unique<WorkerServiceImpl>(c->manager_.get());

@@ -14,10 +14,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "common/clock.h"
+#include "server/access_policy.h"
 #include "server/cluster_service.h"
 #include "server/device_inventory.h"
 #include "server/job_manager.h"
@@ -50,6 +52,14 @@ struct CoordinatorOptions {
   std::string auth_token_file;
   std::string tls_cert;
   std::string tls_key;
+  // Listen beyond loopback without a token (server/access_policy.h).
+  bool insecure = false;
+  // Directories a job's data and init_from must lie in; empty: anywhere.
+  std::vector<std::string> path_roots;
+  int max_streams_per_client = 64;
+  // Largest request accepted (a JobSpec is a few KiB; a worker's progress
+  // report a few hundred steps).
+  int max_message_bytes = 4 << 20;
 };
 
 class Coordinator {
@@ -84,6 +94,7 @@ class Coordinator {
   PosixProcessLauncher launcher_;
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
+  std::unique_ptr<StreamLimiter> streams_;
   std::unique_ptr<MetricsExporter> exporter_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<JobServiceImpl> job_service_;

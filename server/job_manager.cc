@@ -17,17 +17,19 @@
 #include "common/atomic_file.h"
 #include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/job_config.h"
 #include "server/log_files.h"
 #include "server/rank_specs.h"
 #include "server/scheduler.h"
 #include "worker/engine/data/token_file.h"
-#include "worker/job_config.h"
 
 namespace shardtrain {
 namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+// The one data name that is not a path (server/dataset_locator.h).
+constexpr char kBuiltinDataset[] = "brown";
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -219,7 +221,9 @@ void JobManager::Shutdown() {
     {
       absl::MutexLock lock(&mutex_);
       bool any = false;
-      for (auto& [id, entry] : jobs_) any = any || !entry->ranks.empty();
+      for (auto& [id, entry] : jobs_) {
+        any = any || !entry->ranks.empty() || entry->launching;
+      }
       if (!any) break;
     }
     if (absl::Now() > deadline) break;
@@ -266,6 +270,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
         devices, cluster_kind == v1::GPU ? " GPU" : " CPU slot",
         devices == 1 ? "" : "s"));
   }
+  if (absl::Status s = CheckPaths(spec); !s.ok()) return s;
   if (absl::StatusOr<std::string> data = options_.resolve_data(spec.data());
       !data.ok()) {
     return data.status();
@@ -306,6 +311,20 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   jobs_[id] = std::move(entry);
   if (observer_ != nullptr) observer_->OnJobChanged(result);
   return result;
+}
+
+absl::Status JobManager::CheckPaths(const v1::JobSpec& spec) const {
+  if (spec.data() != kBuiltinDataset) {
+    if (absl::Status s = options_.path_roots.Check("data", spec.data());
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!spec.trainer().init_from().empty()) {
+    return options_.path_roots.Check("trainer.init_from",
+                                     spec.trainer().init_from());
+  }
+  return absl::OkStatus();
 }
 
 JobManager::Entry* JobManager::Find(const std::string& job_id) {
@@ -378,7 +397,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
         absl::StrCat(job_id, " already ended (", StateName(state), ")"));
   }
   if (state == v1::QUEUED ||
-      (entry->ranks.empty() && !entry->relaunch_pending &&
+      (entry->ranks.empty() && !entry->relaunch_pending && !entry->launching &&
        entry->stop == StopIntent::kNone)) {
     entry->relaunch_pending = false;
     ReleaseDevices(*entry);
@@ -585,7 +604,25 @@ absl::StatusOr<bool> JobManager::Heartbeat(const v1::WorkerIdentity& worker) {
 // Supervision
 
 void JobManager::Tick() {
+  std::vector<LaunchRequest> requests;
+  {
+    absl::MutexLock lock(&mutex_);
+    Supervise();
+    requests.swap(launch_requests_);
+  }
+  if (requests.empty()) return;
+  std::vector<PreparedLaunch> prepared;
+  for (const LaunchRequest& request : requests) {
+    prepared.push_back(PrepareLaunch(request));
+  }
   absl::MutexLock lock(&mutex_);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CompleteLaunch(*jobs_.at(requests[i].launch.job_id), requests[i],
+                   prepared[i]);
+  }
+}
+
+void JobManager::Supervise() {
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
     if (!entry.ranks.empty()) ReapAndDetect(entry);
@@ -609,7 +646,7 @@ void JobManager::Tick() {
       SetState(entry, v1::FAILED, failure->message());
       continue;
     }
-    Launch(entry, std::vector<int>(free.begin(), free.begin() + world));
+    RequestLaunch(entry, std::vector<int>(free.begin(), free.begin() + world));
   }
   ScheduleQueued();
 }
@@ -745,7 +782,7 @@ void JobManager::FinishAttempt(Entry& entry) {
                  absl::StrCat(failure->message(), "; restart ", job.restarts(),
                               " of ", job.spec().max_restarts(),
                               " from the last checkpoint"));
-        Launch(entry, entry.devices);
+        RequestLaunch(entry, entry.devices);
         return;
       }
       ReleaseDevices(entry);
@@ -800,7 +837,7 @@ void JobManager::ScheduleQueued() {
     jobs_.at(id)->stored.job.set_state_reason(reason);
   }
   for (const Placement& placement : decision.start) {
-    Launch(*jobs_.at(placement.job_id), placement.devices);
+    RequestLaunch(*jobs_.at(placement.job_id), placement.devices);
   }
 }
 
@@ -819,13 +856,140 @@ void JobManager::ReleaseDevices(Entry& entry) {
   entry.devices.clear();
 }
 
-void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
+// A launch in three parts, so that no file is touched under the mutex that
+// heartbeats and RPCs need: RequestLaunch (locked) takes the devices, the
+// state and the attempt's secret; PrepareLaunch (unlocked) creates the job's
+// directory, resolves its data, writes spec.json and the logs' headers and
+// picks the rendezvous port; CompleteLaunch (locked) spawns the ranks, or
+// records why it could not. Spawning stays under the lock so that a rank is
+// known before it can register. Tick runs all three.
+void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   v1::Job& job = entry.stored.job;
   const std::string& id = job.id();
   entry.devices = devices;
   for (int d : devices) device_holder_[d] = id;
   const int world = job.spec().world_size();
   const bool first_attempt = job.state() == v1::QUEUED;
+
+  entry.stored.secret = NewSecret();
+  entry.ranks.clear();
+  entry.stop = StopIntent::kNone;
+  entry.failure.reset();
+  entry.killed = false;
+  entry.launching = true;
+  entry.launch_time = clock_->Now();
+  entry.stored.worker_pids.clear();
+  entry.stored.worker_pgid = 0;
+  const bool cpu = job.spec().device_kind() == v1::CPU;
+  if (first_attempt) {
+    // From here on the job owns its devices and is no longer a queue entry,
+    // even if a rank fails to start.
+    std::vector<std::string> gpu_list;
+    for (int d : devices) gpu_list.push_back(std::to_string(d));
+    job.set_start_time_unix_ms(UnixMillis(clock_->Now()));
+    SetState(entry, v1::STARTING,
+             absl::StrCat("starting ", world, " ranks on ",
+                          cpu ? "CPU slots " : "GPUs ",
+                          absl::StrJoin(gpu_list, ",")));
+  }
+
+  LaunchRequest request;
+  request.spec = job.spec();
+  request.attempt = job.restarts() + 1;
+  request.first_attempt = first_attempt;
+  request.started = clock_->Now();
+  RankLaunch& launch = request.launch;
+  launch.worker_binary = options_.worker_binary;
+  launch.job_id = id;
+  launch.job_dir = JobDir(id);
+  launch.spec_path = launch.job_dir + "/spec.json";
+  launch.world_size = world;
+  launch.cpu = cpu;
+  launch.devices = devices;
+  launch.threads_per_rank = std::max(1, options_.cpu_cores / world);
+  launch.resume = job.restarts() > 0;
+  launch.coordinator_address = worker_address_;
+  launch.secret = entry.stored.secret;
+  launch.heartbeat_seconds = absl::ToDoubleSeconds(options_.heartbeat_interval);
+  for (int r = 0; r < world; ++r) launch.log_paths.push_back(LogPath(id, r));
+  launch_requests_.push_back(std::move(request));
+}
+
+JobManager::PreparedLaunch JobManager::PrepareLaunch(
+    const LaunchRequest& request) const {
+  PreparedLaunch prepared;
+  const RankLaunch& launch = request.launch;
+  std::error_code ec;
+  std::filesystem::create_directories(launch.job_dir, ec);
+  if (ec) {
+    prepared.error =
+        absl::StrCat("cannot create ", launch.job_dir, ": ", ec.message());
+    return prepared;
+  }
+  // Checked again: a symlink may have been turned since the submit.
+  if (absl::Status s = CheckPaths(request.spec); !s.ok()) {
+    prepared.error = std::string(s.message());
+    return prepared;
+  }
+  absl::StatusOr<std::string> data = options_.resolve_data(request.spec.data());
+  if (!data.ok()) {
+    prepared.error = std::string(data.status().message());
+    return prepared;
+  }
+  v1::JobSpec resolved = request.spec;
+  resolved.set_data(*data);
+  if (absl::StatusOr<TokenFile> train = TokenFile::Open(*data + "/train.bin");
+      train.ok()) {
+    prepared.train_tokens = static_cast<int64_t>(train->size());
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
+  if (absl::Status s = WriteFileAtomically(launch.spec_path, json); !s.ok()) {
+    prepared.error = std::string(s.message());
+    return prepared;
+  }
+  absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
+  if (!port.ok()) {
+    prepared.error = std::string(port.status().message());
+    return prepared;
+  }
+  prepared.master_port = *port;
+  for (int r = 0; r < launch.world_size; ++r) {
+    std::ofstream log(launch.log_paths[r], std::ios::app);
+    log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
+        << launch.world_size << ", attempt " << request.attempt << ", "
+        << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", request.started,
+                            absl::UTCTimeZone())
+        << " ===\n";
+  }
+  return prepared;
+}
+
+void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
+                                const PreparedLaunch& prepared) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  const int world = request.launch.world_size;
+  entry.launching = false;
+  if (prepared.train_tokens.has_value()) {
+    job.set_train_tokens(*prepared.train_tokens);
+  }
+  if (entry.stop != StopIntent::kNone || shutting_down_) {
+    // Cancelled, or the coordinator began to shut down, while the launch was
+    // being prepared: nothing was started, so nothing needs stopping.
+    const StopIntent stop = entry.stop;
+    entry.stop = StopIntent::kNone;
+    if (stop == StopIntent::kCancel) {
+      ReleaseDevices(entry);
+      SetState(entry, v1::CANCELLED, "cancelled before its ranks started");
+    } else {
+      Persist(entry, std::nullopt);  // the next coordinator resumes it
+    }
+    return;
+  }
 
   auto fail_launch =
       [&](const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -844,80 +1008,14 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
         entry.no_restart = true;
         FailAttempt(entry, std::move(failure));
       };
+  if (!prepared.error.empty()) return fail_launch(prepared.error);
 
-  const std::string dir = JobDir(id);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return fail_launch(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  absl::StatusOr<std::string> data = options_.resolve_data(job.spec().data());
-  if (!data.ok()) return fail_launch(std::string(data.status().message()));
-  v1::JobSpec resolved = job.spec();
-  resolved.set_data(*data);
-  if (absl::StatusOr<TokenFile> train = TokenFile::Open(*data + "/train.bin");
-      train.ok()) {
-    job.set_train_tokens(static_cast<int64_t>(train->size()));
-  }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.add_whitespace = true;
-  print.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
-  const std::string spec_path = dir + "/spec.json";
-  if (absl::Status s = WriteFileAtomically(spec_path, json); !s.ok()) {
-    return fail_launch(std::string(s.message()));
-  }
-  absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
-  if (!port.ok()) return fail_launch(std::string(port.status().message()));
-
-  entry.stored.secret = NewSecret();
-  entry.ranks.clear();
-  entry.stop = StopIntent::kNone;
-  entry.failure.reset();
-  entry.killed = false;
-  entry.launch_time = clock_->Now();
-  entry.stored.worker_pids.clear();
-  entry.stored.worker_pgid = 0;
-  const bool cpu = job.spec().device_kind() == v1::CPU;
-  const int threads = std::max(1, options_.cpu_cores / world);
-  std::vector<std::string> gpu_list;
-  for (int d : devices) gpu_list.push_back(std::to_string(d));
-  if (first_attempt) {
-    // Before the first spawn: from here on the job owns processes and is no
-    // longer a queue entry, even if a later rank fails to start.
-    job.set_start_time_unix_ms(UnixMillis(clock_->Now()));
-    SetState(entry, v1::STARTING,
-             absl::StrCat("starting ", world, " ranks on ",
-                          cpu ? "CPU slots " : "GPUs ",
-                          absl::StrJoin(gpu_list, ",")));
-  }
-  RankLaunch launch;
-  launch.worker_binary = options_.worker_binary;
-  launch.job_id = id;
-  launch.job_dir = dir;
-  launch.spec_path = spec_path;
-  launch.world_size = world;
-  launch.cpu = cpu;
-  launch.devices = devices;
-  launch.threads_per_rank = threads;
-  launch.resume = job.restarts() > 0;
-  launch.master_port = *port;
-  launch.coordinator_address = worker_address_;
-  launch.secret = entry.stored.secret;
-  launch.heartbeat_seconds = absl::ToDoubleSeconds(options_.heartbeat_interval);
-  for (int r = 0; r < world; ++r) launch.log_paths.push_back(LogPath(id, r));
+  RankLaunch launch = request.launch;
+  launch.master_port = prepared.master_port;
   std::vector<ProcessSpec> specs = BuildRankSpecs(launch);
   for (int r = 0; r < world; ++r) {
     ProcessSpec& spec = specs[r];
     spec.process_group = entry.stored.worker_pgid;
-    {
-      std::ofstream log(spec.log_path, std::ios::app);
-      log << "=== shardtraind: " << id << " rank " << r << " of " << world
-          << ", attempt " << job.restarts() + 1 << ", "
-          << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", clock_->Now(),
-                              absl::UTCTimeZone())
-          << " ===\n";
-    }
     absl::StatusOr<int> pid = launcher_->Spawn(spec);
     if (!pid.ok()) {
       return fail_launch(absl::StrCat("could not start rank ", r, ": ",
@@ -932,13 +1030,12 @@ void JobManager::Launch(Entry& entry, const std::vector<int>& devices) {
   LogInfo(absl::StrCat(id, ": started ", world, " ranks (pids ",
                        absl::StrJoin(entry.stored.worker_pids, ", "), ")"));
   // The workers' pids, and on a restart an event saying so.
-  Persist(entry,
-          first_attempt
-              ? std::nullopt
-              : std::optional<v1::JobEvent>(
-                    Event(job.state(),
-                          absl::StrCat("relaunched ", world, " ranks (attempt ",
-                                       job.restarts() + 1, ")"))));
+  Persist(entry, request.first_attempt
+                     ? std::nullopt
+                     : std::optional<v1::JobEvent>(Event(
+                           job.state(), absl::StrCat("relaunched ", world,
+                                                     " ranks (attempt ",
+                                                     request.attempt, ")"))));
 }
 
 void JobManager::SetState(Entry& entry, v1::JobState state,

@@ -27,11 +27,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "common/clock.h"
+#include "server/access_policy.h"
 #include "server/device_inventory.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
 #include "server/process_launcher.h"
+#include "server/rank_specs.h"
 #include "server/scheduler.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
@@ -67,6 +69,8 @@ struct JobManagerOptions {
   absl::Duration tick = absl::Milliseconds(50);
   int log_tail_lines = 20;
   DataResolver resolve_data;  // required
+  // Where a job's data and init_from may be (server/access_policy.h).
+  PathRoots path_roots;
 };
 
 struct ListJobsQuery {
@@ -119,7 +123,8 @@ class JobManager {
   void Shutdown();
 
   // One supervision round: reap, detect failures, finish stops, schedule and
-  // launch. Called by the supervisor thread; tests call it directly.
+  // launch (the launch's file work outside the lock). Called by the
+  // supervisor thread; tests call it directly.
   void Tick();
 
   // --- JobService ---
@@ -173,6 +178,7 @@ class JobManager {
     std::optional<v1::Failure> failure;  // the first failure of the attempt
     bool no_restart = false;             // the attempt could not even start
     bool relaunch_pending = false;       // recovered; Tick relaunches it
+    bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
     std::vector<std::weak_ptr<JobWatch>> watchers;
   };
 
@@ -190,8 +196,32 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Persist(Entry& entry, const std::optional<v1::JobEvent>& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Launch(Entry& entry, const std::vector<int>& devices)
+  // A launch decided under the lock, prepared outside it.
+  struct LaunchRequest {
+    v1::JobSpec spec;
+    int attempt = 1;
+    bool first_attempt = true;
+    absl::Time started;
+    RankLaunch launch;  // all but master_port
+  };
+  struct PreparedLaunch {
+    std::string error;  // non-empty: the launch cannot happen
+    int master_port = 0;
+    std::optional<int64_t> train_tokens;
+  };
+  // Takes the devices and queues the launch for the end of this Tick.
+  void RequestLaunch(Entry& entry, const std::vector<int>& devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The launch's file system work: job directory, data, spec.json, log
+  // headers, rendezvous port. Called without the lock.
+  PreparedLaunch PrepareLaunch(const LaunchRequest& request) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Spawns the ranks (or records why not).
+  void CompleteLaunch(Entry& entry, const LaunchRequest& request,
+                      const PreparedLaunch& prepared)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Tick's locked part: reap, detect, finish stops, schedule.
+  void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void BeginStop(Entry& entry, StopIntent intent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FailAttempt(Entry& entry, v1::Failure failure)
@@ -211,6 +241,8 @@ class JobManager {
   v1::Failure RankFailure(const std::string& job_id, int rank,
                           v1::FailureReason reason, std::string message) const;
   std::string JobDir(const std::string& job_id) const;
+  // data and init_from inside options_.path_roots.
+  absl::Status CheckPaths(const v1::JobSpec& spec) const;
   std::string LogPath(const std::string& job_id, int rank) const;
 
   const JobManagerOptions options_;
@@ -227,6 +259,7 @@ class JobManager {
   std::map<std::string, std::string> waiting_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
   std::string worker_address_ ABSL_GUARDED_BY(mutex_);
+  std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(mutex_);
 
   absl::Notification stop_supervisor_;
   std::thread supervisor_;

@@ -70,6 +70,9 @@ grpc::Status JobServiceImpl::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::WatchJobEvent>* writer) {
   if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> slot =
+      streams_->Acquire(context->peer());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   // Registered first, history read second: a step is stored before it is
   // pushed to watchers, so every step is in the history or arrives live
   // (or both, around this moment: those live duplicates are skipped once).
@@ -130,6 +133,9 @@ grpc::Status JobServiceImpl::StreamLogs(
     grpc::ServerContext* context, const v1::StreamLogsRequest* request,
     grpc::ServerWriter<v1::LogLine>* writer) {
   if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> slot =
+      streams_->Acquire(context->peer());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<std::vector<std::string>> paths =
       manager_->LogPaths(request->job_id());
   if (!paths.ok()) return ToGrpcStatus(paths.status());

@@ -3,6 +3,7 @@
 #ifndef SHARDTRAIN_SERVER_JOB_SERVICE_H_
 #define SHARDTRAIN_SERVER_JOB_SERVICE_H_
 
+#include "server/access_policy.h"
 #include "server/job_manager.h"
 #include "server/request_authorizer.h"
 #include "shardtrain/v1/job_service.grpc.pb.h"
@@ -12,8 +13,10 @@ namespace shardtrain {
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   // Both must outlive the service.
-  JobServiceImpl(JobManager* manager, const RequestAuthorizer* authorizer)
-      : manager_(manager), authorizer_(authorizer) {}
+  // `streams` bounds each client's open WatchJob/StreamLogs calls.
+  JobServiceImpl(JobManager* manager, const RequestAuthorizer* authorizer,
+                 StreamLimiter* streams)
+      : manager_(manager), authorizer_(authorizer), streams_(streams) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const v1::SubmitJobRequest* request,
@@ -40,6 +43,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   JobManager* const manager_;
   const RequestAuthorizer* const authorizer_;
+  StreamLimiter* const streams_;
 };
 
 }  // namespace shardtrain

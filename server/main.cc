@@ -8,8 +8,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/state_dir.h"
 #include "server/coordinator.h"
-#include "server/state_dir.h"
 
 namespace shardtrain {
 namespace {
@@ -67,6 +67,17 @@ int Main(int argc, char** argv) {
   app.add_option("--tls-cert", options.tls_cert,
                  "PEM certificate (enables TLS)");
   app.add_option("--tls-key", options.tls_key, "PEM private key");
+  app.add_flag("--insecure", options.insecure,
+               "allow a --listen beyond loopback without --auth-token-file");
+  app.add_option("--path-root", options.path_roots,
+                 "directory jobs may read data and init_from from "
+                 "(repeatable; none: anywhere this user can read)");
+  app.add_option("--max-streams-per-client", options.max_streams_per_client,
+                 "open watch/log streams one client address may hold")
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", options.max_message_bytes,
+                 "largest request accepted")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,7 +21,7 @@
 namespace shardtrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr char kReport[] = "[launcher] ";
 
@@ -260,11 +260,11 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
   LaunchResult result;
   bool stopping = false;
   bool killed = false;
-  Clock::time_point kill_at;
+  SteadyClock::time_point kill_at;
   auto begin_stop = [&] {
     if (stopping) return;
     stopping = true;
-    kill_at = Clock::now() + options_.grace;
+    kill_at = SteadyClock::now() + options_.grace;
     stop_all(SIGTERM);
   };
 
@@ -292,7 +292,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
     for (const Child& c : children) any_running |= c.running;
     if (!any_running) break;
 
-    if (stopping && !killed && Clock::now() >= kill_at) {
+    if (stopping && !killed && SteadyClock::now() >= kill_at) {
       stop_all(SIGKILL);
       killed = true;
     }
@@ -308,8 +308,8 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
     int timeout_ms = -1;
     if (stopping && !killed) {
       timeout_ms = static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(kill_at -
-                                                                   Clock::now())
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                 kill_at - SteadyClock::now())
                      .count() +
                  1));
     }

@@ -8,7 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "worker/engine/comm/dist_env.h"
+#include "common/dist_env.h"
 #include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/train_flags.h"

@@ -8,7 +8,7 @@
 #include <ostream>
 
 #include "absl/status/status.h"
-#include "worker/engine/comm/dist_env.h"
+#include "common/dist_env.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/trainer.h"
 

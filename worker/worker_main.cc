@@ -13,10 +13,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/dist_env.h"
 #include "google/protobuf/util/json_util.h"
-#include "worker/engine/comm/dist_env.h"
+#include "proto/job_config.h"
 #include "worker/engine/train/cpu_threads.h"
-#include "worker/job_config.h"
 #include "worker/progress_reporter.h"
 #include "worker/training_run.h"
 

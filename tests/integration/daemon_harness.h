@@ -72,6 +72,7 @@ inline std::string HttpGet(const std::string& address,
 }
 
 struct DaemonOptions {
+  std::string listen = "127.0.0.1:0";
   int cpu_slots = 2;
   double grace_period = 3;
   double heartbeat_interval = 0.5;
@@ -104,7 +105,7 @@ class Daemon {
     const std::string log = state_dir_ + "/daemon.log";
     std::vector<std::string> args = {BinDir() + "/shardtraind",
                                      "--listen",
-                                     "127.0.0.1:0",
+                                     options_.listen,
                                      "--metrics-listen",
                                      "127.0.0.1:0",
                                      "--state-dir",

@@ -5,7 +5,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
+#include <future>
 
 #include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_process_launcher.h"
@@ -41,6 +44,7 @@ class JobManagerTest : public ::testing::Test {
     options.grace_period = absl::Seconds(10);
     options.resolve_data =
         [this](const std::string&) -> absl::StatusOr<std::string> {
+      if (on_resolve_) on_resolve_();
       return dir_ / "data";
     };
     auto manager =
@@ -85,6 +89,8 @@ class JobManagerTest : public ::testing::Test {
   }
 
   test::TempDir dir_;
+  // Runs inside the data resolver (at submit, and in a launch's preparation).
+  std::function<void()> on_resolve_;
   FakeClock clock_;
   FakeProcessLauncher launcher_;
   std::unique_ptr<JobStore> store_;
@@ -109,6 +115,46 @@ TEST_F(JobManagerTest,
   EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"),
             launcher_.Env(pids[1], "MASTER_PORT"));
   EXPECT_EQ(launcher_.process(pids[1]).spec.process_group, pids[0]);
+}
+
+TEST_F(JobManagerTest, ALaunchPreparesItsFilesWithoutHoldingTheLock) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  bool other_call_finished = false;
+  on_resolve_ = [&] {
+    // Another RPC while the launch resolves its data: it must not wait for
+    // the launch.
+    auto get = std::async(std::launch::async,
+                          [&] { return manager_->Get(job->id()); });
+    other_call_finished =
+        get.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    if (other_call_finished) {
+      EXPECT_EQ(get.get()->state(), v1::STARTING);
+    }
+  };
+  manager_->Tick();
+  on_resolve_ = nullptr;
+
+  EXPECT_TRUE(other_call_finished);
+  EXPECT_EQ(launcher_.spawned().size(), 2u);
+  EXPECT_TRUE(
+      std::filesystem::exists(dir_ / ("jobs/" + job->id() + "/spec.json")));
+}
+
+TEST_F(JobManagerTest, ACancelWhileTheLaunchIsPreparedStartsNoRank) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  on_resolve_ = [&] { EXPECT_TRUE(manager_->Cancel(job->id()).ok()); };
+  manager_->Tick();
+  on_resolve_ = nullptr;
+
+  EXPECT_TRUE(launcher_.spawned().empty());
+  EXPECT_EQ(manager_->Get(job->id())->state(), v1::CANCELLED);
+  EXPECT_THAT(manager_->Get(job->id())->state_reason(),
+              HasSubstr("before its ranks started"));
+  for (const ClusterView::Holder& holder : manager_->Cluster().holders) {
+    EXPECT_EQ(holder.job_id, "");  // its devices are free again
+  }
 }
 
 TEST_F(JobManagerTest, WorkersWithAWrongSecretPidOrRankAreRefused) {

@@ -21,7 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 struct Launched {
   absl::StatusOr<LaunchResult> result;
@@ -39,11 +39,11 @@ Launched Launch(int nproc, const std::string& script,
   options.argv = {"sh", "-c", script};
   options.grace = grace;
   std::ostringstream out, err;
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   LocalLauncher launcher(options, out, err);
   absl::StatusOr<LaunchResult> result = launcher.Run();
   const double seconds =
-      std::chrono::duration<double>(Clock::now() - start).count();
+      std::chrono::duration<double>(SteadyClock::now() - start).count();
   return {std::move(result), out.str(), err.str(), seconds};
 }
 

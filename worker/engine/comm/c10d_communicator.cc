@@ -40,10 +40,10 @@
 namespace shardtrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
-double Seconds(Clock::duration d) {
+double Seconds(SteadyClock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
@@ -132,7 +132,7 @@ c10d::TCPStoreOptions StoreOptions(int port, bool is_server,
 // Waits until all ranks have reached the store or `deadline` passes. The
 // last rank to arrive marks the rendezvous complete for the others.
 absl::Status Rendezvous(c10d::Store& store, int64_t world_size,
-                        Clock::time_point deadline) {
+                        SteadyClock::time_point deadline) {
   const std::string arrived_key = "shardtrain/rendezvous/arrived";
   const std::string complete_key = "shardtrain/rendezvous/complete";
   try {
@@ -141,7 +141,7 @@ absl::Status Rendezvous(c10d::Store& store, int64_t world_size,
       return absl::OkStatus();
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
+        deadline - SteadyClock::now());
     store.wait({complete_key}, std::max(left, std::chrono::milliseconds(1)));
   } catch (...) {
     std::string error = ErrorText(std::current_exception());
@@ -214,7 +214,7 @@ struct Shared {
     absl::MutexLock lock(&mutex);
     stats.bytes += tensor.nbytes();
   }
-  void Blocked(Clock::duration d) {
+  void Blocked(SteadyClock::duration d) {
     absl::MutexLock lock(&mutex);
     stats.seconds += Seconds(d);
   }
@@ -353,7 +353,7 @@ class C10dWork final : public CommWork {
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    const Clock::time_point start = Clock::now();
+    const SteadyClock::time_point start = SteadyClock::now();
     try {
       if (on_device_) {
         work_->wait();
@@ -368,7 +368,7 @@ class C10dWork final : public CommWork {
     } catch (...) {
       status_ = shared_->Failure(op_, ErrorText(std::current_exception()));
     }
-    shared_->Blocked(Clock::now() - start);
+    shared_->Blocked(SteadyClock::now() - start);
     return status_;
   }
   bool IsCompleted() override { return work_->isCompleted(); }
@@ -394,7 +394,7 @@ class SideWork final : public CommWork {
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    const Clock::time_point start = Clock::now();
+    const SteadyClock::time_point start = SteadyClock::now();
     std::string error;
     {
       std::unique_lock<std::mutex> lock(completion_->mutex);
@@ -407,7 +407,7 @@ class SideWork final : public CommWork {
       }
     }
     if (!error.empty()) status_ = shared_->Failure(op_, error);
-    shared_->Blocked(Clock::now() - start);
+    shared_->Blocked(SteadyClock::now() - start);
     return status_;
   }
   bool IsCompleted() override {
@@ -561,7 +561,8 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
       options.rendezvous_timeout > std::chrono::milliseconds(0)
           ? options.rendezvous_timeout
           : timeout;
-  const Clock::time_point deadline = Clock::now() + rendezvous_timeout;
+  const SteadyClock::time_point deadline =
+      SteadyClock::now() + rendezvous_timeout;
   absl::Status joined;
   try {
     groups.store = c10::make_intrusive<c10d::TCPStore>(
@@ -677,13 +678,13 @@ void C10dCommunicator::AwaitDepartures() {
     absl::MutexLock lock(&shared_->mutex);
     if (shared_->lost.has_value()) return;  // the group broke; don't linger
   }
-  const Clock::time_point deadline = Clock::now() + timeout_;
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout_;
   // A rank that has not left but whose heartbeat is this old is dead.
   const int64_t stale_ms = heartbeat_.stale_after.count() + 1000;
   try {
     std::vector<int64_t> pending;
     for (int64_t r = 1; r < world_size_; ++r) pending.push_back(r);
-    while (!pending.empty() && Clock::now() < deadline) {
+    while (!pending.empty() && SteadyClock::now() < deadline) {
       const int64_t unix_ms =
           std::chrono::duration_cast<std::chrono::milliseconds>(
               std::chrono::system_clock::now().time_since_epoch())

@@ -23,8 +23,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/dist_env.h"
 #include "worker/engine/comm/communicator.h"
-#include "worker/engine/comm/dist_env.h"
 #include "worker/engine/comm/heartbeat_monitor.h"
 
 namespace shardtrain {

@@ -13,22 +13,8 @@
 namespace shardtrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int64_t UnixMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-double Seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
-// The time left until `when`, for absl's waits (zero when past).
-absl::Duration Until(Clock::time_point when) {
-  return absl::FromChrono(
-      std::max(when - Clock::now(), Clock::duration::zero()));
+std::string SecondsText(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
 }
 
 }  // namespace
@@ -57,35 +43,37 @@ class HeartbeatMonitor::Core {
       : store_(std::move(store)),
         rank_(rank),
         world_size_(world_size),
-        options_(options),
+        interval_(absl::FromChrono(options.interval)),
+        stale_after_(absl::FromChrono(options.stale_after)),
+        clock_(options.clock != nullptr ? options.clock : SystemClock()),
         observations_(world_size) {}
 
   // The thread's body: beats every `interval` and, while someone is in
   // Diagnose(), polls the other ranks' heartbeats several times per beat.
   void Run() {
-    const auto poll_every =
-        std::max(options_.interval / 4, std::chrono::milliseconds(10));
-    Clock::time_point next_beat = Clock::now();
-    Clock::time_point next_poll = Clock::now();
+    const absl::Duration poll_every =
+        std::max(interval_ / 4, absl::Milliseconds(10));
+    absl::Time next_beat = clock_->Now();
+    absl::Time next_poll = next_beat;
     absl::MutexLock lock(&mutex_);
     while (!stop_) {
-      const Clock::time_point now = Clock::now();
+      const absl::Time now = clock_->Now();
       const bool beat = now >= next_beat;
       const bool poll = watchers_ > 0 && now >= next_poll;
       if (beat || poll) {
         mutex_.Unlock();
         Tick(beat, poll);
         mutex_.Lock();
-        if (beat) next_beat = now + options_.interval;
-        if (poll) next_poll = Clock::now() + poll_every;
+        if (beat) next_beat = now + interval_;
+        if (poll) next_poll = clock_->Now() + poll_every;
         cv_.SignalAll();
         continue;
       }
-      const Clock::time_point wake =
+      const absl::Time wake =
           watchers_ > 0 ? std::min(next_beat, next_poll) : next_beat;
       // Woken early by Stop() or a new watcher (both signal); the loop
       // re-checks either way.
-      cv_.WaitWithTimeout(&mutex_, Until(wake));
+      clock_->WaitUntil(&cv_, &mutex_, wake);
     }
     exited_ = true;
     cv_.SignalAll();
@@ -98,11 +86,10 @@ class HeartbeatMonitor::Core {
     absl::MutexLock lock(&mutex_);
     stop_ = true;
     cv_.SignalAll();
-    const Clock::time_point deadline =
-        Clock::now() +
-        std::max(options_.interval, std::chrono::milliseconds(100));
-    while (!exited_ && Clock::now() < deadline) {
-      cv_.WaitWithTimeout(&mutex_, Until(deadline));
+    const absl::Time deadline =
+        clock_->Now() + std::max(interval_, absl::Milliseconds(100));
+    while (!exited_ && clock_->Now() < deadline) {
+      clock_->WaitUntil(&cv_, &mutex_, deadline);
     }
     return exited_;
   }
@@ -110,24 +97,22 @@ class HeartbeatMonitor::Core {
   HeartbeatDiagnosis Diagnose() {
     absl::MutexLock lock(&mutex_);
     if (watchers_++ == 0) {
-      watch_start_ = Clock::now();
+      watch_start_ = clock_->Now();
       observations_.assign(world_size_, Observation{});
       store_error_.clear();
     }
     cv_.SignalAll();
     // Alive ranks show a new beat within `interval`; lost ones are known
     // after `stale_after`. The slack covers a poll in progress.
-    const Clock::time_point deadline =
-        watch_start_ + options_.stale_after + 2 * options_.interval;
+    const absl::Time deadline = watch_start_ + stale_after_ + 2 * interval_;
     // Re-checked on a short period too: when the thread hangs in a store
     // call nobody notifies, yet silence itself is the answer.
-    for (Clock::time_point now = Clock::now(); !Resolved(now) && now < deadline;
-         now = Clock::now()) {
-      cv_.WaitWithTimeout(
-          &mutex_,
-          Until(std::min(deadline, now + std::chrono::milliseconds(20))));
+    for (absl::Time now = clock_->Now(); !Resolved(now) && now < deadline;
+         now = clock_->Now()) {
+      clock_->WaitUntil(&cv_, &mutex_,
+                        std::min(deadline, now + absl::Milliseconds(20)));
     }
-    HeartbeatDiagnosis diagnosis = Conclude(Clock::now());
+    HeartbeatDiagnosis diagnosis = Conclude(clock_->Now());
     --watchers_;
     return diagnosis;
   }
@@ -137,7 +122,7 @@ class HeartbeatMonitor::Core {
     bool seen = false;        // a first value was read during this watch
     int64_t first_value = 0;  // that value: a rank is alive once it changes
     int64_t last_value = 0;   // wall-clock ms of its latest heartbeat (0: none)
-    Clock::time_point first_seen;
+    absl::Time first_seen;
     bool alive = false;
   };
 
@@ -146,7 +131,9 @@ class HeartbeatMonitor::Core {
   void Tick(bool beat, bool poll) {
     std::string error;
     if (beat) {
-      if (absl::Status s = store_->Set(Key(rank_), UnixMillis()); !s.ok()) {
+      if (absl::Status s =
+              store_->Set(Key(rank_), absl::ToUnixMillis(clock_->Now()));
+          !s.ok()) {
         error = std::string(s.message());
       }
     }
@@ -172,7 +159,7 @@ class HeartbeatMonitor::Core {
   }
 
   void Observe(const std::vector<int64_t>& values) {
-    const Clock::time_point now = Clock::now();
+    const absl::Time now = clock_->Now();
     absl::MutexLock lock(&mutex_);
     for (int64_t r = 0; r < world_size_; ++r) {
       if (r == rank_) continue;
@@ -188,22 +175,21 @@ class HeartbeatMonitor::Core {
     }
   }
 
-  bool Resolved(Clock::time_point now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+  bool Resolved(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (!store_error_.empty()) return true;
     for (int64_t r = 0; r < world_size_; ++r) {
       if (r == rank_) continue;
       const Observation& o = observations_[r];
       if (o.alive) continue;
       // Lost, or (never seen) the store has not answered for as long.
-      const Clock::time_point since = o.seen ? o.first_seen : watch_start_;
-      if (now - since >= options_.stale_after) continue;
+      const absl::Time since = o.seen ? o.first_seen : watch_start_;
+      if (now - since >= stale_after_) continue;
       return false;
     }
     return true;
   }
 
-  HeartbeatDiagnosis Conclude(Clock::time_point now) const
+  HeartbeatDiagnosis Conclude(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     HeartbeatDiagnosis diagnosis;
     if (!store_error_.empty()) {
@@ -211,7 +197,7 @@ class HeartbeatMonitor::Core {
       diagnosis.store_error = store_error_;
       return diagnosis;
     }
-    const int64_t unix_now = UnixMillis();
+    const int64_t unix_now = absl::ToUnixMillis(now);
     for (int64_t r = 0; r < world_size_; ++r) {
       if (r == rank_) continue;
       const Observation& o = observations_[r];
@@ -219,13 +205,13 @@ class HeartbeatMonitor::Core {
         // The thread is stuck in a store call: the store's host does not
         // answer.
         diagnosis.store_lost = true;
-        diagnosis.store_error = absl::StrFormat("no answer for %.1f s",
-                                                Seconds(now - watch_start_));
+        diagnosis.store_error =
+            absl::StrCat("no answer for ", SecondsText(now - watch_start_));
         diagnosis.lost.clear();
         return diagnosis;
       }
       if (o.alive) continue;
-      double silent = Seconds(now - o.first_seen);
+      double silent = absl::ToDoubleSeconds(now - o.first_seen);
       if (o.last_value > 0) {
         silent = std::max(silent, (unix_now - o.last_value) / 1000.0);
       }
@@ -237,14 +223,16 @@ class HeartbeatMonitor::Core {
   const std::unique_ptr<HeartbeatStore> store_;
   const int64_t rank_;
   const int64_t world_size_;
-  const HeartbeatOptions options_;
+  const absl::Duration interval_;
+  const absl::Duration stale_after_;
+  Clock* const clock_;
 
   absl::Mutex mutex_;
   absl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   bool exited_ ABSL_GUARDED_BY(mutex_) = false;
   int watchers_ ABSL_GUARDED_BY(mutex_) = 0;
-  Clock::time_point watch_start_ ABSL_GUARDED_BY(mutex_);
+  absl::Time watch_start_ ABSL_GUARDED_BY(mutex_);
   std::vector<Observation> observations_ ABSL_GUARDED_BY(mutex_);
   // The first store error since the watch started (empty: none).
   std::string store_error_ ABSL_GUARDED_BY(mutex_);

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 
 namespace shardtrain {
 
@@ -40,6 +41,9 @@ struct HeartbeatOptions {
   // A rank whose heartbeat does not change for this long is lost. Must be
   // well above `interval`.
   std::chrono::milliseconds stale_after{3000};
+  // What the monitor reads the time from and waits on; null: the real
+  // clock. Heartbeat values are this clock's Unix milliseconds.
+  Clock* clock = nullptr;
 };
 
 // What Diagnose() found.

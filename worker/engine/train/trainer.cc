@@ -26,10 +26,10 @@ namespace shardtrain {
 namespace fs = std::filesystem;
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
 // The settings a checkpoint must agree with to be resumed: anything that
@@ -197,7 +197,7 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::LoadBatch(
 StepMetrics Trainer::TrainStep(int64_t step) {
   MemoryTracker& memory = MemoryTracker::Get();
   memory.ResetPeak(device_);
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   const double lr = schedule_->At(step);
 
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(device_));

@@ -31,13 +31,13 @@ namespace shardtrain {
 namespace {
 
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kTimeout{10000};
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
 int FreePort() {
@@ -257,7 +257,7 @@ TEST(C10dCommunicatorSingleRankTest, MismatchedSizesAreRejectedAtOnce) {
 
 TEST(C10dCommunicatorRendezvousTest, MissingRankTimesOutNamingTheAddress) {
   const int port = FreePort();
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
 
   auto comm = C10dCommunicator::Create(Env(0, 2, port), milliseconds(1000),
                                        torch::kCPU);
@@ -272,7 +272,7 @@ TEST(C10dCommunicatorRendezvousTest, MissingRankTimesOutNamingTheAddress) {
 
 TEST(C10dCommunicatorRendezvousTest, AbsentStoreHostTimesOut) {
   const int port = FreePort();
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
 
   auto comm = C10dCommunicator::Create(Env(1, 2, port), milliseconds(1000),
                                        torch::kCPU);
@@ -296,7 +296,7 @@ TEST(C10dCommunicatorFailureTest, SilentButAliveRankTimesOutWithNoOneLost) {
           return;
         }
         torch::Tensor t = torch::ones({3});
-        const Clock::time_point start = Clock::now();
+        const SteadyClock::time_point start = SteadyClock::now();
 
         absl::Status s = comm.AllReduce(t)->Wait();
         const double took = SecondsSince(start);
@@ -375,7 +375,7 @@ TEST(C10dCommunicatorFailureTest, KilledRankIsNamedPromptly) {
   ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());  // both ranks are up
 
   peer.Kill();
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   absl::Status s = (*comm)->AllReduce(t)->Wait();
   const double took = SecondsSince(start);
 
@@ -388,10 +388,10 @@ TEST(C10dCommunicatorFailureTest, KilledRankIsNamedPromptly) {
             << "\n";
   EXPECT_LT(took, 3.0 + 1.0 + 0.5);
   // The group stays broken, and says why without another wait.
-  const Clock::time_point again = Clock::now();
+  const SteadyClock::time_point again = SteadyClock::now();
   EXPECT_THAT((*comm)->Barrier().message(), HasSubstr("rank 1 lost"));
   EXPECT_LT(SecondsSince(again), 0.5);
-  const Clock::time_point destroy = Clock::now();
+  const SteadyClock::time_point destroy = SteadyClock::now();
   comm->reset();
   EXPECT_LT(SecondsSince(destroy), 1.0);
 }
@@ -408,7 +408,7 @@ TEST(C10dCommunicatorFailureTest, FrozenRankIsNamedAfterTheTimeout) {
   torch::Tensor t = torch::ones({1000});
 
   peer.Signal(SIGSTOP);
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   torch::Tensor chunk = t.narrow(0, 0, 500);
   absl::Status s = (*comm)->ReduceScatter(chunk, t)->Wait();
   const double took = SecondsSince(start);
@@ -430,7 +430,7 @@ TEST(C10dCommunicatorFailureTest, LostStoreHostIsNamedAsRankZero) {
   ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
 
   peer.Kill();
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   absl::Status s = (*comm)->AllReduce(t)->Wait();
   const double took = SecondsSince(start);
 
@@ -453,7 +453,7 @@ TEST(C10dCommunicatorFailureTest, FrozenStoreHostIsNamedAsRankZero) {
   ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
 
   peer.Signal(SIGSTOP);
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   absl::Status s = (*comm)->AllReduce(t)->Wait();
   const double took = SecondsSince(start);
 
@@ -466,14 +466,14 @@ TEST(C10dCommunicatorFailureTest, FrozenStoreHostIsNamedAsRankZero) {
   EXPECT_LT(took, 2.0 + 3.0 + 0.5);
   // The heartbeat thread is stuck on the frozen store; destruction does not
   // wait for it beyond one heartbeat interval.
-  const Clock::time_point destroy = Clock::now();
+  const SteadyClock::time_point destroy = SteadyClock::now();
   comm->reset();
   EXPECT_LT(SecondsSince(destroy), 1.5);
 }
 
 TEST(C10dCommunicatorShutdownTest, StoreHostStaysUntilTheOtherRanksHaveLeft) {
   const int port = FreePort();
-  Clock::time_point rank0_gone, rank1_leaving;
+  SteadyClock::time_point rank0_gone, rank1_leaving;
   auto run = [&](int64_t rank) {
     auto comm =
         C10dCommunicator::Create(Env(rank, 2, port), kTimeout, torch::kCPU);
@@ -482,10 +482,10 @@ TEST(C10dCommunicatorShutdownTest, StoreHostStaysUntilTheOtherRanksHaveLeft) {
     ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
     if (rank == 1) {
       std::this_thread::sleep_for(milliseconds(500));  // e.g. a checkpoint
-      rank1_leaving = Clock::now();
+      rank1_leaving = SteadyClock::now();
     }
     comm->reset();
-    if (rank == 0) rank0_gone = Clock::now();
+    if (rank == 0) rank0_gone = SteadyClock::now();
   };
   std::thread rank0(run, 0), rank1(run, 1);
   rank0.join();
@@ -503,7 +503,7 @@ TEST(C10dCommunicatorShutdownTest, StoreHostDoesNotWaitLongForADeadRank) {
   ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
   peer.Kill();  // dies without leaving; no collective notices
 
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   comm->reset();
 
   // Its heartbeat goes stale (3 s) plus a second of margin; not kTimeout.

@@ -1,9 +1,9 @@
-// FsdpStrategy against SingleDeviceStrategy, llm.c style: the same global
-// batches through both must give the same losses, gradient norms and
-// (consolidated) parameters within float rounding; plus what FSDP promises
-// beyond that: sharded memory, resharding, prefetch order and sharded
-// checkpoints. Ranks are threads of this process joined by the in-process
-// fake Communicator.
+// What FSDP promises beyond the contract every distributed strategy keeps
+// (strategy_contract_test: single-device numbers at world 2 and 3,
+// accumulation, resume): the chunked vocabulary-parallel head and no_sync
+// still give single-device numbers, sharded memory, resharding, prefetch
+// order, sharded checkpoints and export. Ranks are threads of this process
+// joined by the in-process fake Communicator.
 #include "worker/engine/strategy/fsdp_strategy.h"
 
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
-#include "tests/worker/engine/strategy/strategy_test_util.h"
+#include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
@@ -61,6 +61,8 @@ constexpr uint64_t kSeed = 7;
 constexpr double kRelTol = 1e-5;
 constexpr double kParamTol = 1.5e-5;
 
+constexpr test::Tolerance kTolerance{kRelTol, kParamTol};
+
 Gpt2 MakeModel(const std::string& spec, uint64_t seed = kSeed) {
   return test::MakeModel(spec, seed);
 }
@@ -69,56 +71,34 @@ torch::Tensor MakeBatches(int64_t steps, int64_t rows) {
   return test::MakeBatches(steps, rows, kSeqLen, kVocab);
 }
 
+using test::MaxAbsDiff;
+using test::ParamMap;
 using test::Slice;
+using test::TrainResult;
 
-using ParamMap = std::map<std::string, torch::Tensor>;
+test::TrainLoop Loop(int64_t first_step, int64_t last_step,
+                     int64_t micro_steps = 1) {
+  test::TrainLoop loop;
+  loop.first_step = first_step;
+  loop.last_step = last_step;
+  loop.micro_steps = micro_steps;
+  loop.lr = kLr;
+  loop.max_norm = kMaxNorm;
+  return loop;
+}
 
-struct TrainResult {
-  std::vector<double> losses;  // mean over ranks, per step
-  std::vector<double> norms;   // before clipping, per step
-  ParamMap params;             // after the last step, full
-  double eval_loss = 0;        // ForwardLoss on the first batch, at the end
-};
-
-// Trains `strategy` on global batches [first_step, last_step): each step is
-// `micro_steps` micro-batches of this rank's rows, synced on the last.
+// Trains `strategy` on global batches [first_step, last_step) (the harness's
+// loop at this file's learning rate).
 void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
            int64_t world, int64_t micro_steps, int64_t first_step,
            int64_t last_step, TrainResult* result) {
-  const int64_t rank_rows = batches.size(1) / world;
-  const int64_t micro_rows = rank_rows / micro_steps;
-  for (int64_t step = first_step; step < last_step; ++step) {
-    double loss = 0;
-    for (int64_t micro = 0; micro < micro_steps; ++micro) {
-      auto [inputs, targets] = Slice(
-          batches, step, rank * rank_rows + micro * micro_rows, micro_rows);
-      loss += strategy
-                  .ForwardBackward(inputs, targets, 1.0 / micro_steps,
-                                   /*sync=*/micro + 1 == micro_steps)
-                  .item<double>();
-    }
-    result->norms.push_back(strategy.ClipGradNorm(kMaxNorm));
-    strategy.OptimizerStep(kLr);
-    result->losses.push_back(strategy.AllReduceMean(loss / micro_steps));
-  }
-  auto [inputs, targets] = Slice(batches, 0, rank * rank_rows, rank_rows);
-  result->eval_loss = strategy.AllReduceMean(
-      strategy.ForwardLoss(inputs, targets).item<double>());
+  test::Train(strategy, batches, rank, world,
+              Loop(first_step, last_step, micro_steps), result);
 }
 
 TrainResult TrainSingle(const std::string& spec, const torch::Tensor& batches,
                         int64_t steps) {
-  torch::set_num_threads(1);
-  Gpt2 model = MakeModel(spec);
-  SingleDeviceStrategy single(StrategyOptions{});
-  EXPECT_TRUE(single.Setup(model).ok());
-  TrainResult result;
-  Train(single, batches, /*rank=*/0, /*world=*/1, /*micro_steps=*/1, 0, steps,
-        &result);
-  for (const auto& item : model->named_parameters()) {
-    result.params[item.key()] = item.value().detach().clone();
-  }
-  return result;
+  return test::TrainSingle(spec, kSeed, batches, Loop(0, steps));
 }
 
 StrategyOptions RankOptions(int64_t rank, int64_t world) {
@@ -139,77 +119,27 @@ ParamMap Consolidate(FsdpStrategy& fsdp) {
 }
 
 // Rank 0's view of an FSDP run of `steps` steps at world size `world`;
-// `bytes_sent`, when given, receives what rank 0 sent while training.
+// `bytes_sent`, when given, receives what rank 0 sent in its micro-steps.
 TrainResult TrainFsdp(const std::string& spec, const torch::Tensor& batches,
                       int64_t steps, int64_t world, int64_t micro_steps = 1,
                       FsdpOptions fsdp_options = {},
                       int64_t* bytes_sent = nullptr) {
-  TrainResult result;
-  RunRanks(world, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    Gpt2 model = MakeModel(spec);
-    FsdpStrategy fsdp(RankOptions(rank, world), &comm, fsdp_options);
-    ASSERT_TRUE(fsdp.Setup(model).ok());
-    comm.TakeStats();
-    TrainResult mine;
-    Train(fsdp, batches, rank, world, micro_steps, 0, steps, &mine);
-    const int64_t sent = comm.TakeStats().bytes;
-    mine.params = Consolidate(fsdp);
-    if (rank == 0) {
-      result = std::move(mine);
-      if (bytes_sent != nullptr) *bytes_sent = sent;
-    }
-  });
-  return result;
-}
-
-double RelDiff(double a, double b) {
-  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
-}
-
-double MaxAbsDiff(const ParamMap& a, const ParamMap& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0;
-  for (const auto& [name, tensor] : a) {
-    const auto other = b.find(name);
-    EXPECT_NE(other, b.end()) << name;
-    if (other == b.end()) continue;
-    EXPECT_EQ(tensor.sizes(), other->second.sizes()) << name;
-    diff = std::max(diff, (tensor - other->second).abs().max().item<double>());
+  std::vector<TrainResult> ranks = test::TrainRanks(
+      spec, kSeed, batches, world, Loop(0, steps, micro_steps),
+      [&](int64_t rank, int64_t world_size, Communicator* comm) {
+        return std::make_unique<FsdpStrategy>(RankOptions(rank, world_size),
+                                              comm, fsdp_options);
+      });
+  if (bytes_sent != nullptr) {
+    *bytes_sent = 0;
+    for (int64_t bytes : ranks[0].micro_comm_bytes) *bytes_sent += bytes;
   }
-  return diff;
+  return ranks[0];
 }
 
-// Every step's loss and norm within kRelTol, final parameters within
-// kParamTol; prints the worst differences.
 void ExpectSameTraining(const TrainResult& expected, const TrainResult& actual,
                         const std::string& what) {
-  ASSERT_EQ(expected.losses.size(), actual.losses.size());
-  double loss_diff = 0;
-  double norm_diff = 0;
-  for (size_t i = 0; i < expected.losses.size(); ++i) {
-    loss_diff =
-        std::max(loss_diff, RelDiff(actual.losses[i], expected.losses[i]));
-    norm_diff =
-        std::max(norm_diff, RelDiff(actual.norms[i], expected.norms[i]));
-    EXPECT_LT(RelDiff(actual.losses[i], expected.losses[i]), kRelTol)
-        << "step " << i << ": " << actual.losses[i] << " vs "
-        << expected.losses[i];
-    EXPECT_LT(RelDiff(actual.norms[i], expected.norms[i]), kRelTol)
-        << "step " << i << ": " << actual.norms[i] << " vs "
-        << expected.norms[i];
-  }
-  const double eval_diff = RelDiff(actual.eval_loss, expected.eval_loss);
-  EXPECT_LT(eval_diff, kRelTol);
-  const double param_diff = MaxAbsDiff(actual.params, expected.params);
-  EXPECT_LE(param_diff, kParamTol);
-  const bool ok = loss_diff < kRelTol && norm_diff < kRelTol &&
-                  eval_diff < kRelTol && param_diff <= kParamTol;
-  std::printf(
-      "%s: %s, maxdiff loss %.3g (rel), grad norm %.3g (rel), eval loss %.3g "
-      "(rel), params %.3g (abs) over %zu steps\n",
-      what.c_str(), ok ? "OK" : "NOT OK", loss_diff, norm_diff, eval_diff,
-      param_diff, expected.losses.size());
+  test::ExpectSameTraining(expected, actual, kTolerance, what);
 }
 
 // FSDP at world sizes 2 and 3 against single-device on the whole batch;
@@ -231,38 +161,11 @@ void ExpectFsdpMatchesSingle(int64_t steps, int64_t chunk_rows,
   }
 }
 
-TEST(FsdpStrategyTest, MatchesSingleDeviceOnTheWholeBatchAtWorldTwoAndThree) {
-  ExpectFsdpMatchesSingle(/*steps=*/10, /*chunk_rows=*/0, "");
-  // The padding paths were exercised at world 3: neither a block nor wte's
-  // rows (the row-sharded unit pads whole rows) divide evenly by 3.
-  Gpt2 model = MakeModel(kSpec);
-  int64_t block = 0;
-  for (const auto& item : model->named_parameters()) {
-    if (item.key().rfind("h.0.", 0) == 0) block += item.value().numel();
-  }
-  EXPECT_NE(block % 3, 0);
-  EXPECT_NE(model->wte()->weight.size(0) % 3, 0);
-}
-
 // The vocabulary-parallel head in many chunks of 5 rows, the last one short,
 // while ranks score different numbers of rows (the last rank's shard ends in
 // padding): still the single-device run.
 TEST(FsdpStrategyTest, ChunkedVocabParallelHeadMatchesSingleDevice) {
   ExpectFsdpMatchesSingle(/*steps=*/4, /*chunk_rows=*/5, "chunked head, ");
-}
-
-TEST(FsdpStrategyTest, AccumulatedMicroStepsMatchOneLargeBatch) {
-  constexpr int64_t kSteps = 4;
-  constexpr int64_t kWorld = 2;
-  constexpr int64_t kMicroSteps = 4;
-  const torch::Tensor batches =
-      MakeBatches(kSteps, kWorld * kMicroSteps * kLocalBatch);
-
-  const TrainResult one_batch = TrainFsdp(kSpec, batches, kSteps, kWorld);
-  const TrainResult accumulated =
-      TrainFsdp(kSpec, batches, kSteps, kWorld, kMicroSteps);
-
-  ExpectSameTraining(one_batch, accumulated, "4 micro-steps vs 1");
 }
 
 // no_sync: the accumulation micro-steps keep full gradients instead of

@@ -1,4 +1,4 @@
-#include "worker/engine/comm/dist_env.h"
+#include "common/dist_env.h"
 
 #include <cstdlib>
 

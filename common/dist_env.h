@@ -2,8 +2,8 @@
 // variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT), so shardtrain processes start under torchrun-style launchers,
 // Slurm scripts, `shardtrain-train --nproc N` or by hand. Torch-free.
-#ifndef SHARDTRAIN_WORKER_ENGINE_COMM_DIST_ENV_H_
-#define SHARDTRAIN_WORKER_ENGINE_COMM_DIST_ENV_H_
+#ifndef SHARDTRAIN_COMMON_DIST_ENV_H_
+#define SHARDTRAIN_COMMON_DIST_ENV_H_
 
 #include <cstdint>
 #include <functional>
@@ -38,4 +38,4 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment();
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_WORKER_ENGINE_COMM_DIST_ENV_H_
+#endif  // SHARDTRAIN_COMMON_DIST_ENV_H_

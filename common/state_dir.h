@@ -1,8 +1,8 @@
 // Where shardtraind keeps its state by default, and where the CLI looks for
 // a local daemon: $XDG_CACHE_HOME/shardtrain/state, else
 // ~/.cache/shardtrain/state. Header-only so the CLI needs no server library.
-#ifndef SHARDTRAIN_SERVER_STATE_DIR_H_
-#define SHARDTRAIN_SERVER_STATE_DIR_H_
+#ifndef SHARDTRAIN_COMMON_STATE_DIR_H_
+#define SHARDTRAIN_COMMON_STATE_DIR_H_
 
 #include <cstdlib>
 #include <string>
@@ -21,4 +21,4 @@ inline std::string DefaultStateDir() {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_SERVER_STATE_DIR_H_
+#endif  // SHARDTRAIN_COMMON_STATE_DIR_H_

@@ -2,8 +2,8 @@
 // control plane's job description and the engine's config. Validation stays
 // in TrainConfig::Validate(), so the coordinator and shardtrain-train accept
 // exactly the same jobs. Torch-free.
-#ifndef SHARDTRAIN_WORKER_JOB_CONFIG_H_
-#define SHARDTRAIN_WORKER_JOB_CONFIG_H_
+#ifndef SHARDTRAIN_PROTO_JOB_CONFIG_H_
+#define SHARDTRAIN_PROTO_JOB_CONFIG_H_
 
 #include <string>
 
@@ -31,4 +31,4 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& m);
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_WORKER_JOB_CONFIG_H_
+#endif  // SHARDTRAIN_PROTO_JOB_CONFIG_H_

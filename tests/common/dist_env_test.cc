@@ -1,6 +1,6 @@
 // DistEnvFromLookup reads torchrun's variables and rejects bad ones with a
 // message naming the variable.
-#include "worker/engine/comm/dist_env.h"
+#include "common/dist_env.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "worker/job_config.h"
+#include "proto/job_config.h"
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/train/strategy_kinds.h"
@@ -27,6 +27,17 @@ bool IsLabelKey(const std::string& key) {
   return true;
 }
 
+// Names and label values are free text shown in tables, logs and metrics:
+// any bytes but control characters (a newline would forge a log line, an
+// escape sequence would drive the reader's terminal). Never a path: jobs
+// live under their generated id.
+bool HasControlCharacter(const std::string& text) {
+  for (unsigned char ch : text) {
+    if (ch < 0x20 || ch == 0x7f) return true;
+  }
+  return false;
+}
+
 // A value too long to echo back is summarised by its length.
 std::string Shown(const std::string& value) {
   if (value.size() <= 64) return absl::StrCat("'", value, "'");
@@ -40,6 +51,11 @@ absl::Status ValidateJobFields(const v1::JobSpec& spec) {
         absl::StrCat("name: got ", Shown(spec.name()), "; at most ",
                      kMaxNameLength, " characters"));
   }
+  if (HasControlCharacter(spec.name())) {
+    return absl::InvalidArgumentError(
+        "name: contains a control character (newline, tab, escape, ...); "
+        "names are shown in logs and tables");
+  }
   if (spec.labels_size() > static_cast<int>(kMaxLabels)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "labels: got ", spec.labels_size(), "; at most ", kMaxLabels));
@@ -49,6 +65,12 @@ absl::Status ValidateJobFields(const v1::JobSpec& spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("labels: key ", Shown(key), " must be 1-",
                        kMaxLabelKeyLength, " characters of [A-Za-z0-9_.-/]"));
+    }
+    if (HasControlCharacter(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels[", key,
+                       "]: contains a control character (newline, tab, "
+                       "escape, ...)"));
     }
     if (value.size() > kMaxLabelValueLength) {
       return absl::InvalidArgumentError(

@@ -1,4 +1,4 @@
-#include "worker/job_config.h"
+#include "proto/job_config.h"
 
 #include <gtest/gtest.h>
 
@@ -114,6 +114,12 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
       {"precision",
        [](v1::JobSpec& s) { s.mutable_trainer()->set_precision("fp8"); }},
       {"data", [](v1::JobSpec& s) { s.set_data(""); }},
+      {"name: contains a control character",
+       [](v1::JobSpec& s) { s.set_name("a\nb"); }},
+      {"name: contains a control character",
+       [](v1::JobSpec& s) { s.set_name("\x1b[2Jcleared"); }},
+      {"labels[team]: contains a control character",
+       [](v1::JobSpec& s) { (*s.mutable_labels())["team"] = "a\tb"; }},
   };
   for (const Case& c : cases) {
     v1::JobSpec spec = MinimalSpec();
@@ -124,6 +130,13 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
     EXPECT_NE(config.status().message().find(c.field), std::string::npos)
         << c.field << ": " << config.status().message();
   }
+}
+
+TEST(JobConfigTest, NamesAndLabelsMayHoldAnyPrintableText) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.set_name("../../x; rm -rf / $(id) `id` 'q' \"dq\" ünïcödé");
+  (*spec.mutable_labels())["team"] = "../etc/passwd | cat";
+  EXPECT_TRUE(TrainConfigFromJobSpec(spec, kOut).ok());
 }
 
 }  // namespace

@@ -1,0 +1,246 @@
+// What a client may make shardtraind do beyond the token
+// (server/access_policy.h), against a real daemon with fake workers: it
+// listens beyond loopback only with a token or --insecure, jobs read only
+// under --path-root, one client holds a bounded number of streams, oversized
+// requests are refused, and none of it costs the daemon anything stored.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/integration/daemon_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Daemon;
+using test::DaemonOptions;
+using test::TempDir;
+using ::testing::HasSubstr;
+
+v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir) {
+  v1::JobSpec spec;
+  spec.set_name(mode);
+  spec.set_model("gpt2-tiny");
+  spec.set_data(data_dir);
+  spec.mutable_strategy()->set_name("single");
+  spec.set_world_size(1);
+  spec.mutable_trainer()->set_max_steps(1);
+  return spec;
+}
+
+class CoordinatorSecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MakeData(dir_ / "allowed/data");
+    MakeData(dir_ / "outside/data");
+  }
+  static void MakeData(const std::filesystem::path& path) {
+    std::filesystem::create_directories(path);
+    test::WriteFile(path / "train.bin", "x");
+  }
+  std::unique_ptr<Daemon> NewDaemon(DaemonOptions options) {
+    options.worker_binary = test::FakeWorker();
+    return std::make_unique<Daemon>(dir_ / "state", std::move(options));
+  }
+  TempDir dir_;
+};
+
+TEST_F(CoordinatorSecurityTest, ListeningBeyondLoopbackNeedsATokenOrInsecure) {
+  DaemonOptions options;
+  options.listen = "0.0.0.0:0";
+  {
+    auto daemon = NewDaemon(options);
+    std::string error;
+    EXPECT_FALSE(daemon->Start(&error));
+    EXPECT_THAT(error, HasSubstr("--listen: 0.0.0.0:0 is reachable from other "
+                                 "hosts"));
+    EXPECT_THAT(error, HasSubstr("--auth-token-file"));
+  }
+  {
+    test::WriteFile(dir_ / "token", "s3cret-token\n");
+    options.extra_flags = {"--auth-token-file", dir_ / "token"};
+    auto daemon = NewDaemon(options);
+    std::string error;
+    EXPECT_TRUE(daemon->Start(&error, /*insecure_channel=*/false)) << error;
+  }
+  {
+    options.extra_flags = {"--insecure"};
+    auto daemon = NewDaemon(options);
+    std::string error;
+    ASSERT_TRUE(daemon->Start(&error)) << error;
+    grpc::ClientContext context;
+    v1::Cluster cluster;
+    EXPECT_TRUE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());
+  }
+}
+
+TEST_F(CoordinatorSecurityTest, JobsReadDataAndInitFromOnlyUnderPathRoots) {
+  DaemonOptions options;
+  options.extra_flags = {"--path-root", dir_ / "allowed"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+
+  v1::Job job;
+  // Inside: accepted and run.
+  ASSERT_GRPC_OK(
+      daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &job));
+  // Outside, by path, by "..", and by a symlink inside the root.
+  std::filesystem::create_symlink(dir_ / "outside/data", dir_ / "allowed/link");
+  for (const std::string& data : {std::string(dir_ / "outside/data"),
+                                  std::string(dir_ / "allowed/../outside/data"),
+                                  std::string(dir_ / "allowed/link")}) {
+    v1::Job refused;
+    const grpc::Status status =
+        daemon->Submit(FakeSpec("quick", data), &refused);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << data;
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("data: '" + data + "' is outside the directories"));
+  }
+  test::WriteFile(dir_ / "outside/model.bin", "not a model");
+  v1::JobSpec spec = FakeSpec("quick", dir_ / "allowed/data");
+  spec.mutable_trainer()->set_init_from(dir_ / "outside/model.bin");
+  v1::Job refused;
+  const grpc::Status status = daemon->Submit(spec, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("trainer.init_from: '"));
+  // Only the accepted job was stored.
+  grpc::ClientContext context;
+  v1::ListJobsResponse list;
+  ASSERT_GRPC_OK(daemon->jobs().ListJobs(&context, {}, &list));
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), job.id());
+}
+
+TEST_F(CoordinatorSecurityTest, NamesAndLabelsNeverReachTheFileSystem) {
+  auto daemon = NewDaemon({});
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::JobSpec spec = FakeSpec("quick", dir_ / "allowed/data");
+  const std::string name = "../../x; rm -rf / $(touch pwned) `id`";
+  spec.set_name(name);
+  (*spec.mutable_labels())["team"] = "../etc/passwd; echo $HOME";
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(spec, &job));
+  EXPECT_EQ(job.spec().name(), name);  // stored verbatim
+  const v1::Job done = daemon->WaitFor(
+      job.id(), [](const v1::Job& j) { return test::IsTerminal(j); },
+      absl::Seconds(30));
+  EXPECT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done.spec().labels().at("team"), "../etc/passwd; echo $HOME");
+  // Its files are under the generated id, nowhere else.
+  std::vector<std::string> job_dirs;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(dir_ / "state/jobs")) {
+    job_dirs.push_back(entry.path().filename());
+  }
+  EXPECT_EQ(job_dirs, std::vector<std::string>{job.id()});
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "pwned"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "state/pwned"));
+  // Control characters (a forged log line, a terminal escape) are refused.
+  spec.set_name("ok\nshardtraind: job-000001 -> SUCCEEDED");
+  v1::Job refused;
+  grpc::Status status = daemon->Submit(spec, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("name: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("control character"));
+}
+
+TEST_F(CoordinatorSecurityTest, OneClientHoldsAtMostMaxStreamsPerClient) {
+  DaemonOptions options;
+  options.extra_flags = {"--max-streams-per-client", "2"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", dir_ / "allowed/data"), &job));
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::WatchJobEvent>>> readers;
+  for (int i = 0; i < 2; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(daemon->jobs().WatchJob(contexts.back().get(), request));
+    v1::WatchJobEvent first;
+    ASSERT_TRUE(readers.back()->Read(&first)) << "watch " << i;
+  }
+  // The third is refused with the limit named...
+  {
+    grpc::ClientContext context;
+    auto reader = daemon->jobs().WatchJob(&context, request);
+    v1::WatchJobEvent event;
+    EXPECT_FALSE(reader->Read(&event));
+    const grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(status.error_message(), HasSubstr("--max-streams-per-client"));
+  }
+  // ... and a log stream counts too.
+  {
+    grpc::ClientContext context;
+    v1::StreamLogsRequest logs;
+    logs.set_job_id(job.id());
+    logs.set_follow(true);
+    auto reader = daemon->jobs().StreamLogs(&context, logs);
+    v1::LogLine line;
+    while (reader->Read(&line)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // Closing one frees its slot.
+  contexts[0]->TryCancel();
+  v1::WatchJobEvent event;
+  while (readers[0]->Read(&event)) {
+  }
+  readers[0]->Finish();
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        grpc::ClientContext context;
+        auto reader = daemon->jobs().WatchJob(&context, request);
+        v1::WatchJobEvent e;
+        const bool ok = reader->Read(&e);
+        context.TryCancel();
+        while (reader->Read(&e)) {
+        }
+        reader->Finish();
+        return ok;
+      },
+      absl::Seconds(10)));
+  contexts[1]->TryCancel();
+  while (readers[1]->Read(&event)) {
+  }
+  readers[1]->Finish();
+}
+
+TEST_F(CoordinatorSecurityTest, OversizedRequestsAreRefusedAndNothingIsLost) {
+  DaemonOptions options;
+  options.extra_flags = {"--max-message-bytes", "65536"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::Job kept;
+  ASSERT_GRPC_OK(
+      daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &kept));
+
+  v1::JobSpec huge = FakeSpec("quick", dir_ / "allowed/data");
+  huge.set_name(std::string(200000, 'x'));
+  v1::Job refused;
+  const grpc::Status status = daemon->Submit(huge, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_job_id(kept.id());
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->jobs().GetJob(&context, get, &job));
+  EXPECT_EQ(job.id(), kept.id());
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,113 @@
+// server/access_policy.h: which listen addresses need a token, which paths
+// a job may read, and how many streams one client may hold.
+#include "server/access_policy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/test_util.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+TEST(AccessPolicyTest, OnlyLoopbackAddressesCountAsLoopback) {
+  for (const char* loopback :
+       {"127.0.0.1:50551", "127.0.0.1:0", "127.1.2.3:9", "localhost:50551",
+        "[::1]:50551", "unix:/run/shardtraind.sock", "unix-abstract:x"}) {
+    EXPECT_TRUE(IsLoopbackListen(loopback)) << loopback;
+  }
+  for (const char* open :
+       {"0.0.0.0:50551", "[::]:50551", ":50551", "10.0.0.5:50551",
+        "myhost:50551", "50551", "128.0.0.1:1", "localhost.evil.com:1"}) {
+    EXPECT_FALSE(IsLoopbackListen(open)) << open;
+  }
+}
+
+TEST(AccessPolicyTest, NonLoopbackListenNeedsATokenOrInsecure) {
+  EXPECT_TRUE(CheckListenAllowed("127.0.0.1:1", false, false).ok());
+  EXPECT_TRUE(CheckListenAllowed("0.0.0.0:1", true, false).ok());
+  EXPECT_TRUE(CheckListenAllowed("0.0.0.0:1", false, true).ok());
+  const absl::Status refused = CheckListenAllowed("0.0.0.0:1", false, false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("--listen: 0.0.0.0:1"));
+  EXPECT_THAT(refused.message(), HasSubstr("--insecure"));
+}
+
+class PathRootsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    fs::create_directories(dir_ / "root/data");
+    fs::create_directories(dir_ / "root2");
+    fs::create_directories(dir_ / "rootless");  // shares "root" as a prefix
+    fs::create_directories(dir_ / "outside");
+    fs::create_symlink(dir_ / "outside", dir_ / "root/escape");
+    fs::create_symlink(dir_ / "root/data", dir_ / "outside/inward");
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(PathRootsTest, NoRootsAllowAnything) {
+  PathRoots roots;
+  EXPECT_FALSE(roots.confined());
+  EXPECT_TRUE(roots.Check("data", "/etc").ok());
+}
+
+TEST_F(PathRootsTest, PathsResolveInsideARootOrAreRefused) {
+  absl::StatusOr<PathRoots> roots =
+      PathRoots::Create({dir_ / "root", dir_ / "root2"});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  EXPECT_TRUE(roots->confined());
+  for (const std::string& inside :
+       {dir_ / "root", dir_ / "root/data", dir_ / "root/data/train.bin",
+        dir_ / "root/not-yet-there", dir_ / "root2/x",
+        dir_ / "outside/inward",  // a link from outside into a root
+        dir_ / "root/../root/data"}) {
+    EXPECT_TRUE(roots->Check("data", inside).ok()) << inside;
+  }
+  for (const std::string& outside :
+       {dir_ / "outside", dir_ / "root/../outside", dir_ / "root/escape",
+        dir_ / "root/escape/x", dir_ / "rootless",
+        std::string("/etc/passwd")}) {
+    const absl::Status status = roots->Check("trainer.init_from", outside);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << outside;
+    EXPECT_THAT(status.message(), HasSubstr("trainer.init_from: '"));
+    EXPECT_THAT(status.message(), HasSubstr("--path-root"));
+  }
+}
+
+TEST_F(PathRootsTest, ARootMustBeAnExistingDirectory) {
+  absl::StatusOr<PathRoots> missing = PathRoots::Create({dir_ / "nope"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("--path-root: '"));
+}
+
+TEST(StreamLimiterTest, EachClientHoldsAtMostTheLimit) {
+  StreamLimiter limiter(2);
+  auto a = limiter.Acquire("ipv4:127.0.0.1:4000");
+  auto b = limiter.Acquire("ipv4:127.0.0.1:4001");  // same client, other port
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = limiter.Acquire("ipv4:127.0.0.1:4002");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("ipv4:127.0.0.1 already holds 2"));
+  // Another client is not affected.
+  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.2:4000").ok());
+  // Releasing one frees a slot.
+  a->reset();
+  EXPECT_EQ(limiter.open("ipv4:127.0.0.1"), 1);
+  EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.1:4003").ok());
+}
+
+TEST(StreamLimiterTest, ClientIsThePeerWithoutItsPort) {
+  EXPECT_EQ(StreamLimiter::ClientOf("ipv4:127.0.0.1:5000"), "ipv4:127.0.0.1");
+  EXPECT_EQ(StreamLimiter::ClientOf("ipv6:[::1]:5000"), "ipv6:[::1]");
+  EXPECT_EQ(StreamLimiter::ClientOf("unix:/run/x.sock"), "unix:/run/x.sock");
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,188 @@
+#include "tests/worker/engine/strategy/strategy_harness.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "tests/fakes/in_process_communicator.h"
+#include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/strategy_factory.h"
+#include "worker/engine/train/train_config.h"
+
+namespace shardtrain::test {
+
+Gpt2 MakeModel(const std::string& spec, uint64_t seed) {
+  absl::StatusOr<Gpt2Config> config = ParseModelSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Gpt2> model = CreateGpt2(*config, seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+torch::Tensor MakeBatches(int64_t steps, int64_t rows, int64_t seq_len,
+                          int64_t vocab) {
+  torch::manual_seed(1234);
+  return torch::randint(0, vocab, {steps, rows, seq_len + 1}, torch::kInt64);
+}
+
+std::pair<torch::Tensor, torch::Tensor> Slice(const torch::Tensor& batches,
+                                              int64_t step, int64_t first,
+                                              int64_t count) {
+  const int64_t seq_len = batches.size(2) - 1;
+  torch::Tensor rows = batches[step].narrow(0, first, count);
+  return {rows.narrow(1, 0, seq_len).contiguous(),
+          rows.narrow(1, 1, seq_len).contiguous()};
+}
+
+void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
+           int64_t world, const TrainLoop& loop, TrainResult* result) {
+  const int64_t rank_rows = batches.size(1) / world;
+  const int64_t micro_rows = rank_rows / loop.micro_steps;
+  for (int64_t step = loop.first_step; step < loop.last_step; ++step) {
+    double loss = 0;
+    for (int64_t micro = 0; micro < loop.micro_steps; ++micro) {
+      auto [inputs, targets] = Slice(
+          batches, step, rank * rank_rows + micro * micro_rows, micro_rows);
+      loss += strategy
+                  .ForwardBackward(inputs, targets, 1.0 / loop.micro_steps,
+                                   /*sync=*/micro + 1 == loop.micro_steps)
+                  .item<double>();
+      result->micro_comm_bytes.push_back(strategy.TakeCommStats().bytes);
+    }
+    if (loop.after_backward) loop.after_backward(step);
+    result->norms.push_back(strategy.ClipGradNorm(loop.max_norm));
+    result->state_bytes = strategy.ModelStateBytes();
+    strategy.OptimizerStep(loop.lr);
+    result->losses.push_back(strategy.AllReduceMean(loss / loop.micro_steps));
+    strategy.TakeCommStats();  // the loss's and the norm's reductions
+  }
+  auto [inputs, targets] = Slice(batches, 0, rank * rank_rows, rank_rows);
+  result->eval_loss = strategy.AllReduceMean(
+      strategy.ForwardLoss(inputs, targets).item<double>());
+  strategy.TakeCommStats();
+}
+
+ParamMap FullParameters(Strategy& strategy, const std::string& spec,
+                        const std::string& dir) {
+  const std::string path = dir + "/full-parameters.bin";
+  const absl::Status exported = strategy.ExportModel(path);
+  EXPECT_TRUE(exported.ok()) << exported;
+  strategy.Barrier();  // rank 0 has written it
+  Gpt2 model = MakeModel(spec, /*seed=*/0);
+  const absl::Status loaded = LoadLlmcCheckpoint(path, model);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  strategy.Barrier();  // every rank has read it before anyone writes again
+  ParamMap params;
+  for (const auto& item : model->named_parameters()) {
+    params[item.key()] = item.value().detach().clone();
+  }
+  return params;
+}
+
+StrategyMaker FactoryMaker(const std::string& name) {
+  return [name](int64_t rank, int64_t world,
+                Communicator* comm) -> std::unique_ptr<Strategy> {
+    TrainConfig config;
+    config.strategy = name;
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    absl::StatusOr<std::unique_ptr<Strategy>> strategy =
+        CreateStrategy(config, options, comm);
+    EXPECT_TRUE(strategy.ok()) << strategy.status();
+    return strategy.ok() ? std::move(*strategy) : nullptr;
+  };
+}
+
+namespace {
+
+// A directory of its own for one run's exports.
+std::string RunDir() {
+  static int runs = 0;
+  const std::string dir = ::testing::TempDir() + "/strategy-harness-" +
+                          std::to_string(::getpid()) + "-" +
+                          std::to_string(runs++);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+TrainResult TrainSingle(const std::string& spec, uint64_t seed,
+                        const torch::Tensor& batches, const TrainLoop& loop) {
+  std::vector<TrainResult> results = TrainRanks(
+      spec, seed, batches, /*world=*/1, loop, FactoryMaker("single"));
+  return results.front();
+}
+
+std::vector<TrainResult> TrainRanks(const std::string& spec, uint64_t seed,
+                                    const torch::Tensor& batches, int64_t world,
+                                    const TrainLoop& loop,
+                                    const StrategyMaker& make) {
+  const std::string dir = RunDir();
+  std::vector<TrainResult> results(world);
+  RunRanks(world, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    std::unique_ptr<Strategy> strategy = make(rank, world, &comm);
+    ASSERT_NE(strategy, nullptr);
+    ASSERT_TRUE(strategy->Setup(MakeModel(spec, seed)).ok());
+    strategy->TakeCommStats();
+    Train(*strategy, batches, rank, world, loop, &results[rank]);
+    results[rank].params = FullParameters(*strategy, spec, dir);
+  });
+  std::filesystem::remove_all(dir);
+  return results;
+}
+
+double RelDiff(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
+
+double MaxAbsDiff(const ParamMap& a, const ParamMap& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0;
+  for (const auto& [name, tensor] : a) {
+    const auto other = b.find(name);
+    EXPECT_NE(other, b.end()) << name;
+    if (other == b.end()) continue;
+    EXPECT_EQ(tensor.sizes(), other->second.sizes()) << name;
+    diff = std::max(diff, (tensor - other->second).abs().max().item<double>());
+  }
+  return diff;
+}
+
+void ExpectSameTraining(const TrainResult& expected, const TrainResult& actual,
+                        const Tolerance& tolerance, const std::string& what) {
+  ASSERT_EQ(expected.losses.size(), actual.losses.size()) << what;
+  double loss_diff = 0;
+  double norm_diff = 0;
+  for (size_t i = 0; i < expected.losses.size(); ++i) {
+    loss_diff =
+        std::max(loss_diff, RelDiff(actual.losses[i], expected.losses[i]));
+    norm_diff =
+        std::max(norm_diff, RelDiff(actual.norms[i], expected.norms[i]));
+    EXPECT_LT(RelDiff(actual.losses[i], expected.losses[i]), tolerance.rel)
+        << what << ", step " << i << ": " << actual.losses[i] << " vs "
+        << expected.losses[i];
+    EXPECT_LT(RelDiff(actual.norms[i], expected.norms[i]), tolerance.rel)
+        << what << ", step " << i << ": " << actual.norms[i] << " vs "
+        << expected.norms[i];
+  }
+  const double eval_diff = RelDiff(actual.eval_loss, expected.eval_loss);
+  EXPECT_LT(eval_diff, tolerance.rel) << what;
+  const double param_diff = MaxAbsDiff(actual.params, expected.params);
+  EXPECT_LE(param_diff, tolerance.param) << what;
+  const bool ok = loss_diff < tolerance.rel && norm_diff < tolerance.rel &&
+                  eval_diff < tolerance.rel && param_diff <= tolerance.param;
+  std::printf(
+      "%s: %s, maxdiff loss %.3g (rel), grad norm %.3g (rel), eval loss %.3g "
+      "(rel), params %.3g (abs) over %zu steps\n",
+      what.c_str(), ok ? "OK" : "NOT OK", loss_diff, norm_diff, eval_diff,
+      param_diff, expected.losses.size());
+}
+
+}  // namespace shardtrain::test
