@@ -202,6 +202,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.rendezvous_timeout = options.rendezvous_timeout;
   manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
   manager_options.path_roots = *roots;
+  manager_options.min_free_bytes =
+      static_cast<int64_t>(options.min_free_mb * 1048576.0);
   manager_options.worker_address = worker_listen;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(manager_options, c->store_.get(), &c->launcher_,

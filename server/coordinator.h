@@ -60,6 +60,8 @@ struct CoordinatorOptions {
   // Largest request accepted (a JobSpec is a few KiB; a worker's progress
   // report a few hundred steps).
   int max_message_bytes = 4 << 20;
+  // Free space the state directory must keep for a submission to be taken.
+  double min_free_mb = 64;
 };
 
 class Coordinator {

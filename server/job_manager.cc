@@ -1,6 +1,7 @@
 #include "server/job_manager.h"
 
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +31,17 @@ constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 // The one data name that is not a path (server/dataset_locator.h).
 constexpr char kBuiltinDataset[] = "brown";
+
+// data and init_from inside `roots`.
+absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
+  if (spec.data() != kBuiltinDataset) {
+    if (absl::Status s = roots.Check("data", spec.data()); !s.ok()) return s;
+  }
+  if (!spec.trainer().init_from().empty()) {
+    return roots.Check("trainer.init_from", spec.trainer().init_from());
+  }
+  return absl::OkStatus();
+}
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -247,8 +259,9 @@ void JobManager::Shutdown() {
 // ---------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
-  const v1::DeviceKind cluster_kind = options_.devices.front().kind;
+absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
+                                               const v1::JobSpec& spec) {
+  const v1::DeviceKind cluster_kind = options.devices.front().kind;
   v1::JobSpec effective = spec;
   if (effective.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) {
     effective.set_device_kind(cluster_kind);
@@ -260,18 +273,20 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
         " devices only"));
   }
   // The job's directory is not known yet; any path checks the same rules.
-  absl::StatusOr<TrainConfig> config =
-      TrainConfigFromJobSpec(effective, JobDir("new"));
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(
+      effective, absl::StrCat(options.state_dir, "/jobs/new"));
   if (!config.ok()) return config.status();
-  const int devices = static_cast<int>(options_.devices.size());
+  const int devices = static_cast<int>(options.devices.size());
   if (effective.world_size() > devices) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: got ", effective.world_size(), "; this coordinator has ",
         devices, cluster_kind == v1::GPU ? " GPU" : " CPU slot",
         devices == 1 ? "" : "s"));
   }
-  if (absl::Status s = CheckPaths(spec); !s.ok()) return s;
-  if (absl::StatusOr<std::string> data = options_.resolve_data(spec.data());
+  if (absl::Status s = CheckSpecPaths(options.path_roots, spec); !s.ok()) {
+    return s;
+  }
+  if (absl::StatusOr<std::string> data = options.resolve_data(spec.data());
       !data.ok()) {
     return data.status();
   }
@@ -282,6 +297,24 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
         absl::StrCat("trainer.init_from: got '", config->init_from,
                      "'; no such file on the coordinator's host"));
   }
+  return effective;
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::JobSpec> validated = ValidateSubmission(options_, spec);
+  if (!validated.ok()) return validated.status();
+  if (struct statvfs fs; statvfs(options_.state_dir.c_str(), &fs) == 0) {
+    const int64_t free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    if (free_bytes < options_.min_free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the state directory %s has %.1f MiB free, less than the %.1f MiB a "
+          "job needs (shardtraind --min-free-mb); free space, then resubmit",
+          options_.state_dir, free_bytes / 1048576.0,
+          options_.min_free_bytes / 1048576.0));
+    }
+  }
+  const v1::JobSpec& effective = *validated;
 
   absl::MutexLock lock(&mutex_);
   if (shutting_down_) {
@@ -301,6 +334,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   event.set_state(v1::QUEUED);
   event.set_message("submitted");
   if (absl::Status s = store_->InsertJob(entry->stored, event); !s.ok()) {
+    // Nothing was stored; jobs already stored are untouched (the insert is
+    // one transaction). A full disk is the operator's to fix: say so.
+    if (absl::IsResourceExhausted(s)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the state directory ", options_.state_dir,
+          " is full; no new job is accepted until space is freed (",
+          s.message(), ")"));
+    }
     return absl::InternalError(
         absl::StrCat("could not store the job: ", s.message()));
   }
@@ -311,20 +352,6 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   jobs_[id] = std::move(entry);
   if (observer_ != nullptr) observer_->OnJobChanged(result);
   return result;
-}
-
-absl::Status JobManager::CheckPaths(const v1::JobSpec& spec) const {
-  if (spec.data() != kBuiltinDataset) {
-    if (absl::Status s = options_.path_roots.Check("data", spec.data());
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (!spec.trainer().init_from().empty()) {
-    return options_.path_roots.Check("trainer.init_from",
-                                     spec.trainer().init_from());
-  }
-  return absl::OkStatus();
 }
 
 JobManager::Entry* JobManager::Find(const std::string& job_id) {
@@ -927,7 +954,8 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
     return prepared;
   }
   // Checked again: a symlink may have been turned since the submit.
-  if (absl::Status s = CheckPaths(request.spec); !s.ok()) {
+  if (absl::Status s = CheckSpecPaths(options_.path_roots, request.spec);
+      !s.ok()) {
     prepared.error = std::string(s.message());
     return prepared;
   }

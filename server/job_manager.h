@@ -71,7 +71,19 @@ struct JobManagerOptions {
   DataResolver resolve_data;  // required
   // Where a job's data and init_from may be (server/access_policy.h).
   PathRoots path_roots;
+  // Submissions are refused while the state directory's file system has
+  // less free space than this (a job needs room for logs, checkpoints and
+  // its rows).
+  int64_t min_free_bytes = int64_t{64} << 20;
 };
+
+// Everything SubmitJob checks before a job is stored: device kind, the
+// JobSpec -> TrainConfig validation, world size against the devices, path
+// roots, the data directory and init_from. Returns the spec as it will be
+// stored (device_kind filled in); InvalidArgument naming the field otherwise.
+// Pure but for the file system lookups of data and init_from.
+absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
+                                               const v1::JobSpec& spec);
 
 struct ListJobsQuery {
   std::vector<v1::JobState> states;           // empty: all
@@ -241,8 +253,6 @@ class JobManager {
   v1::Failure RankFailure(const std::string& job_id, int rank,
                           v1::FailureReason reason, std::string message) const;
   std::string JobDir(const std::string& job_id) const;
-  // data and init_from inside options_.path_roots.
-  absl::Status CheckPaths(const v1::JobSpec& spec) const;
   std::string LogPath(const std::string& job_id, int rank) const;
 
   const JobManagerOptions options_;

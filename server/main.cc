@@ -75,6 +75,9 @@ int Main(int argc, char** argv) {
   app.add_option("--max-streams-per-client", options.max_streams_per_client,
                  "open watch/log streams one client address may hold")
       ->capture_default_str();
+  app.add_option("--min-free-mb", options.min_free_mb,
+                 "refuse submissions while the state dir has less free space")
+      ->capture_default_str();
   app.add_option("--max-message-bytes", options.max_message_bytes,
                  "largest request accepted")
       ->capture_default_str();

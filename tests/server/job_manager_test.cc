@@ -31,7 +31,8 @@ class JobManagerTest : public ::testing::Test {
     manager_ = NewManager();
   }
 
-  std::unique_ptr<JobManager> NewManager() {
+  std::unique_ptr<JobManager> NewManager(
+      const std::function<void(JobManagerOptions&)>& tweak = nullptr) {
     JobManagerOptions options;
     options.state_dir = dir_.path();
     options.worker_binary = "/bin/shardtrain-worker";
@@ -47,6 +48,7 @@ class JobManagerTest : public ::testing::Test {
       if (on_resolve_) on_resolve_();
       return dir_ / "data";
     };
+    if (tweak) tweak(options);
     auto manager =
         JobManager::Create(options, store_.get(), &launcher_, &clock_);
     EXPECT_TRUE(manager.ok()) << manager.status();
@@ -139,6 +141,34 @@ TEST_F(JobManagerTest, ALaunchPreparesItsFilesWithoutHoldingTheLock) {
   EXPECT_EQ(launcher_.spawned().size(), 2u);
   EXPECT_TRUE(
       std::filesystem::exists(dir_ / ("jobs/" + job->id() + "/spec.json")));
+}
+
+TEST_F(JobManagerTest, SubmissionsAreRefusedWhileTheStateDirIsNearlyFull) {
+  manager_.reset();
+  manager_ = NewManager([](JobManagerOptions& options) {
+    options.min_free_bytes = int64_t{1} << 60;  // more than any disk has
+  });
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(1));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(job.status().message(), HasSubstr("--min-free-mb"));
+  absl::StatusOr<ListJobsPage> page = manager_->List({});
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->jobs.empty());  // nothing half-stored
+}
+
+TEST_F(JobManagerTest, PathRootsConfineDataAndInitFrom) {
+  std::filesystem::create_directories(dir_ / "root");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({dir_ / "root"});
+  ASSERT_TRUE(roots.ok());
+  manager_.reset();
+  manager_ = NewManager(
+      [&](JobManagerOptions& options) { options.path_roots = *roots; });
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(1));  // data: "data"
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("data: 'data' is outside"));
+  v1::JobSpec brown = Spec(1);
+  brown.set_data("brown");  // the built-in dataset is not a path
+  EXPECT_TRUE(manager_->Submit(brown).ok());
 }
 
 TEST_F(JobManagerTest, ACancelWhileTheLaunchIsPreparedStartsNoRank) {

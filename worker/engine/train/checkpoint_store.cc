@@ -81,4 +81,28 @@ absl::StatusOr<std::string> CheckpointStore::Latest() const {
   return dir;
 }
 
+std::vector<std::string> CheckpointStore::Candidates() const {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && name.rfind("step_", 0) == 0) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.rbegin(), names.rend());  // newest first
+  std::string latest;
+  if (absl::StatusOr<std::string> dir = Latest(); dir.ok()) {
+    latest = fs::path(*dir).filename().string();
+  }
+  std::vector<std::string> dirs;
+  for (const std::string& name : names) {
+    // Newer than `latest`: not published (a crash between rename and the
+    // pointer's update, or a run that was rolled back): never preferred.
+    if (!latest.empty() && name > latest) continue;
+    dirs.push_back(absl::StrCat(root_, "/", name));
+  }
+  return dirs;
+}
+
 }  // namespace shardtrain

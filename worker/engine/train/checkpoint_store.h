@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,10 @@ class CheckpointStore {
   absl::Status Commit(int64_t step);
   // The newest complete checkpoint directory; NotFound when there is none.
   absl::StatusOr<std::string> Latest() const;
+  // What a resume may try, best first: Latest(), then the older complete
+  // checkpoints, newest first (when `latest` is unreadable: every complete
+  // checkpoint, newest first). Empty when there is none.
+  std::vector<std::string> Candidates() const;
 
   std::string root() const { return root_; }
   // Where the checkpoint of `step` is written before Commit (what Begin

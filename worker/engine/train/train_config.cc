@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -199,14 +200,23 @@ absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
   const auto& setters = YamlSetters();
   TrainConfig updated = *config;
   for (const auto& entry : root) {
-    const std::string key =
-        absl::StrReplaceAll(entry.first.as<std::string>(), {{"-", "_"}});
+    // A key must be a plain scalar; a sequence or mapping as a key (legal
+    // YAML: "{a: 1}: x", "[a]: x") is no flag name.
+    if (!entry.first.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: a key must be a flag name, got ",
+          entry.first.IsSequence() ? "a sequence" : "a mapping or null"));
+    }
+    const std::string& name = entry.first.Scalar();
+    const std::string key = absl::StrReplaceAll(name, {{"-", "_"}});
     auto it = setters.find(key);
     if (it == setters.end()) {
       std::vector<std::string> known;
-      for (const auto& [name, unused] : setters) known.push_back(name);
+      for (const auto& [known_name, unused] : setters) {
+        known.push_back(known_name);
+      }
       return absl::InvalidArgumentError(
-          absl::StrCat("config: unknown key '", entry.first.as<std::string>(),
+          absl::StrCat("config: unknown key '", absl::CHexEscape(name),
                        "'; known keys: ", absl::StrJoin(known, ", ")));
     }
     try {

@@ -303,29 +303,57 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
 }
 
 absl::Status Trainer::Resume() {
-  absl::StatusOr<std::string> dir = checkpoints_->Latest();
-  if (absl::IsNotFound(dir.status())) {
-    Log(absl::StrCat("resume: ", dir.status().message(),
+  const std::vector<std::string> dirs = checkpoints_->Candidates();
+  if (dirs.empty()) {
+    Log(absl::StrCat("resume: no checkpoint in ", checkpoints_->root(),
                      "; starting at step 0"));
     return absl::OkStatus();
   }
-  if (!dir.ok()) return dir.status();
-  std::ifstream in(*dir + "/trainer.json");
+  // Every rank tries the same checkpoint; all must load it, else all fall
+  // back to the previous one (a torn or corrupted file, a missing shard).
+  std::vector<std::string> problems;
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<int64_t> step = LoadCheckpointFrom(dir);
+    // A checkpoint of another run: older ones are of that run too.
+    if (absl::IsFailedPrecondition(step.status())) return step.status();
+    const bool everywhere =
+        strategy_->AllReduceMean(step.ok() ? 1.0 : 0.0) == 1.0;
+    if (everywhere) {
+      start_step_ = *step;
+      Log(absl::StrCat("resumed from ", dir, " at step ", start_step_));
+      return absl::OkStatus();
+    }
+    const std::string why = step.ok()
+                                ? std::string("another rank could not load it")
+                                : std::string(step.status().message());
+    problems.push_back(why);
+    Log(absl::StrCat(
+        "resume: ", dir, " is unusable (", why, ")",
+        &dir == &dirs.back() ? "" : "; trying the previous checkpoint"));
+  }
+  return absl::DataLossError(absl::StrCat(
+      "resume: none of the ", dirs.size(), " checkpoints in ",
+      checkpoints_->root(), " loads (newest: ", problems.front(), ")"));
+}
+
+absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
+  std::ifstream in(dir + "/trainer.json");
   const nlohmann::json state =
       nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (state.is_discarded() || !state.contains("step")) {
+  if (state.is_discarded() || !state.contains("step") ||
+      !state["step"].is_number_integer()) {
     return absl::DataLossError(
-        absl::StrCat(*dir, "/trainer.json is missing or unreadable"));
+        absl::StrCat(dir, "/trainer.json is missing or unreadable"));
   }
   const nlohmann::json expected = ResumeFingerprint(
       config_, model_config_, rank_info_.world_size, total_steps_);
   if (state["fingerprint"] != expected) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "resume: checkpoint ", *dir, " was written with ",
+        "resume: checkpoint ", dir, " was written with ",
         state["fingerprint"].dump(), " but this run has ", expected.dump()));
   }
-  if (absl::Status s = strategy_->LoadCheckpoint(*dir); !s.ok()) return s;
-  absl::StatusOr<NamedTensors> rng = LoadTensorFile(*dir + "/rng.pt");
+  if (absl::Status s = strategy_->LoadCheckpoint(dir); !s.ok()) return s;
+  absl::StatusOr<NamedTensors> rng = LoadTensorFile(dir + "/rng.pt");
   if (!rng.ok()) return rng.status();
   for (const auto& [name, tensor] : *rng) {
     if (name == "cpu") {
@@ -334,9 +362,7 @@ absl::Status Trainer::Resume() {
       generator.set_state(tensor);
     }
   }
-  start_step_ = state["step"].get<int64_t>();
-  Log(absl::StrCat("resumed from ", *dir, " at step ", start_step_));
-  return absl::OkStatus();
+  return state["step"].get<int64_t>();
 }
 
 absl::Status Trainer::Run() {

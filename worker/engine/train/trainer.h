@@ -80,6 +80,8 @@ class Trainer {
       const TokenFile& tokens, const std::vector<int64_t>& starts) const;
   absl::Status SaveCheckpoint(int64_t next_step);
   absl::Status Resume();
+  // Loads one checkpoint into this rank (strategy state, RNG); its step.
+  absl::StatusOr<int64_t> LoadCheckpointFrom(const std::string& dir);
   void Log(const std::string& line);
 
   TrainConfig config_;

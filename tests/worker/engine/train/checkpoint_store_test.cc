@@ -51,6 +51,30 @@ TEST(CheckpointStoreTest, KeepsOnlyTheNewestCheckpoints) {
   EXPECT_EQ(fs::path(*store.Latest()).filename(), "step_00000004");
 }
 
+TEST(CheckpointStoreTest, CandidatesAreLatestThenOlderNewestFirst) {
+  CheckpointStore store(TempDir("candidates"), /*keep=*/3);
+  EXPECT_TRUE(store.Candidates().empty());
+  for (int64_t step : {10, 20, 30}) {
+    ASSERT_TRUE(store.Begin(step).ok());
+    ASSERT_TRUE(store.Commit(step).ok());
+  }
+  ASSERT_TRUE(store.Begin(40).ok());  // never committed: not a candidate
+  const std::string root = store.root();
+  EXPECT_EQ(store.Candidates(),
+            (std::vector<std::string>{root + "/step_00000030",
+                                      root + "/step_00000020",
+                                      root + "/step_00000010"}));
+  // `latest` rolled back to 20: 30 is not preferred over it.
+  std::ofstream(root + "/latest") << "step_00000020\n";
+  EXPECT_EQ(store.Candidates(),
+            (std::vector<std::string>{root + "/step_00000020",
+                                      root + "/step_00000010"}));
+  // An unreadable pointer: every complete checkpoint, newest first.
+  fs::remove(root + "/latest");
+  EXPECT_EQ(store.Candidates().front(), root + "/step_00000030");
+  EXPECT_EQ(store.Candidates().size(), 3u);
+}
+
 TEST(TensorFileTest, RoundTripsNamedTensors) {
   const std::string path = TempDir("tensors") + "/t.pt";
   torch::Tensor a = torch::randn({3, 4});

@@ -115,15 +115,47 @@ TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRun) {
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.status().message().find("batch_size"), std::string::npos)
       << trainer.status();
+}
 
-  config.batch_size = 4;
+TEST(TrainerTest, ResumeFallsBackPastACorruptedCheckpoint) {
+  const std::string data = MakeData("corrupt");
+  TrainConfig config = SmallConfig(data);
+  config.out = data + "/run";
+  config.checkpoint_every = 5;
+  ASSERT_TRUE(MakeTrainer(config)->Run().ok());  // checkpoints 5 and 10 kept
+
+  config.resume = true;
   std::ofstream(config.out + "/checkpoints/step_00000010/model.pt") << "torn";
-  trainer =
+  std::ostringstream log;
+  auto trainer = MakeTrainer(config, &log);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_EQ(trainer->start_step(), 5);
+  EXPECT_NE(log.str().find("step_00000010 is unusable"), std::string::npos)
+      << log.str();
+  EXPECT_NE(log.str().find("model.pt"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("resumed from " + config.out +
+                           "/checkpoints/step_00000005 at step 5"),
+            std::string::npos)
+      << log.str();
+  ASSERT_TRUE(trainer->Run().ok());
+  EXPECT_EQ(trainer->history().front().step, 6);  // the step after 5
+
+  // That run wrote a fresh step-10 checkpoint; with every checkpoint
+  // corrupted, resuming is refused, naming the problem.
+  for (const char* step : {"step_00000005", "step_00000010"}) {
+    std::ofstream(config.out + "/checkpoints/" + step + "/model.pt") << "torn";
+  }
+  StrategyOptions options;
+  auto refused =
       Trainer::Create(config, RankInfo{},
                       std::make_unique<SingleDeviceStrategy>(options), nullptr);
-  ASSERT_FALSE(trainer.ok());
-  EXPECT_NE(trainer.status().message().find("model.pt"), std::string::npos)
-      << trainer.status();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("none of the 2 checkpoints"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("model.pt"), std::string::npos)
+      << refused.status();
 }
 
 TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {

@@ -1,0 +1,30 @@
+// Any bytes as an llm.c token file: Open() either refuses with a message
+// naming the file or gives tokens that keep its promises (count matching
+// the size, every id inside GPT-2's vocabulary). Truncated files, wrong
+// magic, huge header counts: no crash, no allocation (the file is mapped).
+#include <string>
+
+#include "tests/fuzz/fuzz_target.h"
+#include "worker/engine/data/gpt2_vocab.h"
+#include "worker/engine/data/token_file.h"
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  shardtrain::fuzz::MemFile file(data, size);
+  absl::StatusOr<shardtrain::TokenFile> tokens =
+      shardtrain::TokenFile::Open(file.path());
+  if (!tokens.ok()) {
+    FUZZ_CHECK(!tokens.status().message().empty(), "errors say why");
+    FUZZ_CHECK(std::string(tokens.status().message()).find(file.path()) !=
+                   std::string::npos,
+               "errors name the file");
+    return 0;
+  }
+  FUZZ_CHECK(shardtrain::kTokenFileHeaderBytes + tokens->size() * 2 == size,
+             "the count matches the file size");
+  for (uint16_t id : tokens->tokens()) {
+    FUZZ_CHECK(id < shardtrain::kGpt2VocabSize, "ids inside the vocabulary");
+  }
+  return 0;
+}

@@ -1,0 +1,320 @@
+// The fault campaign: faults injected into a real shardtraind (fake workers,
+// loopback only), counted. Each test prints one line
+//   fault-campaign: <fault>: trials N, survived S, lost L (<details>)
+// that docs/reliability.md collects, and fails on any loss.
+// (A corrupted checkpoint is the trainer's to survive: trainer_test's
+// ResumeFallsBackPastACorruptedCheckpoint.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tests/integration/daemon_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Daemon;
+using test::DaemonOptions;
+using test::TempDir;
+using ::testing::HasSubstr;
+
+v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir,
+                     int world_size = 1, int max_restarts = 0) {
+  v1::JobSpec spec;
+  spec.set_name(mode);
+  spec.set_model("gpt2-tiny");
+  spec.set_data(data_dir);
+  spec.mutable_strategy()->set_name(world_size == 1 ? "single" : "ddp");
+  spec.set_world_size(world_size);
+  spec.set_max_restarts(max_restarts);
+  spec.mutable_trainer()->set_max_steps(1);
+  return spec;
+}
+
+void Report(const std::string& fault, int trials, int survived, int lost,
+            const std::string& details) {
+  std::printf("fault-campaign: %s: trials %d, survived %d, lost %d (%s)\n",
+              fault.c_str(), trials, survived, lost, details.c_str());
+  std::fflush(stdout);
+}
+
+class FaultCampaignTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir_ / "data");
+    test::WriteFile(dir_ / "data/train.bin", "x");
+    data_ = dir_ / "data";
+  }
+  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options,
+                                      const std::string& state_dir = "") {
+    options.worker_binary = test::FakeWorker();
+    auto daemon = std::make_unique<Daemon>(
+        state_dir.empty() ? dir_ / "state" : state_dir, std::move(options));
+    std::string error;
+    EXPECT_TRUE(daemon->Start(&error)) << error;
+    return daemon;
+  }
+  TempDir dir_;
+  std::string data_;
+};
+
+// kill -9 of one rank at a random moment of a 2-rank job: the job fails that
+// attempt (SIGNAL), restarts, and succeeds.
+TEST_F(FaultCampaignTest, RankKilledAtARandomStepRestartsAndSucceeds) {
+  constexpr int kTrials = 20;
+  auto daemon = StartDaemon({});
+  std::mt19937 rng(2026);
+  int survived = 0;
+  std::vector<int> delays_ms;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    v1::Job job;
+    ASSERT_GRPC_OK(daemon->Submit(
+        FakeSpec("slow:50", data_, 2, /*max_restarts=*/1), &job));
+    ASSERT_EQ(daemon
+                  ->WaitFor(
+                      job.id(),
+                      [](const v1::Job& j) {
+                        return j.state() == v1::RUNNING || test::IsTerminal(j);
+                      },
+                      absl::Seconds(30))
+                  .state(),
+              v1::RUNNING);
+    const int delay = std::uniform_int_distribution<int>(0, 800)(rng);
+    delays_ms.push_back(delay);
+    absl::SleepFor(absl::Milliseconds(delay));
+    const std::vector<int> pids = test::WorkerPids(job.id());
+    if (!pids.empty()) {
+      kill(pids[std::uniform_int_distribution<size_t>(0, pids.size() - 1)(rng)],
+           SIGKILL);
+    }
+    const v1::Job done = daemon->WaitFor(
+        job.id(), [](const v1::Job& j) { return test::IsTerminal(j); },
+        absl::Seconds(60));
+    // Killed mid-run: one restart. A kill that came as the job ended may
+    // find nothing left to kill: no restart then, and that is fine too.
+    const bool ok = done.state() == v1::SUCCEEDED &&
+                    done.restarts() == (pids.empty() ? 0 : 1);
+    EXPECT_TRUE(ok) << "trial " << trial << ": " << done.ShortDebugString();
+    survived += ok;
+  }
+  Report(
+      "rank kill -9 at a random step", kTrials, survived, kTrials - survived,
+      absl::StrFormat("2-rank jobs of 50 steps, kill after %d-%d ms, "
+                      "max_restarts 1",
+                      *std::min_element(delays_ms.begin(), delays_ms.end()),
+                      *std::max_element(delays_ms.begin(), delays_ms.end())));
+}
+
+// kill -9 of the coordinator while 4 clients submit as fast as they can:
+// every submission it acknowledged is there after a restart.
+TEST_F(FaultCampaignTest,
+       CoordinatorKilledDuringSubmitBurstsLosesNoAcknowledgedJob) {
+  constexpr int kTrials = 3;
+  constexpr int kClients = 4;
+  int acknowledged_total = 0;
+  int lost_total = 0;
+  int survived = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    std::set<std::string> acknowledged;
+    std::mutex mutex;
+    {
+      auto daemon = StartDaemon({});
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> clients;
+      for (int c = 0; c < kClients; ++c) {
+        clients.emplace_back([&] {
+          auto channel = grpc::CreateChannel(
+              daemon->address(), grpc::InsecureChannelCredentials());
+          auto stub = v1::JobService::NewStub(channel);
+          while (!stop) {
+            grpc::ClientContext context;
+            context.set_deadline(std::chrono::system_clock::now() +
+                                 std::chrono::seconds(5));
+            v1::SubmitJobRequest request;
+            *request.mutable_spec() = FakeSpec("quick", data_);
+            v1::Job job;
+            if (stub->SubmitJob(&context, request, &job).ok()) {
+              std::lock_guard<std::mutex> lock(mutex);
+              acknowledged.insert(job.id());
+            } else {
+              absl::SleepFor(absl::Milliseconds(5));
+            }
+          }
+        });
+      }
+      absl::SleepFor(absl::Milliseconds(300 + 200 * trial));
+      daemon->Signal(SIGKILL);
+      daemon->WaitExit(absl::Seconds(10));
+      stop = true;
+      for (std::thread& t : clients) t.join();
+    }
+    auto restarted = StartDaemon({});
+    std::set<std::string> present;
+    v1::ListJobsRequest request;
+    request.set_page_size(1000);
+    do {
+      grpc::ClientContext context;
+      v1::ListJobsResponse list;
+      ASSERT_GRPC_OK(restarted->jobs().ListJobs(&context, request, &list));
+      for (const v1::Job& job : list.jobs()) present.insert(job.id());
+      request.set_page_token(list.next_page_token());
+    } while (!request.page_token().empty());
+    int lost = 0;
+    for (const std::string& id : acknowledged) {
+      if (present.count(id) == 0) {
+        ++lost;
+        ADD_FAILURE() << "trial " << trial << ": acknowledged " << id
+                      << " is gone after the restart";
+      }
+    }
+    acknowledged_total += static_cast<int>(acknowledged.size());
+    lost_total += lost;
+    survived += lost == 0 && !acknowledged.empty();
+    EXPECT_FALSE(acknowledged.empty()) << "the burst submitted nothing";
+  }
+  Report("coordinator kill -9 during submit bursts", kTrials, survived,
+         kTrials - survived,
+         absl::StrFormat("%d clients; %d submissions acknowledged, %d of them "
+                         "missing after restart",
+                         kClients, acknowledged_total, lost_total));
+}
+
+// A rank stopped with SIGSTOP (alive, silent) fails its job as HANG within
+// the heartbeat timeout.
+TEST_F(FaultCampaignTest, StalledRankIsDetectedAsHangWithinTheTimeout) {
+  constexpr int kTrials = 3;
+  constexpr double kTimeout = 3;
+  constexpr double kGrace = 1;  // then the stopped rank is SIGKILLed
+  DaemonOptions options;
+  options.heartbeat_interval = 0.5;
+  options.heartbeat_timeout = kTimeout;
+  options.grace_period = kGrace;
+  auto daemon = StartDaemon(options);
+  int survived = 0;
+  double worst = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    v1::Job job;
+    ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &job));
+    ASSERT_EQ(daemon
+                  ->WaitFor(
+                      job.id(),
+                      [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                      absl::Seconds(30))
+                  .state(),
+              v1::RUNNING);
+    const std::vector<int> pids = test::WorkerPids(job.id());
+    ASSERT_EQ(pids.size(), 2u);
+    const absl::Time stopped = absl::Now();
+    kill(pids[trial % 2], SIGSTOP);
+    const v1::Job done = daemon->WaitFor(
+        job.id(), [](const v1::Job& j) { return test::IsTerminal(j); },
+        absl::Seconds(30));
+    const double took = absl::ToDoubleSeconds(absl::Now() - stopped);
+    worst = std::max(worst, took);
+    kill(pids[trial % 2], SIGCONT);  // let it take its SIGKILL, if pending
+    const bool ok = done.state() == v1::FAILED &&
+                    done.failure().reason() == v1::HANG &&
+                    took < kTimeout + kGrace + 1.5;
+    EXPECT_TRUE(ok) << "trial " << trial << " (" << took
+                    << " s): " << done.ShortDebugString();
+    survived += ok;
+  }
+  Report("rank SIGSTOP", kTrials, survived, kTrials - survived,
+         absl::StrFormat("FAILED as HANG at most %.1f s after the stop, with "
+                         "a %.0f s heartbeat timeout + %.0f s grace",
+                         worst, kTimeout, kGrace));
+}
+
+// The state directory's disk fills up: submissions are refused with a clear
+// status, every stored job stays readable, and once space is freed the
+// daemon takes work again.
+TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
+  const std::string state = dir_ / "small-state";
+  std::filesystem::create_directories(state);
+  if (mount("tmpfs", state.c_str(), "tmpfs", 0, "size=8m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs to fill (" << std::strerror(errno)
+                 << "): the disk-full fault needs CAP_SYS_ADMIN";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{state};
+  DaemonOptions options;
+  options.extra_flags = {"--min-free-mb", "1"};
+  int trials = 0, survived = 0;
+  std::string refusal;
+  {
+    auto daemon = StartDaemon(options, state);
+    std::vector<std::string> stored;
+    for (int i = 0; i < 3; ++i) {
+      v1::Job job;
+      ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
+      stored.push_back(job.id());
+    }
+    for (const std::string& id : stored) {
+      ASSERT_EQ(
+          daemon
+              ->WaitFor(
+                  id, [](const v1::Job& j) { return test::IsTerminal(j); },
+                  absl::Seconds(30))
+              .state(),
+          v1::SUCCEEDED);
+    }
+    // Fill the file system.
+    {
+      std::ofstream filler(state + "/filler", std::ios::binary);
+      const std::string block(64 * 1024, 'x');
+      while (filler.write(block.data(), block.size())) {
+      }
+    }
+    for (int i = 0; i < 5; ++i) {
+      ++trials;
+      v1::Job job;
+      const grpc::Status status =
+          daemon->Submit(FakeSpec("quick", data_), &job);
+      const bool refused =
+          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          absl::StrContains(status.error_message(), "free");
+      EXPECT_TRUE(refused) << status.error_message();
+      refusal = status.error_message();
+      // Everything stored is still there and readable.
+      bool all_there = true;
+      for (const std::string& id : stored) {
+        all_there = all_there && daemon->Get(id).state() == v1::SUCCEEDED;
+      }
+      EXPECT_TRUE(all_there);
+      survived += refused && all_there;
+    }
+    std::filesystem::remove(state + "/filler");
+    v1::Job after;
+    EXPECT_TRUE(daemon->Submit(FakeSpec("quick", data_), &after).ok())
+        << "space freed: submissions work again";
+  }
+  {
+    // And after a restart on that disk, nothing is missing.
+    auto daemon = StartDaemon(options, state);
+    grpc::ClientContext context;
+    v1::ListJobsResponse list;
+    ASSERT_GRPC_OK(daemon->jobs().ListJobs(&context, {}, &list));
+    EXPECT_EQ(list.jobs_size(), 4);
+  }
+  Report("state directory disk full", trials, survived, trials - survived,
+         "8 MiB tmpfs filled; refusal: " + refusal.substr(0, 60) + "...");
+}
+
+}  // namespace
+}  // namespace shardtrain
