@@ -80,10 +80,6 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
   return absl::OkStatus();
 }
 
-std::string FormatMetricValue(double value, const char* format) {
-  return absl::StrFormat(format, value);
-}
-
 std::string Strategy(const v1::Job& job) {
   return absl::StrCat(job.spec().strategy().name(), " x",
                       job.spec().world_size());
@@ -362,7 +358,7 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
       ->check(CLI::NonNegativeNumber);
   AddOutputFlag(cmd, format.get());
   AddConnectionFlags(cmd, ctx.connection.get());
-  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+  cmd->callback([=, exit_code = ctx.exit_code] {
     auto client = ctx.Connect();
     if (!client) return;
     v1::ListJobsRequest request;
@@ -407,9 +403,8 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
            job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
                                               job.last_step().total_steps())
                                : "-",
-           job.has_last_step()
-               ? FormatMetricValue(job.last_step().loss(), "%.4f")
-               : "-",
+           job.has_last_step() ? absl::StrFormat("%.4f", job.last_step().loss())
+                               : "-",
            FormatAge(job.submit_time_unix_ms())});
     }
     std::cout << FormatTable(
@@ -427,7 +422,7 @@ void AddGetCommands(CLI::App* app, const CommandContext& ctx) {
     cmd->add_option("job", *id, "job id")->required();
     AddOutputFlag(cmd, format.get());
     AddConnectionFlags(cmd, ctx.connection.get());
-    cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+    cmd->callback([=, exit_code = ctx.exit_code] {
       auto client = ctx.Connect();
       if (!client) return;
       v1::GetJobRequest request;
@@ -475,7 +470,7 @@ void AddLogsCommand(CLI::App* app, const CommandContext& ctx) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("-f,--follow", *follow, "keep printing until the job ends");
   AddConnectionFlags(cmd, ctx.connection.get());
-  cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
+  cmd->callback([=, exit_code = ctx.exit_code] {
     auto client = ctx.Connect();
     if (!client) return;
     auto context = client->Context();
