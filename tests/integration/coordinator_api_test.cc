@@ -23,44 +23,11 @@ namespace {
 
 using test::Daemon;
 using test::DaemonOptions;
+using test::FakeSpec;
 using test::TempDir;
 using ::testing::HasSubstr;
 
-// A valid spec for fake workers: the job's name selects the fake's behaviour.
-v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir,
-                     int world_size = 1) {
-  v1::JobSpec spec;
-  spec.set_name(mode);
-  spec.set_model("gpt2-tiny");
-  spec.set_data(data_dir);
-  spec.mutable_strategy()->set_name(world_size == 1 ? "single" : "ddp");
-  spec.set_world_size(world_size);
-  spec.mutable_trainer()->set_max_steps(1);
-  return spec;
-}
-
-class CoordinatorApiTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // A stand-in dataset directory: fake workers never read it, but the
-    // coordinator checks that it holds train.bin.
-    std::filesystem::create_directories(dir_ / "data");
-    test::WriteFile(dir_ / "data/train.bin", "x");
-    data_ = dir_ / "data";
-  }
-
-  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options) {
-    if (options.worker_binary.empty())
-      options.worker_binary = test::FakeWorker();
-    auto daemon = std::make_unique<Daemon>(dir_ / "state", std::move(options));
-    std::string error;
-    EXPECT_TRUE(daemon->Start(&error)) << error;
-    return daemon;
-  }
-
-  TempDir dir_;
-  std::string data_;
-};
+class CoordinatorApiTest : public test::FakeWorkerDaemonTest {};
 
 TEST_F(CoordinatorApiTest, QuickJobSucceedsAndItsReportIsStored) {
   auto daemon = StartDaemon({});

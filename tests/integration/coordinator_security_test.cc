@@ -18,19 +18,9 @@ namespace {
 
 using test::Daemon;
 using test::DaemonOptions;
+using test::FakeSpec;
 using test::TempDir;
 using ::testing::HasSubstr;
-
-v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir) {
-  v1::JobSpec spec;
-  spec.set_name(mode);
-  spec.set_model("gpt2-tiny");
-  spec.set_data(data_dir);
-  spec.mutable_strategy()->set_name("single");
-  spec.set_world_size(1);
-  spec.mutable_trainer()->set_max_steps(1);
-  return spec;
-}
 
 class CoordinatorSecurityTest : public ::testing::Test {
  protected:

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -245,6 +246,49 @@ class Daemon {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+// A valid spec for fake workers (tests/tools/fake_worker): the job's name
+// selects the fake's behaviour ("quick", "hold", "slow:N", "exit:N", ...).
+inline v1::JobSpec FakeSpec(const std::string& mode,
+                            const std::string& data_dir, int world_size = 1,
+                            int max_restarts = 0) {
+  v1::JobSpec spec;
+  spec.set_name(mode);
+  spec.set_model("gpt2-tiny");
+  spec.set_data(data_dir);
+  spec.mutable_strategy()->set_name(world_size == 1 ? "single" : "ddp");
+  spec.set_world_size(world_size);
+  spec.set_max_restarts(max_restarts);
+  spec.mutable_trainer()->set_max_steps(1);
+  return spec;
+}
+
+// A test with a stand-in dataset (data_: a directory holding a train.bin that
+// fake workers never read) and daemons in dir_/state whose workers are
+// fake_worker unless the options name another binary.
+class FakeWorkerDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir_ / "data");
+    WriteFile(dir_ / "data/train.bin", "x");
+    data_ = dir_ / "data";
+  }
+
+  // Started and serving (the test fails otherwise); `state_dir` empty:
+  // dir_/state.
+  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options,
+                                      const std::string& state_dir = "") {
+    if (options.worker_binary.empty()) options.worker_binary = FakeWorker();
+    auto daemon = std::make_unique<Daemon>(
+        state_dir.empty() ? dir_ / "state" : state_dir, std::move(options));
+    std::string error;
+    EXPECT_TRUE(daemon->Start(&error)) << error;
+    return daemon;
+  }
+
+  TempDir dir_;
+  std::string data_;
 };
 
 inline bool IsTerminal(const v1::Job& job) {

@@ -29,21 +29,9 @@ namespace {
 
 using test::Daemon;
 using test::DaemonOptions;
+using test::FakeSpec;
 using test::TempDir;
 using ::testing::HasSubstr;
-
-v1::JobSpec FakeSpec(const std::string& mode, const std::string& data_dir,
-                     int world_size = 1, int max_restarts = 0) {
-  v1::JobSpec spec;
-  spec.set_name(mode);
-  spec.set_model("gpt2-tiny");
-  spec.set_data(data_dir);
-  spec.mutable_strategy()->set_name(world_size == 1 ? "single" : "ddp");
-  spec.set_world_size(world_size);
-  spec.set_max_restarts(max_restarts);
-  spec.mutable_trainer()->set_max_steps(1);
-  return spec;
-}
 
 void Report(const std::string& fault, int trials, int survived, int lost,
             const std::string& details) {
@@ -52,25 +40,7 @@ void Report(const std::string& fault, int trials, int survived, int lost,
   std::fflush(stdout);
 }
 
-class FaultCampaignTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::filesystem::create_directories(dir_ / "data");
-    test::WriteFile(dir_ / "data/train.bin", "x");
-    data_ = dir_ / "data";
-  }
-  std::unique_ptr<Daemon> StartDaemon(DaemonOptions options,
-                                      const std::string& state_dir = "") {
-    options.worker_binary = test::FakeWorker();
-    auto daemon = std::make_unique<Daemon>(
-        state_dir.empty() ? dir_ / "state" : state_dir, std::move(options));
-    std::string error;
-    EXPECT_TRUE(daemon->Start(&error)) << error;
-    return daemon;
-  }
-  TempDir dir_;
-  std::string data_;
-};
+class FaultCampaignTest : public test::FakeWorkerDaemonTest {};
 
 // kill -9 of one rank at a random moment of a 2-rank job: the job fails that
 // attempt (SIGNAL), restarts, and succeeds.

@@ -89,13 +89,7 @@ StrategyOptions RankOptions(int64_t rank) {
 
 test::TrainLoop Loop(int64_t first_step, int64_t last_step,
                      int64_t micro_steps = 1) {
-  test::TrainLoop loop;
-  loop.first_step = first_step;
-  loop.last_step = last_step;
-  loop.micro_steps = micro_steps;
-  loop.lr = kLr;
-  loop.max_norm = kMaxNorm;
-  return loop;
+  return test::MakeLoop(first_step, last_step, micro_steps, kLr, kMaxNorm);
 }
 
 // What a run gives beyond the harness's result: each parameter's gradient

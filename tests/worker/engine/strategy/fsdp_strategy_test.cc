@@ -78,13 +78,7 @@ using test::TrainResult;
 
 test::TrainLoop Loop(int64_t first_step, int64_t last_step,
                      int64_t micro_steps = 1) {
-  test::TrainLoop loop;
-  loop.first_step = first_step;
-  loop.last_step = last_step;
-  loop.micro_steps = micro_steps;
-  loop.lr = kLr;
-  loop.max_norm = kMaxNorm;
-  return loop;
+  return test::MakeLoop(first_step, last_step, micro_steps, kLr, kMaxNorm);
 }
 
 // Trains `strategy` on global batches [first_step, last_step) (the harness's

@@ -38,6 +38,17 @@ std::pair<torch::Tensor, torch::Tensor> Slice(const torch::Tensor& batches,
           rows.narrow(1, 1, seq_len).contiguous()};
 }
 
+TrainLoop MakeLoop(int64_t first_step, int64_t last_step, int64_t micro_steps,
+                   double lr, double max_norm) {
+  TrainLoop loop;
+  loop.first_step = first_step;
+  loop.last_step = last_step;
+  loop.micro_steps = micro_steps;
+  loop.lr = lr;
+  loop.max_norm = max_norm;
+  return loop;
+}
+
 void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
            int64_t world, const TrainLoop& loop, TrainResult* result) {
   const int64_t rank_rows = batches.size(1) / world;

@@ -63,6 +63,10 @@ struct TrainLoop {
   std::function<void(int64_t step)> after_backward;
 };
 
+// Steps [first_step, last_step) of `micro_steps` micro-batches at `lr`.
+TrainLoop MakeLoop(int64_t first_step, int64_t last_step, int64_t micro_steps,
+                   double lr, double max_norm = 1.0);
+
 // Runs `loop` on `strategy` (set up already) as `rank` of `world`: fills
 // losses, norms, micro_comm_bytes, state_bytes and eval_loss, not params.
 void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
