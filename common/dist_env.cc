@@ -25,9 +25,111 @@ absl::StatusOr<int64_t> ReadInt(const EnvLookup& lookup,
   return parsed;
 }
 
+// torchrun's variables from Slurm's, for a process srun started (see the
+// header); the other variables pass through.
+absl::StatusOr<EnvLookup> SlurmAsTorchrun(const EnvLookup& lookup) {
+  std::optional<std::string> node_list;
+  for (const char* name :
+       {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (!node_list) node_list = lookup(name);
+  }
+  std::string master_addr;
+  if (!lookup("MASTER_ADDR").has_value()) {
+    if (!node_list.has_value()) {
+      return absl::InvalidArgumentError(
+          "srun set SLURM_PROCID but no SLURM_STEP_NODELIST or "
+          "SLURM_JOB_NODELIST: set MASTER_ADDR to rank 0's host");
+    }
+    absl::StatusOr<std::string> first = FirstHostOfNodeList(*node_list);
+    if (!first.ok()) return first.status();
+    master_addr = *first;
+  }
+  std::string master_port;
+  if (!lookup("MASTER_PORT").has_value()) {
+    int64_t job_id = 0;
+    const std::optional<std::string> id = lookup("SLURM_JOB_ID");
+    if (!id.has_value() || !absl::SimpleAtoi(*id, &job_id) || job_id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SLURM_JOB_ID='", id.value_or(""),
+          "' is not a job id: set MASTER_PORT for the rendezvous"));
+    }
+    master_port = absl::StrCat(SlurmDefaultPort(job_id));
+  }
+  return EnvLookup([lookup, master_addr, master_port](
+                       const std::string& name) -> std::optional<std::string> {
+    if (name == "RANK") return lookup("SLURM_PROCID");
+    if (name == "WORLD_SIZE") return lookup("SLURM_NTASKS");
+    if (name == "LOCAL_RANK") {
+      std::optional<std::string> local = lookup("LOCAL_RANK");
+      return local ? local : lookup("SLURM_LOCALID");
+    }
+    if (name == "MASTER_ADDR" && !master_addr.empty()) return master_addr;
+    if (name == "MASTER_PORT" && !master_port.empty()) return master_port;
+    return lookup(name);
+  });
+}
+
+absl::StatusOr<DistEnv> ReadTorchrun(const EnvLookup& lookup);
+
 }  // namespace
 
+absl::StatusOr<std::string> FirstHostOfNodeList(const std::string& list) {
+  // Up to the first comma outside brackets.
+  std::string host;
+  int depth = 0;
+  for (char ch : list) {
+    if (ch == '[') ++depth;
+    if (ch == ']') --depth;
+    if (ch == ',' && depth == 0) break;
+    host.push_back(ch);
+  }
+  // Each bracket group becomes its first element: "01-03,07" -> "01".
+  std::string first;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] != '[') {
+      first.push_back(host[i]);
+      continue;
+    }
+    const size_t close = host.find(']', i);
+    if (close == std::string::npos) break;
+    const std::string group = host.substr(i + 1, close - i - 1);
+    const size_t end = group.find_first_of("-,");
+    first += group.substr(0, end);
+    i = close;
+  }
+  if (depth != 0 || first.empty() ||
+      first.find_first_of("[], ") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Slurm node list '", list, "' is not a host list like node[01-04]"));
+  }
+  return first;
+}
+
+int SlurmDefaultPort(int64_t job_id) {
+  return 20000 + static_cast<int>(job_id % 20000);
+}
+
 absl::StatusOr<DistEnv> DistEnvFromLookup(const EnvLookup& lookup) {
+  const bool torchrun =
+      lookup("RANK").has_value() || lookup("WORLD_SIZE").has_value();
+  const bool srun = lookup("SLURM_STEP_ID").has_value() &&
+                    lookup("SLURM_PROCID").has_value() &&
+                    lookup("SLURM_NTASKS").has_value();
+  if (!torchrun && srun) {
+    absl::StatusOr<EnvLookup> slurm = SlurmAsTorchrun(lookup);
+    if (!slurm.ok()) return slurm.status();
+    absl::StatusOr<DistEnv> env = ReadTorchrun(*slurm);
+    if (env.ok()) env->source = "slurm";
+    return env;
+  }
+  absl::StatusOr<DistEnv> env = ReadTorchrun(lookup);
+  if (env.ok() && torchrun) env->source = "torchrun";
+  return env;
+}
+
+namespace {
+
+absl::StatusOr<DistEnv> ReadTorchrun(const EnvLookup& lookup) {
   const bool has_rank = lookup("RANK").has_value();
   const bool has_world = lookup("WORLD_SIZE").has_value();
   if (has_rank != has_world) {
@@ -70,6 +172,8 @@ absl::StatusOr<DistEnv> DistEnvFromLookup(const EnvLookup& lookup) {
   env.master_port = static_cast<int>(*port);
   return env;
 }
+
+}  // namespace
 
 absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
   return DistEnvFromLookup(

@@ -1,7 +1,8 @@
 // DistEnv: where this process sits in a distributed run, read from the same
 // variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-// MASTER_PORT), so shardtrain processes start under torchrun-style launchers,
-// Slurm scripts, `shardtrain-train --nproc N` or by hand. Torch-free.
+// MASTER_PORT), or from Slurm's when `srun` started the process, so shardtrain
+// processes start under torchrun-style launchers, srun, `shardtrain-train
+// --nproc N` or by hand. Torch-free.
 #ifndef SHARDTRAIN_COMMON_DIST_ENV_H_
 #define SHARDTRAIN_COMMON_DIST_ENV_H_
 
@@ -21,6 +22,8 @@ struct DistEnv {
   // Host of rank 0's rendezvous store.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Where the values came from: "torchrun", "slurm" or "" (one process).
+  std::string source;
 };
 
 // Returns the value of an environment variable, or nullopt when it is unset.
@@ -31,7 +34,23 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 // RANK is set), MASTER_ADDR 127.0.0.1, MASTER_PORT 29500. RANK and WORLD_SIZE
 // must be given together. InvalidArgument names the offending variable and
 // its value.
+//
+// Without RANK/WORLD_SIZE, a process started by srun (SLURM_STEP_ID,
+// SLURM_PROCID and SLURM_NTASKS set) takes RANK from SLURM_PROCID,
+// WORLD_SIZE from SLURM_NTASKS, LOCAL_RANK from SLURM_LOCALID, MASTER_ADDR
+// (unless set) from the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST
+// / SLURM_NODELIST, and MASTER_PORT (unless set) from SLURM_JOB_ID, so every
+// task of a step agrees without a shared file. A batch script itself (no
+// step) stays one process.
 absl::StatusOr<DistEnv> DistEnvFromLookup(const EnvLookup& lookup);
+
+// The first host of a Slurm host list: "node[01-03,07],gpu5" -> "node01",
+// "rack[1-2]-n[3-4]" -> "rack1-n3". InvalidArgument when it is not one.
+absl::StatusOr<std::string> FirstHostOfNodeList(const std::string& list);
+
+// The rendezvous port the tasks of Slurm job `job_id` use when MASTER_PORT
+// is not set: in [20000, 40000), a function of the job id only.
+int SlurmDefaultPort(int64_t job_id);
 
 // DistEnvFromLookup over this process's environment.
 absl::StatusOr<DistEnv> DistEnvFromEnvironment();

@@ -107,5 +107,75 @@ TEST(DistEnvTest, LocalRankOutOfRangeIsNamed) {
   EXPECT_THAT(env.status().message(), HasSubstr("LOCAL_RANK='5'"));
 }
 
+TEST(DistEnvTest, SrunTasksReadSlurmsVariables) {
+  const std::map<std::string, std::string> task = {
+      {"SLURM_STEP_ID", "0"},
+      {"SLURM_PROCID", "3"},
+      {"SLURM_NTASKS", "4"},
+      {"SLURM_LOCALID", "1"},
+      {"SLURM_JOB_ID", "123456"},
+      {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+      {"SLURM_JOB_NODELIST", "gpu[07-09]"}};
+  absl::StatusOr<DistEnv> env = Read(task);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->source, "slurm");
+  EXPECT_EQ(env->rank, 3);
+  EXPECT_EQ(env->world_size, 4);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->master_addr, "gpu07");
+  EXPECT_EQ(env->master_port, SlurmDefaultPort(123456));
+  EXPECT_EQ(env->master_port, 20000 + 123456 % 20000);
+
+  // MASTER_ADDR / MASTER_PORT given win; torchrun's variables win over all.
+  std::map<std::string, std::string> given = task;
+  given["MASTER_ADDR"] = "10.0.0.9";
+  given["MASTER_PORT"] = "29600";
+  env = Read(given);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->master_addr, "10.0.0.9");
+  EXPECT_EQ(env->master_port, 29600);
+  given["RANK"] = "0";
+  given["WORLD_SIZE"] = "1";
+  env = Read(given);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->source, "torchrun");
+  EXPECT_EQ(env->world_size, 1);
+}
+
+TEST(DistEnvTest, ABatchScriptWithoutAStepIsOneProcess) {
+  absl::StatusOr<DistEnv> env = Read({{"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_JOB_ID", "7"},
+                                      {"SLURM_JOB_NODELIST", "n[1-2]"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->world_size, 1);
+  EXPECT_EQ(env->source, "");
+}
+
+TEST(DistEnvTest, SlurmProblemsNameTheVariable) {
+  absl::StatusOr<DistEnv> env = Read({{"SLURM_STEP_ID", "0"},
+                                      {"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "2"},
+                                      {"SLURM_JOB_NODELIST", "n1,n2"}});
+  EXPECT_THAT(env.status().message(), HasSubstr("SLURM_JOB_ID"));
+  env = Read({{"SLURM_STEP_ID", "0"},
+              {"SLURM_PROCID", "0"},
+              {"SLURM_NTASKS", "2"},
+              {"SLURM_JOB_ID", "5"}});
+  EXPECT_THAT(env.status().message(), HasSubstr("MASTER_ADDR"));
+}
+
+TEST(DistEnvTest, FirstHostOfASlurmNodeList) {
+  EXPECT_EQ(*FirstHostOfNodeList("node01"), "node01");
+  EXPECT_EQ(*FirstHostOfNodeList("node[01-03,07],gpu5"), "node01");
+  EXPECT_EQ(*FirstHostOfNodeList("node[7,1-3]"), "node7");
+  EXPECT_EQ(*FirstHostOfNodeList("gpu5,node[01-03]"), "gpu5");
+  EXPECT_EQ(*FirstHostOfNodeList("rack[1-2]-n[3-4]"), "rack1-n3");
+  EXPECT_EQ(*FirstHostOfNodeList("10.0.0.1,10.0.0.2"), "10.0.0.1");
+  for (const char* bad : {"", "node[01-03", "[]", ","}) {
+    EXPECT_FALSE(FirstHostOfNodeList(bad).ok()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain
