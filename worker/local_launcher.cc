@@ -171,10 +171,12 @@ absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
   spawn.argv = options.argv;
   if (spawn.argv.empty()) spawn.argv.push_back(options.program);
   spawn.program = options.program;
+  const int local_rank = rank - options.node_rank * options.nproc;
   spawn.env = {
       {"RANK", absl::StrCat(rank)},
-      {"LOCAL_RANK", absl::StrCat(rank)},
-      {"WORLD_SIZE", absl::StrCat(options.nproc)},
+      {"LOCAL_RANK", absl::StrCat(local_rank)},
+      {"WORLD_SIZE", absl::StrCat(options.nnodes * options.nproc)},
+      {"GROUP_RANK", absl::StrCat(options.node_rank)},
       {"LOCAL_WORLD_SIZE", absl::StrCat(options.nproc)},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", absl::StrCat(port)},
@@ -215,7 +217,20 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--nproc must be at least 1, got ", options_.nproc));
   }
+  if (options_.nnodes < 1 || options_.node_rank < 0 ||
+      options_.node_rank >= options_.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--node-rank must be in [0, --nnodes) and --nnodes at least 1; got ",
+        options_.node_rank, " of ", options_.nnodes));
+  }
+  if (options_.nnodes > 1 &&
+      (options_.master_addr.empty() || options_.master_addr == "127.0.0.1")) {
+    return absl::InvalidArgumentError(
+        "--nnodes > 1 needs --master-addr: the host of node 0, reachable "
+        "from every node");
+  }
   int port = options_.master_port;
+  if (port == 0 && options_.nnodes > 1) port = 29500;  // as torchrun
   if (port == 0) {
     absl::StatusOr<int> free_port = PickFreePort();
     if (!free_port.ok()) return free_port.status();
@@ -235,7 +250,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
       c.running = false;
       if (WIFSIGNALED(status)) c.exit.signal = WTERMSIG(status);
       if (WIFEXITED(status)) c.exit.exit_code = WEXITSTATUS(status);
-      ended.push_back(c.exit.rank);
+      ended.push_back(static_cast<int>(&c - children.data()));  // local
     }
     return ended;
   };
@@ -243,9 +258,10 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
     for (Child& c : children) SignalGroup(c, signo);
   };
 
-  for (int rank = 0; rank < options_.nproc; ++rank) {
+  for (int local = 0; local < options_.nproc; ++local) {
+    const int rank = options_.node_rank * options_.nproc + local;
     if (absl::Status s =
-            Spawn(options_, rank, port, out_, err_, &children[rank]);
+            Spawn(options_, rank, port, out_, err_, &children[local]);
         !s.ok()) {
       stop_all(SIGKILL);
       reap_all(/*block=*/true);
@@ -275,8 +291,8 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
       // the rest); among those reaped in the same round, one killed by a
       // signal or else the lowest rank is taken as the first.
       const RankExit* first = nullptr;
-      for (int rank : ended) {
-        const RankExit& e = children[rank].exit;
+      for (int local : ended) {
+        const RankExit& e = children[local].exit;
         if (e.ok()) continue;
         if (first == nullptr || (e.signal != 0 && first->signal == 0))
           first = &e;
@@ -361,9 +377,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
   return result;
 }
 
-int RunLocalRanks(int nproc, int argc, char** argv) {
-  LocalLaunchOptions options;
-  options.nproc = nproc;
+int RunLocalRanks(LocalLaunchOptions options, int argc, char** argv) {
   options.program = "/proc/self/exe";
   options.argv.assign(argv, argv + argc);
   LocalLauncher launcher(std::move(options), std::cout, std::cerr);

@@ -20,7 +20,14 @@
 namespace shardtrain {
 
 struct LocalLaunchOptions {
-  int nproc = 1;
+  int nproc = 1;  // ranks on this host
+  // Hosts in the run and this one's index, like torchrun --nnodes /
+  // --node-rank: this host's ranks are node_rank * nproc + 0 .. nproc-1 of
+  // nnodes * nproc. With nnodes > 1 every host runs the same command with
+  // its own node_rank, master_addr names host 0 (required) and master_port
+  // defaults to 29500.
+  int nnodes = 1;
+  int node_rank = 0;
   // Executable to run and its argv (argv[0] included), the same for every
   // rank; ranks tell themselves apart by RANK.
   std::string program;
@@ -49,7 +56,8 @@ struct LaunchResult {
   // The rank that failed first; rank is -1 when none failed (or the launcher
   // was interrupted before any did).
   RankExit first_failure;
-  // How every rank ended, indexed by rank.
+  // How each of this host's ranks ended, in order (RankExit::rank is the
+  // global rank).
   std::vector<RankExit> ranks;
   int interrupted_by = 0;  // the signal that stopped the launcher, if any
 };
@@ -75,9 +83,11 @@ class LocalLauncher {
 };
 
 // `program --nproc N ...` as a launcher: reruns this executable
-// (/proc/self/exe) with the same arguments as N ranks, forwarding their
-// output to stdout/stderr. Returns the process exit code.
-int RunLocalRanks(int nproc, int argc, char** argv);
+// (/proc/self/exe) with the same arguments as this host's ranks (`options`:
+// nproc, nnodes, node_rank, master_addr/port; program and argv are filled
+// in), forwarding their output to stdout/stderr. Returns the process exit
+// code.
+int RunLocalRanks(LocalLaunchOptions options, int argc, char** argv);
 
 }  // namespace shardtrain
 

@@ -42,10 +42,24 @@ int Main(int argc, char** argv) {
   app.add_option("--config", config_file,
                  "YAML file with the same keys as the flags");
   AddTrainFlags(app, config);
-  int nproc = 1;
-  app.add_option("--nproc", nproc,
+  LocalLaunchOptions launch;
+  app.add_option("--nproc", launch.nproc,
                  "start N ranks on this host, like torchrun --nproc-per-node")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--nnodes", launch.nnodes,
+                 "hosts in the run (each runs this command with its "
+                 "--node-rank), like torchrun --nnodes")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--node-rank", launch.node_rank,
+                 "this host's index in [0, --nnodes)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", launch.master_addr,
+                 "host of node 0 (its rendezvous store), reachable from all")
+      ->capture_default_str();
+  app.add_option("--master-port", launch.master_port,
+                 "rendezvous port (0: a free one on one host, 29500 across "
+                 "hosts)")
+      ->check(CLI::Range(0, 65535));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,8 +72,9 @@ int Main(int argc, char** argv) {
   }
   // --nproc N outside a distributed run: launch N ranks of this very command
   // line and wait for them. The ranks have RANK set and go on to train.
-  if (nproc > 1 && std::getenv("RANK") == nullptr) {
-    return RunLocalRanks(nproc, argc, argv);
+  if ((launch.nproc > 1 || launch.nnodes > 1) &&
+      std::getenv("RANK") == nullptr) {
+    return RunLocalRanks(std::move(launch), argc, argv);
   }
   absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
   if (!env.ok()) {

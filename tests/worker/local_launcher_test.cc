@@ -66,6 +66,35 @@ TEST(LocalLauncherTest, RanksSeeTorchrunVariablesAndOutputIsPrefixed) {
   EXPECT_THAT(l.err, Not(HasSubstr("[launcher]")));
 }
 
+TEST(LocalLauncherTest, OneNodeOfSeveralRunsItsSliceOfTheGlobalRanks) {
+  LocalLaunchOptions options;
+  options.nproc = 2;
+  options.nnodes = 3;
+  options.node_rank = 1;
+  options.master_addr = "node0.example";  // never contacted by sh
+  options.program = "/bin/sh";
+  options.argv = {"sh", "-c",
+                  "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK node "
+                  "$GROUP_RANK at $MASTER_ADDR:$MASTER_PORT\""};
+  std::ostringstream out, err;
+  absl::StatusOr<LaunchResult> result = LocalLauncher(options, out, err).Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_THAT(out.str(),
+              HasSubstr("[rank 2] 2/6 local 0 node 1 at node0.example:29500"));
+  EXPECT_THAT(out.str(),
+              HasSubstr("[rank 3] 3/6 local 1 node 1 at node0.example:29500"));
+
+  // Several nodes need node 0's address, and a node index inside the run.
+  options.master_addr = "127.0.0.1";
+  EXPECT_THAT(LocalLauncher(options, out, err).Run().status().message(),
+              HasSubstr("--master-addr"));
+  options.master_addr = "node0.example";
+  options.node_rank = 3;
+  EXPECT_THAT(LocalLauncher(options, out, err).Run().status().message(),
+              HasSubstr("--node-rank"));
+}
+
 TEST(LocalLauncherTest, EveryRankGetsTheSamePort) {
   Launched l = Launch(2, "echo $MASTER_PORT");
 
