@@ -49,7 +49,7 @@ DataResolver MakeDatasetLocator(const std::string& state_dir) {
   const std::string brown_dir = state_dir + "/data/brown";
   return [shared,
           brown_dir](const std::string& data) -> absl::StatusOr<std::string> {
-    if (data == "brown") {
+    if (data == kBuiltinDataset) {
       absl::MutexLock lock(&shared->mutex);
       if (!shared->brown_ready) {
         if (!std::filesystem::exists(brown_dir + "/train.bin")) {

@@ -29,8 +29,6 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
-// The one data name that is not a path (server/dataset_locator.h).
-constexpr char kBuiltinDataset[] = "brown";
 
 // data and init_from inside `roots`.
 absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {

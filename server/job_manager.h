@@ -40,6 +40,10 @@
 
 namespace shardtrain {
 
+// The one `data` value that is not a path: the Brown Corpus, prepared by the
+// coordinator (server/dataset_locator.h).
+inline constexpr char kBuiltinDataset[] = "brown";
+
 // Turns a JobSpec's `data` ("brown" or a directory) into the directory the
 // workers read; errors name the field and the problem.
 using DataResolver =
