@@ -615,6 +615,33 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
                       ? "queue empty\n"
                       : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
                                     queue));
+    if (cluster.launcher() != "slurm") return;
+    std::cout << "\nlauncher: slurm (the slots above are shardtraind's queue "
+                 "limit; Slurm places the ranks)\n";
+    if (!cluster.slurm_error().empty()) {
+      std::cout << "Slurm did not answer: " << cluster.slurm_error() << "\n";
+      return;
+    }
+    std::vector<std::vector<std::string>> partitions;
+    for (const v1::SlurmPartition& p : cluster.slurm_partitions()) {
+      partitions.push_back({p.name() + (p.is_default() ? "*" : ""), p.state(),
+                            std::to_string(p.total_nodes()),
+                            std::to_string(p.total_cpus()), p.nodes()});
+    }
+    std::cout << "\n"
+              << FormatTable({"PARTITION", "STATE", "NODES", "CPUS", "NODELIST"},
+                             partitions);
+    std::vector<std::vector<std::string>> nodes;
+    for (const v1::SlurmNode& n : cluster.slurm_nodes()) {
+      nodes.push_back({n.name(), n.address(), n.state(),
+                       absl::StrCat(n.cpus_allocated(), "/", n.cpus()),
+                       std::to_string(n.gpus()),
+                       absl::StrJoin(n.partitions(), ",")});
+    }
+    std::cout << "\n"
+              << FormatTable({"NODE", "ADDRESS", "STATE", "CPUS USED", "GPUS",
+                              "PARTITIONS"},
+                             nodes);
   });
 }
 

@@ -4,15 +4,19 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 extern char** environ;
 
@@ -164,6 +168,95 @@ absl::StatusOr<Subprocess> SpawnSubprocess(const SubprocessOptions& options) {
         "cannot run ", image.program, ": ", strerror(child_errno)));
   }
   return Subprocess{pid, out_pipe[0], err_pipe[0]};
+}
+
+namespace {
+
+// The first executable `name` on PATH; `name` itself when it has a '/' or
+// nothing matches (the spawn then names it in its error).
+std::string FindOnPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = dirs.substr(start, end - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return name;
+}
+
+}  // namespace
+
+absl::StatusOr<CommandResult> RunCommand(
+    const std::vector<std::string>& argv,
+    const std::vector<std::pair<std::string, std::string>>& env,
+    double timeout_seconds) {
+  if (argv.empty()) return absl::InvalidArgumentError("run: empty argv");
+  SubprocessOptions options;
+  options.argv = argv;
+  options.program = FindOnPath(argv[0]);
+  options.env = env;
+  options.output = SubprocessOptions::Output::kPipes;
+  absl::StatusOr<Subprocess> child = SpawnSubprocess(options);
+  if (!child.ok()) return child.status();
+
+  constexpr size_t kMaxOutput = size_t{16} << 20;
+  CommandResult result;
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  struct pollfd fds[2] = {{child->stdout_fd, POLLIN, 0},
+                          {child->stderr_fd, POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_streams = 2;
+  bool timed_out = false;
+  char buffer[65536];
+  while (open_streams > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    const int ready = poll(fds, 2, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_streams;
+        continue;
+      }
+      if (sinks[i]->size() < kMaxOutput) {
+        sinks[i]->append(buffer, std::min(static_cast<size_t>(n),
+                                          kMaxOutput - sinks[i]->size()));
+      }
+    }
+  }
+  for (struct pollfd& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  if (timed_out) kill(-child->pid, SIGKILL);
+  int status = 0;
+  while (waitpid(child->pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("`", absl::StrJoin(argv, " "), "` did not finish within ",
+                     timeout_seconds, " s"));
+  }
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  return result;
 }
 
 }  // namespace shardtrain

@@ -44,6 +44,26 @@ struct Subprocess {
 // exits 127.
 absl::StatusOr<Subprocess> SpawnSubprocess(const SubprocessOptions& options);
 
+// A command run to its end: what it printed and how it ended.
+struct CommandResult {
+  int exit_code = -1;  // >= 0 when it exited
+  int signal = 0;      // > 0 when a signal ended it
+  std::string out;     // stdout
+  std::string err;     // stderr
+  bool ok() const { return exit_code == 0; }
+};
+
+// Runs `argv` (searched on PATH when it has no '/') with `env` added to this
+// process's environment, collects its output and waits for it, at most
+// `timeout_seconds`: past that it is killed (SIGKILL to its process group)
+// and the result is DeadlineExceeded naming the command. A command that
+// cannot be started is FailedPrecondition. Output beyond 16 MiB per stream
+// is dropped.
+absl::StatusOr<CommandResult> RunCommand(
+    const std::vector<std::string>& argv,
+    const std::vector<std::pair<std::string, std::string>>& env,
+    double timeout_seconds);
+
 // How a process ended, as people read it: "exit code 3" or "signal KILL".
 std::string DescribeExit(int exit_code, int signal);
 

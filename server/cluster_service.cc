@@ -25,6 +25,37 @@ grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
     queued->set_reason(job.state_reason());
   }
   response->set_version(SHARDTRAIN_VERSION);
+  response->set_launcher(slurm_ != nullptr ? "slurm" : "local");
+  if (slurm_ == nullptr) return grpc::Status::OK;
+  // Slurm's view; the call still answers (with slurm_error) when Slurm
+  // does not.
+  absl::StatusOr<std::vector<SlurmNode>> nodes = slurm_->Nodes();
+  absl::StatusOr<std::vector<SlurmPartition>> partitions =
+      slurm_->Partitions();
+  if (!nodes.ok() || !partitions.ok()) {
+    response->set_slurm_error(std::string(
+        (!nodes.ok() ? nodes.status() : partitions.status()).message()));
+    return grpc::Status::OK;
+  }
+  for (const SlurmNode& node : *nodes) {
+    v1::SlurmNode* out = response->add_slurm_nodes();
+    out->set_name(node.name);
+    out->set_address(node.address);
+    out->set_state(node.state);
+    out->set_cpus(node.cpus);
+    out->set_cpus_allocated(node.cpus_allocated);
+    out->set_gpus(node.gpus);
+    for (const std::string& p : node.partitions) out->add_partitions(p);
+  }
+  for (const SlurmPartition& partition : *partitions) {
+    v1::SlurmPartition* out = response->add_slurm_partitions();
+    out->set_name(partition.name);
+    out->set_state(partition.state);
+    out->set_nodes(partition.nodes);
+    out->set_total_nodes(partition.total_nodes);
+    out->set_total_cpus(partition.total_cpus);
+    out->set_is_default(partition.is_default);
+  }
   return grpc::Status::OK;
 }
 

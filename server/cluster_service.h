@@ -10,8 +10,11 @@ namespace shardtrain {
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
-  ClusterServiceImpl(JobManager* manager, const RequestAuthorizer* authorizer)
-      : manager_(manager), authorizer_(authorizer) {}
+  // `slurm`: set under --launcher slurm; its nodes and partitions are asked
+  // for on each call.
+  ClusterServiceImpl(JobManager* manager, const RequestAuthorizer* authorizer,
+                     SlurmClient* slurm = nullptr)
+      : manager_(manager), authorizer_(authorizer), slurm_(slurm) {}
 
   grpc::Status GetCluster(grpc::ServerContext* context,
                           const v1::GetClusterRequest* request,
@@ -20,6 +23,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
  private:
   JobManager* const manager_;
   const RequestAuthorizer* const authorizer_;
+  SlurmClient* const slurm_;
 };
 
 }  // namespace shardtrain

@@ -13,9 +13,11 @@
 #include <iostream>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "server/dataset_locator.h"
+#include "server/slurm.h"
 
 namespace shardtrain {
 namespace {
@@ -62,6 +64,36 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
   return fd;
 }
 
+// --launcher slurm: what the scheduler may hand out, one slot per rank Slurm
+// can place at once in the partition. Slurm decides where; this only keeps
+// jobs that could never fit in shardtraind's queue.
+absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(SlurmClient& slurm,
+                                                   const SlurmOptions& options) {
+  absl::StatusOr<std::vector<SlurmNode>> nodes = slurm.Nodes();
+  if (!nodes.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "--launcher slurm: cannot ask Slurm for its nodes: ",
+        nodes.status().message()));
+  }
+  absl::StatusOr<std::vector<SlurmPartition>> partitions = slurm.Partitions();
+  if (!partitions.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "--launcher slurm: cannot ask Slurm for its partitions: ",
+        partitions.status().message()));
+  }
+  absl::StatusOr<int> slots = SlurmSlotCount(*nodes, *partitions, options);
+  if (!slots.ok()) return slots.status();
+  std::vector<DeviceInfo> devices;
+  for (int i = 0; i < *slots; ++i) {
+    DeviceInfo device;
+    device.index = i;
+    device.kind = options.gpus_per_node > 0 ? v1::GPU : v1::CPU;
+    device.name = options.gpus_per_node > 0 ? "Slurm GPU slot" : "Slurm CPU slot";
+    devices.push_back(device);
+  }
+  return devices;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options)
@@ -89,6 +121,26 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         "timeouts: need --grace-period >= 0, --heartbeat-interval > 0, "
         "--heartbeat-timeout > --heartbeat-interval, --rendezvous-timeout > 0");
   }
+  if (options.launcher != "local" && options.launcher != "slurm") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--launcher: '", options.launcher, "' is not one of local, slurm"));
+  }
+  if (options.launcher == "slurm") {
+    if (options.worker_listen.empty() ||
+        absl::StartsWith(options.worker_listen, "unix:")) {
+      return absl::InvalidArgumentError(
+          "--launcher slurm needs --worker-listen HOST:PORT, an address of "
+          "this host that Slurm's nodes can reach (ranks report there)");
+    }
+    if (options.slurm.tasks_per_node < 1 || options.slurm.gpus_per_node < 0 ||
+        options.slurm.cpus_per_task < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--slurm-tasks-per-node and --slurm-cpus-per-task must be >= 1, "
+          "--slurm-gpus-per-node >= 0; got ",
+          options.slurm.tasks_per_node, ", ", options.slurm.cpus_per_task,
+          ", ", options.slurm.gpus_per_node));
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir + "/jobs", ec);
   if (ec) {
@@ -110,8 +162,17 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
 
   c->nvml_ = Nvml::Load();
   absl::StatusOr<std::vector<DeviceInfo>> devices =
-      DiscoverDevices(options.devices, c->nvml_.get());
+      options.launcher == "slurm"
+          ? absl::StatusOr<std::vector<DeviceInfo>>(std::vector<DeviceInfo>())
+          : DiscoverDevices(options.devices, c->nvml_.get());
   if (!devices.ok()) return devices.status();
+  if (options.launcher == "slurm") {
+    c->slurm_ = std::make_unique<CommandSlurmClient>(options.slurm);
+    absl::StatusOr<std::vector<DeviceInfo>> slots =
+        SlurmSlots(*c->slurm_, options.slurm);
+    if (!slots.ok()) return slots.status();
+    devices = std::move(slots);
+  }
 
   if (!options.metrics_listen.empty()) {
     MetricsExporterOptions metrics;
@@ -143,6 +204,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       !s.ok()) {
     return s;
   }
+  // The workers' listener serves the same services: the same rule.
+  if (!options.worker_listen.empty()) {
+    if (absl::Status s = CheckListenAllowed(options.worker_listen,
+                                            !token.empty(), options.insecure);
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker-listen: ", s.message()));
+    }
+  }
   absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
   if (!roots.ok()) return roots.status();
   if (options.max_streams_per_client < 1 || options.max_message_bytes < 1024) {
@@ -168,10 +238,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     credentials = grpc::SslServerCredentials(ssl);
   }
 
-  // The workers' channel: a Unix socket only this user can reach.
+  // The workers' channel: a Unix socket only this user can reach, or the
+  // address given (--worker-listen; Slurm's nodes need one they can reach).
   const std::string socket_path = options.state_dir + "/shardtraind.sock";
   std::string worker_listen;
-  if (socket_path.size() <= kMaxUnixSocketPath) {
+  if (!options.worker_listen.empty()) {
+    worker_listen = options.worker_listen;
+  } else if (socket_path.size() <= kMaxUnixSocketPath) {
     std::filesystem::remove(socket_path, ec);  // left by a killed coordinator
     worker_listen = "unix:" + socket_path;
   } else {
@@ -205,6 +278,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.min_free_bytes =
       static_cast<int64_t>(options.min_free_mb * 1048576.0);
   manager_options.worker_address = worker_listen;
+  manager_options.slurm = c->slurm_.get();
+  manager_options.slurm_options = options.slurm;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(manager_options, c->store_.get(), &c->launcher_,
                          &c->clock_, c->exporter_.get());
@@ -229,7 +304,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   c->job_service_ = std::make_unique<JobServiceImpl>(
       c->manager_.get(), c->authorizer_.get(), c->streams_.get());
   c->cluster_service_ = std::make_unique<ClusterServiceImpl>(
-      c->manager_.get(), c->authorizer_.get());
+      c->manager_.get(), c->authorizer_.get(), c->slurm_.get());
   c->worker_service_ = std::make_unique<WorkerServiceImpl>(c->manager_.get());
   builder.RegisterService(c->job_service_.get());
   builder.RegisterService(c->cluster_service_.get());
@@ -241,8 +316,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),
         "; is another shardtraind running?"));
   }
-  if (worker_listen == "127.0.0.1:0") {
-    c->manager_->set_worker_address(absl::StrCat("127.0.0.1:", worker_port));
+  if (!absl::StartsWith(worker_listen, "unix:")) {
+    // A TCP listener: tell the workers the port actually bound.
+    const std::string worker_host =
+        worker_listen.substr(0, worker_listen.rfind(':'));
+    c->manager_->set_worker_address(
+        absl::StrCat(worker_host, ":", worker_port));
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   c->address_ = absl::StrCat(host, ":", public_port);

@@ -62,6 +62,13 @@ struct CoordinatorOptions {
   int max_message_bytes = 4 << 20;
   // Free space the state directory must keep for a submission to be taken.
   double min_free_mb = 64;
+  // "local" (fork/exec on this host) or "slurm" (server/slurm.h).
+  std::string launcher = "local";
+  SlurmOptions slurm;
+  // Where the workers reach the coordinator. Empty: a Unix socket in the
+  // state dir (local launcher). --launcher slurm needs a TCP address the
+  // nodes can reach, e.g. 10.0.0.1:50552 (port 0: any free one).
+  std::string worker_listen;
 };
 
 class Coordinator {
@@ -94,6 +101,7 @@ class Coordinator {
   std::unique_ptr<Nvml> nvml_;
   std::unique_ptr<JobStore> store_;
   PosixProcessLauncher launcher_;
+  std::unique_ptr<SlurmClient> slurm_;
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
   std::unique_ptr<StreamLimiter> streams_;

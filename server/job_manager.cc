@@ -165,6 +165,18 @@ void JobManager::ResumeInterruptedJobs() {
     for (int pid : entry.stored.worker_pids) {
       launcher_->KillOrphan(pid, id, absl::Seconds(5));
     }
+    if (slurm()) {
+      // The ranks of a Slurm job do not die with the coordinator: end the
+      // job the previous one submitted, whatever state it is in.
+      std::ifstream recorded(JobDir(id) + "/slurm_job_id");
+      std::string slurm_job;
+      if (recorded >> slurm_job) {
+        if (absl::Status s = options_.slurm->Cancel(slurm_job); s.ok()) {
+          LogInfo(absl::StrCat(id, ": cancelled Slurm job ", slurm_job,
+                               " left by the previous coordinator"));
+        }
+      }
+    }
     entry.stored.worker_pids.clear();
     entry.stored.worker_pgid = 0;
     const int max_restarts = job.spec().max_restarts();
@@ -535,7 +547,8 @@ absl::StatusOr<JobManager::Entry*> JobManager::Authenticate(
   if (!SecretsEqual(worker.secret(), entry->stored.secret) ||
       worker.rank() < 0 ||
       worker.rank() >= static_cast<int>(entry->ranks.size()) ||
-      entry->ranks[worker.rank()].pid != worker.pid() ||
+      (entry->ranks[worker.rank()].pid != worker.pid() &&
+       !(slurm() && entry->ranks[worker.rank()].pid == 0)) ||
       entry->ranks[worker.rank()].exited) {
     return denied;
   }
@@ -548,6 +561,7 @@ absl::Status JobManager::RegisterWorker(const v1::WorkerIdentity& worker) {
   if (!found.ok()) return found.status();
   Entry& entry = **found;
   RankProcess& rank = entry.ranks[worker.rank()];
+  if (rank.pid == 0) rank.pid = worker.pid();  // a Slurm rank, on its node
   rank.registered = true;
   rank.last_heartbeat = clock_->Now();
   if (observer_ != nullptr) {
@@ -630,21 +644,127 @@ absl::StatusOr<bool> JobManager::Heartbeat(const v1::WorkerIdentity& worker) {
 
 void JobManager::Tick() {
   std::vector<LaunchRequest> requests;
+  std::vector<SlurmPoll> polls;
+  std::vector<std::pair<std::string, int>> signals;
   {
     absl::MutexLock lock(&mutex_);
     Supervise();
     requests.swap(launch_requests_);
+    if (slurm()) polls = DueSlurmPolls();
+    signals.swap(slurm_signals_);
   }
-  if (requests.empty()) return;
+  // Slurm's commands run without the lock: a slow controller must not stall
+  // heartbeats and RPCs.
+  for (const auto& [slurm_job, signal] : signals) {
+    const absl::Status s = signal == SIGKILL
+                               ? options_.slurm->Cancel(slurm_job)
+                               : options_.slurm->Signal(slurm_job, signal);
+    if (!s.ok()) LogInfo(absl::StrCat("Slurm job ", slurm_job, ": ", s.message()));
+  }
+  for (SlurmPoll& poll : polls) {
+    poll.info = options_.slurm->Query(poll.slurm_job_id);
+  }
+  if (requests.empty() && polls.empty()) return;
   std::vector<PreparedLaunch> prepared;
   for (const LaunchRequest& request : requests) {
     prepared.push_back(PrepareLaunch(request));
   }
   absl::MutexLock lock(&mutex_);
+  for (const SlurmPoll& poll : polls) ApplySlurmPoll(poll);
   for (size_t i = 0; i < requests.size(); ++i) {
     CompleteLaunch(*jobs_.at(requests[i].launch.job_id), requests[i],
                    prepared[i]);
   }
+}
+
+std::vector<JobManager::SlurmPoll> JobManager::DueSlurmPolls() {
+  std::vector<SlurmPoll> polls;
+  const absl::Time now = clock_->Now();
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_.at(id);
+    if (entry.slurm_job_id.empty() || now < entry.slurm_next_poll) continue;
+    const bool running =
+        std::any_of(entry.ranks.begin(), entry.ranks.end(),
+                    [](const RankProcess& r) { return !r.exited; });
+    if (!running) continue;
+    entry.slurm_next_poll = now + options_.slurm_poll_interval;
+    polls.push_back({id, entry.slurm_job_id});
+  }
+  return polls;
+}
+
+void JobManager::ApplySlurmPoll(const SlurmPoll& poll) {
+  Entry* entry = Find(poll.job_id);
+  if (entry == nullptr || entry->slurm_job_id != poll.slurm_job_id) return;
+  v1::Job& job = entry->stored.job;
+  if (!poll.info.ok() &&
+      poll.info.status().code() != absl::StatusCode::kNotFound) {
+    // Slurm did not answer this time; ask again at the next poll.
+    LogInfo(absl::StrCat(job.id(), ": ", poll.info.status().message()));
+    return;
+  }
+  SlurmJobInfo info;
+  if (poll.info.ok()) {
+    info = *poll.info;
+  } else {
+    info.job_id = poll.slurm_job_id;
+    info.state = "UNKNOWN";
+    info.reason = std::string(poll.info.status().message());
+  }
+  if (poll.info.ok() && info.Waiting()) {
+    // The rendezvous clock starts when Slurm starts the job.
+    entry->launch_time = clock_->Now();
+    const std::string reason =
+        absl::StrCat("waiting for Slurm job ", info.job_id, " to start (",
+                     info.state, ": ", info.reason, ")");
+    if (job.state_reason() != reason &&
+        (job.state() == v1::STARTING || job.state() == v1::RESTARTING)) {
+      job.set_state_reason(reason);
+    }
+    return;
+  }
+  if (poll.info.ok() && !info.Ended()) return;  // running: heartbeats watch it
+
+  const std::vector<std::string> batch_log =
+      ReadLastLines(entry->slurm_batch_log, 200);
+  const SlurmOutcome outcome = ClassifySlurmEnd(info, batch_log);
+  LogInfo(absl::StrCat(job.id(), ": ", outcome.message));
+  for (RankProcess& rank : entry->ranks) {
+    if (rank.exited) continue;
+    rank.exited = true;
+    rank.exit.exit_code = outcome.success ? 0 : outcome.exit_code;
+    rank.exit.signal = outcome.signal;
+  }
+  if (outcome.success || entry->stop != StopIntent::kNone) return;
+  v1::Failure failure;
+  if (outcome.rank >= 0 &&
+      outcome.rank < static_cast<int>(entry->ranks.size())) {
+    failure = RankFailure(job.id(), outcome.rank, outcome.reason,
+                          outcome.message);
+    const std::vector<std::string> tail(failure.log_tail().begin(),
+                                        failure.log_tail().end());
+    if (failure.reason() != v1::OOM && LooksLikeOom(tail)) {
+      failure.set_reason(v1::OOM);
+      failure.set_message(failure.message() + " (out of memory)");
+    }
+  } else {
+    failure.set_reason(outcome.reason);
+    failure.set_rank(-1);
+    failure.set_message(outcome.message);
+    const size_t first = batch_log.size() > static_cast<size_t>(
+                                                options_.log_tail_lines)
+                             ? batch_log.size() - options_.log_tail_lines
+                             : 0;
+    for (size_t i = first; i < batch_log.size(); ++i) {
+      failure.add_log_tail(batch_log[i]);
+    }
+  }
+  FailAttempt(*entry, std::move(failure));
+}
+
+void JobManager::SignalSlurmJob(Entry& entry, int signal) {
+  if (entry.slurm_job_id.empty()) return;  // not submitted yet
+  slurm_signals_.push_back({entry.slurm_job_id, signal});
 }
 
 void JobManager::Supervise() {
@@ -679,7 +799,8 @@ void JobManager::Supervise() {
 void JobManager::ReapAndDetect(Entry& entry) {
   const absl::Time now = clock_->Now();
   const std::string& id = entry.stored.job.id();
-  for (size_t r = 0; r < entry.ranks.size(); ++r) {
+  // A Slurm attempt's ranks end through ApplySlurmPoll.
+  for (size_t r = 0; r < entry.ranks.size() && !slurm(); ++r) {
     RankProcess& rank = entry.ranks[r];
     if (rank.exited) continue;
     std::optional<ExitStatus> exit = launcher_->TryWait(rank.pid);
@@ -740,10 +861,11 @@ void JobManager::ReapAndDetect(Entry& entry) {
   if (entry.stop != StopIntent::kNone && !entry.killed &&
       now >= entry.stop_deadline) {
     for (const RankProcess& rank : entry.ranks) {
-      if (!rank.exited) {
+      if (!rank.exited && !slurm()) {
         launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGKILL);
       }
     }
+    if (slurm()) SignalSlurmJob(entry, SIGKILL);
     entry.killed = true;
   }
   const bool all_exited =
@@ -766,6 +888,13 @@ void JobManager::FailAttempt(Entry& entry, v1::Failure failure) {
 void JobManager::BeginStop(Entry& entry, StopIntent intent) {
   entry.stop = intent;
   entry.stop_deadline = clock_->Now() + options_.grace_period;
+  if (slurm()) {
+    if (std::any_of(entry.ranks.begin(), entry.ranks.end(),
+                    [](const RankProcess& r) { return !r.exited; })) {
+      SignalSlurmJob(entry, SIGTERM);
+    }
+    return;
+  }
   for (const RankProcess& rank : entry.ranks) {
     if (!rank.exited) {
       launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGTERM);
@@ -779,6 +908,7 @@ void JobManager::FinishAttempt(Entry& entry) {
   entry.no_restart = false;
   std::optional<v1::Failure> failure = std::move(entry.failure);
   entry.ranks.clear();
+  entry.slurm_job_id.clear();
   entry.stop = StopIntent::kNone;
   entry.failure.reset();
   entry.killed = false;
@@ -898,6 +1028,12 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
 
   entry.stored.secret = NewSecret();
   entry.ranks.clear();
+  entry.slurm_job_id.clear();
+  if (slurm()) {
+    // Known before sbatch runs: a Slurm rank may register as soon as the
+    // job is submitted, before CompleteLaunch.
+    entry.ranks.assign(world, RankProcess{});
+  }
   entry.stop = StopIntent::kNone;
   entry.failure.reset();
   entry.killed = false;
@@ -977,12 +1113,14 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
     prepared.error = std::string(s.message());
     return prepared;
   }
-  absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
-  if (!port.ok()) {
-    prepared.error = std::string(port.status().message());
-    return prepared;
+  if (!slurm()) {
+    absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
+    if (!port.ok()) {
+      prepared.error = std::string(port.status().message());
+      return prepared;
+    }
+    prepared.master_port = *port;
   }
-  prepared.master_port = *port;
   for (int r = 0; r < launch.world_size; ++r) {
     std::ofstream log(launch.log_paths[r], std::ios::app);
     log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
@@ -990,6 +1128,28 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
         << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", request.started,
                             absl::UTCTimeZone())
         << " ===\n";
+  }
+  if (slurm()) {
+    const std::string base =
+        absl::StrCat(launch.job_dir, "/slurm-attempt-", request.attempt);
+    const SlurmLaunchPlan plan =
+        PlanSlurmLaunch(launch, options_.slurm_options, base + ".log");
+    if (absl::Status s = WriteFileAtomically(base + ".sh", plan.script);
+        !s.ok()) {
+      prepared.error = std::string(s.message());
+      return prepared;
+    }
+    absl::StatusOr<std::string> slurm_job =
+        options_.slurm->Submit(plan, base + ".sh");
+    if (!slurm_job.ok()) {
+      prepared.error = absl::StrCat("sbatch refused the job: ",
+                                    slurm_job.status().message());
+      return prepared;
+    }
+    prepared.slurm_job_id = *slurm_job;
+    // For the next coordinator, should this one die with the job running.
+    (void)WriteFileAtomically(launch.job_dir + "/slurm_job_id",
+                              *slurm_job + "\n");
   }
   return prepared;
 }
@@ -1002,6 +1162,25 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
   entry.launching = false;
   if (prepared.train_tokens.has_value()) {
     job.set_train_tokens(*prepared.train_tokens);
+  }
+  if (slurm()) {
+    if (prepared.slurm_job_id.empty()) {
+      entry.ranks.clear();  // nothing was submitted
+    } else {
+      entry.slurm_job_id = prepared.slurm_job_id;
+      entry.slurm_batch_log = absl::StrCat(
+          request.launch.job_dir, "/slurm-attempt-", request.attempt, ".log");
+      entry.slurm_next_poll = clock_->Now();
+    }
+  }
+  if (!entry.slurm_job_id.empty() &&
+      (entry.stop != StopIntent::kNone || shutting_down_)) {
+    // Submitted, then cancelled (or the coordinator began to shut down):
+    // end the Slurm job; its end, seen by the poll, ends the attempt.
+    if (entry.stop == StopIntent::kNone) entry.stop = StopIntent::kShutdown;
+    entry.killed = true;
+    SignalSlurmJob(entry, SIGKILL);
+    return;
   }
   if (entry.stop != StopIntent::kNone || shutting_down_) {
     // Cancelled, or the coordinator began to shut down, while the launch was
@@ -1035,6 +1214,17 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
         FailAttempt(entry, std::move(failure));
       };
   if (!prepared.error.empty()) return fail_launch(prepared.error);
+
+  if (slurm()) {
+    LogInfo(absl::StrCat(id, ": submitted ", world, " ranks as Slurm job ",
+                         entry.slurm_job_id));
+    Persist(entry, Event(job.state(),
+                         absl::StrCat(request.first_attempt ? "submitted"
+                                                            : "resubmitted",
+                                      " to Slurm as job ", entry.slurm_job_id,
+                                      " (attempt ", request.attempt, ")")));
+    return;
+  }
 
   RankLaunch launch = request.launch;
   launch.master_port = prepared.master_port;

@@ -35,6 +35,7 @@
 #include "server/process_launcher.h"
 #include "server/rank_specs.h"
 #include "server/scheduler.h"
+#include "server/slurm.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
 
@@ -79,6 +80,13 @@ struct JobManagerOptions {
   // less free space than this (a job needs room for logs, checkpoints and
   // its rows).
   int64_t min_free_bytes = int64_t{64} << 20;
+  // --launcher slurm: each attempt is a Slurm job (server/slurm.h) and
+  // worker_address must be reachable from the nodes. Null: ranks are local
+  // processes started through the ProcessLauncher. Not owned.
+  SlurmClient* slurm = nullptr;
+  SlurmOptions slurm_options;
+  // How often a Slurm job's state is asked for while it runs.
+  absl::Duration slurm_poll_interval = absl::Seconds(1);
 };
 
 // Everything SubmitJob checks before a job is stored: device kind, the
@@ -195,6 +203,11 @@ class JobManager {
     bool no_restart = false;             // the attempt could not even start
     bool relaunch_pending = false;       // recovered; Tick relaunches it
     bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
+    // --launcher slurm: the attempt's Slurm job and its batch log; the
+    // ranks' pids are learnt when they register.
+    std::string slurm_job_id;
+    std::string slurm_batch_log;
+    absl::Time slurm_next_poll;
     std::vector<std::weak_ptr<JobWatch>> watchers;
   };
 
@@ -223,6 +236,7 @@ class JobManager {
   struct PreparedLaunch {
     std::string error;  // non-empty: the launch cannot happen
     int master_port = 0;
+    std::string slurm_job_id;  // --launcher slurm: submitted as this job
     std::optional<int64_t> train_tokens;
   };
   // Takes the devices and queues the launch for the end of this Tick.
@@ -245,6 +259,22 @@ class JobManager {
   // All ranks of the attempt are gone: decide what happens next.
   void FinishAttempt(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReapAndDetect(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // --launcher slurm. A Slurm job's state, asked for outside the lock.
+  struct SlurmPoll {
+    std::string job_id;
+    std::string slurm_job_id;
+    absl::StatusOr<SlurmJobInfo> info = absl::UnknownError("not asked");
+  };
+  std::vector<SlurmPoll> DueSlurmPolls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Pending Slurm jobs restart the rendezvous clock; ended ones end the
+  // attempt's ranks, with the failure Slurm's record and srun's lines name.
+  void ApplySlurmPoll(const SlurmPoll& poll)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Signals (SIGKILL: scancel) for the attempt's Slurm job, sent by Tick
+  // outside the lock.
+  void SignalSlurmJob(Entry& entry, int signal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  bool slurm() const { return options_.slurm != nullptr; }
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -274,6 +304,9 @@ class JobManager {
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
   std::string worker_address_ ABSL_GUARDED_BY(mutex_);
   std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(mutex_);
+  // Slurm job id -> signal, for Tick to send without the lock.
+  std::vector<std::pair<std::string, int>> slurm_signals_
+      ABSL_GUARDED_BY(mutex_);
 
   absl::Notification stop_supervisor_;
   std::thread supervisor_;

@@ -73,6 +73,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ReporterOptions> options =
       ProgressReporter::OptionsFromEnvironment();
   if (!options.ok()) return Fail(options.status(), 2);
+  // The rank as the launcher gave it: RANK (shardtraind's local launcher)
+  // or SLURM_PROCID (srun).
+  options->rank = static_cast<int>(env->rank);
 
   ProgressReporter reporter(*options);
   reporter.set_on_cancel([rank = env->rank] {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 
 #include "tests/test_util.h"
@@ -100,6 +101,34 @@ TEST(SubprocessTest, DescribesExitsAsPeopleReadThem) {
   EXPECT_EQ(DescribeExit(3, 0), "exit code 3");
   EXPECT_EQ(DescribeExit(0, SIGKILL), "signal KILL");
   EXPECT_EQ(DescribeExit(0, SIGSEGV), "signal SEGV");
+}
+
+TEST(RunCommandTest, CollectsOutputEnvironmentAndExitCode) {
+  absl::StatusOr<CommandResult> result =
+      RunCommand({"sh", "-c", "echo out $SHARDTRAIN_X; echo err >&2; exit 3"},
+                 {{"SHARDTRAIN_X", "7"}}, 10);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->out, "out 7\n");
+  EXPECT_EQ(result->err, "err\n");
+  EXPECT_EQ(result->exit_code, 3);
+  EXPECT_FALSE(result->ok());
+}
+
+TEST(RunCommandTest, KillsACommandPastItsTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<CommandResult> result = RunCommand({"sleep", "30"}, {}, 0.3);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("sleep 30"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(RunCommandTest, AMissingProgramIsAnErrorNamingIt) {
+  absl::StatusOr<CommandResult> result =
+      RunCommand({"shardtrain-no-such-program"}, {}, 5);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("shardtrain-no-such-program"));
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/net_route.h"
 
 // LibTorch 1.13 is the oldest this is written against: from it on the work
 // handle is c10d::Work (Work.hpp) and TCPStore takes TCPStoreOptions, in 2.x
@@ -104,7 +105,10 @@ bool IsLoopback(const std::string& host) {
 
 // Gloo binds one address for its connections: GLOO_SOCKET_IFNAME when set
 // (as in PyTorch), loopback when the store is on this host's loopback, else
-// the address this host's name resolves to.
+// the address of the interface that routes to MASTER_ADDR (several nodes,
+// network namespaces: the host name may resolve to an address the others
+// cannot reach). NCCL gets the same interface through NCCL_SOCKET_IFNAME
+// unless that is set.
 std::shared_ptr<::gloo::transport::Device> GlooDevice(
     const std::string& master_addr) {
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
@@ -114,7 +118,12 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(
   if (IsLoopback(master_addr)) {
     return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
-  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+  absl::StatusOr<LocalRoute> route = LocalRouteTo(master_addr);
+  if (!route.ok()) return ::c10d::ProcessGroupGloo::createDefaultDevice();
+  if (!route->interface.empty()) {
+    setenv("NCCL_SOCKET_IFNAME", route->interface.c_str(), /*overwrite=*/0);
+  }
+  return ::c10d::ProcessGroupGloo::createDeviceForHostname(route->address);
 }
 
 c10d::TCPStoreOptions StoreOptions(int port, bool is_server,

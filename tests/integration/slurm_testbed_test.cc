@@ -1,0 +1,316 @@
+// shardtraind --launcher slurm against a real Slurm: Debian's slurmctld and
+// three slurmd, each in its own network namespace on this machine
+// (scripts/slurm-testbed), real shardtrain-worker ranks training gpt2-tiny on
+// two nodes over Gloo. Needs root (namespaces); without it, or without
+// Slurm installed, every test skips saying why.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/subprocess.h"
+#include "tests/integration/daemon_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Daemon;
+using test::DaemonOptions;
+using test::TempDir;
+using ::testing::HasSubstr;
+
+constexpr char kBridgeAddress[] = "10.231.77.1";
+
+std::string Testbed() {
+  return std::string(SHARDTRAIN_SOURCE_DIR) + "/scripts/slurm-testbed";
+}
+
+v1::JobSpec TinySpec(const std::string& strategy, int steps,
+                     int max_restarts = 0) {
+  v1::JobSpec spec;
+  spec.set_name(absl::StrCat("slurm-", strategy));
+  spec.set_model("gpt2-tiny");
+  spec.set_data("brown");
+  spec.mutable_strategy()->set_name(strategy);
+  spec.set_world_size(2);
+  spec.set_max_restarts(max_restarts);
+  v1::TrainerOptions* t = spec.mutable_trainer();
+  t->set_batch_size(2);
+  t->set_seq_len(64);
+  t->set_max_steps(steps);
+  t->set_lr(1e-3);
+  t->set_checkpoint_every(2);
+  return spec;
+}
+
+// Rank 0's loss at each step, as stored by the coordinator.
+std::map<int64_t, double> Losses(Daemon& daemon, const std::string& id) {
+  std::map<int64_t, double> losses;
+  for (const v1::StepMetrics& s : daemon.Metrics(id)) {
+    if (s.rank() == 0) losses[s.step()] = s.loss();
+  }
+  return losses;
+}
+
+class SlurmTestbedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<CommandResult> check =
+        RunCommand({Testbed(), "check"}, {}, 60);
+    if (!check.ok() || !check->ok()) {
+      skip_reason_ = new std::string(
+          check.ok() ? check->out + check->err
+                     : std::string(check.status().message()));
+      return;
+    }
+    bed_ = new TempDir();
+    absl::StatusOr<CommandResult> up =
+        RunCommand({Testbed(), "up", *bed_ / "bed", "3"}, {}, 180);
+    if (!up.ok() || !up->ok()) {
+      up_error_ = new std::string(
+          up.ok() ? up->out + up->err : std::string(up.status().message()));
+    }
+  }
+  static void TearDownTestSuite() {
+    if (bed_ != nullptr) {
+      (void)RunCommand({Testbed(), "down", *bed_ / "bed"}, {}, 60);
+      delete bed_;
+      bed_ = nullptr;
+    }
+  }
+
+  void SetUp() override {
+    if (skip_reason_ != nullptr) {
+      GTEST_SKIP() << "no Slurm test bed on this machine: " << *skip_reason_;
+    }
+    ASSERT_EQ(up_error_, nullptr) << "the test bed did not start: "
+                                  << *up_error_;
+  }
+
+  static std::string SlurmConf() { return *bed_ / "bed/slurm.conf"; }
+
+  // A Slurm command's stdout (the test fails when it fails).
+  static std::string Slurm(const std::vector<std::string>& argv) {
+    absl::StatusOr<CommandResult> result =
+        RunCommand(argv, {{"SLURM_CONF", SlurmConf()}}, 60);
+    EXPECT_TRUE(result.ok() && result->ok())
+        << argv[0] << ": "
+        << (result.ok() ? result->err
+                        : std::string(result.status().message()));
+    return result.ok() ? result->out : "";
+  }
+
+  std::unique_ptr<Daemon> StartDaemon(const std::string& state,
+                                      bool slurm) {
+    DaemonOptions options;
+    options.heartbeat_timeout = 20;
+    options.rendezvous_timeout = 120;
+    options.grace_period = 5;
+    if (slurm) {
+      options.extra_flags = {"--launcher",
+                             "slurm",
+                             "--worker-listen",
+                             absl::StrCat(kBridgeAddress, ":0"),
+                             // A private bridge of this machine only.
+                             "--insecure",
+                             "--slurm-tasks-per-node",
+                             "1"};
+      options.env = {{"SLURM_CONF", SlurmConf()}};
+    }
+    auto daemon =
+        std::make_unique<Daemon>(dir_ / state, std::move(options));
+    std::string error;
+    EXPECT_TRUE(daemon->Start(&error)) << error;
+    return daemon;
+  }
+
+  // The Slurm job of the job's current attempt.
+  std::string SlurmJobOf(const std::string& state, const std::string& id) {
+    std::string slurm_job =
+        test::ReadFile(dir_ / (state + "/jobs/" + id + "/slurm_job_id"));
+    while (!slurm_job.empty() && slurm_job.back() == '\n') slurm_job.pop_back();
+    return slurm_job;
+  }
+
+  static TempDir* bed_;
+  static std::string* skip_reason_;
+  static std::string* up_error_;
+  TempDir dir_;
+};
+
+TempDir* SlurmTestbedTest::bed_ = nullptr;
+std::string* SlurmTestbedTest::skip_reason_ = nullptr;
+std::string* SlurmTestbedTest::up_error_ = nullptr;
+
+TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
+  auto cluster = StartDaemon("slurm", /*slurm=*/true);
+  v1::Job ddp, fsdp;
+  ASSERT_GRPC_OK(cluster->Submit(TinySpec("ddp", 6), &ddp));
+  ASSERT_GRPC_OK(cluster->Submit(TinySpec("fsdp", 6), &fsdp));
+
+  // `shardtrain cluster`'s data: Slurm's nodes and partition.
+  {
+    grpc::ClientContext context;
+    v1::Cluster view;
+    ASSERT_GRPC_OK(cluster->cluster().GetCluster(&context, {}, &view));
+    EXPECT_EQ(view.launcher(), "slurm");
+    EXPECT_EQ(view.slurm_error(), "");
+    ASSERT_EQ(view.slurm_nodes_size(), 3);
+    EXPECT_EQ(view.slurm_nodes(1).address(), "10.231.77.12");
+    ASSERT_EQ(view.slurm_partitions_size(), 1);
+    EXPECT_EQ(view.slurm_partitions(0).name(), "testbed");
+    EXPECT_EQ(view.devices_size(), 3);  // 3 nodes x 1 task
+  }
+
+  std::map<int64_t, double> slurm_losses[2];
+  int i = 0;
+  for (const v1::Job& submitted : {ddp, fsdp}) {
+    const v1::Job job = cluster->WaitFor(submitted.id(), test::IsTerminal,
+                                         absl::Seconds(600));
+    ASSERT_EQ(job.state(), v1::SUCCEEDED)
+        << job.DebugString() << cluster->log()
+        << test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log"));
+    // Two nodes, one task each, and the ranks ran in their namespaces.
+    const std::string record =
+        Slurm({"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+    EXPECT_THAT(record, HasSubstr("NumNodes=2 "));
+    EXPECT_THAT(record, HasSubstr("JobState=COMPLETED"));
+    slurm_losses[i++] = Losses(*cluster, job.id());
+  }
+  ASSERT_EQ(slurm_losses[0].size(), 6u);
+
+  // The same DDP job on one host (the local launcher).
+  auto local = StartDaemon("local", /*slurm=*/false);
+  v1::Job reference;
+  ASSERT_GRPC_OK(local->Submit(TinySpec("ddp", 6), &reference));
+  const v1::Job done =
+      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  const std::map<int64_t, double> local_losses = Losses(*local, done.id());
+  ASSERT_EQ(local_losses.size(), 6u);
+  for (const auto& [step, loss] : local_losses) {
+    for (int s = 0; s < 2; ++s) {
+      const double other = slurm_losses[s].at(step);
+      EXPECT_LE(std::abs(loss - other), 1e-5 * std::abs(loss))
+          << (s == 0 ? "ddp" : "fsdp") << " on Slurm, step " << step << ": "
+          << other << " vs " << loss << " on one host";
+    }
+  }
+}
+
+TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {
+  auto cluster = StartDaemon("slurm", /*slurm=*/true);
+  v1::Job job;
+  ASSERT_GRPC_OK(
+      cluster->Submit(TinySpec("ddp", 40, /*max_restarts=*/2), &job));
+  auto reached = [](int step) {
+    return [step](const v1::Job& j) {
+      return test::IsTerminal(j) ||
+             (j.state() == v1::RUNNING && j.last_step().step() >= step);
+    };
+  };
+  v1::Job running = cluster->WaitFor(job.id(), reached(3), absl::Seconds(300));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+
+  // 1. kill -9 rank 1, wherever Slurm put it.
+  int killed = 0;
+  for (int pid : test::WorkerPids(job.id())) {
+    const std::string env =
+        test::ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    if (env.find(std::string("\0SLURM_PROCID=1\0", 16)) != std::string::npos) {
+      killed += kill(pid, SIGKILL) == 0;
+    }
+  }
+  ASSERT_EQ(killed, 1);
+  v1::Job restarting = cluster->WaitFor(
+      job.id(),
+      [](const v1::Job& j) {
+        return test::IsTerminal(j) || j.state() == v1::RESTARTING ||
+               j.restarts() > 0;
+      },
+      absl::Seconds(120));
+  EXPECT_EQ(restarting.restarts(), 1) << restarting.DebugString();
+  EXPECT_THAT(cluster->log(), HasSubstr("rank 1 ended: signal KILL"));
+
+  // 2. Power off a node of the second attempt (not the batch host: its loss
+  //    is a node failure, not a failed batch script).
+  const int done_before = static_cast<int>(running.last_step().step());
+  running = cluster->WaitFor(
+      job.id(),
+      [&](const v1::Job& j) {
+        return test::IsTerminal(j) ||
+               (j.state() == v1::RUNNING && j.restarts() == 1 &&
+                j.last_step().step() > done_before);
+      },
+      absl::Seconds(300));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+  const std::string record = Slurm(
+      {"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+  const size_t host_at = record.find("BatchHost=node");
+  ASSERT_NE(host_at, std::string::npos) << record;
+  const int batch_node = record[host_at + 14] - '0';
+  const size_t list_at = record.find(" NodeList=");
+  ASSERT_NE(list_at, std::string::npos);
+  const std::string nodes =
+      record.substr(list_at + 10, record.find(' ', list_at + 10) - list_at - 10);
+  int victim = 0;
+  for (int n = 1; n <= 3; ++n) {
+    if (n != batch_node && (absl::StrContains(nodes, absl::StrCat("node", n)) ||
+                            absl::StrContains(nodes, absl::StrCat(n)))) {
+      victim = n;
+      break;
+    }
+  }
+  ASSERT_NE(victim, 0) << nodes;
+  ASSERT_TRUE(
+      RunCommand({Testbed(), "kill-node", *bed_ / "bed", absl::StrCat(victim)},
+                 {}, 60)
+          .ok());
+  const v1::Job finished =
+      cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(900));
+  // Slurm gives the node back for the next test whatever happened here.
+  absl::StatusOr<CommandResult> revived = RunCommand(
+      {Testbed(), "revive-node", *bed_ / "bed", absl::StrCat(victim)}, {}, 120);
+  EXPECT_TRUE(revived.ok() && revived->ok());
+  ASSERT_EQ(finished.state(), v1::SUCCEEDED)
+      << finished.DebugString() << cluster->log();
+  EXPECT_EQ(finished.restarts(), 2);
+  EXPECT_THAT(cluster->log(), HasSubstr("lost a node"));
+  // The third attempt resumed from a checkpoint: it did not start at step 1.
+  EXPECT_THAT(
+      test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
+      HasSubstr("resumed from"));
+  EXPECT_EQ(finished.last_step().step(), 40);
+}
+
+TEST_F(SlurmTestbedTest, CancelLeavesNothingInSlurmsQueue) {
+  auto cluster = StartDaemon("slurm", /*slurm=*/true);
+  v1::Job job;
+  ASSERT_GRPC_OK(cluster->Submit(TinySpec("fsdp", 1000), &job));
+  const v1::Job running = cluster->WaitFor(
+      job.id(),
+      [](const v1::Job& j) {
+        return test::IsTerminal(j) || j.state() == v1::RUNNING;
+      },
+      absl::Seconds(300));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+  grpc::ClientContext context;
+  v1::CancelJobRequest request;
+  request.set_job_id(job.id());
+  v1::Job cancelled;
+  ASSERT_GRPC_OK(cluster->jobs().CancelJob(&context, request, &cancelled));
+  const v1::Job done =
+      cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(120));
+  EXPECT_EQ(done.state(), v1::CANCELLED) << done.DebugString();
+  EXPECT_EQ(Slurm({"squeue", "-h", "-o", "%i %j %T"}), "");
+  EXPECT_TRUE(test::WorkerPids(job.id()).empty());
+}
+
+}  // namespace
+}  // namespace shardtrain
