@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -166,6 +167,15 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
     ASSERT_EQ(view.slurm_partitions_size(), 1);
     EXPECT_EQ(view.slurm_partitions(0).name(), "testbed");
     EXPECT_EQ(view.devices_size(), 3);  // 3 nodes x 1 task
+    // And as `shardtrain cluster` prints it.
+    absl::StatusOr<CommandResult> cli = RunCommand(
+        {test::BinDir() + "/shardtrain", "cluster", "--address",
+         cluster->address()},
+        {}, 60);
+    ASSERT_TRUE(cli.ok() && cli->ok()) << (cli.ok() ? cli->err : "");
+    EXPECT_THAT(cli->out, HasSubstr("launcher: slurm"));
+    EXPECT_THAT(cli->out, HasSubstr("testbed*"));
+    EXPECT_THAT(cli->out, HasSubstr("10.231.77.13"));
   }
 
   std::map<int64_t, double> slurm_losses[2];
@@ -194,14 +204,19 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
   const std::map<int64_t, double> local_losses = Losses(*local, done.id());
   ASSERT_EQ(local_losses.size(), 6u);
+  double worst = 0;
   for (const auto& [step, loss] : local_losses) {
     for (int s = 0; s < 2; ++s) {
       const double other = slurm_losses[s].at(step);
       EXPECT_LE(std::abs(loss - other), 1e-5 * std::abs(loss))
           << (s == 0 ? "ddp" : "fsdp") << " on Slurm, step " << step << ": "
           << other << " vs " << loss << " on one host";
+      worst = std::max(worst, std::abs(loss - other) / std::abs(loss));
     }
   }
+  std::cout << "slurm test bed: 2 nodes x 1 rank, ddp and fsdp vs one host: "
+               "largest relative loss difference "
+            << worst << " over " << local_losses.size() << " steps\n";
 }
 
 TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {
