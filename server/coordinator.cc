@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/atomic_file.h"
 #include "server/dataset_locator.h"
 #include "server/slurm.h"
@@ -132,6 +134,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
           "--launcher slurm needs --worker-listen HOST:PORT, an address of "
           "this host that Slurm's nodes can reach (ranks report there)");
     }
+    const std::string host =
+        options.worker_listen.substr(0, options.worker_listen.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host == "::") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--worker-listen: ", options.worker_listen,
+          " is every address of this host; give the one the nodes reach "
+          "(workers are told to dial it)"));
+    }
     if (options.slurm.tasks_per_node < 1 || options.slurm.gpus_per_node < 0 ||
         options.slurm.cpus_per_task < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -140,6 +150,26 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
           options.slurm.tasks_per_node, ", ", options.slurm.cpus_per_task,
           ", ", options.slurm.gpus_per_node));
     }
+  }
+  // The workers' listener serves the same services as --listen: the same
+  // rule (the token file itself is read below).
+  if (!options.worker_listen.empty()) {
+    if (absl::Status s =
+            CheckListenAllowed(options.worker_listen,
+                               !options.auth_token_file.empty(),
+                               options.insecure);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--worker-listen: ", absl::StripPrefix(s.message(), "--listen: ")));
+    }
+  }
+  // Slurm's commands wait a minute for a configuration file that is not
+  // there: say so at once instead.
+  if (const char* conf = std::getenv("SLURM_CONF");
+      options.launcher == "slurm" && conf != nullptr && *conf != '\0' &&
+      !std::filesystem::exists(conf)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--launcher slurm: SLURM_CONF names ", conf, ", which does not exist"));
   }
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir + "/jobs", ec);
@@ -204,15 +234,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       !s.ok()) {
     return s;
   }
-  // The workers' listener serves the same services: the same rule.
-  if (!options.worker_listen.empty()) {
-    if (absl::Status s = CheckListenAllowed(options.worker_listen,
-                                            !token.empty(), options.insecure);
-        !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--worker-listen: ", s.message()));
-    }
-  }
+
   absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
   if (!roots.ok()) return roots.status();
   if (options.max_streams_per_client < 1 || options.max_message_bytes < 1024) {

@@ -68,6 +68,37 @@ TEST_F(CoordinatorSecurityTest, ListeningBeyondLoopbackNeedsATokenOrInsecure) {
   }
 }
 
+TEST_F(CoordinatorSecurityTest, TheSlurmLauncherIsRefusedWithoutWhatItNeeds) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"--launcher", "kubernetes"}, "--launcher: 'kubernetes' is not one of"},
+      {{"--launcher", "slurm"}, "needs --worker-listen HOST:PORT"},
+      {{"--launcher", "slurm", "--worker-listen", "0.0.0.0:0", "--insecure"},
+       "is every address of this host"},
+      // The workers' listener answers clients too: the --listen rule.
+      {{"--launcher", "slurm", "--worker-listen", "10.1.2.3:0"},
+       "--worker-listen: 10.1.2.3:0 is reachable from other hosts"},
+      {{"--launcher", "slurm", "--worker-listen", "127.0.0.1:0",
+        "--slurm-tasks-per-node", "0"},
+       "--slurm-tasks-per-node and --slurm-cpus-per-task must be >= 1"},
+      // Slurm's configuration is not where SLURM_CONF says.
+      {{"--launcher", "slurm", "--worker-listen", "127.0.0.1:0"},
+       "SLURM_CONF names"},
+  };
+  for (const Case& c : cases) {
+    DaemonOptions options;
+    options.extra_flags = c.flags;
+    options.env = {{"SLURM_CONF", dir_ / "no-such-slurm.conf"}};
+    auto daemon = NewDaemon(options);
+    std::string error;
+    EXPECT_FALSE(daemon->Start(&error)) << c.error;
+    EXPECT_THAT(error, HasSubstr(c.error));
+  }
+}
+
 TEST_F(CoordinatorSecurityTest, JobsReadDataAndInitFromOnlyUnderPathRoots) {
   DaemonOptions options;
   options.extra_flags = {"--path-root", dir_ / "allowed"};
