@@ -629,8 +629,9 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
                             std::to_string(p.total_cpus()), p.nodes()});
     }
     std::cout << "\n"
-              << FormatTable({"PARTITION", "STATE", "NODES", "CPUS", "NODELIST"},
-                             partitions);
+              << FormatTable(
+                     {"PARTITION", "STATE", "NODES", "CPUS", "NODELIST"},
+                     partitions);
     std::vector<std::vector<std::string>> nodes;
     for (const v1::SlurmNode& n : cluster.slurm_nodes()) {
       nodes.push_back({n.name(), n.address(), n.state(),

@@ -30,8 +30,7 @@ grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
   // Slurm's view; the call still answers (with slurm_error) when Slurm
   // does not.
   absl::StatusOr<std::vector<SlurmNode>> nodes = slurm_->Nodes();
-  absl::StatusOr<std::vector<SlurmPartition>> partitions =
-      slurm_->Partitions();
+  absl::StatusOr<std::vector<SlurmPartition>> partitions = slurm_->Partitions();
   if (!nodes.ok() || !partitions.ok()) {
     response->set_slurm_error(std::string(
         (!nodes.ok() ? nodes.status() : partitions.status()).message()));

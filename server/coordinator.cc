@@ -69,19 +69,19 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
 // --launcher slurm: what the scheduler may hand out, one slot per rank Slurm
 // can place at once in the partition. Slurm decides where; this only keeps
 // jobs that could never fit in shardtraind's queue.
-absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(SlurmClient& slurm,
-                                                   const SlurmOptions& options) {
+absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(
+    SlurmClient& slurm, const SlurmOptions& options) {
   absl::StatusOr<std::vector<SlurmNode>> nodes = slurm.Nodes();
   if (!nodes.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "--launcher slurm: cannot ask Slurm for its nodes: ",
-        nodes.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("--launcher slurm: cannot ask Slurm for its nodes: ",
+                     nodes.status().message()));
   }
   absl::StatusOr<std::vector<SlurmPartition>> partitions = slurm.Partitions();
   if (!partitions.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "--launcher slurm: cannot ask Slurm for its partitions: ",
-        partitions.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("--launcher slurm: cannot ask Slurm for its partitions: ",
+                     partitions.status().message()));
   }
   absl::StatusOr<int> slots = SlurmSlotCount(*nodes, *partitions, options);
   if (!slots.ok()) return slots.status();
@@ -90,7 +90,8 @@ absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(SlurmClient& slurm,
     DeviceInfo device;
     device.index = i;
     device.kind = options.gpus_per_node > 0 ? v1::GPU : v1::CPU;
-    device.name = options.gpus_per_node > 0 ? "Slurm GPU slot" : "Slurm CPU slot";
+    device.name =
+        options.gpus_per_node > 0 ? "Slurm GPU slot" : "Slurm CPU slot";
     devices.push_back(device);
   }
   return devices;
@@ -147,17 +148,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       return absl::InvalidArgumentError(absl::StrCat(
           "--slurm-tasks-per-node and --slurm-cpus-per-task must be >= 1, "
           "--slurm-gpus-per-node >= 0; got ",
-          options.slurm.tasks_per_node, ", ", options.slurm.cpus_per_task,
-          ", ", options.slurm.gpus_per_node));
+          options.slurm.tasks_per_node, ", ", options.slurm.cpus_per_task, ", ",
+          options.slurm.gpus_per_node));
     }
   }
   // The workers' listener serves the same services as --listen: the same
   // rule (the token file itself is read below).
   if (!options.worker_listen.empty()) {
-    if (absl::Status s =
-            CheckListenAllowed(options.worker_listen,
-                               !options.auth_token_file.empty(),
-                               options.insecure);
+    if (absl::Status s = CheckListenAllowed(options.worker_listen,
+                                            !options.auth_token_file.empty(),
+                                            options.insecure);
         !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--worker-listen: ", absl::StripPrefix(s.message(), "--listen: ")));

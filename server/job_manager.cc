@@ -659,7 +659,8 @@ void JobManager::Tick() {
     const absl::Status s = signal == SIGKILL
                                ? options_.slurm->Cancel(slurm_job)
                                : options_.slurm->Signal(slurm_job, signal);
-    if (!s.ok()) LogInfo(absl::StrCat("Slurm job ", slurm_job, ": ", s.message()));
+    if (!s.ok())
+      LogInfo(absl::StrCat("Slurm job ", slurm_job, ": ", s.message()));
   }
   for (SlurmPoll& poll : polls) {
     poll.info = options_.slurm->Query(poll.slurm_job_id);
@@ -739,8 +740,8 @@ void JobManager::ApplySlurmPoll(const SlurmPoll& poll) {
   v1::Failure failure;
   if (outcome.rank >= 0 &&
       outcome.rank < static_cast<int>(entry->ranks.size())) {
-    failure = RankFailure(job.id(), outcome.rank, outcome.reason,
-                          outcome.message);
+    failure =
+        RankFailure(job.id(), outcome.rank, outcome.reason, outcome.message);
     const std::vector<std::string> tail(failure.log_tail().begin(),
                                         failure.log_tail().end());
     if (failure.reason() != v1::OOM && LooksLikeOom(tail)) {
@@ -751,10 +752,10 @@ void JobManager::ApplySlurmPoll(const SlurmPoll& poll) {
     failure.set_reason(outcome.reason);
     failure.set_rank(-1);
     failure.set_message(outcome.message);
-    const size_t first = batch_log.size() > static_cast<size_t>(
-                                                options_.log_tail_lines)
-                             ? batch_log.size() - options_.log_tail_lines
-                             : 0;
+    const size_t first =
+        batch_log.size() > static_cast<size_t>(options_.log_tail_lines)
+            ? batch_log.size() - options_.log_tail_lines
+            : 0;
     for (size_t i = first; i < batch_log.size(); ++i) {
       failure.add_log_tail(batch_log[i]);
     }

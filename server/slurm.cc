@@ -106,9 +106,9 @@ bool FirstTaskFailure(const std::vector<std::string>& log, int* task,
 
 bool SlurmJobInfo::Ended() const {
   static const char* const kEnded[] = {
-      "COMPLETED", "FAILED",        "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
-      "TIMEOUT",   "BOOT_FAIL",     "DEADLINE",  "PREEMPTED", "SPECIAL_EXIT",
-      "REVOKED",   "RESV_DEL_HOLD"};
+      "COMPLETED",     "FAILED",       "CANCELLED", "NODE_FAIL",
+      "OUT_OF_MEMORY", "TIMEOUT",      "BOOT_FAIL", "DEADLINE",
+      "PREEMPTED",     "SPECIAL_EXIT", "REVOKED",   "RESV_DEL_HOLD"};
   // sacct prints "CANCELLED by 0".
   const std::string first = state.substr(0, state.find(' '));
   return std::find(std::begin(kEnded), std::end(kEnded), first) !=
@@ -139,9 +139,8 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
   SlurmLaunchPlan plan;
   const int world = launch.world_size;
   const bool gpu = options.gpus_per_node > 0;
-  const int per_node =
-      std::max(1, std::min(world, gpu ? options.gpus_per_node
-                                      : options.tasks_per_node));
+  const int per_node = std::max(
+      1, std::min(world, gpu ? options.gpus_per_node : options.tasks_per_node));
   const int nodes = (world + per_node - 1) / per_node;
   std::vector<std::string>& args = plan.sbatch_args;
   args = {"--parsable",
@@ -169,10 +168,9 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
     const std::string& first = launch.log_paths.front();
     log_pattern = first.substr(0, first.rfind('/') + 1) + "rank-%t.log";
   }
-  std::vector<std::string> worker = {launch.worker_binary, "--spec",
-                                     launch.spec_path,     "--out",
-                                     launch.job_dir,       "--job-id",
-                                     launch.job_id};
+  std::vector<std::string> worker = {
+      launch.worker_binary, "--spec",   launch.spec_path, "--out",
+      launch.job_dir,       "--job-id", launch.job_id};
   if (!gpu) {
     worker.push_back("--threads");
     worker.push_back(std::to_string(std::max(1, options.cpus_per_task)));
@@ -205,8 +203,8 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
       {"SHARDTRAIN_HEARTBEAT_SECONDS", absl::StrCat(launch.heartbeat_seconds)},
   };
   if (!gpu) {
-    plan.env.push_back(
-        {"OMP_NUM_THREADS", std::to_string(std::max(1, options.cpus_per_task))});
+    plan.env.push_back({"OMP_NUM_THREADS",
+                        std::to_string(std::max(1, options.cpus_per_task))});
     plan.env.push_back({"CUDA_VISIBLE_DEVICES", ""});
   }
   return plan;
@@ -328,9 +326,9 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
   const bool found_task = FirstTaskFailure(batch_log, &task, &what);
   if (state == "NODE_FAIL") {
     outcome.reason = v1::NODE_FAILURE;
-    outcome.message = absl::StrCat(job, " lost a node", on, ": Slurm says ",
-                                   info.reason.empty() ? "NODE_FAIL"
-                                                       : info.reason);
+    outcome.message =
+        absl::StrCat(job, " lost a node", on, ": Slurm says ",
+                     info.reason.empty() ? "NODE_FAIL" : info.reason);
     return outcome;
   }
   if (state == "OUT_OF_MEMORY" ||
@@ -373,8 +371,8 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
   } else if (state == "FAILED" && info.signal > 0) {
     outcome.reason = v1::SIGNAL;
     outcome.signal = info.signal;
-    outcome.message = absl::StrCat(job, " ended with signal ",
-                                   SignalName(info.signal), on);
+    outcome.message =
+        absl::StrCat(job, " ended with signal ", SignalName(info.signal), on);
   } else if (state == "FAILED") {
     outcome.reason = v1::EXIT_CODE;
     outcome.exit_code = info.exit_code;
@@ -382,16 +380,17 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
                                    info.exit_code, on, ": ", info.reason);
   } else {
     outcome.reason = v1::EXIT_CODE;
-    outcome.message = absl::StrCat(job, " ended ", info.state, on,
-                                   info.reason.empty() ? "" : ": ",
-                                   info.reason);
+    outcome.message =
+        absl::StrCat(job, " ended ", info.state, on,
+                     info.reason.empty() ? "" : ": ", info.reason);
   }
   return outcome;
 }
 
-absl::StatusOr<int> SlurmSlotCount(const std::vector<SlurmNode>& nodes,
-                                   const std::vector<SlurmPartition>& partitions,
-                                   const SlurmOptions& options) {
+absl::StatusOr<int> SlurmSlotCount(
+    const std::vector<SlurmNode>& nodes,
+    const std::vector<SlurmPartition>& partitions,
+    const SlurmOptions& options) {
   std::string name = options.partition;
   if (name.empty()) {
     for (const SlurmPartition& partition : partitions) {
@@ -436,10 +435,10 @@ absl::StatusOr<std::string> Slurm(
         absl::StrCat("Slurm: ", result.status().message()));
   }
   if (!result->ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "`", absl::StrJoin(argv, " "), "` failed (",
-        DescribeExit(result->exit_code, result->signal),
-        "): ", absl::StripAsciiWhitespace(result->err)));
+    return absl::UnavailableError(
+        absl::StrCat("`", absl::StrJoin(argv, " "), "` failed (",
+                     DescribeExit(result->exit_code, result->signal),
+                     "): ", absl::StripAsciiWhitespace(result->err)));
   }
   return result->out;
 }
@@ -475,9 +474,9 @@ absl::StatusOr<SlurmJobInfo> CommandSlurmClient::Query(
              "-j", job_id},
             options_.command_timeout_seconds);
   if (!sacct.ok()) {
-    return absl::NotFoundError(absl::StrCat(
-        "Slurm has no record of job ", job_id, " (", sacct.status().message(),
-        ")"));
+    return absl::NotFoundError(absl::StrCat("Slurm has no record of job ",
+                                            job_id, " (",
+                                            sacct.status().message(), ")"));
   }
   absl::StatusOr<SlurmJobInfo> info = ParseSacctJob(*sacct);
   if (!info.ok()) {
@@ -487,8 +486,7 @@ absl::StatusOr<SlurmJobInfo> CommandSlurmClient::Query(
   return info;
 }
 
-absl::Status CommandSlurmClient::Signal(const std::string& job_id,
-                                        int signal) {
+absl::Status CommandSlurmClient::Signal(const std::string& job_id, int signal) {
   absl::StatusOr<std::string> out =
       Slurm({"scancel", absl::StrCat("--signal=", SignalName(signal)), job_id},
             options_.command_timeout_seconds);

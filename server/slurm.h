@@ -22,10 +22,10 @@
 namespace shardtrain {
 
 struct SlurmOptions {
-  std::string partition;     // "" = the cluster's default partition
-  int tasks_per_node = 1;    // ranks per node (CPU jobs)
-  int gpus_per_node = 0;     // > 0: GPU jobs, one rank per GPU
-  int cpus_per_task = 1;     // threads of a CPU rank
+  std::string partition;   // "" = the cluster's default partition
+  int tasks_per_node = 1;  // ranks per node (CPU jobs)
+  int gpus_per_node = 0;   // > 0: GPU jobs, one rank per GPU
+  int cpus_per_task = 1;   // threads of a CPU rank
   // Passed to sbatch as they are (e.g. --account=ml, --time=2:00:00).
   std::vector<std::string> extra_sbatch_args;
   double command_timeout_seconds = 30;
@@ -87,8 +87,8 @@ class SlurmClient {
  public:
   virtual ~SlurmClient() = default;
   // Runs sbatch; returns the Slurm job id.
-  virtual absl::StatusOr<std::string> Submit(const SlurmLaunchPlan& plan,
-                                             const std::string& script_path) = 0;
+  virtual absl::StatusOr<std::string> Submit(
+      const SlurmLaunchPlan& plan, const std::string& script_path) = 0;
   // NotFound when Slurm has no record of the job.
   virtual absl::StatusOr<SlurmJobInfo> Query(const std::string& job_id) = 0;
   // Sends `signal` to the job's tasks (a pending job is cancelled instead).
@@ -145,9 +145,9 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
 // Ranks Slurm can run at once in the partition (options.partition, else the
 // default one): its nodes times GPUs (or tasks) per node.
 // FailedPrecondition naming the partition when there is none or it is empty.
-absl::StatusOr<int> SlurmSlotCount(const std::vector<SlurmNode>& nodes,
-                                   const std::vector<SlurmPartition>& partitions,
-                                   const SlurmOptions& options);
+absl::StatusOr<int> SlurmSlotCount(
+    const std::vector<SlurmNode>& nodes,
+    const std::vector<SlurmPartition>& partitions, const SlurmOptions& options);
 
 // `text` quoted for a POSIX shell.
 std::string ShellQuote(const std::string& text);

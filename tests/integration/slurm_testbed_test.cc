@@ -65,17 +65,17 @@ class SlurmTestbedTest : public ::testing::Test {
     absl::StatusOr<CommandResult> check =
         RunCommand({Testbed(), "check"}, {}, 60);
     if (!check.ok() || !check->ok()) {
-      skip_reason_ = new std::string(
-          check.ok() ? check->out + check->err
-                     : std::string(check.status().message()));
+      skip_reason_ =
+          new std::string(check.ok() ? check->out + check->err
+                                     : std::string(check.status().message()));
       return;
     }
     bed_ = new TempDir();
     absl::StatusOr<CommandResult> up =
         RunCommand({Testbed(), "up", *bed_ / "bed", "3"}, {}, 180);
     if (!up.ok() || !up->ok()) {
-      up_error_ = new std::string(
-          up.ok() ? up->out + up->err : std::string(up.status().message()));
+      up_error_ = new std::string(up.ok() ? up->out + up->err
+                                          : std::string(up.status().message()));
     }
   }
   static void TearDownTestSuite() {
@@ -90,8 +90,8 @@ class SlurmTestbedTest : public ::testing::Test {
     if (skip_reason_ != nullptr) {
       GTEST_SKIP() << "no Slurm test bed on this machine: " << *skip_reason_;
     }
-    ASSERT_EQ(up_error_, nullptr) << "the test bed did not start: "
-                                  << *up_error_;
+    ASSERT_EQ(up_error_, nullptr)
+        << "the test bed did not start: " << *up_error_;
   }
 
   static std::string SlurmConf() { return *bed_ / "bed/slurm.conf"; }
@@ -102,30 +102,23 @@ class SlurmTestbedTest : public ::testing::Test {
         RunCommand(argv, {{"SLURM_CONF", SlurmConf()}}, 60);
     EXPECT_TRUE(result.ok() && result->ok())
         << argv[0] << ": "
-        << (result.ok() ? result->err
-                        : std::string(result.status().message()));
+        << (result.ok() ? result->err : std::string(result.status().message()));
     return result.ok() ? result->out : "";
   }
 
-  std::unique_ptr<Daemon> StartDaemon(const std::string& state,
-                                      bool slurm) {
+  std::unique_ptr<Daemon> StartDaemon(const std::string& state, bool slurm) {
     DaemonOptions options;
     options.heartbeat_timeout = 20;
     options.rendezvous_timeout = 120;
     options.grace_period = 5;
     if (slurm) {
-      options.extra_flags = {"--launcher",
-                             "slurm",
-                             "--worker-listen",
+      options.extra_flags = {"--launcher", "slurm", "--worker-listen",
                              absl::StrCat(kBridgeAddress, ":0"),
                              // A private bridge of this machine only.
-                             "--insecure",
-                             "--slurm-tasks-per-node",
-                             "1"};
+                             "--insecure", "--slurm-tasks-per-node", "1"};
       options.env = {{"SLURM_CONF", SlurmConf()}};
     }
-    auto daemon =
-        std::make_unique<Daemon>(dir_ / state, std::move(options));
+    auto daemon = std::make_unique<Daemon>(dir_ / state, std::move(options));
     std::string error;
     EXPECT_TRUE(daemon->Start(&error)) << error;
     return daemon;
@@ -168,10 +161,10 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
     EXPECT_EQ(view.slurm_partitions(0).name(), "testbed");
     EXPECT_EQ(view.devices_size(), 3);  // 3 nodes x 1 task
     // And as `shardtrain cluster` prints it.
-    absl::StatusOr<CommandResult> cli = RunCommand(
-        {test::BinDir() + "/shardtrain", "cluster", "--address",
-         cluster->address()},
-        {}, 60);
+    absl::StatusOr<CommandResult> cli =
+        RunCommand({test::BinDir() + "/shardtrain", "cluster", "--address",
+                    cluster->address()},
+                   {}, 60);
     ASSERT_TRUE(cli.ok() && cli->ok()) << (cli.ok() ? cli->err : "");
     EXPECT_THAT(cli->out, HasSubstr("launcher: slurm"));
     EXPECT_THAT(cli->out, HasSubstr("testbed*"));
@@ -181,8 +174,8 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
   std::map<int64_t, double> slurm_losses[2];
   int i = 0;
   for (const v1::Job& submitted : {ddp, fsdp}) {
-    const v1::Job job = cluster->WaitFor(submitted.id(), test::IsTerminal,
-                                         absl::Seconds(600));
+    const v1::Job job =
+        cluster->WaitFor(submitted.id(), test::IsTerminal, absl::Seconds(600));
     ASSERT_EQ(job.state(), v1::SUCCEEDED)
         << job.DebugString() << cluster->log()
         << test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log"));
@@ -265,15 +258,15 @@ TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {
       },
       absl::Seconds(300));
   ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
-  const std::string record = Slurm(
-      {"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+  const std::string record =
+      Slurm({"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
   const size_t host_at = record.find("BatchHost=node");
   ASSERT_NE(host_at, std::string::npos) << record;
   const int batch_node = record[host_at + 14] - '0';
   const size_t list_at = record.find(" NodeList=");
   ASSERT_NE(list_at, std::string::npos);
-  const std::string nodes =
-      record.substr(list_at + 10, record.find(' ', list_at + 10) - list_at - 10);
+  const std::string nodes = record.substr(
+      list_at + 10, record.find(' ', list_at + 10) - list_at - 10);
   int victim = 0;
   for (int n = 1; n <= 3; ++n) {
     if (n != batch_node && (absl::StrContains(nodes, absl::StrCat("node", n)) ||
@@ -298,9 +291,8 @@ TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {
   EXPECT_EQ(finished.restarts(), 2);
   EXPECT_THAT(cluster->log(), HasSubstr("lost a node"));
   // The third attempt resumed from a checkpoint: it did not start at step 1.
-  EXPECT_THAT(
-      test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
-      HasSubstr("resumed from"));
+  EXPECT_THAT(test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
+              HasSubstr("resumed from"));
   EXPECT_EQ(finished.last_step().step(), 40);
 }
 

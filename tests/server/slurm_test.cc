@@ -151,10 +151,10 @@ TEST(SlurmClassifyTest, NamesTheFirstFailedTaskNotTheOnesSrunTerminated) {
   EXPECT_EQ(outcome.rank, 1);
   EXPECT_THAT(outcome.message, HasSubstr("rank 1 ended: signal KILL"));
 
-  outcome = ClassifySlurmEnd(
-      Ended("FAILED", 3),
-      {"srun: error: node1: task 0: Terminated",
-       "srun: error: node2: task 1: Exited with exit code 3"});
+  outcome =
+      ClassifySlurmEnd(Ended("FAILED", 3),
+                       {"srun: error: node1: task 0: Terminated",
+                        "srun: error: node2: task 1: Exited with exit code 3"});
   EXPECT_EQ(outcome.reason, v1::EXIT_CODE);
   EXPECT_EQ(outcome.rank, 1);
   EXPECT_EQ(outcome.exit_code, 3);
@@ -170,10 +170,11 @@ TEST(SlurmClassifyTest, NodeFailureOomCancelAndSuccess) {
   EXPECT_THAT(outcome.message, HasSubstr("NodeDown"));
 
   EXPECT_EQ(ClassifySlurmEnd(Ended("OUT_OF_MEMORY"), {}).reason, v1::OOM);
-  EXPECT_EQ(ClassifySlurmEnd(Ended("FAILED", 1),
-                             {"slurmstepd: error: Detected 1 oom-kill event(s)"})
-                .reason,
-            v1::OOM);
+  EXPECT_EQ(
+      ClassifySlurmEnd(Ended("FAILED", 1),
+                       {"slurmstepd: error: Detected 1 oom-kill event(s)"})
+          .reason,
+      v1::OOM);
   EXPECT_THAT(ClassifySlurmEnd(Ended("CANCELLED by 0"), {}).message,
               HasSubstr("cancelled outside shardtraind"));
   EXPECT_THAT(ClassifySlurmEnd(Ended("TIMEOUT"), {}).message,
@@ -192,7 +193,8 @@ RankLaunch Launch(int world) {
   launch.secret = "s3cret";
   launch.heartbeat_seconds = 2;
   for (int r = 0; r < world; ++r) {
-    launch.log_paths.push_back(absl::StrCat("/state/jobs/job-7/rank-", r, ".log"));
+    launch.log_paths.push_back(
+        absl::StrCat("/state/jobs/job-7/rank-", r, ".log"));
   }
   return launch;
 }
@@ -206,12 +208,12 @@ TEST(SlurmPlanTest, CpuRanksSpreadOverNodesWithPerRankLogs) {
   RankLaunch launch = Launch(3);
   launch.resume = true;
   const SlurmLaunchPlan plan = PlanSlurmLaunch(launch, options, "/b.log");
-  EXPECT_THAT(plan.sbatch_args,
-              testing::IsSupersetOf(std::vector<std::string>{
-                  "--parsable", "--no-requeue", "--nodes=2", "--ntasks=3",
-                  "--ntasks-per-node=2", "--cpus-per-task=3",
-                  "--output=/b.log", "--partition=cpu", "--account=ml",
-                  "--job-name=shardtrain-job-7"}));
+  EXPECT_THAT(
+      plan.sbatch_args,
+      testing::IsSupersetOf(std::vector<std::string>{
+          "--parsable", "--no-requeue", "--nodes=2", "--ntasks=3",
+          "--ntasks-per-node=2", "--cpus-per-task=3", "--output=/b.log",
+          "--partition=cpu", "--account=ml", "--job-name=shardtrain-job-7"}));
   EXPECT_THAT(plan.sbatch_args, Not(testing::Contains(HasSubstr("--gpus"))));
   EXPECT_THAT(plan.script,
               HasSubstr("--output='/state/jobs/job-7/rank-%t.log'"));
@@ -227,8 +229,8 @@ TEST(SlurmPlanTest, CpuRanksSpreadOverNodesWithPerRankLogs) {
   EXPECT_EQ(env["SHARDTRAIN_JOB_SECRET"], "s3cret");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "3");
   // Ranks take their place from Slurm's variables, never from these.
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                           "MASTER_PORT"}) {
+  for (const char* name :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
     EXPECT_EQ(env.count(name), 0u) << name;
   }
 }
@@ -428,7 +430,8 @@ TEST_F(SlurmJobManagerTest, AKilledRankIsNamedWithItsLog) {
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.failure().reason(), v1::SIGNAL);
   EXPECT_EQ(failed.failure().rank(), 1);
-  EXPECT_THAT(failed.failure().log_tail(), testing::Contains("step 3 loss 9.1"));
+  EXPECT_THAT(failed.failure().log_tail(),
+              testing::Contains("step 3 loss 9.1"));
 }
 
 TEST_F(SlurmJobManagerTest, CancelSignalsThroughSlurmAndEndsCancelled) {
