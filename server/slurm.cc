@@ -37,6 +37,13 @@ std::map<std::string, std::string> KeyValues(absl::string_view line) {
   return values;
 }
 
+// The value of `key`, "" when absent.
+std::string Field(const std::map<std::string, std::string>& values,
+                  const char* key) {
+  auto it = values.find(key);
+  return it == values.end() ? std::string() : it->second;
+}
+
 int ToInt(const std::string& text) {
   int value = 0;
   return absl::SimpleAtoi(text, &value) ? value : 0;
@@ -226,22 +233,18 @@ absl::StatusOr<std::string> ParseSbatchJobId(const std::string& text) {
 
 absl::StatusOr<SlurmJobInfo> ParseScontrolJob(const std::string& text) {
   const std::map<std::string, std::string> values = KeyValues(text);
-  auto get = [&](const char* key) {
-    auto it = values.find(key);
-    return it == values.end() ? std::string() : it->second;
-  };
   SlurmJobInfo info;
-  info.job_id = get("JobId");
-  info.state = get("JobState");
+  info.job_id = Field(values, "JobId");
+  info.state = Field(values, "JobState");
   if (info.job_id.empty() || info.state.empty()) {
     return absl::InternalError(absl::StrCat(
         "scontrol printed no JobId/JobState: '", text.substr(0, 200), "'"));
   }
-  info.reason = get("Reason");
-  ParseExitCode(get("ExitCode"), &info);
-  info.nodes = get("NodeList");
+  info.reason = Field(values, "Reason");
+  ParseExitCode(Field(values, "ExitCode"), &info);
+  info.nodes = Field(values, "NodeList");
   if (info.nodes == "(null)") info.nodes.clear();
-  info.batch_host = get("BatchHost");
+  info.batch_host = Field(values, "BatchHost");
   return info;
 }
 
@@ -266,19 +269,15 @@ std::vector<SlurmNode> ParseScontrolNodes(const std::string& text) {
   std::vector<SlurmNode> nodes;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     const std::map<std::string, std::string> values = KeyValues(line);
-    auto get = [&](const char* key) {
-      auto it = values.find(key);
-      return it == values.end() ? std::string() : it->second;
-    };
     SlurmNode node;
-    node.name = get("NodeName");
+    node.name = Field(values, "NodeName");
     if (node.name.empty()) continue;
-    node.address = get("NodeAddr");
-    node.state = get("State");
-    node.cpus = ToInt(get("CPUTot"));
-    node.cpus_allocated = ToInt(get("CPUAlloc"));
-    node.gpus = GpusOf(get("Gres"));
-    const std::string partitions = get("Partitions");
+    node.address = Field(values, "NodeAddr");
+    node.state = Field(values, "State");
+    node.cpus = ToInt(Field(values, "CPUTot"));
+    node.cpus_allocated = ToInt(Field(values, "CPUAlloc"));
+    node.gpus = GpusOf(Field(values, "Gres"));
+    const std::string partitions = Field(values, "Partitions");
     if (!partitions.empty() && partitions != "(null)") {
       node.partitions = absl::StrSplit(partitions, ',');
     }
@@ -291,18 +290,14 @@ std::vector<SlurmPartition> ParseScontrolPartitions(const std::string& text) {
   std::vector<SlurmPartition> partitions;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     const std::map<std::string, std::string> values = KeyValues(line);
-    auto get = [&](const char* key) {
-      auto it = values.find(key);
-      return it == values.end() ? std::string() : it->second;
-    };
     SlurmPartition partition;
-    partition.name = get("PartitionName");
+    partition.name = Field(values, "PartitionName");
     if (partition.name.empty()) continue;
-    partition.state = get("State");
-    partition.nodes = get("Nodes");
-    partition.total_nodes = ToInt(get("TotalNodes"));
-    partition.total_cpus = ToInt(get("TotalCPUs"));
-    partition.is_default = get("Default") == "YES";
+    partition.state = Field(values, "State");
+    partition.nodes = Field(values, "Nodes");
+    partition.total_nodes = ToInt(Field(values, "TotalNodes"));
+    partition.total_cpus = ToInt(Field(values, "TotalCPUs"));
+    partition.is_default = Field(values, "Default") == "YES";
     partitions.push_back(std::move(partition));
   }
   return partitions;

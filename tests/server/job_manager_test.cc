@@ -10,9 +10,7 @@
 #include <functional>
 #include <future>
 
-#include "tests/fakes/fake_clock.h"
-#include "tests/fakes/fake_process_launcher.h"
-#include "tests/test_util.h"
+#include "tests/server/job_manager_fixture.h"
 
 namespace shardtrain {
 namespace {
@@ -20,52 +18,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class JobManagerTest : public ::testing::Test {
+class JobManagerTest : public test::JobManagerFixture {
  protected:
-  void SetUp() override {
-    std::filesystem::create_directories(dir_ / "data");
-    test::WriteFile(dir_ / "data/train.bin", "x");
-    auto store = JobStore::Open(dir_ / "state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    manager_ = NewManager();
-  }
-
-  std::unique_ptr<JobManager> NewManager(
-      const std::function<void(JobManagerOptions&)>& tweak = nullptr) {
-    JobManagerOptions options;
-    options.state_dir = dir_.path();
-    options.worker_binary = "/bin/shardtrain-worker";
-    options.worker_address = "unix:/tmp/test.sock";
-    for (int i = 0; i < 4; ++i)
-      options.devices.push_back({i, v1::CPU, "cpu slot", 0});
-    options.cpu_cores = 8;
-    options.heartbeat_timeout = absl::Seconds(30);
-    options.rendezvous_timeout = absl::Seconds(60);
-    options.grace_period = absl::Seconds(10);
-    options.resolve_data =
-        [this](const std::string&) -> absl::StatusOr<std::string> {
-      if (on_resolve_) on_resolve_();
-      return dir_ / "data";
-    };
-    if (tweak) tweak(options);
-    auto manager =
-        JobManager::Create(options, store_.get(), &launcher_, &clock_);
-    EXPECT_TRUE(manager.ok()) << manager.status();
-    (*manager)->ResumeInterruptedJobs();
-    return std::move(*manager);
-  }
-
-  v1::JobSpec Spec(int world, int max_restarts = 0) {
-    v1::JobSpec spec;
-    spec.set_model("gpt2-tiny");
-    spec.set_data("data");
-    spec.mutable_strategy()->set_name(world == 1 ? "single" : "ddp");
-    spec.set_world_size(world);
-    spec.set_max_restarts(max_restarts);
-    return spec;
-  }
-
   v1::WorkerIdentity Identity(int pid) {
     v1::WorkerIdentity w;
     w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
@@ -89,22 +43,6 @@ class JobManagerTest : public ::testing::Test {
     EXPECT_EQ(manager_->Get(*id)->state(), v1::RUNNING);
     return pids;
   }
-
-  // The coordinator dies without shutting down: the manager is never
-  // destroyed (nothing it would do on the way out happens), and stays
-  // reachable so leak checkers know it is kept on purpose.
-  static void Crash(std::unique_ptr<JobManager> manager) {
-    static auto* crashed = new std::vector<std::unique_ptr<JobManager>>;
-    crashed->push_back(std::move(manager));
-  }
-
-  test::TempDir dir_;
-  // Runs inside the data resolver (at submit, and in a launch's preparation).
-  std::function<void()> on_resolve_;
-  FakeClock clock_;
-  FakeProcessLauncher launcher_;
-  std::unique_ptr<JobStore> store_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(JobManagerTest,

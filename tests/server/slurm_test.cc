@@ -12,9 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/job_manager.h"
-#include "tests/fakes/fake_clock.h"
-#include "tests/fakes/fake_process_launcher.h"
 #include "tests/fakes/fake_slurm_client.h"
+#include "tests/server/job_manager_fixture.h"
 #include "tests/test_util.h"
 
 namespace shardtrain {
@@ -253,46 +252,15 @@ TEST(SlurmPlanTest, ShellQuote) {
 
 // --- The JobManager with --launcher slurm, against a fake Slurm. ---
 
-class SlurmJobManagerTest : public ::testing::Test {
+class SlurmJobManagerTest : public test::JobManagerFixture {
  protected:
-  void SetUp() override {
-    std::filesystem::create_directories(dir_ / "data");
-    test::WriteFile(dir_ / "data/train.bin", "x");
-    auto store = JobStore::Open(dir_ / "state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    manager_ = NewManager();
-  }
-
-  std::unique_ptr<JobManager> NewManager() {
-    JobManagerOptions options;
-    options.state_dir = dir_.path();
-    options.worker_binary = "/bin/shardtrain-worker";
+  void Configure(JobManagerOptions& options) override {
     options.worker_address = "10.231.77.1:50552";
-    for (int i = 0; i < 4; ++i)
-      options.devices.push_back({i, v1::CPU, "Slurm CPU slot", 0});
-    options.heartbeat_timeout = absl::Seconds(30);
-    options.rendezvous_timeout = absl::Seconds(60);
-    options.grace_period = absl::Seconds(10);
-    options.resolve_data = [this](const std::string&) { return dir_ / "data"; };
     options.slurm = &slurm_;
     options.slurm_poll_interval = absl::Seconds(1);
-    auto manager =
-        JobManager::Create(options, store_.get(), &launcher_, &clock_);
-    EXPECT_TRUE(manager.ok()) << manager.status();
-    (*manager)->ResumeInterruptedJobs();
-    return std::move(*manager);
   }
-
-  v1::JobSpec Spec(int world, int max_restarts = 0) {
-    v1::JobSpec spec;
-    spec.set_model("gpt2-tiny");
-    spec.set_data("data");
-    spec.mutable_strategy()->set_name("ddp");
-    spec.set_world_size(world);
-    spec.set_max_restarts(max_restarts);
-    return spec;
-  }
+  // The manager uses slurm_, which goes before the fixture's members.
+  void TearDown() override { manager_.reset(); }
 
   // Rank r of the Slurm job's attempt, as it registers from its node.
   v1::WorkerIdentity Identity(const std::string& slurm_job, int rank) {
@@ -329,12 +297,7 @@ class SlurmJobManagerTest : public ::testing::Test {
     return job->id();
   }
 
-  test::TempDir dir_;
-  FakeClock clock_;
-  FakeProcessLauncher launcher_;  // must stay unused
-  FakeSlurmClient slurm_;
-  std::unique_ptr<JobStore> store_;
-  std::unique_ptr<JobManager> manager_;
+  FakeSlurmClient slurm_;  // the fixture's launcher_ must stay unused
 };
 
 TEST_F(SlurmJobManagerTest, AJobIsOneSbatchAllocationThatSucceedsWithSlurm) {
@@ -474,8 +437,7 @@ TEST_F(SlurmJobManagerTest, ANewCoordinatorCancelsTheSlurmJobItFindsRunning) {
   std::string slurm_job;
   const std::string id = StartRunning(Spec(2, /*max_restarts=*/1), &slurm_job);
   // The coordinator dies; the next one starts on the same state.
-  static auto* crashed = new std::vector<std::unique_ptr<JobManager>>;
-  crashed->push_back(std::move(manager_));
+  Crash(std::move(manager_));
   manager_ = NewManager();
   EXPECT_THAT(slurm_.job(slurm_job).signals, ElementsAre(SIGKILL));
   EXPECT_EQ(manager_->Get(id)->state(), v1::RESTARTING);
