@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -162,8 +163,31 @@ bool InProcessGroup::Exchange(int64_t rank, torch::Tensor contribution,
   return true;
 }
 
+// In a real run each rank is a process; here ranks are threads of one. The
+// process-wide objects LibTorch creates on first use (the default CPU
+// generator and its mutex, the pickler's type tables, autograd's engine)
+// are created once here, on the thread that starts the ranks, as a process
+// creates them before it trains: their lazy creation inside uninstrumented
+// LibTorch is invisible to ThreadSanitizer, which otherwise reports the
+// first use by one rank thread against the creation by another.
+void WarmUpLibTorchGlobals() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    torch::nn::Embedding embedding(4, 4);
+    torch::nn::Linear linear(4, 4);
+    torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({4}));
+    torch::Tensor x = norm(linear(embedding(torch::arange(2))));
+    x.sum().backward();
+    c10::impl::GenericDict dict(c10::StringType::get(),
+                                c10::TensorType::get());
+    dict.insert("x", x.detach());
+    (void)torch::pickle_load(torch::pickle_save(dict));
+  });
+}
+
 void RunRanks(int64_t world_size,
               const std::function<void(int64_t, Communicator&)>& fn) {
+  WarmUpLibTorchGlobals();
   InProcessGroup group(world_size);
   std::vector<std::thread> threads;
   for (int64_t rank = 0; rank < world_size; ++rank) {
