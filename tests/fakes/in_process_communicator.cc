@@ -178,8 +178,7 @@ void WarmUpLibTorchGlobals() {
     torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({4}));
     torch::Tensor x = norm(linear(embedding(torch::arange(2))));
     x.sum().backward();
-    c10::impl::GenericDict dict(c10::StringType::get(),
-                                c10::TensorType::get());
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
     dict.insert("x", x.detach());
     (void)torch::pickle_load(torch::pickle_save(dict));
   });
