@@ -194,6 +194,8 @@ TEST_F(StrategyEquivalenceTest, FsdpShardedCheckpointResumesTheSameRun) {
   const std::string args =
       "--strategy fsdp --nproc 2 --batch-size 2" + Common();
   TrainRun full = Train("fsdp_full", args);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  ASSERT_EQ(full.rank0.size(), 20u);
   TrainRun first = Train("fsdp_ckpt", args + " --checkpoint-every 10");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string out = *dir_ + "/fsdp_ckpt";
