@@ -64,6 +64,12 @@ bool SecretsEqual(const std::string& a, const std::string& b) {
 }
 
 // Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
+template <typename Entry>
+bool AnyRankRunning(const Entry& entry) {
+  return std::any_of(entry.ranks.begin(), entry.ranks.end(),
+                     [](const auto& rank) { return !rank.exited; });
+}
+
 bool LooksLikeOom(const std::vector<std::string>& lines) {
   for (const std::string& line : lines) {
     const std::string lower = absl::AsciiStrToLower(line);
@@ -684,10 +690,7 @@ std::vector<JobManager::SlurmPoll> JobManager::DueSlurmPolls() {
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
     if (entry.slurm_job_id.empty() || now < entry.slurm_next_poll) continue;
-    const bool running =
-        std::any_of(entry.ranks.begin(), entry.ranks.end(),
-                    [](const RankProcess& r) { return !r.exited; });
-    if (!running) continue;
+    if (!AnyRankRunning(entry)) continue;
     entry.slurm_next_poll = now + options_.slurm_poll_interval;
     polls.push_back({id, entry.slurm_job_id});
   }
@@ -729,14 +732,16 @@ void JobManager::ApplySlurmPoll(const SlurmPoll& poll) {
   const std::vector<std::string> batch_log =
       ReadLastLines(entry->slurm_batch_log, 200);
   const SlurmOutcome outcome = ClassifySlurmEnd(info, batch_log);
-  LogInfo(absl::StrCat(job.id(), ": ", outcome.message));
   for (RankProcess& rank : entry->ranks) {
     if (rank.exited) continue;
     rank.exited = true;
     rank.exit.exit_code = outcome.success ? 0 : outcome.exit_code;
     rank.exit.signal = outcome.signal;
   }
-  if (outcome.success || entry->stop != StopIntent::kNone) return;
+  if (outcome.success || entry->stop != StopIntent::kNone) {
+    LogInfo(absl::StrCat(job.id(), ": ", outcome.message));
+    return;  // a failure is logged by FailAttempt
+  }
   v1::Failure failure;
   if (outcome.rank >= 0 &&
       outcome.rank < static_cast<int>(entry->ranks.size())) {
@@ -890,10 +895,7 @@ void JobManager::BeginStop(Entry& entry, StopIntent intent) {
   entry.stop = intent;
   entry.stop_deadline = clock_->Now() + options_.grace_period;
   if (slurm()) {
-    if (std::any_of(entry.ranks.begin(), entry.ranks.end(),
-                    [](const RankProcess& r) { return !r.exited; })) {
-      SignalSlurmJob(entry, SIGTERM);
-    }
+    if (AnyRankRunning(entry)) SignalSlurmJob(entry, SIGTERM);
     return;
   }
   for (const RankProcess& rank : entry.ranks) {

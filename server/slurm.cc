@@ -168,13 +168,9 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
     args.push_back(extra);
   }
 
-  // Rank r's log is rank-<r>.log beside the others: srun's %t is the task
-  // id, which is the rank.
-  std::string log_pattern = launch.job_dir + "/rank-%t.log";
-  if (!launch.log_paths.empty()) {
-    const std::string& first = launch.log_paths.front();
-    log_pattern = first.substr(0, first.rfind('/') + 1) + "rank-%t.log";
-  }
+  // Rank r's log is job_dir/rank-<r>.log, as on one host: srun's %t is the
+  // task id, which is the rank.
+  const std::string log_pattern = launch.job_dir + "/rank-%t.log";
   std::vector<std::string> worker = {
       launch.worker_binary, "--spec",   launch.spec_path, "--out",
       launch.job_dir,       "--job-id", launch.job_id};

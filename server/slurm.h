@@ -118,8 +118,8 @@ class CommandSlurmClient : public SlurmClient {
 };
 
 // The arguments, script and environment of one attempt: world-size tasks on
-// ceil(world / ranks-per-node) nodes, per-rank logs at launch.log_paths'
-// place (`srun --output .../rank-%t.log`), srun's own messages in
+// ceil(world / ranks-per-node) nodes, per-rank logs in the job directory
+// (`srun --output <job_dir>/rank-%t.log`), srun's own messages in
 // `batch_log`. The environment carries the coordinator's address and the
 // attempt's secret, never RANK/WORLD_SIZE: ranks read Slurm's variables.
 SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
