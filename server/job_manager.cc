@@ -34,6 +34,19 @@ constexpr int kMaxPageSize = 1000;
 absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
   if (spec.data() != kBuiltinDataset) {
     if (absl::Status s = roots.Check("data", spec.data()); !s.ok()) return s;
+    // Each file the ranks read, resolved on its own: a train.bin that is a
+    // symlink out of the directory must not pass because its folder does.
+    for (const char* file : {"train.bin", "val.bin"}) {
+      const std::string path = absl::StrCat(spec.data(), "/", file);
+      std::error_code ec;
+      if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+        continue;
+      }
+      if (absl::Status s = roots.Check(absl::StrCat("data (", file, ")"), path);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   if (!spec.trainer().init_from().empty()) {
     return roots.Check("trainer.init_from", spec.trainer().init_from());
@@ -439,21 +452,43 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     return absl::FailedPreconditionError(
         absl::StrCat(job_id, " already ended (", StateName(state), ")"));
   }
+  // Each branch stores the cancel before it acts on it or answers: a cancel
+  // the client was told of survives a coordinator restart.
+  auto not_stored = [&](const absl::Status& s) {
+    return absl::UnavailableError(
+        absl::StrCat("the cancel of ", job_id, " could not be stored (",
+                     s.message(), "); the job was left as it is: try again"));
+  };
   if (state == v1::QUEUED ||
       (entry->ranks.empty() && !entry->relaunch_pending && !entry->launching &&
        entry->stop == StopIntent::kNone)) {
+    if (absl::Status s =
+            CommitState(*entry, v1::CANCELLED, "cancelled before it started");
+        !s.ok()) {
+      return not_stored(s);
+    }
     entry->relaunch_pending = false;
     ReleaseDevices(*entry);
-    SetState(*entry, v1::CANCELLED, "cancelled before it started");
   } else if (entry->relaunch_pending) {
+    if (absl::Status s = CommitState(*entry, v1::CANCELLED,
+                                     "cancelled while waiting to restart");
+        !s.ok()) {
+      return not_stored(s);
+    }
     entry->relaunch_pending = false;
     ReleaseDevices(*entry);
-    SetState(*entry, v1::CANCELLED, "cancelled while waiting to restart");
   } else if (entry->stop != StopIntent::kCancel) {
+    StoredJob requested = entry->stored;
+    requested.job.set_cancel_requested(true);
+    if (absl::Status s = store_->UpdateJob(
+            requested,
+            Event(state, absl::StrCat("cancel requested; stopping ",
+                                      entry->ranks.size(), " ranks")));
+        !s.ok()) {
+      return not_stored(s);
+    }
     entry->stored.job.set_cancel_requested(true);
     BeginStop(*entry, StopIntent::kCancel);
-    Persist(*entry, Event(state, absl::StrCat("cancel requested; stopping ",
-                                              entry->ranks.size(), " ranks")));
   }
   return entry->stored.job;
 }
@@ -1075,6 +1110,7 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   launch.coordinator_address = worker_address_;
   launch.secret = entry.stored.secret;
   launch.heartbeat_seconds = absl::ToDoubleSeconds(options_.heartbeat_interval);
+  launch.read_roots = absl::StrJoin(options_.path_roots.roots(), ":");
   for (int r = 0; r < world; ++r) launch.log_paths.push_back(LogPath(id, r));
   launch_requests_.push_back(std::move(request));
 }
@@ -1103,9 +1139,11 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
   }
   v1::JobSpec resolved = request.spec;
   resolved.set_data(*data);
-  if (absl::StatusOr<TokenFile> train = TokenFile::Open(*data + "/train.bin");
-      train.ok()) {
-    prepared.train_tokens = static_cast<int64_t>(train->size());
+  // The header only: the ranks read (and validate) the tokens themselves.
+  if (absl::StatusOr<int64_t> tokens =
+          ReadTokenFileHeader(*data + "/train.bin");
+      tokens.ok()) {
+    prepared.train_tokens = *tokens;
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
@@ -1259,13 +1297,38 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
 
 void JobManager::SetState(Entry& entry, v1::JobState state,
                           const std::string& message) {
-  v1::Job& job = entry.stored.job;
-  const absl::Time now = clock_->Now();
+  if (absl::Status s = CommitState(entry, state, message); !s.ok()) {
+    LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), " -> ",
+                         StateName(state), ": ", s.message()));
+    // What happened still happened: recorded in memory for this run.
+    StoredJob& stored = entry.stored;
+    stored.job.set_state(state);
+    stored.job.set_state_reason(message);
+    if (IsTerminal(state)) {
+      stored.job.set_end_time_unix_ms(UnixMillis(clock_->Now()));
+    }
+    Announce(entry, Event(state, message));
+  }
+}
+
+absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,
+                                     const std::string& message) {
+  StoredJob next = entry.stored;
+  v1::Job& job = next.job;
   job.set_state(state);
   job.set_state_reason(message);
-  if (IsTerminal(state)) job.set_end_time_unix_ms(UnixMillis(now));
+  if (IsTerminal(state)) job.set_end_time_unix_ms(UnixMillis(clock_->Now()));
   const v1::JobEvent event = Event(state, message);
-  Persist(entry, event);
+  if (absl::Status s = store_->UpdateJob(next, event); !s.ok()) return s;
+  entry.stored = std::move(next);
+  Announce(entry, event);
+  return absl::OkStatus();
+}
+
+void JobManager::Announce(Entry& entry, const v1::JobEvent& event) {
+  const v1::Job& job = entry.stored.job;
+  const v1::JobState state = job.state();
+  const std::string& message = job.state_reason();
   LogInfo(absl::StrCat(job.id(), " -> ", StateName(state), ": ", message));
   v1::WatchJobEvent change;
   *change.mutable_state_change() = event;

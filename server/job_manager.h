@@ -221,7 +221,18 @@ class JobManager {
   absl::StatusOr<Entry*> Authenticate(const v1::WorkerIdentity& worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Stores the new state with an event and tells watchers and the observer.
+  // What already happened (a rank exited) is recorded even when the store
+  // fails: the failure is logged.
   void SetState(Entry& entry, v1::JobState state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // SetState for a change a client asks for: stored first, and on a store
+  // failure nothing changes and the error is returned, so that nothing is
+  // acknowledged that a restarted coordinator would not know.
+  absl::Status CommitState(Entry& entry, v1::JobState state,
+                           const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Tells watchers and the observer of the state entry now holds.
+  void Announce(Entry& entry, const v1::JobEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Persist(Entry& entry, const std::optional<v1::JobEvent>& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/read_roots.h"
 
 namespace shardtrain {
 
@@ -30,6 +31,9 @@ std::vector<ProcessSpec> BuildRankSpecs(const RankLaunch& launch) {
         {"SHARDTRAIN_HEARTBEAT_SECONDS",
          absl::StrCat(launch.heartbeat_seconds)},
     };
+    if (!launch.read_roots.empty()) {
+      spec.env.push_back({kReadRootsEnv, launch.read_roots});
+    }
     if (launch.cpu) {
       spec.env.push_back(
           {"OMP_NUM_THREADS", std::to_string(launch.threads_per_rank)});

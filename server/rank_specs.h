@@ -27,6 +27,9 @@ struct RankLaunch {
   std::string coordinator_address;
   std::string secret;
   double heartbeat_seconds = 5;
+  // shardtraind --path-root, canonical, ':'-joined (kReadRootsEnv): the
+  // ranks check every input file they open against it. Empty: unrestricted.
+  std::string read_roots;
   // Log file of rank r: log_paths[r].
   std::vector<std::string> log_paths;
 };

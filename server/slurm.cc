@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/read_roots.h"
 #include "common/subprocess.h"
 
 namespace shardtrain {
@@ -205,6 +206,9 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
       {"SHARDTRAIN_JOB_SECRET", launch.secret},
       {"SHARDTRAIN_HEARTBEAT_SECONDS", absl::StrCat(launch.heartbeat_seconds)},
   };
+  if (!launch.read_roots.empty()) {
+    plan.env.push_back({kReadRootsEnv, launch.read_roots});
+  }
   if (!gpu) {
     plan.env.push_back({"OMP_NUM_THREADS",
                         std::to_string(std::max(1, options.cpus_per_task))});

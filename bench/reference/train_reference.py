@@ -7,12 +7,22 @@ step as `shardtrain-train --strategy single`. With WORLD_SIZE > 1 (and RANK,
 MASTER_ADDR, MASTER_PORT set by hand: torchrun crashes on Debian's Python
 3.11) it trains with PyTorch's own DistributedDataParallel over gloo, each
 rank on its slice of the global batch, like `--strategy ddp`. With --fsdp2
-(PyTorch >= 2.6, CUDA) every block and then the root are wrapped with
-`torch.distributed.fsdp.fully_shard` over NCCL (world size 1 unless WORLD_SIZE
-says otherwise; bf16 parameters and fp32 reductions under --precision bf16),
-the peer of `--strategy fsdp`. Prints one JSON object (per rank) with the
-per-step times and losses. On CPU run it with Debian's /usr/bin/python3
-(python3-torch).
+(PyTorch >= 2.6) every block and then the root are wrapped with
+`torch.distributed.fsdp.fully_shard`, over NCCL on CUDA (world size 1 unless
+WORLD_SIZE says otherwise; bf16 parameters and fp32 reductions under
+--precision bf16) or Gloo on CPU, the peer of `--strategy fsdp`; --fsdp1 uses
+PyTorch's classic FullyShardedDataParallel (FULL_SHARD, each block a unit).
+Prints one JSON object (per rank) with the per-step times and losses (the
+mean over ranks, as shardtrain logs it). On CPU run it with Debian's
+/usr/bin/python3 (python3-torch).
+
+FSDP2 on CPU in PyTorch 2.6: its CPU stream lacks record_event/wait_event
+(AttributeError in foreach_all_gather); on one CPU stream every op is
+already ordered, so --fsdp2 on CPU gives the stream those two as no-ops
+(cpu_stream_events). Even so, 2.6 cannot re-gather parameters for backward
+on CPU ("modified by an inplace operation" in backward), so on CPU --fsdp2
+needs --reshard-after-forward false (parameters stay gathered from forward
+to backward, as `shardtrain-train --reshard-after-forward false`).
 
   /usr/bin/python3 bench/reference/train_reference.py --model gpt2-tiny \\
       --data DIR --batch-size 8 --seq-len 128 --max-steps 30 --threads 2
@@ -58,6 +68,28 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def cpu_stream_events() -> None:
+    """Event methods FSDP2 calls on streams, for PyTorch 2.6's CPU stream,
+    which has none: ops on one CPU stream run in order, so there is never
+    anything to wait for."""
+    stream = torch.cpu.Stream
+    if hasattr(stream, "record_event"):
+        return
+
+    class Done:
+        def synchronize(self) -> None:
+            pass
+
+        def wait(self, stream=None) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    stream.record_event = lambda self, event=None: Done()
+    stream.wait_event = lambda self, event: None
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="gpt2-tiny")
@@ -74,7 +106,13 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, CUDA)")
     p.add_argument("--fsdp2", action="store_true",
-                   help="shard with PyTorch FSDP2 (fully_shard) over NCCL")
+                   help="shard with PyTorch FSDP2 (fully_shard): NCCL on CUDA, Gloo on CPU")
+    p.add_argument("--fsdp1", action="store_true",
+                   help="shard with PyTorch's FullyShardedDataParallel (FULL_SHARD)")
+    p.add_argument("--reshard-after-forward", default="true", choices=["true", "false"],
+                   help="FSDP2: free gathered parameters after forward")
+    p.add_argument("--shuffle", default="true", choices=["true", "false"],
+                   help="false: windows in file order (as shardtrain-train --shuffle false)")
     args = p.parse_args()
     device = torch.device(args.device)
 
@@ -87,24 +125,43 @@ def main() -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     config = GPTConfig.parse(args.model)
     model = GPT(config, seed=args.seed).to(device)
+    unwrapped = model
     ddp = None
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    reshard = args.reshard_after_forward == "true"
     if args.fsdp2:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
-        torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            cpu_stream_events()
+        torch.distributed.init_process_group(backend, rank=rank, world_size=world)
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if args.precision == "bf16" else None,
             reduce_dtype=torch.float32)
         for block in model.h:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+    elif args.fsdp1:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        torch.distributed.init_process_group(backend, rank=rank, world_size=world)
+        block_type = type(model.h[0])
+        model = FullyShardedDataParallel(
+            model, sharding_strategy=ShardingStrategy.FULL_SHARD,
+            auto_wrap_policy=ModuleWrapPolicy({block_type}), device_id=device,
+            use_orig_params=True)
     elif world > 1:
         torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
-    decay = [q for q in model.parameters() if q.dim() >= 2]
-    no_decay = [q for q in model.parameters() if q.dim() < 2]
+    # Weight decay on matrices, named before wrapping: FSDP1 leaves each rank
+    # flat, shape-less views of the parameters it does not hold.
+    decay_names = {n for n, q in unwrapped.named_parameters() if q.dim() >= 2}
+    clean = lambda n: n.replace("_fsdp_wrapped_module.", "")  # noqa: E731
+    decay = [q for n, q in model.named_parameters() if clean(n) in decay_names]
+    no_decay = [q for n, q in model.named_parameters() if clean(n) not in decay_names]
     # One parameter at a time on CPU, as shardtrain's AdamW there; on CUDA
     # PyTorch's default (multi-tensor), what a PyTorch user gets.
     optimizer = torch.optim.AdamW(
@@ -117,7 +174,8 @@ def main() -> int:
     T, B = args.seq_len, args.batch_size
     windows = (len(tokens) - 1) // T
     global_batch = B * world
-    order = np.random.default_rng(args.seed).permutation(windows)
+    order = (np.random.default_rng(args.seed).permutation(windows)
+             if args.shuffle == "true" else np.arange(windows))
 
     def lr_at(step: int) -> float:
         if step < args.warmup_steps:
@@ -141,11 +199,20 @@ def main() -> int:
             logits = (ddp or model)(x)
         loss = cross_entropy_loss(logits.float(), y)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        if args.fsdp1:
+            norm = model.clip_grad_norm_(args.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
+        if world > 1:
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss)
+            loss /= world
         loss_value = loss.item()
         steps.append({"step": step + 1, "loss": loss_value,
                       "grad_norm": float(norm),

@@ -2,7 +2,6 @@
 
 #include <signal.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -29,14 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/net_route.h"
-
-// LibTorch 1.13 is the oldest this is written against: from it on the work
-// handle is c10d::Work (Work.hpp) and TCPStore takes TCPStoreOptions, in 2.x
-// as well. Older releases named it c10d::ProcessGroup::Work.
-#if TORCH_VERSION_MAJOR < 1 || \
-    (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR < 13)
-#error "C10dCommunicator needs LibTorch 1.13 or newer"
-#endif
+#include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
 namespace {
@@ -72,11 +64,6 @@ bool IsTimeout(const std::string& error) {
          absl::StrContains(lower, "operation timeout") ||
          absl::StrContains(lower, "wait timeout");
 }
-
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define SHARDTRAIN_NCCL_HAS_SHUTDOWN 1
-#endif
 
 #ifdef SHARDTRAIN_WITH_CUDA
 // PyTorch 2.x's NCCL watchdog tears the whole process down (SIGABRT, or a
@@ -136,6 +123,28 @@ c10d::TCPStoreOptions StoreOptions(int port, bool is_server,
   options.waitWorkers = false;
   options.timeout = timeout;
   return options;
+}
+
+// A TCPStore on PyTorch's default backend for this LibTorch. 2.4 and later
+// default to the libuv one, which a LibTorch built without libuv (Debian
+// 13's) refuses: then, or when USE_LIBUV=0 as in PyTorch, the classic one.
+c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const std::string& host,
+                                                c10d::TCPStoreOptions options) {
+#ifdef SHARDTRAIN_TORCH_TCPSTORE_HAS_LIBUV
+  const char* use_libuv = std::getenv("USE_LIBUV");
+  options.useLibUV = use_libuv == nullptr || std::string(use_libuv) != "0";
+  if (options.useLibUV) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, options);
+    } catch (const c10::Error& e) {
+      if (!absl::StrContains(e.what_without_backtrace(), "without libuv")) {
+        throw;
+      }
+    }
+    options.useLibUV = false;
+  }
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
 }
 
 // Waits until all ranks have reached the store or `deadline` passes. The
@@ -574,7 +583,7 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
       SteadyClock::now() + rendezvous_timeout;
   absl::Status joined;
   try {
-    groups.store = c10::make_intrusive<c10d::TCPStore>(
+    groups.store = MakeTcpStore(
         env.master_addr,
         StoreOptions(env.master_port, env.rank == 0, rendezvous_timeout));
     joined = Rendezvous(*groups.store, env.world_size, deadline);
@@ -609,7 +618,7 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
           nccl_options);
     }
 #endif
-    auto heartbeat_store = c10::make_intrusive<c10d::TCPStore>(
+    auto heartbeat_store = MakeTcpStore(
         env.master_addr,
         StoreOptions(env.master_port, /*is_server=*/false, timeout));
     absl::MutexLock lock(&comm->shared_->mutex);
@@ -632,7 +641,7 @@ C10dCommunicator::~C10dCommunicator() {
   groups_->gloo.reset();
 #ifdef SHARDTRAIN_WITH_CUDA
   if (groups_->nccl) {
-#ifdef SHARDTRAIN_NCCL_HAS_SHUTDOWN
+#ifdef SHARDTRAIN_TORCH_NCCL_HAS_SHUTDOWN
     // 2.x warns when a group is destroyed without either. shutdown() flushes
     // pending work (and would wait for a lost peer), abort() does not.
     bool failed = false;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/read_roots.h"
 #include "worker/engine/data/gpt2_vocab.h"
 
 namespace shardtrain {
@@ -36,39 +37,46 @@ class FdCloser {
   int fd_;
 };
 
-}  // namespace
-
-absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Opens `path` for reading without ever blocking in open() (a FIFO would
+// wait for a writer: O_NONBLOCK) and accepts only a regular file; `st`
+// receives its stat. Returns the descriptor or the error naming the file.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, struct stat* st) {
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const std::string message = ErrnoMessage(path, "open token file");
     return errno == ENOENT ? absl::NotFoundError(message)
                            : absl::PermissionDeniedError(message);
   }
-  FdCloser closer(fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    return absl::InternalError(ErrnoMessage(path, "stat"));
+  if (::fstat(fd, st) != 0) {
+    const std::string message = ErrnoMessage(path, "stat");
+    ::close(fd);
+    return absl::InternalError(message);
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file"));
+        absl::StrCat(path, ": not a regular file (",
+                     S_ISFIFO(st->st_mode)   ? "a FIFO"
+                     : S_ISDIR(st->st_mode)  ? "a directory"
+                     : S_ISCHR(st->st_mode)  ? "a character device"
+                     : S_ISSOCK(st->st_mode) ? "a socket"
+                                             : "not a plain file",
+                     ")"));
   }
-  const auto file_bytes = static_cast<size_t>(st.st_size);
-  if (file_bytes < kTokenFileHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": truncated header: file has ", file_bytes,
-        " bytes, an llm.c token file header needs ", kTokenFileHeaderBytes));
+  if (absl::Status s = CheckOpenedFileWithinReadRoots(fd, path); !s.ok()) {
+    ::close(fd);
+    return s;
   }
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (mapping == MAP_FAILED) {
-    return absl::InternalError(ErrnoMessage(path, "mmap"));
-  }
-  // From here the mapping is owned; TokenFile's destructor unmaps it.
-  TokenFile file(path, mapping, file_bytes, 0);
+  return fd;
+}
 
-  std::array<int32_t, kTokenFileHeaderInts> header;
-  std::memcpy(header.data(), mapping, kTokenFileHeaderBytes);
+// The token count the header declares, once magic, version and the file's
+// size agree with it.
+absl::StatusOr<size_t> CheckHeader(
+    const std::string& path,
+    const std::array<int32_t, kTokenFileHeaderInts>& header,
+    size_t file_bytes) {
   if (header[0] != kTokenFileMagic) {
     return absl::DataLossError(absl::StrCat(path, ": bad magic ", header[0],
                                             " (expected ", kTokenFileMagic,
@@ -91,10 +99,41 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
         path, ": header says ", count, " tokens (", expected_bytes,
         " bytes with the header) but the file has ", file_bytes, " bytes"));
   }
+  return count;
+}
+
+absl::Status TruncatedHeader(const std::string& path, size_t file_bytes) {
+  return absl::DataLossError(absl::StrCat(
+      path, ": truncated header: file has ", file_bytes,
+      " bytes, an llm.c token file header needs ", kTokenFileHeaderBytes));
+}
+
+}  // namespace
+
+absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
+  struct stat st;
+  absl::StatusOr<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  FdCloser closer(*fd);
+  const auto file_bytes = static_cast<size_t>(st.st_size);
+  if (file_bytes < kTokenFileHeaderBytes) {
+    return TruncatedHeader(path, file_bytes);
+  }
+  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, *fd, 0);
+  if (mapping == MAP_FAILED) {
+    return absl::InternalError(ErrnoMessage(path, "mmap"));
+  }
+  // From here the mapping is owned; TokenFile's destructor unmaps it.
+  TokenFile file(path, mapping, file_bytes, 0);
+
+  std::array<int32_t, kTokenFileHeaderInts> header;
+  std::memcpy(header.data(), mapping, kTokenFileHeaderBytes);
+  absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes);
+  if (!count.ok()) return count.status();
   file.tokens_ = reinterpret_cast<const uint16_t*>(
       static_cast<const char*>(mapping) + kTokenFileHeaderBytes);
-  file.size_ = count;
-  for (size_t i = 0; i < count; ++i) {
+  file.size_ = *count;
+  for (size_t i = 0; i < *count; ++i) {
     if (file.tokens_[i] >= kGpt2VocabSize) {
       return absl::DataLossError(absl::StrCat(
           path, ": token id ", file.tokens_[i], " at index ", i,
@@ -102,6 +141,23 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
     }
   }
   return file;
+}
+
+absl::StatusOr<int64_t> ReadTokenFileHeader(const std::string& path) {
+  struct stat st;
+  absl::StatusOr<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  FdCloser closer(*fd);
+  const auto file_bytes = static_cast<size_t>(st.st_size);
+  std::array<int32_t, kTokenFileHeaderInts> header;
+  const ssize_t got = ::pread(*fd, header.data(), kTokenFileHeaderBytes, 0);
+  if (got < 0) return absl::InternalError(ErrnoMessage(path, "read"));
+  if (static_cast<size_t>(got) < kTokenFileHeaderBytes) {
+    return TruncatedHeader(path, static_cast<size_t>(got));
+  }
+  absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes);
+  if (!count.ok()) return count.status();
+  return static_cast<int64_t>(*count);
 }
 
 TokenFile::TokenFile(std::string path, void* mapping, size_t mapping_bytes,

@@ -54,6 +54,13 @@ class TokenFile {
   size_t size_ = 0;
 };
 
+// The token count of the token file at `path`, from its header alone (one
+// bounded read, no mapping): magic, version and the file's size checked, the
+// ids not. For the coordinator, which must never read job data itself.
+// Neither this nor TokenFile::Open blocks on a FIFO or opens anything but a
+// regular file.
+absl::StatusOr<int64_t> ReadTokenFileHeader(const std::string& path);
+
 // Writes `tokens` to `path` in the format above, through a temporary file in
 // the same folder renamed into place, so readers never see a partial file.
 // InvalidArgument for an id >= kGpt2VocabSize or more than INT32_MAX tokens.

@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
 namespace {
@@ -74,7 +74,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                                 .permute({2, 0, 3, 1, 4})
                                 .contiguous();
   torch::Tensor y;  // [B, nh, T, hs]
-#if TORCH_VERSION_MAJOR >= 2
+#ifdef SHARDTRAIN_TORCH_HAS_SDPA
   y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
                                        /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
@@ -282,14 +282,7 @@ torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
 namespace shardtrain {
 namespace {
 
-bool CudaAutocastEnabled() {
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  return at::autocast::is_autocast_enabled(at::kCUDA);
-#else
-  return at::autocast::is_enabled();
-#endif
-}
+bool CudaAutocastEnabled() { return torch_compat::CudaAutocastEnabled(); }
 
 // The chunked head: see LmHeadLoss in the header.
 class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {

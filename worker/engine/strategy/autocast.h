@@ -1,14 +1,14 @@
 // ScopedAutocast: mixed precision for the forward pass on CUDA with
 // --precision bf16 (fp32 master weights, bf16 matmuls); a no-op otherwise.
-// Wraps the LibTorch autocast API, whose names changed in 2.4.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_AUTOCAST_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_AUTOCAST_H_
 
 #include <ATen/autocast_mode.h>
 #include <torch/types.h>
-#include <torch/version.h>
 
 #include <string>
+
+#include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
 
@@ -17,23 +17,11 @@ class ScopedAutocast {
   ScopedAutocast(const torch::Device& device, const std::string& precision)
       : active_(device.is_cuda() && precision == "bf16") {
     if (!active_) return;
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-    at::autocast::set_enabled(true);
-#endif
+    torch_compat::SetCudaAutocast(true, at::kBFloat16);
   }
   ~ScopedAutocast() {
     if (!active_) return;
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
+    torch_compat::SetCudaAutocast(false, at::kBFloat16);
     at::autocast::clear_cache();
   }
   ScopedAutocast(const ScopedAutocast&) = delete;

@@ -2,12 +2,13 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <malloc.h>
-#include <torch/version.h>
 
 #include <atomic>
 #ifdef SHARDTRAIN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
+
+#include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
 namespace {
@@ -18,8 +19,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
  public:
   explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#ifdef SHARDTRAIN_TORCH_ALLOCATOR_HAS_COPY_DATA
   c10::DataPtr allocate(size_t nbytes) override { return Allocate(nbytes); }
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
