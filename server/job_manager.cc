@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/dist_env.h"
 #include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
@@ -28,6 +29,9 @@ namespace shardtrain {
 namespace {
 
 constexpr int kDefaultPageSize = 100;
+// Starts of one attempt on a fresh rendezvous port when the picked one was
+// taken (another process bound it between the pick and rank 0's bind).
+constexpr int kMaxPortRetries = 4;
 constexpr int kMaxPageSize = 1000;
 
 // data and init_from inside `roots`.
@@ -851,6 +855,10 @@ void JobManager::ReapAndDetect(Entry& entry) {
     LogInfo(absl::StrCat(id, " rank ", r, " (pid ", rank.pid,
                          ") ended: ", exit->ToString()));
     if (exit->success() || entry.stop != StopIntent::kNone) continue;
+    if (r == 0 && exit->exit_code == kExitRendezvousPortTaken &&
+        entry.port_retries < kMaxPortRetries) {
+      entry.port_taken = true;
+    }
     v1::Failure failure = RankFailure(
         id, static_cast<int>(r), exit->signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
         absl::StrCat("rank ", r, " ended with ", exit->ToString()));
@@ -962,6 +970,20 @@ void JobManager::FinishAttempt(Entry& entry) {
       SetState(entry, v1::CANCELLED, "cancelled; all ranks stopped");
       return;
     case StopIntent::kFail:
+      if (entry.port_taken && !shutting_down_) {
+        entry.port_taken = false;
+        ++entry.port_retries;
+        Persist(entry,
+                Event(job.state(),
+                      absl::StrCat("rendezvous port was taken before rank 0 "
+                                   "could bind it; starting the ranks again "
+                                   "on another port (try ",
+                                   entry.port_retries + 1, " of ",
+                                   kMaxPortRetries + 1, ")")));
+        RequestLaunch(entry, entry.devices);
+        return;
+      }
+      entry.port_taken = false;
       if (job.restarts() < job.spec().max_restarts() && !no_restart &&
           shutting_down_) {
         // No relaunch now: the job stays active in the store and the next
@@ -1313,14 +1335,21 @@ void JobManager::SetState(Entry& entry, v1::JobState state,
 
 absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,
                                      const std::string& message) {
+  // Stored from a copy; entry.stored itself is changed in place afterwards,
+  // so references into it that callers hold stay valid.
+  const int64_t end_ms = IsTerminal(state)
+                             ? UnixMillis(clock_->Now())
+                             : entry.stored.job.end_time_unix_ms();
+  auto apply = [&](v1::Job& job) {
+    job.set_state(state);
+    job.set_state_reason(message);
+    job.set_end_time_unix_ms(end_ms);
+  };
   StoredJob next = entry.stored;
-  v1::Job& job = next.job;
-  job.set_state(state);
-  job.set_state_reason(message);
-  if (IsTerminal(state)) job.set_end_time_unix_ms(UnixMillis(clock_->Now()));
+  apply(next.job);
   const v1::JobEvent event = Event(state, message);
   if (absl::Status s = store_->UpdateJob(next, event); !s.ok()) return s;
-  entry.stored = std::move(next);
+  apply(entry.stored.job);
   Announce(entry, event);
   return absl::OkStatus();
 }

@@ -201,7 +201,11 @@ class JobManager {
     bool killed = false;
     std::optional<v1::Failure> failure;  // the first failure of the attempt
     bool no_restart = false;             // the attempt could not even start
-    bool relaunch_pending = false;       // recovered; Tick relaunches it
+    // Rank 0 found the picked rendezvous port taken (kExitRendezvousPortTaken):
+    // the attempt starts again on another port without using a restart.
+    bool port_taken = false;
+    int port_retries = 0;
+    bool relaunch_pending = false;  // recovered; Tick relaunches it
     bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
     // --launcher slurm: the attempt's Slurm job and its batch log; the
     // ranks' pids are learnt when they register.

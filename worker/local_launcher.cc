@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dist_env.h"
 #include "common/free_port.h"
 #include "common/subprocess.h"
 
@@ -231,11 +232,31 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
   }
   int port = options_.master_port;
   if (port == 0 && options_.nnodes > 1) port = 29500;  // as torchrun
-  if (port == 0) {
-    absl::StatusOr<int> free_port = PickFreePort();
-    if (!free_port.ok()) return free_port.status();
-    port = *free_port;
+  const bool picked = port == 0;
+  // A port picked free can be taken by another process before rank 0 binds
+  // it; rank 0 then exits with kExitRendezvousPortTaken and the ranks start
+  // again on another port. A port the user named is never changed.
+  constexpr int kPortTries = 5;
+  for (int attempt = 1;; ++attempt) {
+    if (picked) {
+      absl::StatusOr<int> free_port = PickFreePort();
+      if (!free_port.ok()) return free_port.status();
+      port = *free_port;
+    }
+    absl::StatusOr<LaunchResult> result = RunOnce(port);
+    if (!result.ok() || !picked || attempt == kPortTries ||
+        result->interrupted_by != 0 || result->first_failure.rank != 0 ||
+        result->first_failure.exit_code != kExitRendezvousPortTaken) {
+      return result;
+    }
+    err_ << kReport << "rendezvous port " << port
+         << " was taken before rank 0 could bind it; starting the ranks "
+            "again on another port (try "
+         << attempt + 1 << " of " << kPortTries << ")" << std::endl;
   }
+}
+
+absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
   SignalPipe signals;
   if (!signals.error().empty()) return absl::InternalError(signals.error());
 

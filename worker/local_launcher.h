@@ -77,6 +77,9 @@ class LocalLauncher {
   absl::StatusOr<LaunchResult> Run();
 
  private:
+  // One start of every rank with MASTER_PORT `port`.
+  absl::StatusOr<LaunchResult> RunOnce(int port);
+
   const LocalLaunchOptions options_;
   std::ostream& out_;
   std::ostream& err_;

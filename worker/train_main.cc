@@ -84,6 +84,7 @@ int Main(int argc, char** argv) {
   absl::Status run = RunTrainingRank(config, *env, &std::cout, {});
   if (!run.ok()) {
     std::cerr << "shardtrain-train: " << run.message() << "\n";
+    if (IsRendezvousPortTaken(run)) return kExitRendezvousPortTaken;
     return absl::IsInvalidArgument(run) ? 2 : 1;
   }
   return 0;

@@ -1,5 +1,7 @@
 #include "worker/training_run.h"
 
+#include <torch/cuda.h>
+
 #include <memory>
 #include <string>
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -21,6 +23,14 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
   torch::Device device(config.device == "cuda"
                            ? "cuda:" + std::to_string(env.local_rank)
                            : config.device);
+  // Refused before anything touches CUDA: in a CUDA build on a machine with
+  // no GPU (or no driver) the calls below would throw from inside LibTorch.
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device: ", config.device,
+        " requested but this LibTorch sees no CUDA device (no GPU or "
+        "driver visible); use --device cpu"));
+  }
 #ifdef SHARDTRAIN_WITH_CUDA
   // Kernels, the caching allocator and NCCL's streams follow the current
   // device; make it this rank's before anything touches CUDA.
@@ -33,9 +43,11 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
     auto c10d = C10dCommunicator::Create(
         env, std::chrono::seconds(config.comm_timeout), device);
     if (!c10d.ok()) {
-      return absl::Status(
-          c10d.status().code(),
-          absl::StrCat("rank ", env.rank, ": ", c10d.status().message()));
+      const std::string message =
+          absl::StrCat("rank ", env.rank, ": ", c10d.status().message());
+      return IsRendezvousPortTaken(c10d.status())
+                 ? RendezvousPortTakenError(message)
+                 : absl::Status(c10d.status().code(), message);
     }
     comm = std::move(*c10d);
   }

@@ -90,7 +90,10 @@ int Main(int argc, char** argv) {
   };
   absl::Status run = RunTrainingRank(*config, *env, &std::cout, hooks);
   std::cout.flush();
-  if (!run.ok()) return Fail(run, absl::IsInvalidArgument(run) ? 2 : 1);
+  if (!run.ok()) {
+    if (IsRendezvousPortTaken(run)) return Fail(run, kExitRendezvousPortTaken);
+    return Fail(run, absl::IsInvalidArgument(run) ? 2 : 1);
+  }
   // The job succeeds only when every step it reported is stored.
   if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok())
     return Fail(s, 1);

@@ -286,5 +286,89 @@ TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
          "8 MiB tmpfs filled; refusal: " + refusal.substr(0, 60) + "...");
 }
 
+// Cancels on a full disk: a cancel the daemon acknowledges must survive a
+// restart (it was stored first); one it cannot store is refused with the
+// reason and changes nothing. Queued jobs (cancelled at once) and running
+// ones (stopped) both.
+TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
+  const std::string state = dir_ / "full-state";
+  std::filesystem::create_directories(state);
+  if (mount("tmpfs", state.c_str(), "tmpfs", 0, "size=8m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs to fill (" << std::strerror(errno)
+                 << "): the disk-full fault needs CAP_SYS_ADMIN";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{state};
+  DaemonOptions options;
+  options.cpu_slots = 2;
+  options.extra_flags = {"--min-free-mb", "1"};
+  std::vector<std::string> ids;
+  std::vector<bool> acknowledged;
+  int refused = 0;
+  {
+    auto daemon = StartDaemon(options, state);
+    for (int i = 0; i < 4; ++i) {  // two run (2 slots), two stay queued
+      v1::Job job;
+      ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_), &job));
+      ids.push_back(job.id());
+    }
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(
+          daemon
+              ->WaitFor(
+                  ids[i],
+                  [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                  absl::Seconds(30))
+              .state(),
+          v1::RUNNING);
+    }
+    {
+      std::ofstream filler(state + "/filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      while (filler.write(block.data(), block.size())) {
+      }
+    }
+    for (const std::string& id : ids) {
+      grpc::ClientContext context;
+      v1::CancelJobRequest request;
+      request.set_job_id(id);
+      v1::Job answer;
+      const grpc::Status status =
+          daemon->jobs().CancelJob(&context, request, &answer);
+      acknowledged.push_back(status.ok());
+      if (!status.ok()) {
+        ++refused;
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+        EXPECT_THAT(status.error_message(), HasSubstr("could not be stored"));
+      }
+    }
+    daemon->Signal(SIGKILL);  // no chance to store anything more
+    daemon->WaitExit(absl::Seconds(10));
+  }
+  std::filesystem::remove(state + "/filler");
+  auto daemon = StartDaemon(options, state);
+  int kept = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const v1::Job job = daemon->Get(ids[i]);
+    if (acknowledged[i]) {
+      EXPECT_EQ(job.state(), v1::CANCELLED)
+          << ids[i]
+          << " was acknowledged as cancelled; after the restart it is "
+          << v1::JobState_Name(job.state());
+      kept += job.state() == v1::CANCELLED;
+    } else {
+      EXPECT_NE(job.state(), v1::CANCELLED) << ids[i];
+    }
+  }
+  const int acked = static_cast<int>(ids.size()) - refused;
+  Report("cancel on a full disk", static_cast<int>(ids.size()), kept + refused,
+         acked - kept,
+         absl::StrFormat("%d refused as not stored, %d acknowledged and still "
+                         "CANCELLED after kill -9 and restart",
+                         refused, kept));
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -117,6 +117,30 @@ TEST_F(JobManagerTest, PathRootsConfineDataAndInitFrom) {
   EXPECT_TRUE(manager_->Submit(brown).ok());
 }
 
+// The data directory lies inside the root but its train.bin is a symlink to
+// a file outside: refused, naming the file, and the rank launch carries the
+// roots so ranks check the file they open too.
+TEST_F(JobManagerTest, PathRootsResolveEveryDataFileNotOnlyTheDirectory) {
+  std::filesystem::create_directories(dir_ / "root/data");
+  std::filesystem::create_directories(dir_ / "outside");
+  test::WriteFile(dir_ / "outside/secret", "not for jobs");
+  std::filesystem::create_symlink(dir_ / "outside/secret",
+                                  dir_ / "root/data/train.bin");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({dir_ / "root"});
+  ASSERT_TRUE(roots.ok());
+  manager_.reset();
+  manager_ = NewManager(
+      [&](JobManagerOptions& options) { options.path_roots = *roots; });
+  v1::JobSpec spec = Spec(1);
+  spec.set_data(dir_ / "root/data");
+
+  absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("data (train.bin)"));
+  EXPECT_THAT(job.status().message(), HasSubstr("is outside"));
+}
+
 TEST_F(JobManagerTest, ACancelWhileTheLaunchIsPreparedStartsNoRank) {
   absl::StatusOr<v1::Job> job = manager_->Submit(Spec(2));
   ASSERT_TRUE(job.ok()) << job.status();

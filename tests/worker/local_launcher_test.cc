@@ -106,6 +106,47 @@ TEST(LocalLauncherTest, EveryRankGetsTheSamePort) {
   EXPECT_THAT(l.out, HasSubstr("[rank 1] " + port + "\n"));
 }
 
+// Rank 0 exits with kExitRendezvousPortTaken the first time (as when another
+// process took the picked port before it bound it): every rank starts again,
+// on another port, and the run succeeds.
+TEST(LocalLauncherTest, TakenRendezvousPortStartsTheRanksAgainOnAnotherPort) {
+  char dir_template[] = "/tmp/launcher-port-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string mark = std::string(dir_template) + "/tried";
+  Launched l = Launch(
+      2, "echo port $MASTER_PORT; if [ \"$RANK\" = 0 ] && [ ! -e " + mark +
+             " ]; then touch " + mark + "; exit 75; fi; sleep 0.2");
+
+  ASSERT_TRUE(l.result.ok()) << l.result.status();
+  EXPECT_EQ(l.result->exit_code, 0) << l.err;
+  EXPECT_THAT(l.err, HasSubstr("was taken before rank 0 could bind it; "
+                               "starting the ranks again on another port"));
+  // Rank 0 printed two different ports.
+  const size_t first = l.out.find("[rank 0] port ");
+  const size_t second = l.out.find("[rank 0] port ", first + 1);
+  ASSERT_NE(second, std::string::npos) << l.out;
+  EXPECT_NE(l.out.substr(first, l.out.find('\n', first) - first),
+            l.out.substr(second, l.out.find('\n', second) - second));
+  std::remove(mark.c_str());
+  rmdir(dir_template);
+}
+
+// A port the user chose is theirs: no silent move to another.
+TEST(LocalLauncherTest, ANamedPortIsNotRetried) {
+  LocalLaunchOptions options;
+  options.nproc = 1;
+  options.program = "/bin/sh";
+  options.argv = {"sh", "-c", "exit 75"};
+  options.master_port = 29999;
+  std::ostringstream out, err;
+  LocalLauncher launcher(options, out, err);
+  absl::StatusOr<LaunchResult> result = launcher.Run();
+
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 75);
+  EXPECT_THAT(err.str(), Not(HasSubstr("another port")));
+}
+
 TEST(LocalLauncherTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
   Launched l = Launch(1, "printf 'a\\nb'; printf 'c\\nd'");
 

@@ -108,6 +108,23 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   EXPECT_EQ(eval.output.rfind("val_loss ", 0), 0u) << eval.output;
 }
 
+// On a machine without a GPU, a CUDA run is refused with the reason, in a
+// CPU build and in a CUDA build alike (where LibTorch's CUDA libraries are
+// loaded but find no device): an exit code, never a crash; single-device and
+// distributed (the NCCL path) both.
+TEST_F(TrainMainTest, CudaWithoutAGpuIsRefusedCleanly) {
+  if (fs::exists("/dev/nvidia0")) GTEST_SKIP() << "this machine has a GPU";
+  for (const std::string& extra :
+       {std::string(""), std::string("--strategy ddp --nproc 2")}) {
+    const std::string out = Out("cuda");
+    Result r = RunTrain("--data " + Data() + " --out " + out +
+                        " --device cuda --max-steps 1 " + extra);
+    EXPECT_EQ(r.exit_code, 1) << extra << ": " << r.output;
+    EXPECT_NE(r.output.find("sees no CUDA device"), std::string::npos)
+        << extra << ": " << r.output;
+  }
+}
+
 TEST_F(TrainMainTest, YamlConfigGivesTheBaseAndFlagsWin) {
   const std::string yaml = Out("run.yaml");
   std::ofstream(yaml) << "model: gpt2-tiny\ndata: " << Data()

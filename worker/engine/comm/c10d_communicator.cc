@@ -593,12 +593,19 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
                               : absl::UnavailableError(error);
   }
   if (!joined.ok()) {
-    return absl::Status(
-        joined.code(),
-        absl::StrFormat("rendezvous of rank %d of %d at %s (MASTER_ADDR:"
-                        "MASTER_PORT) failed within %.1f s: %s",
-                        env.rank, env.world_size, where,
-                        rendezvous_timeout.count() / 1000.0, joined.message()));
+    const std::string message = absl::StrFormat(
+        "rendezvous of rank %d of %d at %s (MASTER_ADDR:"
+        "MASTER_PORT) failed within %.1f s: %s",
+        env.rank, env.world_size, where, rendezvous_timeout.count() / 1000.0,
+        joined.message());
+    // Rank 0 serves the store: a port taken by another process is worth
+    // another try on a different one (the launcher's call).
+    const std::string lower = absl::AsciiStrToLower(joined.message());
+    if (env.rank == 0 && (absl::StrContains(lower, "address already in use") ||
+                          absl::StrContains(lower, "eaddrinuse"))) {
+      return RendezvousPortTakenError(message);
+    }
+    return absl::Status(joined.code(), message);
   }
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -4,11 +4,14 @@
 // filter that selects the disabled PeerProcess test).
 #include "worker/engine/comm/c10d_communicator.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -268,6 +271,32 @@ TEST(C10dCommunicatorRendezvousTest, MissingRankTimesOutNamingTheAddress) {
               HasSubstr("rendezvous of rank 0 of 2 at 127.0.0.1:" +
                         std::to_string(port)));
   EXPECT_LT(SecondsSince(start), 3.0);
+}
+
+// Another process holds MASTER_PORT: rank 0 cannot serve the store, and
+// says so in a way the launchers recognise (they retry on another port).
+TEST(C10dCommunicatorRendezvousTest, TakenPortIsReportedAsTaken) {
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(
+      bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(holder, 1), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length),
+            0);
+  const int port = ntohs(address.sin_port);
+
+  auto comm = C10dCommunicator::Create(Env(0, 2, port), milliseconds(2000),
+                                       torch::kCPU);
+  close(holder);
+
+  ASSERT_FALSE(comm.ok());
+  EXPECT_TRUE(IsRendezvousPortTaken(comm.status())) << comm.status();
+  EXPECT_THAT(comm.status().message(),
+              HasSubstr("127.0.0.1:" + std::to_string(port)));
 }
 
 TEST(C10dCommunicatorRendezvousTest, AbsentStoreHostTimesOut) {

@@ -2,12 +2,17 @@
 // every corruption Open must refuse with a message naming the file.
 #include "worker/engine/data/token_file.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/read_roots.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -141,6 +146,68 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<CorruptionCase>& param_info) {
       return param_info.param.name;
     });
+
+TEST(TokenFileHeaderTest, GivesTheCountFromTheHeaderAlone) {
+  test::TempDir dir;
+  ASSERT_TRUE(WriteTokenFile(dir / "t.bin", {1, 2, 3}).ok());
+
+  absl::StatusOr<int64_t> count = ReadTokenFileHeader(dir / "t.bin");
+
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 3);
+}
+
+TEST(TokenFileHeaderTest, RefusesAFileWhoseSizeDisagreesWithTheHeader) {
+  test::TempDir dir;
+  ASSERT_TRUE(WriteTokenFile(dir / "t.bin", {1, 2, 3}).ok());
+  ASSERT_EQ(truncate((dir / "t.bin").c_str(), kTokenFileHeaderBytes + 2), 0);
+
+  absl::StatusOr<int64_t> count = ReadTokenFileHeader(dir / "t.bin");
+
+  EXPECT_EQ(count.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(count.status().message(), HasSubstr("header says 3 tokens"));
+}
+
+// A FIFO would block open() until a writer came: neither reader waits.
+TEST(TokenFileHeaderTest, AFifoIsRefusedWithoutBlocking) {
+  test::TempDir dir;
+  const std::string fifo = dir / "train.bin";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+
+  absl::StatusOr<int64_t> count = ReadTokenFileHeader(fifo);
+  absl::StatusOr<TokenFile> file = TokenFile::Open(fifo);
+
+  EXPECT_EQ(count.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(count.status().message(),
+              HasSubstr("not a regular file (a FIFO)"));
+  EXPECT_THAT(file.status().message(),
+              HasSubstr("not a regular file (a FIFO)"));
+}
+
+// With read roots set (as shardtraind --path-root hands them to ranks), a
+// token file reached through a symlink out of them is refused on the file
+// actually opened.
+TEST(TokenFileHeaderTest, AFileOutsideTheReadRootsIsRefused) {
+  test::TempDir inside, outside;
+  ASSERT_TRUE(WriteTokenFile(outside / "secret.bin", {7}).ok());
+  ASSERT_TRUE(WriteTokenFile(inside / "val.bin", {8}).ok());
+  ASSERT_EQ(
+      symlink((outside / "secret.bin").c_str(), (inside / "train.bin").c_str()),
+      0);
+  char* real = realpath(inside.path().c_str(), nullptr);
+  ASSERT_NE(real, nullptr);
+  setenv(kReadRootsEnv, real, 1);
+  free(real);
+
+  absl::StatusOr<TokenFile> escaped = TokenFile::Open(inside / "train.bin");
+  absl::StatusOr<TokenFile> kept = TokenFile::Open(inside / "val.bin");
+  unsetenv(kReadRootsEnv);
+
+  EXPECT_EQ(escaped.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(escaped.status().message(),
+              HasSubstr("outside the directories jobs may read"));
+  EXPECT_TRUE(kept.ok()) << kept.status();
+}
 
 TEST(TokenFileTest, MissingFileIsNotFound) {
   absl::StatusOr<TokenFile> file = TokenFile::Open("/nonexistent/t.bin");
