@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/exit_code.h"
+#include "common/small_file.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -15,15 +16,6 @@ namespace {
 std::string Env(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? "" : value;
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& what,
-                                          const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -51,8 +43,8 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   if (client->address_.empty()) client->address_ = "127.0.0.1:50551";
 
   if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        ReadSmallFile("--token-file", options.token_file);
+    absl::StatusOr<std::string> token = ReadSmallFile(
+        "--token-file", options.token_file, SmallFileOptions::Secret(4096));
     if (!token.ok()) return token.status();
     client->token_ = std::string(absl::StripAsciiWhitespace(*token));
   } else {

@@ -15,6 +15,7 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "client/step_metrics_csv.h"
+#include "common/small_file.h"
 #include "proto/job_config.h"
 #include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/train_flags.h"
@@ -32,9 +33,11 @@ bool IsTerminal(v1::JobState state) {
 
 // Job-level keys of a job YAML; everything else is a trainer key.
 absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
+  absl::StatusOr<std::string> text = ReadSmallFile("-f", path);
+  if (!text.ok()) return text.status();
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(*text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("-f ", path, ": ", e.what()));

@@ -3,7 +3,6 @@
 #include <cstdlib>
 
 #include "absl/status/status.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -183,20 +182,6 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
         if (value == nullptr) return std::nullopt;
         return std::string(value);
       });
-}
-
-namespace {
-constexpr char kPortTakenPayload[] = "shardtrain/rendezvous-port-taken";
-}  // namespace
-
-absl::Status RendezvousPortTakenError(const std::string& message) {
-  absl::Status status = absl::UnavailableError(message);
-  status.SetPayload(kPortTakenPayload, absl::Cord("1"));
-  return status;
-}
-
-bool IsRendezvousPortTaken(const absl::Status& status) {
-  return status.GetPayload(kPortTakenPayload).has_value();
 }
 
 }  // namespace shardtrain

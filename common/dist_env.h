@@ -56,16 +56,6 @@ int SlurmDefaultPort(int64_t job_id);
 // DistEnvFromLookup over this process's environment.
 absl::StatusOr<DistEnv> DistEnvFromEnvironment();
 
-// Rank 0 could not bind MASTER_PORT: another process holds it. The exit
-// code of a rank that ends for that reason (EX_TEMPFAIL), on which the
-// launchers that picked the port start the ranks again on another.
-inline constexpr int kExitRendezvousPortTaken = 75;
-
-// An error for "MASTER_PORT is taken", recognisable by IsRendezvousPortTaken
-// whatever its message (a payload marks it).
-absl::Status RendezvousPortTakenError(const std::string& message);
-bool IsRendezvousPortTaken(const absl::Status& status);
-
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_DIST_ENV_H_

@@ -28,12 +28,29 @@ bool IsLabelKey(const std::string& key) {
 }
 
 // Names and label values are free text shown in tables, logs and metrics:
-// any bytes but control characters (a newline would forge a log line, an
-// escape sequence would drive the reader's terminal). Never a path: jobs
-// live under their generated id.
+// any text but control characters (a newline would forge a log line, an
+// escape sequence would drive the reader's terminal), in UTF-8 as well: the
+// C1 controls U+0080-U+009F (0xC2 0x80-0x9F; U+009B is a CSI on some
+// terminals) and the bidirectional overrides and isolates U+202A-U+202E,
+// U+2066-U+2069 (0xE2 0x80 0xAA-0xAE, 0xE2 0x81 0xA6-0xA9), which reorder
+// what a reader sees. Never a path: jobs live under their generated id.
 bool HasControlCharacter(const std::string& text) {
-  for (unsigned char ch : text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char ch = bytes[i];
     if (ch < 0x20 || ch == 0x7f) return true;
+    if (ch == 0xC2 && i + 1 < n && bytes[i + 1] >= 0x80 &&
+        bytes[i + 1] <= 0x9F) {
+      return true;
+    }
+    if (ch == 0xE2 && i + 2 < n &&
+        ((bytes[i + 1] == 0x80 && bytes[i + 2] >= 0xAA &&
+          bytes[i + 2] <= 0xAE) ||
+         (bytes[i + 1] == 0x81 && bytes[i + 2] >= 0xA6 &&
+          bytes[i + 2] <= 0xA9))) {
+      return true;
+    }
   }
   return false;
 }

@@ -1,5 +1,7 @@
 #include "server/access_policy.h"
 
+#include <arpa/inet.h>
+
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -22,7 +24,12 @@ bool IsLoopbackListen(const std::string& listen) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost" || host == "::1") return true;
+  // An address, not a name that merely starts like one
+  // ("127.anything.example" resolves wherever its owner wants).
+  in_addr v4{};
+  return inet_pton(AF_INET, host.c_str(), &v4) == 1 &&
+         (ntohl(v4.s_addr) >> 24) == 127;
 }
 
 absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
@@ -35,6 +42,18 @@ absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
       " is reachable from other hosts, and anyone who reaches it could run "
       "jobs as this user; give --auth-token-file (and --tls-cert/--tls-key), "
       "or --insecure to accept that"));
+}
+
+absl::Status CheckMetricsListenAllowed(const std::string& listen,
+                                       bool metrics_public) {
+  if (listen.empty() || IsLoopbackListen(listen) || metrics_public) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--metrics-listen: ", listen,
+      " is reachable from other hosts, and /metrics shows every job's name, "
+      "labels and progress without a token; add --metrics-public to accept "
+      "that (as a Prometheus in another container needs)"));
 }
 
 absl::StatusOr<PathRoots> PathRoots::Create(
@@ -72,39 +91,43 @@ absl::Status PathRoots::Check(const std::string& field,
       absl::StrJoin(roots_, ", "), "; shardtraind --path-root)"));
 }
 
-std::string StreamLimiter::ClientOf(const std::string& peer) {
-  if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
-    const size_t colon = peer.rfind(':');
-    if (colon > 5) return peer.substr(0, colon);
-  }
-  return peer;
-}
-
 absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> StreamLimiter::Acquire(
     const std::string& peer) {
-  const std::string client = ClientOf(peer);
   absl::MutexLock lock(&mutex_);
-  int& open = open_[client];
-  if (open >= max_) {
+  if (total_ >= max_total_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        client, " already holds ", open,
-        " open streams (watch/logs), the most one client may; close one, or "
-        "raise shardtraind --max-streams-per-client"));
+        "shardtraind already serves ", total_,
+        " open streams (watch/logs), its limit; try again later, or raise "
+        "shardtraind --max-streams"));
+  }
+  int& open = open_[peer];
+  if (open >= max_per_connection_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this connection (", peer, ") already holds ", open,
+        " open streams (watch/logs), the most one connection may; close "
+        "one, or raise shardtraind --max-streams-per-client"));
   }
   ++open;
-  return std::make_unique<Slot>(this, client);
+  ++total_;
+  return std::make_unique<Slot>(this, peer);
 }
 
-int StreamLimiter::open(const std::string& client) {
+int StreamLimiter::open(const std::string& peer) {
   absl::MutexLock lock(&mutex_);
-  auto it = open_.find(client);
+  auto it = open_.find(peer);
   return it == open_.end() ? 0 : it->second;
 }
 
-void StreamLimiter::Release(const std::string& client) {
+int StreamLimiter::total() {
   absl::MutexLock lock(&mutex_);
-  auto it = open_.find(client);
+  return total_;
+}
+
+void StreamLimiter::Release(const std::string& peer) {
+  absl::MutexLock lock(&mutex_);
+  auto it = open_.find(peer);
   if (it == open_.end()) return;
+  --total_;
   if (--it->second <= 0) open_.erase(it);
 }
 

@@ -34,6 +34,11 @@ bool IsLoopbackListen(const std::string& listen);
 
 // OK when `listen` is loopback, or a token is configured, or the operator
 // said --insecure; else FailedPrecondition naming the flags.
+// --metrics-listen beyond loopback only with --metrics-public: /metrics has
+// no token. FailedPrecondition naming the flag otherwise.
+absl::Status CheckMetricsListenAllowed(const std::string& listen,
+                                       bool metrics_public);
+
 absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
                                 bool insecure);
 
@@ -58,40 +63,45 @@ class PathRoots {
   std::vector<std::string> roots_;
 };
 
-// Counts open streams per client.
+// Long-lived streams (WatchJob, StreamLogs follow) each hold a server thread.
+// Limits: per connection (the gRPC peer, address and port: local users all
+// come from 127.0.0.1, so an address-wide limit let one process lock every
+// other user out) and for the whole daemon, which bounds the threads however
+// many connections or source addresses a client opens.
 class StreamLimiter {
  public:
   // A held stream slot; releases it when destroyed.
   class Slot {
    public:
-    Slot(StreamLimiter* limiter, std::string client)
-        : limiter_(limiter), client_(std::move(client)) {}
-    ~Slot() { limiter_->Release(client_); }
+    Slot(StreamLimiter* limiter, std::string connection)
+        : limiter_(limiter), connection_(std::move(connection)) {}
+    ~Slot() { limiter_->Release(connection_); }
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
 
    private:
     StreamLimiter* const limiter_;
-    const std::string client_;
+    const std::string connection_;
   };
 
-  explicit StreamLimiter(int max_per_client) : max_(max_per_client) {}
+  StreamLimiter(int max_per_connection, int max_total)
+      : max_per_connection_(max_per_connection), max_total_(max_total) {}
 
-  // A slot for `peer` (a gRPC peer string: "ipv4:127.0.0.1:5000" counts as
-  // client "ipv4:127.0.0.1"), or ResourceExhausted naming the limit.
+  // A slot for `peer` (a gRPC peer string, "ipv4:127.0.0.1:5000": one
+  // connection), or ResourceExhausted naming the limit that was reached.
   absl::StatusOr<std::unique_ptr<Slot>> Acquire(const std::string& peer);
 
-  int open(const std::string& client);
-
-  // The client a peer string belongs to (its address without the port).
-  static std::string ClientOf(const std::string& peer);
+  int open(const std::string& peer);
+  int total();
 
  private:
-  void Release(const std::string& client);
+  void Release(const std::string& peer);
 
-  const int max_;
+  const int max_per_connection_;
+  const int max_total_;
   absl::Mutex mutex_;
   std::map<std::string, int> open_ ABSL_GUARDED_BY(mutex_);
+  int total_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace shardtrain

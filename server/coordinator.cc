@@ -6,9 +6,12 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
+#include "common/small_file.h"
 #include "server/dataset_locator.h"
 #include "server/slurm.h"
 
@@ -28,13 +32,10 @@ constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& flag,
                                           const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(flag, ": cannot read '", path, "'"));
-  }
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
+  // A TLS key is a secret; a certificate is public.
+  return ReadSmallFile(flag, path,
+                       flag == "--tls-key" ? SmallFileOptions::Secret(1 << 20)
+                                           : SmallFileOptions());
 }
 
 std::string DefaultWorkerBinary() {
@@ -152,6 +153,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
           options.slurm.gpus_per_node));
     }
   }
+  if (absl::Status s = CheckMetricsListenAllowed(options.metrics_listen,
+                                                 options.metrics_public);
+      !s.ok()) {
+    return s;
+  }
   // The workers' listener serves the same services as --listen: the same
   // rule (the token file itself is read below).
   if (!options.worker_listen.empty()) {
@@ -178,6 +184,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         "--state-dir: cannot create ", options.state_dir, ": ", ec.message()));
   }
   options.state_dir = std::filesystem::absolute(options.state_dir).string();
+  // Jobs, logs and the database are this user's: a state directory made by
+  // an older version (0755) is closed too. New files are 0600 (shardtraind's
+  // umask, server/main.cc).
+  if (chmod(options.state_dir.c_str(), 0700) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--state-dir: cannot make ", options.state_dir,
+                     " private (chmod 700): ", std::strerror(errno)));
+  }
   if (options.worker_binary.empty())
     options.worker_binary = DefaultWorkerBinary();
   if (access(options.worker_binary.c_str(), X_OK) != 0) {
@@ -221,6 +235,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       JobStore::Open(options.state_dir + "/shardtraind.db");
   if (!store.ok()) return store.status();
   c->store_ = std::move(*store);
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    // Owner-only, also when an older version made them 0644.
+    (void)chmod((options.state_dir + "/shardtraind.db" + suffix).c_str(), 0600);
+  }
 
   std::string token;
   if (!options.auth_token_file.empty()) {
@@ -237,13 +255,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
 
   absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
   if (!roots.ok()) return roots.status();
-  if (options.max_streams_per_client < 1 || options.max_message_bytes < 1024) {
+  if (options.max_streams_per_client < 1 || options.max_streams < 1 ||
+      options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-streams-per-client must be >= 1 and --max-message-bytes >= "
+        "--max-streams-per-client and --max-streams must be >= 1 and "
+        "--max-message-bytes >= "
         "1024; got ",
         options.max_streams_per_client, " and ", options.max_message_bytes));
   }
-  c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client);
+  c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
+                                                options.max_streams);
   c->authorizer_ = std::make_unique<RequestAuthorizer>(token);
 
   std::shared_ptr<grpc::ServerCredentials> credentials =
@@ -255,6 +276,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     absl::StatusOr<std::string> key =
         ReadWholeFile("--tls-key", options.tls_key);
     if (!key.ok()) return key.status();
+    // gRPC only fails later, at BuildAndStart, without saying why: check
+    // that each file is the PEM it should be.
+    if (!absl::StrContains(*cert, "-----BEGIN CERTIFICATE-----")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-cert: '", options.tls_cert,
+          "' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+    }
+    if (!absl::StrContains(*key, "-----BEGIN") ||
+        !absl::StrContains(*key, "PRIVATE KEY-----")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-key: '", options.tls_key,
+          "' holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)"));
+    }
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     credentials = grpc::SslServerCredentials(ssl);
@@ -336,7 +370,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     return absl::UnavailableError(absl::StrCat(
         "--listen: cannot listen on ", options.listen,
         public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),
-        "; is another shardtraind running?"));
+        ": the port is taken (another shardtraind?), the address is not one "
+        "of this host's",
+        options.tls_cert.empty()
+            ? ""
+            : ", or the TLS certificate and key do not belong together"));
   }
   if (!absl::StartsWith(worker_listen, "unix:")) {
     // A TCP listener: tell the workers the port actually bound.
@@ -345,8 +383,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     c->manager_->set_worker_address(
         absl::StrCat(worker_host, ":", worker_port));
   }
-  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  c->address_ = absl::StrCat(host, ":", public_port);
+  if (absl::StartsWith(options.listen, "unix:") ||
+      absl::StartsWith(options.listen, "unix-abstract:")) {
+    c->address_ = options.listen;  // no port to fill in
+  } else {
+    const std::string host =
+        options.listen.substr(0, options.listen.rfind(':'));
+    c->address_ = absl::StrCat(host, ":", public_port);
+  }
   for (const char* service :
        {"", "shardtrain.v1.JobService", "shardtrain.v1.ClusterService",
         "shardtrain.v1.WorkerService"}) {

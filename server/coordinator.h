@@ -54,9 +54,11 @@ struct CoordinatorOptions {
   std::string tls_key;
   // Listen beyond loopback without a token (server/access_policy.h).
   bool insecure = false;
+  bool metrics_public = false;  // --metrics-listen beyond loopback
   // Directories a job's data and init_from must lie in; empty: anywhere.
   std::vector<std::string> path_roots;
-  int max_streams_per_client = 64;
+  int max_streams_per_client = 64;  // per connection
+  int max_streams = 512;            // for the whole daemon
   // Largest request accepted (a JobSpec is a few KiB; a worker's progress
   // report a few hundred steps).
   int max_message_bytes = 4 << 20;

@@ -8,15 +8,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/dist_env.h"
+#include "common/exit_codes.h"
 #include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
@@ -29,6 +32,7 @@ namespace shardtrain {
 namespace {
 
 constexpr int kDefaultPageSize = 100;
+constexpr size_t kMaxSpecBytes = 64 * 1024;
 // Starts of one attempt on a fresh rendezvous port when the picked one was
 // taken (another process bound it between the pick and rank 0's bind).
 constexpr int kMaxPortRetries = 4;
@@ -56,6 +60,21 @@ absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
     return roots.Check("trainer.init_from", spec.trainer().init_from());
   }
   return absl::OkStatus();
+}
+
+// NotFound for an id no job has. The id is echoed only when it could be one
+// (short, printable): a 100 KB id once came back in the error until the
+// response metadata overflowed.
+absl::Status NoSuchJob(const std::string& job_id) {
+  const bool printable =
+      std::all_of(job_id.begin(), job_id.end(),
+                  [](unsigned char c) { return c >= 0x20 && c < 0x7f; });
+  if (job_id.size() > 64 || !printable) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id: no job has this id (", job_id.size(),
+                     " bytes; ids look like job-000001)"));
+  }
+  return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
 }
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
@@ -161,7 +180,37 @@ std::string JobManager::LogPath(const std::string& job_id, int rank) const {
 absl::Status JobManager::Load() {
   absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadJobs();
   if (!stored.ok()) return stored.status();
+  // Job directories the store does not know of: a database lost or emptied
+  // (a zero-byte file opens as a new one) would otherwise hand their ids,
+  // and so their directories, to new jobs.
+  int64_t highest_dir = 0;
+  int unknown_dirs = 0;
+  {
+    std::set<std::string> known;
+    for (const StoredJob& s : *stored) known.insert(s.job.id());
+    std::error_code ec;
+    for (const auto& dir : std::filesystem::directory_iterator(
+             absl::StrCat(options_.state_dir, "/jobs"), ec)) {
+      const std::string name = dir.path().filename().string();
+      int64_t seq = 0;
+      if (!absl::StartsWith(name, "job-") ||
+          !absl::SimpleAtoi(name.substr(4), &seq)) {
+        continue;
+      }
+      highest_dir = std::max(highest_dir, seq);
+      unknown_dirs += known.count(name) == 0;
+    }
+  }
+  if (stored->empty() && unknown_dirs > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job database holds no jobs, but ", options_.state_dir,
+        "/jobs has ", unknown_dirs,
+        " job directories: the database was lost or truncated. Restore it "
+        "from a backup (docs/operations.md), or move the jobs directory away "
+        "to start afresh"));
+  }
   absl::MutexLock lock(&mutex_);
+  next_seq_ = std::max(next_seq_, highest_dir + 1);
   for (StoredJob& s : *stored) {
     auto entry = std::make_unique<Entry>();
     entry->stored = std::move(s);
@@ -296,6 +345,10 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
                                                const v1::JobSpec& spec) {
   const v1::DeviceKind cluster_kind = options.devices.front().kind;
   v1::JobSpec effective = spec;
+  // Fields this version does not know are dropped, never stored: they would
+  // slip past every limit below (a 4 MiB unknown field per submission grew
+  // the database by half a gigabyte in 130 submissions).
+  effective.DiscardUnknownFields();
   if (effective.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) {
     effective.set_device_kind(cluster_kind);
   }
@@ -336,6 +389,12 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   absl::StatusOr<v1::JobSpec> validated = ValidateSubmission(options_, spec);
   if (!validated.ok()) return validated.status();
+  // Every field is bounded by validation; this bounds their sum, so a
+  // stored job (and a List page of them) stays small.
+  if (const size_t bytes = validated->ByteSizeLong(); bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: ", bytes, " bytes once encoded; at most ", kMaxSpecBytes));
+  }
   if (struct statvfs fs; statvfs(options_.state_dir.c_str(), &fs) == 0) {
     const int64_t free_bytes =
         static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
@@ -396,7 +455,7 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mutex_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+    return NoSuchJob(job_id);
   }
   return it->second->stored.job;
 }
@@ -449,7 +508,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   absl::MutexLock lock(&mutex_);
   Entry* entry = Find(job_id);
   if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+    return NoSuchJob(job_id);
   }
   const v1::JobState state = entry->stored.job.state();
   if (IsTerminal(state)) {
@@ -511,7 +570,7 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobManager::Watch(
   absl::MutexLock lock(&mutex_);
   Entry* entry = Find(job_id);
   if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+    return NoSuchJob(job_id);
   }
   auto watch = std::make_shared<JobWatch>();
   v1::WatchJobEvent first;
@@ -536,7 +595,7 @@ absl::StatusOr<std::vector<std::string>> JobManager::LogPaths(
   absl::MutexLock lock(&mutex_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+    return NoSuchJob(job_id);
   }
   std::vector<std::string> paths;
   for (int r = 0; r < it->second->stored.job.spec().world_size(); ++r) {
@@ -867,6 +926,15 @@ void JobManager::ReapAndDetect(Entry& entry) {
     if (LooksLikeOom(tail)) {
       failure.set_reason(v1::OOM);
       failure.set_message(failure.message() + " (out of memory)");
+    } else if (exit->exit_code == kExitDiverged) {
+      // Deterministic: a restart from the last checkpoint would diverge at
+      // the same step again.
+      failure.set_reason(v1::DIVERGED);
+      failure.set_message(absl::StrCat(
+          "rank ", r,
+          ": training diverged (a non-finite loss or gradient "
+          "norm; its last step is in the metrics, the reason in its log)"));
+      entry.no_restart = true;
     }
     FailAttempt(entry, std::move(failure));
   }

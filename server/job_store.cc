@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <array>
+#include <cmath>
 #include <iterator>
 #include <utility>
 
@@ -448,7 +449,16 @@ absl::Status JobStore::Impl::WriteMetrics(const MetricsBatch& batch) {
     insert.BindText(1, *batch.job_id);
     insert.BindInt(2, step.rank());
     insert.BindInt(3, step.step());
-    insert.BindDouble(4, step.loss());
+    // The loss column is REAL NOT NULL, and SQLite stores a NaN as NULL: a
+    // diverged step's non-finite loss goes in as text ("nan", "inf"); the
+    // record keeps the exact value.
+    if (std::isfinite(step.loss())) {
+      insert.BindDouble(4, step.loss());
+    } else {
+      insert.BindText(4, std::isnan(step.loss()) ? "nan"
+                         : step.loss() > 0       ? "inf"
+                                                 : "-inf");
+    }
     insert.BindBlob(5, record);
     if (absl::Status status = insert.Run(operation); !status.ok()) {
       return status;

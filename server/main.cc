@@ -1,6 +1,7 @@
 // shardtraind: the coordinator. Flags -> CoordinatorOptions -> Coordinator;
 // runs until SIGTERM or SIGINT, then shuts down gracefully.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -15,6 +16,10 @@ namespace shardtrain {
 namespace {
 
 int Main(int argc, char** argv) {
+  // Everything shardtraind and its workers create (the state directory, the
+  // database, job specs, logs, checkpoints) is for this user only; another
+  // local user must not read a token-protected daemon's jobs.
+  umask(077);
   // Blocked in every thread (threads inherit the mask), taken by sigwait
   // below; the launcher unblocks them in the workers.
   sigset_t stop_signals;
@@ -69,11 +74,17 @@ int Main(int argc, char** argv) {
   app.add_option("--tls-key", options.tls_key, "PEM private key");
   app.add_flag("--insecure", options.insecure,
                "allow a --listen beyond loopback without --auth-token-file");
+  app.add_flag("--metrics-public", options.metrics_public,
+               "allow a --metrics-listen beyond loopback (/metrics has no "
+               "token)");
   app.add_option("--path-root", options.path_roots,
                  "directory jobs may read data and init_from from "
                  "(repeatable; none: anywhere this user can read)");
   app.add_option("--max-streams-per-client", options.max_streams_per_client,
-                 "open watch/log streams one client address may hold")
+                 "open watch/log streams one client connection may hold")
+      ->capture_default_str();
+  app.add_option("--max-streams", options.max_streams,
+                 "open watch/log streams for all clients together")
       ->capture_default_str();
   app.add_option("--min-free-mb", options.min_free_mb,
                  "refuse submissions while the state dir has less free space")

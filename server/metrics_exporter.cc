@@ -40,7 +40,14 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
     MetricsExporterOptions options) {
   std::unique_ptr<MetricsExporter> e(new MetricsExporter(std::move(options)));
   try {
-    e->exposer_ = std::make_unique<prometheus::Exposer>(e->options_.listen);
+    // Civetweb's defaults (2 threads, no request timeout) let two idle,
+    // half-sent connections hold every worker thread so that no scrape is
+    // ever answered. More threads, and a connection that has not sent its
+    // request within the timeout is dropped.
+    e->exposer_ =
+        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", e->options_.listen, "num_threads", "8",
+            "request_timeout_ms", "3000"});
   } catch (const std::exception& error) {
     return absl::UnavailableError(
         absl::StrCat("--metrics-listen: cannot listen on ", e->options_.listen,

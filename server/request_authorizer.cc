@@ -5,18 +5,16 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/small_file.h"
 
 namespace shardtrain {
 
 absl::StatusOr<std::string> RequestAuthorizer::ReadTokenFile(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--auth-token-file: cannot read '", path, "'"));
-  }
-  std::string token((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> read =
+      ReadSmallFile("--auth-token-file", path, SmallFileOptions::Secret(4096));
+  if (!read.ok()) return read.status();
+  std::string token = std::move(*read);
   absl::StripAsciiWhitespace(&token);
   if (token.empty()) {
     return absl::InvalidArgumentError(

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dist_env.h"
+#include "common/exit_codes.h"
 #include "common/free_port.h"
 #include "common/subprocess.h"
 

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/dist_env.h"
+#include "common/exit_codes.h"
 #include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/train/train_config.h"
 #include "worker/engine/train/train_flags.h"
@@ -84,8 +85,7 @@ int Main(int argc, char** argv) {
   absl::Status run = RunTrainingRank(config, *env, &std::cout, {});
   if (!run.ok()) {
     std::cerr << "shardtrain-train: " << run.message() << "\n";
-    if (IsRendezvousPortTaken(run)) return kExitRendezvousPortTaken;
-    return absl::IsInvalidArgument(run) ? 2 : 1;
+    return ExitCodeFor(run);
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
 #include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/strategy/strategy_factory.h"
 #include "worker/engine/train/strategy_kinds.h"

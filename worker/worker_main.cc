@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/dist_env.h"
+#include "common/exit_codes.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "worker/engine/train/cpu_threads.h"
@@ -90,13 +91,13 @@ int Main(int argc, char** argv) {
   };
   absl::Status run = RunTrainingRank(*config, *env, &std::cout, hooks);
   std::cout.flush();
-  if (!run.ok()) {
-    if (IsRendezvousPortTaken(run)) return Fail(run, kExitRendezvousPortTaken);
-    return Fail(run, absl::IsInvalidArgument(run) ? 2 : 1);
-  }
+  // A diverged run's steps (the last one says why) are stored before the
+  // rank exits; other failures exit at once.
+  if (!run.ok() && !IsDiverged(run)) return Fail(run, ExitCodeFor(run));
   // The job succeeds only when every step it reported is stored.
   if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok())
     return Fail(s, 1);
+  if (!run.ok()) return Fail(run, ExitCodeFor(run));
   return 0;
 }
 

@@ -2,6 +2,7 @@
 // exit codes, table/JSON/YAML output, and the comparison study end to end.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -201,6 +202,7 @@ TEST_F(CliJobCommandsTest, TokenComesFromTheEnvironmentOrAFile) {
   std::filesystem::create_directories(dir_ / "data");
   test::WriteFile(dir_ / "data/train.bin", "x");
   test::WriteFile(dir_ / "token", "t0k3n\n");
+  chmod((dir_ / "token").c_str(), 0600);
   DaemonOptions options;
   options.worker_binary = test::FakeWorker();
   options.extra_flags = {"--auth-token-file", dir_ / "token"};

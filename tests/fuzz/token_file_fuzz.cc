@@ -2,6 +2,9 @@
 // naming the file or gives tokens that keep its promises (count matching
 // the size, every id inside GPT-2's vocabulary). Truncated files, wrong
 // magic, huge header counts: no crash, no allocation (the file is mapped).
+// ReadTokenFileHeader (what the coordinator reads) agrees with Open on every
+// input: it accepts whatever Open accepts, with the same count, and refuses
+// every header Open refuses.
 #include <string>
 
 #include "tests/fuzz/fuzz_target.h"
@@ -14,6 +17,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   shardtrain::fuzz::MemFile file(data, size);
   absl::StatusOr<shardtrain::TokenFile> tokens =
       shardtrain::TokenFile::Open(file.path());
+  absl::StatusOr<int64_t> header = shardtrain::ReadTokenFileHeader(file.path());
+  if (tokens.ok()) {
+    FUZZ_CHECK(header.ok() && *header == static_cast<int64_t>(tokens->size()),
+               "the header reader agrees with Open");
+  } else if (!header.ok()) {
+    FUZZ_CHECK(std::string(header.status().message()).find(file.path()) !=
+                   std::string::npos,
+               "header errors name the file");
+  }
   if (!tokens.ok()) {
     FUZZ_CHECK(!tokens.status().message().empty(), "errors say why");
     FUZZ_CHECK(std::string(tokens.status().message()).find(file.path()) !=

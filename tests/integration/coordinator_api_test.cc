@@ -3,6 +3,7 @@
 // real enough that every process, socket and database write is the real one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -521,6 +522,7 @@ class BearerToken : public grpc::MetadataCredentialsPlugin {
 
 TEST_F(CoordinatorApiTest, WithAuthTokenEveryCallNeedsTheToken) {
   test::WriteFile(dir_ / "token", "s3cret-token\n");
+  chmod((dir_ / "token").c_str(), 0600);  // a secret: owner only
   DaemonOptions options;
   options.extra_flags = {"--auth-token-file", dir_ / "token"};
   auto daemon = StartDaemon(options);

@@ -3,9 +3,16 @@
 // listens beyond loopback only with a token or --insecure, jobs read only
 // under --path-root, one client holds a bounded number of streams, oversized
 // requests are refused, and none of it costs the daemon anything stored.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -51,11 +58,35 @@ TEST_F(CoordinatorSecurityTest, ListeningBeyondLoopbackNeedsATokenOrInsecure) {
     EXPECT_THAT(error, HasSubstr("--auth-token-file"));
   }
   {
+    // A token other users can read protects nothing: refused, with the fix.
     test::WriteFile(dir_ / "token", "s3cret-token\n");
+    chmod((dir_ / "token").c_str(), 0644);
     options.extra_flags = {"--auth-token-file", dir_ / "token"};
     auto daemon = NewDaemon(options);
     std::string error;
+    EXPECT_FALSE(daemon->Start(&error, /*insecure_channel=*/false));
+    EXPECT_THAT(error, HasSubstr("is open to other users (mode 0644)"));
+    EXPECT_THAT(error, HasSubstr("chmod 600"));
+  }
+  {
+    chmod((dir_ / "token").c_str(), 0600);
+    auto daemon = NewDaemon(options);
+    std::string error;
     EXPECT_TRUE(daemon->Start(&error, /*insecure_channel=*/false)) << error;
+  }
+  {
+    // A directory or a FIFO as the token file: a clear refusal, no hang.
+    std::filesystem::create_directories(dir_ / "token-dir");
+    options.extra_flags = {"--auth-token-file", dir_ / "token-dir"};
+    auto daemon = NewDaemon(options);
+    std::string error;
+    EXPECT_FALSE(daemon->Start(&error, /*insecure_channel=*/false));
+    EXPECT_THAT(error, HasSubstr("is a directory"));
+    ASSERT_EQ(mkfifo((dir_ / "token-fifo").c_str(), 0600), 0);
+    options.extra_flags = {"--auth-token-file", dir_ / "token-fifo"};
+    auto fifo_daemon = NewDaemon(options);
+    EXPECT_FALSE(fifo_daemon->Start(&error, /*insecure_channel=*/false));
+    EXPECT_THAT(error, HasSubstr("is a FIFO"));
   }
   {
     options.extra_flags = {"--insecure"};
@@ -135,6 +166,111 @@ TEST_F(CoordinatorSecurityTest, JobsReadDataAndInitFromOnlyUnderPathRoots) {
   ASSERT_GRPC_OK(daemon->jobs().ListJobs(&context, {}, &list));
   ASSERT_EQ(list.jobs_size(), 1);
   EXPECT_EQ(list.jobs(0).id(), job.id());
+}
+
+// Another local user reads nothing of the daemon's: the state directory is
+// 0700 (also one an older version left 0755), and the database, job specs
+// and rank logs are 0600.
+TEST_F(CoordinatorSecurityTest, StateIsReadableByItsOwnerOnly) {
+  std::filesystem::create_directories(dir_ / "state");
+  chmod((dir_ / "state").c_str(), 0755);
+  auto daemon = NewDaemon({});
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::Job job;
+  ASSERT_GRPC_OK(
+      daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &job));
+  ASSERT_EQ(
+      daemon
+          ->WaitFor(
+              job.id(), [](const v1::Job& j) { return test::IsTerminal(j); },
+              absl::Seconds(30))
+          .state(),
+      v1::SUCCEEDED);
+
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  EXPECT_EQ(mode(dir_ / "state"), 0700u);
+  EXPECT_EQ(mode(dir_ / "state/shardtraind.db"), 0600u);
+  const std::string job_dir = dir_ / ("state/jobs/" + job.id());
+  EXPECT_EQ(mode(job_dir + "/spec.json"), 0600u);
+  EXPECT_EQ(mode(job_dir + "/rank-0.log"), 0600u);
+}
+
+// --listen on a Unix socket publishes that socket as the endpoint (it once
+// wrote "unix:1"), and clients reach the daemon through it.
+TEST_F(CoordinatorSecurityTest, AUnixSocketListenIsPublishedAsItIs) {
+  DaemonOptions options;
+  options.listen = "unix:" + (dir_ / "api.sock");
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+
+  EXPECT_EQ(daemon->address(), options.listen);
+  grpc::ClientContext context;
+  v1::Cluster cluster;
+  EXPECT_TRUE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());
+}
+
+// A TLS certificate or key that is not PEM is named as such at start, not
+// reported as a taken port.
+TEST_F(CoordinatorSecurityTest, JunkTlsFilesAreNamed) {
+  test::WriteFile(dir_ / "cert.pem", "not a certificate");
+  test::WriteFile(dir_ / "key.pem", "not a key");
+  chmod((dir_ / "key.pem").c_str(), 0600);
+  DaemonOptions options;
+  options.extra_flags = {"--tls-cert", dir_ / "cert.pem", "--tls-key",
+                         dir_ / "key.pem"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  EXPECT_FALSE(daemon->Start(&error, /*insecure_channel=*/false));
+  EXPECT_THAT(error, HasSubstr("--tls-cert"));
+  EXPECT_THAT(error, HasSubstr("holds no PEM certificate"));
+}
+
+// Idle clients that never finish their request cannot starve /metrics:
+// scrapes are answered while they hang, and the server drops them.
+TEST_F(CoordinatorSecurityTest, HalfSentHttpRequestsDoNotBlockMetrics) {
+  auto daemon = NewDaemon({});
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  const std::string address = daemon->metrics_address();
+  const size_t colon = address.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(write(fd, "GET /metr", 9), 9);
+    idle.push_back(fd);
+  }
+
+  const absl::Time start = absl::Now();
+  const std::string text = daemon->ScrapeMetrics();
+  const absl::Duration took = absl::Now() - start;
+
+  EXPECT_THAT(text, HasSubstr("shardtrain_build_info"));
+  EXPECT_LT(took, absl::Seconds(2)) << "a scrape waited for idle clients";
+  // The server ends a connection whose request never completes (an error
+  // response, then end of stream) instead of waiting for it forever.
+  timeval wait{10, 0};
+  setsockopt(idle[0], SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  char buffer[4096];
+  const absl::Time idle_start = absl::Now();
+  ssize_t n;
+  while ((n = read(idle[0], buffer, sizeof(buffer))) > 0) {
+  }
+  EXPECT_EQ(n, 0) << "the connection was not closed (" << std::strerror(errno)
+                  << ")";
+  EXPECT_LT(absl::Now() - idle_start, absl::Seconds(9));
+  for (int fd : idle) close(fd);
 }
 
 TEST_F(CoordinatorSecurityTest, NamesAndLabelsNeverReachTheFileSystem) {

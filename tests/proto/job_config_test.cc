@@ -120,6 +120,23 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
        [](v1::JobSpec& s) { s.set_name("\x1b[2Jcleared"); }},
       {"labels[team]: contains a control character",
        [](v1::JobSpec& s) { (*s.mutable_labels())["team"] = "a\tb"; }},
+      // UTF-8 C1 control CSI (U+009B) and a right-to-left override (U+202E).
+      {"name: contains a control character",
+       [](v1::JobSpec& s) {
+         s.set_name(
+             "a\xc2\x9b"
+             "2Jb");
+       }},
+      {"name: contains a control character",
+       [](v1::JobSpec& s) {
+         s.set_name(
+             "invoice\xe2\x80\xae"
+             "exe.pdf");
+       }},
+      {"labels[team]: contains a control character",
+       [](v1::JobSpec& s) {
+         (*s.mutable_labels())["team"] = "x\xe2\x81\xa6y";
+       }},
   };
   for (const Case& c : cases) {
     v1::JobSpec spec = MinimalSpec();
@@ -134,7 +151,7 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
 
 TEST(JobConfigTest, NamesAndLabelsMayHoldAnyPrintableText) {
   v1::JobSpec spec = MinimalSpec();
-  spec.set_name("../../x; rm -rf / $(id) `id` 'q' \"dq\" ünïcödé");
+  spec.set_name("../../x; rm -rf / $(id) `id` 'q' \"dq\" ünïcödé — 名前 ©");
   (*spec.mutable_labels())["team"] = "../etc/passwd | cat";
   EXPECT_TRUE(TrainConfigFromJobSpec(spec, kOut).ok());
 }

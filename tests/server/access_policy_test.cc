@@ -1,12 +1,15 @@
 // server/access_policy.h: which listen addresses need a token, which paths
-// a job may read, and how many streams one client may hold.
+// a job may read, and how many streams a connection and the daemon may hold.
 #include "server/access_policy.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/test_util.h"
 
 namespace shardtrain {
@@ -23,9 +26,19 @@ TEST(AccessPolicyTest, OnlyLoopbackAddressesCountAsLoopback) {
   }
   for (const char* open :
        {"0.0.0.0:50551", "[::]:50551", ":50551", "10.0.0.5:50551",
-        "myhost:50551", "50551", "128.0.0.1:1", "localhost.evil.com:1"}) {
+        "myhost:50551", "50551", "128.0.0.1:1", "localhost.evil.com:1",
+        "127.anything.example:1", "127.0.0.1.evil.com:1"}) {
     EXPECT_FALSE(IsLoopbackListen(open)) << open;
   }
+}
+
+TEST(AccessPolicyTest, NonLoopbackMetricsNeedMetricsPublic) {
+  EXPECT_TRUE(CheckMetricsListenAllowed("127.0.0.1:9464", false).ok());
+  EXPECT_TRUE(CheckMetricsListenAllowed("", false).ok());
+  EXPECT_TRUE(CheckMetricsListenAllowed("0.0.0.0:9464", true).ok());
+  const absl::Status refused = CheckMetricsListenAllowed("0.0.0.0:9464", false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("--metrics-public"));
 }
 
 TEST(AccessPolicyTest, NonLoopbackListenNeedsATokenOrInsecure) {
@@ -86,27 +99,39 @@ TEST_F(PathRootsTest, ARootMustBeAnExistingDirectory) {
   EXPECT_THAT(missing.status().message(), HasSubstr("--path-root: '"));
 }
 
-TEST(StreamLimiterTest, EachClientHoldsAtMostTheLimit) {
-  StreamLimiter limiter(2);
+TEST(StreamLimiterTest, EachConnectionHoldsAtMostTheLimit) {
+  StreamLimiter limiter(2, 100);
   auto a = limiter.Acquire("ipv4:127.0.0.1:4000");
-  auto b = limiter.Acquire("ipv4:127.0.0.1:4001");  // same client, other port
+  auto b = limiter.Acquire("ipv4:127.0.0.1:4000");
   ASSERT_TRUE(a.ok() && b.ok());
-  auto c = limiter.Acquire("ipv4:127.0.0.1:4002");
+  auto c = limiter.Acquire("ipv4:127.0.0.1:4000");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(c.status().message(),
-              HasSubstr("ipv4:127.0.0.1 already holds 2"));
-  // Another client is not affected.
-  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.2:4000").ok());
+              HasSubstr("(ipv4:127.0.0.1:4000) already holds 2"));
+  // Another local user (same address, its own connection) is not affected.
+  EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.1:4001").ok());
   // Releasing one frees a slot.
   a->reset();
-  EXPECT_EQ(limiter.open("ipv4:127.0.0.1"), 1);
-  EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.1:4003").ok());
+  EXPECT_EQ(limiter.open("ipv4:127.0.0.1:4000"), 1);
+  EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.1:4000").ok());
 }
 
-TEST(StreamLimiterTest, ClientIsThePeerWithoutItsPort) {
-  EXPECT_EQ(StreamLimiter::ClientOf("ipv4:127.0.0.1:5000"), "ipv4:127.0.0.1");
-  EXPECT_EQ(StreamLimiter::ClientOf("ipv6:[::1]:5000"), "ipv6:[::1]");
-  EXPECT_EQ(StreamLimiter::ClientOf("unix:/run/x.sock"), "unix:/run/x.sock");
+// However many connections or addresses a client uses, the daemon's
+// streams (each a thread) stay under the global cap.
+TEST(StreamLimiterTest, AllConnectionsTogetherStayUnderTheGlobalCap) {
+  StreamLimiter limiter(64, 3);
+  std::vector<std::unique_ptr<StreamLimiter::Slot>> held;
+  for (int i = 0; i < 3; ++i) {
+    auto slot = limiter.Acquire(absl::StrCat("ipv4:127.0.0.", i + 1, ":5000"));
+    ASSERT_TRUE(slot.ok());
+    held.push_back(std::move(*slot));
+  }
+  auto refused = limiter.Acquire("ipv4:127.0.0.9:5000");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max-streams"));
+  EXPECT_EQ(limiter.total(), 3);
+  held.pop_back();
+  EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.9:5000").ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "server/job_manager.h"
 
 #include <gmock/gmock.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <future>
 
+#include "common/exit_codes.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace shardtrain {
@@ -87,6 +89,68 @@ TEST_F(JobManagerTest, ALaunchPreparesItsFilesWithoutHoldingTheLock) {
   EXPECT_EQ(launcher_.spawned().size(), 2u);
   EXPECT_TRUE(
       std::filesystem::exists(dir_ / ("jobs/" + job->id() + "/spec.json")));
+}
+
+// The database was lost (a zero-byte file opens as a new, empty one) but job
+// directories remain: refused at start, not ids and directories reused.
+TEST_F(JobManagerTest, AnEmptiedDatabaseBesideJobDirectoriesIsRefused) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  manager_->Tick();
+  ASSERT_TRUE(std::filesystem::exists(dir_ / ("jobs/" + job->id())));
+  manager_.reset();
+  store_.reset();
+  std::filesystem::remove(dir_ / "state.db-wal");
+  std::filesystem::remove(dir_ / "state.db-shm");
+  std::filesystem::resize_file(dir_ / "state.db", 0);
+  auto store = JobStore::Open(dir_ / "state.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  store_ = std::move(*store);
+
+  JobManagerOptions options;
+  options.state_dir = dir_.path();
+  options.devices.push_back({0, v1::CPU, "cpu slot", 0});
+  options.resolve_data =
+      [](const std::string& d) -> absl::StatusOr<std::string> { return d; };
+  auto manager = JobManager::Create(options, store_.get(), &launcher_, &clock_);
+
+  EXPECT_EQ(manager.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(manager.status().message(), HasSubstr("1 job directories"));
+  EXPECT_THAT(manager.status().message(), HasSubstr("lost or truncated"));
+}
+
+// An id no job has is named in the error only when it could be an id: a huge
+// or binary one is summarised by its length.
+TEST_F(JobManagerTest, UnknownIdsAreNamedOnlyWhenShortAndPrintable) {
+  EXPECT_THAT(manager_->Get("job-999999").status().message(),
+              HasSubstr("no job 'job-999999'"));
+  const std::string huge(100000, 'a');
+  const absl::Status big = manager_->Get(huge).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(big.message().size(), 200u);
+  EXPECT_THAT(big.message(), HasSubstr("100000 bytes"));
+  EXPECT_THAT(manager_->Cancel(std::string("job\x1b[2J")).status().message(),
+              testing::Not(HasSubstr("\x1b")));
+}
+
+// A field this version does not know (here 1 MiB under field number 9999)
+// is not stored, and what is stored stays within the spec's bounds.
+TEST_F(JobManagerTest, UnknownFieldsAreDroppedNotStored) {
+  v1::JobSpec spec = Spec(1);
+  spec.GetReflection()->MutableUnknownFields(&spec)->AddLengthDelimited(
+      9999, std::string(1 << 20, 'x'));
+  ASSERT_GT(spec.ByteSizeLong(), 1u << 20);
+
+  absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_LT(job->spec().ByteSizeLong(), 4096u);
+  EXPECT_LT(std::filesystem::file_size(dir_ / "state.db") +
+                (std::filesystem::exists(dir_ / "state.db-wal")
+                     ? std::filesystem::file_size(dir_ / "state.db-wal")
+                     : 0),
+            1u << 20);
+  EXPECT_LT(manager_->Get(job->id())->ByteSizeLong(), 4096u);
 }
 
 TEST_F(JobManagerTest, SubmissionsAreRefusedWhileTheStateDirIsNearlyFull) {
@@ -247,6 +311,25 @@ TEST_F(JobManagerTest, RestartsUpToMaxRestartsThenFails) {
     }
   }
   EXPECT_EQ(launcher_.spawned().size(), 6u);
+}
+
+// A rank that exits kExitDiverged: the job fails as DIVERGED at once, with
+// restarts left, since a restart would diverge again at the same step.
+TEST_F(JobManagerTest, ADivergedRunFailsAsDivergedWithoutARestart) {
+  std::string id;
+  std::vector<int> pids = StartRunning(Spec(2, /*max_restarts=*/2), &id);
+  launcher_.Exit(pids[0], ExitStatus{kExitDiverged, 0});
+  manager_->Tick();
+  launcher_.Exit(pids[1], ExitStatus{1, 0});
+  manager_->Tick();
+  manager_->Tick();
+
+  const v1::Job job = *manager_->Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.failure().reason(), v1::DIVERGED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.failure().message(), HasSubstr("training diverged"));
+  EXPECT_EQ(launcher_.spawned().size(), 2u);
 }
 
 TEST_F(JobManagerTest,

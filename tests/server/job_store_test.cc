@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -303,6 +305,34 @@ TEST(JobStoreTest, AppendMetricsReplacesAReportedStep) {
   EXPECT_EQ(Query(dir / "state.db",
                   "SELECT loss FROM job_metrics WHERE rank = 0 AND step = 5"),
             "2.0");
+}
+
+// A diverged run reports NaN and infinite losses: stored and read back
+// exactly (SQLite would store a NaN REAL as NULL, which the column refuses).
+TEST(JobStoreTest, NonFiniteLossesAreStoredAndReadBack) {
+  test::TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOrDie(dir / "state.db");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(
+      store->InsertJob(MakeJob("a", 1), MakeEvent(v1::QUEUED, "")).ok());
+  const double inf = std::numeric_limits<double>::infinity();
+
+  absl::Status appended = store->AppendMetrics(
+      "a", {MakeStep(0, 1, 5.0), MakeStep(0, 2, std::nan("")),
+            MakeStep(0, 3, inf), MakeStep(0, 4, -inf)});
+
+  ASSERT_TRUE(appended.ok()) << appended;
+  absl::StatusOr<std::vector<v1::StepMetrics>> steps =
+      store->GetMetrics("a", std::nullopt, 0);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 4u);
+  EXPECT_DOUBLE_EQ((*steps)[0].loss(), 5.0);
+  EXPECT_TRUE(std::isnan((*steps)[1].loss()));
+  EXPECT_EQ((*steps)[2].loss(), inf);
+  EXPECT_EQ((*steps)[3].loss(), -inf);
+  EXPECT_EQ(
+      Query(dir / "state.db", "SELECT loss FROM job_metrics WHERE step = 2"),
+      "nan");
 }
 
 TEST(JobStoreTest, GetMetricsFiltersByJobRankAndFromStepOrderedByStepThenRank) {

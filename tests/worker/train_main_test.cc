@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 
+#include "common/exit_codes.h"
 #include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
 #include "worker/engine/train/cpu_threads.h"
@@ -125,6 +127,41 @@ TEST_F(TrainMainTest, CudaWithoutAGpuIsRefusedCleanly) {
   }
 }
 
+// A run that meets a non-finite loss (here from a model.bin with one NaN
+// weight) stops at that step with kExitDiverged, naming it; the step is in
+// metrics.jsonl, and no model.bin is written from the broken weights.
+TEST_F(TrainMainTest, ADivergingRunStopsNamingTheStep) {
+  const std::string seed = Out("nan_seed");
+  ASSERT_EQ(RunTrain("--data " + Data() + " --out " + seed +
+                     " --model gpt2-tiny --batch-size 2 --seq-len 32 "
+                     "--max-steps 1")
+                .exit_code,
+            0);
+  {
+    // The first parameter after llm.c's 256-int header: one wte weight.
+    std::fstream model(seed + "/model.bin",
+                       std::ios::in | std::ios::out | std::ios::binary);
+    model.seekp(256 * 4);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    model.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const std::string out = Out("diverged");
+  Result r =
+      RunTrain("--data " + Data() + " --out " + out + " --init-from " + seed +
+               "/model.bin --model gpt2-tiny --batch-size 2 "
+               "--seq-len 32 --max-steps 5");
+
+  EXPECT_EQ(r.exit_code, kExitDiverged) << r.output;
+  EXPECT_NE(r.output.find("training diverged at step 1"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out + "/model.bin"));
+  std::string metrics = test::ReadFile(out + "/metrics.jsonl");
+  while (!metrics.empty() && metrics.back() == '\n') metrics.pop_back();
+  // JSON has no NaN: the non-finite values are written as null.
+  EXPECT_NE(metrics.find("\"loss\":null"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find('\n'), std::string::npos) << "one step only";
+}
+
 TEST_F(TrainMainTest, YamlConfigGivesTheBaseAndFlagsWin) {
   const std::string yaml = Out("run.yaml");
   std::ofstream(yaml) << "model: gpt2-tiny\ndata: " << Data()
@@ -151,6 +188,13 @@ TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
       {"--batch-size many", "--batch-size"},
       {"--no-such-flag 1", "no-such-flag"},
       {"--config /nonexistent.yaml", "/nonexistent.yaml"},
+      {"--config /tmp", "is a directory"},
+      // Products of these must not overflow (a rank died of SIGFPE).
+      {"--batch-size 4611686018427387904 --grad-accum 4", "batch_size"},
+      {"--batch-size 99999999999999999999", "batch_size"},
+      {"--grad-accum 4611686018427387904", "grad_accum"},
+      {"--comm-timeout 9223372036854775807", "comm_timeout"},
+      {"--max-steps 9223372036854775807", "max_steps"},
   };
   for (const Case& c : cases) {
     const std::string out = Out("bad");

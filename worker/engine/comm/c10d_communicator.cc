@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/exit_codes.h"
 #include "common/net_route.h"
 #include "worker/engine/torch_compat.h"
 

@@ -2,15 +2,40 @@
 
 #include <torch/serialize.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
 
 namespace shardtrain {
+
+namespace {
+
+// The sidecar "<crc32 hex> <size>\n" beside each tensor file: a checkpoint
+// damaged in place (same size, bytes overwritten) is refused by name rather
+// than resumed into a diverging run.
+std::string ChecksumPath(const std::string& path) { return path + ".crc32"; }
+
+std::string ChecksumLine(std::string_view bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const size_t chunk = std::min<size_t>(bytes.size() - done, 1u << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done),
+                static_cast<uInt>(chunk));
+    done += chunk;
+  }
+  return absl::StrFormat("%08x %d\n", static_cast<uint32_t>(crc), bytes.size());
+}
+
+}  // namespace
 
 absl::Status SaveTensorFile(const std::string& path,
                             const NamedTensors& tensors) {
@@ -20,8 +45,15 @@ absl::Status SaveTensorFile(const std::string& path,
       dict.insert(name, tensor.detach().to(torch::kCPU));
     }
     const std::vector<char> bytes = torch::pickle_save(dict);
-    return WriteFileAtomically(path,
-                               std::string_view(bytes.data(), bytes.size()));
+    const std::string_view view(bytes.data(), bytes.size());
+    // The checksum first: a crash between the two leaves a mismatch, which
+    // reads as damaged, never an unchecked file that looks whole.
+    if (absl::Status s =
+            WriteFileAtomically(ChecksumPath(path), ChecksumLine(view));
+        !s.ok()) {
+      return s;
+    }
+    return WriteFileAtomically(path, view);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("saving ", path, ": ", e.what_without_backtrace()));
@@ -33,6 +65,18 @@ absl::StatusOr<NamedTensors> LoadTensorFile(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                           std::istreambuf_iterator<char>());
+  // Files written before checksums existed have no sidecar and are read
+  // as they are.
+  if (std::ifstream sidecar(ChecksumPath(path)); sidecar) {
+    std::string expected((std::istreambuf_iterator<char>(sidecar)),
+                         std::istreambuf_iterator<char>());
+    if (expected !=
+        ChecksumLine(std::string_view(bytes.data(), bytes.size()))) {
+      return absl::DataLossError(absl::StrCat(
+          path, " does not match its checksum (", ChecksumPath(path),
+          "): the file was damaged or changed after it was written"));
+    }
+  }
   try {
     const c10::IValue value = torch::pickle_load(bytes);
     if (!value.isGenericDict()) {

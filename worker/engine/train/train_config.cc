@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/small_file.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/train/strategy_kinds.h"
 #include "yaml-cpp/yaml.h"
@@ -32,6 +33,14 @@ bool IsCudaDevice(const std::string& device) {
   return true;
 }
 
+constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
+constexpr int64_t kMaxGradAccum = int64_t{1} << 16;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr int64_t kMaxEpochs = int64_t{1} << 20;
+// A week; c10d converts it to milliseconds, and the worker refused values
+// this check let through.
+constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
+
 }  // namespace
 
 absl::Status TrainConfig::Validate() const {
@@ -45,19 +54,31 @@ absl::Status TrainConfig::Validate() const {
         "data: missing; give a directory holding train.bin (see `shardtrain "
         "data prepare`)");
   }
-  if (batch_size <= 0) {
-    return FieldError("batch_size", batch_size, "must be a positive integer");
+  // Upper bounds far beyond any machine, so that every product of them
+  // (windows per step = world x batch x accumulation, tokens, steps x
+  // windows) stays well inside int64: 2^62 passed before and a rank died of
+  // SIGFPE.
+  if (batch_size <= 0 || batch_size > kMaxBatchSize) {
+    return FieldError("batch_size", batch_size,
+                      absl::StrCat("must be in [1, ", kMaxBatchSize, "]"));
   }
   if (seq_len <= 0 || seq_len > model_config->block_size) {
     return FieldError("seq_len", seq_len,
                       absl::StrCat("must be in [1, ", model_config->block_size,
                                    "] (block size of ", model, ")"));
   }
-  if (grad_accum <= 0) {
-    return FieldError("grad_accum", grad_accum, "must be a positive integer");
+  if (grad_accum <= 0 || grad_accum > kMaxGradAccum) {
+    return FieldError("grad_accum", grad_accum,
+                      absl::StrCat("must be in [1, ", kMaxGradAccum, "]"));
   }
-  if (max_steps < 0) {
-    return FieldError("max_steps", max_steps, "must be >= 0 (0: use epochs)");
+  if (max_steps < 0 || max_steps > kMaxSteps) {
+    return FieldError(
+        "max_steps", max_steps,
+        absl::StrCat("must be in [0, ", kMaxSteps, "] (0: use epochs)"));
+  }
+  if (epochs > kMaxEpochs) {
+    return FieldError("epochs", epochs,
+                      absl::StrCat("must be at most ", kMaxEpochs));
   }
   if (max_steps == 0 && epochs <= 0 && !eval_only) {
     return FieldError("epochs", epochs,
@@ -67,8 +88,9 @@ absl::Status TrainConfig::Validate() const {
   if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1)) {
     return FieldError("min_lr_ratio", min_lr_ratio, "must be in [0, 1]");
   }
-  if (warmup_steps < 0) {
-    return FieldError("warmup_steps", warmup_steps, "must be >= 0");
+  if (warmup_steps < 0 || warmup_steps > kMaxSteps) {
+    return FieldError("warmup_steps", warmup_steps,
+                      absl::StrCat("must be in [0, ", kMaxSteps, "]"));
   }
   if (!(weight_decay >= 0)) {
     return FieldError("weight_decay", weight_decay, "must be >= 0");
@@ -101,9 +123,10 @@ absl::Status TrainConfig::Validate() const {
   if (!(bucket_mb > 0 && bucket_mb <= 4096)) {
     return FieldError("bucket_mb", bucket_mb, "must be in (0, 4096]");
   }
-  if (comm_timeout <= 0) {
-    return FieldError("comm_timeout", comm_timeout,
-                      "must be a positive number of seconds");
+  if (comm_timeout <= 0 || comm_timeout > kMaxCommTimeoutSeconds) {
+    return FieldError(
+        "comm_timeout", comm_timeout,
+        absl::StrCat("must be in [1, ", kMaxCommTimeoutSeconds, "] seconds"));
   }
   if (!(peak_flops >= 0)) {
     return FieldError("peak_flops", peak_flops, "must be >= 0");
@@ -111,8 +134,9 @@ absl::Status TrainConfig::Validate() const {
   if (eval_every < 0) {
     return FieldError("eval_every", eval_every, "must be >= 0");
   }
-  if (eval_steps <= 0) {
-    return FieldError("eval_steps", eval_steps, "must be a positive integer");
+  if (eval_steps <= 0 || eval_steps > kMaxSteps) {
+    return FieldError("eval_steps", eval_steps,
+                      absl::StrCat("must be in [1, ", kMaxSteps, "]"));
   }
   if (checkpoint_every < 0) {
     return FieldError("checkpoint_every", checkpoint_every, "must be >= 0");
@@ -233,14 +257,11 @@ absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
 
 absl::Status LoadYamlTrainConfigFile(const std::string& path,
                                      TrainConfig* config) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("config: cannot read file '", path, "'"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::Status status = ApplyYamlTrainConfig(text.str(), config);
+  // A directory, a FIFO or an endless device is refused by name (a
+  // directory once ran with no config at all).
+  absl::StatusOr<std::string> text = ReadSmallFile("config", path);
+  if (!text.ok()) return text.status();
+  absl::Status status = ApplyYamlTrainConfig(*text, config);
   if (!status.ok()) {
     return absl::Status(status.code(),
                         absl::StrCat(path, ": ", status.message()));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
+#include "common/exit_codes.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
@@ -210,7 +212,10 @@ StepMetrics Trainer::TrainStep(int64_t step) {
         /*sync=*/last_micro);
   }
   const double grad_norm = strategy_->ClipGradNorm(config_.grad_clip);
-  strategy_->OptimizerStep(lr);
+  // A non-finite norm would turn every weight into NaN: that update is not
+  // applied (the norm is global, so every rank skips alike) and Run() stops
+  // the run as diverged.
+  if (std::isfinite(grad_norm)) strategy_->OptimizerStep(lr);
   const double local_loss =
       loss_sum.item<double>() / static_cast<double>(config_.grad_accum);
   const double loss = strategy_->AllReduceMean(local_loss);
@@ -435,6 +440,15 @@ absl::Status Trainer::RunLoop() {
     }
     history_.push_back(m);
     if (step_callback_) step_callback_(m);
+    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+      // Recorded above, then stopped: no checkpoint or model is written
+      // from a diverged state, and a restart would only diverge again.
+      return DivergedError(absl::StrFormat(
+          "training diverged at step %d: loss %g, grad norm %g at lr %.2e; "
+          "the step was not applied and no checkpoint was written from it "
+          "(lower --lr, raise --warmup-steps or --eps)",
+          m.step, m.loss, m.grad_norm, m.lr));
+    }
 
     if (checkpoints_ && config_.checkpoint_every > 0 &&
         ((step + 1) % config_.checkpoint_every == 0 || last_step)) {

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "common/free_port.h"
 #include "worker/local_launcher.h"
 

@@ -1,5 +1,6 @@
 #include "worker/engine/train/checkpoint_store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -87,6 +88,27 @@ TEST(TensorFileTest, RoundTripsNamedTensors) {
   EXPECT_EQ((*loaded)[0].first, "h.0.attn.c_attn.weight");
   EXPECT_TRUE(torch::equal((*loaded)[0].second, a));
   EXPECT_TRUE(torch::equal((*loaded)[1].second, b));
+}
+
+// 256 bytes overwritten in place (the size unchanged): refused by the
+// checksum, naming the file, instead of resuming damaged weights.
+TEST(TensorFileTest, ABitFlippedFileIsRefusedByItsChecksum) {
+  const std::string path = TempDir("damaged") + "/t.pt";
+  ASSERT_TRUE(SaveTensorFile(path, {{"w", torch::randn({64, 64})}}).ok());
+  const auto size = fs::file_size(path);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size / 2));
+    const std::string junk(256, '\x7f');
+    file.write(junk.data(), junk.size());
+  }
+  ASSERT_EQ(fs::file_size(path), size);
+
+  auto loaded = LoadTensorFile(path);
+
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              testing::HasSubstr("does not match its checksum"));
 }
 
 TEST(TensorFileTest, GarbageAndMissingFilesAreErrors) {

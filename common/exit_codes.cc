@@ -1,0 +1,41 @@
+#include "common/exit_codes.h"
+
+#include "absl/strings/cord.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr char kDivergedPayload[] = "shardtrain/diverged";
+constexpr char kPortTakenPayload[] = "shardtrain/rendezvous-port-taken";
+
+absl::Status Marked(absl::Status status, const char* payload) {
+  status.SetPayload(payload, absl::Cord("1"));
+  return status;
+}
+
+}  // namespace
+
+absl::Status DivergedError(const std::string& message) {
+  return Marked(absl::AbortedError(message), kDivergedPayload);
+}
+
+bool IsDiverged(const absl::Status& status) {
+  return status.GetPayload(kDivergedPayload).has_value();
+}
+
+absl::Status RendezvousPortTakenError(const std::string& message) {
+  return Marked(absl::UnavailableError(message), kPortTakenPayload);
+}
+
+bool IsRendezvousPortTaken(const absl::Status& status) {
+  return status.GetPayload(kPortTakenPayload).has_value();
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  if (status.ok()) return 0;
+  if (IsDiverged(status)) return kExitDiverged;
+  if (IsRendezvousPortTaken(status)) return kExitRendezvousPortTaken;
+  return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,35 @@
+// Exit codes of a rank that mean something to the launchers (shardtrain-train
+// --nproc, shardtraind), and the errors that lead to them. An error is
+// recognised by a payload, whatever its message says.
+#ifndef SHARDTRAIN_COMMON_EXIT_CODES_H_
+#define SHARDTRAIN_COMMON_EXIT_CODES_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace shardtrain {
+
+// Training diverged: a non-finite loss or gradient norm. The step is
+// reported and the run stops; restarting would only diverge again. A code
+// no other failure uses (1: an error, 2: a bad configuration).
+inline constexpr int kExitDiverged = 86;
+
+// Rank 0 could not bind MASTER_PORT: another process holds it
+// (EX_TEMPFAIL). Launchers that picked the port start the ranks again on
+// another.
+inline constexpr int kExitRendezvousPortTaken = 75;
+
+absl::Status DivergedError(const std::string& message);
+bool IsDiverged(const absl::Status& status);
+
+absl::Status RendezvousPortTakenError(const std::string& message);
+bool IsRendezvousPortTaken(const absl::Status& status);
+
+// The exit code for a run that ended with `status`: 0, kExitDiverged,
+// kExitRendezvousPortTaken, 2 for a bad configuration, else 1.
+int ExitCodeFor(const absl::Status& status);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_EXIT_CODES_H_
