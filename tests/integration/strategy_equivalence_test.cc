@@ -147,7 +147,17 @@ std::string* StrategyEquivalenceTest::dir_ = nullptr;
 // turns it into a step of up to lr. The weight check therefore runs at
 // lr 1e-4, where 20 steps stay within 1e-5 (measured 9e-7). FSDP and DDP
 // reduce in the same order per element, so the next test holds them to 1e-5
-// at the default lr 6e-4 too (measured 5e-7).
+// at the default lr 6e-4 too on LibTorch 1.13 (measured 5e-7). LibTorch
+// 2.6's CPU kernels round differently for FSDP's views into its flat
+// parameters than for DDP's own tensors (grad norms 4e-7 apart instead of
+// 1e-8), and at lr 6e-4 AdamW carries that to 1.16e-5 in the weights
+// (measured, Debian 13): there the bound is 2e-5, the losses and norms
+// still within 1e-5.
+#if SHARDTRAIN_TORCH_MAJOR >= 2
+constexpr double kFsdpDdpWeightBoundAtDefaultLr = 2e-5;
+#else
+constexpr double kFsdpDdpWeightBoundAtDefaultLr = 1e-5;
+#endif
 TEST_F(StrategyEquivalenceTest, DdpTwoRanksEqualsSingleWithTheGlobalBatch) {
   const std::string lr = " --lr 1e-4";
   TrainRun single =
@@ -162,7 +172,8 @@ TEST_F(StrategyEquivalenceTest, FsdpEqualsDdpAtTwoAndThreeRanks) {
                         "--strategy ddp --nproc 2 --batch-size 3" + Common());
   TrainRun fsdp2 =
       Train("fsdp2", "--strategy fsdp --nproc 2 --batch-size 3" + Common());
-  ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5, 1e-5);
+  ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5,
+                     kFsdpDdpWeightBoundAtDefaultLr);
 
   // World 3: no unit's size divides by 3, so every shard is padded.
   TrainRun ddp3 = Train(
