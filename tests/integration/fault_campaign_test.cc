@@ -7,10 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tests/integration/daemon_harness.h"
+#include "worker/engine/data/token_file.h"
 
 namespace shardtrain {
 namespace {
@@ -368,6 +372,78 @@ TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
          absl::StrFormat("%d refused as not stored, %d acknowledged and still "
                          "CANCELLED after kill -9 and restart",
                          refused, kept));
+}
+
+// train.bin turned into a FIFO, truncated, replaced by a symlink, removed
+// and restored, as fast as a thread can, while jobs are submitted: the
+// daemon reads nothing but each file's header (never blocking on a FIFO,
+// never mapping), so every call is answered promptly, the daemon lives, and
+// every accepted job ends.
+TEST_F(FaultCampaignTest, AChangingTrainBinNeverStallsOrKillsTheDaemon) {
+  const std::string data = dir_ / "flipping";
+  std::filesystem::create_directories(data);
+  const std::string train = data + "/train.bin";
+  std::vector<uint16_t> tokens(4096, 11);
+  ASSERT_TRUE(WriteTokenFile(dir_ / "good.bin", tokens).ok());
+  std::filesystem::copy_file(dir_ / "good.bin", train);
+  auto daemon = StartDaemon({});
+  std::atomic<bool> stop{false};
+  std::thread flipper([&] {
+    for (int i = 0; !stop; ++i) {
+      std::error_code ec;
+      std::filesystem::remove(train, ec);
+      switch (i % 4) {
+        case 0:
+          mkfifo(train.c_str(), 0600);
+          break;
+        case 1:
+          std::filesystem::copy_file(dir_ / "good.bin", train, ec);
+          truncate(train.c_str(), 600);  // mid-header
+          break;
+        case 2:
+          std::filesystem::create_symlink(dir_ / "good.bin", train, ec);
+          break;
+        default:
+          std::filesystem::copy_file(dir_ / "good.bin", train, ec);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+  });
+  constexpr int kSubmissions = 40;
+  int accepted = 0, answered_promptly = 0;
+  std::vector<std::string> ids;
+  double slowest = 0;
+  for (int i = 0; i < kSubmissions; ++i) {
+    const absl::Time start = absl::Now();
+    v1::Job job;
+    const grpc::Status status = daemon->Submit(FakeSpec("quick", data), &job);
+    const v1::Job got = status.ok() ? daemon->Get(job.id()) : v1::Job();
+    const double took = absl::ToDoubleSeconds(absl::Now() - start);
+    slowest = std::max(slowest, took);
+    answered_promptly += took < 2.0;
+    if (status.ok()) {
+      ++accepted;
+      ids.push_back(job.id());
+      EXPECT_EQ(got.id(), job.id());
+    } else {
+      EXPECT_FALSE(status.error_message().empty());
+    }
+  }
+  stop = true;
+  flipper.join();
+  EXPECT_EQ(answered_promptly, kSubmissions) << "slowest " << slowest << " s";
+  EXPECT_EQ(kill(daemon->pid(), 0), 0) << "the daemon died";
+  int ended = 0;
+  for (const std::string& id : ids) {
+    ended += test::IsTerminal(daemon->WaitFor(
+        id, [](const v1::Job& j) { return test::IsTerminal(j); },
+        absl::Seconds(60)));
+  }
+  EXPECT_EQ(ended, accepted);
+  Report("train.bin flipped (FIFO, truncated, symlink, removed) during submits",
+         kSubmissions, answered_promptly, kSubmissions - answered_promptly,
+         absl::StrFormat("%d accepted, all ended; slowest answer %.2f s",
+                         accepted, slowest));
 }
 
 }  // namespace
