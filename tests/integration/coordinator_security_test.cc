@@ -238,16 +238,10 @@ TEST_F(CoordinatorSecurityTest, HalfSentHttpRequestsDoNotBlockMetrics) {
   std::string error;
   ASSERT_TRUE(daemon->Start(&error)) << error;
   const std::string address = daemon->metrics_address();
-  const size_t colon = address.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port =
-      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
   std::vector<int> idle;
   for (int i = 0; i < 4; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = test::ConnectTcp(address);
+    ASSERT_GE(fd, 0);
     ASSERT_EQ(write(fd, "GET /metr", 9), 9);
     idle.push_back(fd);
   }

@@ -47,8 +47,8 @@ inline std::string FakeWorker() {
 }
 
 // The body of GET http://<address>/metrics ("" when unreachable).
-inline std::string HttpGet(const std::string& address,
-                           const std::string& path) {
+// A TCP connection to an IPv4 "host:port"; -1 when it cannot be made.
+inline int ConnectTcp(const std::string& address) {
   const size_t colon = address.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -56,11 +56,18 @@ inline std::string HttpGet(const std::string& address,
       htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
+  return fd;
+}
+
+inline std::string HttpGet(const std::string& address,
+                           const std::string& path) {
+  const int fd = ConnectTcp(address);
+  if (fd < 0) return "";
   const std::string request = "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n";
   (void)!write(fd, request.data(), request.size());
   std::string response;

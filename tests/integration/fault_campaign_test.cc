@@ -21,6 +21,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,34 @@ void Report(const std::string& fault, int trials, int survived, int lost,
 }
 
 class FaultCampaignTest : public test::FakeWorkerDaemonTest {};
+
+// An 8 MiB tmpfs at `path` for the disk-full faults, unmounted when it goes
+// out of scope. Mounting needs CAP_SYS_ADMIN: without it mounted() is false
+// and why_not() says so (the test then reports Skipped).
+class SmallDisk {
+ public:
+  explicit SmallDisk(std::string path) : path_(std::move(path)) {
+    std::filesystem::create_directories(path_);
+    mounted_ = mount("tmpfs", path_.c_str(), "tmpfs", 0, "size=8m") == 0;
+    if (!mounted_) {
+      why_not_ =
+          absl::StrCat("cannot mount a tmpfs to fill (", std::strerror(errno),
+                       "): the disk-full fault needs CAP_SYS_ADMIN");
+    }
+  }
+  ~SmallDisk() {
+    if (mounted_) umount2(path_.c_str(), MNT_DETACH);
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& why_not() const { return why_not_; }
+
+ private:
+  std::string path_;
+  bool mounted_ = false;
+  std::string why_not_;
+};
 
 // kill -9 of one rank at a random moment of a 2-rank job: the job fails that
 // attempt (SIGNAL), restarts, and succeeds.
@@ -218,15 +247,8 @@ TEST_F(FaultCampaignTest, StalledRankIsDetectedAsHangWithinTheTimeout) {
 // daemon takes work again.
 TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
   const std::string state = dir_ / "small-state";
-  std::filesystem::create_directories(state);
-  if (mount("tmpfs", state.c_str(), "tmpfs", 0, "size=8m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs to fill (" << std::strerror(errno)
-                 << "): the disk-full fault needs CAP_SYS_ADMIN";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{state};
+  SmallDisk disk(state);
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
   DaemonOptions options;
   options.extra_flags = {"--min-free-mb", "1"};
   int trials = 0, survived = 0;
@@ -296,15 +318,8 @@ TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
 // ones (stopped) both.
 TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
   const std::string state = dir_ / "full-state";
-  std::filesystem::create_directories(state);
-  if (mount("tmpfs", state.c_str(), "tmpfs", 0, "size=8m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs to fill (" << std::strerror(errno)
-                 << "): the disk-full fault needs CAP_SYS_ADMIN";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{state};
+  SmallDisk disk(state);
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
   DaemonOptions options;
   options.cpu_slots = 2;
   options.extra_flags = {"--min-free-mb", "1"};
