@@ -1,8 +1,14 @@
 #include "worker/engine/comm/c10d_communicator.h"
 
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -146,6 +152,57 @@ c10::intrusive_ptr<c10d::TCPStore> MakeTcpStore(const std::string& host,
   }
 #endif
   return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
+
+// Waits until the store on host:port accepts connections, or `deadline`
+// passes. A client TCPStore of LibTorch 2.x that finds no server sleeps a
+// jittered backoff (seen: 2.4 s) before it looks at its own deadline again,
+// overrunning a short rendezvous timeout by seconds; once the server
+// listens, it connects at its first try.
+absl::Status WaitForStore(const std::string& host, int port,
+                          SteadyClock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) !=
+          0 ||
+      found == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve the store host ", host));
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> addresses(found,
+                                                               freeaddrinfo);
+  while (true) {
+    for (addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
+      const int fd =
+          socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                 a->ai_protocol);
+      if (fd < 0) continue;
+      bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      if (!connected && errno == EINPROGRESS) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - SteadyClock::now());
+        pollfd p{fd, POLLOUT, 0};
+        int error = 0;
+        socklen_t length = sizeof(error);
+        connected =
+            poll(&p, 1,
+                 static_cast<int>(std::clamp<int64_t>(left.count(), 0, 200))) ==
+                1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 &&
+            error == 0;
+      }
+      close(fd);
+      if (connected) return absl::OkStatus();
+    }
+    if (SteadyClock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out: no store is listening at ", host, ":", port,
+                       " (rank 0 serves it)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 // Waits until all ranks have reached the store or `deadline` passes. The
@@ -583,15 +640,20 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
   const SteadyClock::time_point deadline =
       SteadyClock::now() + rendezvous_timeout;
   absl::Status joined;
-  try {
-    groups.store = MakeTcpStore(
-        env.master_addr,
-        StoreOptions(env.master_port, env.rank == 0, rendezvous_timeout));
-    joined = Rendezvous(*groups.store, env.world_size, deadline);
-  } catch (...) {
-    const std::string error = ErrorText(std::current_exception());
-    joined = IsTimeout(error) ? absl::DeadlineExceededError(error)
-                              : absl::UnavailableError(error);
+  if (env.rank != 0) {
+    joined = WaitForStore(env.master_addr, env.master_port, deadline);
+  }
+  if (joined.ok()) {
+    try {
+      groups.store = MakeTcpStore(
+          env.master_addr,
+          StoreOptions(env.master_port, env.rank == 0, rendezvous_timeout));
+      joined = Rendezvous(*groups.store, env.world_size, deadline);
+    } catch (...) {
+      const std::string error = ErrorText(std::current_exception());
+      joined = IsTimeout(error) ? absl::DeadlineExceededError(error)
+                                : absl::UnavailableError(error);
+    }
   }
   if (!joined.ok()) {
     const std::string message = absl::StrFormat(
