@@ -62,7 +62,7 @@ def build_heap_meter(workdir: str) -> str:
 
 def launch(cmds: list[list[str]], extra_env: dict, meter: str, workdir: str) -> tuple:
     """Starts one process per rank; returns their stdouts and peak heaps."""
-    peaks_file = os.path.join(workdir, f"peaks-{free_port()}.txt")
+    peaks_file = tempfile.mkstemp(prefix="peaks-", suffix=".txt", dir=workdir)[1]
     port = str(free_port())
     procs = []
     for rank, cmd in enumerate(cmds):

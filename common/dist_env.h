@@ -11,7 +11,6 @@
 #include <optional>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace shardtrain {

@@ -1387,22 +1387,19 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
 
 void JobManager::SetState(Entry& entry, v1::JobState state,
                           const std::string& message) {
-  if (absl::Status s = CommitState(entry, state, message); !s.ok()) {
+  // What happened still happened: recorded in memory for this run even when
+  // the store fails.
+  if (absl::Status s = CommitState(entry, state, message,
+                                   /*even_if_not_stored=*/true);
+      !s.ok()) {
     LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), " -> ",
                          StateName(state), ": ", s.message()));
-    // What happened still happened: recorded in memory for this run.
-    StoredJob& stored = entry.stored;
-    stored.job.set_state(state);
-    stored.job.set_state_reason(message);
-    if (IsTerminal(state)) {
-      stored.job.set_end_time_unix_ms(UnixMillis(clock_->Now()));
-    }
-    Announce(entry, Event(state, message));
   }
 }
 
 absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,
-                                     const std::string& message) {
+                                     const std::string& message,
+                                     bool even_if_not_stored) {
   // Stored from a copy; entry.stored itself is changed in place afterwards,
   // so references into it that callers hold stay valid.
   const int64_t end_ms = IsTerminal(state)
@@ -1416,10 +1413,11 @@ absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,
   StoredJob next = entry.stored;
   apply(next.job);
   const v1::JobEvent event = Event(state, message);
-  if (absl::Status s = store_->UpdateJob(next, event); !s.ok()) return s;
+  const absl::Status stored = store_->UpdateJob(next, event);
+  if (!stored.ok() && !even_if_not_stored) return stored;
   apply(entry.stored.job);
   Announce(entry, event);
-  return absl::OkStatus();
+  return stored;
 }
 
 void JobManager::Announce(Entry& entry, const v1::JobEvent& event) {

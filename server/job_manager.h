@@ -231,9 +231,12 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // SetState for a change a client asks for: stored first, and on a store
   // failure nothing changes and the error is returned, so that nothing is
-  // acknowledged that a restarted coordinator would not know.
+  // acknowledged that a restarted coordinator would not know (unless
+  // even_if_not_stored: then memory changes anyway and the error is still
+  // returned).
   absl::Status CommitState(Entry& entry, v1::JobState state,
-                           const std::string& message)
+                           const std::string& message,
+                           bool even_if_not_stored = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Tells watchers and the observer of the state entry now holds.
   void Announce(Entry& entry, const v1::JobEvent& event)
