@@ -23,6 +23,7 @@
 #include "common/atomic_file.h"
 #include "common/small_file.h"
 #include "server/dataset_locator.h"
+#include "server/grpc_status.h"
 #include "server/slurm.h"
 
 namespace shardtrain {
@@ -311,6 +312,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(MakeMalformedRequestInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   int public_port = 0;
   int worker_port = 0;
   builder.AddListeningPort(options.listen, credentials, &public_port);

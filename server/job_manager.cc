@@ -543,10 +543,10 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   } else if (entry->stop != StopIntent::kCancel) {
     StoredJob requested = entry->stored;
     requested.job.set_cancel_requested(true);
-    if (absl::Status s = store_->UpdateJob(
-            requested,
-            Event(state, absl::StrCat("cancel requested; stopping ",
-                                      entry->ranks.size(), " ranks")));
+    if (absl::Status s =
+            Store(*entry, requested,
+                  Event(state, absl::StrCat("cancel requested; stopping ",
+                                            entry->ranks.size(), " ranks")));
         !s.ok()) {
       return not_stored(s);
     }
@@ -709,7 +709,8 @@ absl::StatusOr<bool> JobManager::ReportProgress(
   // Stored outside the lock: the store batches concurrent reports into one
   // transaction, and the other ranks keep reporting meanwhile.
   if (absl::Status s = store_->AppendMetrics(worker.job_id(), steps); !s.ok()) {
-    return absl::InternalError(
+    // Unavailable: the worker keeps the steps and sends them again.
+    return absl::UnavailableError(
         absl::StrCat("could not store step metrics: ", s.message()));
   }
   absl::MutexLock lock(&mutex_);
@@ -872,6 +873,7 @@ void JobManager::SignalSlurmJob(Entry& entry, int signal) {
 }
 
 void JobManager::Supervise() {
+  StoreUnsaved();
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
     if (!entry.ranks.empty()) ReapAndDetect(entry);
@@ -1413,9 +1415,10 @@ absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,
   StoredJob next = entry.stored;
   apply(next.job);
   const v1::JobEvent event = Event(state, message);
-  const absl::Status stored = store_->UpdateJob(next, event);
+  const absl::Status stored = Store(entry, next, event);
   if (!stored.ok() && !even_if_not_stored) return stored;
   apply(entry.stored.job);
+  if (!stored.ok()) KeepUnsaved(entry, event, stored);
   Announce(entry, event);
   return stored;
 }
@@ -1439,9 +1442,56 @@ void JobManager::Announce(Entry& entry, const v1::JobEvent& event) {
 
 void JobManager::Persist(Entry& entry,
                          const std::optional<v1::JobEvent>& event) {
-  if (absl::Status s = store_->UpdateJob(entry.stored, event); !s.ok()) {
+  if (absl::Status s = Store(entry, entry.stored, event); !s.ok()) {
+    KeepUnsaved(entry, event, s);
+  }
+}
+
+absl::Status JobManager::Store(Entry& entry, const StoredJob& record,
+                               const std::optional<v1::JobEvent>& event) {
+  // The backlog first, event by event with the newest record: a failure
+  // part way keeps the rest, still in order.
+  size_t done = 0;
+  absl::Status status;
+  for (; done < entry.unsaved_events.size(); ++done) {
+    status = store_->UpdateJob(entry.stored, entry.unsaved_events[done]);
+    if (!status.ok()) break;
+  }
+  entry.unsaved_events.erase(entry.unsaved_events.begin(),
+                             entry.unsaved_events.begin() + done);
+  if (status.ok()) status = store_->UpdateJob(record, event);
+  if (status.ok() && entry.unsaved) {
+    entry.unsaved = false;
+    LogInfo(absl::StrCat(entry.stored.job.id(),
+                         ": changes kept while the store failed are stored"));
+  }
+  return status;
+}
+
+void JobManager::KeepUnsaved(Entry& entry,
+                             const std::optional<v1::JobEvent>& event,
+                             const absl::Status& why) {
+  if (!entry.unsaved) {
     LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), ": ",
-                         s.message()));
+                         why.message(), "; kept, and retried until stored"));
+  }
+  entry.unsaved = true;
+  if (!event.has_value()) return;
+  // Bounded: a job whose store fails for hours keeps its first and latest
+  // events (its state itself is always the newest record).
+  constexpr size_t kMaxUnsavedEvents = 256;
+  if (entry.unsaved_events.size() >= kMaxUnsavedEvents) {
+    entry.unsaved_events.erase(entry.unsaved_events.begin() + 1);
+  }
+  entry.unsaved_events.push_back(*event);
+}
+
+void JobManager::StoreUnsaved() {
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_.at(id);
+    if (!entry.unsaved) continue;
+    // One failing write is enough to know the store still refuses.
+    if (!Store(entry, entry.stored, std::nullopt).ok()) return;
   }
 }
 

@@ -213,6 +213,11 @@ class JobManager {
     std::string slurm_batch_log;
     absl::Time slurm_next_poll;
     std::vector<std::weak_ptr<JobWatch>> watchers;
+    // Changes that happened (a rank exited, a launch failed) but could not
+    // be stored (a full disk): the record in memory is newer than the
+    // store's, and these events wait, in order, for StoreUnsaved.
+    bool unsaved = false;
+    std::vector<v1::JobEvent> unsaved_events;
   };
 
   JobManager(JobManagerOptions options, JobStore* store,
@@ -241,8 +246,21 @@ class JobManager {
   // Tells watchers and the observer of the state entry now holds.
   void Announce(Entry& entry, const v1::JobEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Stores entry.stored (and `event`); when the store fails the change is
+  // kept as unsaved and stored by a later tick (StoreUnsaved).
   void Persist(Entry& entry, const std::optional<v1::JobEvent>& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Stores `record` with `event`, after whatever of this job is still
+  // unsaved (so events stay in order). On failure nothing new is stored.
+  absl::Status Store(Entry& entry, const StoredJob& record,
+                     const std::optional<v1::JobEvent>& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Remembers a change the store refused, for StoreUnsaved.
+  void KeepUnsaved(Entry& entry, const std::optional<v1::JobEvent>& event,
+                   const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Retries every job's unsaved changes (each tick, until space returns).
+  void StoreUnsaved() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // A launch decided under the lock, prepared outside it.
   struct LaunchRequest {
     v1::JobSpec spec;

@@ -5,6 +5,8 @@
 // requests are refused, and none of it costs the daemon anything stored.
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -391,6 +393,57 @@ TEST_F(CoordinatorSecurityTest, OversizedRequestsAreRefusedAndNothingIsLost) {
   v1::Job job;
   ASSERT_GRPC_OK(daemon->jobs().GetJob(&context, get, &job));
   EXPECT_EQ(job.id(), kept.id());
+}
+
+// Bytes that do not parse as the method's request: a named INVALID_ARGUMENT
+// (gRPC alone answers INTERNAL with no message), and the daemon serves on.
+TEST_F(CoordinatorSecurityTest, MalformedRequestsAreNamedInvalidArgument) {
+  auto daemon = NewDaemon(DaemonOptions());
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  const auto call = [&](const std::string& method, const std::string& bytes) {
+    grpc::GenericStub stub(daemon->channel());
+    grpc::CompletionQueue queue;
+    grpc::ClientContext context;
+    const grpc::Slice slice(bytes);
+    const grpc::ByteBuffer request(&slice, 1);
+    std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader =
+        stub.PrepareUnaryCall(&context, method, request, &queue);
+    reader->StartCall();
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    reader->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(queue.Next(&tag, &ok));
+    queue.Shutdown();
+    while (queue.Next(&tag, &ok)) {
+    }
+    return status;
+  };
+  // A truncated varint, and a length-delimited field longer than the message.
+  for (const std::string& bytes :
+       {std::string("\x08\xff\xff"), std::string("\x0a\x7f\x61")}) {
+    for (const std::string method : {"/shardtrain.v1.JobService/SubmitJob",
+                                     "/shardtrain.v1.JobService/GetJob",
+                                     "/shardtrain.v1.JobService/WatchJob"}) {
+      SCOPED_TRACE(method);
+      const grpc::Status status = call(method, bytes);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << status.error_message();
+      EXPECT_THAT(status.error_message(), HasSubstr("malformed request"));
+      EXPECT_THAT(status.error_message(), HasSubstr(method));
+    }
+  }
+  // A well-formed request through the same path still reaches its handler.
+  const grpc::Status unknown =
+      call("/shardtrain.v1.JobService/GetJob", std::string("\x0a\x03"
+                                                           "abc"));
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND)
+      << unknown.error_message();
+  v1::Job job;
+  ASSERT_GRPC_OK(
+      daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &job));
 }
 
 }  // namespace

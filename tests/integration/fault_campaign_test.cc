@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -387,6 +388,106 @@ TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
          absl::StrFormat("%d refused as not stored, %d acknowledged and still "
                          "CANCELLED after kill -9 and restart",
                          refused, kept));
+}
+
+// The other write paths on a full disk: step metrics arriving, a job
+// ending, the next job's launch files. The daemon answers throughout; what
+// happened while nothing could be stored (a job succeeded) is kept and
+// stored once space returns, so a kill -9 after that loses nothing; steps
+// the store refused are sent again by the worker and stored once each.
+TEST_F(FaultCampaignTest, EveryWritePathOnAFullDiskCatchesUpWhenSpaceReturns) {
+  const std::string state = dir_ / "full-writes";
+  SmallDisk disk(state);
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  DaemonOptions options;
+  options.cpu_slots = 2;
+  options.extra_flags = {"--min-free-mb", "1"};
+  constexpr int kSteps = 150;  // 3 s of steps, 20 ms apart
+  std::string stepping, ending, next;
+  int answered = 0, slow_answers = 0;
+  std::map<std::string, v1::JobState> before_kill;
+  {
+    auto daemon = StartDaemon(options, state);
+    v1::Job job;
+    ASSERT_GRPC_OK(
+        daemon->Submit(FakeSpec(absl::StrCat("slow:", kSteps), data_), &job));
+    stepping = job.id();
+    ASSERT_GRPC_OK(daemon->Submit(FakeSpec("sleep:1500", data_), &job));
+    ending = job.id();
+    ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
+    next = job.id();  // queued: launched when `ending` frees its slot
+    for (const std::string& id : {stepping, ending}) {
+      ASSERT_EQ(
+          daemon
+              ->WaitFor(
+                  id, [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+                  absl::Seconds(30))
+              .state(),
+          v1::RUNNING);
+    }
+    {
+      std::ofstream filler(state + "/filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      while (filler.write(block.data(), block.size())) {
+      }
+    }
+    // Full for 3 s: `ending` exits 0 and `next` is launched meanwhile;
+    // every call is answered promptly.
+    const absl::Time full_until = absl::Now() + absl::Seconds(3);
+    v1::JobState ending_state = v1::RUNNING;
+    while (absl::Now() < full_until) {
+      const absl::Time asked = absl::Now();
+      ending_state = daemon->Get(ending).state();
+      ++answered;
+      slow_answers += absl::Now() - asked > absl::Seconds(1);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    EXPECT_EQ(ending_state, v1::SUCCEEDED)
+        << "a job that ended on a full disk is seen to have ended";
+    EXPECT_EQ(slow_answers, 0);
+    std::filesystem::remove(state + "/filler");
+    for (const std::string& id : {stepping, ending, next}) {
+      const v1::Job done = daemon->WaitFor(
+          id, [](const v1::Job& j) { return test::IsTerminal(j); },
+          absl::Seconds(60));
+      EXPECT_TRUE(test::IsTerminal(done)) << id;
+      before_kill[id] = done.state();
+    }
+    EXPECT_EQ(before_kill[stepping], v1::SUCCEEDED);
+    // Launched while full: it ran, or failed naming the disk.
+    const v1::Job launched = daemon->Get(next);
+    if (launched.state() != v1::SUCCEEDED) {
+      EXPECT_THAT(launched.state_reason(), HasSubstr("No space left"))
+          << launched.DebugString();
+    }
+    // Give the supervisor a tick to store what it kept, then no chance to
+    // store anything more.
+    absl::SleepFor(absl::Seconds(1));
+    daemon->Signal(SIGKILL);
+    daemon->WaitExit(absl::Seconds(10));
+  }
+  auto daemon = StartDaemon(options, state);
+  int kept = 0;
+  for (const auto& [id, was] : before_kill) {
+    const v1::JobState now = daemon->Get(id).state();
+    EXPECT_EQ(now, was) << id << " was " << v1::JobState_Name(was)
+                        << " before kill -9; after the restart "
+                        << v1::JobState_Name(now);
+    kept += now == was;
+  }
+  std::vector<v1::StepMetrics> steps = daemon->Metrics(stepping);
+  std::set<int64_t> distinct;
+  for (const v1::StepMetrics& step : steps) distinct.insert(step.step());
+  EXPECT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kSteps));
+  EXPECT_GE(answered, 20);
+  Report(
+      "every write path on a full disk", 3, kept, 3 - kept,
+      absl::StrFormat("3 s full while %d steps streamed, a job ended and "
+                      "one launched; %d calls answered, %d slower than "
+                      "1 s; %zu of %d steps stored once each; states the "
+                      "same after kill -9 and restart",
+                      kSteps, answered, slow_answers, distinct.size(), kSteps));
 }
 
 // train.bin turned into a FIFO, truncated, replaced by a symlink, removed

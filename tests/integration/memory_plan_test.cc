@@ -113,6 +113,27 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
   CheckModel("gpt2-mini", 2, 64);
 }
 
+// The head's chunk follows the threads of a rank (HeadChunkBytes): one
+// thread keeps 64 MiB of logits (333 rows of GPT-2's vocabulary), four take
+// the whole 1,024-row batch in one chunk.
+TEST(MemoryPlanHeadTest, TheHeadChunkFollowsTheThreadsPerRank) {
+  TrainConfig config;
+  config.model = "gpt2-tiny";
+  config.strategy = "ddp";
+  config.batch_size = 8;
+  config.seq_len = 128;
+  config.threads = 1;
+  absl::StatusOr<MemoryPlan> one = PlanMemory(config, 2);
+  config.threads = 4;
+  absl::StatusOr<MemoryPlan> four = PlanMemory(config, 2);
+  ASSERT_TRUE(one.ok() && four.ok());
+  const int64_t vocab = 50257;
+  const int64_t rows_one = (int64_t{64} << 20) / (vocab * 4);
+  EXPECT_EQ(rows_one, 333);
+  EXPECT_EQ(four->logits - one->logits, (1024 - rows_one) * vocab * 4);
+  EXPECT_EQ(four->total() - one->total(), four->logits - one->logits);
+}
+
 // The CLI prints the library's numbers; FSDP's total shrinks with the world
 // size while DDP's does not.
 TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {

@@ -8,6 +8,7 @@
 //   no-register      never register; sleep until killed
 //   oom              print an out-of-memory error, exit 1
 //   exit:N           register, exit N
+//   sleep:MS         register, sleep MS milliseconds, exit 0 (no steps)
 //   flood:N          register, report N steps as fast as possible (batched
 //                    by ProgressReporter, as real workers are), exit 0
 //   slow:N           register, report N steps 20 ms apart, exit 0
@@ -92,6 +93,12 @@ int Main(int argc, char** argv) {
     int code = 0;
     (void)absl::SimpleAtoi(mode.substr(5), &code);
     return code;
+  }
+  if (absl::StartsWith(mode, "sleep:")) {
+    int ms = 0;
+    (void)absl::SimpleAtoi(mode.substr(6), &ms);
+    absl::SleepFor(absl::Milliseconds(ms));
+    return 0;
   }
   if (absl::StartsWith(mode, "trickle:")) {
     (void)absl::SimpleAtoi(mode.substr(8), &n);

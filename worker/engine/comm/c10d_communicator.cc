@@ -643,11 +643,16 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
   if (env.rank != 0) {
     joined = WaitForStore(env.master_addr, env.master_port, deadline);
   }
+  // A world of one has no peer to find the store: it listens on a port the
+  // kernel picks, so concurrent single-rank runs never contend for
+  // MASTER_PORT's default.
+  int store_port = env.world_size == 1 ? 0 : env.master_port;
   if (joined.ok()) {
     try {
       groups.store = MakeTcpStore(
           env.master_addr,
-          StoreOptions(env.master_port, env.rank == 0, rendezvous_timeout));
+          StoreOptions(store_port, env.rank == 0, rendezvous_timeout));
+      store_port = groups.store->getPort();
       joined = Rendezvous(*groups.store, env.world_size, deadline);
     } catch (...) {
       const std::string error = ErrorText(std::current_exception());
@@ -688,9 +693,9 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
           nccl_options);
     }
 #endif
-    auto heartbeat_store = MakeTcpStore(
-        env.master_addr,
-        StoreOptions(env.master_port, /*is_server=*/false, timeout));
+    auto heartbeat_store =
+        MakeTcpStore(env.master_addr,
+                     StoreOptions(store_port, /*is_server=*/false, timeout));
     absl::MutexLock lock(&comm->shared_->mutex);
     comm->shared_->monitor = std::make_shared<HeartbeatMonitor>(
         std::make_unique<TcpHeartbeatStore>(std::move(heartbeat_store)),

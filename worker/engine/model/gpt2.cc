@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -382,7 +384,15 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
 }  // namespace
 
 int64_t LmHeadChunkBytes(const torch::Device& device) {
-  return device.is_cpu() ? (int64_t{16} << 20) : (int64_t{512} << 20);
+  if (!device.is_cpu()) return HeadChunkBytes(/*accelerator=*/true, 0);
+  // SetCpuComputeThreads (train/cpu_threads.h) gives OpenBLAS the threads
+  // and ATen one; without OpenBLAS, ATen's threads do the products.
+  using GetThreads = int (*)();
+  static const auto openblas_threads = reinterpret_cast<GetThreads>(
+      dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const int threads =
+      openblas_threads != nullptr ? openblas_threads() : at::get_num_threads();
+  return HeadChunkBytes(/*accelerator=*/false, threads);
 }
 
 torch::Tensor LmHeadLoss(const torch::Tensor& hidden,

@@ -200,10 +200,9 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
                          const torch::Tensor& weight, int64_t vocab_size,
                          const torch::Tensor& targets, int64_t chunk_bytes = 0);
 
-// The logits budget of one LmHeadLoss chunk: 16 MiB on CPU (~80 rows of
-// GPT-2's vocabulary: gpt2-tiny's step is fastest there, 0.55 s at batch
-// 8 x 128 against 0.70 s at 8 MiB, 0.60 s with no chunking), 512 MiB on an
-// accelerator.
+// The logits budget of one LmHeadLoss chunk on `device`: HeadChunkBytes
+// (gpt2_config.h) for this process's compute threads on CPU (OpenBLAS's
+// threads when it does the products, else ATen's).
 int64_t LmHeadChunkBytes(const torch::Device& device);
 
 }  // namespace shardtrain

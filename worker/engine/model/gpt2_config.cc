@@ -1,5 +1,6 @@
 #include "worker/engine/model/gpt2_config.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -233,6 +234,11 @@ absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view std_spec) {
   }
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   return config;
+}
+
+int64_t HeadChunkBytes(bool accelerator, int64_t compute_threads) {
+  if (accelerator) return int64_t{512} << 20;
+  return (int64_t{64} << 20) * std::max<int64_t>(1, compute_threads);
 }
 
 }  // namespace shardtrain

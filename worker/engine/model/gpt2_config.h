@@ -74,6 +74,15 @@ struct Gpt2Config {
 // result is validated; errors name the offending field and the allowed values.
 absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view spec);
 
+// The logits budget of one chunk of the chunked LM head (LmHeadLoss in
+// gpt2.h), for the model and for the memory plan alike. 512 MiB on an
+// accelerator. On CPU 64 MiB per compute thread of the rank: each chunk adds
+// its product into wte's whole [V, C] gradient, a pass over memory whose cost
+// against the chunk's matrix products grows with the threads doing them, so
+// fewer, larger chunks pay when more threads compute (bench/RESULTS.md §6:
+// at one thread 16 MiB chunks cost 8-12% of the step, at two 15-30%).
+int64_t HeadChunkBytes(bool accelerator, int64_t compute_threads);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_MODEL_GPT2_CONFIG_H_

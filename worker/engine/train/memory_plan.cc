@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain {
@@ -10,11 +11,6 @@ namespace {
 
 int64_t RoundUp(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
-}
-
-// The LM head's logits budget per chunk (LmHeadChunkBytes in model/gpt2.h).
-int64_t HeadChunkBytes(bool cuda) {
-  return cuda ? (int64_t{512} << 20) : (int64_t{16} << 20);
 }
 
 struct Shapes {
@@ -108,7 +104,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
 
   const bool cuda = config.device.rfind("cuda", 0) == 0;
   const bool bf16 = cuda && config.precision == "bf16";
-  const int64_t chunk_budget = HeadChunkBytes(cuda);
+  // The LM head's logits budget per chunk, as the ranks will pick it.
+  const int64_t chunk_budget =
+      HeadChunkBytes(cuda, config.ThreadsPerRank(world_size));
 
   MemoryPlan plan;
   plan.strategy = config.strategy;

@@ -1,9 +1,11 @@
 #include "worker/engine/train/train_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +44,13 @@ constexpr int64_t kMaxEpochs = int64_t{1} << 20;
 constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
 
 }  // namespace
+
+int64_t TrainConfig::ThreadsPerRank(int64_t world_size) const {
+  if (threads > 0) return threads;
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
+             std::max<int64_t>(1, world_size));
+}
 
 absl::Status TrainConfig::Validate() const {
   absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(model);

@@ -65,6 +65,10 @@ struct TrainConfig {
   // Checks every field against the allowed values; the message names the
   // field, the value and what is allowed. Does not touch the filesystem.
   absl::Status Validate() const;
+
+  // The CPU compute threads of one rank of `world_size` on this machine:
+  // `threads`, or the machine's cores shared evenly (at least 1).
+  int64_t ThreadsPerRank(int64_t world_size) const;
 };
 
 // Overwrites the fields named in a YAML mapping (keys as the flags:

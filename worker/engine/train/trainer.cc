@@ -78,11 +78,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         " requested but this LibTorch sees no CUDA device; use --device cpu"));
   }
 
-  const int64_t threads =
-      config.threads > 0
-          ? config.threads
-          : std::max<int64_t>(
-                1, std::thread::hardware_concurrency() / rank_info.world_size);
+  const int64_t threads = config.ThreadsPerRank(rank_info.world_size);
   if (t.device_.is_cpu()) SetCpuComputeThreads(static_cast<int>(threads));
   RetainFreedHostMemory();
   MemoryTracker::Get();  // count every tensor from here on

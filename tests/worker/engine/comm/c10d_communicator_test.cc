@@ -300,6 +300,30 @@ TEST(C10dCommunicatorRendezvousTest, TakenPortIsReportedAsTaken) {
               HasSubstr("127.0.0.1:" + std::to_string(port)));
 }
 
+// A world of one needs no agreed port: it serves its store on one the
+// kernel picks, so a taken MASTER_PORT (two single-rank DDP runs at once
+// with the default 29500) does not stop it.
+TEST(C10dCommunicatorRendezvousTest, AWorldOfOneIgnoresATakenPort) {
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(
+      bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(holder, 1), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length),
+            0);
+  auto comm = C10dCommunicator::Create(Env(0, 1, ntohs(address.sin_port)),
+                                       milliseconds(2000), torch::kCPU);
+  close(holder);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  torch::Tensor t = torch::ones({4});
+  ASSERT_TRUE((*comm)->AllReduce(t)->Wait().ok());
+  EXPECT_TRUE(torch::equal(t, torch::ones({4})));
+}
+
 TEST(C10dCommunicatorRendezvousTest, AbsentStoreHostTimesOut) {
   const int port = FreePort();
   const SteadyClock::time_point start = SteadyClock::now();
