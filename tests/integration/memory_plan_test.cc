@@ -114,7 +114,7 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
-// thread keeps 64 MiB of logits (333 rows of GPT-2's vocabulary), four take
+// thread keeps 128 MiB of logits (667 rows of GPT-2's vocabulary), four take
 // the whole 1,024-row batch in one chunk.
 TEST(MemoryPlanHeadTest, TheHeadChunkFollowsTheThreadsPerRank) {
   TrainConfig config;
@@ -128,8 +128,8 @@ TEST(MemoryPlanHeadTest, TheHeadChunkFollowsTheThreadsPerRank) {
   absl::StatusOr<MemoryPlan> four = PlanMemory(config, 2);
   ASSERT_TRUE(one.ok() && four.ok());
   const int64_t vocab = 50257;
-  const int64_t rows_one = (int64_t{64} << 20) / (vocab * 4);
-  EXPECT_EQ(rows_one, 333);
+  const int64_t rows_one = (int64_t{128} << 20) / (vocab * 4);
+  EXPECT_EQ(rows_one, 667);
   EXPECT_EQ(four->logits - one->logits, (1024 - rows_one) * vocab * 4);
   EXPECT_EQ(four->total() - one->total(), four->logits - one->logits);
 }

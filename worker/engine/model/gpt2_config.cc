@@ -238,7 +238,7 @@ absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view std_spec) {
 
 int64_t HeadChunkBytes(bool accelerator, int64_t compute_threads) {
   if (accelerator) return int64_t{512} << 20;
-  return (int64_t{64} << 20) * std::max<int64_t>(1, compute_threads);
+  return (int64_t{128} << 20) * std::max<int64_t>(1, compute_threads);
 }
 
 }  // namespace shardtrain

@@ -76,11 +76,12 @@ absl::StatusOr<Gpt2Config> ParseModelSpec(std::string_view spec);
 
 // The logits budget of one chunk of the chunked LM head (LmHeadLoss in
 // gpt2.h), for the model and for the memory plan alike. 512 MiB on an
-// accelerator. On CPU 64 MiB per compute thread of the rank: each chunk adds
-// its product into wte's whole [V, C] gradient, a pass over memory whose cost
-// against the chunk's matrix products grows with the threads doing them, so
-// fewer, larger chunks pay when more threads compute (bench/RESULTS.md §6:
-// at one thread 16 MiB chunks cost 8-12% of the step, at two 15-30%).
+// accelerator. On CPU 128 MiB per compute thread of the rank: each chunk
+// adds its product into wte's whole [V, C] gradient, a pass over memory whose
+// cost against the chunk's matrix products grows with the threads doing
+// them, so fewer, larger chunks pay when more threads compute
+// (bench/RESULTS.md §6: 16 MiB chunks cost 10-12% of the step at one thread,
+// 15-30% at two; 128 MiB per thread is within noise of the fastest).
 int64_t HeadChunkBytes(bool accelerator, int64_t compute_threads);
 
 }  // namespace shardtrain
