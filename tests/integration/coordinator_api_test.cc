@@ -355,8 +355,9 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
     if (c.mode == "oom") {
       EXPECT_THAT(tail, HasSubstr("CUDA out of memory"));
     }
-    EXPECT_TRUE(test::WaitUntil(
-        [&] { return test::WorkerPids(job.id()).empty(); }, absl::Seconds(10)))
+    EXPECT_TRUE(
+        test::WaitUntil([&] { return daemon->WorkerPids(job.id()).empty(); },
+                        absl::Seconds(10)))
         << c.mode << ": workers left behind";
   }
 }
@@ -371,7 +372,7 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
       job.id(), [](const v1::Job& j) { return j.state() == v1::RUNNING; },
       absl::Seconds(30));
   ASSERT_EQ(job.state(), v1::RUNNING);
-  ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
+  ASSERT_EQ(daemon->WorkerPids(job.id()).size(), 2u);
 
   grpc::ClientContext context;
   v1::CancelJobRequest request;
@@ -380,7 +381,7 @@ TEST_F(CoordinatorApiTest, CancelStopsAHeldJobAndCancelOfFinishedJobIsRefused) {
   ASSERT_TRUE(daemon->jobs().CancelJob(&context, request, &response).ok());
   job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(10));
   EXPECT_EQ(job.state(), v1::CANCELLED);
-  EXPECT_TRUE(test::WorkerPids(job.id()).empty());
+  EXPECT_TRUE(daemon->WorkerPids(job.id()).empty());
 
   grpc::ClientContext again;
   const grpc::Status status =
@@ -628,7 +629,7 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
                 .state(),
             v1::RUNNING);
   ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &queued_behind));
-  const std::vector<int> workers = test::WorkerPids(held.id());
+  const std::vector<int> workers = daemon->WorkerPids(held.id());
   ASSERT_EQ(workers.size(), 2u);
 
   daemon->Signal(SIGTERM);
@@ -636,7 +637,7 @@ TEST_F(CoordinatorApiTest, SigtermStopsWorkersAndARestartKeepsEverything) {
   ASSERT_TRUE(WIFEXITED(status))
       << status << " signal " << WTERMSIG(status) << daemon->log();
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_TRUE(test::WorkerPids(held.id()).empty());
+  EXPECT_TRUE(daemon->WorkerPids(held.id()).empty());
   EXPECT_THAT(daemon->log(), HasSubstr("shutting down"));
 
   // Restarted: the finished job and its metrics are there; the held job had

@@ -54,8 +54,8 @@ int RankOf(int pid) {
   return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 6);
 }
 
-int PidOfRank(const std::string& job_id, int rank) {
-  for (int pid : test::WorkerPids(job_id))
+int PidOfRank(const test::Daemon& daemon, const std::string& job_id, int rank) {
+  for (int pid : daemon.WorkerPids(job_id))
     if (RankOf(pid) == rank) return pid;
   return -1;
 }
@@ -148,7 +148,7 @@ TEST_F(CoordinatorTrainingTest,
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
   ASSERT_TRUE(ReachedStep(2)(
       daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
-  ASSERT_EQ(test::WorkerPids(job.id()).size(), 2u);
+  ASSERT_EQ(daemon->WorkerPids(job.id()).size(), 2u);
 
   grpc::ClientContext context;
   v1::CancelJobRequest request;
@@ -157,7 +157,7 @@ TEST_F(CoordinatorTrainingTest,
   const absl::Time cancelled_at = absl::Now();
   ASSERT_TRUE(daemon->jobs().CancelJob(&context, request, &response).ok());
   ASSERT_TRUE(
-      test::WaitUntil([&] { return test::WorkerPids(job.id()).empty(); },
+      test::WaitUntil([&] { return daemon->WorkerPids(job.id()).empty(); },
                       absl::Seconds(options.grace_period)));
   const absl::Duration gone_after = absl::Now() - cancelled_at;
   const v1::Job final =
@@ -173,7 +173,7 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 100000), &job));
   ASSERT_TRUE(ReachedStep(2)(
       daemon->WaitFor(job.id(), ReachedStep(2), absl::Seconds(300))));
-  const int victim = PidOfRank(job.id(), 1);
+  const int victim = PidOfRank(*daemon, job.id(), 1);
   ASSERT_GT(victim, 0);
   kill(victim, SIGKILL);
 
@@ -184,7 +184,7 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   EXPECT_THAT(job.failure().message(),
               HasSubstr("rank 1 ended with signal KILL"));
   EXPECT_GT(job.failure().log_tail_size(), 0);
-  EXPECT_TRUE(test::WorkerPids(job.id()).empty()) << "rank 0 left running";
+  EXPECT_TRUE(daemon->WorkerPids(job.id()).empty()) << "rank 0 left running";
 }
 
 TEST_F(CoordinatorTrainingTest,
@@ -205,7 +205,7 @@ TEST_F(CoordinatorTrainingTest,
   // Past the checkpoint of step 4.
   ASSERT_TRUE(ReachedStep(6)(
       daemon->WaitFor(job.id(), ReachedStep(6), absl::Seconds(300))));
-  kill(PidOfRank(job.id(), 1), SIGKILL);
+  kill(PidOfRank(*daemon, job.id(), 1), SIGKILL);
 
   EXPECT_EQ(daemon
                 ->WaitFor(
@@ -260,8 +260,8 @@ TEST_F(CoordinatorTrainingTest,
   // The workers die with their coordinator.
   EXPECT_TRUE(test::WaitUntil(
       [&] {
-        return test::WorkerPids(a.id()).empty() &&
-               test::WorkerPids(b.id()).empty();
+        return daemon->WorkerPids(a.id()).empty() &&
+               daemon->WorkerPids(b.id()).empty();
       },
       absl::Seconds(10)));
 

@@ -236,6 +236,9 @@ class Daemon {
     return job;
   }
 
+  // Live worker processes of this daemon's job `id` (WorkerPids below).
+  std::vector<int> WorkerPids(const std::string& id) const;
+
   std::vector<v1::StepMetrics> Metrics(const std::string& id) {
     grpc::ClientContext context;
     v1::GetJobMetricsRequest request;
@@ -303,8 +306,11 @@ inline bool IsTerminal(const v1::Job& job) {
          job.state() == v1::CANCELLED;
 }
 
-// Live (non-zombie) processes whose command line has `--job-id <id>`.
-inline std::vector<int> WorkerPids(const std::string& job_id) {
+// Live (non-zombie) processes whose command line has `--job-id <id>` and,
+// when `within` is given, mentions it (a daemon's state directory: job ids
+// repeat across the daemons of tests running side by side).
+inline std::vector<int> WorkerPids(const std::string& job_id,
+                                   const std::string& within = "") {
   std::vector<int> pids;
   const std::string marker = std::string("--job-id") + '\0' + job_id + '\0';
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
@@ -312,6 +318,7 @@ inline std::vector<int> WorkerPids(const std::string& job_id) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     const std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
     if (cmdline.find(marker) == std::string::npos) continue;
+    if (!within.empty() && cmdline.find(within) == std::string::npos) continue;
     const std::string stat = ReadFile(entry.path().string() + "/stat");
     const size_t paren = stat.rfind(')');
     if (paren != std::string::npos && paren + 2 < stat.size() &&
@@ -321,6 +328,10 @@ inline std::vector<int> WorkerPids(const std::string& job_id) {
     pids.push_back(std::stoi(name));
   }
   return pids;
+}
+
+inline std::vector<int> Daemon::WorkerPids(const std::string& id) const {
+  return test::WorkerPids(id, state_dir_);
 }
 
 inline bool WaitUntil(const std::function<bool()>& done,

@@ -100,7 +100,7 @@ TEST_F(FaultCampaignTest, RankKilledAtARandomStepRestartsAndSucceeds) {
     const int delay = std::uniform_int_distribution<int>(0, 800)(rng);
     delays_ms.push_back(delay);
     absl::SleepFor(absl::Milliseconds(delay));
-    const std::vector<int> pids = test::WorkerPids(job.id());
+    const std::vector<int> pids = daemon->WorkerPids(job.id());
     if (!pids.empty()) {
       kill(pids[std::uniform_int_distribution<size_t>(0, pids.size() - 1)(rng)],
            SIGKILL);
@@ -220,7 +220,7 @@ TEST_F(FaultCampaignTest, StalledRankIsDetectedAsHangWithinTheTimeout) {
                       absl::Seconds(30))
                   .state(),
               v1::RUNNING);
-    const std::vector<int> pids = test::WorkerPids(job.id());
+    const std::vector<int> pids = daemon->WorkerPids(job.id());
     ASSERT_EQ(pids.size(), 2u);
     const absl::Time stopped = absl::Now();
     kill(pids[trial % 2], SIGSTOP);
