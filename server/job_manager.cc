@@ -1476,6 +1476,7 @@ void JobManager::KeepUnsaved(Entry& entry,
                          why.message(), "; kept, and retried until stored"));
   }
   entry.unsaved = true;
+  any_unsaved_ = true;
   if (!event.has_value()) return;
   // Bounded: a job whose store fails for hours keeps its first and latest
   // events (its state itself is always the newest record).
@@ -1487,12 +1488,14 @@ void JobManager::KeepUnsaved(Entry& entry,
 }
 
 void JobManager::StoreUnsaved() {
+  if (!any_unsaved_) return;
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
     if (!entry.unsaved) continue;
     // One failing write is enough to know the store still refuses.
     if (!Store(entry, entry.stored, std::nullopt).ok()) return;
   }
+  any_unsaved_ = false;
 }
 
 }  // namespace shardtrain

@@ -338,6 +338,9 @@ class JobManager {
   std::vector<std::string> device_holder_ ABSL_GUARDED_BY(mutex_);
   std::map<std::string, std::string> waiting_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+  // Some entry is unsaved: StoreUnsaved has work (saves a pass over every
+  // job on each tick otherwise).
+  bool any_unsaved_ ABSL_GUARDED_BY(mutex_) = false;
   std::string worker_address_ ABSL_GUARDED_BY(mutex_);
   std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(mutex_);
   // Slurm job id -> signal, for Tick to send without the lock.

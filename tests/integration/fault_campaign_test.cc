@@ -46,6 +46,15 @@ void Report(const std::string& fault, int trials, int survived, int lost,
   std::fflush(stdout);
 }
 
+// Polls until job `id` is RUNNING (or 30 s pass); returns its state then.
+v1::JobState WaitRunning(Daemon& daemon, const std::string& id) {
+  return daemon
+      .WaitFor(
+          id, [](const v1::Job& j) { return j.state() == v1::RUNNING; },
+          absl::Seconds(30))
+      .state();
+}
+
 class FaultCampaignTest : public test::FakeWorkerDaemonTest {};
 
 // An 8 MiB tmpfs at `path` for the disk-full faults, unmounted when it goes
@@ -69,6 +78,14 @@ class SmallDisk {
   SmallDisk& operator=(const SmallDisk&) = delete;
   bool mounted() const { return mounted_; }
   const std::string& why_not() const { return why_not_; }
+  // Fills the file system to its last 4 KiB block; Free() gives it back.
+  void Fill() const {
+    std::ofstream filler(path_ + "/filler", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (filler.write(block.data(), block.size())) {
+    }
+  }
+  void Free() const { std::filesystem::remove(path_ + "/filler"); }
 
  private:
   std::string path_;
@@ -213,13 +230,7 @@ TEST_F(FaultCampaignTest, StalledRankIsDetectedAsHangWithinTheTimeout) {
   for (int trial = 0; trial < kTrials; ++trial) {
     v1::Job job;
     ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_, 2), &job));
-    ASSERT_EQ(daemon
-                  ->WaitFor(
-                      job.id(),
-                      [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                      absl::Seconds(30))
-                  .state(),
-              v1::RUNNING);
+    ASSERT_EQ(WaitRunning(*daemon, job.id()), v1::RUNNING);
     const std::vector<int> pids = daemon->WorkerPids(job.id());
     ASSERT_EQ(pids.size(), 2u);
     const absl::Time stopped = absl::Now();
@@ -271,13 +282,7 @@ TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
               .state(),
           v1::SUCCEEDED);
     }
-    // Fill the file system.
-    {
-      std::ofstream filler(state + "/filler", std::ios::binary);
-      const std::string block(64 * 1024, 'x');
-      while (filler.write(block.data(), block.size())) {
-      }
-    }
+    disk.Fill();
     for (int i = 0; i < 5; ++i) {
       ++trials;
       v1::Job job;
@@ -296,7 +301,7 @@ TEST_F(FaultCampaignTest, FullDiskRefusesNewWorkAndLosesNothingStored) {
       EXPECT_TRUE(all_there);
       survived += refused && all_there;
     }
-    std::filesystem::remove(state + "/filler");
+    disk.Free();
     v1::Job after;
     EXPECT_TRUE(daemon->Submit(FakeSpec("quick", data_), &after).ok())
         << "space freed: submissions work again";
@@ -335,21 +340,9 @@ TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
       ids.push_back(job.id());
     }
     for (int i = 0; i < 2; ++i) {
-      ASSERT_EQ(
-          daemon
-              ->WaitFor(
-                  ids[i],
-                  [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                  absl::Seconds(30))
-              .state(),
-          v1::RUNNING);
+      ASSERT_EQ(WaitRunning(*daemon, ids[i]), v1::RUNNING);
     }
-    {
-      std::ofstream filler(state + "/filler", std::ios::binary);
-      const std::string block(4096, 'x');
-      while (filler.write(block.data(), block.size())) {
-      }
-    }
+    disk.Fill();
     for (const std::string& id : ids) {
       grpc::ClientContext context;
       v1::CancelJobRequest request;
@@ -367,7 +360,7 @@ TEST_F(FaultCampaignTest, CancelsAreAcknowledgedOnlyOnceStored) {
     daemon->Signal(SIGKILL);  // no chance to store anything more
     daemon->WaitExit(absl::Seconds(10));
   }
-  std::filesystem::remove(state + "/filler");
+  disk.Free();
   auto daemon = StartDaemon(options, state);
   int kept = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -417,20 +410,9 @@ TEST_F(FaultCampaignTest, EveryWritePathOnAFullDiskCatchesUpWhenSpaceReturns) {
     ASSERT_GRPC_OK(daemon->Submit(FakeSpec("quick", data_), &job));
     next = job.id();  // queued: launched when `ending` frees its slot
     for (const std::string& id : {stepping, ending}) {
-      ASSERT_EQ(
-          daemon
-              ->WaitFor(
-                  id, [](const v1::Job& j) { return j.state() == v1::RUNNING; },
-                  absl::Seconds(30))
-              .state(),
-          v1::RUNNING);
+      ASSERT_EQ(WaitRunning(*daemon, id), v1::RUNNING);
     }
-    {
-      std::ofstream filler(state + "/filler", std::ios::binary);
-      const std::string block(4096, 'x');
-      while (filler.write(block.data(), block.size())) {
-      }
-    }
+    disk.Fill();
     // Full for 3 s: `ending` exits 0 and `next` is launched meanwhile;
     // every call is answered promptly.
     const absl::Time full_until = absl::Now() + absl::Seconds(3);
@@ -445,7 +427,7 @@ TEST_F(FaultCampaignTest, EveryWritePathOnAFullDiskCatchesUpWhenSpaceReturns) {
     EXPECT_EQ(ending_state, v1::SUCCEEDED)
         << "a job that ended on a full disk is seen to have ended";
     EXPECT_EQ(slow_answers, 0);
-    std::filesystem::remove(state + "/filler");
+    disk.Free();
     for (const std::string& id : {stepping, ending, next}) {
       const v1::Job done = daemon->WaitFor(
           id, [](const v1::Job& j) { return test::IsTerminal(j); },

@@ -16,8 +16,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <iostream>
@@ -42,6 +44,28 @@ constexpr milliseconds kTimeout{10000};
 
 double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// A listening loopback socket on a port the kernel picks (another process's
+// MASTER_PORT, as far as a rank can tell): its fd (-1 on failure, errno set),
+// the port in *port.
+int HoldLoopbackPort(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(fd, 1) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return -1;
+  }
+  *port = ntohs(address.sin_port);
+  return fd;
 }
 
 int FreePort() {
@@ -277,18 +301,9 @@ TEST(C10dCommunicatorRendezvousTest, MissingRankTimesOutNamingTheAddress) {
 // Another process holds MASTER_PORT: rank 0 cannot serve the store, and
 // says so in a way the launchers recognise (they retry on another port).
 TEST(C10dCommunicatorRendezvousTest, TakenPortIsReportedAsTaken) {
-  const int holder = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(holder, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(
-      bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(holder, 1), 0);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length),
-            0);
-  const int port = ntohs(address.sin_port);
+  int port = 0;
+  const int holder = HoldLoopbackPort(&port);
+  ASSERT_GE(holder, 0) << std::strerror(errno);
 
   auto comm = C10dCommunicator::Create(Env(0, 2, port), milliseconds(2000),
                                        torch::kCPU);
@@ -304,19 +319,11 @@ TEST(C10dCommunicatorRendezvousTest, TakenPortIsReportedAsTaken) {
 // kernel picks, so a taken MASTER_PORT (two single-rank DDP runs at once
 // with the default 29500) does not stop it.
 TEST(C10dCommunicatorRendezvousTest, AWorldOfOneIgnoresATakenPort) {
-  const int holder = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(holder, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(
-      bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(holder, 1), 0);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length),
-            0);
-  auto comm = C10dCommunicator::Create(Env(0, 1, ntohs(address.sin_port)),
-                                       milliseconds(2000), torch::kCPU);
+  int port = 0;
+  const int holder = HoldLoopbackPort(&port);
+  ASSERT_GE(holder, 0) << std::strerror(errno);
+  auto comm = C10dCommunicator::Create(Env(0, 1, port), milliseconds(2000),
+                                       torch::kCPU);
   close(holder);
   ASSERT_TRUE(comm.ok()) << comm.status();
   torch::Tensor t = torch::ones({4});
