@@ -13,9 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,14 +28,6 @@ namespace shardtrain {
 namespace {
 
 constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& flag,
-                                          const std::string& path) {
-  // A TLS key is a secret; a certificate is public.
-  return ReadSmallFile(flag, path,
-                       flag == "--tls-key" ? SmallFileOptions::Secret(1 << 20)
-                                           : SmallFileOptions());
-}
 
 std::string DefaultWorkerBinary() {
   std::error_code ec;
@@ -260,9 +250,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-streams-per-client and --max-streams must be >= 1 and "
-        "--max-message-bytes >= "
-        "1024; got ",
-        options.max_streams_per_client, " and ", options.max_message_bytes));
+        "--max-message-bytes >= 1024; got ",
+        options.max_streams_per_client, ", ", options.max_streams, " and ",
+        options.max_message_bytes));
   }
   c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
                                                 options.max_streams);
@@ -272,10 +262,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       grpc::InsecureServerCredentials();
   if (!options.tls_cert.empty()) {
     absl::StatusOr<std::string> cert =
-        ReadWholeFile("--tls-cert", options.tls_cert);
+        ReadSmallFile("--tls-cert", options.tls_cert);
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key =
-        ReadWholeFile("--tls-key", options.tls_key);
+    // A certificate is public; its key is a secret.
+    absl::StatusOr<std::string> key = ReadSmallFile(
+        "--tls-key", options.tls_key, SmallFileOptions::Secret(1 << 20));
     if (!key.ok()) return key.status();
     // gRPC only fails later, at BuildAndStart, without saying why: check
     // that each file is the PEM it should be.

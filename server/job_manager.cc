@@ -1389,14 +1389,9 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
 
 void JobManager::SetState(Entry& entry, v1::JobState state,
                           const std::string& message) {
-  // What happened still happened: recorded in memory for this run even when
-  // the store fails.
-  if (absl::Status s = CommitState(entry, state, message,
-                                   /*even_if_not_stored=*/true);
-      !s.ok()) {
-    LogInfo(absl::StrCat("could not store ", entry.stored.job.id(), " -> ",
-                         StateName(state), ": ", s.message()));
-  }
+  // What happened still happened: recorded in memory even when the store
+  // fails, and stored later (KeepUnsaved logs it).
+  (void)CommitState(entry, state, message, /*even_if_not_stored=*/true);
 }
 
 absl::Status JobManager::CommitState(Entry& entry, v1::JobState state,

@@ -231,7 +231,7 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Stores the new state with an event and tells watchers and the observer.
   // What already happened (a rank exited) is recorded even when the store
-  // fails: the failure is logged.
+  // fails: it is kept as unsaved and stored once the store accepts it.
   void SetState(Entry& entry, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // SetState for a change a client asks for: stored first, and on a store

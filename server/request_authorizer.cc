@@ -1,8 +1,5 @@
 #include "server/request_authorizer.h"
 
-#include <fstream>
-#include <iterator>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/small_file.h"

@@ -1,7 +1,5 @@
 #include "worker/training_run.h"
 
-#include <torch/cuda.h>
-
 #include <memory>
 #include <string>
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -24,13 +22,9 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
   torch::Device device(config.device == "cuda"
                            ? "cuda:" + std::to_string(env.local_rank)
                            : config.device);
-  // Refused before anything touches CUDA: in a CUDA build on a machine with
-  // no GPU (or no driver) the calls below would throw from inside LibTorch.
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device: ", config.device,
-        " requested but this LibTorch sees no CUDA device (no GPU or "
-        "driver visible); use --device cpu"));
+  // Before the CUDA calls below.
+  if (absl::Status s = CheckDeviceVisible(device, config.device); !s.ok()) {
+    return s;
   }
 #ifdef SHARDTRAIN_WITH_CUDA
   // Kernels, the caching allocator and NCCL's streams follow the current

@@ -1,10 +1,8 @@
 #include "worker/engine/train/train_config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/escaping.h"

@@ -59,6 +59,15 @@ Trainer::~Trainer() {
   if (metrics_fd_ >= 0) ::close(metrics_fd_);
 }
 
+absl::Status CheckDeviceVisible(const torch::Device& device,
+                                const std::string& requested) {
+  if (!device.is_cuda() || torch::cuda::is_available()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "device: ", requested,
+      " requested but this LibTorch sees no CUDA device (no GPU or driver "
+      "visible); use --device cpu"));
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, const RankInfo& rank_info,
     std::unique_ptr<Strategy> strategy, std::ostream* log) {
@@ -72,10 +81,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("device: ", e.what_without_backtrace()));
   }
-  if (t.device_.is_cuda() && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device: ", config.device,
-        " requested but this LibTorch sees no CUDA device; use --device cpu"));
+  if (absl::Status s = CheckDeviceVisible(t.device_, config.device); !s.ok()) {
+    return s;
   }
 
   const int64_t threads = config.ThreadsPerRank(rank_info.world_size);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,13 @@ struct RankInfo {
   int64_t rank = 0;
   int64_t world_size = 1;
 };
+
+// FailedPrecondition naming `requested` (the --device value) when `device`
+// is a CUDA device and this LibTorch sees none (no GPU, no driver, or a CPU
+// build): checked before anything touches CUDA, which would throw from
+// inside LibTorch.
+absl::Status CheckDeviceVisible(const torch::Device& device,
+                                const std::string& requested);
 
 class Trainer {
  public:
