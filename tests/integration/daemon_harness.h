@@ -176,6 +176,14 @@ class Daemon {
   }
 
   void Signal(int signal) { kill(pid_, signal); }
+  // Still running (not exited, not a zombie awaiting waitpid).
+  bool Running() {
+    int status;
+    if (pid_ <= 0) return false;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return true;
+    pid_ = -1;
+    return false;
+  }
   // The exit status (as waitpid reports it), -2 on timeout.
   int WaitExit(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
