@@ -4,6 +4,7 @@
 
 #include "server/job_manager.h"
 #include "server/request_authorizer.h"
+#include "server/slurm.h"
 #include "shardtrain/v1/cluster_service.grpc.pb.h"
 
 namespace shardtrain {

@@ -22,7 +22,9 @@
 #include "common/small_file.h"
 #include "server/dataset_locator.h"
 #include "server/grpc_status.h"
+#include "server/local_job_launcher.h"
 #include "server/slurm.h"
+#include "server/slurm_job_launcher.h"
 
 namespace shardtrain {
 namespace {
@@ -207,6 +209,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
         SlurmSlots(*c->slurm_, options.slurm);
     if (!slots.ok()) return slots.status();
     devices = std::move(slots);
+    c->launcher_ =
+        std::make_unique<SlurmJobLauncher>(c->slurm_.get(), options.slurm);
+  } else {
+    c->launcher_ = std::make_unique<LocalJobLauncher>(&c->processes_);
   }
 
   if (!options.metrics_listen.empty()) {
@@ -333,10 +339,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   manager_options.min_free_bytes =
       static_cast<int64_t>(options.min_free_mb * 1048576.0);
   manager_options.worker_address = worker_listen;
-  manager_options.slurm = c->slurm_.get();
-  manager_options.slurm_options = options.slurm;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
-      JobManager::Create(manager_options, c->store_.get(), &c->launcher_,
+      JobManager::Create(manager_options, c->store_.get(), c->launcher_.get(),
                          &c->clock_, c->exporter_.get());
   if (!manager.ok()) return manager.status();
   c->manager_ = std::move(*manager);

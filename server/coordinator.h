@@ -25,6 +25,7 @@
 #include "server/job_manager.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
+#include "server/launcher.h"
 #include "server/metrics_exporter.h"
 #include "server/nvml.h"
 #include "server/process_launcher.h"
@@ -102,8 +103,9 @@ class Coordinator {
   int lock_fd_ = -1;  // flock on state-dir/LOCK: one coordinator per state dir
   std::unique_ptr<Nvml> nvml_;
   std::unique_ptr<JobStore> store_;
-  PosixProcessLauncher launcher_;
+  PosixProcessLauncher processes_;
   std::unique_ptr<SlurmClient> slurm_;
+  std::unique_ptr<Launcher> launcher_;  // over processes_ or slurm_
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
   std::unique_ptr<StreamLimiter> streams_;

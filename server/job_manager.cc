@@ -20,7 +20,6 @@
 #include "common/atomic_file.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
-#include "common/free_port.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "server/log_files.h"
@@ -136,7 +135,7 @@ bool JobManager::IsTerminal(v1::JobState state) {
 }
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
-    JobManagerOptions options, JobStore* store, ProcessLauncher* launcher,
+    JobManagerOptions options, JobStore* store, Launcher* launcher,
     Clock* clock, JobObserver* observer) {
   if (options.devices.empty()) {
     return absl::InvalidArgumentError("job manager: no devices to schedule");
@@ -151,8 +150,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
 }
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store,
-                       ProcessLauncher* launcher, Clock* clock,
-                       JobObserver* observer)
+                       Launcher* launcher, Clock* clock, JobObserver* observer)
     : options_(std::move(options)),
       store_(store),
       launcher_(launcher),
@@ -232,23 +230,9 @@ void JobManager::ResumeInterruptedJobs() {
       continue;
     }
     ++interrupted;
-    // The previous coordinator's workers died with it (parent-death signal);
-    // make sure of it before anything is relaunched.
-    for (int pid : entry.stored.worker_pids) {
-      launcher_->KillOrphan(pid, id, absl::Seconds(5));
-    }
-    if (slurm()) {
-      // The ranks of a Slurm job do not die with the coordinator: end the
-      // job the previous one submitted, whatever state it is in.
-      std::ifstream recorded(JobDir(id) + "/slurm_job_id");
-      std::string slurm_job;
-      if (recorded >> slurm_job) {
-        if (absl::Status s = options_.slurm->Cancel(slurm_job); s.ok()) {
-          LogInfo(absl::StrCat(id, ": cancelled Slurm job ", slurm_job,
-                               " left by the previous coordinator"));
-        }
-      }
-    }
+    // Nothing of the previous coordinator's attempt may run when the job
+    // starts again.
+    launcher_->EndLeftovers(id, JobDir(id), entry.stored.worker_pids);
     entry.stored.worker_pids.clear();
     entry.stored.worker_pgid = 0;
     const int max_restarts = job.spec().max_restarts();
@@ -652,7 +636,7 @@ absl::StatusOr<JobManager::Entry*> JobManager::Authenticate(
       worker.rank() < 0 ||
       worker.rank() >= static_cast<int>(entry->ranks.size()) ||
       (entry->ranks[worker.rank()].pid != worker.pid() &&
-       !(slurm() && entry->ranks[worker.rank()].pid == 0)) ||
+       entry->ranks[worker.rank()].pid != 0) ||
       entry->ranks[worker.rank()].exited) {
     return denied;
   }
@@ -665,7 +649,8 @@ absl::Status JobManager::RegisterWorker(const v1::WorkerIdentity& worker) {
   if (!found.ok()) return found.status();
   Entry& entry = **found;
   RankProcess& rank = entry.ranks[worker.rank()];
-  if (rank.pid == 0) rank.pid = worker.pid();  // a Slurm rank, on its node
+  // A rank on another host: its pid is known from now on.
+  if (rank.pid == 0) rank.pid = worker.pid();
   rank.registered = true;
   rank.last_heartbeat = clock_->Now();
   if (observer_ != nullptr) {
@@ -747,136 +732,192 @@ absl::StatusOr<bool> JobManager::Heartbeat(const v1::WorkerIdentity& worker) {
 // ---------------------------------------------------------------------------
 // Supervision
 
+// A tick asks the launcher outside the lock, twice: first for the signals
+// queued since the last tick and the news of running attempts, then (after
+// supervising on that news) for the signals and launches it decided.
 void JobManager::Tick() {
-  std::vector<LaunchRequest> requests;
-  std::vector<SlurmPoll> polls;
-  std::vector<std::pair<std::string, int>> signals;
+  std::vector<PendingSignal> signals;
+  std::vector<Poll> polls;
   {
     absl::MutexLock lock(&mutex_);
+    signals = TakeSignals();
+    polls = DuePolls();
+  }
+  SendSignals(signals);
+  for (Poll& poll : polls) {
+    poll.report = launcher_->Poll(poll.attempt, poll.running);
+  }
+  std::vector<LaunchRequest> requests;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const Poll& poll : polls) ApplyPoll(poll);
     Supervise();
     requests.swap(launch_requests_);
-    if (slurm()) polls = DueSlurmPolls();
-    signals.swap(slurm_signals_);
+    signals = TakeSignals();
   }
-  // Slurm's commands run without the lock: a slow controller must not stall
-  // heartbeats and RPCs.
-  for (const auto& [slurm_job, signal] : signals) {
-    const absl::Status s = signal == SIGKILL
-                               ? options_.slurm->Cancel(slurm_job)
-                               : options_.slurm->Signal(slurm_job, signal);
-    if (!s.ok())
-      LogInfo(absl::StrCat("Slurm job ", slurm_job, ": ", s.message()));
-  }
-  for (SlurmPoll& poll : polls) {
-    poll.info = options_.slurm->Query(poll.slurm_job_id);
-  }
-  if (requests.empty() && polls.empty()) return;
+  SendSignals(signals);
+  if (requests.empty()) return;
   std::vector<PreparedLaunch> prepared;
   for (const LaunchRequest& request : requests) {
     prepared.push_back(PrepareLaunch(request));
   }
   absl::MutexLock lock(&mutex_);
-  for (const SlurmPoll& poll : polls) ApplySlurmPoll(poll);
   for (size_t i = 0; i < requests.size(); ++i) {
     CompleteLaunch(*jobs_.at(requests[i].launch.job_id), requests[i],
                    prepared[i]);
   }
 }
 
-std::vector<JobManager::SlurmPoll> JobManager::DueSlurmPolls() {
-  std::vector<SlurmPoll> polls;
+void JobManager::SignalRanks(Entry& entry, int signal) {
+  signals_.push_back({entry.stored.job.id(), signal});
+}
+
+std::vector<JobManager::PendingSignal> JobManager::TakeSignals() {
+  std::vector<PendingSignal> pending;
+  for (const auto& [id, signal] : signals_) {
+    Entry* entry = Find(id);
+    // Not started yet (CompleteLaunch deals with a stop then), or gone.
+    if (entry == nullptr || entry->launching || entry->ranks.empty()) continue;
+    PendingSignal send;
+    for (size_t r = 0; r < entry->ranks.size(); ++r) {
+      if (!entry->ranks[r].exited) send.ranks.push_back(static_cast<int>(r));
+    }
+    if (send.ranks.empty()) continue;
+    send.attempt = entry->attempt;
+    send.signal = signal;
+    pending.push_back(std::move(send));
+  }
+  signals_.clear();
+  return pending;
+}
+
+void JobManager::SendSignals(const std::vector<PendingSignal>& signals) {
+  for (const PendingSignal& send : signals) {
+    launcher_->Signal(send.attempt, send.ranks, send.signal);
+  }
+}
+
+std::vector<JobManager::Poll> JobManager::DuePolls() {
+  std::vector<Poll> polls;
   const absl::Time now = clock_->Now();
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
-    if (entry.slurm_job_id.empty() || now < entry.slurm_next_poll) continue;
+    if (entry.ranks.empty() || entry.launching || now < entry.next_poll) {
+      continue;
+    }
     if (!AnyRankRunning(entry)) continue;
-    entry.slurm_next_poll = now + options_.slurm_poll_interval;
-    polls.push_back({id, entry.slurm_job_id});
+    entry.next_poll = now + launcher_->poll_interval();
+    Poll poll;
+    poll.job_id = id;
+    poll.attempt = entry.attempt;
+    for (const RankProcess& rank : entry.ranks) {
+      poll.running.push_back(!rank.exited);
+    }
+    polls.push_back(std::move(poll));
   }
   return polls;
 }
 
-void JobManager::ApplySlurmPoll(const SlurmPoll& poll) {
+void JobManager::ApplyPoll(const Poll& poll) {
   Entry* entry = Find(poll.job_id);
-  if (entry == nullptr || entry->slurm_job_id != poll.slurm_job_id) return;
+  if (entry == nullptr || entry->ranks.empty() ||
+      entry->attempt.number != poll.attempt.number ||
+      entry->attempt.handle != poll.attempt.handle) {
+    return;  // the attempt ended meanwhile
+  }
   v1::Job& job = entry->stored.job;
-  if (!poll.info.ok() &&
-      poll.info.status().code() != absl::StatusCode::kNotFound) {
-    // Slurm did not answer this time; ask again at the next poll.
-    LogInfo(absl::StrCat(job.id(), ": ", poll.info.status().message()));
+  if (!poll.report.ok()) {
+    // The backend did not answer this time; ask again at the next poll.
+    LogInfo(absl::StrCat(job.id(), ": ", poll.report.status().message()));
     return;
   }
-  SlurmJobInfo info;
-  if (poll.info.ok()) {
-    info = *poll.info;
-  } else {
-    info.job_id = poll.slurm_job_id;
-    info.state = "UNKNOWN";
-    info.reason = std::string(poll.info.status().message());
-  }
-  if (poll.info.ok() && info.Waiting()) {
-    // The rendezvous clock starts when Slurm starts the job.
+  const AttemptReport& report = *poll.report;
+  if (!report.waiting.empty()) {
+    // The rendezvous clock starts when the backend starts the ranks.
     entry->launch_time = clock_->Now();
-    const std::string reason =
-        absl::StrCat("waiting for Slurm job ", info.job_id, " to start (",
-                     info.state, ": ", info.reason, ")");
-    if (job.state_reason() != reason &&
+    if (job.state_reason() != report.waiting &&
         (job.state() == v1::STARTING || job.state() == v1::RESTARTING)) {
-      job.set_state_reason(reason);
+      job.set_state_reason(report.waiting);
     }
-    return;
   }
-  if (poll.info.ok() && !info.Ended()) return;  // running: heartbeats watch it
-
-  const std::vector<std::string> batch_log =
-      ReadLastLines(entry->slurm_batch_log, 200);
-  const SlurmOutcome outcome = ClassifySlurmEnd(info, batch_log);
-  for (RankProcess& rank : entry->ranks) {
+  for (const RankEnd& exit : report.exits) {
+    if (exit.rank < 0 || exit.rank >= static_cast<int>(entry->ranks.size())) {
+      continue;
+    }
+    RankProcess& rank = entry->ranks[exit.rank];
     if (rank.exited) continue;
     rank.exited = true;
-    rank.exit.exit_code = outcome.success ? 0 : outcome.exit_code;
-    rank.exit.signal = outcome.signal;
+    rank.exit = exit.status;
+    LogInfo(absl::StrCat(job.id(), " rank ", exit.rank, " (pid ", rank.pid,
+                         ") ended: ", exit.status.ToString()));
   }
-  if (outcome.success || entry->stop != StopIntent::kNone) {
-    LogInfo(absl::StrCat(job.id(), ": ", outcome.message));
-    return;  // a failure is logged by FailAttempt
-  }
-  v1::Failure failure;
-  if (outcome.rank >= 0 &&
-      outcome.rank < static_cast<int>(entry->ranks.size())) {
-    failure =
-        RankFailure(job.id(), outcome.rank, outcome.reason, outcome.message);
-    const std::vector<std::string> tail(failure.log_tail().begin(),
-                                        failure.log_tail().end());
-    if (failure.reason() != v1::OOM && LooksLikeOom(tail)) {
-      failure.set_reason(v1::OOM);
-      failure.set_message(failure.message() + " (out of memory)");
+  if (entry->stop != StopIntent::kNone) return;  // ending as intended
+  if (report.failure.has_value()) {
+    const AttemptFailure& failed = *report.failure;
+    v1::Failure failure;
+    if (failed.rank >= 0 &&
+        failed.rank < static_cast<int>(entry->ranks.size())) {
+      failure =
+          RankFailure(job.id(), failed.rank, failed.reason, failed.message);
+      const std::vector<std::string> tail(failure.log_tail().begin(),
+                                          failure.log_tail().end());
+      if (failure.reason() != v1::OOM && LooksLikeOom(tail)) {
+        failure.set_reason(v1::OOM);
+        failure.set_message(failure.message() + " (out of memory)");
+      }
+    } else {
+      failure.set_reason(failed.reason);
+      failure.set_rank(-1);
+      failure.set_message(failed.message);
+      const size_t lines = failed.log_lines.size();
+      const size_t keep = static_cast<size_t>(options_.log_tail_lines);
+      for (size_t i = lines > keep ? lines - keep : 0; i < lines; ++i) {
+        failure.add_log_tail(failed.log_lines[i]);
+      }
     }
-  } else {
-    failure.set_reason(outcome.reason);
-    failure.set_rank(-1);
-    failure.set_message(outcome.message);
-    const size_t first =
-        batch_log.size() > static_cast<size_t>(options_.log_tail_lines)
-            ? batch_log.size() - options_.log_tail_lines
-            : 0;
-    for (size_t i = first; i < batch_log.size(); ++i) {
-      failure.add_log_tail(batch_log[i]);
-    }
+    FailAttempt(*entry, std::move(failure));
+    return;
   }
-  FailAttempt(*entry, std::move(failure));
+  for (const RankEnd& exit : report.exits) {
+    if (exit.status.success() || entry->stop != StopIntent::kNone) continue;
+    if (exit.rank == 0 && exit.status.exit_code == kExitRendezvousPortTaken &&
+        entry->port_retries < kMaxPortRetries) {
+      entry->port_taken = true;
+    }
+    v1::Failure failure = RankExitFailure(*entry, exit.rank, exit.status);
+    if (failure.reason() == v1::DIVERGED) entry->no_restart = true;
+    FailAttempt(*entry, std::move(failure));
+  }
 }
 
-void JobManager::SignalSlurmJob(Entry& entry, int signal) {
-  if (entry.slurm_job_id.empty()) return;  // not submitted yet
-  slurm_signals_.push_back({entry.slurm_job_id, signal});
+v1::Failure JobManager::RankExitFailure(const Entry& entry, int r,
+                                        const ExitStatus& exit) {
+  const std::string& id = entry.stored.job.id();
+  v1::Failure failure =
+      RankFailure(id, r, exit.signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
+                  absl::StrCat("rank ", r, " ended with ", exit.ToString()));
+  const std::vector<std::string> tail(failure.log_tail().begin(),
+                                      failure.log_tail().end());
+  if (LooksLikeOom(tail)) {
+    failure.set_reason(v1::OOM);
+    failure.set_message(failure.message() + " (out of memory)");
+  } else if (exit.exit_code == kExitDiverged) {
+    // Deterministic: a restart from the last checkpoint would diverge at
+    // the same step again.
+    failure.set_reason(v1::DIVERGED);
+    failure.set_message(absl::StrCat(
+        "rank ", r,
+        ": training diverged (a non-finite loss or gradient "
+        "norm; its last step is in the metrics, the reason in its log)"));
+  }
+  return failure;
 }
 
 void JobManager::Supervise() {
   StoreUnsaved();
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
-    if (!entry.ranks.empty()) ReapAndDetect(entry);
+    if (!entry.ranks.empty() && !entry.launching) Detect(entry);
   }
   if (shutting_down_) return;
   // Jobs recovered after a coordinator restart go before the queue: they held
@@ -902,45 +943,9 @@ void JobManager::Supervise() {
   ScheduleQueued();
 }
 
-void JobManager::ReapAndDetect(Entry& entry) {
+void JobManager::Detect(Entry& entry) {
   const absl::Time now = clock_->Now();
   const std::string& id = entry.stored.job.id();
-  // A Slurm attempt's ranks end through ApplySlurmPoll.
-  for (size_t r = 0; r < entry.ranks.size() && !slurm(); ++r) {
-    RankProcess& rank = entry.ranks[r];
-    if (rank.exited) continue;
-    std::optional<ExitStatus> exit = launcher_->TryWait(rank.pid);
-    if (!exit) continue;
-    rank.exited = true;
-    rank.exit = *exit;
-    LogInfo(absl::StrCat(id, " rank ", r, " (pid ", rank.pid,
-                         ") ended: ", exit->ToString()));
-    if (exit->success() || entry.stop != StopIntent::kNone) continue;
-    if (r == 0 && exit->exit_code == kExitRendezvousPortTaken &&
-        entry.port_retries < kMaxPortRetries) {
-      entry.port_taken = true;
-    }
-    v1::Failure failure = RankFailure(
-        id, static_cast<int>(r), exit->signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
-        absl::StrCat("rank ", r, " ended with ", exit->ToString()));
-    const std::vector<std::string> tail(failure.log_tail().begin(),
-                                        failure.log_tail().end());
-    if (LooksLikeOom(tail)) {
-      failure.set_reason(v1::OOM);
-      failure.set_message(failure.message() + " (out of memory)");
-    } else if (exit->exit_code == kExitDiverged) {
-      // Deterministic: a restart from the last checkpoint would diverge at
-      // the same step again.
-      failure.set_reason(v1::DIVERGED);
-      failure.set_message(absl::StrCat(
-          "rank ", r,
-          ": training diverged (a non-finite loss or gradient "
-          "norm; its last step is in the metrics, the reason in its log)"));
-      entry.no_restart = true;
-    }
-    FailAttempt(entry, std::move(failure));
-  }
-
   if (entry.stop == StopIntent::kNone) {
     std::vector<int> unregistered;
     for (size_t r = 0; r < entry.ranks.size(); ++r) {
@@ -979,12 +984,7 @@ void JobManager::ReapAndDetect(Entry& entry) {
 
   if (entry.stop != StopIntent::kNone && !entry.killed &&
       now >= entry.stop_deadline) {
-    for (const RankProcess& rank : entry.ranks) {
-      if (!rank.exited && !slurm()) {
-        launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGKILL);
-      }
-    }
-    if (slurm()) SignalSlurmJob(entry, SIGKILL);
+    SignalRanks(entry, SIGKILL);
     entry.killed = true;
   }
   const bool all_exited =
@@ -1007,15 +1007,7 @@ void JobManager::FailAttempt(Entry& entry, v1::Failure failure) {
 void JobManager::BeginStop(Entry& entry, StopIntent intent) {
   entry.stop = intent;
   entry.stop_deadline = clock_->Now() + options_.grace_period;
-  if (slurm()) {
-    if (AnyRankRunning(entry)) SignalSlurmJob(entry, SIGTERM);
-    return;
-  }
-  for (const RankProcess& rank : entry.ranks) {
-    if (!rank.exited) {
-      launcher_->Signal(rank.pid, entry.stored.worker_pgid, SIGTERM);
-    }
-  }
+  SignalRanks(entry, SIGTERM);
 }
 
 void JobManager::FinishAttempt(Entry& entry) {
@@ -1024,7 +1016,7 @@ void JobManager::FinishAttempt(Entry& entry) {
   entry.no_restart = false;
   std::optional<v1::Failure> failure = std::move(entry.failure);
   entry.ranks.clear();
-  entry.slurm_job_id.clear();
+  entry.attempt = Attempt{};
   entry.stop = StopIntent::kNone;
   entry.failure.reset();
   entry.killed = false;
@@ -1141,13 +1133,13 @@ void JobManager::ReleaseDevices(Entry& entry) {
   entry.devices.clear();
 }
 
-// A launch in three parts, so that no file is touched under the mutex that
-// heartbeats and RPCs need: RequestLaunch (locked) takes the devices, the
-// state and the attempt's secret; PrepareLaunch (unlocked) creates the job's
-// directory, resolves its data, writes spec.json and the logs' headers and
-// picks the rendezvous port; CompleteLaunch (locked) spawns the ranks, or
-// records why it could not. Spawning stays under the lock so that a rank is
-// known before it can register. Tick runs all three.
+// A launch in three parts, so that no file is touched and no launcher asked
+// under the mutex that heartbeats and RPCs need: RequestLaunch (locked) takes
+// the devices, the state and the attempt's secret and lays out its ranks;
+// PrepareLaunch (unlocked) creates the job's directory, resolves its data,
+// writes spec.json and the logs' headers, and has the launcher start the
+// ranks; CompleteLaunch (locked) records the attempt, or why it did not
+// start. Tick runs all three.
 void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   v1::Job& job = entry.stored.job;
   const std::string& id = job.id();
@@ -1157,13 +1149,10 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   const bool first_attempt = job.state() == v1::QUEUED;
 
   entry.stored.secret = NewSecret();
-  entry.ranks.clear();
-  entry.slurm_job_id.clear();
-  if (slurm()) {
-    // Known before sbatch runs: a Slurm rank may register as soon as the
-    // job is submitted, before CompleteLaunch.
-    entry.ranks.assign(world, RankProcess{});
-  }
+  // Known before the launcher starts them: a rank may register as soon as
+  // it runs, before CompleteLaunch.
+  entry.ranks.assign(world, RankProcess{});
+  entry.attempt = Attempt{};
   entry.stop = StopIntent::kNone;
   entry.failure.reset();
   entry.killed = false;
@@ -1208,7 +1197,7 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
 }
 
 JobManager::PreparedLaunch JobManager::PrepareLaunch(
-    const LaunchRequest& request) const {
+    const LaunchRequest& request) {
   PreparedLaunch prepared;
   const RankLaunch& launch = request.launch;
   std::error_code ec;
@@ -1246,14 +1235,6 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
     prepared.error = std::string(s.message());
     return prepared;
   }
-  if (!slurm()) {
-    absl::StatusOr<int> port = PickFreePort();  // the job's rendezvous store
-    if (!port.ok()) {
-      prepared.error = std::string(port.status().message());
-      return prepared;
-    }
-    prepared.master_port = *port;
-  }
   for (int r = 0; r < launch.world_size; ++r) {
     std::ofstream log(launch.log_paths[r], std::ios::app);
     log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
@@ -1262,27 +1243,21 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
                             absl::UTCTimeZone())
         << " ===\n";
   }
-  if (slurm()) {
-    const std::string base =
-        absl::StrCat(launch.job_dir, "/slurm-attempt-", request.attempt);
-    const SlurmLaunchPlan plan =
-        PlanSlurmLaunch(launch, options_.slurm_options, base + ".log");
-    if (absl::Status s = WriteFileAtomically(base + ".sh", plan.script);
-        !s.ok()) {
-      prepared.error = std::string(s.message());
+  {
+    // Cancelled (or the coordinator began to shut down) meanwhile: nothing
+    // is started. A stop from here on finds the ranks in CompleteLaunch.
+    absl::MutexLock lock(&mutex_);
+    const Entry* entry = Find(launch.job_id);
+    if (shutting_down_ || entry == nullptr ||
+        entry->stop != StopIntent::kNone) {
+      prepared.skipped = true;
       return prepared;
     }
-    absl::StatusOr<std::string> slurm_job =
-        options_.slurm->Submit(plan, base + ".sh");
-    if (!slurm_job.ok()) {
-      prepared.error = absl::StrCat("sbatch refused the job: ",
-                                    slurm_job.status().message());
-      return prepared;
-    }
-    prepared.slurm_job_id = *slurm_job;
-    // For the next coordinator, should this one die with the job running.
-    (void)WriteFileAtomically(launch.job_dir + "/slurm_job_id",
-                              *slurm_job + "\n");
+  }
+  if (absl::Status s =
+          launcher_->Start(launch, request.attempt, &prepared.attempt);
+      !s.ok()) {
+    prepared.error = std::string(s.message());
   }
   return prepared;
 }
@@ -1293,33 +1268,55 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
   const std::string& id = job.id();
   const int world = request.launch.world_size;
   entry.launching = false;
+  entry.attempt = prepared.attempt;
   if (prepared.train_tokens.has_value()) {
     job.set_train_tokens(*prepared.train_tokens);
   }
-  if (slurm()) {
-    if (prepared.slurm_job_id.empty()) {
-      entry.ranks.clear();  // nothing was submitted
-    } else {
-      entry.slurm_job_id = prepared.slurm_job_id;
-      entry.slurm_batch_log = absl::StrCat(
-          request.launch.job_dir, "/slurm-attempt-", request.attempt, ".log");
-      entry.slurm_next_poll = clock_->Now();
+  // Which ranks run: all of a started attempt; of one that failed to
+  // start, those the launcher gave a pid (Launcher::Start).
+  const bool started = prepared.error.empty() && !prepared.skipped;
+  int running = 0;
+  for (int r = 0; r < world; ++r) {
+    const int pid = r < static_cast<int>(prepared.attempt.pids.size())
+                        ? prepared.attempt.pids[r]
+                        : 0;
+    RankProcess& rank = entry.ranks[r];
+    if (!started && pid == 0) {
+      rank.exited = true;  // never started
+      continue;
     }
+    ++running;
+    if (pid != 0 && rank.pid != 0 && rank.pid != pid) {
+      // Registered before the launch was recorded, as another process.
+      LogInfo(absl::StrCat(id, " rank ", r, " registered as pid ", rank.pid,
+                           " but was started as pid ", pid));
+      rank.registered = false;
+    }
+    if (pid != 0) rank.pid = pid;
   }
-  if (!entry.slurm_job_id.empty() &&
-      (entry.stop != StopIntent::kNone || shutting_down_)) {
-    // Submitted, then cancelled (or the coordinator began to shut down):
-    // end the Slurm job; its end, seen by the poll, ends the attempt.
+  entry.stored.worker_pids.clear();
+  for (int pid : prepared.attempt.pids) {
+    if (pid != 0) entry.stored.worker_pids.push_back(pid);
+  }
+  entry.stored.worker_pgid = prepared.attempt.pgid;
+  entry.next_poll = clock_->Now();
+
+  if (running > 0 && (entry.stop != StopIntent::kNone || shutting_down_)) {
+    // Started, then cancelled (or the coordinator began to shut down):
+    // end the attempt; its ranks' end, seen by a poll, finishes it.
     if (entry.stop == StopIntent::kNone) entry.stop = StopIntent::kShutdown;
+    entry.stop_deadline = clock_->Now();
     entry.killed = true;
-    SignalSlurmJob(entry, SIGKILL);
+    SignalRanks(entry, SIGKILL);
     return;
   }
-  if (entry.stop != StopIntent::kNone || shutting_down_) {
+  if (running == 0 &&
+      (entry.stop != StopIntent::kNone || shutting_down_ || prepared.skipped)) {
     // Cancelled, or the coordinator began to shut down, while the launch was
     // being prepared: nothing was started, so nothing needs stopping.
     const StopIntent stop = entry.stop;
     entry.stop = StopIntent::kNone;
+    entry.ranks.clear();
     if (stop == StopIntent::kCancel) {
       ReleaseDevices(entry);
       SetState(entry, v1::CANCELLED, "cancelled before its ranks started");
@@ -1329,62 +1326,48 @@ void JobManager::CompleteLaunch(Entry& entry, const LaunchRequest& request,
     return;
   }
 
-  auto fail_launch =
-      [&](const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-        v1::Failure failure;
-        failure.set_reason(v1::EXIT_CODE);
-        failure.set_rank(static_cast<int>(entry.ranks.size()));
-        failure.set_message(message);
-        if (entry.ranks.empty()) {
-          // Nothing to stop: no restart either, the same launch would fail
-          // again.
-          ReleaseDevices(entry);
-          *job.mutable_failure() = failure;
-          SetState(entry, v1::FAILED, message);
-          return;
-        }
-        entry.no_restart = true;
-        FailAttempt(entry, std::move(failure));
-      };
-  if (!prepared.error.empty()) return fail_launch(prepared.error);
-
-  if (slurm()) {
-    LogInfo(absl::StrCat(id, ": submitted ", world, " ranks as Slurm job ",
-                         entry.slurm_job_id));
-    Persist(entry, Event(job.state(),
-                         absl::StrCat(request.first_attempt ? "submitted"
-                                                            : "resubmitted",
-                                      " to Slurm as job ", entry.slurm_job_id,
-                                      " (attempt ", request.attempt, ")")));
+  if (!prepared.error.empty()) {
+    v1::Failure failure;
+    failure.set_reason(v1::EXIT_CODE);
+    failure.set_rank(running);  // the first rank that did not start
+    failure.set_message(prepared.error);
+    if (running == 0) {
+      // Nothing to stop: no restart either, the same launch would fail
+      // again.
+      entry.ranks.clear();
+      ReleaseDevices(entry);
+      *job.mutable_failure() = failure;
+      SetState(entry, v1::FAILED, prepared.error);
+      return;
+    }
+    entry.no_restart = true;
+    FailAttempt(entry, std::move(failure));
     return;
   }
 
-  RankLaunch launch = request.launch;
-  launch.master_port = prepared.master_port;
-  std::vector<ProcessSpec> specs = BuildRankSpecs(launch);
-  for (int r = 0; r < world; ++r) {
-    ProcessSpec& spec = specs[r];
-    spec.process_group = entry.stored.worker_pgid;
-    absl::StatusOr<int> pid = launcher_->Spawn(spec);
-    if (!pid.ok()) {
-      return fail_launch(absl::StrCat("could not start rank ", r, ": ",
-                                      pid.status().message()));
-    }
-    RankProcess rank;
-    rank.pid = *pid;
-    entry.ranks.push_back(rank);
-    entry.stored.worker_pids.push_back(*pid);
-    if (r == 0) entry.stored.worker_pgid = *pid;
+  const Attempt& attempt = entry.attempt;
+  LogInfo(absl::StrCat(
+      id, ": started ", world, " ranks",
+      attempt.summary.empty() ? "" : absl::StrCat(" as ", attempt.summary),
+      entry.stored.worker_pids.empty()
+          ? ""
+          : absl::StrCat(" (pids ",
+                         absl::StrJoin(entry.stored.worker_pids, ", "), ")")));
+  // The workers' pids, and on a restart or a backend's own job an event
+  // saying so.
+  std::optional<v1::JobEvent> event;
+  if (!attempt.summary.empty()) {
+    event = Event(
+        job.state(),
+        absl::StrCat(request.first_attempt ? "submitted " : "resubmitted ",
+                     world, " ranks as ", attempt.summary, " (attempt ",
+                     request.attempt, ")"));
+  } else if (!request.first_attempt) {
+    event = Event(job.state(),
+                  absl::StrCat("relaunched ", world, " ranks (attempt ",
+                               request.attempt, ")"));
   }
-  LogInfo(absl::StrCat(id, ": started ", world, " ranks (pids ",
-                       absl::StrJoin(entry.stored.worker_pids, ", "), ")"));
-  // The workers' pids, and on a restart an event saying so.
-  Persist(entry, request.first_attempt
-                     ? std::nullopt
-                     : std::optional<v1::JobEvent>(Event(
-                           job.state(), absl::StrCat("relaunched ", world,
-                                                     " ranks (attempt ",
-                                                     request.attempt, ")"))));
+  Persist(entry, event);
 }
 
 void JobManager::SetState(Entry& entry, v1::JobState state,

@@ -4,7 +4,9 @@
 // missed heartbeats, rendezvous timeout, out of memory), restarts jobs from
 // their last checkpoint when allowed, and recovers after a coordinator
 // restart. It includes no gRPC header: the services in this folder are thin
-// adapters over it, and tests drive it with a fake launcher and clock.
+// adapters over it, and tests drive it with a fake launcher and clock. Ranks
+// start, stop and end through a Launcher (server/launcher.h): local
+// processes or Slurm, the same code here for both.
 //
 // States: QUEUED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;
 // RUNNING -> RESTARTING -> RUNNING while restarts remain. Every change is
@@ -32,10 +34,9 @@
 #include "server/device_inventory.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
-#include "server/process_launcher.h"
+#include "server/launcher.h"
 #include "server/rank_specs.h"
 #include "server/scheduler.h"
-#include "server/slurm.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
 
@@ -80,13 +81,6 @@ struct JobManagerOptions {
   // less free space than this (a job needs room for logs, checkpoints and
   // its rows).
   int64_t min_free_bytes = int64_t{64} << 20;
-  // --launcher slurm: each attempt is a Slurm job (server/slurm.h) and
-  // worker_address must be reachable from the nodes. Null: ranks are local
-  // processes started through the ProcessLauncher. Not owned.
-  SlurmClient* slurm = nullptr;
-  SlurmOptions slurm_options;
-  // How often a Slurm job's state is asked for while it runs.
-  absl::Duration slurm_poll_interval = absl::Seconds(1);
 };
 
 // Everything SubmitJob checks before a job is stored: device kind, the
@@ -123,7 +117,7 @@ class JobManager {
  public:
   // Loads the store. Nothing is changed until ResumeInterruptedJobs().
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(
-      JobManagerOptions options, JobStore* store, ProcessLauncher* launcher,
+      JobManagerOptions options, JobStore* store, Launcher* launcher,
       Clock* clock, JobObserver* observer = nullptr);
 
   ~JobManager();
@@ -185,7 +179,7 @@ class JobManager {
  private:
   enum class StopIntent { kNone, kCancel, kFail, kShutdown };
   struct RankProcess {
-    int pid = 0;
+    int pid = 0;  // 0 until known: a rank on another host tells at register
     bool exited = false;
     ExitStatus exit;
     bool registered = false;
@@ -207,11 +201,9 @@ class JobManager {
     int port_retries = 0;
     bool relaunch_pending = false;  // recovered; Tick relaunches it
     bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
-    // --launcher slurm: the attempt's Slurm job and its batch log; the
-    // ranks' pids are learnt when they register.
-    std::string slurm_job_id;
-    std::string slurm_batch_log;
-    absl::Time slurm_next_poll;
+    // The attempt as its launcher started it; polled from next_poll on.
+    Attempt attempt;
+    absl::Time next_poll;
     std::vector<std::weak_ptr<JobWatch>> watchers;
     // Changes that happened (a rank exited, a launch failed) but could not
     // be stored (a full disk): the record in memory is newer than the
@@ -220,8 +212,8 @@ class JobManager {
     std::vector<v1::JobEvent> unsaved_events;
   };
 
-  JobManager(JobManagerOptions options, JobStore* store,
-             ProcessLauncher* launcher, Clock* clock, JobObserver* observer);
+  JobManager(JobManagerOptions options, JobStore* store, Launcher* launcher,
+             Clock* clock, JobObserver* observer);
 
   absl::Status Load();
   void SupervisorLoop();
@@ -270,19 +262,20 @@ class JobManager {
     RankLaunch launch;  // all but master_port
   };
   struct PreparedLaunch {
-    std::string error;  // non-empty: the launch cannot happen
-    int master_port = 0;
-    std::string slurm_job_id;  // --launcher slurm: submitted as this job
+    std::string error;     // non-empty: the launch failed
+    bool skipped = false;  // stopped before the launcher was asked
+    Attempt attempt;       // what the launcher started (see Launcher::Start)
     std::optional<int64_t> train_tokens;
   };
   // Takes the devices and queues the launch for the end of this Tick.
   void RequestLaunch(Entry& entry, const std::vector<int>& devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The launch's file system work: job directory, data, spec.json, log
-  // headers, rendezvous port. Called without the lock.
-  PreparedLaunch PrepareLaunch(const LaunchRequest& request) const
+  // The launch's file system work (job directory, data, spec.json, log
+  // headers), then the launcher's Start unless the job was stopped
+  // meanwhile. Called without the lock.
+  PreparedLaunch PrepareLaunch(const LaunchRequest& request)
       ABSL_LOCKS_EXCLUDED(mutex_);
-  // Spawns the ranks (or records why not).
+  // Records the started attempt (or why it did not start).
   void CompleteLaunch(Entry& entry, const LaunchRequest& request,
                       const PreparedLaunch& prepared)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -294,23 +287,38 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // All ranks of the attempt are gone: decide what happens next.
   void FinishAttempt(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void ReapAndDetect(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // --launcher slurm. A Slurm job's state, asked for outside the lock.
-  struct SlurmPoll {
+  // Heartbeats, the rendezvous deadline and the stop deadline; finishes the
+  // attempt once all its ranks have ended.
+  void Detect(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // An attempt due to be asked how its ranks are (outside the lock).
+  struct Poll {
     std::string job_id;
-    std::string slurm_job_id;
-    absl::StatusOr<SlurmJobInfo> info = absl::UnknownError("not asked");
+    Attempt attempt;
+    std::vector<bool> running;
+    absl::StatusOr<AttemptReport> report = absl::UnknownError("not asked");
   };
-  std::vector<SlurmPoll> DueSlurmPolls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Pending Slurm jobs restart the rendezvous clock; ended ones end the
-  // attempt's ranks, with the failure Slurm's record and srun's lines name.
-  void ApplySlurmPoll(const SlurmPoll& poll)
+  std::vector<Poll> DuePolls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Ranks that ended are recorded (the first failure fails the attempt);
+  // an attempt still waiting for its backend restarts the rendezvous clock.
+  void ApplyPoll(const Poll& poll) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Why rank `rank` ended as it did, when that is a failure.
+  v1::Failure RankExitFailure(const Entry& entry, int rank,
+                              const ExitStatus& exit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Signals (SIGKILL: scancel) for the attempt's Slurm job, sent by Tick
-  // outside the lock.
-  void SignalSlurmJob(Entry& entry, int signal)
+  // Queues `signal` for the attempt's running ranks; Tick sends it without
+  // the lock.
+  void SignalRanks(Entry& entry, int signal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  bool slurm() const { return options_.slurm != nullptr; }
+  // The queued signals, for the ranks running now.
+  struct PendingSignal {
+    Attempt attempt;
+    std::vector<int> ranks;
+    int signal = 0;
+  };
+  std::vector<PendingSignal> TakeSignals()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void SendSignals(const std::vector<PendingSignal>& signals)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -327,7 +335,7 @@ class JobManager {
 
   const JobManagerOptions options_;
   JobStore* const store_;
-  ProcessLauncher* const launcher_;
+  Launcher* const launcher_;
   Clock* const clock_;
   JobObserver* const observer_;
 
@@ -343,9 +351,8 @@ class JobManager {
   bool any_unsaved_ ABSL_GUARDED_BY(mutex_) = false;
   std::string worker_address_ ABSL_GUARDED_BY(mutex_);
   std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(mutex_);
-  // Slurm job id -> signal, for Tick to send without the lock.
-  std::vector<std::pair<std::string, int>> slurm_signals_
-      ABSL_GUARDED_BY(mutex_);
+  // Job id -> signal for its attempt's ranks, for Tick to send.
+  std::vector<std::pair<std::string, int>> signals_ ABSL_GUARDED_BY(mutex_);
 
   absl::Notification stop_supervisor_;
   std::thread supervisor_;

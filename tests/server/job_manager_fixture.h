@@ -1,7 +1,7 @@
-// JobManagerFixture: a JobManager driven by hand — a fake launcher stands in
-// for processes, a fake clock for time, Tick() for the supervisor thread —
-// over a real store in a temporary state dir. Shared by the JobManager's
-// tests and the Slurm launcher's.
+// JobManagerFixture: a JobManager driven by hand — a LocalJobLauncher over a
+// fake ProcessLauncher stands in for processes, a fake clock for time, Tick()
+// for the supervisor thread — over a real store in a temporary state dir.
+// Shared by the JobManager's tests and the Slurm launcher's.
 #ifndef SHARDTRAIN_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_
 #define SHARDTRAIN_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/job_manager.h"
+#include "server/local_job_launcher.h"
 #include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_process_launcher.h"
 #include "tests/test_util.h"
@@ -54,13 +55,16 @@ class JobManagerFixture : public ::testing::Test {
     Configure(options);
     if (tweak) tweak(options);
     auto manager =
-        JobManager::Create(options, store_.get(), &launcher_, &clock_);
+        JobManager::Create(options, store_.get(), launcher(), &clock_);
     EXPECT_TRUE(manager.ok()) << manager.status();
     (*manager)->ResumeInterruptedJobs();
     return std::move(*manager);
   }
 
   virtual void Configure(JobManagerOptions&) {}
+  // The backend the manager drives: local processes over the fake
+  // ProcessLauncher unless a fixture says otherwise.
+  virtual Launcher* launcher() { return &local_; }
 
   // gpt2-tiny on the fixture's data; single device for one rank, else DDP.
   static v1::JobSpec Spec(int world, int max_restarts = 0) {
@@ -86,6 +90,7 @@ class JobManagerFixture : public ::testing::Test {
   std::function<void()> on_resolve_;
   FakeClock clock_;
   FakeProcessLauncher launcher_;
+  LocalJobLauncher local_{&launcher_};
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> manager_;
 };

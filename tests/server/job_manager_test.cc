@@ -112,7 +112,7 @@ TEST_F(JobManagerTest, AnEmptiedDatabaseBesideJobDirectoriesIsRefused) {
   options.devices.push_back({0, v1::CPU, "cpu slot", 0});
   options.resolve_data =
       [](const std::string& d) -> absl::StatusOr<std::string> { return d; };
-  auto manager = JobManager::Create(options, store_.get(), &launcher_, &clock_);
+  auto manager = JobManager::Create(options, store_.get(), &local_, &clock_);
 
   EXPECT_EQ(manager.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(manager.status().message(), HasSubstr("1 job directories"));

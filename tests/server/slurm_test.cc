@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/job_manager.h"
+#include "server/slurm_job_launcher.h"
 #include "tests/fakes/fake_slurm_client.h"
 #include "tests/server/job_manager_fixture.h"
 #include "tests/test_util.h"
@@ -256,9 +257,8 @@ class SlurmJobManagerTest : public test::JobManagerFixture {
  protected:
   void Configure(JobManagerOptions& options) override {
     options.worker_address = "10.231.77.1:50552";
-    options.slurm = &slurm_;
-    options.slurm_poll_interval = absl::Seconds(1);
   }
+  Launcher* launcher() override { return &slurm_launcher_; }
   // The manager uses slurm_, which goes before the fixture's members.
   void TearDown() override { manager_.reset(); }
 
@@ -298,6 +298,7 @@ class SlurmJobManagerTest : public test::JobManagerFixture {
   }
 
   FakeSlurmClient slurm_;  // the fixture's launcher_ must stay unused
+  SlurmJobLauncher slurm_launcher_{&slurm_, SlurmOptions{}, absl::Seconds(1)};
 };
 
 TEST_F(SlurmJobManagerTest, AJobIsOneSbatchAllocationThatSucceedsWithSlurm) {
@@ -347,11 +348,11 @@ TEST_F(SlurmJobManagerTest, ALostNodeRestartsTheJobFromItsCheckpoint) {
   std::string slurm_job;
   const std::string id = StartRunning(Spec(2, /*max_restarts=*/1), &slurm_job);
   slurm_.SetState(slurm_job, "NODE_FAIL", "NodeDown", 0, 15);
-  Step();
-  Step();
+  Step();  // the poll sees the loss; the job restarts at once
   v1::Job restarting = *manager_->Get(id);
   EXPECT_EQ(restarting.state(), v1::RESTARTING);
   EXPECT_THAT(restarting.state_reason(), HasSubstr("lost a node"));
+  Step();
   ASSERT_EQ(slurm_.submitted().size(), 2u);
   const std::string second = slurm_.submitted().back();
   EXPECT_THAT(slurm_.job(second).script_path, HasSubstr("slurm-attempt-2.sh"));

@@ -1,0 +1,38 @@
+// LocalJobLauncher: the Launcher whose ranks are processes on this host,
+// started through a ProcessLauncher (fork/exec; a fake in tests). Ranks
+// rendezvous on 127.0.0.1 at a port picked per attempt; rank 0 leads the
+// process group the others join, so one signal reaches them all.
+#ifndef SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
+#define SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+#include "server/launcher.h"
+#include "server/process_launcher.h"
+
+namespace shardtrain {
+
+class LocalJobLauncher : public Launcher {
+ public:
+  // `processes` must outlive this launcher.
+  explicit LocalJobLauncher(ProcessLauncher* processes);
+
+  std::string name() const override { return "local"; }
+  absl::Duration poll_interval() const override { return absl::ZeroDuration(); }
+  absl::Status Start(const RankLaunch& launch, int number,
+                     Attempt* attempt) override;
+  absl::StatusOr<AttemptReport> Poll(const Attempt& attempt,
+                                     const std::vector<bool>& running) override;
+  void Signal(const Attempt& attempt, const std::vector<int>& ranks,
+              int signal) override;
+  void EndLeftovers(const std::string& job_id, const std::string& job_dir,
+                    const std::vector<int>& pids) override;
+
+ private:
+  ProcessLauncher* const processes_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
