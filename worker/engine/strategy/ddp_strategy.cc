@@ -207,13 +207,21 @@ double DdpStrategy::AllReduceMean(double value) {
 
 void DdpStrategy::Barrier() { CheckCollective(comm_->Barrier(), "barrier"); }
 
-absl::Status DdpStrategy::SaveCheckpoint(const std::string& dir) {
-  if (comm_->rank() != 0) return absl::OkStatus();
-  return local_.SaveCheckpoint(dir);
-}
-
-absl::Status DdpStrategy::LoadCheckpoint(const std::string& dir) {
-  return local_.LoadCheckpoint(dir);
+std::vector<StateSlice> DdpStrategy::StateSlices(bool to_save) {
+  std::vector<StateSlice> slices = local_.StateSlices(to_save);
+  if (!to_save) return slices;
+  // Replicas are identical: rank r writes elements [n r / W, n (r+1) / W) of
+  // every tensor, so all ranks write at once and no byte is written twice.
+  const int64_t r = comm_->rank();
+  const int64_t w = comm_->world_size();
+  for (StateSlice& slice : slices) {
+    const int64_t n = slice.data.numel();
+    const int64_t begin = n * r / w;
+    const int64_t end = n * (r + 1) / w;
+    slice.offset = begin;
+    slice.data = slice.data.narrow(0, begin, end - begin);
+  }
+  return slices;
 }
 
 absl::Status DdpStrategy::ExportModel(const std::string& path) {

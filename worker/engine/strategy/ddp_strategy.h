@@ -73,11 +73,15 @@ class DdpStrategy final : public Strategy {
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override;
   void Barrier() override;
-  // Rank 0 writes model.pt and optimizer.pt into `dir`; other ranks write
-  // nothing (their state is identical).
-  absl::Status SaveCheckpoint(const std::string& dir) override;
-  // Every rank reads the files rank 0 wrote into `dir`.
-  absl::Status LoadCheckpoint(const std::string& dir) override;
+  int64_t rank() const override { return comm_->rank(); }
+  int64_t world_size() const override { return comm_->world_size(); }
+  // Every rank holds every tensor; each saves 1/world of each (contiguous
+  // ranges), and loads all of it.
+  std::vector<StateSlice> StateSlices(bool to_save) override;
+  int64_t optimizer_steps() const override { return local_.optimizer_steps(); }
+  void set_optimizer_steps(int64_t steps) override {
+    local_.set_optimizer_steps(steps);
+  }
   // Rank 0 writes `path`; other ranks write nothing.
   absl::Status ExportModel(const std::string& path) override;
   // Parameters, gradients (= the bucket buffers) and optimizer state.

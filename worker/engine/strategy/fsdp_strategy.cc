@@ -23,19 +23,10 @@
 namespace shardtrain {
 namespace {
 
-constexpr char kIndexFile[] = "fsdp_index.json";
-constexpr char kIndexFormat[] = "shardtrain-fsdp";
-// 2: wte is a unit of its own, sharded by rows (1 had it in the root unit).
-constexpr int kIndexVersion = 2;
-
 // Strategy calls that cannot return a Status report collective failures as
 // exceptions (see the header).
 void Check(const absl::Status& status) {
   ThrowIfFailed(status, "FSDP", "a collective");
-}
-
-std::string ShardFileName(int64_t rank) {
-  return absl::StrCat("shard_rank", rank, ".pt");
 }
 
 // The tensor members that each module's forward() reads, by the parameter's
@@ -357,121 +348,36 @@ void FsdpStrategy::Barrier() { Check(comm_->Barrier()); }
 
 CommStats FsdpStrategy::TakeCommStats() { return comm_->TakeStats(); }
 
-std::string FsdpStrategy::IndexJson() const {
-  nlohmann::json units = nlohmann::json::array();
+std::vector<StateSlice> FsdpStrategy::StateSlices(bool /*to_save*/) {
+  std::vector<StateSlice> slices;
   for (const auto& unit : units_) {
-    nlohmann::json params = nlohmann::json::array();
+    const int64_t shard_begin = unit->shard_offset();
+    const int64_t shard_end = shard_begin + unit->shard_numel();
     for (const FsdpUnit::Param& p : unit->params()) {
-      params.push_back({{"name", p.name},
-                        {"shape", p.shape},
-                        {"offset", p.offset},
-                        {"numel", p.numel}});
+      const int64_t begin = std::max(p.offset, shard_begin);
+      const int64_t end = std::min(p.offset + p.numel, shard_end);
+      if (begin >= end) continue;  // none of p is in this shard
+      // The same memory as the piece the optimizer updates.
+      const torch::Tensor piece =
+          unit->shard().narrow(0, begin - shard_begin, end - begin);
+      const int64_t offset = begin - p.offset;
+      slices.push_back({"model." + p.name, p.shape, offset, piece});
+      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
+      slices.push_back(
+          {"optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1)});
+      slices.push_back(
+          {"optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1)});
     }
-    units.push_back({{"name", unit->name()},
-                     {"numel", unit->numel()},
-                     {"padded_numel", unit->padded_numel()},
-                     {"shard_numel", unit->shard_numel()},
-                     {"params", params}});
   }
-  nlohmann::json files = nlohmann::json::array();
-  for (int64_t r = 0; r < comm_->world_size(); ++r) {
-    files.push_back(ShardFileName(r));
-  }
-  const nlohmann::json index = {{"format", kIndexFormat},
-                                {"version", kIndexVersion},
-                                {"world_size", comm_->world_size()},
-                                {"shard_dtype", "float32"},
-                                {"shard_files", files},
-                                {"units", units}};
-  return index.dump(2) + "\n";
+  return slices;
 }
 
-absl::Status FsdpStrategy::SaveCheckpoint(const std::string& dir) {
-  NamedTensors state;
-  for (const auto& unit : units_) {
-    state.emplace_back(absl::StrCat("unit.", unit->name(), ".shard"),
-                       unit->shard());
-  }
-  for (const auto& [name, tensor] : optimizer_->StateTensors()) {
-    state.emplace_back(absl::StrCat("optimizer.", name), tensor);
-  }
-  if (absl::Status s = SaveTensorFile(
-          absl::StrCat(dir, "/", ShardFileName(comm_->rank())), state);
-      !s.ok()) {
-    return s;
-  }
-  if (comm_->rank() != 0) return absl::OkStatus();
-  return WriteFileAtomically(absl::StrCat(dir, "/", kIndexFile), IndexJson());
+int64_t FsdpStrategy::optimizer_steps() const {
+  return optimizer_->step_count();
 }
 
-absl::Status FsdpStrategy::LoadCheckpoint(const std::string& dir) {
-  const std::string index_path = absl::StrCat(dir, "/", kIndexFile);
-  std::ifstream in(index_path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        dir, " holds no ", kIndexFile,
-        ": not an FSDP checkpoint (written by another strategy?)"));
-  }
-  const nlohmann::json saved =
-      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (saved.is_discarded() || saved.value("format", "") != kIndexFormat ||
-      !saved.contains("world_size") || !saved.contains("units")) {
-    return absl::DataLossError(
-        absl::StrCat(index_path, " is unreadable or not an FSDP index"));
-  }
-  if (saved.value("version", 0) != kIndexVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "FSDP checkpoint ", dir, " has index version ",
-        saved.value("version", 0), " but this shardtrain reads version ",
-        kIndexVersion,
-        " (from version 2 wte is a unit of its own, sharded by rows); resume "
-        "is not possible: start from its model.bin with --init-from"));
-  }
-  const int64_t saved_world = saved["world_size"].get<int64_t>();
-  if (saved_world != comm_->world_size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "FSDP checkpoint ", dir, " was written at world size ", saved_world,
-        " but this run has world size ", comm_->world_size(),
-        "; sharded checkpoints resume only at the same world size (to change "
-        "it, start from the exported model.bin with --init-from)"));
-  }
-  const nlohmann::json expected = nlohmann::json::parse(IndexJson());
-  if (saved["units"] != expected["units"]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "FSDP checkpoint ", dir,
-        " holds units that do not match this model (wrong --model?)"));
-  }
-  const std::string shard_path =
-      absl::StrCat(dir, "/", ShardFileName(comm_->rank()));
-  absl::StatusOr<NamedTensors> state = LoadTensorFile(shard_path);
-  if (!state.ok()) return state.status();
-  std::map<std::string, torch::Tensor> by_name;
-  NamedTensors optimizer_state;
-  for (const auto& [name, tensor] : *state) {
-    if (absl::StartsWith(name, "optimizer.")) {
-      optimizer_state.emplace_back(name.substr(sizeof("optimizer.") - 1),
-                                   tensor);
-    } else {
-      by_name[name] = tensor;
-    }
-  }
-  // Every shard is checked before any is touched.
-  std::vector<torch::Tensor> shards;
-  for (const auto& unit : units_) {
-    const std::string key = absl::StrCat("unit.", unit->name(), ".shard");
-    const auto it = by_name.find(key);
-    if (it == by_name.end() || it->second.sizes() != unit->shard().sizes()) {
-      return absl::DataLossError(absl::StrCat(
-          shard_path, ": '", key, "' is missing or has the wrong size"));
-    }
-    shards.push_back(it->second);
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    units_[u]->shard().copy_(shards[u]);
-    units_[u]->shard_grad().zero_();
-  }
-  return optimizer_->LoadStateTensors(optimizer_state);
+void FsdpStrategy::set_optimizer_steps(int64_t steps) {
+  optimizer_->set_step_count(steps);
 }
 
 absl::StatusOr<NamedTensors> FsdpStrategy::GatherFullParameters() {

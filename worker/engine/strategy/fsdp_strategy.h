@@ -117,12 +117,14 @@ class FsdpStrategy final : public Strategy {
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override;
   void Barrier() override;
-  // Every rank writes dir/shard_rank<r>.pt (its flat parameter shards and
-  // their AdamW state); rank 0 also writes dir/fsdp_index.json (world size,
-  // units, their sizes and each parameter's name, shape and offset). Loading
-  // requires the same world size and model.
-  absl::Status SaveCheckpoint(const std::string& dir) override;
-  absl::Status LoadCheckpoint(const std::string& dir) override;
+  int64_t rank() const override { return comm_->rank(); }
+  int64_t world_size() const override { return comm_->world_size(); }
+  // The part of each parameter that falls in this rank's shard of its unit
+  // (padding excluded), and that part's AdamW state: saved and loaded alike,
+  // as the shards do not overlap.
+  std::vector<StateSlice> StateSlices(bool to_save) override;
+  int64_t optimizer_steps() const override;
+  void set_optimizer_steps(int64_t steps) override;
   // Consolidates the fp32 master weights unit by unit; rank 0 writes llm.c's
   // model.bin. Collective.
   absl::Status ExportModel(const std::string& path) override;
@@ -167,7 +169,6 @@ class FsdpStrategy final : public Strategy {
   // After a failure: no unit gathered, no collective pending, no full
   // gradient left (results of failed collectives are dropped).
   void ResetUnits();
-  std::string IndexJson() const;
 
   const StrategyOptions options_;
   Communicator* const comm_;

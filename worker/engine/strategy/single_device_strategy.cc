@@ -64,43 +64,27 @@ torch::Tensor SingleDeviceStrategy::ForwardLoss(const torch::Tensor& inputs,
   return model_->ForwardLoss(inputs, targets);
 }
 
-absl::Status SingleDeviceStrategy::SaveCheckpoint(const std::string& dir) {
-  NamedTensors model_state;
+std::vector<StateSlice> SingleDeviceStrategy::StateSlices(bool /*to_save*/) {
+  std::vector<StateSlice> slices;
   for (const auto& item : model_->named_parameters()) {
-    model_state.emplace_back(item.key(), item.value());
+    const torch::Tensor& p = item.value();
+    const std::vector<int64_t> shape = p.sizes().vec();
+    slices.push_back({"model." + item.key(), shape, 0, p.detach().view(-1)});
+    const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
+    slices.push_back(
+        {"optim.exp_avg." + item.key(), shape, 0, exp_avg.view(-1)});
+    slices.push_back(
+        {"optim.exp_avg_sq." + item.key(), shape, 0, exp_avg_sq.view(-1)});
   }
-  if (absl::Status s = SaveTensorFile(dir + "/model.pt", model_state);
-      !s.ok()) {
-    return s;
-  }
-  return SaveTensorFile(dir + "/optimizer.pt", optimizer_->StateTensors());
+  return slices;
 }
 
-absl::Status SingleDeviceStrategy::LoadCheckpoint(const std::string& dir) {
-  absl::StatusOr<NamedTensors> model_state = LoadTensorFile(dir + "/model.pt");
-  if (!model_state.ok()) return model_state.status();
-  torch::NoGradGuard no_grad;
-  auto params = model_->named_parameters();
-  size_t loaded = 0;
-  for (const auto& [name, tensor] : *model_state) {
-    torch::Tensor* target = params.find(name);
-    if (target == nullptr || target->sizes() != tensor.sizes()) {
-      return absl::DataLossError(absl::StrCat(
-          dir, "/model.pt: parameter '", name,
-          "' does not match the model (wrong --model for this checkpoint?)"));
-    }
-    target->copy_(tensor);
-    ++loaded;
-  }
-  if (loaded != params.size()) {
-    return absl::DataLossError(absl::StrCat(dir, "/model.pt holds ", loaded,
-                                            " of the model's ", params.size(),
-                                            " parameters"));
-  }
-  absl::StatusOr<NamedTensors> optimizer_state =
-      LoadTensorFile(dir + "/optimizer.pt");
-  if (!optimizer_state.ok()) return optimizer_state.status();
-  return optimizer_->LoadStateTensors(*optimizer_state);
+int64_t SingleDeviceStrategy::optimizer_steps() const {
+  return optimizer_->step_count();
+}
+
+void SingleDeviceStrategy::set_optimizer_steps(int64_t steps) {
+  optimizer_->set_step_count(steps);
 }
 
 absl::Status SingleDeviceStrategy::ExportModel(const std::string& path) {

@@ -23,8 +23,9 @@ class SingleDeviceStrategy final : public Strategy {
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override { return value; }
-  absl::Status SaveCheckpoint(const std::string& dir) override;
-  absl::Status LoadCheckpoint(const std::string& dir) override;
+  std::vector<StateSlice> StateSlices(bool to_save) override;
+  int64_t optimizer_steps() const override;
+  void set_optimizer_steps(int64_t steps) override;
   absl::Status ExportModel(const std::string& path) override;
   int64_t ModelStateBytes() const override;
 

@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/train/checkpoint_format.h"
 
 namespace shardtrain {
 
@@ -48,6 +53,82 @@ std::vector<AdamW::Group> WeightDecayGroups(
     (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   }
   return {decay, no_decay};
+}
+
+absl::Status Strategy::SaveCheckpoint(const std::string& dir,
+                                      const nlohmann::json& training) {
+  absl::Status status = absl::OkStatus();
+  try {
+    // Host copies (fp32, contiguous) of the slices, alive until written.
+    const std::vector<StateSlice> slices = StateSlices(/*to_save=*/true);
+    std::vector<torch::Tensor> host;
+    std::vector<ChunkToWrite> chunks;
+    host.reserve(slices.size());
+    for (const StateSlice& slice : slices) {
+      host.push_back(
+          slice.data.detach().to(torch::kCPU, torch::kFloat).contiguous());
+      chunks.push_back({slice.name, slice.shape, slice.offset,
+                        host.back().numel(), host.back().data_ptr<float>()});
+    }
+    status = WriteRankChunks(dir, rank(), chunks);
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(
+        absl::StrCat("checkpoint: ", e.what_without_backtrace()));
+  }
+  // Every rank must have written before rank 0 merges the indexes; one
+  // rank's failure fails the checkpoint everywhere.
+  const bool everywhere = AllReduceMean(status.ok() ? 1.0 : 0.0) == 1.0;
+  if (!status.ok()) return status;
+  if (!everywhere) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint ", dir, ": another rank could not write"));
+  }
+  if (rank() != 0) return absl::OkStatus();
+  nlohmann::json record = training.is_object() ? training : nlohmann::json{};
+  record["optimizer_steps"] = optimizer_steps();
+  return WriteCheckpointMetadata(dir, world_size(), record);
+}
+
+absl::Status Strategy::LoadCheckpoint(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir);
+  if (!reader.ok()) return reader.status();
+  const CheckpointMetadata& metadata = (*reader)->metadata();
+  try {
+    torch::NoGradGuard no_grad;
+    for (const StateSlice& slice : StateSlices(/*to_save=*/false)) {
+      const TensorEntry* saved = metadata.Find(slice.name);
+      if (saved == nullptr || saved->shape != slice.shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", dir, " ",
+            saved == nullptr
+                ? absl::StrCat("has no tensor ", slice.name)
+                : absl::StrCat("holds ", slice.name, " as [",
+                               absl::StrJoin(saved->shape, ", "), "], not [",
+                               absl::StrJoin(slice.shape, ", "), "]"),
+            ": it was written for another model (wrong --model?)"));
+      }
+      torch::Tensor buffer = torch::empty({slice.data.numel()}, torch::kFloat);
+      if (absl::Status s =
+              (*reader)->Read(slice.name, slice.offset, buffer.numel(),
+                              buffer.data_ptr<float>());
+          !s.ok()) {
+        return s;
+      }
+      slice.data.copy_(buffer);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint ", dir, ": ", e.what_without_backtrace()));
+  }
+  const nlohmann::json& training = metadata.training;
+  if (!training.contains("optimizer_steps") ||
+      !training["optimizer_steps"].is_number_integer()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir, " records no optimizer step count"));
+  }
+  set_optimizer_steps(training["optimizer_steps"].get<int64_t>());
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain

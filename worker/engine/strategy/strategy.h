@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/train/adamw.h"
@@ -31,11 +32,24 @@ struct StrategyOptions {
   double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
 };
 
+// One contiguous range of a global state tensor that a rank holds:
+// elements [offset, offset + data.numel()) of tensor `name` (of global shape
+// `shape`) flattened row-major. `data` is a 1-D fp32 view of the rank's own
+// state, so a load writes into it in place.
+struct StateSlice {
+  std::string name;  // "model.<param>", "optim.exp_avg.<param>", ...
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  torch::Tensor data;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
 
   virtual std::string name() const = 0;
+  virtual int64_t rank() const { return 0; }
+  virtual int64_t world_size() const { return 1; }
 
   // Takes a model initialised identically on every rank, places it on the
   // device (and shards or replicates it) and builds the optimizer.
@@ -65,9 +79,27 @@ class Strategy {
   virtual double AllReduceMean(double value) = 0;
   virtual void Barrier() {}
 
-  // This rank's part of the model and optimizer state, into / from `dir`.
-  virtual absl::Status SaveCheckpoint(const std::string& dir) = 0;
-  virtual absl::Status LoadCheckpoint(const std::string& dir) = 0;
+  // The model and optimizer state this rank holds, as ranges of global
+  // tensors: "model.<param>" and "optim.exp_avg.<param>",
+  // "optim.exp_avg_sq.<param>" under the model's parameter names. With
+  // `to_save`, only the ranges this rank writes (a tensor every rank holds
+  // is written once: each rank writes an even share); otherwise everything
+  // it holds, which a load fills.
+  virtual std::vector<StateSlice> StateSlices(bool to_save) = 0;
+  // AdamW's step count (its bias correction).
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t steps) = 0;
+
+  // This rank's slices into the checkpoint directory `dir`
+  // (worker/engine/train/checkpoint_format.h); rank 0 then writes
+  // checkpoint.json with `training` (plus the optimizer's step count) as its
+  // training record. Collective; fails on every rank when one fails.
+  absl::Status SaveCheckpoint(const std::string& dir,
+                              const nlohmann::json& training = {});
+  // Fills this rank's state from checkpoint `dir`, whatever strategy and
+  // world size wrote it: each slice reads exactly its range. Errors name the
+  // tensor that is missing or shaped differently (another model).
+  absl::Status LoadCheckpoint(const std::string& dir);
 
   // The whole model in llm.c's format (collective; rank 0 writes `path`).
   virtual absl::Status ExportModel(const std::string& path) = 0;

@@ -103,42 +103,15 @@ int64_t AdamW::StateBytes() const {
   return bytes;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
-  std::vector<std::pair<std::string, torch::Tensor>> state;
-  state.emplace_back("step", torch::tensor(step_, torch::kInt64));
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    state.emplace_back(absl::StrCat("exp_avg.", i), slots_[i].exp_avg);
-    state.emplace_back(absl::StrCat("exp_avg_sq.", i), slots_[i].exp_avg_sq);
-  }
-  return state;
-}
-
-absl::Status AdamW::LoadStateTensors(
-    const std::vector<std::pair<std::string, torch::Tensor>>& state) {
-  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
-  auto find = [&](const std::string& name) -> const torch::Tensor* {
-    auto it = by_name.find(name);
-    return it == by_name.end() ? nullptr : &it->second;
-  };
-  const torch::Tensor* step = find("step");
-  if (step == nullptr) {
-    return absl::DataLossError("optimizer state has no 'step'");
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    for (auto [name, target] :
-         {std::pair{absl::StrCat("exp_avg.", i), &slots_[i].exp_avg},
-          std::pair{absl::StrCat("exp_avg_sq.", i), &slots_[i].exp_avg_sq}}) {
-      const torch::Tensor* saved = find(name);
-      if (saved == nullptr || saved->sizes() != target->sizes()) {
-        return absl::DataLossError(absl::StrCat(
-            "optimizer state '", name, "' is missing or has the wrong shape"));
-      }
-      target->copy_(*saved);
+std::pair<torch::Tensor, torch::Tensor> AdamW::StateOf(
+    const torch::Tensor& param) const {
+  for (const Slot& slot : slots_) {
+    if (slot.param.data_ptr() == param.data_ptr() &&
+        slot.param.numel() == param.numel()) {
+      return {slot.exp_avg, slot.exp_avg_sq};
     }
   }
-  step_ = step->item<int64_t>();
-  return absl::OkStatus();
+  return {};
 }
 
 }  // namespace shardtrain

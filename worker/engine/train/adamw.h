@@ -46,11 +46,12 @@ class AdamW {
   // Bytes of optimizer state (exp_avg + exp_avg_sq).
   int64_t StateBytes() const;
 
-  // State as named tensors, for checkpoints: "step", "exp_avg.<i>",
-  // "exp_avg_sq.<i>" with i the parameter's index over all groups.
-  std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
-  absl::Status LoadStateTensors(
-      const std::vector<std::pair<std::string, torch::Tensor>>& state);
+  void set_step_count(int64_t step) { step_ = step; }
+  // The state of `param`, one of the tensors this optimizer updates (the
+  // same memory: a parameter, or a view of a shard): {exp_avg, exp_avg_sq},
+  // undefined tensors when it updates no such tensor.
+  std::pair<torch::Tensor, torch::Tensor> StateOf(
+      const torch::Tensor& param) const;
 
  private:
   struct Slot {

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -19,10 +21,10 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/train/checkpoint_format.h"
 #include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/train/memory_tracker.h"
 #include "worker/engine/train/peak_flops.h"
-#include "worker/engine/train/tensor_file.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;
@@ -34,16 +36,43 @@ double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// The settings a checkpoint must agree with to be resumed: anything that
-// changes the data order or the shapes of the saved state.
+constexpr char kRngFile[] = "rng_state.bin";
+
+// The settings a checkpoint must agree with to be resumed: what fixes the
+// data order, the shapes of the saved state and the schedule. Strategy,
+// world size and the per-rank split of the batch are not among them: the
+// state is stored by global tensor, and the global batch (sequences per
+// step) is kept whatever the split.
 nlohmann::json ResumeFingerprint(const TrainConfig& config,
-                                 const Gpt2Config& model, int64_t world_size,
+                                 const Gpt2Config& model, int64_t global_batch,
                                  int64_t total_steps) {
-  return {{"model", model.ToSpec()},   {"strategy", config.strategy},
-          {"world_size", world_size},  {"batch_size", config.batch_size},
-          {"seq_len", config.seq_len}, {"grad_accum", config.grad_accum},
-          {"seed", config.seed},       {"shuffle", config.shuffle},
-          {"total_steps", total_steps}};
+  return {{"model", model.ToSpec()},      {"seq_len", config.seq_len},
+          {"global_batch", global_batch}, {"seed", config.seed},
+          {"shuffle", config.shuffle},    {"total_steps", total_steps}};
+}
+
+// The flag that sets each fingerprint field, for the refusal's hint.
+std::string FlagFor(const std::string& field) {
+  if (field == "model") return "--model";
+  if (field == "seq_len") return "--seq-len";
+  if (field == "seed") return "--seed";
+  if (field == "shuffle") return "--shuffle / --no-shuffle";
+  if (field == "total_steps") return "--max-steps or --epochs";
+  if (field == "global_batch") {
+    return "--batch-size x --grad-accum x world size";
+  }
+  return "--" + field;
+}
+
+// The newest checkpoint of `out` whose metadata reads, if any.
+std::unique_ptr<CheckpointReader> NewestReadableCheckpoint(
+    const std::string& out) {
+  for (const std::string& dir : CheckpointStore(out).Candidates()) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Open(dir);
+    if (reader.ok()) return *std::move(reader);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -69,12 +98,18 @@ absl::Status CheckDeviceVisible(const torch::Device& device,
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const TrainConfig& config, const RankInfo& rank_info,
+    const TrainConfig& requested, const RankInfo& rank_info,
     std::unique_ptr<Strategy> strategy, std::ostream* log) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (absl::Status s = requested.Validate(); !s.ok()) return s;
   std::unique_ptr<Trainer> trainer(
-      new Trainer(config, rank_info, std::move(strategy), log));
+      new Trainer(requested, rank_info, std::move(strategy), log));
   Trainer& t = *trainer;
+  if (requested.resume && !requested.out.empty()) {
+    if (absl::Status s = t.KeepCheckpointGlobalBatch(); !s.ok()) return s;
+  }
+  // From here on: the config as run (a resume may have split the batch
+  // differently).
+  const TrainConfig& config = t.config_;
   try {
     t.device_ = torch::Device(config.device);
   } catch (const c10::Error& e) {
@@ -172,6 +207,42 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     if (absl::Status s = t.Resume(); !s.ok()) return s;
   }
   return trainer;
+}
+
+absl::Status Trainer::KeepCheckpointGlobalBatch() {
+  std::unique_ptr<CheckpointReader> reader =
+      NewestReadableCheckpoint(config_.out);
+  if (reader == nullptr) return absl::OkStatus();  // Resume() says why
+  const nlohmann::json& training = reader->metadata().training;
+  const int64_t world = rank_info_.world_size;
+  const int64_t requested = world * config_.batch_size * config_.grad_accum;
+  const int64_t saved = training.value("global_batch", int64_t{0});
+  if (saved <= 0 || saved == requested) return absl::OkStatus();
+  if (saved % world != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume: checkpoint ", reader->dir(), " trains on ", saved,
+        " sequences per step, which ", world,
+        " ranks cannot share equally; resume at a world size that divides ",
+        saved));
+  }
+  // Keep the per-rank batch when it divides the rank's share (memory stays
+  // as it was), else the largest that does; accumulate the rest.
+  const int64_t share = saved / world;
+  int64_t batch = std::min(config_.batch_size, share);
+  while (share % batch != 0) --batch;
+  const nlohmann::json written = training.value("written_by", nlohmann::json{});
+  Log(absl::StrFormat(
+      "resume: %s was written by %s at world size %d (batch %d x accum %d "
+      "per rank); continuing at world size %d with batch %d x accum %d per "
+      "rank: the same %d sequences per step",
+      reader->dir(), written.value("strategy", std::string("?")),
+      written.value("world_size", int64_t{0}),
+      written.value("batch_size", int64_t{0}),
+      written.value("grad_accum", int64_t{0}), world, batch, share / batch,
+      saved));
+  config_.batch_size = batch;
+  config_.grad_accum = share / batch;
+  return config_.Validate();
 }
 
 void Trainer::Log(const std::string& line) {
@@ -280,30 +351,41 @@ absl::StatusOr<double> Trainer::Evaluate() {
 }
 
 absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
-  // Rank 0 stages the directory; every rank writes its part; rank 0 commits.
+  // Rank 0 stages the directory; every rank writes its slices; rank 0 writes
+  // the metadata and commits.
   absl::StatusOr<std::string> dir =
       rank_info_.rank == 0 ? checkpoints_->Begin(next_step) : "";
   if (!dir.ok()) return dir.status();
   strategy_->Barrier();
   if (rank_info_.rank != 0) dir = checkpoints_->StagingDir(next_step);
-  if (absl::Status s = strategy_->SaveCheckpoint(*dir); !s.ok()) return s;
+  const int64_t global_batch = sampler_->windows_per_step();
+  const nlohmann::json training = {
+      {"step", next_step},
+      {"samples_consumed", next_step * global_batch},
+      {"global_batch", global_batch},
+      {"seq_len", config_.seq_len},
+      {"model", model_config_.ToSpec()},
+      {"written_by",
+       {{"strategy", strategy_->name()},
+        {"world_size", rank_info_.world_size},
+        {"batch_size", config_.batch_size},
+        {"grad_accum", config_.grad_accum}}},
+      {"rng_file", kRngFile},
+      {"fingerprint",
+       ResumeFingerprint(config_, model_config_, global_batch, total_steps_)}};
   if (rank_info_.rank == 0) {
-    nlohmann::json state = {
-        {"step", next_step},
-        {"fingerprint",
-         ResumeFingerprint(config_, model_config_, rank_info_.world_size,
-                           total_steps_)}};
-    if (absl::Status s =
-            WriteFileAtomically(*dir + "/trainer.json", state.dump(2) + "\n");
+    const torch::Tensor rng =
+        at::detail::getDefaultCPUGenerator().get_state().contiguous();
+    if (absl::Status s = WriteFileAtomically(
+            *dir + "/" + kRngFile,
+            std::string_view(static_cast<const char*>(rng.data_ptr()),
+                             static_cast<size_t>(rng.nbytes())));
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = SaveTensorFile(
-            *dir + "/rng.pt",
-            {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-        !s.ok()) {
-      return s;
-    }
+  }
+  if (absl::Status s = strategy_->SaveCheckpoint(*dir, training); !s.ok()) {
+    return s;
   }
   strategy_->Barrier();
   if (rank_info_.rank == 0) return checkpoints_->Commit(next_step);
@@ -345,32 +427,43 @@ absl::Status Trainer::Resume() {
 }
 
 absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
-  std::ifstream in(dir + "/trainer.json");
-  const nlohmann::json state =
-      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (state.is_discarded() || !state.contains("step") ||
-      !state["step"].is_number_integer()) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir);
+  if (!reader.ok()) return reader.status();
+  const nlohmann::json& training = (*reader)->metadata().training;
+  if (!training.contains("step") || !training["step"].is_number_integer()) {
     return absl::DataLossError(
-        absl::StrCat(dir, "/trainer.json is missing or unreadable"));
+        absl::StrCat("checkpoint ", dir, " records no step"));
   }
   const nlohmann::json expected = ResumeFingerprint(
-      config_, model_config_, rank_info_.world_size, total_steps_);
-  if (state["fingerprint"] != expected) {
+      config_, model_config_, sampler_->windows_per_step(), total_steps_);
+  const nlohmann::json saved = training.value("fingerprint", nlohmann::json{});
+  for (const auto& [field, value] : expected.items()) {
+    if (saved.contains(field) && saved[field] == value) continue;
     return absl::FailedPreconditionError(absl::StrCat(
-        "resume: checkpoint ", dir, " was written with ",
-        state["fingerprint"].dump(), " but this run has ", expected.dump()));
+        "resume: checkpoint ", dir, " was written with ", field, " ",
+        saved.contains(field) ? saved[field].dump() : "(none)",
+        "; this run has ", value.dump(), ". Pass the same (", FlagFor(field),
+        "), or train into a fresh --out"));
   }
   if (absl::Status s = strategy_->LoadCheckpoint(dir); !s.ok()) return s;
-  absl::StatusOr<NamedTensors> rng = LoadTensorFile(dir + "/rng.pt");
-  if (!rng.ok()) return rng.status();
-  for (const auto& [name, tensor] : *rng) {
-    if (name == "cpu") {
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(tensor);
-    }
+  std::ifstream in(dir + "/" + kRngFile, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor current = generator.get_state();
+  if (static_cast<int64_t>(bytes.size()) != current.nbytes()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": ", kRngFile,
+                                            " is missing or has ", bytes.size(),
+                                            " bytes, not ", current.nbytes()));
   }
-  return state["step"].get<int64_t>();
+  torch::Tensor state = torch::empty_like(current);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  return training["step"].get<int64_t>();
 }
 
 absl::Status Trainer::Run() {

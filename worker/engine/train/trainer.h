@@ -87,6 +87,10 @@ class Trainer {
   std::pair<torch::Tensor, torch::Tensor> LoadBatch(
       const TokenFile& tokens, const std::vector<int64_t>& starts) const;
   absl::Status SaveCheckpoint(int64_t next_step);
+  // A resume at another world size keeps the newest checkpoint's global
+  // batch (sequences per step): the per-rank batch and accumulation in
+  // config_ are split anew, so the run continues the same training.
+  absl::Status KeepCheckpointGlobalBatch();
   absl::Status Resume();
   // Loads one checkpoint into this rank (strategy state, RNG); its step.
   absl::StatusOr<int64_t> LoadCheckpointFrom(const std::string& dir);

@@ -22,6 +22,7 @@
 #include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/checkpoint_format.h"
 
 namespace shardtrain {
 namespace {
@@ -311,11 +312,15 @@ TEST(DdpStrategyTest, SetupBroadcastsRankZeroWeights) {
   EXPECT_EQ(diff_after[1], 0.0);
 }
 
-// The resume itself is strategy_contract_test's; here: only rank 0 writes.
-TEST(DdpStrategyTest, OnlyRankZeroWritesCheckpointsAndExports) {
+// The resume itself is strategy_contract_test's; here: a checkpoint is
+// written by every rank at once, each an even share of every (replicated)
+// tensor and no byte twice, while only rank 0 exports.
+TEST(DdpStrategyTest,
+     EveryRankWritesAnEvenShareOfTheCheckpointOnlyRankZeroExports) {
   const torch::Tensor batches = MakeBatches(1, kWorld * kLocalBatch);
   const fs::path dir = fs::path(::testing::TempDir()) / "ddp_checkpoint_test";
   fs::remove_all(dir);
+  fs::create_directories(dir / "checkpoint");
   for (int64_t rank = 0; rank < kWorld; ++rank) {
     fs::create_directories(dir / ("rank" + std::to_string(rank)));
   }
@@ -327,14 +332,27 @@ TEST(DdpStrategyTest, OnlyRankZeroWritesCheckpointsAndExports) {
     ASSERT_TRUE(ddp.Setup(MakeModel(/*seed=*/7)).ok());
     test::TrainResult ignored;
     test::Train(ddp, batches, rank, kWorld, Loop(0, 1), &ignored);
-    ASSERT_TRUE(ddp.SaveCheckpoint(own_dir).ok());
+    ASSERT_TRUE(ddp.SaveCheckpoint((dir / "checkpoint").string()).ok());
     ASSERT_TRUE(ddp.ExportModel(own_dir + "/model.bin").ok());
     ddp.Barrier();
   });
-  EXPECT_TRUE(fs::exists(dir / "rank0" / "model.pt"));
-  EXPECT_TRUE(fs::exists(dir / "rank0" / "optimizer.pt"));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open((dir / "checkpoint").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CheckpointMetadata& metadata = (*reader)->metadata();
+  EXPECT_EQ(metadata.files.size(), static_cast<size_t>(kWorld));
+  for (const TensorEntry& tensor : metadata.tensors) {
+    ASSERT_EQ(tensor.chunks.size(), static_cast<size_t>(kWorld)) << tensor.name;
+    EXPECT_LE(std::abs(tensor.chunks[0].numel - tensor.chunks[1].numel), 1)
+        << tensor.name;
+  }
+  const std::map<std::string, int64_t> bytes = metadata.BytesPerFile();
+  EXPECT_EQ(bytes.at("rank-00000.bin") + bytes.at("rank-00001.bin"),
+            metadata.TotalBytes());
+  EXPECT_LE(std::abs(bytes.at("rank-00000.bin") - bytes.at("rank-00001.bin")),
+            static_cast<int64_t>(4 * metadata.tensors.size()));
   EXPECT_TRUE(fs::exists(dir / "rank0" / "model.bin"));
-  EXPECT_TRUE(fs::is_empty(dir / "rank1")) << "only rank 0 writes";
+  EXPECT_TRUE(fs::is_empty(dir / "rank1")) << "only rank 0 exports";
   fs::remove_all(dir);
 }
 

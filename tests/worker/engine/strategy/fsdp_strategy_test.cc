@@ -6,6 +6,7 @@
 // joined by the in-process fake Communicator.
 #include "worker/engine/strategy/fsdp_strategy.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/checkpoint_format.h"
 #include "worker/engine/train/memory_tracker.h"
 
 namespace shardtrain {
@@ -75,6 +77,7 @@ using test::MaxAbsDiff;
 using test::ParamMap;
 using test::Slice;
 using test::TrainResult;
+using ::testing::ElementsAre;
 
 test::TrainLoop Loop(int64_t first_step, int64_t last_step,
                      int64_t micro_steps = 1) {
@@ -414,27 +417,49 @@ TEST(FsdpStrategyTest,
   }
 }
 
-// Each of `world` fresh ranks' LoadCheckpoint(dir) status.
-std::vector<absl::Status> LoadOnFreshRanks(const fs::path& dir, int64_t world) {
+// Fresh ranks at `world` (other weights) load checkpoint `dir` and, when
+// `save_to` is set, save it again there; each rank's load status.
+std::vector<absl::Status> LoadOnFreshRanks(const fs::path& dir, int64_t world,
+                                           const fs::path& save_to = {}) {
   std::vector<absl::Status> statuses(world);
   RunRanks(world, [&](int64_t rank, Communicator& comm) {
     torch::set_num_threads(1);
-    Gpt2 model = MakeModel(kSpec);
+    Gpt2 model = MakeModel(kSpec, /*seed=*/99);
     FsdpStrategy fsdp(RankOptions(rank, world), &comm);
     ASSERT_TRUE(fsdp.Setup(model).ok());
     statuses[rank] = fsdp.LoadCheckpoint(dir.string());
+    if (!save_to.empty()) {
+      ASSERT_TRUE(fsdp.SaveCheckpoint(save_to.string()).ok());
+    }
   });
   return statuses;
 }
 
-TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
+// Every tensor of checkpoint `a` equals (bit for bit) the same tensor of `b`.
+void ExpectSameTensors(const fs::path& a, const fs::path& b) {
+  auto left = CheckpointReader::Open(a.string());
+  auto right = CheckpointReader::Open(b.string());
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_TRUE(right.ok()) << right.status();
+  const auto& tensors = (*left)->metadata().tensors;
+  ASSERT_EQ(tensors.size(), (*right)->metadata().tensors.size());
+  for (const TensorEntry& t : tensors) {
+    std::vector<float> x(t.numel()), y(t.numel());
+    ASSERT_TRUE((*left)->Read(t.name, 0, t.numel(), x.data()).ok());
+    ASSERT_TRUE((*right)->Read(t.name, 0, t.numel(), y.data()).ok()) << t.name;
+    EXPECT_EQ(x, y) << t.name;
+  }
+}
+
+TEST(FsdpStrategyTest, ShardedCheckpointResumesExactlyAndLoadsAtAnyWorldSize) {
   constexpr int64_t kSteps = 6;
   constexpr int64_t kSaveAt = 3;
   constexpr int64_t kWorld = 2;
   const torch::Tensor batches = MakeBatches(kSteps, kWorld * kLocalBatch);
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("fsdp_checkpoint_test_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path root = fs::path(::testing::TempDir()) /
+                        ("fsdp_checkpoint_test_" + std::to_string(::getpid()));
+  const fs::path dir = root / "world2";
+  fs::remove_all(root);
   fs::create_directories(dir);
 
   const TrainResult uninterrupted = TrainFsdp(kSpec, batches, kSteps, kWorld);
@@ -448,7 +473,6 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
       ASSERT_TRUE(fsdp.Setup(model).ok());
       TrainResult first;
       Train(fsdp, batches, rank, kWorld, 1, 0, kSaveAt, &first);
-      fsdp.Barrier();
       ASSERT_TRUE(fsdp.SaveCheckpoint(dir.string()).ok());
       fsdp.Barrier();
     }
@@ -464,20 +488,22 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
     if (rank == 0) resumed = std::move(mine);
   });
 
-  EXPECT_TRUE(fs::exists(dir / "shard_rank0.pt"));
-  EXPECT_TRUE(fs::exists(dir / "shard_rank1.pt"));
-  std::ifstream index_file(dir / "fsdp_index.json");
-  const nlohmann::json index = nlohmann::json::parse(index_file);
-  EXPECT_EQ(index["world_size"], kWorld);
-  EXPECT_EQ(index["version"], 2);
-  ASSERT_EQ(index["units"].size(), 4u);  // root, h.0, h.1, wte
-  EXPECT_EQ(index["units"][0]["params"][0]["name"], "wpe.weight");
-  EXPECT_EQ(index["units"][1]["name"], "h.0");
-  EXPECT_EQ(index["units"][1]["padded_numel"], 49984);
-  // wte is sharded by whole rows: 1024 rows of 64 split in two.
-  EXPECT_EQ(index["units"][3]["name"], "wte");
-  EXPECT_EQ(index["units"][3]["params"][0]["name"], "wte.weight");
-  EXPECT_EQ(index["units"][3]["shard_numel"], 512 * 64);
+  // Each rank wrote its shard: wte by whole rows (1024 rows of 64 split in
+  // two), padding never.
+  auto reader = CheckpointReader::Open(dir.string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CheckpointMetadata& metadata = (*reader)->metadata();
+  EXPECT_THAT(metadata.files, ElementsAre("rank-00000.bin", "rank-00001.bin"));
+  const TensorEntry* wte = metadata.Find("model.wte.weight");
+  ASSERT_NE(wte, nullptr);
+  ASSERT_EQ(wte->chunks.size(), 2u);
+  EXPECT_EQ(wte->chunks[0].numel, 512 * 64);
+  EXPECT_EQ(wte->chunks[1].file, "rank-00001.bin");
+  ASSERT_NE(metadata.Find("optim.exp_avg_sq.h.1.mlp.c_proj.bias"), nullptr);
+  EXPECT_EQ(metadata.training["optimizer_steps"], kSaveAt);
+  const std::map<std::string, int64_t> bytes = metadata.BytesPerFile();
+  EXPECT_EQ(bytes.at("rank-00000.bin") + bytes.at("rank-00001.bin"),
+            metadata.TotalBytes());
 
   const std::vector<double> tail(uninterrupted.losses.begin() + kSaveAt,
                                  uninterrupted.losses.end());
@@ -486,28 +512,28 @@ TEST(FsdpStrategyTest, ShardedCheckpointResumesAtTheSameWorldSizeOnly) {
   EXPECT_EQ(diff, 0.0);
   std::printf("OK, resumed vs uninterrupted maxdiff %.3g\n", diff);
 
-  // At another world size the shards do not fit: a clear error, no crash.
-  const std::vector<absl::Status> at_three = LoadOnFreshRanks(dir, 3);
-  for (const absl::Status& status : at_three) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_NE(status.message().find("world size 2"), std::string::npos)
-        << status;
-    EXPECT_NE(status.message().find("world size 3"), std::string::npos)
-        << status;
+  // At world 3 (other shard boundaries, other padding) and world 1 every
+  // rank reads exactly its ranges: saved again, each checkpoint holds the
+  // same tensors, bit for bit.
+  for (int64_t world : {3, 1}) {
+    const fs::path again = root / ("world" + std::to_string(world));
+    fs::create_directories(again);
+    for (const absl::Status& status : LoadOnFreshRanks(dir, world, again)) {
+      EXPECT_TRUE(status.ok()) << status;
+    }
+    ExpectSameTensors(dir, again);
   }
-  std::printf("world 3 load: %s\n", at_three[0].ToString().c_str());
 
-  // A checkpoint of index version 1 (wte inside the root unit) is refused by
-  // name, not misread.
-  nlohmann::json old_index = index;
-  old_index["version"] = 1;
-  std::ofstream(dir / "fsdp_index.json") << old_index.dump();
-  for (const absl::Status& status : LoadOnFreshRanks(dir, kWorld)) {
+  // The per-rank format of earlier versions is refused by name.
+  const fs::path old = root / "old";
+  fs::create_directories(old);
+  std::ofstream(old / "fsdp_index.json") << "{}";
+  for (const absl::Status& status : LoadOnFreshRanks(old, kWorld)) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_NE(status.message().find("index version 1"), std::string::npos)
+    EXPECT_NE(status.message().find("FSDP shard format"), std::string::npos)
         << status;
   }
-  fs::remove_all(dir);
+  fs::remove_all(root);
 }
 
 TEST(FsdpStrategyTest, ExportWritesTheConsolidatedModel) {

@@ -51,7 +51,7 @@ TEST(AdamWTest, MatchesLibTorchAdamWWithPerGroupWeightDecay) {
   EXPECT_EQ(ours.step_count(), 20);
 }
 
-TEST(AdamWTest, StateRoundTripContinuesIdentically) {
+TEST(AdamWTest, StateCopiedThroughStateOfContinuesIdentically) {
   torch::manual_seed(1);
   torch::Tensor a = torch::randn({4, 4}).requires_grad_();
   torch::Tensor b = a.detach().clone().requires_grad_();
@@ -60,12 +60,17 @@ TEST(AdamWTest, StateRoundTripContinuesIdentically) {
     a.mutable_grad() = torch::ones({4, 4}) * (i + 1);
     first.Step(1e-2);
   }
+  AdamW second({{{b}, 0.1}}, {});
   {
     torch::NoGradGuard no_grad;
     b.copy_(a);
+    const auto [m_from, v_from] = first.StateOf(a);
+    const auto [m_to, v_to] = second.StateOf(b);
+    ASSERT_TRUE(m_from.defined() && v_to.defined());
+    m_to.copy_(m_from);
+    v_to.copy_(v_from);
   }
-  AdamW second({{{b}, 0.1}}, {});
-  ASSERT_TRUE(second.LoadStateTensors(first.StateTensors()).ok());
+  second.set_step_count(first.step_count());
   EXPECT_EQ(second.step_count(), 3);
   a.mutable_grad() = torch::full({4, 4}, 0.5);
   b.mutable_grad() = torch::full({4, 4}, 0.5);
@@ -75,13 +80,18 @@ TEST(AdamWTest, StateRoundTripContinuesIdentically) {
   EXPECT_EQ(first.StateBytes(), 2 * 16 * 4);
 }
 
-TEST(AdamWTest, LoadRejectsStateOfAnotherShape) {
-  torch::Tensor a = torch::zeros({4}).requires_grad_();
-  torch::Tensor b = torch::zeros({5}).requires_grad_();
-  AdamW first({{{a}, 0}}, {});
-  AdamW second({{{b}, 0}}, {});
-  EXPECT_FALSE(second.LoadStateTensors(first.StateTensors()).ok());
-  EXPECT_FALSE(second.LoadStateTensors({}).ok());
+// StateOf matches the memory the optimizer updates: a view of a shard is
+// found by the view that was handed over, not by another range of it.
+TEST(AdamWTest, StateOfFindsOnlyTheTensorsItUpdates) {
+  torch::Tensor shard = torch::zeros({10});
+  torch::Tensor piece = shard.narrow(0, 4, 6);
+  piece.mutable_grad() = torch::zeros({6});
+  AdamW optimizer({{{piece}, 0}}, {});
+  EXPECT_TRUE(optimizer.StateOf(shard.narrow(0, 4, 6)).first.defined());
+  EXPECT_EQ(optimizer.StateOf(shard.narrow(0, 4, 6)).first.numel(), 6);
+  EXPECT_FALSE(optimizer.StateOf(shard.narrow(0, 0, 6)).first.defined());
+  EXPECT_FALSE(optimizer.StateOf(shard).first.defined());
+  EXPECT_FALSE(optimizer.StateOf(torch::zeros({6})).second.defined());
 }
 
 }  // namespace

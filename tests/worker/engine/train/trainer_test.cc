@@ -99,7 +99,7 @@ TEST(TrainerTest, ResumeReproducesTheUninterruptedLosses) {
   }
 }
 
-TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRun) {
+TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRunNamingTheFlag) {
   const std::string data = MakeData("mismatch");
   TrainConfig config = SmallConfig(data);
   config.out = data + "/run";
@@ -107,14 +107,49 @@ TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRun) {
   ASSERT_TRUE(MakeTrainer(config)->Run().ok());
 
   config.resume = true;
-  config.batch_size = 2;  // changes the data order
+  config.seed += 1;  // another data order
   StrategyOptions options;
   auto trainer =
       Trainer::Create(config, RankInfo{},
                       std::make_unique<SingleDeviceStrategy>(options), nullptr);
   ASSERT_FALSE(trainer.ok());
-  EXPECT_NE(trainer.status().message().find("batch_size"), std::string::npos)
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(trainer.status().message().find("written with seed"),
+            std::string::npos)
       << trainer.status();
+  EXPECT_NE(trainer.status().message().find("(--seed)"), std::string::npos)
+      << trainer.status();
+}
+
+// Another per-rank batch is no other run: the checkpoint's global batch is
+// kept (split into micro-batches), so the resumed steps are the same.
+TEST(TrainerTest, ResumeWithAnotherBatchSizeKeepsTheGlobalBatch) {
+  const std::string data = MakeData("rebatch");
+  TrainConfig config = SmallConfig(data);
+  config.batch_size = 4;
+  config.max_steps = 8;
+  config.out = data + "/run";
+  config.checkpoint_every = 4;
+  auto whole = MakeTrainer(config);
+  ASSERT_TRUE(whole->Run().ok());
+
+  // Resume from step 4 with batch 2: accumulation 2 keeps 4 per step.
+  std::filesystem::remove_all(config.out + "/checkpoints/step_00000008");
+  std::ofstream(config.out + "/checkpoints/latest") << "step_00000004";
+  config.resume = true;
+  config.batch_size = 2;
+  std::ostringstream log;
+  auto resumed = MakeTrainer(config, &log);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_NE(log.str().find("batch 2 x accum 2 per rank"), std::string::npos)
+      << log.str();
+  ASSERT_TRUE(resumed->Run().ok());
+  ASSERT_EQ(resumed->history().size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const double expected = whole->history()[4 + i].loss;
+    EXPECT_NEAR(resumed->history()[i].loss, expected, 1e-5 * expected)
+        << "step " << 5 + i;
+  }
 }
 
 TEST(TrainerTest, ResumeFallsBackPastACorruptedCheckpoint) {
@@ -125,14 +160,15 @@ TEST(TrainerTest, ResumeFallsBackPastACorruptedCheckpoint) {
   ASSERT_TRUE(MakeTrainer(config)->Run().ok());  // checkpoints 5 and 10 kept
 
   config.resume = true;
-  std::ofstream(config.out + "/checkpoints/step_00000010/model.pt") << "torn";
+  std::ofstream(config.out + "/checkpoints/step_00000010/rank-00000.bin")
+      << "torn";
   std::ostringstream log;
   auto trainer = MakeTrainer(config, &log);
   ASSERT_NE(trainer, nullptr);
   EXPECT_EQ(trainer->start_step(), 5);
   EXPECT_NE(log.str().find("step_00000010 is unusable"), std::string::npos)
       << log.str();
-  EXPECT_NE(log.str().find("model.pt"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("rank-00000.bin"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("resumed from " + config.out +
                            "/checkpoints/step_00000005 at step 5"),
             std::string::npos)
@@ -143,7 +179,8 @@ TEST(TrainerTest, ResumeFallsBackPastACorruptedCheckpoint) {
   // That run wrote a fresh step-10 checkpoint; with every checkpoint
   // corrupted, resuming is refused, naming the problem.
   for (const char* step : {"step_00000005", "step_00000010"}) {
-    std::ofstream(config.out + "/checkpoints/" + step + "/model.pt") << "torn";
+    std::ofstream(config.out + "/checkpoints/" + step + "/rank-00000.bin")
+        << "torn";
   }
   StrategyOptions options;
   auto refused =
@@ -154,7 +191,8 @@ TEST(TrainerTest, ResumeFallsBackPastACorruptedCheckpoint) {
   EXPECT_NE(refused.status().message().find("none of the 2 checkpoints"),
             std::string::npos)
       << refused.status();
-  EXPECT_NE(refused.status().message().find("model.pt"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("rank-00000.bin"),
+            std::string::npos)
       << refused.status();
 }
 

@@ -1,0 +1,395 @@
+#include "worker/engine/train/checkpoint_format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/atomic_file.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int64_t kFloatBytes = sizeof(float);
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Chunks sorted by offset must tile [0, numel) exactly.
+absl::Status CheckCoverage(const TensorEntry& tensor,
+                           const std::string& where) {
+  int64_t next = 0;
+  for (const TensorChunk& chunk : tensor.chunks) {
+    if (chunk.offset != next) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": tensor ", tensor.name, " has ",
+                       chunk.offset > next ? "no chunk for" : "two chunks for",
+                       " elements from ", std::min(chunk.offset, next)));
+    }
+    next += chunk.numel;
+  }
+  if (next != tensor.numel()) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": tensor ", tensor.name, " has chunks for ", next,
+                     " of its ", tensor.numel(), " elements"));
+  }
+  return absl::OkStatus();
+}
+
+// The per-strategy formats of earlier versions, by the file that marks them.
+std::string OldFormatOf(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/fsdp_index.json", ec)) {
+    return "the FSDP shard format (fsdp_index.json, one shard file per rank)";
+  }
+  if (std::filesystem::exists(dir + "/model.pt", ec)) {
+    return "the single-device/DDP format (model.pt and optimizer.pt)";
+  }
+  return "";
+}
+
+nlohmann::json ChunkJson(const TensorChunk& chunk) {
+  return {{"file", chunk.file},
+          {"offset", chunk.offset},
+          {"numel", chunk.numel},
+          {"byte_offset", chunk.byte_offset}};
+}
+
+}  // namespace
+
+int64_t TensorEntry::numel() const { return Product(shape); }
+
+const TensorEntry* CheckpointMetadata::Find(const std::string& name) const {
+  auto it = std::lower_bound(
+      tensors.begin(), tensors.end(), name,
+      [](const TensorEntry& t, const std::string& n) { return t.name < n; });
+  return it != tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+int64_t CheckpointMetadata::TotalBytes() const {
+  int64_t bytes = 0;
+  for (const TensorEntry& t : tensors) bytes += t.numel() * kFloatBytes;
+  return bytes;
+}
+
+std::map<std::string, int64_t> CheckpointMetadata::BytesPerFile() const {
+  std::map<std::string, int64_t> bytes;
+  for (const std::string& file : files) bytes[file] = 0;
+  for (const TensorEntry& t : tensors) {
+    for (const TensorChunk& c : t.chunks)
+      bytes[c.file] += c.numel * kFloatBytes;
+  }
+  return bytes;
+}
+
+std::string RankDataFile(int64_t rank) {
+  return absl::StrFormat("rank-%05d.bin", rank);
+}
+
+std::string RankIndexFile(int64_t rank) {
+  return absl::StrFormat("rank-%05d.json", rank);
+}
+
+absl::Status WriteRankChunks(const std::string& dir, int64_t rank,
+                             const std::vector<ChunkToWrite>& chunks) {
+  const std::string file = RankDataFile(rank);
+  nlohmann::json index_chunks = nlohmann::json::array();
+  int64_t byte_offset = 0;
+  for (const ChunkToWrite& c : chunks) {
+    if (c.offset < 0 || c.numel < 0 || c.offset + c.numel > Product(c.shape)) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint: rank ", rank, " has a chunk of ", c.name,
+                       " ", ShapeText(c.shape), " at [", c.offset, ", ",
+                       c.offset + c.numel, ") outside the tensor"));
+    }
+    index_chunks.push_back({{"name", c.name},
+                            {"shape", c.shape},
+                            {"offset", c.offset},
+                            {"numel", c.numel},
+                            {"byte_offset", byte_offset}});
+    byte_offset += c.numel * kFloatBytes;
+  }
+  absl::Status written = WriteFileAtomically(
+      absl::StrCat(dir, "/", file),
+      [&](std::FILE* out, const std::string& temp) -> absl::Status {
+        for (const ChunkToWrite& c : chunks) {
+          const size_t n = static_cast<size_t>(c.numel);
+          if (n > 0 && std::fwrite(c.data, sizeof(float), n, out) != n) {
+            return absl::ResourceExhaustedError(absl::StrCat(
+                "checkpoint: cannot write ", temp, ": ", std::strerror(errno)));
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!written.ok()) return written;
+  const nlohmann::json index = {
+      {"rank", rank}, {"file", file}, {"chunks", index_chunks}};
+  return WriteFileAtomically(absl::StrCat(dir, "/", RankIndexFile(rank)),
+                             index.dump() + "\n");
+}
+
+absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
+                                     const nlohmann::json& training) {
+  std::map<std::string, TensorEntry> tensors;
+  std::vector<std::string> files;
+  for (int64_t r = 0; r < world_size; ++r) {
+    const std::string path = absl::StrCat(dir, "/", RankIndexFile(r));
+    absl::StatusOr<std::string> text = ReadWholeFile(path);
+    if (!text.ok()) return text.status();
+    const nlohmann::json index =
+        nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.contains("chunks") ||
+        !index["chunks"].is_array()) {
+      return absl::DataLossError(absl::StrCat(path, " is unreadable"));
+    }
+    const std::string file = RankDataFile(r);
+    files.push_back(file);
+    try {
+      for (const nlohmann::json& c : index["chunks"]) {
+        const std::string name = c.at("name").get<std::string>();
+        const std::vector<int64_t> shape =
+            c.at("shape").get<std::vector<int64_t>>();
+        TensorEntry& entry = tensors[name];
+        if (entry.name.empty()) {
+          entry.name = name;
+          entry.shape = shape;
+        } else if (entry.shape != shape) {
+          return absl::DataLossError(
+              absl::StrCat("checkpoint: ranks disagree on the shape of ", name,
+                           ": ", ShapeText(entry.shape), " and ",
+                           ShapeText(shape), " (rank ", r, ")"));
+        }
+        entry.chunks.push_back({file, c.at("offset").get<int64_t>(),
+                                c.at("numel").get<int64_t>(),
+                                c.at("byte_offset").get<int64_t>()});
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+    }
+  }
+  nlohmann::json entries = nlohmann::json::array();
+  for (auto& [name, entry] : tensors) {  // by name
+    std::sort(entry.chunks.begin(), entry.chunks.end(),
+              [](const TensorChunk& a, const TensorChunk& b) {
+                return a.offset < b.offset;
+              });
+    if (absl::Status s = CheckCoverage(entry, dir); !s.ok()) return s;
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const TensorChunk& c : entry.chunks) chunks.push_back(ChunkJson(c));
+    entries.push_back({{"name", name},
+                       {"dtype", entry.dtype},
+                       {"shape", entry.shape},
+                       {"chunks", chunks}});
+  }
+  const nlohmann::json metadata = {{"format", kCheckpointFormat},
+                                   {"version", kCheckpointVersion},
+                                   {"training", training},
+                                   {"files", files},
+                                   {"tensors", entries}};
+  return WriteFileAtomically(absl::StrCat(dir, "/", kCheckpointMetadataFile),
+                             metadata.dump(1) + "\n");
+}
+
+absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
+    const std::string& text, const std::string& where) {
+  const nlohmann::json json =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::DataLossError(absl::StrCat(where, " is not valid JSON"));
+  }
+  if (json.value("format", "") != kCheckpointFormat) {
+    return absl::DataLossError(
+        absl::StrCat(where, " is not a ", kCheckpointFormat, " file"));
+  }
+  if (json.value("version", 0) != kCheckpointVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " has format version ", json.value("version", 0),
+                     "; this shardtrain reads version ", kCheckpointVersion));
+  }
+  CheckpointMetadata metadata;
+  try {
+    metadata.training = json.at("training");
+    metadata.files = json.at("files").get<std::vector<std::string>>();
+    for (const nlohmann::json& t : json.at("tensors")) {
+      TensorEntry entry;
+      entry.name = t.at("name").get<std::string>();
+      entry.dtype = t.at("dtype").get<std::string>();
+      entry.shape = t.at("shape").get<std::vector<int64_t>>();
+      if (entry.dtype != "float32") {
+        return absl::DataLossError(absl::StrCat(where, ": tensor ", entry.name,
+                                                " has dtype ", entry.dtype,
+                                                "; only float32 is read"));
+      }
+      for (int64_t d : entry.shape) {
+        if (d < 0) {
+          return absl::DataLossError(absl::StrCat(
+              where, ": tensor ", entry.name, " has a negative dimension"));
+        }
+      }
+      for (const nlohmann::json& c : t.at("chunks")) {
+        TensorChunk chunk{
+            c.at("file").get<std::string>(), c.at("offset").get<int64_t>(),
+            c.at("numel").get<int64_t>(), c.at("byte_offset").get<int64_t>()};
+        if (chunk.numel < 0 || chunk.byte_offset < 0 ||
+            std::find(metadata.files.begin(), metadata.files.end(),
+                      chunk.file) == metadata.files.end() ||
+            chunk.file.find('/') != std::string::npos) {
+          return absl::DataLossError(absl::StrCat(
+              where, ": tensor ", entry.name, " has a malformed chunk"));
+        }
+        entry.chunks.push_back(std::move(chunk));
+      }
+      std::sort(entry.chunks.begin(), entry.chunks.end(),
+                [](const TensorChunk& a, const TensorChunk& b) {
+                  return a.offset < b.offset;
+                });
+      if (absl::Status s = CheckCoverage(entry, where); !s.ok()) return s;
+      metadata.tensors.push_back(std::move(entry));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat(where, ": ", e.what()));
+  }
+  std::sort(metadata.tensors.begin(), metadata.tensors.end(),
+            [](const TensorEntry& a, const TensorEntry& b) {
+              return a.name < b.name;
+            });
+  for (size_t i = 1; i < metadata.tensors.size(); ++i) {
+    if (metadata.tensors[i].name == metadata.tensors[i - 1].name) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": tensor ", metadata.tensors[i].name, " is listed twice"));
+    }
+  }
+  return metadata;
+}
+
+CheckpointReader::CheckpointReader(std::string dir, CheckpointMetadata metadata)
+    : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
+
+CheckpointReader::~CheckpointReader() {
+  for (const auto& [file, fd] : fds_) ::close(fd);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kCheckpointMetadataFile);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    const std::string old = OldFormatOf(dir);
+    if (!old.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", dir, " is in ", old,
+          " of shardtrain 0.x, which this version does not read; start from "
+          "that run's exported model.bin with --init-from (the optimizer "
+          "state and data position are not carried over)"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", dir, " has no ", kCheckpointMetadataFile));
+  }
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<CheckpointMetadata> metadata =
+      ParseCheckpointMetadata(*text, path);
+  if (!metadata.ok()) return metadata.status();
+  // A data file shorter than its chunks: torn or truncated.
+  std::map<std::string, int64_t> needed;
+  for (const TensorEntry& t : metadata->tensors) {
+    for (const TensorChunk& c : t.chunks) {
+      needed[c.file] =
+          std::max(needed[c.file], c.byte_offset + c.numel * kFloatBytes);
+    }
+  }
+  for (const auto& [file, bytes] : needed) {
+    const std::string data = absl::StrCat(dir, "/", file);
+    const std::uintmax_t size = std::filesystem::file_size(data, ec);
+    if (ec) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": ", file, " is missing"));
+    }
+    if (static_cast<int64_t>(size) < bytes) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": ", file, " has ", size,
+                       " bytes but its chunks need ", bytes, " (truncated)"));
+    }
+  }
+  return std::unique_ptr<CheckpointReader>(
+      new CheckpointReader(dir, *std::move(metadata)));
+}
+
+absl::StatusOr<int> CheckpointReader::FileDescriptor(const std::string& file) {
+  auto it = fds_.find(file);
+  if (it != fds_.end()) return it->second;
+  const std::string path = absl::StrCat(dir_, "/", file);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::DataLossError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  fds_[file] = fd;
+  return fd;
+}
+
+absl::Status CheckpointReader::Read(const std::string& name, int64_t offset,
+                                    int64_t numel, float* out) {
+  const TensorEntry* tensor = metadata_.Find(name);
+  if (tensor == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", dir_, " has no tensor ", name));
+  }
+  if (offset < 0 || numel < 0 || offset + numel > tensor->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", dir_, ": elements [", offset, ", ", offset + numel,
+        ") are outside ", name, " ", ShapeText(tensor->shape)));
+  }
+  const int64_t end = offset + numel;
+  for (const TensorChunk& chunk : tensor->chunks) {
+    const int64_t lo = std::max(offset, chunk.offset);
+    const int64_t hi = std::min(end, chunk.offset + chunk.numel);
+    if (lo >= hi) continue;
+    absl::StatusOr<int> fd = FileDescriptor(chunk.file);
+    if (!fd.ok()) return fd.status();
+    char* dst = reinterpret_cast<char*>(out + (lo - offset));
+    size_t left = static_cast<size_t>(hi - lo) * sizeof(float);
+    off_t at = chunk.byte_offset + (lo - chunk.offset) * kFloatBytes;
+    while (left > 0) {
+      const ssize_t n = ::pread(*fd, dst, left, at);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint ", dir_, ": cannot read ", name, " from ", chunk.file,
+            ": ", n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      }
+      dst += n;
+      at += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain
