@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/checkpoint_commands.h"
 #include "client/data_commands.h"
 #include "client/exit_code.h"
 #include "client/job_commands.h"
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   cli::AddJobCommands(&app, &exit_code, argc, argv);
   cli::AddCompareCommand(&app, &exit_code, argc, argv);
   cli::AddPlanCommand(&app, &exit_code);
+  cli::AddCheckpointCommands(&app, &exit_code);
   cli::AddDaemonCommand(&app, &exit_code);
   try {
     app.parse(argc, argv);

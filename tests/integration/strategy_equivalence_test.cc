@@ -210,8 +210,9 @@ TEST_F(StrategyEquivalenceTest, FsdpShardedCheckpointResumesTheSameRun) {
   TrainRun first = Train("fsdp_ckpt", args + " --checkpoint-every 10");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string out = *dir_ + "/fsdp_ckpt";
-  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/shard_rank0.pt"));
-  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/shard_rank1.pt"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/checkpoint.json"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/rank-00000.bin"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_00000010/rank-00001.bin"));
   // As if the run died after step 10: resume from that checkpoint.
   std::ofstream(out + "/checkpoints/latest") << "step_00000010\n";
   fs::rename(out, *dir_ + "/fsdp_resume");
@@ -228,6 +229,97 @@ TEST_F(StrategyEquivalenceTest, FsdpShardedCheckpointResumesTheSameRun) {
     EXPECT_NEAR(got.loss, expected.loss, 1e-6 * expected.loss)
         << "step " << got.step;
   }
+}
+
+// A checkpoint outlives its world size and strategy: the same training
+// continues at another --nproc and --strategy, the global batch kept by
+// accumulation, step for step as the run that was never interrupted.
+TEST_F(StrategyEquivalenceTest, ACheckpointResumesAtAnyWorldSizeAndStrategy) {
+  const std::string common =
+      " --data " + *dir_ +
+      "/data --model gpt2-tiny --seq-len 64 --max-steps 12 --warmup-steps 2 "
+      "--eval-every 100 --eval-steps 1 --comm-timeout 60 --log-every 100 "
+      "--checkpoint-every 6";
+  // 12 sequences per step: FSDP 4 x 3 and DDP 2 x 6.
+  const std::map<std::string, std::string> sources = {
+      {"fsdp4", "--strategy fsdp --nproc 4 --batch-size 3"},
+      {"ddp2", "--strategy ddp --nproc 2 --batch-size 6"}};
+  std::map<std::string, TrainRun> full;
+  for (const auto& [name, args] : sources) {
+    full[name] = Train("elastic_" + name, args + common);
+    ASSERT_EQ(full[name].exit_code, 0) << full[name].output;
+    ASSERT_EQ(full[name].rank0.size(), 12u);
+  }
+  struct Case {
+    std::string from, to, args, split;
+  };
+  const std::vector<Case> cases = {
+      {"fsdp4", "fsdp2", "--strategy fsdp --nproc 2 --batch-size 3",
+       "batch 3 x accum 2"},
+      {"fsdp4", "ddp3", "--strategy ddp --nproc 3 --batch-size 3",
+       "batch 2 x accum 2"},
+      {"fsdp4", "single", "--strategy single --batch-size 3",
+       "batch 3 x accum 4"},
+      {"ddp2", "fsdp4", "--strategy fsdp --nproc 4 --batch-size 6",
+       "batch 3 x accum 1"}};
+  for (const Case& c : cases) {
+    // As if the run stopped after step 6: its checkpoint, nothing newer.
+    const std::string name = "elastic_" + c.from + "_to_" + c.to;
+    const std::string out = *dir_ + "/" + name;
+    fs::remove_all(out);
+    fs::copy(*dir_ + "/elastic_" + c.from, out, fs::copy_options::recursive);
+    fs::remove_all(out + "/checkpoints/step_00000012");
+    fs::remove(out + "/metrics.jsonl");
+    std::ofstream(out + "/checkpoints/latest") << "step_00000006\n";
+
+    const TrainRun resumed = Train(name, c.args + common + " --resume",
+                                   /*keep=*/true);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find(c.split + " per rank: the same 12"),
+              std::string::npos)
+        << resumed.output;
+    ASSERT_EQ(resumed.rank0.size(), 6u) << resumed.output;
+    double loss_diff = 0, norm_diff = 0;
+    for (size_t i = 0; i < 6; ++i) {
+      const StepMetrics& expected = full[c.from].rank0[6 + i];
+      const StepMetrics& got = resumed.rank0[i];
+      ASSERT_EQ(got.step, expected.step);
+      loss_diff = std::max(loss_diff,
+                           std::fabs(got.loss - expected.loss) / expected.loss);
+      norm_diff =
+          std::max(norm_diff, std::fabs(got.grad_norm - expected.grad_norm) /
+                                  expected.grad_norm);
+    }
+    std::printf(
+        "OK, %s -> %s: steps 7-12 loss maxdiff %.3g, grad norm %.3g "
+        "(relative)\n",
+        c.from.c_str(), c.to.c_str(), loss_diff, norm_diff);
+    EXPECT_LT(loss_diff, 1e-6) << c.from << " -> " << c.to;
+    EXPECT_LT(norm_diff, 1e-6) << c.from << " -> " << c.to;
+  }
+
+  // Without ranks: the CLI reads the FSDP run's last checkpoint (step 12,
+  // the end), and its export is the model the run itself wrote, byte for
+  // byte.
+  const std::string cli =
+      std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain";
+  const std::string run = *dir_ + "/elastic_fsdp4";
+  const test::CommandResult inspect =
+      test::RunCommand(cli + " checkpoint inspect " + run);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("step_00000012"), std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("fsdp at world size 4 (batch 3 x accum 1 per "
+                             "rank)"),
+            std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("rank-00003.bin"), std::string::npos)
+      << inspect.out;
+  const test::CommandResult exported = test::RunCommand(
+      cli + " checkpoint export " + run + " --to " + *dir_ + "/exported.bin");
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_EQ(test::ReadFile(*dir_ + "/exported.bin"),
+            test::ReadFile(run + "/model.bin"));
 }
 
 TEST_F(StrategyEquivalenceTest, FsdpHoldsAShareOfTheModelState) {

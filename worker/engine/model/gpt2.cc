@@ -426,4 +426,25 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
       grad_mode && weight.requires_grad());
 }
 
+std::map<std::string, torch::Tensor*> Gpt2Impl::MemberTensors() {
+  std::map<std::string, torch::Tensor*> members;
+  for (const auto& item : named_modules()) {
+    const std::string& prefix = item.key();
+    torch::nn::Module& module = *item.value();
+    const auto add = [&](const std::string& leaf, torch::Tensor* member) {
+      members[prefix.empty() ? leaf : prefix + "." + leaf] = member;
+    };
+    if (auto* linear = module.as<torch::nn::Linear>()) {
+      add("weight", &linear->weight);
+      add("bias", &linear->bias);
+    } else if (auto* norm = module.as<torch::nn::LayerNorm>()) {
+      add("weight", &norm->weight);
+      add("bias", &norm->bias);
+    } else if (auto* embedding = module.as<torch::nn::Embedding>()) {
+      add("weight", &embedding->weight);
+    }
+  }
+  return members;
+}
+
 }  // namespace shardtrain

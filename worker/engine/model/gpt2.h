@@ -34,7 +34,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -157,6 +159,12 @@ class Gpt2Impl : public torch::nn::Module {
   Block& block(int64_t i) { return blocks_.at(static_cast<size_t>(i)); }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   torch::nn::LayerNorm& ln_f() { return ln_f_; }
+
+  // The weight and bias members each module's forward() reads, by parameter
+  // name ("h.0.attn.c_attn.weight"). Usually the parameters themselves;
+  // under FSDP, views of a gathered buffer (the registered parameters are
+  // then empty), so export and FSDP both go through these.
+  std::map<std::string, torch::Tensor*> MemberTensors();
 
  private:
   const Gpt2Config config_;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -27,30 +28,18 @@ namespace {
 
 // llm.c writes the header and the weights in host byte order, which is
 // little-endian on every platform it (and we) run on.
-using Header = std::array<int32_t, 256>;
+using Header = LlmcHeader;
 
-// The model's parameters in the file's order (see the header comment).
+// The model's weights in the file's order (llmc_layout.h): the members its
+// modules read, which FSDP points at consolidated weights for an export.
 std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
-  std::vector<torch::Tensor> out = {model->wte()->weight, model->wpe()->weight};
-  const auto per_layer = [&](auto get) {
-    for (int64_t i = 0; i < model->num_blocks(); ++i) {
-      out.push_back(get(*model->block(i)));
-    }
-  };
-  per_layer([](BlockImpl& b) { return b.ln_1()->weight; });
-  per_layer([](BlockImpl& b) { return b.ln_1()->bias; });
-  per_layer([](BlockImpl& b) { return b.attn()->c_attn()->weight; });
-  per_layer([](BlockImpl& b) { return b.attn()->c_attn()->bias; });
-  per_layer([](BlockImpl& b) { return b.attn()->c_proj()->weight; });
-  per_layer([](BlockImpl& b) { return b.attn()->c_proj()->bias; });
-  per_layer([](BlockImpl& b) { return b.ln_2()->weight; });
-  per_layer([](BlockImpl& b) { return b.ln_2()->bias; });
-  per_layer([](BlockImpl& b) { return b.mlp()->c_fc()->weight; });
-  per_layer([](BlockImpl& b) { return b.mlp()->c_fc()->bias; });
-  per_layer([](BlockImpl& b) { return b.mlp()->c_proj()->weight; });
-  per_layer([](BlockImpl& b) { return b.mlp()->c_proj()->bias; });
-  out.push_back(model->ln_f()->weight);
-  out.push_back(model->ln_f()->bias);
+  const std::map<std::string, torch::Tensor*> members = model->MemberTensors();
+  std::vector<torch::Tensor> out;
+  for (const std::string& name : LlmcParameterNames(model->config())) {
+    const auto it = members.find(name);
+    TORCH_CHECK(it != members.end(), "llm.c layout: the model has no ", name);
+    out.push_back(*it->second);
+  }
   return out;
 }
 
@@ -139,22 +128,22 @@ absl::Status WriteAll(std::FILE* file, const void* data, size_t bytes,
 }
 
 absl::Status WriteFile(Gpt2& model, std::FILE* file, const std::string& path) {
-  const Gpt2Config& c = model->config();
-  Header header{};
-  header[0] = kLlmcModelMagic;
-  header[1] = kLlmcModelVersionFp32;
-  header[2] = static_cast<int32_t>(c.block_size);
-  header[3] = static_cast<int32_t>(c.vocab_size);
-  header[4] = static_cast<int32_t>(c.n_layer);
-  header[5] = static_cast<int32_t>(c.n_head);
-  header[6] = static_cast<int32_t>(c.n_embd);
-  header[7] = static_cast<int32_t>(c.padded_vocab_size);
+  const Header header = MakeLlmcHeader(model->config());
   if (absl::Status s = WriteAll(file, header.data(), kLlmcHeaderBytes, path);
       !s.ok()) {
     return s;
   }
   torch::NoGradGuard no_grad;
-  for (const torch::Tensor& p : ParametersInFileOrder(model)) {
+  const std::vector<torch::Tensor> params = ParametersInFileOrder(model);
+  int64_t numel = 0;
+  for (const torch::Tensor& p : params) numel += p.numel();
+  if (numel != model->config().NumParameters()) {
+    // E.g. a sharded model whose weights are not gathered.
+    return absl::InternalError(absl::StrCat(
+        "writing llm.c checkpoint ", path, ": the model holds ", numel,
+        " of its ", model->config().NumParameters(), " weights"));
+  }
+  for (const torch::Tensor& p : params) {
     // A no-op for the usual CPU fp32 parameter.
     const torch::Tensor cpu = p.to(torch::kCPU, torch::kFloat).contiguous();
     if (absl::Status s = WriteAll(file, cpu.data_ptr<float>(),

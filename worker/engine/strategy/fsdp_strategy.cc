@@ -29,29 +29,6 @@ void Check(const absl::Status& status) {
   ThrowIfFailed(status, "FSDP", "a collective");
 }
 
-// The tensor members that each module's forward() reads, by the parameter's
-// name in the model: FSDP points them at views of the gathered flat buffer.
-std::map<std::string, torch::Tensor*> ModuleMembers(Gpt2Impl& model) {
-  std::map<std::string, torch::Tensor*> members;
-  for (const auto& item : model.named_modules()) {
-    const std::string& prefix = item.key();
-    torch::nn::Module& module = *item.value();
-    const auto add = [&](const std::string& leaf, torch::Tensor* member) {
-      members[prefix.empty() ? leaf : absl::StrCat(prefix, ".", leaf)] = member;
-    };
-    if (auto* linear = module.as<torch::nn::Linear>()) {
-      add("weight", &linear->weight);
-      add("bias", &linear->bias);
-    } else if (auto* norm = module.as<torch::nn::LayerNorm>()) {
-      add("weight", &norm->weight);
-      add("bias", &norm->bias);
-    } else if (auto* embedding = module.as<torch::nn::Embedding>()) {
-      add("weight", &embedding->weight);
-    }
-  }
-  return members;
-}
-
 // 1 + i for the parameters of block h.i, num_blocks + 1 for wte, 0 (the
 // root) for the others.
 int64_t UnitOf(const std::string& name, int64_t num_blocks) {
@@ -102,7 +79,7 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
           : torch::kFloat;
   try {
     const std::map<std::string, torch::Tensor*> members =
-        ModuleMembers(*model_);
+        model_->MemberTensors();
     const int64_t num_blocks = model_->num_blocks();
     wte_unit_ = num_blocks + 1;
     std::vector<std::vector<FsdpUnit::Source>> sources(

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "zlib.h"
 
 namespace shardtrain {
 namespace {
@@ -74,6 +75,45 @@ std::string OldFormatOf(const std::string& dir) {
   return "";
 }
 
+// CRC-32 of a byte stream, block by block.
+class BlockCrc {
+ public:
+  explicit BlockCrc(int64_t block_bytes) : block_bytes_(block_bytes) {}
+  void Add(const char* data, int64_t size) {
+    while (size > 0) {
+      const int64_t n = std::min(size, block_bytes_ - in_block_);
+      crc_ = crc32(crc_, reinterpret_cast<const Bytef*>(data),
+                   static_cast<uInt>(n));
+      in_block_ += n;
+      data += n;
+      size -= n;
+      if (in_block_ == block_bytes_) Flush();
+    }
+  }
+  std::vector<uint32_t> Finish() {
+    if (in_block_ > 0) Flush();
+    return std::move(crcs_);
+  }
+
+ private:
+  void Flush() {
+    crcs_.push_back(static_cast<uint32_t>(crc_));
+    crc_ = crc32(0L, Z_NULL, 0);
+    in_block_ = 0;
+  }
+  const int64_t block_bytes_;
+  uLong crc_ = crc32(0L, Z_NULL, 0);
+  int64_t in_block_ = 0;
+  std::vector<uint32_t> crcs_;
+};
+
+nlohmann::json DataFileJson(const DataFile& file) {
+  return {{"name", file.name},
+          {"bytes", file.bytes},
+          {"block_bytes", file.block_bytes},
+          {"crc32", file.crc32}};
+}
+
 nlohmann::json ChunkJson(const TensorChunk& chunk) {
   return {{"file", chunk.file},
           {"offset", chunk.offset},
@@ -98,9 +138,16 @@ int64_t CheckpointMetadata::TotalBytes() const {
   return bytes;
 }
 
+const DataFile* CheckpointMetadata::FindFile(const std::string& name) const {
+  for (const DataFile& file : files) {
+    if (file.name == name) return &file;
+  }
+  return nullptr;
+}
+
 std::map<std::string, int64_t> CheckpointMetadata::BytesPerFile() const {
   std::map<std::string, int64_t> bytes;
-  for (const std::string& file : files) bytes[file] = 0;
+  for (const DataFile& file : files) bytes[file.name] = 0;
   for (const TensorEntry& t : tensors) {
     for (const TensorChunk& c : t.chunks)
       bytes[c.file] += c.numel * kFloatBytes;
@@ -135,6 +182,7 @@ absl::Status WriteRankChunks(const std::string& dir, int64_t rank,
                             {"byte_offset", byte_offset}});
     byte_offset += c.numel * kFloatBytes;
   }
+  BlockCrc crc(kCheckpointBlockBytes);
   absl::Status written = WriteFileAtomically(
       absl::StrCat(dir, "/", file),
       [&](std::FILE* out, const std::string& temp) -> absl::Status {
@@ -144,12 +192,14 @@ absl::Status WriteRankChunks(const std::string& dir, int64_t rank,
             return absl::ResourceExhaustedError(absl::StrCat(
                 "checkpoint: cannot write ", temp, ": ", std::strerror(errno)));
           }
+          crc.Add(reinterpret_cast<const char*>(c.data), c.numel * kFloatBytes);
         }
         return absl::OkStatus();
       });
   if (!written.ok()) return written;
+  const DataFile data{file, byte_offset, kCheckpointBlockBytes, crc.Finish()};
   const nlohmann::json index = {
-      {"rank", rank}, {"file", file}, {"chunks", index_chunks}};
+      {"rank", rank}, {"file", DataFileJson(data)}, {"chunks", index_chunks}};
   return WriteFileAtomically(absl::StrCat(dir, "/", RankIndexFile(rank)),
                              index.dump() + "\n");
 }
@@ -157,7 +207,7 @@ absl::Status WriteRankChunks(const std::string& dir, int64_t rank,
 absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
                                      const nlohmann::json& training) {
   std::map<std::string, TensorEntry> tensors;
-  std::vector<std::string> files;
+  nlohmann::json files = nlohmann::json::array();
   for (int64_t r = 0; r < world_size; ++r) {
     const std::string path = absl::StrCat(dir, "/", RankIndexFile(r));
     absl::StatusOr<std::string> text = ReadWholeFile(path);
@@ -169,8 +219,8 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
       return absl::DataLossError(absl::StrCat(path, " is unreadable"));
     }
     const std::string file = RankDataFile(r);
-    files.push_back(file);
     try {
+      files.push_back(index.at("file"));
       for (const nlohmann::json& c : index["chunks"]) {
         const std::string name = c.at("name").get<std::string>();
         const std::vector<int64_t> shape =
@@ -235,7 +285,23 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
   CheckpointMetadata metadata;
   try {
     metadata.training = json.at("training");
-    metadata.files = json.at("files").get<std::vector<std::string>>();
+    for (const nlohmann::json& f : json.at("files")) {
+      DataFile file{f.at("name").get<std::string>(),
+                    f.at("bytes").get<int64_t>(),
+                    f.at("block_bytes").get<int64_t>(),
+                    f.at("crc32").get<std::vector<uint32_t>>()};
+      const int64_t blocks =
+          file.block_bytes > 0
+              ? (file.bytes + file.block_bytes - 1) / file.block_bytes
+              : -1;
+      if (file.bytes < 0 || blocks != static_cast<int64_t>(file.crc32.size()) ||
+          file.name.empty() || file.name.find('/') != std::string::npos ||
+          file.name == "..") {
+        return absl::DataLossError(absl::StrCat(where, ": data file entry '",
+                                                file.name, "' is malformed"));
+      }
+      metadata.files.push_back(std::move(file));
+    }
     for (const nlohmann::json& t : json.at("tensors")) {
       TensorEntry entry;
       entry.name = t.at("name").get<std::string>();
@@ -256,10 +322,9 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
         TensorChunk chunk{
             c.at("file").get<std::string>(), c.at("offset").get<int64_t>(),
             c.at("numel").get<int64_t>(), c.at("byte_offset").get<int64_t>()};
-        if (chunk.numel < 0 || chunk.byte_offset < 0 ||
-            std::find(metadata.files.begin(), metadata.files.end(),
-                      chunk.file) == metadata.files.end() ||
-            chunk.file.find('/') != std::string::npos) {
+        const DataFile* file = metadata.FindFile(chunk.file);
+        if (chunk.numel < 0 || chunk.byte_offset < 0 || file == nullptr ||
+            chunk.byte_offset + chunk.numel * kFloatBytes > file->bytes) {
           return absl::DataLossError(absl::StrCat(
               where, ": tensor ", entry.name, " has a malformed chunk"));
         }
@@ -316,25 +381,19 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   absl::StatusOr<CheckpointMetadata> metadata =
       ParseCheckpointMetadata(*text, path);
   if (!metadata.ok()) return metadata.status();
-  // A data file shorter than its chunks: torn or truncated.
-  std::map<std::string, int64_t> needed;
-  for (const TensorEntry& t : metadata->tensors) {
-    for (const TensorChunk& c : t.chunks) {
-      needed[c.file] =
-          std::max(needed[c.file], c.byte_offset + c.numel * kFloatBytes);
-    }
-  }
-  for (const auto& [file, bytes] : needed) {
-    const std::string data = absl::StrCat(dir, "/", file);
+  // A data file of another length than written: torn or truncated.
+  for (const DataFile& file : metadata->files) {
+    const std::string data = absl::StrCat(dir, "/", file.name);
     const std::uintmax_t size = std::filesystem::file_size(data, ec);
     if (ec) {
       return absl::DataLossError(
-          absl::StrCat("checkpoint ", dir, ": ", file, " is missing"));
+          absl::StrCat("checkpoint ", dir, ": ", file.name, " is missing"));
     }
-    if (static_cast<int64_t>(size) < bytes) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", dir, ": ", file, " has ", size,
-                       " bytes but its chunks need ", bytes, " (truncated)"));
+    if (static_cast<int64_t>(size) != file.bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", dir, ": ", file.name, " has ", size,
+          " bytes but was written with ", file.bytes,
+          static_cast<int64_t>(size) < file.bytes ? " (truncated)" : ""));
     }
   }
   return std::unique_ptr<CheckpointReader>(
@@ -371,23 +430,77 @@ absl::Status CheckpointReader::Read(const std::string& name, int64_t offset,
     const int64_t lo = std::max(offset, chunk.offset);
     const int64_t hi = std::min(end, chunk.offset + chunk.numel);
     if (lo >= hi) continue;
-    absl::StatusOr<int> fd = FileDescriptor(chunk.file);
-    if (!fd.ok()) return fd.status();
-    char* dst = reinterpret_cast<char*>(out + (lo - offset));
-    size_t left = static_cast<size_t>(hi - lo) * sizeof(float);
-    off_t at = chunk.byte_offset + (lo - chunk.offset) * kFloatBytes;
-    while (left > 0) {
-      const ssize_t n = ::pread(*fd, dst, left, at);
+    const DataFile* file = metadata_.FindFile(chunk.file);
+    if (absl::Status s = ReadChecked(
+            *file, chunk.byte_offset + (lo - chunk.offset) * kFloatBytes,
+            (hi - lo) * kFloatBytes,
+            reinterpret_cast<char*>(out + (lo - offset)));
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(), " (reading ", name, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadChecked(const DataFile& file, int64_t offset,
+                                           int64_t size, char* out) {
+  if (size <= 0) return absl::OkStatus();
+  absl::StatusOr<int> fd = FileDescriptor(file.name);
+  if (!fd.ok()) return fd.status();
+  auto pread_all = [&](char* dst, int64_t bytes, int64_t at) -> absl::Status {
+    while (bytes > 0) {
+      const ssize_t n = ::pread(*fd, dst, static_cast<size_t>(bytes), at);
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
         return absl::DataLossError(absl::StrCat(
-            "checkpoint ", dir_, ": cannot read ", name, " from ", chunk.file,
-            ": ", n == 0 ? "unexpected end of file" : std::strerror(errno)));
+            "checkpoint ", dir_, ": cannot read ", file.name, ": ",
+            n == 0 ? "unexpected end of file" : std::strerror(errno)));
       }
       dst += n;
       at += n;
-      left -= static_cast<size_t>(n);
+      bytes -= n;
     }
+    return absl::OkStatus();
+  };
+  // Blocks touched for the first time are read whole and checked; the
+  // requested bytes are copied out of them.
+  std::vector<bool>& checked = checked_[file.name];
+  checked.resize(file.crc32.size(), false);
+  std::vector<char> block;
+  const int64_t end = offset + size;
+  for (int64_t b = offset / file.block_bytes; b * file.block_bytes < end; ++b) {
+    const int64_t block_begin = b * file.block_bytes;
+    const int64_t block_end =
+        std::min(block_begin + file.block_bytes, file.bytes);
+    const int64_t lo = std::max(offset, block_begin);
+    const int64_t hi = std::min(end, block_end);
+    if (checked[b]) {
+      if (absl::Status s = pread_all(out + (lo - offset), hi - lo, lo);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    block.resize(static_cast<size_t>(block_end - block_begin));
+    if (absl::Status s =
+            pread_all(block.data(), block_end - block_begin, block_begin);
+        !s.ok()) {
+      return s;
+    }
+    const uint32_t crc = static_cast<uint32_t>(crc32(
+        crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(block.data()),
+        static_cast<uInt>(block.size())));
+    if (crc != file.crc32[b]) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir_, ": ", file.name, " bytes ",
+                       block_begin, "-", block_end,
+                       " fail their CRC-32 check (the file changed after it "
+                       "was written)"));
+    }
+    checked[b] = true;
+    std::memcpy(out + (lo - offset), block.data() + (lo - block_begin),
+                static_cast<size_t>(hi - lo));
   }
   return absl::OkStatus();
 }

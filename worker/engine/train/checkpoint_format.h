@@ -10,6 +10,10 @@
 //   step_00000100/rank-00003.json     rank 3's own index (merged into
 //                                     checkpoint.json)
 //
+// Every data file carries a CRC-32 per MiB block; a reader checks each block
+// the first time it reads from it, so a file changed after it was written
+// (a bit flip, an overwrite) is refused, not trained on.
+//
 // A tensor is named globally ("model.h.0.attn.c_attn.weight",
 // "optim.exp_avg.h.0.attn.c_attn.weight") and cut into chunks: contiguous
 // ranges of its row-major flattened elements. Each rank writes the ranges it
@@ -58,18 +62,30 @@ struct TensorEntry {
   int64_t numel() const;
 };
 
+// One rank's data file: its length and the CRC-32 (zlib's) of each
+// block_bytes block, the last one possibly shorter.
+struct DataFile {
+  std::string name;
+  int64_t bytes = 0;
+  int64_t block_bytes = 0;
+  std::vector<uint32_t> crc32;
+};
+
 struct CheckpointMetadata {
   // What the trainer records about the run (step, samples consumed, who
   // wrote it, the settings a resume must agree with); opaque here.
   nlohmann::json training;
-  std::vector<std::string> files;    // the data files, rank order
+  std::vector<DataFile> files;       // rank order
   std::vector<TensorEntry> tensors;  // by name
 
   const TensorEntry* Find(const std::string& name) const;
+  const DataFile* FindFile(const std::string& name) const;
   int64_t TotalBytes() const;
   // Bytes in each data file, by file name.
   std::map<std::string, int64_t> BytesPerFile() const;
 };
+
+inline constexpr int64_t kCheckpointBlockBytes = int64_t{1} << 20;
 
 // A piece of one rank's state to save: elements [offset, offset + numel) of
 // tensor `name` (global shape `shape`), read from `data` (host memory).
@@ -118,10 +134,15 @@ class CheckpointReader {
  private:
   CheckpointReader(std::string dir, CheckpointMetadata metadata);
   absl::StatusOr<int> FileDescriptor(const std::string& file);
+  // Reads bytes [offset, offset + size) of `file` into `out`, checking the
+  // CRC of every block it touches that was not checked before.
+  absl::Status ReadChecked(const DataFile& file, int64_t offset, int64_t size,
+                           char* out);
 
   std::string dir_;
   CheckpointMetadata metadata_;
   std::map<std::string, int> fds_;
+  std::map<std::string, std::vector<bool>> checked_;  // file -> block
 };
 
 // Parses and checks a checkpoint.json's text (`where` names it in errors).

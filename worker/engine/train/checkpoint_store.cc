@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
-#include "worker/engine/train/tensor_file.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;

@@ -1,8 +1,8 @@
 // CheckpointStore: the checkpoints of one run under OUT/checkpoints/.
 //
-//   OUT/checkpoints/step_00000100/   one directory per checkpoint: the
-//                                    strategy's files (model.pt, optimizer.pt,
-//                                    or per-rank shards) plus trainer.json
+//   OUT/checkpoints/step_00000100/   one directory per checkpoint
+//                                    (checkpoint_format.h: checkpoint.json
+//                                    and one data file per rank)
 //   OUT/checkpoints/latest           name of the newest complete checkpoint
 //
 // A checkpoint is written into a hidden temporary directory and renamed into

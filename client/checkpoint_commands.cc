@@ -1,0 +1,168 @@
+#include "client/checkpoint_commands.h"
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/exit_code.h"
+#include "client/output_format.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/train/checkpoint_export.h"
+#include "worker/engine/train/checkpoint_format.h"
+#include "worker/engine/train/step_metrics.h"
+
+namespace shardtrain::cli {
+namespace {
+
+struct InspectOptions {
+  std::string dir;
+  std::string output = "table";
+  bool tensors = false;
+};
+
+struct ExportOptions {
+  std::string dir;
+  std::string to;
+};
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNamed(
+    const std::string& path) {
+  absl::StatusOr<std::string> dir = ResolveCheckpointDir(path);
+  if (!dir.ok()) return dir.status();
+  return CheckpointReader::Open(*dir);
+}
+
+int64_t IntField(const nlohmann::json& json, const char* key) {
+  return json.contains(key) && json[key].is_number_integer()
+             ? json[key].get<int64_t>()
+             : -1;
+}
+
+std::string StringField(const nlohmann::json& json, const char* key) {
+  return json.contains(key) && json[key].is_string()
+             ? json[key].get<std::string>()
+             : "?";
+}
+
+int RunInspect(const InspectOptions& options) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      OpenNamed(options.dir);
+  if (!reader.ok()) return ReportFailure(reader.status());
+  const CheckpointMetadata& metadata = (*reader)->metadata();
+  const nlohmann::json& training = metadata.training;
+  const nlohmann::json written =
+      training.value("written_by", nlohmann::json::object());
+  const std::map<std::string, int64_t> per_file = metadata.BytesPerFile();
+  if (options.output != "table") {
+    nlohmann::json out = {{"dir", (*reader)->dir()},
+                          {"training", training},
+                          {"tensor_count", metadata.tensors.size()},
+                          {"bytes", metadata.TotalBytes()},
+                          {"bytes_per_file", per_file}};
+    if (options.tensors) {
+      nlohmann::json tensors = nlohmann::json::array();
+      for (const TensorEntry& t : metadata.tensors) {
+        tensors.push_back({{"name", t.name},
+                           {"shape", t.shape},
+                           {"dtype", t.dtype},
+                           {"chunks", t.chunks.size()}});
+      }
+      out["tensors"] = tensors;
+    }
+    std::cout << (options.output == "json" ? out.dump(2) + "\n"
+                                           : JsonToYaml(out.dump()));
+    return kExitOk;
+  }
+  const int64_t step = IntField(training, "step");
+  const int64_t global = IntField(training, "global_batch");
+  std::vector<std::vector<std::string>> rows = {
+      {"checkpoint", (*reader)->dir()},
+      {"step", absl::StrFormat("%d (%d sequences consumed, %d per step)", step,
+                               IntField(training, "samples_consumed"), global)},
+      {"model", StringField(training, "model")},
+      {"written by",
+       absl::StrFormat(
+           "%s at world size %d (batch %d x accum %d per rank)",
+           StringField(written, "strategy"), IntField(written, "world_size"),
+           IntField(written, "batch_size"), IntField(written, "grad_accum"))},
+      {"optimizer", absl::StrFormat("AdamW, %d steps",
+                                    IntField(training, "optimizer_steps"))},
+      {"tensors", absl::StrFormat("%d, %s", metadata.tensors.size(),
+                                  FormatBytes(metadata.TotalBytes()))}};
+  bool first_file = true;
+  for (const auto& [file, bytes] : per_file) {
+    rows.push_back(
+        {first_file ? "files" : "", file + "  " + FormatBytes(bytes)});
+    first_file = false;
+  }
+  for (const auto& row : rows) {
+    std::cout << absl::StrFormat("%-12s%s\n", row[0], row[1]);
+  }
+  if (options.tensors) {
+    std::vector<std::vector<std::string>> tensor_rows;
+    for (const TensorEntry& t : metadata.tensors) {
+      std::string shape;
+      for (int64_t d : t.shape) {
+        absl::StrAppend(&shape, shape.empty() ? "" : " x ", d);
+      }
+      tensor_rows.push_back(
+          {t.name, shape, t.dtype, std::to_string(t.chunks.size())});
+    }
+    std::cout << "\n"
+              << FormatTable({"TENSOR", "SHAPE", "DTYPE", "CHUNKS"},
+                             tensor_rows);
+  }
+  return kExitOk;
+}
+
+int RunExport(const ExportOptions& options) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      OpenNamed(options.dir);
+  if (!reader.ok()) return ReportFailure(reader.status());
+  if (absl::Status s = ExportCheckpointAsLlmc(**reader, options.to); !s.ok()) {
+    return ReportFailure(s);
+  }
+  std::cout << "wrote " << options.to << " (llm.c model, step "
+            << IntField((*reader)->metadata().training, "step") << ", from "
+            << (*reader)->dir() << ")\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddCheckpointCommands(CLI::App* app, int* exit_code) {
+  CLI::App* group = app->add_subcommand(
+      "checkpoint", "read a training checkpoint (any strategy and world size)");
+  group->require_subcommand(1);
+
+  auto inspect_options = std::make_shared<InspectOptions>();
+  CLI::App* inspect = group->add_subcommand(
+      "inspect", "step, model, who wrote it, tensors and bytes per rank file");
+  inspect
+      ->add_option("dir", inspect_options->dir,
+                   "a checkpoint, a run's --out or its checkpoints/ folder")
+      ->required();
+  inspect->add_flag("--tensors", inspect_options->tensors,
+                    "list every tensor with its shape");
+  AddOutputFlag(inspect, &inspect_options->output);
+  inspect->callback([inspect_options, exit_code] {
+    *exit_code = RunInspect(*inspect_options);
+  });
+
+  auto export_options = std::make_shared<ExportOptions>();
+  CLI::App* export_command = group->add_subcommand(
+      "export", "write the checkpoint's model as llm.c's model.bin");
+  export_command
+      ->add_option("dir", export_options->dir,
+                   "a checkpoint, a run's --out or its checkpoints/ folder")
+      ->required();
+  export_command->add_option("--to", export_options->to, "the file to write")
+      ->required();
+  export_command->callback(
+      [export_options, exit_code] { *exit_code = RunExport(*export_options); });
+}
+
+}  // namespace shardtrain::cli
