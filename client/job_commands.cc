@@ -59,6 +59,8 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
         flags->priority = it->second.as<int>();
       } else if (key == "max-restarts") {
         flags->max_restarts = it->second.as<int>();
+      } else if (key == "min-world-size") {
+        flags->min_world_size = it->second.as<int>();
       } else if (key == "labels") {
         for (auto l = it->second.begin(); l != it->second.end(); ++l) {
           flags->labels.push_back(absl::StrCat(l->first.as<std::string>(), "=",
@@ -101,6 +103,16 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
       {"priority", std::to_string(job.spec().priority())},
       {"restarts",
        absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
+      {"ranks",
+       job.world_size() > 0 && job.world_size() != job.spec().world_size()
+           ? absl::StrCat(job.world_size(), " of ", job.spec().world_size(),
+                          " (", job.resize_reason(), ")")
+           : absl::StrCat(
+                 job.spec().world_size(),
+                 job.spec().elastic().min_world_size() > 0
+                     ? absl::StrCat(" (elastic down to ",
+                                    job.spec().elastic().min_world_size(), ")")
+                     : "")},
       {"submitted", FormatAge(job.submit_time_unix_ms()) + " ago"},
   };
   if (job.start_time_unix_ms() > 0) {
@@ -165,6 +177,7 @@ absl::StatusOr<v1::JobSpec> JobFlags::ToSpec() const {
   spec.set_name(name);
   spec.set_priority(priority);
   spec.set_max_restarts(max_restarts);
+  spec.mutable_elastic()->set_min_world_size(min_world_size);
   for (const std::string& label : labels) {
     const size_t eq = label.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -195,7 +208,7 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   }
   command->add_option("-f,--file", flags->file,
                       "job YAML: the flags' names as keys, plus name, labels, "
-                      "priority, world-size, max-restarts");
+                      "priority, world-size, max-restarts, min-world-size");
   command->add_option("--world-size", flags->world_size,
                       "ranks (devices) for ddp/fsdp");
   command->add_option("--name", flags->name, "a name for people");
@@ -203,6 +216,11 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   command->add_option("--priority", flags->priority, "higher runs first");
   command->add_option("--max-restarts", flags->max_restarts,
                       "restarts from the last checkpoint after a failure");
+  command->add_option(
+      "--min-world-size", flags->min_world_size,
+      "elastic: when a rank or node is lost for good, continue from the last "
+      "checkpoint on as few as this many ranks (same global batch; needs "
+      "--checkpoint-every and --max-restarts)");
   command->get_option("--device")->each([flags](const std::string&) {
     flags->device_given = true;
   });

@@ -26,6 +26,7 @@ struct JobFlags {
   std::vector<std::string> labels;  // key=value
   int priority = 0;
   int max_restarts = 0;
+  int min_world_size = 0;  // elastic when > 0
   std::string file;
   bool device_given = false;
   absl::Status file_status;  // an error reading -f, reported when run

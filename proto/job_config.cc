@@ -176,6 +176,17 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         absl::StrCat("max_restarts: got ", spec.max_restarts(),
                      "; must be in [0, ", kMaxRestarts, "]"));
   }
+  const int32_t min_world = spec.elastic().min_world_size();
+  if (min_world < 0 || min_world > spec.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elastic.min_world_size: got ", min_world, "; must be in [0, ",
+        spec.world_size(), "] (0: not elastic; else at most world_size)"));
+  }
+  if (min_world > 0 && c.checkpoint_every <= 0) {
+    return absl::InvalidArgumentError(
+        "elastic.min_world_size: an elastic job continues from its latest "
+        "checkpoint; set trainer.checkpoint_every (--checkpoint-every)");
+  }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
   if (kind != nullptr && !kind->distributed && spec.world_size() != 1) {
     return absl::InvalidArgumentError(

@@ -212,7 +212,23 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     c->launcher_ =
         std::make_unique<SlurmJobLauncher>(c->slurm_.get(), options.slurm);
   } else {
-    c->launcher_ = std::make_unique<LocalJobLauncher>(&c->processes_);
+    // A GPU NVML no longer answers for (fallen off the bus, Xid 79) cannot
+    // run a rank: an elastic job continues without it.
+    LocalJobLauncher::LostDevices lost;
+    if (c->nvml_ != nullptr && !devices->empty() &&
+        devices->front().kind == v1::GPU) {
+      lost = [nvml = c->nvml_.get(), gpus = *devices] {
+        std::vector<int> gone;
+        for (size_t d = 0; d < gpus.size(); ++d) {
+          if (!nvml->Info(gpus[d].index).has_value()) {
+            gone.push_back(static_cast<int>(d));
+          }
+        }
+        return gone;
+      };
+    }
+    c->launcher_ =
+        std::make_unique<LocalJobLauncher>(&c->processes_, std::move(lost));
   }
 
   if (!options.metrics_listen.empty()) {

@@ -748,10 +748,24 @@ void JobManager::Tick() {
     poll.report = launcher_->Poll(poll.attempt, poll.running);
   }
   std::vector<LaunchRequest> requests;
+  bool elastic = false;
   {
     absl::MutexLock lock(&mutex_);
     for (const Poll& poll : polls) ApplyPoll(poll);
     Supervise();
+    for (const auto& [id, entry] : jobs_) {
+      elastic = elastic || (entry->elastic_restart && !shutting_down_);
+    }
+    if (!elastic) {
+      requests.swap(launch_requests_);
+      signals = TakeSignals();
+    }
+  }
+  if (elastic) {
+    // What the backend can run now (Slurm: sinfo), asked without the lock.
+    const absl::StatusOr<Capacity> capacity = launcher_->Available();
+    absl::MutexLock lock(&mutex_);
+    RestartElastic(capacity);
     requests.swap(launch_requests_);
     signals = TakeSignals();
   }
@@ -927,7 +941,10 @@ void JobManager::Supervise() {
     if (!entry.relaunch_pending) continue;
     entry.relaunch_pending = false;
     const std::vector<int> free = FreeDevices();
-    const int world = entry.stored.job.spec().world_size();
+    // An elastic job that continued smaller goes on at that size.
+    const int world = entry.stored.job.world_size() > 0
+                          ? entry.stored.job.world_size()
+                          : entry.stored.job.spec().world_size();
     if (static_cast<int>(free.size()) < world) {
       v1::Failure* failure = entry.stored.job.mutable_failure();
       failure->set_reason(v1::COORDINATOR_RESTART);
@@ -1059,6 +1076,12 @@ void JobManager::FinishAttempt(Entry& entry) {
                  absl::StrCat(failure->message(), "; restart ", job.restarts(),
                               " of ", job.spec().max_restarts(),
                               " from the last checkpoint"));
+        if (job.spec().elastic().min_world_size() > 0) {
+          // At what size is decided once the launcher says what it can run.
+          entry.elastic_restart = true;
+          entry.failure = std::move(failure);
+          return;
+        }
         RequestLaunch(entry, entry.devices);
         return;
       }
@@ -1070,6 +1093,84 @@ void JobManager::FinishAttempt(Entry& entry) {
       ReleaseDevices(entry);
       SetState(entry, v1::SUCCEEDED, "all ranks finished");
       return;
+  }
+}
+
+void JobManager::RestartElastic(const absl::StatusOr<Capacity>& asked) {
+  Capacity capacity;  // unknown: no limit beyond the devices
+  if (asked.ok()) {
+    capacity = *asked;
+  } else {
+    LogInfo(absl::StrCat("elastic restart: cannot ask the ", launcher_->name(),
+                         " launcher what it can run (",
+                         asked.status().message(), "); assuming all of it"));
+  }
+  const std::set<int> lost(capacity.lost_devices.begin(),
+                           capacity.lost_devices.end());
+  for (const std::string& id : order_) {
+    Entry& entry = *jobs_.at(id);
+    if (!entry.elastic_restart) continue;
+    entry.elastic_restart = false;
+    v1::Job& job = entry.stored.job;
+    std::optional<v1::Failure> failure = std::move(entry.failure);
+    entry.failure.reset();
+    if (job.state() != v1::RESTARTING) continue;  // cancelled meanwhile
+    const int requested = job.spec().world_size();
+    const int min_world = job.spec().elastic().min_world_size();
+    // Its own devices first, then free ones; none the backend lost.
+    std::vector<int> candidates;
+    for (int d : entry.devices) {
+      if (!lost.count(d)) candidates.push_back(d);
+    }
+    for (int d : FreeDevices()) {
+      if (!lost.count(d)) candidates.push_back(d);
+    }
+    int available = static_cast<int>(candidates.size());
+    if (capacity.slots >= 0) available = std::min(available, capacity.slots);
+    absl::StatusOr<TrainConfig> config =
+        TrainConfigFromJobSpec(job.spec(), JobDir(id));
+    const int64_t global =
+        config.ok() ? requested * config->batch_size * config->grad_accum : 0;
+    int world = std::min(requested, available);
+    while (world >= min_world && world > 0 && global % world != 0) --world;
+    const std::string lost_text =
+        capacity.lost.empty() ? ""
+                              : absl::StrCat(" after losing ", capacity.lost);
+    if (world < std::max(min_world, 1)) {
+      ReleaseDevices(entry);
+      v1::Failure* failed = job.mutable_failure();
+      if (failure.has_value()) *failed = *failure;
+      failed->set_message(absl::StrCat(
+          failed->message(), "; cannot continue: ", available, " of ",
+          requested, " ranks can run", lost_text,
+          ", and elastic.min_world_size is ", min_world,
+          available >= min_world
+              ? absl::StrCat(" (no size from ", min_world, " to ", available,
+                             " shares the ", global, " sequences per step)")
+              : ""));
+      SetState(entry, v1::FAILED, failed->message());
+      continue;
+    }
+    std::vector<int> chosen(candidates.begin(), candidates.begin() + world);
+    for (int d : entry.devices) {
+      if (std::find(chosen.begin(), chosen.end(), d) == chosen.end() &&
+          device_holder_[d] == id) {
+        device_holder_[d].clear();
+      }
+    }
+    if (world < requested) {
+      job.set_resize_reason(absl::StrCat("continued at ", world, " of ",
+                                         requested, " ranks", lost_text));
+      job.set_state_reason(job.resize_reason());
+      Persist(entry, Event(v1::RESTARTING,
+                           absl::StrCat(job.resize_reason(),
+                                        " (elastic.min_world_size ", min_world,
+                                        "; the same ", global,
+                                        " sequences per step)")));
+    } else {
+      job.clear_resize_reason();
+    }
+    RequestLaunch(entry, chosen);
   }
 }
 
@@ -1145,8 +1246,9 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   const std::string& id = job.id();
   entry.devices = devices;
   for (int d : devices) device_holder_[d] = id;
-  const int world = job.spec().world_size();
+  const int world = static_cast<int>(devices.size());
   const bool first_attempt = job.state() == v1::QUEUED;
+  job.set_world_size(world);
 
   entry.stored.secret = NewSecret();
   // Known before the launcher starts them: a rank may register as soon as
@@ -1220,6 +1322,26 @@ JobManager::PreparedLaunch JobManager::PrepareLaunch(
   }
   v1::JobSpec resolved = request.spec;
   resolved.set_data(*data);
+  if (launch.world_size != request.spec.world_size()) {
+    // An elastic job continuing smaller: the same global batch, shared by
+    // fewer ranks (each rank's checkpoint resume then finds it unchanged).
+    absl::StatusOr<TrainConfig> config =
+        TrainConfigFromJobSpec(request.spec, launch.job_dir);
+    if (!config.ok()) {
+      prepared.error = std::string(config.status().message());
+      return prepared;
+    }
+    const int64_t global = static_cast<int64_t>(request.spec.world_size()) *
+                           config->batch_size * config->grad_accum;
+    absl::StatusOr<BatchSplit> split =
+        SplitGlobalBatch(global, launch.world_size, config->batch_size);
+    if (!split.ok()) {
+      prepared.error = std::string(split.status().message());
+      return prepared;
+    }
+    resolved.mutable_trainer()->set_batch_size(split->batch);
+    resolved.mutable_trainer()->set_grad_accum(split->accum);
+  }
   // The header only: the ranks read (and validate) the tokens themselves.
   if (absl::StatusOr<int64_t> tokens =
           ReadTokenFileHeader(*data + "/train.bin");

@@ -200,6 +200,9 @@ class JobManager {
     bool port_taken = false;
     int port_retries = 0;
     bool relaunch_pending = false;  // recovered; Tick relaunches it
+    // An elastic job's restart, waiting for Tick to learn what the launcher
+    // can run (RestartElastic).
+    bool elastic_restart = false;
     bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
     // The attempt as its launcher started it; polled from next_poll on.
     Attempt attempt;
@@ -319,6 +322,12 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void SendSignals(const std::vector<PendingSignal>& signals)
       ABSL_LOCKS_EXCLUDED(mutex_);
+  // Restarts the elastic jobs waiting to, each at the largest world size in
+  // [elastic.min_world_size, world_size] that `capacity` and the free
+  // devices allow and that shares the global batch equally; fails those
+  // that cannot continue.
+  void RestartElastic(const absl::StatusOr<Capacity>& capacity)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

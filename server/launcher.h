@@ -71,6 +71,17 @@ struct AttemptReport {
   std::optional<AttemptFailure> failure;
 };
 
+// What a backend can run now; asked when an elastic job must restart.
+struct Capacity {
+  // Ranks the backend can place now; -1: as many as the coordinator has
+  // devices (less lost_devices).
+  int slots = -1;
+  // Indices into the coordinator's devices that cannot run a rank now.
+  std::vector<int> lost_devices;
+  // What is lost, in a few words for the job's events ("node3 (DOWN)").
+  std::string lost;
+};
+
 class Launcher {
  public:
   virtual ~Launcher() = default;
@@ -99,6 +110,9 @@ class Launcher {
   // the ranks do. Ranks already gone are not signalled.
   virtual void Signal(const Attempt& attempt, const std::vector<int>& ranks,
                       int signal) = 0;
+
+  // What the backend can run now. An error: it could not be asked.
+  virtual absl::StatusOr<Capacity> Available() { return Capacity{}; }
 
   // Ends whatever a previous coordinator left of job `job_id`'s last attempt
   // (`pids`: the rank pids it stored), so that nothing of it runs when the

@@ -1,12 +1,25 @@
 #include "server/local_job_launcher.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/free_port.h"
 
 namespace shardtrain {
 
-LocalJobLauncher::LocalJobLauncher(ProcessLauncher* processes)
-    : processes_(processes) {}
+LocalJobLauncher::LocalJobLauncher(ProcessLauncher* processes,
+                                   LostDevices lost_devices)
+    : processes_(processes), lost_devices_(std::move(lost_devices)) {}
+
+absl::StatusOr<Capacity> LocalJobLauncher::Available() {
+  Capacity capacity;
+  if (!lost_devices_) return capacity;
+  capacity.lost_devices = lost_devices_();
+  std::vector<std::string> names;
+  for (int d : capacity.lost_devices)
+    names.push_back(absl::StrCat("device ", d));
+  capacity.lost = absl::StrJoin(names, ", ");
+  return capacity;
+}
 
 absl::Status LocalJobLauncher::Start(const RankLaunch& launch, int number,
                                      Attempt* attempt) {

@@ -5,6 +5,7 @@
 #ifndef SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
 #define SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,13 @@ namespace shardtrain {
 
 class LocalJobLauncher : public Launcher {
  public:
+  // Indices into the coordinator's devices that cannot run a rank now (a GPU
+  // that fell off the bus); null: none ever.
+  using LostDevices = std::function<std::vector<int>()>;
+
   // `processes` must outlive this launcher.
-  explicit LocalJobLauncher(ProcessLauncher* processes);
+  explicit LocalJobLauncher(ProcessLauncher* processes,
+                            LostDevices lost_devices = nullptr);
 
   std::string name() const override { return "local"; }
   absl::Duration poll_interval() const override { return absl::ZeroDuration(); }
@@ -28,9 +34,11 @@ class LocalJobLauncher : public Launcher {
               int signal) override;
   void EndLeftovers(const std::string& job_id, const std::string& job_dir,
                     const std::vector<int>& pids) override;
+  absl::StatusOr<Capacity> Available() override;
 
  private:
   ProcessLauncher* const processes_;
+  const LostDevices lost_devices_;
 };
 
 }  // namespace shardtrain

@@ -382,7 +382,7 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
   return outcome;
 }
 
-absl::StatusOr<int> SlurmSlotCount(
+absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
     const std::vector<SlurmNode>& nodes,
     const std::vector<SlurmPartition>& partitions,
     const SlurmOptions& options) {
@@ -396,20 +396,45 @@ absl::StatusOr<int> SlurmSlotCount(
           "Slurm has no default partition: give --slurm-partition");
     }
   }
-  int count = 0;
+  const int per_node =
+      std::max(1, options.gpus_per_node > 0 ? options.gpus_per_node
+                                            : options.tasks_per_node);
+  SlurmCapacity capacity;
   for (const SlurmNode& node : nodes) {
-    if (std::find(node.partitions.begin(), node.partitions.end(), name) !=
+    if (std::find(node.partitions.begin(), node.partitions.end(), name) ==
         node.partitions.end()) {
-      ++count;
+      continue;
+    }
+    capacity.slots += per_node;
+    // State words: IDLE, MIXED+DRAIN, DOWN*, ... ("*": not responding).
+    const std::string state = absl::AsciiStrToUpper(node.state);
+    const bool unusable =
+        absl::StrContains(state, "DOWN") || absl::StrContains(state, "DRAIN") ||
+        absl::StrContains(state, "FAIL") || absl::StrContains(state, "*") ||
+        absl::StrContains(state, "NOT_RESPONDING") ||
+        absl::StrContains(state, "INVAL") || absl::StrContains(state, "FUTURE");
+    if (unusable) {
+      capacity.unusable_nodes.push_back(
+          absl::StrCat(node.name, " (", node.state, ")"));
+    } else {
+      capacity.usable_slots += per_node;
     }
   }
-  if (count == 0) {
+  if (capacity.slots == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Slurm partition '", name, "' has no nodes (or does not exist)"));
   }
-  const int per_node = options.gpus_per_node > 0 ? options.gpus_per_node
-                                                 : options.tasks_per_node;
-  return count * std::max(1, per_node);
+  return capacity;
+}
+
+absl::StatusOr<int> SlurmSlotCount(
+    const std::vector<SlurmNode>& nodes,
+    const std::vector<SlurmPartition>& partitions,
+    const SlurmOptions& options) {
+  absl::StatusOr<SlurmCapacity> capacity =
+      SlurmPartitionCapacity(nodes, partitions, options);
+  if (!capacity.ok()) return capacity.status();
+  return capacity->slots;
 }
 
 // ---------------------------------------------------------------------------

@@ -142,6 +142,18 @@ absl::StatusOr<std::string> ParseSbatchJobId(const std::string& text);
 SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
                               const std::vector<std::string>& batch_log);
 
+// The partition's ranks: all its nodes', and those of the nodes usable now
+// (not DOWN, DRAINED, FAIL, not responding, powered down ...), with the
+// unusable nodes named "node3 (DOWN*)".
+struct SlurmCapacity {
+  int slots = 0;
+  int usable_slots = 0;
+  std::vector<std::string> unusable_nodes;
+};
+absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
+    const std::vector<SlurmNode>& nodes,
+    const std::vector<SlurmPartition>& partitions, const SlurmOptions& options);
+
 // Ranks Slurm can run at once in the partition (options.partition, else the
 // default one): its nodes times GPUs (or tasks) per node.
 // FailedPrecondition naming the partition when there is none or it is empty.

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "server/log_files.h"
 
@@ -105,6 +106,21 @@ void SlurmJobLauncher::Signal(const Attempt& attempt,
     std::cerr << "shardtraind: Slurm job " << attempt.handle << ": "
               << s.message() << "\n";
   }
+}
+
+absl::StatusOr<Capacity> SlurmJobLauncher::Available() {
+  absl::StatusOr<std::vector<SlurmNode>> nodes = client_->Nodes();
+  if (!nodes.ok()) return nodes.status();
+  absl::StatusOr<std::vector<SlurmPartition>> partitions =
+      client_->Partitions();
+  if (!partitions.ok()) return partitions.status();
+  absl::StatusOr<SlurmCapacity> slurm =
+      SlurmPartitionCapacity(*nodes, *partitions, options_);
+  if (!slurm.ok()) return slurm.status();
+  Capacity capacity;
+  capacity.slots = slurm->usable_slots;
+  capacity.lost = absl::StrJoin(slurm->unusable_nodes, ", ");
+  return capacity;
 }
 
 void SlurmJobLauncher::EndLeftovers(const std::string& job_id,

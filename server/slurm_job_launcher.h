@@ -36,6 +36,9 @@ class SlurmJobLauncher : public Launcher {
   // with the coordinator.
   void EndLeftovers(const std::string& job_id, const std::string& job_dir,
                     const std::vector<int>& pids) override;
+  // Ranks the partition's usable nodes hold; the nodes that are not usable
+  // (DOWN, DRAINED, not responding ...) by name.
+  absl::StatusOr<Capacity> Available() override;
 
   // Attempt `number`'s batch log (srun's own messages).
   static std::string BatchLog(const std::string& job_dir, int number);

@@ -66,6 +66,17 @@ class JobManagerFixture : public ::testing::Test {
   // ProcessLauncher unless a fixture says otherwise.
   virtual Launcher* launcher() { return &local_; }
 
+  // Spec(world, max_restarts) that may continue on `min_world` ranks: 3
+  // sequences per rank per step, a checkpoint every 5 steps.
+  static v1::JobSpec ElasticSpec(int world, int min_world,
+                                 int max_restarts = 2) {
+    v1::JobSpec spec = Spec(world, max_restarts);
+    spec.mutable_trainer()->set_batch_size(3);
+    spec.mutable_trainer()->set_checkpoint_every(5);
+    spec.mutable_elastic()->set_min_world_size(min_world);
+    return spec;
+  }
+
   // gpt2-tiny on the fixture's data; single device for one rank, else DDP.
   static v1::JobSpec Spec(int world, int max_restarts = 0) {
     v1::JobSpec spec;
@@ -90,7 +101,9 @@ class JobManagerFixture : public ::testing::Test {
   std::function<void()> on_resolve_;
   FakeClock clock_;
   FakeProcessLauncher launcher_;
-  LocalJobLauncher local_{&launcher_};
+  // Devices the local launcher reports lost (a GPU off the bus).
+  std::vector<int> lost_devices_;
+  LocalJobLauncher local_{&launcher_, [this] { return lost_devices_; }};
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> manager_;
 };

@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 
+#include "absl/strings/match.h"
 #include "common/exit_codes.h"
 #include "tests/server/job_manager_fixture.h"
 
@@ -396,6 +397,97 @@ TEST_F(JobManagerTest, CancellingAQueuedJobEndsItAtOnce) {
   EXPECT_EQ(manager_->Get(waiting->id())->state(), v1::CANCELLED);
   EXPECT_TRUE(
       absl::IsFailedPrecondition(manager_->Cancel(waiting->id()).status()));
+}
+
+// --- Elastic jobs ---
+
+// A device is lost for good (a GPU off the bus): the elastic job continues
+// from its checkpoint on the ranks it can still have, with the same global
+// batch (12 sequences: 3 ranks x 2 x accumulation 2), and says so.
+TEST_F(JobManagerTest, AnElasticJobContinuesSmallerWhenADeviceIsLost) {
+  std::string id;
+  const std::vector<int> pids = StartRunning(ElasticSpec(4, 2), &id);
+  ASSERT_EQ(pids.size(), 4u);
+  lost_devices_ = {3};
+  launcher_.Exit(pids[3], ExitStatus{-1, SIGKILL});
+  manager_->Tick();  // rank 3 failed: the others are told to stop
+  manager_->Tick();  // all ended: restart at the size that can run
+
+  const v1::Job restarting = *manager_->Get(id);
+  ASSERT_EQ(restarting.state(), v1::RESTARTING) << restarting.state_reason();
+  EXPECT_EQ(restarting.restarts(), 1);
+  EXPECT_EQ(restarting.world_size(), 3);
+  EXPECT_EQ(restarting.resize_reason(),
+            "continued at 3 of 4 ranks after losing device 3");
+  const std::vector<int> all = launcher_.spawned();
+  ASSERT_EQ(all.size(), 7u);
+  const std::vector<int> next(all.end() - 3, all.end());
+  for (int pid : next) {
+    EXPECT_EQ(launcher_.Env(pid, "WORLD_SIZE"), "3");
+    EXPECT_THAT(launcher_.process(pid).spec.argv,
+                testing::Contains("--resume"));
+  }
+  const std::string spec_json =
+      test::ReadFile(dir_ / ("jobs/" + id + "/spec.json"));
+  EXPECT_THAT(spec_json, HasSubstr("\"batch_size\": \"2\""));
+  EXPECT_THAT(spec_json, HasSubstr("\"grad_accum\": \"2\""));
+  EXPECT_EQ(manager_->Cluster().holders[3].job_id, "");  // the lost device
+  for (int pid : next)
+    ASSERT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+  EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
+
+  absl::StatusOr<std::vector<v1::JobEvent>> events = store_->GetEvents(id);
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const v1::JobEvent& event : *events) {
+    said = said || absl::StrContains(event.message(),
+                                     "continued at 3 of 4 ranks after losing "
+                                     "device 3 (elastic.min_world_size 2; the "
+                                     "same 12 sequences per step)");
+  }
+  EXPECT_TRUE(said);
+}
+
+// Without `elastic`, today's behaviour: the restart asks for the full world.
+TEST_F(JobManagerTest, WithoutElasticALostDeviceRestartsAtTheFullSize) {
+  std::string id;
+  const std::vector<int> pids = StartRunning(Spec(4, /*max_restarts=*/1), &id);
+  lost_devices_ = {3};
+  launcher_.Exit(pids[3], ExitStatus{-1, SIGKILL});
+  manager_->Tick();
+  manager_->Tick();
+  const v1::Job restarting = *manager_->Get(id);
+  EXPECT_EQ(restarting.state(), v1::RESTARTING);
+  EXPECT_EQ(restarting.world_size(), 4);
+  EXPECT_EQ(launcher_.Env(launcher_.spawned().back(), "WORLD_SIZE"), "4");
+}
+
+TEST_F(JobManagerTest, AnElasticJobBelowItsMinimumFailsNamingWhatWasLost) {
+  std::string id;
+  const std::vector<int> pids = StartRunning(ElasticSpec(4, 3), &id);
+  lost_devices_ = {2, 3};
+  launcher_.Exit(pids[2], ExitStatus{-1, SIGKILL});
+  manager_->Tick();
+  manager_->Tick();
+  const v1::Job failed = *manager_->Get(id);
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.failure().reason(), v1::SIGNAL);
+  EXPECT_THAT(failed.failure().message(),
+              HasSubstr("cannot continue: 2 of 4 ranks can run after losing "
+                        "device 2, device 3, and elastic.min_world_size is 3"));
+  for (const ClusterView::Holder& holder : manager_->Cluster().holders) {
+    EXPECT_EQ(holder.job_id, "");
+  }
+}
+
+TEST_F(JobManagerTest, ElasticSpecsAreCheckedAtSubmit) {
+  v1::JobSpec too_many = ElasticSpec(2, 3);
+  EXPECT_THAT(manager_->Submit(too_many).status().message(),
+              HasSubstr("elastic.min_world_size: got 3; must be in [0, 2]"));
+  v1::JobSpec no_checkpoints = ElasticSpec(2, 1);
+  no_checkpoints.mutable_trainer()->clear_checkpoint_every();
+  EXPECT_THAT(manager_->Submit(no_checkpoints).status().message(),
+              HasSubstr("set trainer.checkpoint_every"));
 }
 
 }  // namespace

@@ -446,5 +446,38 @@ TEST_F(SlurmJobManagerTest, ANewCoordinatorCancelsTheSlurmJobItFindsRunning) {
   EXPECT_EQ(slurm_.submitted().size(), 2u);
 }
 
+// An elastic job whose node is lost for good (Slurm marks it DOWN) is
+// resubmitted on the nodes that are left.
+TEST_F(SlurmJobManagerTest, AnElasticJobContinuesOnTheNodesThatAreLeft) {
+  for (int n = 1; n <= 3; ++n) {
+    SlurmNode node;
+    node.name = "node" + std::to_string(n);
+    node.state = "ALLOCATED";
+    node.partitions = {"debug"};
+    slurm_.nodes_.push_back(node);
+  }
+  SlurmPartition partition;
+  partition.name = "debug";
+  partition.is_default = true;
+  slurm_.partitions_ = {partition};
+  v1::JobSpec spec = ElasticSpec(3, 2);
+  spec.mutable_trainer()->set_batch_size(2);  // 6 sequences per step
+  std::string slurm_job;
+  const std::string id = StartRunning(spec, &slurm_job);
+
+  slurm_.nodes_[2].state = "DOWN*";
+  slurm_.SetState(slurm_job, "NODE_FAIL", "NodeDown");
+  Step();
+
+  const v1::Job restarting = *manager_->Get(id);
+  ASSERT_EQ(restarting.state(), v1::RESTARTING) << restarting.state_reason();
+  EXPECT_EQ(restarting.world_size(), 2);
+  EXPECT_EQ(restarting.resize_reason(),
+            "continued at 2 of 3 ranks after losing node3 (DOWN*)");
+  ASSERT_EQ(slurm_.submitted().size(), 2u);
+  EXPECT_THAT(slurm_.job(slurm_.submitted().back()).plan.sbatch_args,
+              testing::Contains("--ntasks=2"));
+}
+
 }  // namespace
 }  // namespace shardtrain

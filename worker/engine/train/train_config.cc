@@ -276,4 +276,17 @@ absl::Status LoadYamlTrainConfigFile(const std::string& path,
   return absl::OkStatus();
 }
 
+absl::StatusOr<BatchSplit> SplitGlobalBatch(int64_t global, int64_t world,
+                                            int64_t preferred_batch) {
+  if (global <= 0 || world <= 0 || global % world != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(global, " sequences per step cannot be shared equally by ",
+                     world, " ranks"));
+  }
+  const int64_t share = global / world;
+  int64_t batch = std::max<int64_t>(1, std::min(preferred_batch, share));
+  while (share % batch != 0) --batch;
+  return BatchSplit{batch, share / batch};
+}
+
 }  // namespace shardtrain

@@ -73,6 +73,18 @@ struct TrainConfig {
 
 // Overwrites the fields named in a YAML mapping (keys as the flags:
 // `batch-size` or `batch_size`). Unknown keys and wrong types are errors.
+// How `global` sequences per optimizer step are shared by `world` ranks:
+// each rank's share split into micro-batches of `batch` accumulated `accum`
+// times. The micro-batch is `preferred_batch` when it divides the share (so
+// memory per rank stays as it was), else the largest that does.
+// FailedPrecondition when `world` ranks cannot share `global` equally.
+struct BatchSplit {
+  int64_t batch = 1;
+  int64_t accum = 1;
+};
+absl::StatusOr<BatchSplit> SplitGlobalBatch(int64_t global, int64_t world,
+                                            int64_t preferred_batch);
+
 absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
                                   TrainConfig* config);
 absl::Status LoadYamlTrainConfigFile(const std::string& path,

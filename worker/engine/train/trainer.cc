@@ -218,18 +218,15 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
   const int64_t requested = world * config_.batch_size * config_.grad_accum;
   const int64_t saved = training.value("global_batch", int64_t{0});
   if (saved <= 0 || saved == requested) return absl::OkStatus();
-  if (saved % world != 0) {
+  absl::StatusOr<BatchSplit> split =
+      SplitGlobalBatch(saved, world, config_.batch_size);
+  if (!split.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "resume: checkpoint ", reader->dir(), " trains on ", saved,
         " sequences per step, which ", world,
         " ranks cannot share equally; resume at a world size that divides ",
         saved));
   }
-  // Keep the per-rank batch when it divides the rank's share (memory stays
-  // as it was), else the largest that does; accumulate the rest.
-  const int64_t share = saved / world;
-  int64_t batch = std::min(config_.batch_size, share);
-  while (share % batch != 0) --batch;
   const nlohmann::json written = training.value("written_by", nlohmann::json{});
   Log(absl::StrFormat(
       "resume: %s was written by %s at world size %d (batch %d x accum %d "
@@ -238,10 +235,10 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
       reader->dir(), written.value("strategy", std::string("?")),
       written.value("world_size", int64_t{0}),
       written.value("batch_size", int64_t{0}),
-      written.value("grad_accum", int64_t{0}), world, batch, share / batch,
-      saved));
-  config_.batch_size = batch;
-  config_.grad_accum = share / batch;
+      written.value("grad_accum", int64_t{0}), world, split->batch,
+      split->accum, saved));
+  config_.batch_size = split->batch;
+  config_.grad_accum = split->accum;
   return config_.Validate();
 }
 
