@@ -296,6 +296,80 @@ TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {
   EXPECT_EQ(finished.last_step().step(), 40);
 }
 
+// An elastic job on all three nodes loses one for good: it continues from
+// its checkpoint on the two that are left, with the same global batch, and
+// trains exactly as if nothing had happened.
+TEST_F(SlurmTestbedTest, AnElasticJobContinuesOnTwoNodesWhenOneIsPoweredOff) {
+  v1::JobSpec spec = TinySpec("ddp", 12, /*max_restarts=*/1);
+  spec.set_world_size(3);  // 3 x 2 = 6 sequences per step
+  spec.mutable_elastic()->set_min_world_size(2);
+  auto cluster = StartDaemon("slurm", /*slurm=*/true);
+  v1::Job job;
+  ASSERT_GRPC_OK(cluster->Submit(spec, &job));
+  const v1::Job running = cluster->WaitFor(
+      job.id(),
+      [](const v1::Job& j) {
+        return test::IsTerminal(j) ||
+               (j.state() == v1::RUNNING && j.last_step().step() >= 4);
+      },
+      absl::Seconds(300));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+
+  // Power off a node that is not the batch host.
+  const std::string record =
+      Slurm({"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+  const size_t host_at = record.find("BatchHost=node");
+  ASSERT_NE(host_at, std::string::npos) << record;
+  const int victim = record[host_at + 14] == '3' ? 2 : 3;
+  ASSERT_TRUE(
+      RunCommand({Testbed(), "kill-node", *bed_ / "bed", absl::StrCat(victim)},
+                 {}, 60)
+          .ok());
+  const v1::Job finished =
+      cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(900));
+  absl::StatusOr<CommandResult> revived = RunCommand(
+      {Testbed(), "revive-node", *bed_ / "bed", absl::StrCat(victim)}, {}, 120);
+  EXPECT_TRUE(revived.ok() && revived->ok());
+  ASSERT_EQ(finished.state(), v1::SUCCEEDED)
+      << finished.DebugString() << cluster->log();
+  EXPECT_EQ(finished.restarts(), 1);
+  EXPECT_EQ(finished.world_size(), 2);
+  EXPECT_THAT(finished.resize_reason(),
+              HasSubstr(absl::StrCat("continued at 2 of 3 ranks after losing "
+                                     "node",
+                                     victim)));
+  EXPECT_EQ(finished.last_step().step(), 12);
+  // The second attempt: two tasks on the nodes left.
+  const std::string second =
+      Slurm({"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+  EXPECT_THAT(second, HasSubstr("NumNodes=2 "));
+  EXPECT_THAT(test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
+              HasSubstr("resumed from"));
+
+  // The same training, never interrupted: 6 sequences per step on one host.
+  auto local = StartDaemon("local", /*slurm=*/false);
+  v1::JobSpec whole = TinySpec("ddp", 12);
+  whole.mutable_trainer()->set_batch_size(3);
+  v1::Job reference;
+  ASSERT_GRPC_OK(local->Submit(whole, &reference));
+  const v1::Job done =
+      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  const std::map<int64_t, double> expected = Losses(*local, done.id());
+  const std::map<int64_t, double> got = Losses(*cluster, job.id());
+  ASSERT_EQ(expected.size(), 12u);
+  ASSERT_EQ(got.size(), 12u);
+  double worst = 0;
+  for (const auto& [step, loss] : expected) {
+    const double diff = std::abs(got.at(step) - loss) / std::abs(loss);
+    EXPECT_LE(diff, 1e-5) << "step " << step;
+    worst = std::max(worst, diff);
+  }
+  std::cout << "slurm test bed: elastic 3 -> 2 nodes vs uninterrupted: largest "
+               "relative loss difference "
+            << worst << " over 12 steps\n";
+}
+
 TEST_F(SlurmTestbedTest, CancelLeavesNothingInSlurmsQueue) {
   auto cluster = StartDaemon("slurm", /*slurm=*/true);
   v1::Job job;
