@@ -108,7 +108,10 @@ class SlurmTestbedTest : public ::testing::Test {
 
   std::unique_ptr<Daemon> StartDaemon(const std::string& state, bool slurm) {
     DaemonOptions options;
-    options.heartbeat_timeout = 20;
+    // Longer than Slurm takes to end a job whose node is powered off
+    // (SlurmdTimeout 5 s, then NODE_FAIL: 16-30 s on the test bed), so a lost
+    // node is named as one and not found first as a rank's silence.
+    options.heartbeat_timeout = 45;
     options.rendezvous_timeout = 120;
     options.grace_period = 5;
     if (slurm) {
