@@ -35,26 +35,15 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNamed(
   return CheckpointReader::Open(*dir);
 }
 
-int64_t IntField(const nlohmann::json& json, const char* key) {
-  return json.contains(key) && json[key].is_number_integer()
-             ? json[key].get<int64_t>()
-             : -1;
-}
-
-std::string StringField(const nlohmann::json& json, const char* key) {
-  return json.contains(key) && json[key].is_string()
-             ? json[key].get<std::string>()
-             : "?";
-}
-
 int RunInspect(const InspectOptions& options) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       OpenNamed(options.dir);
   if (!reader.ok()) return ReportFailure(reader.status());
   const CheckpointMetadata& metadata = (*reader)->metadata();
   const nlohmann::json& training = metadata.training;
-  const nlohmann::json written =
-      training.value("written_by", nlohmann::json::object());
+  const nlohmann::json written = training.contains("written_by")
+                                     ? training["written_by"]
+                                     : nlohmann::json::object();
   const std::map<std::string, int64_t> per_file = metadata.BytesPerFile();
   if (options.output != "table") {
     nlohmann::json out = {{"dir", (*reader)->dir()},
@@ -76,20 +65,22 @@ int RunInspect(const InspectOptions& options) {
                                            : JsonToYaml(out.dump()));
     return kExitOk;
   }
-  const int64_t step = IntField(training, "step");
-  const int64_t global = IntField(training, "global_batch");
+  const int64_t step = TrainingInt(training, "step");
+  const int64_t global = TrainingInt(training, "global_batch");
   std::vector<std::vector<std::string>> rows = {
       {"checkpoint", (*reader)->dir()},
-      {"step", absl::StrFormat("%d (%d sequences consumed, %d per step)", step,
-                               IntField(training, "samples_consumed"), global)},
-      {"model", StringField(training, "model")},
+      {"step",
+       absl::StrFormat("%d (%d sequences consumed, %d per step)", step,
+                       TrainingInt(training, "samples_consumed"), global)},
+      {"model", TrainingString(training, "model")},
       {"written by",
-       absl::StrFormat(
-           "%s at world size %d (batch %d x accum %d per rank)",
-           StringField(written, "strategy"), IntField(written, "world_size"),
-           IntField(written, "batch_size"), IntField(written, "grad_accum"))},
+       absl::StrFormat("%s at world size %d (batch %d x accum %d per rank)",
+                       TrainingString(written, "strategy"),
+                       TrainingInt(written, "world_size"),
+                       TrainingInt(written, "batch_size"),
+                       TrainingInt(written, "grad_accum"))},
       {"optimizer", absl::StrFormat("AdamW, %d steps",
-                                    IntField(training, "optimizer_steps"))},
+                                    TrainingInt(training, "optimizer_steps"))},
       {"tensors", absl::StrFormat("%d, %s", metadata.tensors.size(),
                                   FormatBytes(metadata.TotalBytes()))}};
   bool first_file = true;
@@ -126,7 +117,7 @@ int RunExport(const ExportOptions& options) {
     return ReportFailure(s);
   }
   std::cout << "wrote " << options.to << " (llm.c model, step "
-            << IntField((*reader)->metadata().training, "step") << ", from "
+            << TrainingInt((*reader)->metadata().training, "step") << ", from "
             << (*reader)->dir() << ")\n";
   return kExitOk;
 }

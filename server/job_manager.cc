@@ -220,6 +220,27 @@ absl::Status JobManager::Load() {
 }
 
 void JobManager::ResumeInterruptedJobs() {
+  // Nothing of the previous coordinator's attempts may run when a job starts
+  // again: ended first, without the lock (scancel, or a wait for a killed
+  // process, must not hold up RPCs).
+  struct Leftover {
+    std::string id;
+    std::vector<int> pids;
+  };
+  std::vector<Leftover> leftovers;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const std::string& id : order_) {
+      const Entry& entry = *jobs_[id];
+      if (IsActive(entry.stored.job.state()) && entry.ranks.empty() &&
+          !entry.relaunch_pending) {
+        leftovers.push_back({id, entry.stored.worker_pids});
+      }
+    }
+  }
+  for (const Leftover& leftover : leftovers) {
+    launcher_->EndLeftovers(leftover.id, JobDir(leftover.id), leftover.pids);
+  }
   absl::MutexLock lock(&mutex_);
   int interrupted = 0;
   for (const std::string& id : order_) {
@@ -230,9 +251,6 @@ void JobManager::ResumeInterruptedJobs() {
       continue;
     }
     ++interrupted;
-    // Nothing of the previous coordinator's attempt may run when the job
-    // starts again.
-    launcher_->EndLeftovers(id, JobDir(id), entry.stored.worker_pids);
     entry.stored.worker_pids.clear();
     entry.stored.worker_pgid = 0;
     const int max_restarts = job.spec().max_restarts();
@@ -509,12 +527,17 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   if (state == v1::QUEUED ||
       (entry->ranks.empty() && !entry->relaunch_pending && !entry->launching &&
        entry->stop == StopIntent::kNone)) {
+    const bool restarting = state == v1::RESTARTING;
     if (absl::Status s =
-            CommitState(*entry, v1::CANCELLED, "cancelled before it started");
+            CommitState(*entry, v1::CANCELLED,
+                        restarting ? "cancelled while waiting to restart"
+                                   : "cancelled before it started");
         !s.ok()) {
       return not_stored(s);
     }
     entry->relaunch_pending = false;
+    entry->elastic_restart = false;
+    entry->failure.reset();
     ReleaseDevices(*entry);
   } else if (entry->relaunch_pending) {
     if (absl::Status s = CommitState(*entry, v1::CANCELLED,
@@ -940,6 +963,12 @@ void JobManager::Supervise() {
     Entry& entry = *jobs_.at(id);
     if (!entry.relaunch_pending) continue;
     entry.relaunch_pending = false;
+    if (entry.stored.job.spec().elastic().min_world_size() > 0) {
+      // Its size is chosen as after any loss (the restart is counted).
+      entry.elastic_restart = true;
+      entry.elastic_restart_counted = true;
+      continue;
+    }
     const std::vector<int> free = FreeDevices();
     // An elastic job that continued smaller goes on at that size.
     const int world = entry.stored.job.world_size() > 0
@@ -1071,14 +1100,19 @@ void JobManager::FinishAttempt(Entry& entry) {
         return;
       }
       if (job.restarts() < job.spec().max_restarts() && !no_restart) {
-        job.set_restarts(job.restarts() + 1);
+        const bool elastic = job.spec().elastic().min_world_size() > 0;
+        // An elastic restart is counted when it launches (RestartElastic):
+        // a coordinator that dies before then counts it once, on resume.
+        if (!elastic) job.set_restarts(job.restarts() + 1);
         SetState(entry, v1::RESTARTING,
-                 absl::StrCat(failure->message(), "; restart ", job.restarts(),
-                              " of ", job.spec().max_restarts(),
+                 absl::StrCat(failure->message(), "; restart ",
+                              job.restarts() + (elastic ? 1 : 0), " of ",
+                              job.spec().max_restarts(),
                               " from the last checkpoint"));
-        if (job.spec().elastic().min_world_size() > 0) {
+        if (elastic) {
           // At what size is decided once the launcher says what it can run.
           entry.elastic_restart = true;
+          entry.elastic_restart_counted = false;
           entry.failure = std::move(failure);
           return;
         }
@@ -1105,8 +1139,11 @@ void JobManager::RestartElastic(const absl::StatusOr<Capacity>& asked) {
                          " launcher what it can run (",
                          asked.status().message(), "); assuming all of it"));
   }
+  if (shutting_down_) return;  // the next coordinator restarts them
   const std::set<int> lost(capacity.lost_devices.begin(),
                            capacity.lost_devices.end());
+  // Lost devices are given to no job until the launcher reports them back.
+  lost_devices_ = lost;
   for (const std::string& id : order_) {
     Entry& entry = *jobs_.at(id);
     if (!entry.elastic_restart) continue;
@@ -1126,20 +1163,40 @@ void JobManager::RestartElastic(const absl::StatusOr<Capacity>& asked) {
       if (!lost.count(d)) candidates.push_back(d);
     }
     int available = static_cast<int>(candidates.size());
-    if (capacity.slots >= 0) available = std::min(available, capacity.slots);
+    if (capacity.slots >= 0) {
+      // The backend's slots, less those other jobs hold.
+      int held_by_others = 0;
+      for (const std::string& holder : device_holder_) {
+        held_by_others += !holder.empty() && holder != id;
+      }
+      available = std::min(available, capacity.slots - held_by_others);
+    }
     absl::StatusOr<TrainConfig> config =
         TrainConfigFromJobSpec(job.spec(), JobDir(id));
     const int64_t global =
         config.ok() ? requested * config->batch_size * config->grad_accum : 0;
     int world = std::min(requested, available);
     while (world >= min_world && world > 0 && global % world != 0) --world;
+    // What this job lost: its own devices, or (a backend that places ranks
+    // itself) what the backend reports unusable.
+    std::vector<std::string> own_lost;
+    for (int d : entry.devices) {
+      if (lost.count(d)) own_lost.push_back(absl::StrCat("device ", d));
+    }
+    const std::string what =
+        lost.empty() ? capacity.lost : absl::StrJoin(own_lost, ", ");
     const std::string lost_text =
-        capacity.lost.empty() ? ""
-                              : absl::StrCat(" after losing ", capacity.lost);
+        what.empty() ? "" : absl::StrCat(" after losing ", what);
     if (world < std::max(min_world, 1)) {
       ReleaseDevices(entry);
       v1::Failure* failed = job.mutable_failure();
-      if (failure.has_value()) *failed = *failure;
+      if (failure.has_value()) {
+        *failed = *failure;
+      } else {
+        failed->set_reason(v1::COORDINATOR_RESTART);
+        failed->set_rank(-1);
+        failed->set_message("the coordinator restarted while the job ran");
+      }
       failed->set_message(absl::StrCat(
           failed->message(), "; cannot continue: ", available, " of ",
           requested, " ranks can run", lost_text,
@@ -1158,6 +1215,7 @@ void JobManager::RestartElastic(const absl::StatusOr<Capacity>& asked) {
         device_holder_[d].clear();
       }
     }
+    if (!entry.elastic_restart_counted) job.set_restarts(job.restarts() + 1);
     if (world < requested) {
       job.set_resize_reason(absl::StrCat("continued at ", world, " of ",
                                          requested, " ranks", lost_text));
@@ -1222,7 +1280,10 @@ void JobManager::ScheduleQueued() {
 std::vector<int> JobManager::FreeDevices() const {
   std::vector<int> free;
   for (size_t d = 0; d < device_holder_.size(); ++d) {
-    if (device_holder_[d].empty()) free.push_back(static_cast<int>(d));
+    if (device_holder_[d].empty() &&
+        !lost_devices_.count(static_cast<int>(d))) {
+      free.push_back(static_cast<int>(d));
+    }
   }
   return free;
 }

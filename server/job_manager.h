@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -203,6 +204,7 @@ class JobManager {
     // An elastic job's restart, waiting for Tick to learn what the launcher
     // can run (RestartElastic).
     bool elastic_restart = false;
+    bool elastic_restart_counted = false;  // already in Job.restarts
     bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
     // The attempt as its launcher started it; polled from next_poll on.
     Attempt attempt;
@@ -353,6 +355,8 @@ class JobManager {
   std::vector<std::string> order_ ABSL_GUARDED_BY(mutex_);  // by seq
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 1;
   std::vector<std::string> device_holder_ ABSL_GUARDED_BY(mutex_);
+  // Devices the launcher last reported lost (Launcher::Available).
+  std::set<int> lost_devices_ ABSL_GUARDED_BY(mutex_);
   std::map<std::string, std::string> waiting_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
   // Some entry is unsaved: StoreUnsaved has work (saves a pass over every

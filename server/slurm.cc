@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -382,6 +383,25 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
   return outcome;
 }
 
+bool SlurmNodeUsable(const std::string& state) {
+  // A base state and flags joined by '+' (MIXED+DRAIN, IDLE+CLOUD+
+  // POWERED_DOWN); a trailing '*' means not responding.
+  if (state.empty() || absl::EndsWith(state, "*")) return false;
+  static const std::set<std::string>* const kUnusable =
+      new std::set<std::string>{"DOWN",           "FAIL",
+                                "FAILING",        "FUTURE",
+                                "UNKNOWN",        "DRAIN",
+                                "DRAINED",        "DRAINING",
+                                "NOT_RESPONDING", "REBOOT_REQUESTED",
+                                "REBOOT_ISSUED",  "MAINT",
+                                "RESERVED",       "INVAL",
+                                "INVALID_REG"};
+  for (absl::string_view word : absl::StrSplit(state, '+')) {
+    if (kUnusable->count(absl::AsciiStrToUpper(word))) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
     const std::vector<SlurmNode>& nodes,
     const std::vector<SlurmPartition>& partitions,
@@ -396,6 +416,13 @@ absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
           "Slurm has no default partition: give --slurm-partition");
     }
   }
+  // A partition that is not UP schedules nothing.
+  bool partition_up = true;
+  for (const SlurmPartition& partition : partitions) {
+    if (partition.name == name && !partition.state.empty()) {
+      partition_up = absl::AsciiStrToUpper(partition.state) == "UP";
+    }
+  }
   const int per_node =
       std::max(1, options.gpus_per_node > 0 ? options.gpus_per_node
                                             : options.tasks_per_node);
@@ -406,14 +433,8 @@ absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
       continue;
     }
     capacity.slots += per_node;
-    // State words: IDLE, MIXED+DRAIN, DOWN*, ... ("*": not responding).
-    const std::string state = absl::AsciiStrToUpper(node.state);
-    const bool unusable =
-        absl::StrContains(state, "DOWN") || absl::StrContains(state, "DRAIN") ||
-        absl::StrContains(state, "FAIL") || absl::StrContains(state, "*") ||
-        absl::StrContains(state, "NOT_RESPONDING") ||
-        absl::StrContains(state, "INVAL") || absl::StrContains(state, "FUTURE");
-    if (unusable) {
+    const bool unusable = !SlurmNodeUsable(node.state);
+    if (unusable || !partition_up) {
       capacity.unusable_nodes.push_back(
           absl::StrCat(node.name, " (", node.state, ")"));
     } else {

@@ -150,6 +150,10 @@ struct SlurmCapacity {
   int usable_slots = 0;
   std::vector<std::string> unusable_nodes;
 };
+// Whether a node in `state` (scontrol's State=) can take a job now: not
+// DOWN, DRAINED, failing, rebooting, in maintenance or not responding ("*").
+// A powered-down cloud node can: Slurm powers it up for a job.
+bool SlurmNodeUsable(const std::string& state);
 absl::StatusOr<SlurmCapacity> SlurmPartitionCapacity(
     const std::vector<SlurmNode>& nodes,
     const std::vector<SlurmPartition>& partitions, const SlurmOptions& options);

@@ -435,6 +435,11 @@ TEST_F(JobManagerTest, AnElasticJobContinuesSmallerWhenADeviceIsLost) {
   for (int pid : next)
     ASSERT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
   EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
+  // The lost device is no one's: a new job waits rather than run on it.
+  absl::StatusOr<v1::Job> queued = manager_->Submit(Spec(1));
+  ASSERT_TRUE(queued.ok());
+  manager_->Tick();
+  EXPECT_EQ(manager_->Get(queued->id())->state(), v1::QUEUED);
 
   absl::StatusOr<std::vector<v1::JobEvent>> events = store_->GetEvents(id);
   ASSERT_TRUE(events.ok());
@@ -478,6 +483,23 @@ TEST_F(JobManagerTest, AnElasticJobBelowItsMinimumFailsNamingWhatWasLost) {
   for (const ClusterView::Holder& holder : manager_->Cluster().holders) {
     EXPECT_EQ(holder.job_id, "");
   }
+}
+
+// After a coordinator restart an elastic job is sized like after any loss:
+// it continues on what can run instead of failing for want of devices.
+TEST_F(JobManagerTest, AfterACrashAnElasticJobContinuesOnWhatIsLeft) {
+  std::string id;
+  StartRunning(ElasticSpec(4, 2), &id);
+  Crash(std::move(manager_));
+  lost_devices_ = {0, 1};
+  manager_ = NewManager();
+  EXPECT_EQ(manager_->Get(id)->restarts(), 1);
+  manager_->Tick();
+  const v1::Job job = *manager_->Get(id);
+  EXPECT_EQ(job.state(), v1::RESTARTING);
+  EXPECT_EQ(job.restarts(), 1);  // counted once
+  EXPECT_EQ(job.world_size(), 2);
+  EXPECT_EQ(launcher_.Env(launcher_.spawned().back(), "WORLD_SIZE"), "2");
 }
 
 TEST_F(JobManagerTest, ElasticSpecsAreCheckedAtSubmit) {

@@ -251,6 +251,39 @@ TEST(SlurmPlanTest, ShellQuote) {
   EXPECT_EQ(ShellQuote("it's"), "'it'\\''s'");
 }
 
+TEST(SlurmCapacityTest, NodeStatesAreReadWordByWord) {
+  for (const char* state : {"IDLE", "MIXED", "ALLOCATED",
+                            "IDLE+CLOUD+POWERED_DOWN", "COMPLETING"}) {
+    EXPECT_TRUE(SlurmNodeUsable(state)) << state;
+  }
+  for (const char* state :
+       {"DOWN*", "IDLE*", "MIXED+DRAIN", "DRAINED", "DOWN+NOT_RESPONDING",
+        "IDLE+MAINT", "FUTURE", "IDLE+REBOOT_REQUESTED", "UNKNOWN", ""}) {
+    EXPECT_FALSE(SlurmNodeUsable(state)) << state;
+  }
+  std::vector<SlurmNode> nodes(3);
+  for (int n = 0; n < 3; ++n) {
+    nodes[n].name = "node" + std::to_string(n + 1);
+    nodes[n].state = n == 1 ? "MIXED+DRAIN" : "IDLE";
+    nodes[n].partitions = {"gpu"};
+  }
+  SlurmPartition partition;
+  partition.name = "gpu";
+  partition.state = "UP";
+  partition.is_default = true;
+  SlurmOptions options;
+  options.gpus_per_node = 4;
+  absl::StatusOr<SlurmCapacity> up =
+      SlurmPartitionCapacity(nodes, {partition}, options);
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_EQ(up->slots, 12);
+  EXPECT_EQ(up->usable_slots, 8);
+  EXPECT_THAT(up->unusable_nodes, ElementsAre("node2 (MIXED+DRAIN)"));
+  partition.state = "DOWN";
+  EXPECT_EQ(SlurmPartitionCapacity(nodes, {partition}, options)->usable_slots,
+            0);
+}
+
 // --- The JobManager with --launcher slurm, against a fake Slurm. ---
 
 class SlurmJobManagerTest : public test::JobManagerFixture {

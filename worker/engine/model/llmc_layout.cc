@@ -33,4 +33,22 @@ std::vector<std::string> LlmcParameterNames(const Gpt2Config& config) {
   return names;
 }
 
+std::vector<std::vector<int64_t>> LlmcParameterShapes(
+    const Gpt2Config& config) {
+  const int64_t c = config.n_embd;
+  std::vector<std::vector<int64_t>> shapes = {{config.padded_vocab_size, c},
+                                              {config.block_size, c}};
+  const std::vector<std::vector<int64_t>> per_layer = {
+      {c}, {c}, {3 * c, c}, {3 * c}, {c, c},     {c},
+      {c}, {c}, {4 * c, c}, {4 * c}, {c, 4 * c}, {c}};
+  for (const std::vector<int64_t>& shape : per_layer) {
+    for (int64_t layer = 0; layer < config.n_layer; ++layer) {
+      shapes.push_back(shape);
+    }
+  }
+  shapes.push_back({c});
+  shapes.push_back({c});
+  return shapes;
+}
+
 }  // namespace shardtrain

@@ -39,6 +39,8 @@ LlmcHeader MakeLlmcHeader(const Gpt2Config& config);
 // The model's parameter names (as Gpt2 names them: "wte.weight",
 // "h.0.ln_1.weight", ...) in the file's order.
 std::vector<std::string> LlmcParameterNames(const Gpt2Config& config);
+// Their shapes, in the same order ([out, in] for matrices).
+std::vector<std::vector<int64_t>> LlmcParameterShapes(const Gpt2Config& config);
 
 }  // namespace shardtrain
 

@@ -214,14 +214,17 @@ std::vector<StateSlice> DdpStrategy::StateSlices(bool to_save) {
   // every tensor, so all ranks write at once and no byte is written twice.
   const int64_t r = comm_->rank();
   const int64_t w = comm_->world_size();
+  std::vector<StateSlice> mine;
   for (StateSlice& slice : slices) {
     const int64_t n = slice.data.numel();
     const int64_t begin = n * r / w;
     const int64_t end = n * (r + 1) / w;
+    if (begin == end) continue;  // a tensor smaller than the world
     slice.offset = begin;
     slice.data = slice.data.narrow(0, begin, end - begin);
+    mine.push_back(std::move(slice));
   }
-  return slices;
+  return mine;
 }
 
 absl::Status DdpStrategy::ExportModel(const std::string& path) {

@@ -94,6 +94,12 @@ absl::Status Strategy::LoadCheckpoint(const std::string& dir) {
       CheckpointReader::Open(dir);
   if (!reader.ok()) return reader.status();
   const CheckpointMetadata& metadata = (*reader)->metadata();
+  const int64_t optimizer_steps =
+      TrainingInt(metadata.training, "optimizer_steps");
+  if (optimizer_steps < 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir, " records no optimizer step count"));
+  }
   try {
     torch::NoGradGuard no_grad;
     for (const StateSlice& slice : StateSlices(/*to_save=*/false)) {
@@ -121,13 +127,7 @@ absl::Status Strategy::LoadCheckpoint(const std::string& dir) {
     return absl::InternalError(
         absl::StrCat("checkpoint ", dir, ": ", e.what_without_backtrace()));
   }
-  const nlohmann::json& training = metadata.training;
-  if (!training.contains("optimizer_steps") ||
-      !training["optimizer_steps"].is_number_integer()) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", dir, " records no optimizer step count"));
-  }
-  set_optimizer_steps(training["optimizer_steps"].get<int64_t>());
+  set_optimizer_steps(optimizer_steps);
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/llmc_layout.h"
@@ -53,21 +54,22 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
   if (!config.ok()) return config.status();
   // Every tensor is checked before anything is written.
   const std::vector<std::string> names = LlmcParameterNames(*config);
+  const std::vector<std::vector<int64_t>> shapes = LlmcParameterShapes(*config);
   std::vector<int64_t> sizes;
-  int64_t total = 0;
-  for (const std::string& name : names) {
-    const TensorEntry* tensor = reader.metadata().Find("model." + name);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorEntry* tensor = reader.metadata().Find("model." + names[i]);
     if (tensor == nullptr) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(),
-                                              " has no tensor model.", name));
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", reader.dir(), " has no tensor model.", names[i]));
+    }
+    if (tensor->shape != shapes[i]) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", reader.dir(), " holds model.", names[i],
+                       " as [", absl::StrJoin(tensor->shape, ", "), "], not [",
+                       absl::StrJoin(shapes[i], ", "), "] as model ",
+                       config->ToSpec(), " has it"));
     }
     sizes.push_back(tensor->numel());
-    total += tensor->numel();
-  }
-  if (total != config->NumParameters()) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint ", reader.dir(), " holds ", total, " weights but model ",
-        config->ToSpec(), " has ", config->NumParameters()));
   }
   const LlmcHeader header = MakeLlmcHeader(*config);
   return WriteFileAtomically(

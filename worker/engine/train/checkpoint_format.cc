@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,6 +42,21 @@ int64_t Product(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// The most elements one tensor may have (a checkpoint naming more is not
+// one of ours): 2^40, 4 TiB of float32.
+constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+constexpr int64_t kMaxBlockBytes = int64_t{64} << 20;
+
+// An integer field; anything else (a float, a string) throws, and the caller
+// reports the file as malformed.
+int64_t IntAt(const nlohmann::json& json, const char* key) {
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_number_integer()) {
+    throw std::invalid_argument(absl::StrCat("'", key, "' is not an integer"));
+  }
+  return value.get<int64_t>();
 }
 
 // Chunks sorted by offset must tile [0, numel) exactly.
@@ -235,11 +252,10 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
                            ": ", ShapeText(entry.shape), " and ",
                            ShapeText(shape), " (rank ", r, ")"));
         }
-        entry.chunks.push_back({file, c.at("offset").get<int64_t>(),
-                                c.at("numel").get<int64_t>(),
-                                c.at("byte_offset").get<int64_t>()});
+        entry.chunks.push_back({file, IntAt(c, "offset"), IntAt(c, "numel"),
+                                IntAt(c, "byte_offset")});
       }
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const std::exception& e) {
       return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
     }
   }
@@ -247,7 +263,8 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
   for (auto& [name, entry] : tensors) {  // by name
     std::sort(entry.chunks.begin(), entry.chunks.end(),
               [](const TensorChunk& a, const TensorChunk& b) {
-                return a.offset < b.offset;
+                return std::pair(a.offset, a.numel) <
+                       std::pair(b.offset, b.numel);
               });
     if (absl::Status s = CheckCoverage(entry, dir); !s.ok()) return s;
     nlohmann::json chunks = nlohmann::json::array();
@@ -257,11 +274,12 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
                        {"shape", entry.shape},
                        {"chunks", chunks}});
   }
-  const nlohmann::json metadata = {{"format", kCheckpointFormat},
-                                   {"version", kCheckpointVersion},
-                                   {"training", training},
-                                   {"files", files},
-                                   {"tensors", entries}};
+  const nlohmann::json metadata = {
+      {"format", kCheckpointFormat},
+      {"version", kCheckpointVersion},
+      {"training", training.is_object() ? training : nlohmann::json::object()},
+      {"files", files},
+      {"tensors", entries}};
   return WriteFileAtomically(absl::StrCat(dir, "/", kCheckpointMetadataFile),
                              metadata.dump(1) + "\n");
 }
@@ -273,27 +291,35 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
   if (json.is_discarded() || !json.is_object()) {
     return absl::DataLossError(absl::StrCat(where, " is not valid JSON"));
   }
-  if (json.value("format", "") != kCheckpointFormat) {
+  if (!json.contains("format") || !json["format"].is_string() ||
+      json["format"].get<std::string>() != kCheckpointFormat) {
     return absl::DataLossError(
         absl::StrCat(where, " is not a ", kCheckpointFormat, " file"));
   }
-  if (json.value("version", 0) != kCheckpointVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, " has format version ", json.value("version", 0),
-                     "; this shardtrain reads version ", kCheckpointVersion));
+  if (!json.contains("version") || !json["version"].is_number_integer() ||
+      json["version"].get<int64_t>() != kCheckpointVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " has format version ",
+        json.contains("version") ? json["version"].dump() : "(none)",
+        "; this shardtrain reads version ", kCheckpointVersion));
   }
   CheckpointMetadata metadata;
   try {
     metadata.training = json.at("training");
+    if (!metadata.training.is_object()) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": 'training' is not an object"));
+    }
     for (const nlohmann::json& f : json.at("files")) {
-      DataFile file{f.at("name").get<std::string>(),
-                    f.at("bytes").get<int64_t>(),
-                    f.at("block_bytes").get<int64_t>(),
+      DataFile file{f.at("name").get<std::string>(), IntAt(f, "bytes"),
+                    IntAt(f, "block_bytes"),
                     f.at("crc32").get<std::vector<uint32_t>>()};
-      const int64_t blocks =
-          file.block_bytes > 0
-              ? (file.bytes + file.block_bytes - 1) / file.block_bytes
-              : -1;
+      const int64_t blocks = file.block_bytes > 0 &&
+                                     file.block_bytes <= kMaxBlockBytes &&
+                                     file.bytes >= 0
+                                 ? file.bytes / file.block_bytes +
+                                       (file.bytes % file.block_bytes != 0)
+                                 : -1;
       if (file.bytes < 0 || blocks != static_cast<int64_t>(file.crc32.size()) ||
           file.name.empty() || file.name.find('/') != std::string::npos ||
           file.name == "..") {
@@ -312,19 +338,23 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
                                                 " has dtype ", entry.dtype,
                                                 "; only float32 is read"));
       }
+      int64_t elements = 1;
       for (int64_t d : entry.shape) {
-        if (d < 0) {
+        if (d < 0 || (d > 0 && elements > kMaxTensorElements / d)) {
           return absl::DataLossError(absl::StrCat(
-              where, ": tensor ", entry.name, " has a negative dimension"));
+              where, ": tensor ", entry.name, " has an impossible shape"));
         }
+        elements *= d;
       }
       for (const nlohmann::json& c : t.at("chunks")) {
-        TensorChunk chunk{
-            c.at("file").get<std::string>(), c.at("offset").get<int64_t>(),
-            c.at("numel").get<int64_t>(), c.at("byte_offset").get<int64_t>()};
+        TensorChunk chunk{c.at("file").get<std::string>(), IntAt(c, "offset"),
+                          IntAt(c, "numel"), IntAt(c, "byte_offset")};
         const DataFile* file = metadata.FindFile(chunk.file);
-        if (chunk.numel < 0 || chunk.byte_offset < 0 || file == nullptr ||
-            chunk.byte_offset + chunk.numel * kFloatBytes > file->bytes) {
+        // Within the tensor and within the file, without overflowing.
+        if (file == nullptr || chunk.numel < 0 || chunk.offset < 0 ||
+            chunk.offset > elements || chunk.numel > elements - chunk.offset ||
+            chunk.byte_offset < 0 || chunk.byte_offset > file->bytes ||
+            chunk.numel > (file->bytes - chunk.byte_offset) / kFloatBytes) {
           return absl::DataLossError(absl::StrCat(
               where, ": tensor ", entry.name, " has a malformed chunk"));
         }
@@ -332,12 +362,13 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
       }
       std::sort(entry.chunks.begin(), entry.chunks.end(),
                 [](const TensorChunk& a, const TensorChunk& b) {
-                  return a.offset < b.offset;
+                  return std::pair(a.offset, a.numel) <
+                         std::pair(b.offset, b.numel);
                 });
       if (absl::Status s = CheckCoverage(entry, where); !s.ok()) return s;
       metadata.tensors.push_back(std::move(entry));
     }
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(where, ": ", e.what()));
   }
   std::sort(metadata.tensors.begin(), metadata.tensors.end(),
@@ -446,6 +477,11 @@ absl::Status CheckpointReader::Read(const std::string& name, int64_t offset,
 absl::Status CheckpointReader::ReadChecked(const DataFile& file, int64_t offset,
                                            int64_t size, char* out) {
   if (size <= 0) return absl::OkStatus();
+  if (offset < 0 || offset > file.bytes || size > file.bytes - offset) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", dir_, ": bytes ",
+                                            offset, "+", size, " are outside ",
+                                            file.name));
+  }
   absl::StatusOr<int> fd = FileDescriptor(file.name);
   if (!fd.ok()) return fd.status();
   auto pread_all = [&](char* dst, int64_t bytes, int64_t at) -> absl::Status {
@@ -503,6 +539,25 @@ absl::Status CheckpointReader::ReadChecked(const DataFile& file, int64_t offset,
                 static_cast<size_t>(hi - lo));
   }
   return absl::OkStatus();
+}
+
+int64_t TrainingInt(const nlohmann::json& training, const std::string& key,
+                    int64_t fallback) {
+  if (!training.is_object() || !training.contains(key) ||
+      !training[key].is_number_integer()) {
+    return fallback;
+  }
+  return training[key].get<int64_t>();
+}
+
+std::string TrainingString(const nlohmann::json& training,
+                           const std::string& key,
+                           const std::string& fallback) {
+  if (!training.is_object() || !training.contains(key) ||
+      !training[key].is_string()) {
+    return fallback;
+  }
+  return training[key].get<std::string>();
 }
 
 }  // namespace shardtrain

@@ -145,6 +145,14 @@ class CheckpointReader {
   std::map<std::string, std::vector<bool>> checked_;  // file -> block
 };
 
+// A field of CheckpointMetadata::training (or of an object in it), or
+// `fallback` when it is missing or of another type.
+int64_t TrainingInt(const nlohmann::json& training, const std::string& key,
+                    int64_t fallback = -1);
+std::string TrainingString(const nlohmann::json& training,
+                           const std::string& key,
+                           const std::string& fallback = "?");
+
 // Parses and checks a checkpoint.json's text (`where` names it in errors).
 absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
     const std::string& text, const std::string& where);

@@ -216,7 +216,7 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
   const nlohmann::json& training = reader->metadata().training;
   const int64_t world = rank_info_.world_size;
   const int64_t requested = world * config_.batch_size * config_.grad_accum;
-  const int64_t saved = training.value("global_batch", int64_t{0});
+  const int64_t saved = TrainingInt(training, "global_batch", 0);
   if (saved <= 0 || saved == requested) return absl::OkStatus();
   absl::StatusOr<BatchSplit> split =
       SplitGlobalBatch(saved, world, config_.batch_size);
@@ -227,16 +227,17 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
         " ranks cannot share equally; resume at a world size that divides ",
         saved));
   }
-  const nlohmann::json written = training.value("written_by", nlohmann::json{});
+  const nlohmann::json written = training.contains("written_by")
+                                     ? training["written_by"]
+                                     : nlohmann::json::object();
   Log(absl::StrFormat(
       "resume: %s was written by %s at world size %d (batch %d x accum %d "
       "per rank); continuing at world size %d with batch %d x accum %d per "
       "rank: the same %d sequences per step",
-      reader->dir(), written.value("strategy", std::string("?")),
-      written.value("world_size", int64_t{0}),
-      written.value("batch_size", int64_t{0}),
-      written.value("grad_accum", int64_t{0}), world, split->batch,
-      split->accum, saved));
+      reader->dir(), TrainingString(written, "strategy"),
+      TrainingInt(written, "world_size"), TrainingInt(written, "batch_size"),
+      TrainingInt(written, "grad_accum"), world, split->batch, split->accum,
+      saved));
   config_.batch_size = split->batch;
   config_.grad_accum = split->accum;
   return config_.Validate();
@@ -349,12 +350,25 @@ absl::StatusOr<double> Trainer::Evaluate() {
 
 absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
   // Rank 0 stages the directory; every rank writes its slices; rank 0 writes
-  // the metadata and commits.
+  // the metadata and commits. Each stage ends in an agreement (a collective
+  // every rank reaches even when its own part failed), so a failure on one
+  // rank fails the checkpoint on all instead of leaving them waiting.
+  const auto agree = [this](const absl::Status& mine,
+                            const char* what) -> absl::Status {
+    const bool everywhere =
+        strategy_->AllReduceMean(mine.ok() ? 1.0 : 0.0) == 1.0;
+    if (!mine.ok()) return mine;
+    if (!everywhere) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint: another rank could not ", what));
+    }
+    return absl::OkStatus();
+  };
   absl::StatusOr<std::string> dir =
-      rank_info_.rank == 0 ? checkpoints_->Begin(next_step) : "";
-  if (!dir.ok()) return dir.status();
-  strategy_->Barrier();
-  if (rank_info_.rank != 0) dir = checkpoints_->StagingDir(next_step);
+      rank_info_.rank == 0
+          ? checkpoints_->Begin(next_step)
+          : absl::StatusOr<std::string>(checkpoints_->StagingDir(next_step));
+  if (absl::Status s = agree(dir.status(), "stage it"); !s.ok()) return s;
   const int64_t global_batch = sampler_->windows_per_step();
   const nlohmann::json training = {
       {"step", next_step},
@@ -370,21 +384,19 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
       {"rng_file", kRngFile},
       {"fingerprint",
        ResumeFingerprint(config_, model_config_, global_batch, total_steps_)}};
+  absl::Status rng = absl::OkStatus();
   if (rank_info_.rank == 0) {
-    const torch::Tensor rng =
+    const torch::Tensor state =
         at::detail::getDefaultCPUGenerator().get_state().contiguous();
-    if (absl::Status s = WriteFileAtomically(
-            *dir + "/" + kRngFile,
-            std::string_view(static_cast<const char*>(rng.data_ptr()),
-                             static_cast<size_t>(rng.nbytes())));
-        !s.ok()) {
-      return s;
-    }
+    rng = WriteFileAtomically(
+        *dir + "/" + kRngFile,
+        std::string_view(static_cast<const char*>(state.data_ptr()),
+                         static_cast<size_t>(state.nbytes())));
   }
-  if (absl::Status s = strategy_->SaveCheckpoint(*dir, training); !s.ok()) {
-    return s;
-  }
-  strategy_->Barrier();
+  if (absl::Status s = agree(rng, "write the random state"); !s.ok()) return s;
+  // Collective; rank 0 then writes checkpoint.json.
+  const absl::Status saved = strategy_->SaveCheckpoint(*dir, training);
+  if (absl::Status s = agree(saved, "write its part"); !s.ok()) return s;
   if (rank_info_.rank == 0) return checkpoints_->Commit(next_step);
   return absl::OkStatus();
 }
@@ -401,10 +413,21 @@ absl::Status Trainer::Resume() {
   std::vector<std::string> problems;
   for (const std::string& dir : dirs) {
     absl::StatusOr<int64_t> step = LoadCheckpointFrom(dir);
-    // A checkpoint of another run: older ones are of that run too.
-    if (absl::IsFailedPrecondition(step.status())) return step.status();
+    // Decided together: a rank may find alone what is wrong (under FSDP each
+    // reads only its own tensors).
     const bool everywhere =
         strategy_->AllReduceMean(step.ok() ? 1.0 : 0.0) == 1.0;
+    const bool another_run =
+        strategy_->AllReduceMean(
+            absl::IsFailedPrecondition(step.status()) ? 1.0 : 0.0) > 0;
+    // A checkpoint of another run: older ones are of that run too.
+    if (another_run) {
+      return absl::IsFailedPrecondition(step.status())
+                 ? step.status()
+                 : absl::FailedPreconditionError(absl::StrCat(
+                       "resume: another rank found ", dir,
+                       " to belong to another training (see rank 0's log)"));
+    }
     if (everywhere) {
       start_step_ = *step;
       Log(absl::StrCat("resumed from ", dir, " at step ", start_step_));
@@ -428,13 +451,21 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
       CheckpointReader::Open(dir);
   if (!reader.ok()) return reader.status();
   const nlohmann::json& training = (*reader)->metadata().training;
-  if (!training.contains("step") || !training["step"].is_number_integer()) {
+  const int64_t step = TrainingInt(training, "step");
+  if (step < 0) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", dir, " records no step"));
   }
-  const nlohmann::json expected = ResumeFingerprint(
-      config_, model_config_, sampler_->windows_per_step(), total_steps_);
-  const nlohmann::json saved = training.value("fingerprint", nlohmann::json{});
+  const int64_t global_batch =
+      sampler_
+          ? sampler_->windows_per_step()
+          : rank_info_.world_size * config_.batch_size * config_.grad_accum;
+  const nlohmann::json expected =
+      ResumeFingerprint(config_, model_config_, global_batch, total_steps_);
+  const nlohmann::json saved =
+      training.contains("fingerprint") && training["fingerprint"].is_object()
+          ? training["fingerprint"]
+          : nlohmann::json::object();
   for (const auto& [field, value] : expected.items()) {
     if (saved.contains(field) && saved[field] == value) continue;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -460,7 +491,7 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
-  return training["step"].get<int64_t>();
+  return step;
 }
 
 absl::Status Trainer::Run() {

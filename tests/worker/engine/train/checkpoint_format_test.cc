@@ -175,37 +175,24 @@ TEST(CheckpointExportTest, WritesTheModelInLlmcOrderWithoutRanks) {
   ASSERT_TRUE(config.ok());
   test::TempDir dir;
   const std::vector<std::string> names = LlmcParameterNames(*config);
-  // Only sizes matter to the file: each tensor is 1-D here.
+  const std::vector<std::vector<int64_t>> shapes = LlmcParameterShapes(*config);
   std::vector<std::vector<float>> values;
-  int64_t total = 0;
   std::vector<int64_t> sizes;
-  {
-    // llm.c's table: wte, wpe, the per-layer tensors, ln_f.
-    const int64_t c = config->n_embd;
-    const int64_t l = config->n_layer;
-    sizes = {config->padded_vocab_size * c, config->block_size * c};
-    for (int64_t per_layer : {c, c, 3 * c * c, 3 * c, c * c, c, c, c, 4 * c * c,
-                              4 * c, 4 * c * c, c}) {
-      for (int64_t i = 0; i < l; ++i) sizes.push_back(per_layer);
-    }
-    sizes.push_back(c);
-    sizes.push_back(c);
-  }
-  ASSERT_EQ(sizes.size(), names.size());
+  int64_t total = 0;
   std::vector<ChunkToWrite> rank0, rank1;
   for (size_t i = 0; i < names.size(); ++i) {
-    values.emplace_back(sizes[i], static_cast<float>(i));
-    total += sizes[i];
+    int64_t size = 1;
+    for (int64_t d : shapes[i]) size *= d;
+    sizes.push_back(size);
+    values.emplace_back(size, static_cast<float>(i));
+    total += size;
   }
   ASSERT_EQ(total, config->NumParameters());
   for (size_t i = 0; i < names.size(); ++i) {
     const int64_t half = sizes[i] / 2 + 1;
     rank0.push_back(
-        {"model." + names[i], {sizes[i]}, 0, half, values[i].data()});
-    rank1.push_back({"model." + names[i],
-                     {sizes[i]},
-                     half,
-                     sizes[i] - half,
+        {"model." + names[i], shapes[i], 0, half, values[i].data()});
+    rank1.push_back({"model." + names[i], shapes[i], half, sizes[i] - half,
                      values[i].data() + half});
   }
   ASSERT_TRUE(WriteRankChunks(dir.path(), 0, rank0).ok());
@@ -231,13 +218,26 @@ TEST(CheckpointExportTest, WritesTheModelInLlmcOrderWithoutRanks) {
     ASSERT_EQ(got, values[i]) << names[i];
   }
 
-  // Another model's checkpoint lacks the tensors llm.c's layout needs.
-  test::TempDir other;
+  // Another model's checkpoint: a tensor shaped otherwise, or missing.
+  test::TempDir flat;
   ASSERT_TRUE(
       WriteRankChunks(
-          other.path(), 0,
+          flat.path(), 0,
           {{"model.wte.weight", {sizes[0]}, 0, sizes[0], values[0].data()}})
           .ok());
+  ASSERT_TRUE(
+      WriteCheckpointMetadata(flat.path(), 1, {{"model", config->ToSpec()}})
+          .ok());
+  auto misshapen = CheckpointReader::Open(flat.path());
+  ASSERT_TRUE(misshapen.ok());
+  EXPECT_THAT(
+      ExportCheckpointAsLlmc(**misshapen, dir / "x.bin").message(),
+      HasSubstr("holds model.wte.weight as [6438912], not [50304, 128]"));
+  test::TempDir other;
+  ASSERT_TRUE(WriteRankChunks(other.path(), 0,
+                              {{"model.wte.weight", shapes[0], 0, sizes[0],
+                                values[0].data()}})
+                  .ok());
   ASSERT_TRUE(
       WriteCheckpointMetadata(other.path(), 1, {{"model", config->ToSpec()}})
           .ok());
