@@ -566,8 +566,13 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
 absl::StatusOr<std::vector<v1::StepMetrics>> JobManager::Metrics(
     const std::string& job_id, std::optional<int> rank,
     int64_t from_step) const {
-  if (absl::StatusOr<v1::Job> job = Get(job_id); !job.ok()) {
-    return job.status();
+  absl::StatusOr<v1::Job> job = Get(job_id);
+  if (!job.ok()) return job.status();
+  const int world = job->spec().world_size();
+  if (rank.has_value() && (*rank < 0 || *rank >= world)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: got ", *rank, "; ", job_id, " has ranks 0 to ",
+                     world - 1, " (world size ", world, ")"));
   }
   return store_->GetMetrics(job_id, rank, from_step);
 }

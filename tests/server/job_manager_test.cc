@@ -399,6 +399,20 @@ TEST_F(JobManagerTest, CancellingAQueuedJobEndsItAtOnce) {
       absl::IsFailedPrecondition(manager_->Cancel(waiting->id()).status()));
 }
 
+// A rank the job does not have is an error naming the ranks it has, not an
+// empty answer.
+TEST_F(JobManagerTest, MetricsOfARankTheJobDoesNotHaveAreRefused) {
+  std::string id;
+  StartRunning(Spec(2), &id);
+  EXPECT_TRUE(manager_->Metrics(id, 1, 0).ok());
+  for (int rank : {2, 5, -1}) {
+    const absl::Status refused = manager_->Metrics(id, rank, 0).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << rank;
+    EXPECT_THAT(refused.message(),
+                HasSubstr(" has ranks 0 to 1 (world size 2)"));
+  }
+}
+
 // --- Elastic jobs ---
 
 // A device is lost for good (a GPU off the bus): the elastic job continues
