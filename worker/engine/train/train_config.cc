@@ -87,6 +87,13 @@ absl::Status TrainConfig::Validate() const {
     return FieldError("epochs", epochs,
                       absl::StrCat("must be at most ", kMaxEpochs));
   }
+  if (eval_only && init_from.empty()) {
+    return absl::InvalidArgumentError(
+        "eval_only: needs --init-from MODEL.bin, the model to evaluate "
+        "(without one it would score a randomly initialised model); "
+        "`shardtrain checkpoint export DIR --to MODEL.bin` makes one from a "
+        "checkpoint");
+  }
   if (max_steps == 0 && epochs <= 0 && !eval_only) {
     return FieldError("epochs", epochs,
                       "must be positive when max_steps is not set");

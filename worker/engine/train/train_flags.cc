@@ -54,7 +54,8 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
                  "checkpoint every N steps");
   app.add_option("--out", c.out,
                  "output dir: metrics.jsonl, checkpoints, model.bin");
-  app.add_flag("--eval-only", c.eval_only, "only evaluate on val.bin");
+  app.add_flag("--eval-only", c.eval_only,
+               "only evaluate --init-from's model on val.bin");
   app.add_flag("--resume", c.resume,
                "continue from the latest checkpoint in --out");
   app.add_option("--log-every", c.log_every, "print a step line every N steps");

@@ -116,5 +116,19 @@ TEST(TrainConfigTest, YamlRejectsUnknownKeysAndWrongTypesWithoutChanges) {
       LoadYamlTrainConfigFile("/nonexistent/train.yaml", &config).ok());
 }
 
+// Evaluating without a model to evaluate would score random weights.
+TEST(TrainConfigTest, EvalOnlyNeedsAModelToEvaluate) {
+  TrainConfig config;
+  config.data = "/tmp/data";
+  config.eval_only = true;
+  const absl::Status refused = config.Validate();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("eval_only: needs --init-from"),
+            std::string::npos)
+      << refused;
+  config.init_from = "/tmp/model.bin";
+  EXPECT_TRUE(config.Validate().ok());
+}
+
 }  // namespace
 }  // namespace shardtrain
