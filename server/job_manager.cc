@@ -98,13 +98,13 @@ bool SecretsEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
 template <typename Entry>
 bool AnyRankRunning(const Entry& entry) {
   return std::any_of(entry.ranks.begin(), entry.ranks.end(),
                      [](const auto& rank) { return !rank.exited; });
 }
 
+// Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
 bool LooksLikeOom(const std::vector<std::string>& lines) {
   for (const std::string& line : lines) {
     const std::string lower = absl::AsciiStrToLower(line);
@@ -116,6 +116,17 @@ bool LooksLikeOom(const std::vector<std::string>& lines) {
     }
   }
   return false;
+}
+
+// Turns `failure` into OOM when its log tail shows an out-of-memory error;
+// whether it did.
+bool MarkOomFromLogTail(v1::Failure& failure) {
+  const std::vector<std::string> tail(failure.log_tail().begin(),
+                                      failure.log_tail().end());
+  if (failure.reason() == v1::OOM || !LooksLikeOom(tail)) return false;
+  failure.set_reason(v1::OOM);
+  failure.set_message(failure.message() + " (out of memory)");
+  return true;
 }
 
 const char* StateName(v1::JobState state) {
@@ -901,12 +912,7 @@ void JobManager::ApplyPoll(const Poll& poll) {
         failed.rank < static_cast<int>(entry->ranks.size())) {
       failure =
           RankFailure(job.id(), failed.rank, failed.reason, failed.message);
-      const std::vector<std::string> tail(failure.log_tail().begin(),
-                                          failure.log_tail().end());
-      if (failure.reason() != v1::OOM && LooksLikeOom(tail)) {
-        failure.set_reason(v1::OOM);
-        failure.set_message(failure.message() + " (out of memory)");
-      }
+      MarkOomFromLogTail(failure);
     } else {
       failure.set_reason(failed.reason);
       failure.set_rank(-1);
@@ -938,12 +944,7 @@ v1::Failure JobManager::RankExitFailure(const Entry& entry, int r,
   v1::Failure failure =
       RankFailure(id, r, exit.signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
                   absl::StrCat("rank ", r, " ended with ", exit.ToString()));
-  const std::vector<std::string> tail(failure.log_tail().begin(),
-                                      failure.log_tail().end());
-  if (LooksLikeOom(tail)) {
-    failure.set_reason(v1::OOM);
-    failure.set_message(failure.message() + " (out of memory)");
-  } else if (exit.exit_code == kExitDiverged) {
+  if (!MarkOomFromLogTail(failure) && exit.exit_code == kExitDiverged) {
     // Deterministic: a restart from the last checkpoint would diverge at
     // the same step again.
     failure.set_reason(v1::DIVERGED);

@@ -78,7 +78,8 @@ struct Capacity {
   int slots = -1;
   // Indices into the coordinator's devices that cannot run a rank now.
   std::vector<int> lost_devices;
-  // What is lost, in a few words for the job's events ("node3 (DOWN)").
+  // A backend that places ranks itself (no lost_devices): what is lost, in
+  // a few words for the job's events ("node3 (DOWN)").
   std::string lost;
 };
 

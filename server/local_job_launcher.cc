@@ -1,7 +1,6 @@
 #include "server/local_job_launcher.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/free_port.h"
 
 namespace shardtrain {
@@ -12,12 +11,7 @@ LocalJobLauncher::LocalJobLauncher(ProcessLauncher* processes,
 
 absl::StatusOr<Capacity> LocalJobLauncher::Available() {
   Capacity capacity;
-  if (!lost_devices_) return capacity;
-  capacity.lost_devices = lost_devices_();
-  std::vector<std::string> names;
-  for (int d : capacity.lost_devices)
-    names.push_back(absl::StrCat("device ", d));
-  capacity.lost = absl::StrJoin(names, ", ");
+  if (lost_devices_) capacity.lost_devices = lost_devices_();
   return capacity;
 }
 
