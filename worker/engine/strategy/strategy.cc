@@ -93,7 +93,12 @@ absl::Status Strategy::LoadCheckpoint(const std::string& dir) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(dir);
   if (!reader.ok()) return reader.status();
-  const CheckpointMetadata& metadata = (*reader)->metadata();
+  return LoadCheckpoint(**reader);
+}
+
+absl::Status Strategy::LoadCheckpoint(CheckpointReader& reader) {
+  const std::string& dir = reader.dir();
+  const CheckpointMetadata& metadata = reader.metadata();
   const int64_t optimizer_steps =
       TrainingInt(metadata.training, "optimizer_steps");
   if (optimizer_steps < 0) {
@@ -115,9 +120,8 @@ absl::Status Strategy::LoadCheckpoint(const std::string& dir) {
             ": it was written for another model (wrong --model?)"));
       }
       torch::Tensor buffer = torch::empty({slice.data.numel()}, torch::kFloat);
-      if (absl::Status s =
-              (*reader)->Read(slice.name, slice.offset, buffer.numel(),
-                              buffer.data_ptr<float>());
+      if (absl::Status s = reader.Read(slice.name, slice.offset, buffer.numel(),
+                                       buffer.data_ptr<float>());
           !s.ok()) {
         return s;
       }

@@ -43,6 +43,8 @@ struct StateSlice {
   torch::Tensor data;
 };
 
+class CheckpointReader;
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -100,6 +102,8 @@ class Strategy {
   // world size wrote it: each slice reads exactly its range. Errors name the
   // tensor that is missing or shaped differently (another model).
   absl::Status LoadCheckpoint(const std::string& dir);
+  // The same from a checkpoint already opened (its metadata read once).
+  absl::Status LoadCheckpoint(CheckpointReader& reader);
 
   // The whole model in llm.c's format (collective; rank 0 writes `path`).
   virtual absl::Status ExportModel(const std::string& path) = 0;

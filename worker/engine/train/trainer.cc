@@ -474,7 +474,7 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
         "; this run has ", value.dump(), ". Pass the same (", FlagFor(field),
         "), or train into a fresh --out"));
   }
-  if (absl::Status s = strategy_->LoadCheckpoint(dir); !s.ok()) return s;
+  if (absl::Status s = strategy_->LoadCheckpoint(**reader); !s.ok()) return s;
   std::ifstream in(dir + "/" + kRngFile, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)),
                           std::istreambuf_iterator<char>());
