@@ -137,6 +137,14 @@ std::string ScalingExplanation(const std::string& scaling) {
            "ranks, so more ranks means less work per rank for the same "
            "training problem.";
   }
+  if (scaling == "budget") {
+    return "Memory budget: every rank of every strategy has the same memory "
+           "cap, and each strategy runs at the largest per-rank batch its "
+           "plan fits under it (the batch/rank column), so the table shows "
+           "what the memory a strategy saves buys: a larger batch, more "
+           "tokens per step. Losses differ with the batch; compare them at "
+           "equal tokens, not equal steps.";
+  }
   return absl::StrCat("Scaling mode: ", scaling, ".");
 }
 
@@ -148,6 +156,7 @@ const std::vector<std::string>& TableHeader() {
   static const auto* const kHeader =
       new std::vector<std::string>{"strategy",
                                    "world",
+                                   "batch/rank",
                                    "steps",
                                    "final train loss",
                                    "final val loss",
@@ -168,6 +177,7 @@ std::vector<std::string> TableCells(const StrategySummary& row) {
   return {
       row.strategy,
       absl::StrCat(row.world_size),
+      row.batch_size > 0 ? absl::StrCat(row.batch_size) : "-",
       absl::StrCat(row.steps),
       absl::StrFormat("%.4f", row.final_train_loss),
       row.final_val_loss < 0 ? "-"
@@ -340,6 +350,7 @@ StrategySummary Summarise(const StrategyRun& run) {
   StrategySummary summary;
   summary.strategy = run.strategy;
   summary.world_size = run.world_size;
+  summary.batch_size = run.batch_size;
   summary.predicted_peak_bytes_per_rank = run.predicted_peak_bytes_per_rank;
 
   std::vector<v1::StepMetrics> rank0;

@@ -35,6 +35,7 @@ struct StrategyRun {
 struct StrategySummary {
   std::string strategy;
   int world_size = 1;
+  int64_t batch_size = 0;             // per rank per micro-step; 0: unknown
   int64_t steps = 0;                  // optimizer steps (rank 0)
   double final_train_loss = 0;        // rank 0's last step
   double final_val_loss = -1;         // last eval, < 0 when none

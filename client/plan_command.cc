@@ -1,5 +1,6 @@
 #include "client/plan_command.h"
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "nlohmann/json.hpp"
@@ -24,13 +26,200 @@ struct PlanOptions {
   int64_t world_size = 2;
   std::string scaling = "strong";
   std::string format = "table";
+  // --fit: the largest batch per device that fits.
+  bool fit = false;
+  int64_t devices = 0;  // 0: --world-size
+  std::string memory_per_device;
 };
+
+// One row of --fit: a strategy, with or without activation checkpointing.
+struct FitRow {
+  std::string strategy;
+  std::string checkpointing;  // "none" | "all"
+  int64_t world = 1;          // devices the strategy uses
+  int64_t shard_group_size = 0;
+  int64_t batch = 0;  // largest per device; 0: nothing fits
+  int64_t peak = 0;   // at `batch`, or at batch 1 when nothing fits
+};
+
+// The fewest devices (doubling from `devices`, at most 4096) on which FSDP
+// with activation checkpointing fits one sequence per device; 0 if none.
+int64_t DevicesThatFit(TrainConfig config, int64_t devices, int64_t budget) {
+  config.strategy = "fsdp";
+  config.activation_checkpointing = "all";
+  config.batch_size = 1;
+  for (int64_t n = std::max<int64_t>(2, devices * 2); n <= 4096; n *= 2) {
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, n);
+    if (plan.ok() && plan->total() <= budget) return n;
+  }
+  return 0;
+}
+
+// The longest sequence (halving from seq_len, down to 64) at which FSDP with
+// activation checkpointing fits one sequence per device; 0 if none.
+int64_t SeqLenThatFits(TrainConfig config, int64_t devices, int64_t budget) {
+  config.strategy = "fsdp";
+  config.activation_checkpointing = "all";
+  config.batch_size = 1;
+  for (int64_t seq = config.seq_len / 2; seq >= 64; seq /= 2) {
+    config.seq_len = seq;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, devices);
+    if (plan.ok() && plan->total() <= budget) return seq;
+  }
+  return 0;
+}
+
+int RunFit(const PlanOptions& options, const TrainConfig& base) {
+  const int64_t devices =
+      options.devices > 0 ? options.devices : options.world_size;
+  if (options.memory_per_device.empty()) {
+    ReportFailure("--fit needs --memory-per-device SIZE (e.g. 80GiB)");
+    return kExitUsage;
+  }
+  absl::StatusOr<int64_t> budget = ParseBytes(options.memory_per_device);
+  if (!budget.ok()) {
+    ReportFailure(
+        absl::StrCat("--memory-per-device: ", budget.status().message()));
+    return kExitUsage;
+  }
+  std::vector<std::string> strategies =
+      options.strategy.empty() ? StrategyNames()
+                               : std::vector<std::string>{options.strategy};
+  std::vector<FitRow> rows;
+  for (const std::string& strategy : strategies) {
+    const bool distributed = FindStrategyKind(strategy)->distributed;
+    if (distributed && devices < 2) continue;
+    for (const char* checkpointing : {"none", "all"}) {
+      TrainConfig config = base;
+      config.strategy = strategy;
+      config.activation_checkpointing = checkpointing;
+      FitRow row;
+      row.strategy = strategy;
+      row.checkpointing = checkpointing;
+      row.world = distributed ? devices : 1;
+      absl::StatusOr<int64_t> batch =
+          LargestFittingBatch(config, row.world, *budget);
+      if (!batch.ok()) return ReportFailure(batch.status());
+      row.batch = *batch;
+      config.batch_size = std::max<int64_t>(1, *batch);
+      absl::StatusOr<MemoryPlan> plan = PlanMemory(config, row.world);
+      if (!plan.ok()) return ReportFailure(plan.status());
+      row.peak = plan->total();
+      row.shard_group_size = plan->shard_group_size;
+      rows.push_back(row);
+    }
+  }
+  // The answer: the most sequences per optimizer step over all devices.
+  const FitRow* best = nullptr;
+  const FitRow* least = nullptr;  // the smallest need, when nothing fits
+  for (const FitRow& row : rows) {
+    if (row.batch > 0 && (best == nullptr ||
+                          row.batch * row.world > best->batch * best->world)) {
+      best = &row;
+    }
+    if (least == nullptr || row.peak < least->peak) least = &row;
+  }
+  std::vector<std::string> advice;
+  if (best == nullptr) {
+    if (int64_t n = DevicesThatFit(base, devices, *budget); n > 0) {
+      advice.push_back(
+          absl::StrCat("FSDP with activation checkpointing fits "
+                       "one sequence per device on ",
+                       n, " devices"));
+    }
+    if (int64_t seq =
+            SeqLenThatFits(base, std::max<int64_t>(devices, 2), *budget);
+        seq > 0) {
+      advice.push_back(absl::StrCat("--seq-len ", seq, " fits on ",
+                                    std::max<int64_t>(devices, 2),
+                                    " devices with FSDP and activation "
+                                    "checkpointing"));
+    }
+    if (base.device.rfind("cuda", 0) == 0 && base.precision == "fp32") {
+      advice.push_back("--precision bf16 halves activations and gathers");
+    }
+    if (advice.empty()) advice.push_back("a smaller model");
+  }
+
+  if (options.format == "json" || options.format == "yaml") {
+    nlohmann::json out = {{"model", base.model},
+                          {"seq_len", base.seq_len},
+                          {"precision", base.precision},
+                          {"device", base.device},
+                          {"devices", devices},
+                          {"memory_per_device_bytes", *budget},
+                          {"fits", nlohmann::json::array()}};
+    for (const FitRow& row : rows) {
+      nlohmann::json j = {{"strategy", row.strategy},
+                          {"activation_checkpointing", row.checkpointing},
+                          {"world_size", row.world},
+                          {"batch_size", row.batch},
+                          {"global_batch", row.batch * row.world},
+                          {"peak_bytes_per_device", row.peak}};
+      if (row.shard_group_size > 0) {
+        j["shard_group_size"] = row.shard_group_size;
+      }
+      out["fits"].push_back(j);
+    }
+    if (best != nullptr) {
+      out["best"] = {{"strategy", best->strategy},
+                     {"activation_checkpointing", best->checkpointing},
+                     {"batch_size", best->batch}};
+    } else {
+      out["advice"] = advice;
+    }
+    std::cout << (options.format == "json" ? out.dump(2) + "\n"
+                                           : JsonToYaml(out.dump()));
+    return kExitOk;
+  }
+
+  std::vector<std::vector<std::string>> table;
+  for (const FitRow& row : rows) {
+    std::string name = row.strategy;
+    if (row.shard_group_size > 0) {
+      absl::StrAppend(&name, " (groups of ", row.shard_group_size, ")");
+    }
+    table.push_back({name, row.checkpointing == "all" ? "all blocks" : "none",
+                     absl::StrCat(row.world),
+                     row.batch > 0 ? absl::StrCat(row.batch) : "does not fit",
+                     row.batch > 0 ? absl::StrCat(row.batch * row.world) : "-",
+                     absl::StrCat(FormatBytes(row.peak),
+                                  row.batch > 0 ? "" : " at batch 1")});
+  }
+  std::cout << absl::StrFormat(
+                   "largest batch per device within %s on %d devices: %s, "
+                   "seq %d, %s on %s\n",
+                   FormatBytes(*budget), devices, base.model, base.seq_len,
+                   base.precision, base.device)
+            << FormatTable({"strategy", "activation ckpt", "devices",
+                            "batch per device", "sequences per step",
+                            "peak per device"},
+                           table);
+  if (best != nullptr) {
+    std::cout << absl::StrFormat(
+        "\nmost per step: %s%s, batch %d per device (%d sequences per "
+        "step)\n",
+        best->strategy,
+        best->checkpointing == "all" ? " with activation checkpointing" : "",
+        best->batch, best->batch * best->world);
+  } else {
+    std::cout << absl::StrFormat(
+        "\nnothing fits: the least memory is %s%s at batch 1, %s per device "
+        "(%s over)\nto fit: %s\n",
+        least->strategy,
+        least->checkpointing == "all" ? " with activation checkpointing" : "",
+        FormatBytes(least->peak), FormatBytes(least->peak - *budget),
+        absl::StrJoin(advice, "; or "));
+  }
+  return kExitOk;
+}
 
 int RunPlan(const PlanOptions& options) {
   TrainConfig base = options.config;
   base.data = "-";  // not needed to plan
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
   if (absl::Status s = base.Validate(); !s.ok()) return ReportFailure(s);
+  if (options.fit) return RunFit(options, base);
   if (options.world_size < 1) {
     return ReportFailure(
         absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
@@ -73,11 +262,15 @@ int RunPlan(const PlanOptions& options) {
     for (size_t i = 0; i < plans.size(); ++i) {
       nlohmann::json parts = nlohmann::json::object();
       for (const auto& [name, bytes] : plans[i].Parts()) parts[name] = bytes;
-      out["plans"].push_back({{"strategy", plans[i].strategy},
-                              {"world_size", plans[i].world_size},
-                              {"batch_size", batches[i]},
-                              {"bytes_per_rank", parts},
-                              {"total_bytes_per_rank", plans[i].total()}});
+      nlohmann::json plan = {{"strategy", plans[i].strategy},
+                             {"world_size", plans[i].world_size},
+                             {"batch_size", batches[i]},
+                             {"bytes_per_rank", parts},
+                             {"total_bytes_per_rank", plans[i].total()}};
+      if (plans[i].shard_group_size > 0) {
+        plan["shard_group_size"] = plans[i].shard_group_size;
+      }
+      out["plans"].push_back(plan);
     }
     std::cout << (options.format == "json" ? out.dump(2) + "\n"
                                            : JsonToYaml(out.dump()));
@@ -130,12 +323,13 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
       "plan",
       "Predict each rank's peak tensor memory by part (parameters, gradients, "
       "optimizer state, gathered units, activations, logits, communication) "
-      "for single, DDP and FSDP, before launching (local, no daemon needed)");
+      "for single, DDP, FSDP and HSDP, before launching (local, no daemon "
+      "needed); --fit: the largest batch that fits a device");
   TrainConfig& c = options->config;
   plan->add_option("--model", c.model, "preset or custom:...")
       ->capture_default_str();
   plan->add_option("--strategy", options->strategy,
-                   "single | ddp | fsdp (default: all three)")
+                   "single | ddp | fsdp | hsdp (default: all)")
       ->check(CLI::IsMember(StrategyNames()));
   plan->add_option("--world-size", options->world_size, "ranks")
       ->capture_default_str();
@@ -155,6 +349,20 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--fsdp-no-sync", c.fsdp_no_sync,
                    "FSDP: keep full gradients over accumulation micro-steps")
       ->capture_default_str();
+  plan->add_option("--shard-group-size", c.shard_group_size,
+                   "HSDP: ranks per shard group (0: half of one node's)")
+      ->capture_default_str();
+  plan->add_option("--activation-checkpointing", c.activation_checkpointing,
+                   "none | all | every-N: recompute blocks in backward")
+      ->capture_default_str();
+  plan->add_flag("--fit", options->fit,
+                 "answer what fits: for each strategy, with and without "
+                 "activation checkpointing, the largest batch per device "
+                 "within --memory-per-device");
+  plan->add_option("--devices", options->devices,
+                   "--fit: devices to use (default: --world-size)");
+  plan->add_option("--memory-per-device", options->memory_per_device,
+                   "--fit: memory of one device, e.g. 80GiB");
   plan->add_option("--scaling", options->scaling,
                    "strong: single-device gets world x batch (as compare); "
                    "weak: the per-rank batch")

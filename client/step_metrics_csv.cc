@@ -22,7 +22,7 @@ std::string StepMetricsCsv(const std::vector<v1::StepMetrics>& steps) {
       "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,tokens,"
       "tokens_per_second,mfu,memory_allocated_bytes,memory_peak_bytes,"
       "memory_reserved_bytes,model_state_bytes,comm_seconds,comm_bytes,"
-      "val_loss\n";
+      "comm_inter_group_bytes,val_loss\n";
   for (const v1::StepMetrics& m : steps) {
     absl::StrAppend(
         &out,
@@ -37,6 +37,7 @@ std::string StepMetricsCsv(const std::vector<v1::StepMetrics>& steps) {
              absl::StrCat(m.memory_reserved_bytes()),
              absl::StrCat(m.model_state_bytes()), ExactDouble(m.comm_seconds()),
              absl::StrCat(m.comm_bytes()),
+             absl::StrCat(m.comm_inter_group_bytes()),
              m.has_val_loss() ? ExactDouble(m.val_loss()) : std::string()},
             ","),
         "\n");

@@ -19,6 +19,7 @@
 #include "client/job_commands.h"
 #include "proto/job_config.h"
 #include "worker/engine/train/memory_plan.h"
+#include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/strategy_kinds.h"
 
 namespace shardtrain::cli {
@@ -26,18 +27,42 @@ namespace {
 
 struct CompareFlags {
   JobFlags job;
-  std::vector<std::string> strategies = StrategyNames();
+  // Empty: every strategy that means something at the world size (HSDP
+  // needs four ranks for two groups of two).
+  std::vector<std::string> strategies;
   std::string out;
   std::string scaling = "strong";
+  std::string memory_budget;  // --memory-budget: per-rank cap, e.g. 512MiB
 };
 
-int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
+std::vector<std::string> DefaultStudy(int world) {
+  std::vector<std::string> names;
+  for (const std::string& name : StrategyNames()) {
+    if (name == "hsdp" && world < 4) continue;
+    names.push_back(name);
+  }
+  return names;
+}
+
+int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<v1::JobSpec> base = flags.job.ToSpec();
   if (!base.ok()) {
     ReportFailure(base.status());
     return kExitUsage;
   }
   const int world = flags.job.world_size;
+  if (flags.strategies.empty()) flags.strategies = DefaultStudy(world);
+  int64_t budget = 0;
+  if (!flags.memory_budget.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseBytes(flags.memory_budget);
+    if (!bytes.ok()) {
+      ReportFailure(
+          absl::StrCat("--memory-budget: ", bytes.status().message()));
+      return kExitUsage;
+    }
+    budget = *bytes;
+    flags.scaling = "budget";
+  }
   for (const std::string& s : flags.strategies) {
     const StrategyKind* kind = FindStrategyKind(s);
     if (kind == nullptr) {
@@ -72,6 +97,23 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
     if (!distributed && flags.scaling == "strong") {
       spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() *
                                              world);
+    }
+    if (budget > 0) {
+      // Each strategy at the largest batch its plan fits in the budget, run
+      // under that cap: what the memory buys.
+      absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "-");
+      if (!config.ok()) return ReportFailure(config.status());
+      absl::StatusOr<int64_t> batch =
+          LargestFittingBatch(*config, ranks, budget);
+      if (!batch.ok()) return ReportFailure(batch.status());
+      if (*batch == 0) {
+        std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": "
+                  << strategy << " does not fit one sequence per rank"
+                  << " in " << FormatBytes(budget) << "; skipped ==\n";
+        continue;
+      }
+      spec.mutable_trainer()->set_batch_size(*batch);
+      spec.mutable_trainer()->set_memory_cap_bytes(budget);
     }
     spec.set_name(absl::StrCat(flags.job.name.empty() ? study : flags.job.name,
                                "-", strategy));
@@ -140,11 +182,17 @@ int RunCompare(const CompareFlags& flags, const ConnectionOptions& connection) {
 
   CompareOptions options;
   options.scaling = flags.scaling;
-  options.title =
-      absl::StrCat(base->model(), " on ",
-                   base->data() == "brown" ? "the Brown Corpus" : base->data(),
-                   ", ", absl::StrJoin(flags.strategies, " vs "),
-                   ", world size ", world, ", ", flags.scaling, " scaling");
+  options.title = absl::StrCat(
+      base->model(), " on ",
+      base->data() == "brown" ? "the Brown Corpus" : base->data(), ", ",
+      absl::StrJoin(flags.strategies, " vs "), ", world size ", world, ", ",
+      budget > 0 ? absl::StrCat("each at its largest batch within ",
+                                FormatBytes(budget), " per rank")
+                 : absl::StrCat(flags.scaling, " scaling"));
+  if (runs.empty()) {
+    return ReportFailure(absl::StrCat(
+        "no strategy fits one sequence per rank in ", FormatBytes(budget)));
+  }
   if (absl::Status s = WriteCompareReport(runs, options, flags.out); !s.ok()) {
     return ReportFailure(s);
   }
@@ -262,9 +310,14 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
       "Run the same job under each strategy, one after another, and write a "
       "report (table, CSVs, charts)");
   AddJobFlags(cmd, &flags->job, argc, argv);
-  cmd->add_option("--strategies", flags->strategies, "comma-separated")
-      ->delimiter(',')
-      ->capture_default_str();
+  cmd->add_option("--strategies", flags->strategies,
+                  "comma-separated (default: single, ddp, fsdp, and hsdp "
+                  "from world size 4)")
+      ->delimiter(',');
+  cmd->add_option("--memory-budget", flags->memory_budget,
+                  "per-rank memory, e.g. 512MiB: each strategy runs at the "
+                  "largest batch it fits (by `shardtrain plan`), capped there "
+                  "(past it a run fails out of memory)");
   cmd->add_option("--out", flags->out, "report directory")->required();
   cmd->add_option("--scaling", flags->scaling,
                   "strong: same global batch for every strategy; weak: same "

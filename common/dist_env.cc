@@ -63,6 +63,17 @@ absl::StatusOr<EnvLookup> SlurmAsTorchrun(const EnvLookup& lookup) {
       std::optional<std::string> local = lookup("LOCAL_RANK");
       return local ? local : lookup("SLURM_LOCALID");
     }
+    if (name == "LOCAL_WORLD_SIZE") {
+      if (auto v = lookup("LOCAL_WORLD_SIZE")) return v;
+      if (auto v = lookup("SLURM_NTASKS_PER_NODE")) return v;
+      if (auto v = lookup("SLURM_TASKS_PER_NODE")) {
+        // "2(x3),1": the first node's count.
+        const std::string count =
+            v->substr(0, v->find_first_not_of("0123456789"));
+        if (!count.empty()) return count;
+      }
+      return std::nullopt;
+    }
     if (name == "MASTER_ADDR" && !master_addr.empty()) return master_addr;
     if (name == "MASTER_PORT" && !master_port.empty()) return master_port;
     return lookup(name);
@@ -158,6 +169,11 @@ absl::StatusOr<DistEnv> ReadTorchrun(const EnvLookup& lookup) {
               "the rank on this host, below WORLD_SIZE");
   if (!local_rank.ok()) return local_rank.status();
   env.local_rank = *local_rank;
+  absl::StatusOr<int64_t> local_world =
+      ReadInt(lookup, "LOCAL_WORLD_SIZE", 0, 0, env.world_size,
+              "the processes on this host, at most WORLD_SIZE");
+  if (!local_world.ok()) return local_world.status();
+  env.local_world_size = *local_world;
   if (std::optional<std::string> addr = lookup("MASTER_ADDR");
       addr.has_value()) {
     if (addr->empty()) {

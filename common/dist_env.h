@@ -19,6 +19,9 @@ struct DistEnv {
   int64_t rank = 0;
   int64_t world_size = 1;
   int64_t local_rank = 0;
+  // Processes on this host (LOCAL_WORLD_SIZE; under srun the tasks per
+  // node); 0 when nothing says.
+  int64_t local_world_size = 0;
   // Host of rank 0's rendezvous store.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -31,13 +34,16 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 
 // Reads and validates the variables through `lookup`. Unset means a single
 // process: RANK 0, WORLD_SIZE 1, LOCAL_RANK 0 (which defaults to RANK when
-// RANK is set), MASTER_ADDR 127.0.0.1, MASTER_PORT 29500. RANK and WORLD_SIZE
+// RANK is set), LOCAL_WORLD_SIZE unknown (0), MASTER_ADDR 127.0.0.1,
+// MASTER_PORT 29500. RANK and WORLD_SIZE
 // must be given together. InvalidArgument names the offending variable and
 // its value.
 //
 // Without RANK/WORLD_SIZE, a process started by srun (SLURM_STEP_ID,
 // SLURM_PROCID and SLURM_NTASKS set) takes RANK from SLURM_PROCID,
-// WORLD_SIZE from SLURM_NTASKS, LOCAL_RANK from SLURM_LOCALID, MASTER_ADDR
+// WORLD_SIZE from SLURM_NTASKS, LOCAL_RANK from SLURM_LOCALID,
+// LOCAL_WORLD_SIZE from SLURM_NTASKS_PER_NODE (or the first count of
+// SLURM_TASKS_PER_NODE, "2(x3)" -> 2), MASTER_ADDR
 // (unless set) from the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST
 // / SLURM_NODELIST, and MASTER_PORT (unless set) from SLURM_JOB_ID, so every
 // task of a step agrees without a shared file. A batch script itself (no

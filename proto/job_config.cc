@@ -114,7 +114,7 @@ absl::Status ValidateJobFields(const v1::JobSpec& spec) {
   if (spec.strategy().name().size() > kMaxModelLength) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy.name: got ", Shown(spec.strategy().name()),
-                     "; expected single, ddp or fsdp"));
+                     "; expected one of ", StrategyNameList()));
   }
   if (spec.device_kind() != v1::DEVICE_KIND_UNSPECIFIED &&
       !v1::DeviceKind_IsValid(spec.device_kind())) {
@@ -141,6 +141,10 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (s.has_prefetch()) c.prefetch = s.prefetch();
   if (s.has_fsdp_no_sync()) c.fsdp_no_sync = s.fsdp_no_sync();
   if (s.has_comm_timeout_seconds()) c.comm_timeout = s.comm_timeout_seconds();
+  if (s.has_shard_group_size()) c.shard_group_size = s.shard_group_size();
+  if (s.has_activation_checkpointing()) {
+    c.activation_checkpointing = s.activation_checkpointing();
+  }
 
   const v1::TrainerOptions& t = spec.trainer();
   if (t.has_batch_size()) c.batch_size = t.batch_size();
@@ -164,6 +168,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (t.has_shuffle()) c.shuffle = t.shuffle();
   if (t.has_peak_flops()) c.peak_flops = t.peak_flops();
   if (t.has_init_from()) c.init_from = t.init_from();
+  if (t.has_memory_cap_bytes()) c.memory_cap = t.memory_cap_bytes();
   c.device = spec.device_kind() == v1::GPU ? "cuda" : "cpu";
 
   if (spec.world_size() < 1 || spec.world_size() > kMaxWorldSize) {
@@ -189,11 +194,17 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
   if (kind != nullptr && !kind->distributed && spec.world_size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: got ", spec.world_size(), "; strategy ",
-                     kind->name, " trains on one device (use ddp or fsdp)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: got ", spec.world_size(), "; strategy ", kind->name,
+        " trains on one device (use ddp, fsdp or hsdp)"));
   }
   if (absl::Status status = c.Validate(); !status.ok()) return status;
+  if (c.strategy == "hsdp" && c.shard_group_size > 0 &&
+      spec.world_size() % c.shard_group_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy.shard_group_size: got ", c.shard_group_size,
+                     "; must divide world_size (", spec.world_size(), ")"));
+  }
   return c;
 }
 
@@ -210,6 +221,8 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   s->set_prefetch(c.prefetch);
   s->set_fsdp_no_sync(c.fsdp_no_sync);
   s->set_comm_timeout_seconds(c.comm_timeout);
+  s->set_shard_group_size(c.shard_group_size);
+  s->set_activation_checkpointing(c.activation_checkpointing);
   v1::TrainerOptions* t = spec.mutable_trainer();
   t->set_batch_size(c.batch_size);
   t->set_seq_len(c.seq_len);
@@ -232,6 +245,7 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   t->set_shuffle(c.shuffle);
   t->set_peak_flops(c.peak_flops);
   if (!c.init_from.empty()) t->set_init_from(c.init_from);
+  if (c.memory_cap > 0) t->set_memory_cap_bytes(c.memory_cap);
   return spec;
 }
 
@@ -254,6 +268,7 @@ v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
   p.set_model_state_bytes(m.model_state_bytes);
   p.set_comm_seconds(m.comm_seconds);
   p.set_comm_bytes(m.comm_bytes);
+  p.set_comm_inter_group_bytes(m.comm_inter_group_bytes);
   if (m.val_loss >= 0) p.set_val_loss(m.val_loss);
   return p;
 }
@@ -277,6 +292,7 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   m.model_state_bytes = p.model_state_bytes();
   m.comm_seconds = p.comm_seconds();
   m.comm_bytes = p.comm_bytes();
+  m.comm_inter_group_bytes = p.comm_inter_group_bytes();
   m.val_loss = p.has_val_loss() ? p.val_loss() : -1;
   return m;
 }

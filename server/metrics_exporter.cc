@@ -157,6 +157,17 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
                           .Name("shardtrain_comm_seconds_total")
                           .Help("Seconds the rank spent blocked on collectives")
                           .Register(r);
+  e->comm_bytes_ = &BuildCounter()
+                        .Name("shardtrain_comm_bytes_total")
+                        .Help("Bytes the rank sent through collectives")
+                        .Register(r);
+  e->comm_inter_group_bytes_ =
+      &BuildCounter()
+           .Name("shardtrain_comm_inter_group_bytes_total")
+           .Help(
+               "Of those, bytes sent between HSDP's shard groups (its "
+               "replicas' all-reduce, usually between nodes)")
+           .Register(r);
   e->step_duration_ = &BuildHistogram()
                            .Name("shardtrain_step_duration_seconds")
                            .Help("Optimizer step wall time")
@@ -287,6 +298,8 @@ MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
   s.heartbeat_age = &heartbeat_age_->Add(labels);
   s.tokens = &tokens_->Add(labels);
   s.comm_seconds = &comm_seconds_->Add(labels);
+  s.comm_bytes = &comm_bytes_->Add(labels);
+  s.comm_inter_group_bytes = &comm_inter_group_bytes_->Add(labels);
   s.step_duration = &step_duration_->Add(labels, StepBuckets());
   s.last_heartbeat = absl::Now();
   return job.ranks.emplace(rank, s).first->second;
@@ -318,6 +331,9 @@ void MetricsExporter::OnSteps(const v1::Job& job,
     s.memory_reserved->Set(static_cast<double>(m.memory_reserved_bytes()));
     s.tokens->Increment(static_cast<double>(m.tokens()));
     s.comm_seconds->Increment(m.comm_seconds());
+    s.comm_bytes->Increment(static_cast<double>(m.comm_bytes()));
+    s.comm_inter_group_bytes->Increment(
+        static_cast<double>(m.comm_inter_group_bytes()));
     s.step_duration->Observe(m.step_seconds());
     s.last_heartbeat = absl::Now();
     s.heartbeat_age->Set(0);
@@ -349,6 +365,8 @@ void MetricsExporter::RemoveJobSeries(JobSeries& job) {
     heartbeat_age_->Remove(s.heartbeat_age);
     tokens_->Remove(s.tokens);
     comm_seconds_->Remove(s.comm_seconds);
+    comm_bytes_->Remove(s.comm_bytes);
+    comm_inter_group_bytes_->Remove(s.comm_inter_group_bytes);
     step_duration_->Remove(s.step_duration);
   }
   job.ranks.clear();

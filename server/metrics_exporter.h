@@ -87,6 +87,8 @@ class MetricsExporter : public JobObserver {
     prometheus::Gauge* heartbeat_age;
     prometheus::Counter* tokens;
     prometheus::Counter* comm_seconds;
+    prometheus::Counter* comm_bytes;
+    prometheus::Counter* comm_inter_group_bytes;
     prometheus::Histogram* step_duration;
     absl::Time last_heartbeat;
   };
@@ -133,6 +135,8 @@ class MetricsExporter : public JobObserver {
   prometheus::Family<prometheus::Gauge>* heartbeat_age_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* comm_seconds_;
+  prometheus::Family<prometheus::Counter>* comm_bytes_;
+  prometheus::Family<prometheus::Counter>* comm_inter_group_bytes_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
   std::vector<prometheus::Gauge*> gpu_utilization_;
   std::vector<prometheus::Gauge*> gpu_memory_used_;

@@ -46,9 +46,11 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
     }
     comm = std::move(*c10d);
   }
-  absl::StatusOr<std::unique_ptr<Strategy>> strategy = CreateStrategy(
-      config, StrategyOptionsFor(config, device, env.rank, env.world_size),
-      comm.get());
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy =
+      CreateStrategy(config,
+                     StrategyOptionsFor(config, device, env.rank,
+                                        env.world_size, env.local_world_size),
+                     comm.get());
   if (!strategy.ok()) {
     return absl::InvalidArgumentError(strategy.status().message());
   }

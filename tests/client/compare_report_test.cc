@@ -244,18 +244,19 @@ TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
   ASSERT_THAT(lines, SizeIs(4));
   EXPECT_EQ(
       lines[0],
-      "| strategy | world | steps | final train loss | final val loss | "
+      "| strategy | world | batch/rank | steps | final train loss | "
+      "final val loss | "
       "s/epoch | tokens/s (mean ± std) | step p50 | step p95 | "
       "peak mem/rank | predicted | grad norm mean | std | spike (max/median) "
       "| MFU |");
   EXPECT_EQ(lines[1].substr(0, 9), "|---|---:");
   EXPECT_EQ(lines[2],
-            "| ddp | 2 | 5 | 3.0000 | 3.6000 | 50.00 s | 1,000 ± 141 | "
+            "| ddp | 2 | 4 | 5 | 3.0000 | 3.6000 | 50.00 s | 1,000 ± 141 | "
             "500 ms | 2.00 s | 150.0 MiB | 160.0 MiB | 4.000 | 3.162 | 3.33 | "
             "30.0% |");
   // No eval, no epoch size, no prediction: shown as "-", not as zeros.
   EXPECT_THAT(lines[3],
-              AllOf(HasSubstr("| fsdp | 2 | 50 | 3.2500 | - | - |"),
+              AllOf(HasSubstr("| fsdp | 2 | - | 50 | 3.2500 | - | - |"),
                     HasSubstr("| 52,410 ± 0 |"), HasSubstr("| 1.5 MiB | - |")));
 }
 
@@ -353,8 +354,8 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
   const std::string md = ReadFile(out + "/report.md");
   EXPECT_THAT(md, HasSubstr("# gpt2-tiny on brown, world size 2"));
   EXPECT_THAT(md, HasSubstr("Strong scaling: the global batch is fixed"));
-  EXPECT_THAT(md, HasSubstr("| strategy | world | steps |"));
-  EXPECT_THAT(md, HasSubstr("| ddp | 2 | 10 |"));
+  EXPECT_THAT(md, HasSubstr("| strategy | world | batch/rank | steps |"));
+  EXPECT_THAT(md, HasSubstr("| ddp | 2 | 4 | 10 |"));
   EXPECT_THAT(md, HasSubstr("- FSDP peak memory per rank was 0.60× DDP's"));
   EXPECT_THAT(md, HasSubstr("`ddp.csv`"));
   EXPECT_THAT(md, HasSubstr("`fsdp.csv`"));
@@ -370,7 +371,7 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
               "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,"
               "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
               "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
-              "comm_seconds,comm_bytes,val_loss");
+              "comm_seconds,comm_bytes,comm_inter_group_bytes,val_loss");
     // Sorted by step, then rank; val_loss empty where no eval ran.
     EXPECT_THAT(lines[1], HasSubstr("1,100,0,0,"));
     EXPECT_EQ(lines[1].back(), ',');

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardtrain {
 namespace {
@@ -112,6 +113,17 @@ class InProcessCommunicator final : public Communicator {
     return stats;
   }
 
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
+      const std::string& tag, const std::vector<int64_t>& members) override {
+    absl::StatusOr<int64_t> position =
+        PositionInGroup(members, rank_, world_size());
+    if (!position.ok()) return position.status();
+    InProcessGroup* sub =
+        group_->SubGroup(absl::StrCat(tag, "/", absl::StrJoin(members, ",")),
+                         static_cast<int64_t>(members.size()));
+    return sub->ForRank(*position);
+  }
+
  private:
   bool Exchange(const torch::Tensor& contribution,
                 const std::function<std::vector<torch::Tensor>(
@@ -141,6 +153,13 @@ InProcessGroup::InProcessGroup(int64_t world_size,
 
 std::unique_ptr<Communicator> InProcessGroup::ForRank(int64_t rank) {
   return std::make_unique<InProcessCommunicator>(this, rank);
+}
+
+InProcessGroup* InProcessGroup::SubGroup(const std::string& key, int64_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<InProcessGroup>& sub = sub_groups_[key];
+  if (sub == nullptr) sub = std::make_unique<InProcessGroup>(size, timeout_);
+  return sub.get();
 }
 
 bool InProcessGroup::Exchange(int64_t rank, torch::Tensor contribution,

@@ -9,8 +9,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "worker/engine/comm/communicator.h"
@@ -24,6 +26,10 @@ class InProcessGroup {
       std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // The communicator of `rank`; the group must outlive it.
   std::unique_ptr<Communicator> ForRank(int64_t rank);
+
+  // The group named `key` of `size` ranks, created on first use; for
+  // NewGroup(). Owned by this group.
+  InProcessGroup* SubGroup(const std::string& key, int64_t size);
 
   int64_t world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -45,6 +51,7 @@ class InProcessGroup {
   int64_t arrived_ = 0;
   std::vector<torch::Tensor> contributions_;
   std::vector<torch::Tensor> results_;
+  std::map<std::string, std::unique_ptr<InProcessGroup>> sub_groups_;
 };
 
 // Runs fn(rank, communicator) on world_size threads and joins them.

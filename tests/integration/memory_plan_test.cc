@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 #include "worker/engine/data/token_file.h"
@@ -49,16 +52,19 @@ class MemoryPlanTest : public testing::Test {
 
   // The largest memory_peak_bytes of any rank and step of a 3-step run.
   static int64_t MeasuredPeak(const TrainConfig& config, int64_t world) {
-    const std::string name =
-        config.model + "_" + config.strategy + "_" + std::to_string(world);
+    const std::string name = absl::StrCat(
+        std::hash<std::string>()(config.model), "_", config.strategy, "_",
+        world, "_", config.activation_checkpointing);
     const fs::path out = *dir_ / name;
-    std::string command = std::string(SHARDTRAIN_BINARY_DIR) +
-                          "/bin/shardtrain-train --model " + config.model +
-                          " --strategy " + config.strategy + " --data " +
-                          (*dir_ / "data").string() + " --batch-size " +
-                          std::to_string(config.batch_size) + " --seq-len " +
-                          std::to_string(config.seq_len) +
-                          " --max-steps 3 --eval-steps 1 --out " + out.string();
+    std::string command =
+        std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train --model " +
+        config.model + " --strategy " + config.strategy + " --data " +
+        (*dir_ / "data").string() + " --batch-size " +
+        std::to_string(config.batch_size) + " --seq-len " +
+        std::to_string(config.seq_len) + " --activation-checkpointing " +
+        config.activation_checkpointing + " --shard-group-size " +
+        std::to_string(config.shard_group_size) +
+        " --max-steps 3 --eval-steps 1 --out " + out.string();
     if (config.strategy != "single")
       command += " --nproc " + std::to_string(world);
     const test::CommandResult r = test::RunCommand(command);
@@ -113,6 +119,174 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
   CheckModel("gpt2-mini", 2, 64);
 }
 
+// Activation checkpointing and HSDP. A model whose attention is large
+// against its head, so that the backward's recomputation of a block (not
+// the end of the forward) is the peak the plan must find.
+TEST_F(MemoryPlanTest, PredictsThePeakWithActivationCheckpointingAndHsdp) {
+  const std::string model =
+      "custom:n_layer=4,n_head=8,n_embd=256,block_size=512";
+  struct Case {
+    const char* strategy;
+    int64_t world;
+  };
+  for (const Case& c :
+       {Case{"single", 1}, Case{"ddp", 2}, Case{"fsdp", 2}, Case{"hsdp", 4}}) {
+    for (const char* checkpointing : {"none", "all", "every-2"}) {
+      TrainConfig config;
+      config.model = model;
+      config.strategy = c.strategy;
+      config.batch_size = 2;
+      config.seq_len = 512;
+      config.activation_checkpointing = checkpointing;
+      if (config.strategy == "hsdp") config.shard_group_size = 2;
+      absl::StatusOr<MemoryPlan> plan = PlanMemory(config, c.world);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      if (std::string(checkpointing) == "all" &&
+          BuiltAttentionKind() == AttentionKind::kMaskedSoftmax) {
+        // The case this test is for.
+        EXPECT_GT(plan->recomputation, 0) << c.strategy;
+      }
+      const int64_t measured = MemoryPlanTest::MeasuredPeak(config, c.world);
+      const double error =
+          static_cast<double>(plan->total() - measured) / measured;
+      std::printf(
+          "%s world %ld, activation checkpointing %s: predicted %.1f MiB, "
+          "measured %.1f MiB (%+.2f%%)\n",
+          c.strategy, static_cast<long>(c.world), checkpointing,
+          plan->total() / 1048576.0, measured / 1048576.0, 100 * error);
+      EXPECT_LE(std::abs(error), kTolerance)
+          << c.strategy << " " << checkpointing;
+    }
+  }
+}
+
+// What recomputation saves, as planned: every block's ~16 C floats per token
+// become one residual (C) for "all".
+TEST(MemoryPlanCheckpointTest, RecomputingBlocksShrinksTheActivations) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.batch_size = 8;
+  config.seq_len = 256;
+  std::map<std::string, int64_t> activations;
+  for (const char* checkpointing : {"none", "every-2", "all"}) {
+    config.activation_checkpointing = checkpointing;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, 1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    activations[checkpointing] = plan->activations;
+    EXPECT_EQ(plan->recomputed_blocks, std::string(checkpointing) == "all" ? 4
+                                       : std::string(checkpointing) == "every-2"
+                                           ? 2
+                                           : 0);
+  }
+  EXPECT_LT(activations["all"], activations["every-2"]);
+  EXPECT_LT(activations["every-2"], activations["none"]);
+  EXPECT_LT(activations["all"] * 4, activations["none"]);
+  config.activation_checkpointing = "sometimes";
+  EXPECT_FALSE(PlanMemory(config, 1).ok());
+}
+
+// --fit: the largest batch under a budget is the one whose plan fits while
+// one more sequence would not.
+TEST(MemoryPlanFitTest, FindsTheLargestBatchThatFits) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.seq_len = 128;
+  config.strategy = "fsdp";
+  const int64_t budget = int64_t{512} << 20;
+  absl::StatusOr<int64_t> batch = LargestFittingBatch(config, 4, budget);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_GT(*batch, 0);
+  config.batch_size = *batch;
+  EXPECT_LE(PlanMemory(config, 4)->total(), budget);
+  config.batch_size = *batch + 1;
+  EXPECT_GT(PlanMemory(config, 4)->total(), budget);
+  // Nothing fits in 1 MiB.
+  EXPECT_EQ(*LargestFittingBatch(config, 4, 1 << 20), 0);
+}
+
+// --memory-cap makes the tracking allocator refuse what a device of that
+// size could not hold: below the planned peak the run fails out of memory,
+// naming the cap; just above it, it trains.
+TEST_F(MemoryPlanTest, AMemoryCapBelowThePeakFailsOutOfMemory) {
+  TrainConfig config;
+  config.model = "gpt2-tiny";
+  config.batch_size = 2;
+  config.seq_len = 64;
+  const int64_t peak = PlanMemory(config, 1)->total();
+  for (const double share : {0.8, 1.02}) {
+    const int64_t cap = static_cast<int64_t>(peak * share);
+    const test::CommandResult r = test::RunCommand(absl::StrCat(
+        SHARDTRAIN_BINARY_DIR,
+        "/bin/shardtrain-train --model gpt2-tiny "
+        "--data ",
+        (*dir_ / "data").string(),
+        " --batch-size 2 --seq-len 64 "
+        "--max-steps 2 --eval-steps 1 --memory-cap ",
+        cap, " --out ", (*dir_ / absl::StrCat("cap_", share)).string()));
+    if (share < 1) {
+      EXPECT_NE(r.exit_code, 0) << r.out;
+      EXPECT_NE(r.err.find("out of memory"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("past the memory cap of " + FormatBytes(cap)),
+                std::string::npos)
+          << r.err;
+    } else {
+      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    }
+  }
+  const test::CommandResult bad = test::RunCommand(absl::StrCat(
+      SHARDTRAIN_BINARY_DIR, "/bin/shardtrain-train --data ",
+      (*dir_ / "data").string(), " --max-steps 1 --memory-cap lots"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("'lots' is not a size"), std::string::npos) << bad.err;
+}
+
+// `plan --fit` answers per strategy, with and without activation
+// checkpointing, the largest batch per device under the memory given: the
+// library's LargestFittingBatch, and the most sequences per step named.
+TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
+  const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
+                           "/bin/shardtrain plan --fit --model gpt2-mini "
+                           "--seq-len 128 --devices 4 ";
+  const test::CommandResult r =
+      test::RunCommand(plan + "--memory-per-device 512MiB -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  ASSERT_EQ(out["fits"].size(), 8u);  // 4 strategies x with/without
+  int64_t most = 0;
+  for (const nlohmann::json& row : out["fits"]) {
+    TrainConfig config;
+    config.model = "gpt2-mini";
+    config.seq_len = 128;
+    config.strategy = row["strategy"];
+    config.activation_checkpointing = row["activation_checkpointing"];
+    const int64_t world = row["world_size"];
+    EXPECT_EQ(world, config.strategy == "single" ? 1 : 4);
+    EXPECT_EQ(row["batch_size"],
+              *LargestFittingBatch(config, world, int64_t{512} << 20))
+        << row.dump();
+    most = std::max<int64_t>(most, row["global_batch"]);
+  }
+  ASSERT_TRUE(out.contains("best")) << r.out;
+  EXPECT_EQ(out["best"]["strategy"], "fsdp");  // sharded over all 4
+  EXPECT_EQ(out["best"]["activation_checkpointing"], "all");
+  EXPECT_EQ(out["best"]["batch_size"].get<int64_t>() * 4, most);
+
+  // Nothing fits: the table says so and what would.
+  const test::CommandResult none =
+      test::RunCommand(plan + "--memory-per-device 100MiB");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.out.find("nothing fits"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("to fit: FSDP with activation checkpointing fits "
+                          "one sequence per device on "),
+            std::string::npos)
+      << none.out;
+  const test::CommandResult bad =
+      test::RunCommand(plan + "--memory-per-device eighty");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("'eighty' is not a size"), std::string::npos)
+      << bad.err;
+}
+
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
 // thread keeps 128 MiB of logits (667 rows of GPT-2's vocabulary), four take
 // the whole 1,024-row batch in one chunk.
@@ -143,8 +317,8 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
       "--seq-len 64 -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
-  ASSERT_EQ(out["plans"].size(), 3u);
-  int64_t ddp = 0, fsdp = 0;
+  ASSERT_EQ(out["plans"].size(), 4u);
+  int64_t ddp = 0, fsdp = 0, hsdp = 0;
   for (const nlohmann::json& plan : out["plans"]) {
     TrainConfig config;
     config.model = "gpt2-mini";
@@ -161,9 +335,16 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
     EXPECT_EQ(sum, expected->total());
     if (plan["strategy"] == "ddp") ddp = expected->total();
     if (plan["strategy"] == "fsdp") fsdp = expected->total();
+    if (plan["strategy"] == "hsdp") {
+      hsdp = expected->total();
+      EXPECT_EQ(plan["shard_group_size"], 2);  // one node of 4: two groups
+    }
   }
   EXPECT_EQ(out["plans"][0]["batch_size"], 8);  // single: strong scaling
   EXPECT_LT(fsdp, ddp / 3);
+  // Sharded over 2 instead of 4: between FSDP and DDP.
+  EXPECT_GT(hsdp, fsdp);
+  EXPECT_LT(hsdp, ddp);
 
   const test::CommandResult bad =
       test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +

@@ -201,6 +201,40 @@ TEST_F(StrategyEquivalenceTest,
   }
 }
 
+// HSDP over real process groups: four ranks, two shard groups of two (the
+// c10d sub-groups of each rank), equal to one device on the whole batch; the
+// traffic between the groups is reported apart and is the smaller part.
+TEST_F(StrategyEquivalenceTest, HsdpInGroupsOfTwoEqualsSingleAtFourRanks) {
+  const std::string lr = " --lr 1e-4";
+  TrainRun single = Train("single_for_hsdp",
+                          "--strategy single --batch-size 8" + Common() + lr);
+  TrainRun hsdp = Train("hsdp4",
+                        "--strategy hsdp --nproc 4 --shard-group-size 2 "
+                        "--batch-size 2" +
+                            Common() + lr);
+  ExpectSameTraining("hsdp4", hsdp, "single_for_hsdp", single, 1e-5, 1e-5);
+  for (const StepMetrics& m : hsdp.rank0) {
+    EXPECT_GT(m.comm_inter_group_bytes, 0) << m.step;
+    EXPECT_LT(m.comm_inter_group_bytes * 2, m.comm_bytes) << m.step;
+  }
+}
+
+// Recomputing every block, or every second, trains exactly as without.
+TEST_F(StrategyEquivalenceTest, ActivationCheckpointingChangesNoNumber) {
+  TrainRun plain = Train("fsdp2_plain",
+                         "--strategy fsdp --nproc 2 "
+                         "--batch-size 3" +
+                             Common());
+  for (const std::string every : {"all", "every-2"}) {
+    TrainRun recomputed = Train("fsdp2_" + every,
+                                "--strategy fsdp --nproc 2 --batch-size 3 "
+                                "--activation-checkpointing " +
+                                    every + Common());
+    ExpectSameTraining("fsdp2_" + every, recomputed, "fsdp2_plain", plain, 1e-6,
+                       1e-6);
+  }
+}
+
 TEST_F(StrategyEquivalenceTest, FsdpShardedCheckpointResumesTheSameRun) {
   const std::string args =
       "--strategy fsdp --nproc 2 --batch-size 2" + Common();

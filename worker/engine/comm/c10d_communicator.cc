@@ -32,6 +32,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/exit_codes.h"
 #include "common/net_route.h"
@@ -339,6 +340,8 @@ struct Shared {
 class Groups {
  public:
   c10::intrusive_ptr<c10d::TCPStore> store;
+  // The transport the Gloo groups use; sub-groups reuse it.
+  std::shared_ptr<::gloo::transport::Device> gloo_device;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
 #ifdef SHARDTRAIN_WITH_CUDA
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
@@ -598,12 +601,14 @@ std::unique_ptr<CommWork> Issue(const std::shared_ptr<Shared>& shared,
 
 C10dCommunicator::C10dCommunicator(int64_t rank, int64_t world_size,
                                    std::chrono::milliseconds timeout,
-                                   HeartbeatOptions heartbeat)
+                                   HeartbeatOptions heartbeat,
+                                   int64_t root_rank, bool sub_group)
     : rank_(rank),
       world_size_(world_size),
       timeout_(timeout),
       heartbeat_(heartbeat),
-      shared_(std::make_shared<Shared>(rank, timeout)),
+      sub_group_(sub_group),
+      shared_(std::make_shared<Shared>(root_rank, timeout)),
       groups_(std::make_unique<Groups>()) {}
 
 absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
@@ -623,8 +628,9 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
         "this build has no CUDA: NCCL is unavailable; use a cpu device");
   }
 #endif
-  std::unique_ptr<C10dCommunicator> comm(new C10dCommunicator(
-      env.rank, env.world_size, timeout, options.heartbeat));
+  std::unique_ptr<C10dCommunicator> comm(
+      new C10dCommunicator(env.rank, env.world_size, timeout, options.heartbeat,
+                           env.rank, /*sub_group=*/false));
   const std::string where = absl::StrCat(env.master_addr, ":", env.master_port);
   Groups& groups = *comm->groups_;
   // Gloo writes with writev(), which raises SIGPIPE when a peer is gone.
@@ -677,7 +683,8 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
   }
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo_options->devices.push_back(GlooDevice(env.master_addr));
+    groups.gloo_device = GlooDevice(env.master_addr);
+    gloo_options->devices.push_back(groups.gloo_device);
     groups.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", groups.store),
         static_cast<int>(env.rank), static_cast<int>(env.world_size),
@@ -744,6 +751,12 @@ C10dCommunicator::~C10dCommunicator() {
   }
   const bool joined = monitor != nullptr;  // Create() got to the end
   monitor.reset();
+  if (sub_group_) {
+    // The store and the heartbeat belong to the group this one was made
+    // from.
+    groups_.reset();
+    return;
+  }
   // LibTorch 1.13's store client misbehaves when its server goes away under
   // it (a background thread spins on the closed socket, or aborts the
   // process on a reset one), so rank 0 keeps the store up until the others
@@ -895,6 +908,56 @@ absl::Status C10dCommunicator::Barrier() {
   return Issue(shared_, "barrier", torch::Tensor(),
                [&] { return groups_->gloo->barrier(); })
       ->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> C10dCommunicator::NewGroup(
+    const std::string& tag, const std::vector<int64_t>& members) {
+  absl::StatusOr<int64_t> position =
+      PositionInGroup(members, rank_, world_size_);
+  if (!position.ok()) return position.status();
+  int64_t root_rank = 0;
+  std::shared_ptr<HeartbeatMonitor> monitor;
+  {
+    absl::MutexLock lock(&shared_->mutex);
+    root_rank = shared_->rank;
+    monitor = shared_->monitor;
+  }
+  std::unique_ptr<C10dCommunicator> sub(new C10dCommunicator(
+      *position, static_cast<int64_t>(members.size()), timeout_, heartbeat_,
+      root_rank, /*sub_group=*/true));
+  Groups& groups = *sub->groups_;
+  groups.store = groups_->store;
+  groups.gloo_device = groups_->gloo_device;
+  // The key prefix keeps the group's rendezvous apart from every other's.
+  const std::string prefix =
+      absl::StrCat("group/", tag, "/", absl::StrJoin(members, ","), "/");
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
+    gloo_options->devices.push_back(groups.gloo_device);
+    groups.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>(prefix + "gloo", groups.store),
+        static_cast<int>(*position), static_cast<int>(members.size()),
+        gloo_options);
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (groups_->nccl) {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout_;
+      groups.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "nccl", groups.store),
+          static_cast<int>(*position), static_cast<int>(members.size()),
+          nccl_options);
+    }
+#endif
+  } catch (...) {
+    return shared_->Failure(absl::StrCat("forming group ", tag),
+                            ErrorText(std::current_exception()));
+  }
+  {
+    absl::MutexLock lock(&sub->shared_->mutex);
+    sub->shared_->monitor = std::move(monitor);
+  }
+  sub->side_thread_ = std::make_unique<SideThread>();
+  return sub;
 }
 
 CommStats C10dCommunicator::TakeStats() {

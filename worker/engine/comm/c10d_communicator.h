@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dist_env.h"
@@ -79,10 +80,19 @@ class C10dCommunicator final : public Communicator {
 
   CommStats TakeStats() override;
 
+  // A Gloo group (and an NCCL group when this one has one) over `members`,
+  // rendezvousing through this group's store; failures in it are diagnosed
+  // with this group's heartbeat (naming ranks of this group).
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
+      const std::string& tag, const std::vector<int64_t>& members) override;
+
  private:
+  // `root_rank`: this process's rank in the group Create() joined, which
+  // error messages name.
   C10dCommunicator(int64_t rank, int64_t world_size,
                    std::chrono::milliseconds timeout,
-                   HeartbeatOptions heartbeat);
+                   HeartbeatOptions heartbeat, int64_t root_rank,
+                   bool sub_group);
 
   // Rank r sets this store key when it has closed everything but its main
   // store connection.
@@ -95,6 +105,7 @@ class C10dCommunicator final : public Communicator {
   const int64_t world_size_;
   const std::chrono::milliseconds timeout_;
   const HeartbeatOptions heartbeat_;
+  const bool sub_group_;  // made by NewGroup(): owns no store, no heartbeat
   // Members in dependency order; destruction runs bottom-up.
   std::shared_ptr<c10d_internal::Shared> shared_;
   std::unique_ptr<c10d_internal::Groups> groups_;

@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace shardtrain {
 
@@ -34,6 +36,10 @@ class CommWork {
 struct CommStats {
   double seconds = 0;
   int64_t bytes = 0;
+  // Of `bytes`, those sent in a strategy's replica group: HSDP's traffic
+  // between shard groups (usually between nodes). A communicator's own
+  // TakeStats() leaves it 0; the strategy that owns the groups fills it.
+  int64_t inter_group_bytes = 0;
 };
 
 class Communicator {
@@ -60,7 +66,22 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 
   virtual CommStats TakeStats() = 0;
+
+  // A communicator over a subset of this group's ranks, as c10d's new_group:
+  // `members` are ranks of this group, ascending, this rank among them; in
+  // the new group a rank is its position in `members`. Every member calls it
+  // with the same `tag` and `members` (the tag tells groups apart, so two
+  // groups with the same members are distinct); ranks outside do not call.
+  // The new group has its own CommStats and must not outlive this one.
+  // Collective over the members.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(
+      const std::string& tag, const std::vector<int64_t>& members);
 };
+
+// The checks every NewGroup() makes: members ascending, in [0, world_size),
+// `rank` among them. Returns rank's position in `members`.
+absl::StatusOr<int64_t> PositionInGroup(const std::vector<int64_t>& members,
+                                        int64_t rank, int64_t world_size);
 
 }  // namespace shardtrain
 

@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -159,10 +160,64 @@ torch::Tensor Gpt2Impl::HeadLoss(const torch::Tensor& x,
   return LmHeadLoss(ln_f_(x), wte_->weight, config_.vocab_size, targets);
 }
 
+namespace {
+
+// Activation checkpointing of one block, as torch.utils.checkpoint's
+// re-entrant variant: forward runs the block without a graph (a custom
+// Function's forward runs under no-grad) and saves only its input; backward
+// runs it again with a graph and backpropagates through that graph, which
+// accumulates the parameters' gradients into their leaves as usual and
+// yields the input's gradient. GPT-2 here has no dropout, so the
+// recomputation is the forward's exact arithmetic.
+class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const torch::Tensor& x, int64_t block) {
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["autocast"] = torch_compat::CudaAutocastEnabled();
+    ctx->save_for_backward({x});
+    return reinterpret_cast<BlockImpl*>(block)->forward(x);
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grads) {
+    auto* block =
+        reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    const bool autocast = ctx->saved_data["autocast"].toBool();
+    const torch::Tensor input =
+        ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor output;
+    {
+      torch::AutoGradMode grad_mode(true);
+      const bool was_autocast = torch_compat::CudaAutocastEnabled();
+      if (autocast != was_autocast) {
+        torch_compat::SetCudaAutocast(autocast, at::kBFloat16);
+      }
+      output = block->forward(input);
+      if (autocast != was_autocast) {
+        torch_compat::SetCudaAutocast(was_autocast, at::kBFloat16);
+        at::autocast::clear_cache();
+      }
+    }
+    torch::autograd::backward({output}, {grads[0]});
+    return {input.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor Gpt2Impl::RunBlock(int64_t i, const torch::Tensor& x) {
+  Block& block = blocks_.at(static_cast<size_t>(i));
+  if (!IsRecomputed(i) || !torch::GradMode::is_enabled()) return block(x);
+  return RecomputedBlock::apply(
+      x, static_cast<int64_t>(reinterpret_cast<intptr_t>(block.get())));
+}
+
 torch::Tensor Gpt2Impl::ForwardLoss(const torch::Tensor& idx,
                                     const torch::Tensor& targets) {
   torch::Tensor x = Embed(idx);
-  for (Block& block : blocks_) x = block(x);
+  for (int64_t i = 0; i < num_blocks(); ++i) x = RunBlock(i, x);
   return HeadLoss(x, targets);
 }
 

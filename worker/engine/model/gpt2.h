@@ -138,9 +138,28 @@ class Gpt2Impl : public torch::nn::Module {
   // [B,T], without materialising the logits (LmHeadLoss). Equal to
   // CrossEntropyLoss(Head(x), targets) to float rounding, gradients too.
   torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
-  // HeadLoss(blocks(Embed(idx)), targets): the training objective.
+  // HeadLoss(blocks(Embed(idx)), targets): the training objective. The
+  // blocks run through RunBlock.
   torch::Tensor ForwardLoss(const torch::Tensor& idx,
                             const torch::Tensor& targets);
+
+  // Block `i` on x. Under grad mode, a block chosen by
+  // set_activation_checkpointing keeps only its input for backward (not the
+  // ~16 C floats per token autograd saves inside it) and recomputes its
+  // forward, under the same autocast state, when backward reaches it; its
+  // parameters' gradients accumulate as without. The recomputation reads
+  // the block's members again, so under FSDP they must point at gathered
+  // parameters when its backward runs.
+  torch::Tensor RunBlock(int64_t i, const torch::Tensor& x);
+  // Recompute every `every`-th block: 0-based blocks every-1, 2*every-1, ...
+  // (ActivationCheckpointEvery in train/train_config.h); 0: none.
+  void set_activation_checkpointing(int64_t every) {
+    checkpoint_every_ = every;
+  }
+  int64_t activation_checkpointing() const { return checkpoint_every_; }
+  bool IsRecomputed(int64_t i) const {
+    return checkpoint_every_ > 0 && (i + 1) % checkpoint_every_ == 0;
+  }
 
   // GPT-2 initialisation, a pure function of (config, seed) on any device:
   // one pass over named_parameters() in order, drawing from a CPU generator
@@ -173,6 +192,7 @@ class Gpt2Impl : public torch::nn::Module {
   torch::nn::ModuleList h_{nullptr};
   std::vector<Block> blocks_;  // The same modules as h_, typed.
   torch::nn::LayerNorm ln_f_{nullptr};
+  int64_t checkpoint_every_ = 0;
 };
 TORCH_MODULE(Gpt2);
 

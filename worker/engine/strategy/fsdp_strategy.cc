@@ -54,24 +54,58 @@ std::string FsdpEvent::ToString() const {
 
 FsdpStrategy::FsdpStrategy(const StrategyOptions& options, Communicator* comm,
                            FsdpOptions fsdp)
-    : options_(options), comm_(comm), fsdp_(fsdp) {}
+    : options_(options), world_(comm), fsdp_(fsdp) {}
+
+std::string FsdpStrategy::name() const {
+  return fsdp_.shard_group_size > 0 ? "hsdp" : "fsdp";
+}
+
+absl::Status FsdpStrategy::FormGroups() {
+  const int64_t world = world_->world_size();
+  const int64_t rank = world_->rank();
+  const int64_t g = fsdp_.shard_group_size > 0 ? fsdp_.shard_group_size : world;
+  if (g > world || world % g != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hsdp: the shard group size ", g,
+                     " must divide the world size ", world));
+  }
+  shard_ = world_;
+  if (g == world) return absl::OkStatus();
+  // Shard groups are consecutive ranks (a node's, as launchers number them);
+  // a replica group takes the same position in every shard group.
+  std::vector<int64_t> shard_members, replica_members;
+  for (int64_t i = 0; i < g; ++i) shard_members.push_back(rank / g * g + i);
+  for (int64_t r = rank % g; r < world; r += g) replica_members.push_back(r);
+  absl::StatusOr<std::unique_ptr<Communicator>> shard =
+      world_->NewGroup("hsdp-shard", shard_members);
+  if (!shard.ok()) return shard.status();
+  absl::StatusOr<std::unique_ptr<Communicator>> replicate =
+      world_->NewGroup("hsdp-replica", replica_members);
+  if (!replicate.ok()) return replicate.status();
+  own_shard_ = *std::move(shard);
+  own_replicate_ = *std::move(replicate);
+  shard_ = own_shard_.get();
+  replicate_ = own_replicate_.get();
+  return absl::OkStatus();
+}
 
 FsdpStrategy::~FsdpStrategy() = default;
 
 absl::Status FsdpStrategy::Setup(Gpt2 model) {
-  if (comm_ == nullptr) {
+  if (world_ == nullptr) {
     return absl::InvalidArgumentError("fsdp: needs a communicator");
   }
-  if (comm_->rank() != options_.rank ||
-      comm_->world_size() != options_.world_size) {
+  if (world_->rank() != options_.rank ||
+      world_->world_size() != options_.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("fsdp: options say rank ", options_.rank, " of ",
                      options_.world_size, " but the communicator is rank ",
-                     comm_->rank(), " of ", comm_->world_size()));
+                     world_->rank(), " of ", world_->world_size()));
   }
   if (!units_.empty()) {
     return absl::FailedPreconditionError("fsdp: Setup() called twice");
   }
+  if (absl::Status s = FormGroups(); !s.ok()) return s;
   model_ = std::move(model);
   const torch::ScalarType compute_dtype =
       options_.device.is_cuda() && options_.precision == "bf16"
@@ -108,7 +142,7 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
           u == 0 ? "root"
           : wte  ? "wte"
                  : absl::StrCat("h.", u - 1),
-          std::move(sources[u]), comm_, options_.device, compute_dtype,
+          std::move(sources[u]), shard_, options_.device, compute_dtype,
           /*align=*/wte ? n_embd : 1);
       if (!unit.ok()) return unit.status();
       const int64_t index = static_cast<int64_t>(u);
@@ -117,7 +151,19 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     }
     FsdpUnit& wte = *units_[wte_unit_];
     const int64_t rows = wte.shard_numel() / n_embd;
-    vocab_.comm = comm_;
+    if (replicate_ != nullptr) {
+      // Every replica starts from replica 0's shards.
+      for (const auto& unit : units_) {
+        if (absl::Status s = replicate_->Broadcast(unit->shard(), 0)->Wait();
+            !s.ok()) {
+          return absl::Status(
+              s.code(), absl::StrCat("hsdp: broadcast of unit ", unit->name(),
+                                     " to its replicas: ", s.message()));
+        }
+      }
+    }
+    replica_reduced_.assign(units_.size(), false);
+    vocab_.comm = shard_;
     vocab_.weight = wte.shard().view({rows, n_embd});
     vocab_.grad = wte.shard_grad().view({rows, n_embd});
     vocab_.row_begin = wte.shard_offset() / n_embd;
@@ -190,7 +236,7 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
     Unshard(u);
     if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
     Emit(FsdpEvent::Kind::kComputeBegin, u);
-    x = model_->block(u - 1)->forward(x);
+    x = model_->RunBlock(u - 1, x);
     Emit(FsdpEvent::Kind::kComputeEnd, u);
     if (training) {
       // Fires when the gradient of the block's output is complete, i.e.
@@ -225,6 +271,9 @@ torch::Tensor FsdpStrategy::ForwardBackward(const torch::Tensor& inputs,
 
 void FsdpStrategy::ResetUnits() {
   pending_reductions_.clear();
+  for (auto& [u, work] : replica_works_) (void)work->Wait();
+  replica_works_.clear();
+  replica_reduced_.assign(units_.size(), false);
   for (const auto& unit : units_) {
     if (unit->gather_in_flight()) (void)unit->WaitGather();
     (void)unit->WaitReduceScatter();
@@ -244,6 +293,15 @@ void FsdpStrategy::PreBackward(int64_t u) {
     Check(unit.WaitGather());
     Emit(FsdpEvent::Kind::kGatherDone, u);
   }
+  // A recomputed block runs its forward again inside its backward, reading
+  // the members: point them at the gathered parameters (new views, whose
+  // gradient reaches the same leaf).
+  // Backward runs hooks with grad mode off; these views must record their
+  // base for the recomputation's gradient to reach it.
+  if (model_->IsRecomputed(u - 1)) {
+    torch::AutoGradMode grad_mode(true);
+    unit.UseFullParams();
+  }
   if (fsdp_.prefetch && u > 1) LaunchGather(u - 1);
 }
 
@@ -259,6 +317,7 @@ void FsdpStrategy::OnGradReady(int64_t u) {
   // finished earlier must not pile up while backward goes on.
   for (int64_t earlier : pending_reductions_) {
     Check(units_[earlier]->WaitReduceScatter());
+    ReduceAcrossReplicas(earlier);
   }
   pending_reductions_.assign(1, u);
   Reshard(u);
@@ -280,6 +339,31 @@ void FsdpStrategy::FinishBackward() {
     if (unit.gather_in_flight()) Check(unit.WaitGather());
     if (unit.gathered()) Reshard(u);
   }
+  for (int64_t u = 0; u < num_units(); ++u) ReduceAcrossReplicas(u);
+  WaitAcrossReplicas();
+}
+
+void FsdpStrategy::ReduceAcrossReplicas(int64_t u) {
+  if (replicate_ == nullptr || !sync_ || replica_reduced_[u]) return;
+  replica_reduced_[u] = true;
+  replica_works_.emplace_back(u,
+                              replicate_->AllReduce(units_[u]->shard_grad()));
+}
+
+void FsdpStrategy::WaitAcrossReplicas() {
+  const double replicas = static_cast<double>(this->replicas());
+  for (auto& [u, work] : replica_works_) {
+    const absl::Status s = work->Wait();
+    if (!s.ok()) {
+      ThrowIfFailed(s, "HSDP",
+                    absl::StrCat("the all-reduce of unit ", units_[u]->name(),
+                                 " across replicas"));
+    }
+    torch::NoGradGuard no_grad;
+    units_[u]->shard_grad().div_(replicas);
+  }
+  replica_works_.clear();
+  replica_reduced_.assign(units_.size(), false);
 }
 
 double FsdpStrategy::ClipGradNorm(double max_norm) {
@@ -289,7 +373,8 @@ double FsdpStrategy::ClipGradNorm(double max_norm) {
   std::vector<torch::Tensor> grads;
   for (const auto& unit : units_) grads.push_back(unit->shard_grad());
   torch::Tensor squares = SumOfSquares(grads, options_.device).reshape({1});
-  Check(comm_->AllReduce(squares)->Wait());
+  // Replicas hold the same averaged shards: the shard group has them all.
+  Check(shard_->AllReduce(squares)->Wait());
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
@@ -318,15 +403,42 @@ torch::Tensor FsdpStrategy::ForwardLoss(const torch::Tensor& inputs,
 }
 
 double FsdpStrategy::AllReduceMean(double value) {
-  return shardtrain::AllReduceMean(*comm_, value, options_.device, "FSDP");
+  return shardtrain::AllReduceMean(*world_, value, options_.device, "FSDP");
 }
 
-void FsdpStrategy::Barrier() { Check(comm_->Barrier()); }
+void FsdpStrategy::Barrier() { Check(world_->Barrier()); }
 
-CommStats FsdpStrategy::TakeCommStats() { return comm_->TakeStats(); }
+CommStats FsdpStrategy::TakeCommStats() {
+  CommStats stats = world_->TakeStats();
+  for (Communicator* group : {own_shard_.get(), own_replicate_.get()}) {
+    if (group == nullptr) continue;
+    const CommStats part = group->TakeStats();
+    stats.seconds += part.seconds;
+    stats.bytes += part.bytes;
+    if (group == own_replicate_.get()) stats.inter_group_bytes += part.bytes;
+  }
+  return stats;
+}
 
-std::vector<StateSlice> FsdpStrategy::StateSlices(bool /*to_save*/) {
+std::vector<StateSlice> FsdpStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
+  const int64_t replicas = this->replicas();
+  const int64_t replica = replicate_ == nullptr ? 0 : replicate_->rank();
+  // A range every replica holds: replica r saves the r-th of `replicas`
+  // even parts of it.
+  auto add = [&](std::string name, const std::vector<int64_t>& shape,
+                 int64_t offset, const torch::Tensor& data) {
+    if (!to_save || replicas == 1) {
+      slices.push_back({std::move(name), shape, offset, data});
+      return;
+    }
+    const int64_t n = data.numel();
+    const int64_t begin = n * replica / replicas;
+    const int64_t end = n * (replica + 1) / replicas;
+    if (begin == end) return;
+    slices.push_back({std::move(name), shape, offset + begin,
+                      data.narrow(0, begin, end - begin)});
+  };
   for (const auto& unit : units_) {
     const int64_t shard_begin = unit->shard_offset();
     const int64_t shard_end = shard_begin + unit->shard_numel();
@@ -338,12 +450,10 @@ std::vector<StateSlice> FsdpStrategy::StateSlices(bool /*to_save*/) {
       const torch::Tensor piece =
           unit->shard().narrow(0, begin - shard_begin, end - begin);
       const int64_t offset = begin - p.offset;
-      slices.push_back({"model." + p.name, p.shape, offset, piece});
+      add("model." + p.name, p.shape, offset, piece);
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-      slices.push_back(
-          {"optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1)});
-      slices.push_back(
-          {"optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1)});
+      add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
+      add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
     }
   }
   return slices;
@@ -378,13 +488,13 @@ absl::Status FsdpStrategy::ExportModel(const std::string& path) {
   for (const auto& unit : units_) {
     absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
     if (!flat.ok()) return flat.status();
-    if (comm_->rank() == 0) {
+    if (world_->rank() == 0) {
       unit->PointMembersAt(*flat);
       flats.push_back(*std::move(flat));
     }
   }
   absl::Status status = absl::OkStatus();
-  if (comm_->rank() == 0) {
+  if (world_->rank() == 0) {
     status = SaveLlmcCheckpoint(model_, path);
     for (const auto& unit : units_) unit->Reshard();  // resets the members
   }

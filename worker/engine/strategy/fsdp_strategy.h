@@ -32,10 +32,21 @@
 // the last: less communication, more memory. wte's gradient goes to its
 // shard on every micro-step either way (its communication is in forward).
 //
+// HSDP (hybrid sharding, PyTorch's HYBRID_SHARD, a 2-D device mesh of
+// replicas x shards): with FsdpOptions::shard_group_size G < world size W,
+// ranks form W/G shard groups of G consecutive ranks (usually one node) and
+// G replica groups (ranks with the same position in their shard group).
+// Everything above happens inside the shard group: parameters, gradients and
+// AdamW state are sharded over G ranks. On the micro-step that syncs, each
+// unit's shard gradient, once final, is all-reduced over its replica group
+// (launched as the next unit's backward runs, waited at the end of
+// backward) and divided by W/G: the only traffic between shard groups is
+// one shard's all-reduce per unit. A rank holds 1/G of a replica's state.
+//
 // reshard_after_forward is a bool, not PyTorch FSDP2's integer (reshard to a
-// smaller group after forward, so backward's all-gather stays inside a node):
-// with one host, every rank is in one node and that group is the world, and
-// the Communicator has no sub-groups; see docs/strategies.md.
+// smaller group after forward, so backward's all-gather stays inside a
+// node); HSDP's shard group is the way to keep the gathers inside a node;
+// see docs/strategies.md.
 //
 // With precision bf16 on CUDA the units are gathered and computed in bf16
 // while the shards (the optimizer's master weights) and the reduction stay
@@ -50,6 +61,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/engine/strategy/distributed_helpers.h"
@@ -73,6 +85,9 @@ struct FsdpOptions {
   bool no_sync = false;
   // Logits per chunk of the vocabulary-parallel head (0: LmHeadChunkBytes).
   int64_t head_chunk_bytes = 0;
+  // HSDP: ranks per shard group, dividing the world size (the strategy is
+  // then named "hsdp"); 0: plain FSDP over the whole world.
+  int64_t shard_group_size = 0;
 };
 
 // What the strategy did, in order, for tests and tracing. Units are numbered
@@ -103,7 +118,8 @@ class FsdpStrategy final : public Strategy {
   FsdpStrategy(const FsdpStrategy&) = delete;
   FsdpStrategy& operator=(const FsdpStrategy&) = delete;
 
-  std::string name() const override { return "fsdp"; }
+  // "hsdp" when built with a shard group size.
+  std::string name() const override;
   // Shards `model` and frees its full parameters: afterwards the model's own
   // parameter tensors are empty; the strategy alone holds the weights.
   absl::Status Setup(Gpt2 model) override;
@@ -117,11 +133,17 @@ class FsdpStrategy final : public Strategy {
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override;
   void Barrier() override;
-  int64_t rank() const override { return comm_->rank(); }
-  int64_t world_size() const override { return comm_->world_size(); }
+  int64_t rank() const override { return world_->rank(); }
+  int64_t world_size() const override { return world_->world_size(); }
+  // Ranks per shard group, and shard groups (replicas of the model).
+  int64_t shard_group_size() const { return shard_->world_size(); }
+  int64_t replicas() const {
+    return replicate_ == nullptr ? 1 : replicate_->world_size();
+  }
   // The part of each parameter that falls in this rank's shard of its unit
-  // (padding excluded), and that part's AdamW state: saved and loaded alike,
-  // as the shards do not overlap.
+  // (padding excluded), and that part's AdamW state. Loaded whole; saved
+  // whole under FSDP (the shards do not overlap), and under HSDP each
+  // replica of a shard writes an even share of it.
   std::vector<StateSlice> StateSlices(bool to_save) override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
@@ -149,6 +171,8 @@ class FsdpStrategy final : public Strategy {
   }
 
  private:
+  // The shard and replica groups of HSDP (none for plain FSDP).
+  absl::Status FormGroups();
   void Emit(FsdpEvent::Kind kind, int64_t unit);
   // Launches unit `u`'s all-gather if it is neither gathered nor in flight.
   void LaunchGather(int64_t u);
@@ -166,13 +190,23 @@ class FsdpStrategy final : public Strategy {
   void OnGradReady(int64_t u);
   // Waits for every reduce-scatter in flight, frees what is still gathered.
   void FinishBackward();
+  // HSDP, on a syncing micro-step: launches the all-reduce of unit u's final
+  // shard gradient over the replica group (once per backward).
+  void ReduceAcrossReplicas(int64_t u);
+  // Waits for those all-reduces and turns their sums into means.
+  void WaitAcrossReplicas();
   // After a failure: no unit gathered, no collective pending, no full
   // gradient left (results of failed collectives are dropped).
   void ResetUnits();
 
   const StrategyOptions options_;
-  Communicator* const comm_;
+  Communicator* const world_;  // every rank: losses, barriers
   const FsdpOptions fsdp_;
+  // HSDP's groups, made by Setup(); declared before the units that use them.
+  std::unique_ptr<Communicator> own_shard_;
+  std::unique_ptr<Communicator> own_replicate_;
+  Communicator* shard_ = nullptr;      // the world, or this rank's shard group
+  Communicator* replicate_ = nullptr;  // HSDP: this rank's replica group
   Gpt2 model_{nullptr};
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   int64_t wte_unit_ = -1;
@@ -181,6 +215,10 @@ class FsdpStrategy final : public Strategy {
   std::unique_ptr<AdamW> optimizer_;
   // Units whose reduce-scatter is in flight, oldest first.
   std::vector<int64_t> pending_reductions_;
+  // HSDP: replica all-reduces in flight, and which units had theirs this
+  // backward.
+  std::vector<std::pair<int64_t, std::unique_ptr<CommWork>>> replica_works_;
+  std::vector<bool> replica_reduced_;
   std::function<void(const FsdpEvent&)> observer_;
   // On the units' full buffers. Declared last: removed first.
   GradReadyHooks hooks_;

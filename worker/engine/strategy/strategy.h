@@ -26,6 +26,8 @@ struct StrategyOptions {
   torch::Device device = torch::kCPU;
   int64_t rank = 0;
   int64_t world_size = 1;
+  // Ranks on this rank's node (HSDP's default shard group); 0: unknown.
+  int64_t ranks_per_node = 0;
   std::string precision =
       "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
   AdamWOptions adamw;

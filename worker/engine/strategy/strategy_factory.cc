@@ -13,11 +13,12 @@ namespace shardtrain {
 
 StrategyOptions StrategyOptionsFor(const TrainConfig& config,
                                    const torch::Device& device, int64_t rank,
-                                   int64_t world_size) {
+                                   int64_t world_size, int64_t ranks_per_node) {
   StrategyOptions options;
   options.device = device;
   options.rank = rank;
   options.world_size = world_size;
+  options.ranks_per_node = ranks_per_node;
   options.precision = config.precision;
   options.adamw = {config.beta1, config.beta2, config.eps};
   options.weight_decay = config.weight_decay;
@@ -29,6 +30,14 @@ namespace {
 using Factory = std::unique_ptr<Strategy> (*)(const TrainConfig&,
                                               const StrategyOptions&,
                                               Communicator*);
+
+FsdpOptions FsdpOptionsFor(const TrainConfig& config) {
+  FsdpOptions fsdp;
+  fsdp.reshard_after_forward = config.reshard_after_forward;
+  fsdp.prefetch = config.prefetch;
+  fsdp.no_sync = config.fsdp_no_sync;
+  return fsdp;
+}
 
 // One row per StrategyKinds() row (train/strategy_kinds.h), by name.
 const std::map<std::string, Factory>& Factories() {
@@ -46,10 +55,16 @@ const std::map<std::string, Factory>& Factories() {
       {"fsdp",
        [](const TrainConfig& config, const StrategyOptions& options,
           Communicator* comm) -> std::unique_ptr<Strategy> {
-         FsdpOptions fsdp;
-         fsdp.reshard_after_forward = config.reshard_after_forward;
-         fsdp.prefetch = config.prefetch;
-         fsdp.no_sync = config.fsdp_no_sync;
+         return std::make_unique<FsdpStrategy>(options, comm,
+                                               FsdpOptionsFor(config));
+       }},
+      {"hsdp",
+       [](const TrainConfig& config, const StrategyOptions& options,
+          Communicator* comm) -> std::unique_ptr<Strategy> {
+         FsdpOptions fsdp = FsdpOptionsFor(config);
+         fsdp.shard_group_size =
+             ResolveShardGroupSize(config.shard_group_size, options.world_size,
+                                   options.ranks_per_node);
          return std::make_unique<FsdpStrategy>(options, comm, fsdp);
        }},
   };

@@ -11,10 +11,12 @@
 
 namespace shardtrain {
 
-// StrategyOptions from the config for this rank.
+// StrategyOptions from the config for this rank; `ranks_per_node` as
+// StrategyOptions::ranks_per_node.
 StrategyOptions StrategyOptionsFor(const TrainConfig& config,
                                    const torch::Device& device, int64_t rank,
-                                   int64_t world_size);
+                                   int64_t world_size,
+                                   int64_t ranks_per_node = 0);
 
 // The strategy config.strategy names (a StrategyKinds() row). `comm` may be
 // null only for a strategy that is not distributed; it must outlive the

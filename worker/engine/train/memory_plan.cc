@@ -31,20 +31,58 @@ struct Shapes {
 //   (4C + 4C); the block's output (C, the next block's input).
 // Plus the embeddings (C), ln_f's output and statistics (C + 2), the batch's
 // token ids (two int64) and, for a masked softmax, the [block, block] mask.
+//
+// A recomputed block (activation checkpointing) keeps only its output (C,
+// fp32: the residual stream), which the next block saves as its input.
 int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
-                        AttentionKind attention, int64_t block_size) {
+                        AttentionKind attention, int64_t block_size,
+                        int64_t recomputed_blocks) {
   const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
                                        ? s.heads * s.seq
                                        : s.c + s.heads;
   const int64_t per_token_block =
       element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
-  const int64_t per_token =
-      s.layers * per_token_block + element_bytes * 2 * s.c + 4 * 2 + 2 * 8;
+  const int64_t per_token = (s.layers - recomputed_blocks) * per_token_block +
+                            recomputed_blocks * 4 * s.c +
+                            element_bytes * 2 * s.c + 4 * 2 + 2 * 8;
   int64_t bytes = s.tokens * per_token;
   if (attention == AttentionKind::kMaskedSoftmax) {
     bytes += block_size * block_size * 4;
   }
   return bytes;
+}
+
+// The backward of a recomputed block (activation checkpointing) runs its
+// forward again and then its backward, so the step has a second peak: at
+// the last recomputed block j, whose backward comes first among them, with
+// the saved inputs of blocks 0..j still alive, the head's buffers and the
+// activations of the blocks after j freed, and j's activations rebuilt plus
+// the gradients its backward makes. Those transients, measured with the
+// tracking allocator (bytes per token): a masked softmax 4 * (7C + 3 x
+// heads x T) (the probabilities, their gradient and the scores' gradient
+// dominate; j's own rebuilt activations are in it, partly freed by then);
+// fused attention 4 * 7C.
+// Returns the activation bytes alive at that moment (without the
+// parameters, gradients and optimizer state).
+int64_t RecomputePeakActivationBytes(const Shapes& s, int64_t element_bytes,
+                                     AttentionKind attention,
+                                     int64_t block_size, int64_t every) {
+  const int64_t recomputed = s.layers / every;
+  const int64_t last = recomputed * every - 1;  // j
+  const int64_t after = s.layers - 1 - last;    // not recomputed, freed
+  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
+                                       ? s.heads * s.seq
+                                       : s.c + s.heads;
+  const int64_t per_token_block =
+      element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
+  const int64_t saved =
+      ActivationBytes(s, element_bytes, attention, block_size, recomputed) -
+      s.tokens * (after * per_token_block + element_bytes * s.c + 4 * 2);
+  const int64_t transient_per_token =
+      attention == AttentionKind::kMaskedSoftmax
+          ? 4 * (7 * s.c + 2 + 3 * s.heads * s.seq)
+          : 4 * (7 * s.c + 2);
+  return saved + s.tokens * transient_per_token;
 }
 
 }  // namespace
@@ -68,7 +106,7 @@ std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
       {"parameters", parameters},           {"gradients", gradients},
       {"optimizer_state", optimizer_state}, {"gathered_units", gathered_units},
       {"activations", activations},         {"logits", logits},
-      {"communication", communication}};
+      {"communication", communication},     {"recomputation", recomputation}};
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
@@ -80,6 +118,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("world size must be >= 1, got ", world_size));
   }
+  absl::StatusOr<int64_t> every =
+      ActivationCheckpointEvery(config.activation_checkpointing);
+  if (!every.ok()) return every.status();
+  const int64_t recomputed = *every > 0 ? model->n_layer / *every : 0;
   const StrategyKind* kind = FindStrategyKind(config.strategy);
   if (kind == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -111,14 +153,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   MemoryPlan plan;
   plan.strategy = config.strategy;
   plan.world_size = world_size;
-  if (config.strategy != "fsdp") {
+  plan.recomputed_blocks = recomputed;
+  if (config.strategy != "fsdp" && config.strategy != "hsdp") {
     plan.parameters = 4 * params;
     plan.gradients = 4 * params;
     plan.optimizer_state = 8 * params;
     // Autocast keeps one bf16 copy of every block weight it casts.
     if (bf16) plan.gathered_units = 2 * s.layers * 12 * s.c * s.c;
-    plan.activations =
-        ActivationBytes(s, bf16 ? 2 : 4, attention, model->block_size);
+    plan.activations = ActivationBytes(s, bf16 ? 2 : 4, attention,
+                                       model->block_size, recomputed);
     // The chunked head (model/gpt2.cc LmHeadLoss): one chunk of fp32 logits
     // (and its bf16 product), wte's gradient computed in forward, the hidden
     // states' gradient and per-row losses.
@@ -127,11 +170,29 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     plan.logits = rows * s.vocab * (bf16 ? 6 : 4) + 4 * s.wte_params +
                   4 * s.tokens * s.c + 4 * s.tokens;
     if (bf16) plan.logits += 2 * s.vocab * s.c;  // the cast head weight
+    if (*every > 0) {
+      const int64_t backward = RecomputePeakActivationBytes(
+          s, bf16 ? 2 : 4, attention, model->block_size, *every);
+      plan.recomputation =
+          std::max<int64_t>(0, backward - plan.activations - plan.logits);
+    }
     return plan;
   }
 
   // FSDP: each unit's flat buffer padded to the world size (wte to whole
-  // rows per rank); a rank holds 1/N of each.
+  // rows per rank); a rank holds 1/N of each. HSDP: the same within its
+  // shard group of G ranks (the replicas' all-reduce works in place).
+  if (config.strategy == "hsdp") {
+    const int64_t g = ResolveShardGroupSize(config.shard_group_size, world_size,
+                                            /*ranks_per_node=*/0);
+    if (g > world_size || world_size % g != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hsdp: the shard group size ", g,
+                       " must divide the world size ", world_size));
+    }
+    plan.shard_group_size = g;
+    world_size = g;
+  }
   const int64_t block_padded = RoundUp(s.block_params, world_size);
   const int64_t root_padded = RoundUp(s.root_params, world_size);
   const int64_t wte_rows = RoundUp(s.padded_vocab, world_size) / world_size;
@@ -151,7 +212,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   plan.gathered_units =
       unit_bytes * (root_padded + gathered_blocks * block_padded);
   plan.activations =
-      ActivationBytes(s, unit_bytes, attention, model->block_size);
+      ActivationBytes(s, unit_bytes, attention, model->block_size, recomputed);
   // The vocabulary-parallel head (strategy/vocab_parallel.cc): every rank's
   // tokens against this rank's rows, one chunk at a time.
   const int64_t all_tokens = world_size * s.tokens;
@@ -162,7 +223,49 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   // Every rank's hidden states, their gradient (partial over this rank's
   // columns) and targets.
   plan.communication = 4 * all_tokens * s.c * 2 + 8 * all_tokens;
+  if (*every > 0) {
+    // In backward the block before the recomputed one is prefetched: one
+    // block more gathered than at the head.
+    const int64_t last = s.layers / *every * *every - 1;
+    const int64_t prefetched =
+        config.prefetch && config.reshard_after_forward && last >= 1
+            ? unit_bytes * block_padded
+            : 0;
+    // The vocabulary-parallel head's gradient of every rank's hidden states
+    // is still held when the first block's backward runs (measured).
+    const int64_t backward =
+        prefetched + 4 * all_tokens * s.c +
+        RecomputePeakActivationBytes(s, unit_bytes, attention,
+                                     model->block_size, *every);
+    plan.recomputation = std::max<int64_t>(
+        0, backward - plan.activations - plan.logits - plan.communication);
+  }
   return plan;
+}
+
+absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
+                                            int64_t world_size, int64_t budget,
+                                            int64_t max_batch) {
+  auto fits = [&](int64_t batch) -> absl::StatusOr<bool> {
+    config.batch_size = batch;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world_size);
+    if (!plan.ok()) return plan.status();
+    return plan->total() <= budget;
+  };
+  absl::StatusOr<bool> one = fits(1);
+  if (!one.ok()) return one.status();
+  if (!*one) return 0;
+  int64_t lo = 1, hi = max_batch;  // fits(lo); fits(hi) unknown
+  absl::StatusOr<bool> top = fits(hi);
+  if (!top.ok()) return top.status();
+  if (*top) return hi;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    absl::StatusOr<bool> f = fits(mid);
+    if (!f.ok()) return f.status();
+    (*f ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 }  // namespace shardtrain

@@ -38,6 +38,8 @@ namespace shardtrain {
 struct MemoryPlan {
   std::string strategy;
   int64_t world_size = 1;
+  int64_t shard_group_size = 0;   // HSDP's G; 0 for the others
+  int64_t recomputed_blocks = 0;  // activation checkpointing
   int64_t parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
@@ -45,6 +47,9 @@ struct MemoryPlan {
   int64_t activations = 0;
   int64_t logits = 0;
   int64_t communication = 0;
+  // Activation checkpointing: how far the backward's recomputation of a
+  // block goes past the forward's peak (0 when it does not).
+  int64_t recomputation = 0;
 
   int64_t total() const;
   // (name, bytes) in the order above, for tables and JSON.
@@ -60,11 +65,20 @@ enum class AttentionKind { kMaskedSoftmax, kFused };
 AttentionKind BuiltAttentionKind();
 
 // Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
-// FSDP options) at `world_size` ranks. Errors: a model spec or strategy that
-// does not parse.
+// FSDP/HSDP options, activation checkpointing) at `world_size` ranks; HSDP's
+// default shard group is the one-node default (DefaultShardGroupSize). Errors:
+// a model spec or strategy that does not parse.
 absl::StatusOr<MemoryPlan> PlanMemory(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
+
+// The largest per-rank micro-batch (config.batch_size) in [1, max_batch]
+// whose planned peak at `world_size` ranks is at most `budget` bytes; 0 when
+// not even one sequence fits. The plan grows with the batch, so this is a
+// binary search over PlanMemory. Errors: PlanMemory's.
+absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
+                                            int64_t world_size, int64_t budget,
+                                            int64_t max_batch = 1 << 16);
 
 }  // namespace shardtrain
 

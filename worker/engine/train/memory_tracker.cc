@@ -6,9 +6,12 @@
 #include <atomic>
 #ifdef SHARDTRAIN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
 
+#include "absl/strings/str_cat.h"
 #include "worker/engine/torch_compat.h"
+#include "worker/engine/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {
@@ -31,6 +34,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
 #endif
 
   int64_t current() const { return current_.load(); }
+  void set_limit(int64_t bytes) { limit_.store(bytes); }
   int64_t peak() const { return peak_.load(); }
   void ResetPeak() { peak_.store(current_.load()); }
 
@@ -42,6 +46,16 @@ class TrackingCpuAllocator final : public c10::Allocator {
   };
 
   c10::DataPtr Allocate(size_t nbytes) const {
+    const int64_t limit = limit_.load();
+    if (limit > 0) {
+      const int64_t now = current_.load();
+      if (now + static_cast<int64_t>(nbytes) > limit) {
+        TORCH_CHECK(false, "CPU out of memory: tried to allocate ",
+                    FormatBytes(static_cast<int64_t>(nbytes)), " with ",
+                    FormatBytes(now), " in use, past the memory cap of ",
+                    FormatBytes(limit), " per rank (--memory-cap)");
+      }
+    }
     c10::DataPtr inner = base_->allocate(nbytes);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -68,6 +82,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> limit_{0};  // 0: none
 };
 
 TrackingCpuAllocator& CpuTracker() {
@@ -113,6 +128,33 @@ MemorySnapshot MemoryTracker::Snapshot(const torch::Device& device) const {
   snapshot.peak_bytes = CpuTracker().peak();
   snapshot.reserved_bytes = snapshot.allocated_bytes;
   return snapshot;
+}
+
+absl::Status MemoryTracker::SetLimit(const torch::Device& device,
+                                     int64_t bytes) {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    if (bytes <= 0) return absl::OkStatus();
+    size_t free_bytes = 0, device_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &device_bytes) != cudaSuccess ||
+        device_bytes == 0) {
+      return absl::InternalError("memory cap: cannot read the GPU's memory");
+    }
+    if (static_cast<size_t>(bytes) > device_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory cap: ", FormatBytes(bytes), " is more than the ",
+                       FormatBytes(static_cast<int64_t>(device_bytes)), " of ",
+                       device.str()));
+    }
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(
+        static_cast<double>(bytes) / static_cast<double>(device_bytes),
+        device.index());
+    return absl::OkStatus();
+  }
+#endif
+  (void)device;
+  CpuTracker().set_limit(bytes);
+  return absl::OkStatus();
 }
 
 void MemoryTracker::ResetPeak(const torch::Device& device) {

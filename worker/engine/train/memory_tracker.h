@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+
 namespace shardtrain {
 
 struct MemorySnapshot {
@@ -26,6 +28,13 @@ class MemoryTracker {
 
   MemorySnapshot Snapshot(const torch::Device& device) const;
   void ResetPeak(const torch::Device& device);
+  // Caps this process's tensor memory on `device` at `bytes` (0: no cap),
+  // as a device with that much memory would: on CPU the tracking allocator
+  // refuses an allocation that would take the live bytes past the cap (a
+  // c10::Error "CPU out of memory: ... past the memory cap of ..."); on CUDA
+  // the caching allocator gets the matching fraction of the device.
+  // InvalidArgument when a CUDA device has less memory than the cap.
+  absl::Status SetLimit(const torch::Device& device, int64_t bytes);
 
  private:
   MemoryTracker();

@@ -2,7 +2,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -27,6 +31,50 @@ std::string FormatDuration(double seconds) {
   const auto total = static_cast<int64_t>(std::llround(seconds));
   if (total < 3600) return absl::StrFormat("%dm%02ds", total / 60, total % 60);
   return absl::StrFormat("%dh%02dm", total / 3600, (total % 3600) / 60);
+}
+
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t split = 0;
+  while (split < trimmed.size() &&
+         (absl::ascii_isdigit(trimmed[split]) || trimmed[split] == '.')) {
+    ++split;
+  }
+  double number = 0;
+  const std::string unit =
+      absl::AsciiStrToUpper(absl::StripAsciiWhitespace(trimmed.substr(split)));
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},
+      {"B", 1},
+      {"K", 1 << 10},
+      {"KI", 1 << 10},
+      {"KIB", 1 << 10},
+      {"KB", 1e3},
+      {"M", 1 << 20},
+      {"MI", 1 << 20},
+      {"MIB", 1 << 20},
+      {"MB", 1e6},
+      {"G", 1 << 30},
+      {"GI", 1 << 30},
+      {"GIB", 1 << 30},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TI", 1099511627776.0},
+      {"TIB", 1099511627776.0},
+      {"TB", 1e12}};
+  double scale = 0;
+  for (const auto& [name, factor] : kUnits) {
+    if (unit == name) scale = factor;
+  }
+  if (split == 0 || scale == 0 ||
+      !absl::SimpleAtod(trimmed.substr(0, split), &number) ||
+      !(number * scale >= 1) || number * scale > 9.0e18) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", absl::CHexEscape(text),
+        "' is not a size: expected a positive number with an optional unit, "
+        "as 80GiB, 512MiB, 1.5G or 4096"));
+  }
+  return static_cast<int64_t>(number * scale);
 }
 
 std::string FormatThousands(int64_t value) {
@@ -67,6 +115,7 @@ std::string StepMetrics::ToJson() const {
       {"model_state_bytes", model_state_bytes},
       {"comm_seconds", comm_seconds},
       {"comm_bytes", comm_bytes},
+      {"comm_inter_group_bytes", comm_inter_group_bytes},
   };
   if (val_loss >= 0) j["val_loss"] = val_loss;
   return j.dump();
@@ -93,6 +142,7 @@ absl::StatusOr<StepMetrics> StepMetrics::FromJson(const std::string& line) {
     m.model_state_bytes = j.value("model_state_bytes", int64_t{0});
     m.comm_seconds = j.value("comm_seconds", 0.0);
     m.comm_bytes = j.value("comm_bytes", int64_t{0});
+    m.comm_inter_group_bytes = j.value("comm_inter_group_bytes", int64_t{0});
     m.val_loss = j.value("val_loss", -1.0);
     return m;
   } catch (const nlohmann::json::exception& e) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardtrain {
 
@@ -29,7 +30,10 @@ struct StepMetrics {
   int64_t model_state_bytes = 0;  // parameters + gradients + optimizer state
   double comm_seconds = 0;        // time blocked on collectives
   int64_t comm_bytes = 0;         // bytes sent through collectives
-  double val_loss = -1;           // < 0: no eval at this step
+  // Of comm_bytes, those between HSDP's shard groups (its replicas'
+  // all-reduce; usually between nodes). 0 for the other strategies.
+  int64_t comm_inter_group_bytes = 0;
+  double val_loss = -1;  // < 0: no eval at this step
 
   // `step 12/500 | loss 5.4312 | norm 1.23 | lr 6.0e-04 | 312 ms |
   //  38.1% MFU | 52,410 tok/s | mem 1.2 GiB`
@@ -43,6 +47,11 @@ struct StepMetrics {
 std::string FormatBytes(int64_t bytes);
 std::string FormatDuration(double seconds);
 std::string FormatThousands(int64_t value);
+// A size as users write it: "80GiB", "512 MiB", "1.5G", "4096": binary
+// units (K, M, G, T, with or without "iB"), decimal ones for "KB", "MB",
+// "GB", "TB", plain bytes without a unit. InvalidArgument naming the text
+// otherwise (or for a size that is not positive or overflows).
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text);
 
 }  // namespace shardtrain
 

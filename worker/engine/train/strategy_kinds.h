@@ -7,6 +7,7 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TRAIN_STRATEGY_KINDS_H_
 #define SHARDTRAIN_WORKER_ENGINE_TRAIN_STRATEGY_KINDS_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,17 @@ const StrategyKind* FindStrategyKind(std::string_view name);
 std::string StrategyNameList();
 // Every name, for flag checks.
 std::vector<std::string> StrategyNames();
+
+// HSDP's ranks per shard group when --shard-group-size is 0: the ranks per
+// node, so the all-gathers and reduce-scatters stay inside a node and only
+// the replicas' all-reduce crosses nodes. When every rank is on one node
+// (ranks_per_node >= world_size, or unknown: 0) that would be plain FSDP;
+// there the default is the largest divisor of the world size below it
+// (half of an even world: two replicas), and 1 for one rank.
+int64_t DefaultShardGroupSize(int64_t world_size, int64_t ranks_per_node);
+// The shard group size a run uses: `requested` when > 0, else the default.
+int64_t ResolveShardGroupSize(int64_t requested, int64_t world_size,
+                              int64_t ranks_per_node);
 
 }  // namespace shardtrain
 

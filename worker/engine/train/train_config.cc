@@ -6,11 +6,14 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "common/small_file.h"
 #include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/train/step_metrics.h"
 #include "worker/engine/train/strategy_kinds.h"
 #include "yaml-cpp/yaml.h"
 
@@ -164,7 +167,33 @@ absl::Status TrainConfig::Validate() const {
   if (log_every <= 0) {
     return FieldError("log_every", log_every, "must be a positive integer");
   }
+  if (memory_cap < 0) {
+    return FieldError("memory_cap", memory_cap, "must be >= 0 (0: no cap)");
+  }
+  if (shard_group_size < 0 || shard_group_size > 1 << 20) {
+    return FieldError("shard_group_size", shard_group_size,
+                      "must be >= 0 (0: ranks per node)");
+  }
+  if (absl::StatusOr<int64_t> every =
+          ActivationCheckpointEvery(activation_checkpointing);
+      !every.ok()) {
+    return every.status();
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ActivationCheckpointEvery(absl::string_view value) {
+  if (value == "none") return 0;
+  if (value == "all") return 1;
+  int64_t every = 0;
+  absl::string_view n = value;
+  if (absl::ConsumePrefix(&n, "every-") && absl::SimpleAtoi(n, &every) &&
+      every >= 1 && every <= 1 << 20) {
+    return every;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "activation_checkpointing: got \"", absl::CHexEscape(value),
+      "\"; allowed: none, all, every-N (N >= 1: every N-th block)"));
 }
 
 namespace {
@@ -203,11 +232,20 @@ const std::map<std::string, Setter>& YamlSetters() {
       {"threads", Set(&TrainConfig::threads)},
       {"peak_flops", Set(&TrainConfig::peak_flops)},
       {"shuffle", Set(&TrainConfig::shuffle)},
+      {"memory_cap",
+       [](const YAML::Node& node, TrainConfig* config) {
+         // A size with a unit ("512MiB") or a number of bytes.
+         absl::StatusOr<int64_t> bytes = ParseBytes(node.as<std::string>());
+         if (!bytes.ok()) throw YAML::Exception(YAML::Mark(), "size");
+         config->memory_cap = *bytes;
+       }},
       {"bucket_mb", Set(&TrainConfig::bucket_mb)},
       {"reshard_after_forward", Set(&TrainConfig::reshard_after_forward)},
       {"prefetch", Set(&TrainConfig::prefetch)},
       {"fsdp_no_sync", Set(&TrainConfig::fsdp_no_sync)},
       {"comm_timeout", Set(&TrainConfig::comm_timeout)},
+      {"shard_group_size", Set(&TrainConfig::shard_group_size)},
+      {"activation_checkpointing", Set(&TrainConfig::activation_checkpointing)},
       {"eval_every", Set(&TrainConfig::eval_every)},
       {"eval_steps", Set(&TrainConfig::eval_steps)},
       {"checkpoint_every", Set(&TrainConfig::checkpoint_every)},

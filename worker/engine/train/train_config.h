@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardtrain {
 
@@ -38,13 +39,16 @@ struct TrainConfig {
   double grad_clip = 1.0;  // <= 0 disables clipping
 
   // Execution.
-  std::string strategy = "single";  // single | ddp | fsdp
+  std::string strategy = "single";  // single | ddp | fsdp | hsdp
   std::string device = "cpu";       // cpu | cuda | cuda:N
   std::string precision = "fp32";   // fp32 | bf16
   uint64_t seed = 1337;
   int64_t threads = 0;    // intra-op CPU threads; 0 = cores / world size
   double peak_flops = 0;  // MFU denominator; 0 = table (GPU) or measured
   bool shuffle = true;    // shuffle training windows each epoch
+  // Per-rank cap on tensor memory in bytes (0: none); past it the run fails
+  // out of memory, as on a device that size (MemoryTracker::SetLimit).
+  int64_t memory_cap = 0;
 
   // Distributed strategies.
   double bucket_mb = 25;              // DDP gradient bucket size
@@ -52,6 +56,10 @@ struct TrainConfig {
   bool prefetch = true;               // FSDP: gather the next unit early
   bool fsdp_no_sync = false;   // FSDP: no reduce-scatter on accumulation steps
   int64_t comm_timeout = 300;  // seconds before a collective fails
+  // HSDP: ranks per shard group (0: DefaultShardGroupSize).
+  int64_t shard_group_size = 0;
+  // Recompute blocks' activations in backward: none | all | every-N.
+  std::string activation_checkpointing = "none";
 
   // Eval, checkpoints, output.
   int64_t eval_every = 0;  // 0 = only at the end when val.bin exists
@@ -84,6 +92,12 @@ struct BatchSplit {
 };
 absl::StatusOr<BatchSplit> SplitGlobalBatch(int64_t global, int64_t world,
                                             int64_t preferred_batch);
+
+// What --activation-checkpointing means: 0 for "none", 1 for "all", N for
+// "every-N": every N-th block is recomputed (0-based blocks N-1, 2N-1, ...;
+// Gpt2Impl::IsRecomputed), L / N of L blocks. InvalidArgument naming the
+// value otherwise.
+absl::StatusOr<int64_t> ActivationCheckpointEvery(absl::string_view value);
 
 absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
                                   TrainConfig* config);

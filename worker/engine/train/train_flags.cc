@@ -1,5 +1,9 @@
 #include "worker/engine/train/train_flags.h"
 
+#include <string>
+
+#include "worker/engine/train/step_metrics.h"
+
 namespace shardtrain {
 
 void AddTrainFlags(CLI::App& app, TrainConfig& c) {
@@ -28,7 +32,7 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--eps", c.eps, "AdamW epsilon");
   app.add_option("--grad-clip", c.grad_clip,
                  "max global grad norm (<= 0: off)");
-  app.add_option("--strategy", c.strategy, "single | ddp | fsdp");
+  app.add_option("--strategy", c.strategy, "single | ddp | fsdp | hsdp");
   app.add_option("--device", c.device, "cpu | cuda | cuda:N");
   app.add_option("--precision", c.precision, "fp32 | bf16 (CUDA)");
   app.add_option("--seed", c.seed, "seed for init and data order");
@@ -36,6 +40,18 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
                  "CPU threads per rank (0: cores / ranks)");
   app.add_option("--peak-flops", c.peak_flops, "MFU denominator in FLOP/s");
   app.add_option("--shuffle", c.shuffle, "shuffle training windows each epoch");
+  app.add_option_function<std::string>(
+      "--memory-cap",
+      [&c](const std::string& value) {
+        absl::StatusOr<int64_t> bytes = ParseBytes(value);
+        if (!bytes.ok()) {
+          throw CLI::ValidationError("--memory-cap",
+                                     std::string(bytes.status().message()));
+        }
+        c.memory_cap = *bytes;
+      },
+      "cap each rank's tensor memory (e.g. 512MiB): past it the run fails "
+      "out of memory, as on a device that size");
   app.add_option("--bucket-mb", c.bucket_mb, "DDP gradient bucket size in MB");
   app.add_option(
       "--reshard-after-forward", c.reshard_after_forward,
@@ -45,6 +61,12 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--fsdp-no-sync", c.fsdp_no_sync,
                  "FSDP: keep full gradients over accumulation micro-steps and "
                  "reduce-scatter once (less communication, more memory)");
+  app.add_option("--shard-group-size", c.shard_group_size,
+                 "HSDP: ranks per shard group, dividing the world size (0: "
+                 "ranks per node; on one node, half the ranks)");
+  app.add_option("--activation-checkpointing", c.activation_checkpointing,
+                 "recompute blocks' activations in backward: none | all | "
+                 "every-N (every N-th block)");
   app.add_option("--comm-timeout", c.comm_timeout,
                  "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every,

@@ -124,6 +124,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (t.device_.is_cpu()) SetCpuComputeThreads(static_cast<int>(threads));
   RetainFreedHostMemory();
   MemoryTracker::Get();  // count every tensor from here on
+  if (absl::Status s =
+          MemoryTracker::Get().SetLimit(t.device_, config.memory_cap);
+      !s.ok()) {
+    return s;
+  }
 
   absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(config.model);
   if (!model_config.ok()) return model_config.status();
@@ -196,6 +201,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       return s;
     }
   }
+  absl::StatusOr<int64_t> recompute_every =
+      ActivationCheckpointEvery(config.activation_checkpointing);
+  if (!recompute_every.ok()) return recompute_every.status();
+  model->set_activation_checkpointing(*recompute_every);
   if (absl::Status s = t.strategy_->Setup(model); !s.ok()) return s;
 
   t.flops_per_token_ = t.model_config_.FlopsPerToken(config.seq_len);
@@ -316,6 +325,7 @@ StepMetrics Trainer::TrainStep(int64_t step) {
   const CommStats comm = strategy_->TakeCommStats();
   m.comm_seconds = comm.seconds;
   m.comm_bytes = comm.bytes;
+  m.comm_inter_group_bytes = comm.inter_group_bytes;
   return m;
 }
 

@@ -28,7 +28,7 @@ TEST(StrategyFactoryTest, BuildsEveryStrategyOfTheTableUnderItsName) {
       EXPECT_EQ((*strategy)->name(), kind.name);
     });
   }
-  EXPECT_EQ(StrategyNameList(), "single, ddp, fsdp");
+  EXPECT_EQ(StrategyNameList(), "single, ddp, fsdp, hsdp");
   EXPECT_STREQ(FindStrategyKind("fsdp")->display_name, "FSDP");
   EXPECT_EQ(FindStrategyKind("zero3"), nullptr);
 }

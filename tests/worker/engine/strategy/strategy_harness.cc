@@ -62,7 +62,9 @@ void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
                   .ForwardBackward(inputs, targets, 1.0 / loop.micro_steps,
                                    /*sync=*/micro + 1 == loop.micro_steps)
                   .item<double>();
-      result->micro_comm_bytes.push_back(strategy.TakeCommStats().bytes);
+      const CommStats comm = strategy.TakeCommStats();
+      result->micro_comm_bytes.push_back(comm.bytes);
+      result->micro_inter_group_bytes.push_back(comm.inter_group_bytes);
     }
     if (loop.after_backward) loop.after_backward(step);
     result->norms.push_back(strategy.ClipGradNorm(loop.max_norm));
@@ -140,7 +142,10 @@ std::vector<TrainResult> TrainRanks(const std::string& spec, uint64_t seed,
     torch::set_num_threads(1);
     std::unique_ptr<Strategy> strategy = make(rank, world, &comm);
     ASSERT_NE(strategy, nullptr);
-    ASSERT_TRUE(strategy->Setup(MakeModel(spec, seed)).ok());
+    Gpt2 model = MakeModel(spec, seed);
+    model->set_activation_checkpointing(loop.activation_checkpointing);
+    const absl::Status setup = strategy->Setup(model);
+    ASSERT_TRUE(setup.ok()) << setup;
     strategy->TakeCommStats();
     Train(*strategy, batches, rank, world, loop, &results[rank]);
     results[rank].params = FullParameters(*strategy, spec, dir);

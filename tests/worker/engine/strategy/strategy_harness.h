@@ -47,6 +47,8 @@ struct TrainResult {
   double eval_loss = 0;        // ForwardLoss on batch 0, at the end
   // Bytes this rank put on the wire in each micro-step, in order.
   std::vector<int64_t> micro_comm_bytes;
+  // Of those, the bytes sent between shard groups (HSDP's replica group).
+  std::vector<int64_t> micro_inter_group_bytes;
   int64_t state_bytes = 0;  // ModelStateBytes() after the last step
 };
 
@@ -61,6 +63,8 @@ struct TrainLoop {
   // Called after each step's backward (and its synchronisation), before
   // clipping; tests use it to look at gradients.
   std::function<void(int64_t step)> after_backward;
+  // Gpt2Impl::set_activation_checkpointing of every rank's model.
+  int64_t activation_checkpointing = 0;
 };
 
 // Steps [first_step, last_step) of `micro_steps` micro-batches at `lr`.

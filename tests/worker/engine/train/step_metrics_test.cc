@@ -40,6 +40,7 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   m.model_state_bytes = 400;
   m.comm_seconds = 0.01;
   m.comm_bytes = 999;
+  m.comm_inter_group_bytes = 333;
   m.val_loss = 4.5;
   auto back = StepMetrics::FromJson(m.ToJson());
   ASSERT_TRUE(back.ok()) << back.status();
@@ -47,6 +48,23 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   EXPECT_DOUBLE_EQ(back->val_loss, 4.5);
   EXPECT_EQ(back->memory_reserved_bytes, 300);
   EXPECT_EQ(back->model_state_bytes, 400);
+  EXPECT_EQ(back->comm_inter_group_bytes, 333);
+}
+
+TEST(FormatTest, ParsesSizesAsUsersWriteThem) {
+  EXPECT_EQ(*ParseBytes("80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseBytes("512 MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseBytes("512m"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseBytes("1.5G"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseBytes("2GB"), 2000000000);
+  EXPECT_EQ(*ParseBytes("4096"), 4096);
+  for (const char* bad : {"", "GiB", "-1G", "0", "12 parsecs", "1e3", "1..2G",
+                          "99999999999TiB"}) {
+    const absl::StatusOr<int64_t> bytes = ParseBytes(bad);
+    ASSERT_FALSE(bytes.ok()) << bad;
+    EXPECT_NE(bytes.status().message().find("is not a size"),
+              std::string::npos);
+  }
 }
 
 TEST(StepMetricsTest, JsonWithoutEvalHasNoValLoss) {
