@@ -50,7 +50,7 @@ int64_t DevicesThatFit(TrainConfig config, int64_t devices, int64_t budget) {
   config.batch_size = 1;
   for (int64_t n = std::max<int64_t>(2, devices * 2); n <= 4096; n *= 2) {
     absl::StatusOr<MemoryPlan> plan = PlanMemory(config, n);
-    if (plan.ok() && plan->total() <= budget) return n;
+    if (plan.ok() && plan->total() <= PlannableBytes(budget)) return n;
   }
   return 0;
 }
@@ -64,7 +64,7 @@ int64_t SeqLenThatFits(TrainConfig config, int64_t devices, int64_t budget) {
   for (int64_t seq = config.seq_len / 2; seq >= 64; seq /= 2) {
     config.seq_len = seq;
     absl::StatusOr<MemoryPlan> plan = PlanMemory(config, devices);
-    if (plan.ok() && plan->total() <= budget) return seq;
+    if (plan.ok() && plan->total() <= PlannableBytes(budget)) return seq;
   }
   return 0;
 }
@@ -98,7 +98,7 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
       row.checkpointing = checkpointing;
       row.world = distributed ? devices : 1;
       absl::StatusOr<int64_t> batch =
-          LargestFittingBatch(config, row.world, *budget);
+          LargestFittingBatch(config, row.world, PlannableBytes(*budget));
       if (!batch.ok()) return ReportFailure(batch.status());
       row.batch = *batch;
       config.batch_size = std::max<int64_t>(1, *batch);
@@ -187,8 +187,9 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
                                   row.batch > 0 ? "" : " at batch 1")});
   }
   std::cout << absl::StrFormat(
-                   "largest batch per device within %s on %d devices: %s, "
-                   "seq %d, %s on %s\n",
+                   "largest batch per device whose planned peak is within 98%% "
+                   "of %s (the plan's accuracy), on %d devices: %s, seq %d, %s "
+                   "on %s\n",
                    FormatBytes(*budget), devices, base.model, base.seq_len,
                    base.precision, base.device)
             << FormatTable({"strategy", "activation ckpt", "devices",
@@ -205,10 +206,11 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   } else {
     std::cout << absl::StrFormat(
         "\nnothing fits: the least memory is %s%s at batch 1, %s per device "
-        "(%s over)\nto fit: %s\n",
+        "(%s over 98%% of it)\nto fit: %s\n",
         least->strategy,
         least->checkpointing == "all" ? " with activation checkpointing" : "",
-        FormatBytes(least->peak), FormatBytes(least->peak - *budget),
+        FormatBytes(least->peak),
+        FormatBytes(least->peak - PlannableBytes(*budget)),
         absl::StrJoin(advice, "; or "));
   }
   return kExitOk;

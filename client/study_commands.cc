@@ -104,7 +104,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
       absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "-");
       if (!config.ok()) return ReportFailure(config.status());
       absl::StatusOr<int64_t> batch =
-          LargestFittingBatch(*config, ranks, budget);
+          LargestFittingBatch(*config, ranks, PlannableBytes(budget));
       if (!batch.ok()) return ReportFailure(batch.status());
       if (*batch == 0) {
         std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": "

@@ -933,7 +933,13 @@ void JobManager::ApplyPoll(const Poll& poll) {
       entry->port_taken = true;
     }
     v1::Failure failure = RankExitFailure(*entry, exit.rank, exit.status);
-    if (failure.reason() == v1::DIVERGED) entry->no_restart = true;
+    // Deterministic: the same step would diverge, or outgrow the job's own
+    // memory cap, again.
+    if (failure.reason() == v1::DIVERGED ||
+        (failure.reason() == v1::OOM &&
+         entry->stored.job.spec().trainer().memory_cap_bytes() > 0)) {
+      entry->no_restart = true;
+    }
     FailAttempt(*entry, std::move(failure));
   }
 }

@@ -12,7 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "proto/job_config.h"
 #include "tests/integration/daemon_harness.h"
+#include "worker/engine/train/memory_plan.h"
 
 namespace shardtrain {
 namespace {
@@ -322,10 +324,11 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
           stored[i].loss();
     }
     // The report's final train loss is rank 0's last stored step.
-    EXPECT_THAT(compare.out,
-                HasSubstr(absl::StrFormat("| %s | %d | 5 | %.4f |", strategy,
-                                          job.spec().world_size(),
-                                          loss[strategy][{0, 5}])));
+    EXPECT_THAT(
+        compare.out,
+        HasSubstr(absl::StrFormat(
+            "| %s | %d | %d | 5 | %.4f |", strategy, job.spec().world_size(),
+            job.spec().trainer().batch_size(), loss[strategy][{0, 5}])));
   }
   for (int step = 1; step <= 5; ++step) {
     const double single = loss["single"][std::make_pair(0, step)];
@@ -334,6 +337,44 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
       EXPECT_NEAR(other, single, 1e-5 * single) << s << " step " << step;
     }
   }
+}
+
+// --memory-budget: every strategy at the largest batch its plan fits in the
+// budget, each run under that cap; FSDP, holding a share of the model, gets
+// a larger batch than DDP, and the table shows each batch.
+TEST_F(CliJobCommandsTest, CompareUnderAMemoryBudgetRunsEachAtItsOwnBatch) {
+  StartDaemon({});
+  const std::string out = dir_ / "budget";
+  CommandResult compare = Cli(absl::StrCat(
+      "compare --strategies ddp,fsdp --world-size 2 --model gpt2-tiny "
+      "--data brown --seq-len 64 --max-steps 2 --eval-steps 1 "
+      "--memory-budget 240MiB --out ",
+      out));
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 2);
+  std::map<std::string, int64_t> batch;
+  for (const v1::Job& job : jobs.jobs()) {
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
+    EXPECT_EQ(job.spec().trainer().memory_cap_bytes(), int64_t{240} << 20);
+    absl::StatusOr<TrainConfig> config =
+        TrainConfigFromJobSpec(job.spec(), "-");
+    ASSERT_TRUE(config.ok()) << config.status();
+    const std::string strategy = job.spec().strategy().name();
+    batch[strategy] = config->batch_size;
+    EXPECT_EQ(
+        config->batch_size,
+        *LargestFittingBatch(*config, 2, PlannableBytes(int64_t{240} << 20)))
+        << strategy;
+    EXPECT_THAT(compare.out,
+                HasSubstr(absl::StrFormat("| %s | 2 | %d |", strategy,
+                                          config->batch_size)));
+  }
+  EXPECT_GT(batch["fsdp"], batch["ddp"]);
+  EXPECT_THAT(test::ReadFile(out + "/report.md"),
+              HasSubstr("largest per-rank batch its plan fits"));
 }
 
 }  // namespace

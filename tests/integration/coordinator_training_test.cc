@@ -167,6 +167,24 @@ TEST_F(CoordinatorTrainingTest,
             << " after CancelJob\n";
 }
 
+// A job whose memory cap is below what its ranks need fails with reason OOM,
+// the message naming the cap, and is not restarted into the same wall.
+TEST_F(CoordinatorTrainingTest, AJobPastItsMemoryCapFailsOutOfMemory) {
+  auto daemon = StartDaemon({});
+  v1::JobSpec spec = TinySpec("fsdp", 2, 4);
+  spec.mutable_trainer()->set_memory_cap_bytes(int64_t{40} << 20);
+  spec.set_max_restarts(2);
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(spec, &job));
+  job = daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(120));
+  ASSERT_EQ(job.state(), v1::FAILED) << daemon->log();
+  EXPECT_EQ(job.failure().reason(), v1::OOM) << job.DebugString();
+  std::string tail;
+  for (const std::string& line : job.failure().log_tail()) tail += line;
+  EXPECT_THAT(tail, HasSubstr("past the memory cap of 40.0 MiB")) << tail;
+  EXPECT_EQ(job.restarts(), 0);  // it would only hit the cap again
+}
+
 TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   auto daemon = StartDaemon({});
   v1::Job job;
