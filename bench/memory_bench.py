@@ -9,7 +9,7 @@ step, and the median step time after the first steps.
 
 Part 2, for the same runs' configurations: `shardtrain plan --fit` predicts
 the largest per-rank batch whose planned peak is within 98% of --cap; then
-real runs under --memory-cap find the largest batch that trains (one step):
+real runs under --memory-cap find the largest batch that trains (two steps):
 upwards from the prediction until one fails out of memory, downwards when
 the prediction itself does.
 
@@ -78,8 +78,9 @@ def predicted_batch(model: str, strategy: str, world: int, seq: int,
 def found_batch(model: str, strategy: str, world: int, seq: int,
                 checkpointing: str, cap: str, start: int, data: str) -> int:
     def trains(batch: int) -> bool:
+        # Two steps: the optimizer's state exists from the first update on.
         return batch >= 1 and run(model, strategy, world, batch, seq, checkpointing,
-                                  1, data, cap) is not None
+                                  2, data, cap) is not None
     batch = max(start, 1)
     if trains(batch):
         step = 1

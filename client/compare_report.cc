@@ -55,6 +55,34 @@ double StdDev(const std::vector<double>& values) {
   return std::sqrt(sum_sq / static_cast<double>(values.size()));
 }
 
+// Sample standard deviation (n - 1): the estimate for the steps not seen,
+// which a confidence interval needs.
+double SampleStdDev(const std::vector<double>& values) {
+  if (values.size() < 2) return 0;
+  const double mean = Mean(values);
+  double sum_sq = 0;
+  for (double v : values) sum_sq += (v - mean) * (v - mean);
+  return std::sqrt(sum_sq / static_cast<double>(values.size() - 1));
+}
+
+// Student's t for a two-sided 95% interval with `df` degrees of freedom.
+double T95(int64_t df) {
+  static constexpr double kTable[] = {
+      12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+      2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+      2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df < 1) return 0;
+  if (df <= 30) return kTable[df - 1];
+  return df <= 60 ? 2.000 : df <= 120 ? 1.980 : 1.960;
+}
+
+// Half-width of the 95% confidence interval of the mean of `values`.
+double ConfidenceHalfWidth95(const std::vector<double>& values) {
+  if (values.size() < 2) return 0;
+  const auto n = static_cast<int64_t>(values.size());
+  return T95(n - 1) * SampleStdDev(values) / std::sqrt(static_cast<double>(n));
+}
+
 // Nearest-rank percentile: the smallest value with at least p% of the values
 // at or below it, so the result is always one of the measured values. The
 // median everywhere in this file is Percentile(values, 50).
@@ -152,28 +180,30 @@ std::string ScalingExplanation(const std::string& scaling) {
 // The table, shared by the markdown and HTML renderings
 // ---------------------------------------------------------------------------
 
+// Eleven columns, so that the table fits a terminal and a laptop's page;
+// the CSVs and report.md's per-strategy lines keep the rest.
 const std::vector<std::string>& TableHeader() {
   static const auto* const kHeader =
       new std::vector<std::string>{"strategy",
                                    "world",
                                    "batch/rank",
                                    "steps",
-                                   "final train loss",
-                                   "final val loss",
-                                   "s/epoch",
-                                   "tokens/s (mean ± std)",
+                                   "train loss",
+                                   "val loss",
+                                   "tokens/s (95% CI)",
                                    "step p50",
-                                   "step p95",
-                                   "peak mem/rank",
-                                   "predicted",
-                                   "grad norm mean",
-                                   "std",
-                                   "spike (max/median)",
+                                   "peak mem/rank (plan)",
+                                   "grad norm",
                                    "MFU"};
   return *kHeader;
 }
 
 std::vector<std::string> TableCells(const StrategySummary& row) {
+  std::string memory = FormatBytes(row.peak_memory_bytes_per_rank);
+  if (row.predicted_peak_bytes_per_rank > 0) {
+    absl::StrAppend(&memory, " (",
+                    FormatBytes(row.predicted_peak_bytes_per_rank), ")");
+  }
   return {
       row.strategy,
       absl::StrCat(row.world_size),
@@ -182,25 +212,20 @@ std::vector<std::string> TableCells(const StrategySummary& row) {
       absl::StrFormat("%.4f", row.final_train_loss),
       row.final_val_loss < 0 ? "-"
                              : absl::StrFormat("%.4f", row.final_val_loss),
-      row.seconds_per_epoch > 0 ? FormatDuration(row.seconds_per_epoch) : "-",
       absl::StrCat(FormatThousands(std::llround(row.tokens_per_second_mean)),
-                   " ± ",
-                   FormatThousands(std::llround(row.tokens_per_second_std))),
+                   row.timed_steps >= 2
+                       ? absl::StrCat(" ± ", FormatThousands(std::llround(
+                                                 row.tokens_per_second_ci95)))
+                       : ""),
       FormatDuration(row.step_seconds_p50),
-      FormatDuration(row.step_seconds_p95),
-      FormatBytes(row.peak_memory_bytes_per_rank),
-      row.predicted_peak_bytes_per_rank > 0
-          ? FormatBytes(row.predicted_peak_bytes_per_rank)
-          : "-",
+      memory,
       absl::StrFormat("%.3f", row.grad_norm_mean),
-      absl::StrFormat("%.3f", row.grad_norm_std),
-      absl::StrFormat("%.2f", row.grad_norm_spike_ratio),
       absl::StrFormat("%.1f%%", row.mfu_mean * 100),
   };
 }
 
 std::string HtmlTable(const std::vector<StrategySummary>& rows) {
-  std::string out = "<table>\n<thead><tr>";
+  std::string out = "<div class=\"table\"><table>\n<thead><tr>";
   for (const std::string& h : TableHeader()) {
     absl::StrAppend(&out, "<th>", EscapeHtml(h), "</th>");
   }
@@ -212,7 +237,7 @@ std::string HtmlTable(const std::vector<StrategySummary>& rows) {
     }
     out += "</tr>\n";
   }
-  out += "</tbody>\n</table>\n";
+  out += "</tbody>\n</table></div>\n";
   return out;
 }
 
@@ -255,6 +280,10 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
   const std::vector<std::string> findings = Findings(summaries);
   if (findings.empty()) out += "No steps were recorded to compare.\n";
   for (const std::string& f : findings) absl::StrAppend(&out, "- ", f, "\n");
+  if (const std::string r = Recommendation(summaries, options.subject);
+      !r.empty()) {
+    absl::StrAppend(&out, "\n**", r, "**\n");
+  }
   out += "\n## Files\n\n";
   for (const StrategyRun& run : runs) {
     absl::StrAppend(&out, "- `", run.strategy, ".csv`: every rank's steps of ",
@@ -264,17 +293,22 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
   return out;
 }
 
+bool LossCurvesCoincide(const std::vector<StrategySummary>& rows);
+
 // The charts' data: per strategy, rank 0's curves and each rank's peak memory.
 nlohmann::json ChartData(const std::vector<StrategyRun>& runs) {
   nlohmann::json strategies = nlohmann::json::array();
   for (const StrategyRun& run : runs) {
     nlohmann::json steps = nlohmann::json::array();
     std::map<int32_t, int64_t> peak_by_rank;
+    double elapsed = 0;  // training time so far (rank 0's steps)
     for (const v1::StepMetrics& m : Deduplicated(run.steps)) {
       int64_t& peak = peak_by_rank[m.rank()];
       peak = std::max(peak, m.memory_peak_bytes());
       if (m.rank() != 0) continue;
+      elapsed += m.step_seconds();
       nlohmann::json step = {{"step", m.step()},
+                             {"elapsed", elapsed},
                              {"loss", m.loss()},
                              {"grad_norm", m.grad_norm()},
                              {"tokens_per_second", m.tokens_per_second()}};
@@ -319,9 +353,21 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
   for (const std::string& f : Findings(summaries)) {
     absl::StrAppend(&out, "<li>", EscapeHtml(f), "</li>\n");
   }
-  out += "</ul>\n<h2>Charts</h2>\n";
-  for (const char* id :
-       {"chart-loss", "chart-grad-norm", "chart-throughput", "chart-memory"}) {
+  out += "</ul>\n";
+  if (const std::string r = Recommendation(summaries, options.subject);
+      !r.empty()) {
+    absl::StrAppend(&out, "<p class=\"verdict\"><strong>", EscapeHtml(r),
+                    "</strong></p>\n");
+  }
+  out += "<h2>Charts</h2>\n";
+  if (LossCurvesCoincide(summaries)) {
+    out +=
+        "<p class=\"note\">The loss curves coincide (the strategies trained "
+        "the same): each strategy is drawn with its own dash pattern and "
+        "width, widest first, so that every one shows.</p>\n";
+  }
+  for (const char* id : {"chart-loss", "chart-loss-time", "chart-grad-norm",
+                         "chart-throughput", "chart-memory"}) {
     absl::StrAppend(&out, "<div class=\"chart\"><canvas id=\"", id,
                     "\"></canvas></div>\n");
   }
@@ -352,6 +398,7 @@ StrategySummary Summarise(const StrategyRun& run) {
   summary.world_size = run.world_size;
   summary.batch_size = run.batch_size;
   summary.predicted_peak_bytes_per_rank = run.predicted_peak_bytes_per_rank;
+  summary.global_batch = run.batch_size * run.grad_accum * run.world_size;
 
   std::vector<v1::StepMetrics> rank0;
   for (const v1::StepMetrics& m : Deduplicated(run.steps)) {
@@ -363,6 +410,7 @@ StrategySummary Summarise(const StrategyRun& run) {
 
   summary.steps = static_cast<int64_t>(rank0.size());
   summary.final_train_loss = rank0.back().loss();
+  for (const v1::StepMetrics& m : rank0) summary.losses[m.step()] = m.loss();
   for (const v1::StepMetrics& m : rank0) {
     if (m.has_val_loss()) summary.final_val_loss = m.val_loss();
   }
@@ -380,6 +428,8 @@ StrategySummary Summarise(const StrategyRun& run) {
   summary.step_seconds_p95 = Percentile(step_seconds, 95);
   summary.tokens_per_second_mean = Mean(tokens_per_second);
   summary.tokens_per_second_std = StdDev(tokens_per_second);
+  summary.tokens_per_second_ci95 = ConfidenceHalfWidth95(tokens_per_second);
+  summary.timed_steps = static_cast<int64_t>(tokens_per_second.size());
   summary.mfu_mean = Mean(mfu);
   summary.grad_norm_mean = Mean(grad_norms);
   summary.grad_norm_std = StdDev(grad_norms);
@@ -390,15 +440,6 @@ StrategySummary Summarise(const StrategyRun& run) {
         grad_norm_median;
   }
 
-  const double tokens_per_step = static_cast<double>(run.batch_size) *
-                                 static_cast<double>(run.grad_accum) *
-                                 static_cast<double>(run.seq_len) *
-                                 static_cast<double>(run.world_size);
-  if (run.train_tokens > 0 && tokens_per_step > 0) {
-    summary.seconds_per_epoch = summary.step_seconds_p50 *
-                                static_cast<double>(run.train_tokens) /
-                                tokens_per_step;
-  }
   return summary;
 }
 
@@ -419,78 +460,213 @@ std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
   return out;
 }
 
-std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
+namespace {
+
+// Losses within this relative difference at every step are the same
+// training: what float summation order leaves (measured: 1e-7 to 1e-5 over
+// tens of AdamW steps, strategy_equivalence_test).
+constexpr double kSameLoss = 1e-4;
+// Beyond this the curves differ by more than reduction order explains.
+constexpr double kDifferentLoss = 1e-2;
+
+// a's throughput over b's, and the ratio's 95% uncertainty (the two means'
+// relative half-widths added in quadrature).
+struct Ratio {
+  double value = 0;
+  double uncertainty = 0;
+  bool known = false;  // both have at least two timed steps
+  // Beyond run-to-run noise: 1 lies outside value ± uncertainty.
+  bool Significant() const {
+    return known && std::abs(value - 1) > uncertainty;
+  }
+};
+
+Ratio ThroughputRatio(const StrategySummary& a, const StrategySummary& b) {
+  Ratio r;
+  if (a.tokens_per_second_mean <= 0 || b.tokens_per_second_mean <= 0) {
+    return r;
+  }
+  r.value = a.tokens_per_second_mean / b.tokens_per_second_mean;
+  r.known = a.timed_steps >= 2 && b.timed_steps >= 2;
+  const double ea = a.tokens_per_second_ci95 / a.tokens_per_second_mean;
+  const double eb = b.tokens_per_second_ci95 / b.tokens_per_second_mean;
+  r.uncertainty = r.value * std::sqrt(ea * ea + eb * eb);
+  return r;
+}
+
+// The largest relative difference between two loss curves at the steps
+// both have; -1 when they share none.
+double LargestLossDifference(const StrategySummary& a,
+                             const StrategySummary& b) {
+  double worst = -1;
+  for (const auto& [step, loss] : a.losses) {
+    auto it = b.losses.find(step);
+    if (it == b.losses.end()) continue;
+    const double scale = std::max(std::abs(it->second), 1e-12);
+    worst = std::max(worst, std::abs(loss - it->second) / scale);
+  }
+  return worst;
+}
+
+std::vector<const StrategySummary*> RowsThatRan(
+    const std::vector<StrategySummary>& rows) {
   std::vector<const StrategySummary*> ran;
   for (const StrategySummary& row : rows) {
     if (row.steps > 0) ran.push_back(&row);
   }
-  std::vector<std::string> findings;
-  if (ran.empty()) return findings;
+  return ran;
+}
 
-  // DDP is the baseline when present: it keeps a whole replica on every rank,
-  // so what sharding saves in memory and costs in communication shows
-  // against it. Without DDP, single-device is the reference.
-  const StrategySummary* baseline = nullptr;
+// DDP when present: it keeps a whole replica on every rank, so what
+// sharding saves in memory and costs in communication shows against it.
+// Without DDP, single-device; else the first.
+const StrategySummary* Baseline(
+    const std::vector<const StrategySummary*>& ran) {
   for (const char* name : {"ddp", "single"}) {
     for (const StrategySummary* row : ran) {
-      if (baseline == nullptr && row->strategy == name) baseline = row;
+      if (row->strategy == name) return row;
     }
   }
-  if (baseline != nullptr) {
-    const std::string base = DisplayName(baseline->strategy);
-    for (const StrategySummary* row : ran) {
-      if (row == baseline) continue;
-      std::vector<std::string> clauses;
-      if (baseline->peak_memory_bytes_per_rank > 0) {
-        clauses.push_back(absl::StrFormat(
-            "peak memory per rank was %.2f× %s's",
-            static_cast<double>(row->peak_memory_bytes_per_rank) /
-                static_cast<double>(baseline->peak_memory_bytes_per_rank),
-            base));
-      }
-      if (baseline->tokens_per_second_mean > 0) {
-        clauses.push_back(absl::StrFormat(
-            "%sthroughput %.2f× %s's", clauses.empty() ? "" : "its ",
-            row->tokens_per_second_mean / baseline->tokens_per_second_mean,
-            base));
-      }
-      if (clauses.empty()) continue;
-      findings.push_back(absl::StrCat(Capitalised(DisplayName(row->strategy)),
-                                      " ", absl::StrJoin(clauses, "; "), "."));
-    }
-  }
+  return ran.empty() ? nullptr : ran.front();
+}
 
+// Two or more strategies of one global batch whose loss curves agree at
+// every step: drawn on top of each other.
+bool LossCurvesCoincide(const std::vector<StrategySummary>& rows) {
+  const std::vector<const StrategySummary*> ran = RowsThatRan(rows);
+  if (ran.size() < 2) return false;
+  const StrategySummary* baseline = Baseline(ran);
+  for (const StrategySummary* row : ran) {
+    if (row->global_batch != baseline->global_batch) return false;
+    if (LargestLossDifference(*row, *baseline) > kSameLoss) return false;
+  }
+  return true;
+}
+
+std::string NameList(const std::vector<const StrategySummary*>& rows) {
+  std::vector<std::string> names;
+  for (const StrategySummary* row : rows) {
+    names.push_back(DisplayName(row->strategy));
+  }
+  if (names.size() <= 1) return absl::StrJoin(names, "");
+  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "),
+                      " and ", names.back());
+}
+
+std::string RatioText(const Ratio& r) {
+  return r.known ? absl::StrFormat("%.2f× ± %.2f", r.value, r.uncertainty)
+                 : absl::StrFormat("%.2f×", r.value);
+}
+
+}  // namespace
+
+std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
+  const std::vector<const StrategySummary*> ran = RowsThatRan(rows);
+  std::vector<std::string> findings;
+  if (ran.empty()) return findings;
+  const StrategySummary* baseline = Baseline(ran);
+
+  // Did they train the same? Step by step, among runs of one global batch.
   if (ran.size() >= 2) {
-    const auto [lowest, highest] = std::minmax_element(
-        ran.begin(), ran.end(),
-        [](const StrategySummary* a, const StrategySummary* b) {
-          return a->final_train_loss < b->final_train_loss;
-        });
-    findings.push_back(absl::StrFormat(
-        "%s reached the lowest final train loss (%.4f); final losses spanned "
-        "%.4f (%.4f to %.4f).",
-        Capitalised(DisplayName((*lowest)->strategy)),
-        (*lowest)->final_train_loss,
-        (*highest)->final_train_loss - (*lowest)->final_train_loss,
-        (*lowest)->final_train_loss, (*highest)->final_train_loss));
-
-    const auto [slowest, fastest] = std::minmax_element(
-        ran.begin(), ran.end(),
-        [](const StrategySummary* a, const StrategySummary* b) {
-          return a->tokens_per_second_mean < b->tokens_per_second_mean;
-        });
-    std::string fastest_sentence = absl::StrFormat(
-        "%s was the fastest at %s tokens/s",
-        Capitalised(DisplayName((*fastest)->strategy)),
-        FormatThousands(std::llround((*fastest)->tokens_per_second_mean)));
-    if ((*slowest)->tokens_per_second_mean > 0 && slowest != fastest) {
-      absl::StrAppend(&fastest_sentence,
-                      absl::StrFormat(", %.2f× the slowest (%s)",
-                                      (*fastest)->tokens_per_second_mean /
-                                          (*slowest)->tokens_per_second_mean,
-                                      DisplayName((*slowest)->strategy)));
+    bool same_batch = true;
+    for (const StrategySummary* row : ran) {
+      same_batch = same_batch && row->global_batch == baseline->global_batch;
     }
-    findings.push_back(fastest_sentence + ".");
+    double worst = 0;
+    for (const StrategySummary* row : ran) {
+      worst = std::max(worst, LargestLossDifference(*row, *baseline));
+    }
+    if (!same_batch) {
+      std::vector<std::string> finals;
+      for (const StrategySummary* row : ran) {
+        finals.push_back(
+            absl::StrFormat("%s %.4f at batch %d", DisplayName(row->strategy),
+                            row->final_train_loss, row->global_batch));
+      }
+      findings.push_back(absl::StrCat(
+          "Losses are not comparable step for step: the strategies ran at "
+          "different global batches (final train loss: ",
+          absl::StrJoin(finals, "; "), ")."));
+    } else if (worst <= kSameLoss) {
+      findings.push_back(absl::StrFormat(
+          "Same training: the loss curves of %s agree at every step (largest "
+          "relative difference %.1e, float summation order); the strategies "
+          "differ in memory and speed only.",
+          NameList(ran), worst));
+    } else if (worst <= kDifferentLoss) {
+      findings.push_back(absl::StrFormat(
+          "Equivalent training: the loss curves of %s agree to within %.1e "
+          "relative at every step (summation order, grown over the optimizer "
+          "steps); no strategy trains better.",
+          NameList(ran), worst));
+    } else {
+      findings.push_back(absl::StrFormat(
+          "The loss curves differ by up to %.1f%% relative at the same step: "
+          "more than summation order explains. Check that the runs share "
+          "their data, seed and global batch.",
+          100 * worst));
+    }
+  }
+
+  // Memory (exact: the tracking allocator) and throughput (with its
+  // uncertainty) against the baseline.
+  const std::string base = DisplayName(baseline->strategy);
+  for (const StrategySummary* row : ran) {
+    if (row == baseline) continue;
+    std::vector<std::string> clauses;
+    if (baseline->peak_memory_bytes_per_rank > 0) {
+      clauses.push_back(absl::StrFormat(
+          "peak memory per rank was %.2f× %s's",
+          static_cast<double>(row->peak_memory_bytes_per_rank) /
+              static_cast<double>(baseline->peak_memory_bytes_per_rank),
+          base));
+    }
+    const Ratio r = ThroughputRatio(*row, *baseline);
+    if (r.value > 0) {
+      clauses.push_back(absl::StrFormat(
+          "%sthroughput %s %s's (%s)", clauses.empty() ? "" : "its ",
+          RatioText(r), base,
+          !r.known           ? "too few steps to tell from run-to-run noise"
+          : !r.Significant() ? "within run-to-run noise"
+          : r.value > 1      ? "faster beyond run-to-run noise"
+                             : "slower beyond run-to-run noise"));
+    }
+    if (clauses.empty()) continue;
+    findings.push_back(absl::StrCat(Capitalised(DisplayName(row->strategy)),
+                                    " ", absl::StrJoin(clauses, "; "), "."));
+  }
+
+  // The fastest, when it is so beyond noise.
+  if (ran.size() >= 2) {
+    std::vector<const StrategySummary*> by_speed = ran;
+    std::sort(by_speed.begin(), by_speed.end(),
+              [](const StrategySummary* a, const StrategySummary* b) {
+                return a->tokens_per_second_mean > b->tokens_per_second_mean;
+              });
+    std::vector<const StrategySummary*> tied = {by_speed[0]};
+    bool known = true;
+    for (size_t i = 1; i < by_speed.size(); ++i) {
+      const Ratio r = ThroughputRatio(*by_speed[0], *by_speed[i]);
+      known = known && r.known;
+      if (!r.Significant()) tied.push_back(by_speed[i]);
+    }
+    if (!known) {
+      findings.push_back(
+          "Throughput: too few timed steps to tell the strategies apart from "
+          "run-to-run noise; run 10 steps or more.");
+    } else if (tied.size() == 1) {
+      findings.push_back(absl::StrFormat(
+          "%s was the fastest beyond run-to-run noise, at %s ± %s tokens/s "
+          "(95%% confidence from the step-to-step spread).",
+          Capitalised(DisplayName(by_speed[0]->strategy)),
+          FormatThousands(std::llround(by_speed[0]->tokens_per_second_mean)),
+          FormatThousands(std::llround(by_speed[0]->tokens_per_second_ci95))));
+    } else {
+      findings.push_back(absl::StrFormat(
+          "%s were equally fast within run-to-run noise (95%% confidence "
+          "from the step-to-step spread).",
+          Capitalised(NameList(tied))));
+    }
   }
 
   for (const StrategySummary* row : ran) {
@@ -503,6 +679,86 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
     }
   }
   return findings;
+}
+
+std::string Recommendation(const std::vector<StrategySummary>& rows,
+                           const std::string& subject) {
+  const std::vector<const StrategySummary*> ran = RowsThatRan(rows);
+  if (ran.empty()) return "";
+  const std::string lead =
+      subject.empty() ? "Recommendation: "
+                      : absl::StrCat("Recommendation for ", subject, ": ");
+  if (ran.size() == 1) {
+    return absl::StrCat(lead, DisplayName(ran[0]->strategy),
+                        ", the only strategy that ran.");
+  }
+  // The fastest, and those within noise of it; among them the least memory.
+  const StrategySummary* fastest = ran[0];
+  for (const StrategySummary* row : ran) {
+    if (row->tokens_per_second_mean > fastest->tokens_per_second_mean) {
+      fastest = row;
+    }
+  }
+  bool known = true;
+  std::vector<const StrategySummary*> tied;
+  for (const StrategySummary* row : ran) {
+    const Ratio r = ThroughputRatio(*fastest, *row);
+    known = known && (row == fastest || r.known);
+    if (row == fastest || !r.Significant()) tied.push_back(row);
+  }
+  auto least_memory = [](const std::vector<const StrategySummary*>& among) {
+    return *std::min_element(
+        among.begin(), among.end(),
+        [](const StrategySummary* a, const StrategySummary* b) {
+          return a->peak_memory_bytes_per_rank < b->peak_memory_bytes_per_rank;
+        });
+  };
+  const StrategySummary* leanest = least_memory(ran);
+  auto memory_ratio = [](const StrategySummary* a, const StrategySummary* b) {
+    return b->peak_memory_bytes_per_rank > 0
+               ? static_cast<double>(a->peak_memory_bytes_per_rank) /
+                     static_cast<double>(b->peak_memory_bytes_per_rank)
+               : 0.0;
+  };
+  if (!known) {
+    return absl::StrFormat(
+        "%stoo few steps to compare speed (run 10 or more); on memory, %s "
+        "needs the least per rank (%s).",
+        lead, DisplayName(leanest->strategy),
+        FormatBytes(leanest->peak_memory_bytes_per_rank));
+  }
+  const StrategySummary* choice = least_memory(tied);
+  std::string why;
+  if (tied.size() > 1) {
+    const StrategySummary* other = choice == fastest ? tied[0] : fastest;
+    if (other == choice) other = tied[1];
+    why = absl::StrFormat(
+        "as fast as %s within run-to-run noise, at %.2f× "
+        "its peak memory per rank",
+        DisplayName(other->strategy), memory_ratio(choice, other));
+  } else {
+    const StrategySummary* runner_up = nullptr;
+    for (const StrategySummary* row : ran) {
+      if (row != choice &&
+          (runner_up == nullptr ||
+           row->tokens_per_second_mean > runner_up->tokens_per_second_mean)) {
+        runner_up = row;
+      }
+    }
+    why = absl::StrFormat("the fastest, %s %s's tokens/s",
+                          RatioText(ThroughputRatio(*choice, *runner_up)),
+                          DisplayName(runner_up->strategy));
+    if (leanest != choice && leanest->peak_memory_bytes_per_rank <
+                                 choice->peak_memory_bytes_per_rank) {
+      absl::StrAppendFormat(
+          &why,
+          "; when memory is short, %s needs %.2f× its memory per rank "
+          "at %.2f× its speed",
+          DisplayName(leanest->strategy), memory_ratio(leanest, choice),
+          ThroughputRatio(*leanest, *choice).value);
+    }
+  }
+  return absl::StrCat(lead, DisplayName(choice->strategy), ": ", why, ".");
 }
 
 absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,

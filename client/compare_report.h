@@ -7,6 +7,7 @@
 #define SHARDTRAIN_CLIENT_COMPARE_REPORT_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,13 +36,18 @@ struct StrategyRun {
 struct StrategySummary {
   std::string strategy;
   int world_size = 1;
-  int64_t batch_size = 0;             // per rank per micro-step; 0: unknown
-  int64_t steps = 0;                  // optimizer steps (rank 0)
-  double final_train_loss = 0;        // rank 0's last step
-  double final_val_loss = -1;         // last eval, < 0 when none
-  double seconds_per_epoch = 0;       // median step time x steps per epoch
+  int64_t batch_size = 0;            // per rank per micro-step; 0: unknown
+  int64_t global_batch = 0;          // sequences per optimizer step; 0: unknown
+  int64_t steps = 0;                 // optimizer steps (rank 0)
+  double final_train_loss = 0;       // rank 0's last step
+  double final_val_loss = -1;        // last eval, < 0 when none
+  std::map<int64_t, double> losses;  // rank 0's train loss by step
   double tokens_per_second_mean = 0;  // rank 0, steps after the first
   double tokens_per_second_std = 0;
+  // Half-width of the 95% confidence interval of the mean (Student's t over
+  // the timed steps' spread); 0 with fewer than two timed steps.
+  double tokens_per_second_ci95 = 0;
+  int64_t timed_steps = 0;  // steps behind the throughput figures
   double step_seconds_p50 = 0;
   double step_seconds_p95 = 0;
   int64_t peak_memory_bytes_per_rank = 0;     // max over ranks and steps
@@ -55,6 +61,7 @@ struct StrategySummary {
 struct CompareOptions {
   std::string scaling = "strong";  // strong | weak (shown in the report)
   std::string title;               // e.g. "gpt2-tiny on brown, world size 2"
+  std::string subject;  // for the recommendation: "gpt2-tiny at 2 ranks"
   // Where chart.js's dist/chart.umd.js is read from; empty: the assets dir
   // that scripts/setup fills (AssetsDir()/node_modules/chart.js/...).
   std::string chart_js_path;
@@ -65,9 +72,16 @@ StrategySummary Summarise(const StrategyRun& run);
 // The summary table as GitHub markdown (also what `compare` prints).
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
 
-// Findings computed from the rows, e.g. "FSDP peak memory per rank was 0.52x
-// DDP's; its throughput 0.91x DDP's." One sentence per line.
+// Findings computed from the rows, one sentence per line: whether the
+// strategies trained the same (loss curves step by step), each one's memory
+// and throughput against DDP's (or single-device's) with the throughput's
+// uncertainty, and whether a difference is beyond run-to-run noise.
 std::vector<std::string> Findings(const std::vector<StrategySummary>& rows);
+
+// One line a user can act on: the strategy to use for `subject` (e.g.
+// "gpt2-tiny at 2 ranks") and why, from the same figures. "" without rows.
+std::string Recommendation(const std::vector<StrategySummary>& rows,
+                           const std::string& subject);
 
 // Writes out_dir/report.md, out_dir/<strategy>.csv and out_dir/report.html
 // (out_dir is created). NotFound names chart.umd.js when it is missing.

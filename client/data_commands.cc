@@ -17,6 +17,7 @@
 #include "worker/engine/data/gpt2_vocab.h"
 #include "worker/engine/data/text_corpus.h"
 #include "worker/engine/data/token_file.h"
+#include "worker/engine/train/train_config.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -59,6 +60,17 @@ int RunPrepare(const PrepareOptions& options) {
                                  split->path, split->documents, split->tokens);
   }
   std::cout << "  " << options.out << "/meta.json\n";
+  // Training checks this too, before step 1; said here, where it is fixed.
+  const TrainConfig defaults;
+  const int64_t eval_batch = defaults.batch_size * (defaults.seq_len + 1);
+  if (summary->val.tokens < eval_batch) {
+    std::cerr << absl::StrFormat(
+        "warning: val.bin has %d tokens, fewer than one evaluation batch at "
+        "the defaults (%d x %d); training refuses it unless --batch-size x "
+        "(--seq-len + 1) x ranks fits. Add text for validation, or delete "
+        "val.bin to train without evaluating.\n",
+        summary->val.tokens, defaults.batch_size, defaults.seq_len + 1);
+  }
   return kExitOk;
 }
 

@@ -126,6 +126,11 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
     const StepMetrics m = StepMetricsFromProto(job.last_step());
     rows.push_back({"last step", m.FormatLine()});
   }
+  if (!job.output_dir().empty()) {
+    rows.push_back({"outputs", absl::StrCat(job.output_dir(),
+                                            " (model.bin, checkpoints/, "
+                                            "metrics.jsonl, rank-N.log)")});
+  }
   std::vector<std::string> labels;
   for (const auto& [k, v] : job.spec().labels()) labels.push_back(k + "=" + v);
   std::sort(labels.begin(), labels.end());
@@ -226,6 +231,34 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   });
 }
 
+namespace {
+
+// The end of a successful run in a few lines: where it ended and where its
+// outputs are.
+std::string RunSummary(const v1::Job& job, double val_loss) {
+  std::string summary;
+  if (job.has_last_step()) {
+    const v1::StepMetrics& m = job.last_step();
+    summary +=
+        absl::StrFormat("  %d steps, final loss %.4f", m.step(), m.loss());
+    if (val_loss >= 0) summary += absl::StrFormat(", val loss %.4f", val_loss);
+    if (m.tokens_per_second() > 0) {
+      summary += absl::StrFormat(
+          ", %s tokens/s at the end",
+          FormatThousands(static_cast<int64_t>(m.tokens_per_second())));
+    }
+    summary += "\n";
+  }
+  if (!job.output_dir().empty()) {
+    summary += absl::StrFormat(
+        "  outputs: %s (model.bin, checkpoints/, metrics.jsonl)\n",
+        job.output_dir());
+  }
+  return summary;
+}
+
+}  // namespace
+
 int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
               std::ostream& out) {
   auto context = client.Context();
@@ -234,6 +267,7 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   auto reader = client.jobs().WatchJob(context.get(), request);
   v1::WatchJobEvent event;
   double seconds_per_step = 0;
+  double final_val_loss = -1;
   bool bar_shown = false;
   auto clear_bar = [&] {
     if (bar_shown) out << "\r\033[K";
@@ -252,6 +286,7 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
           << event.state_change().message() << "\n";
     } else if (event.has_step() && event.step().rank() == 0) {
       const v1::StepMetrics& m = event.step();
+      if (m.has_val_loss()) final_val_loss = m.val_loss();
       seconds_per_step = seconds_per_step == 0
                              ? m.step_seconds()
                              : 0.9 * seconds_per_step + 0.1 * m.step_seconds();
@@ -287,7 +322,8 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
     out << job.id() << " SUCCEEDED in "
         << FormatDuration((job.end_time_unix_ms() - job.start_time_unix_ms()) /
                           1000.0)
-        << "\n";
+        << "\n"
+        << RunSummary(job, final_val_loss);
     return kExitOk;
   }
   if (!IsTerminal(job.state())) {
@@ -502,11 +538,12 @@ void AddLogsCommand(CLI::App* app, const CommandContext& ctx) {
     request.set_follow(*follow);
     auto reader = client->jobs().StreamLogs(context.get(), request);
     v1::LogLine line;
+    // A line at a time, also into a pipe: `logs -f | grep` shows each as it
+    // comes, and Ctrl-C loses none.
     while (reader->Read(&line)) {
       if (*rank < 0) std::cout << "[rank " << line.rank() << "] ";
-      std::cout << line.line() << "\n";
+      std::cout << line.line() << std::endl;
     }
-    std::cout.flush();
     if (grpc::Status s = reader->Finish(); !s.ok())
       *exit_code = client->Report(s);
   });

@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
 namespace shardtrain::cli {
@@ -18,6 +20,47 @@ void BlockStyle(YAML::Node node) {
     for (auto it = node.begin(); it != node.end(); ++it) BlockStyle(it->second);
   } else if (node.IsSequence()) {
     for (auto it = node.begin(); it != node.end(); ++it) BlockStyle(*it);
+  }
+}
+
+// Protobuf's JSON writes 64-bit integers as strings (for JavaScript's sake);
+// jq, pandas and a person expect numbers. Rewrites them where `message`'s
+// descriptor says a field is one, at any depth (repeated, maps, nested).
+void Int64sAsNumbers(const google::protobuf::Descriptor* type,
+                     nlohmann::ordered_json& object) {
+  using google::protobuf::FieldDescriptor;
+  if (!object.is_object()) return;
+  auto convert = [](const FieldDescriptor* field,
+                    nlohmann::ordered_json& value) {
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT64:
+        if (value.is_string()) value = std::stoll(value.get<std::string>());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        if (value.is_string()) value = std::stoull(value.get<std::string>());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        // Well-known types (Timestamp, Duration) have JSON forms of their own.
+        if (field->message_type()->file()->package() != "google.protobuf") {
+          Int64sAsNumbers(field->message_type(), value);
+        }
+        break;
+      default:
+        break;
+    }
+  };
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor* field = type->field(i);
+    auto it = object.find(field->name());
+    if (it == object.end()) continue;
+    if (field->is_map()) {
+      const FieldDescriptor* value_field = field->message_type()->map_value();
+      for (auto item : it->items()) convert(value_field, item.value());
+    } else if (field->is_repeated()) {
+      for (nlohmann::ordered_json& element : *it) convert(field, element);
+    } else {
+      convert(field, *it);
+    }
   }
 }
 
@@ -36,7 +79,11 @@ std::string MessageToJson(const google::protobuf::Message& message) {
   options.always_print_primitive_fields = true;
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
+  nlohmann::ordered_json parsed =
+      nlohmann::ordered_json::parse(json, nullptr, false);
+  if (parsed.is_discarded()) return json;
+  Int64sAsNumbers(message.GetDescriptor(), parsed);
+  return parsed.dump(2) + "\n";
 }
 
 std::string JsonToYaml(const std::string& json) {

@@ -220,18 +220,24 @@ int RunPlan(const PlanOptions& options) {
   TrainConfig base = options.config;
   base.data = "-";  // not needed to plan
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
-  if (absl::Status s = base.Validate(); !s.ok()) return ReportFailure(s);
+  // The command line is wrong: usage errors (exit 2), as CLI11's own.
+  if (absl::Status s = base.Validate(); !s.ok()) {
+    ReportFailure(s);
+    return kExitUsage;
+  }
   if (options.fit) return RunFit(options, base);
   if (options.world_size < 1) {
-    return ReportFailure(
+    ReportFailure(
         absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
+    return kExitUsage;
   }
   if (!options.strategy.empty() &&
       !FindStrategyKind(options.strategy)->distributed &&
       options.world_size != 1) {
-    return ReportFailure(absl::StrCat(
+    ReportFailure(absl::StrCat(
         "strategy ", options.strategy,
         " runs at world size 1 (omit --strategy to compare all strategies)"));
+    return kExitUsage;
   }
   std::vector<std::string> strategies =
       options.strategy.empty() ? StrategyNames()

@@ -1,7 +1,5 @@
 #include "client/study_commands.h"
 
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -189,6 +187,10 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
       budget > 0 ? absl::StrCat("each at its largest batch within ",
                                 FormatBytes(budget), " per rank")
                  : absl::StrCat(flags.scaling, " scaling"));
+  options.subject = absl::StrCat(
+      base->model(), " at ", world, world == 1 ? " rank" : " ranks",
+      budget > 0 ? absl::StrCat(" within ", FormatBytes(budget), " a rank")
+                 : "");
   if (runs.empty()) {
     return ReportFailure(absl::StrCat(
         "no strategy fits one sequence per rank in ", FormatBytes(budget)));
@@ -200,104 +202,12 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   for (const StrategyRun& run : runs) rows.push_back(Summarise(run));
   std::cout << "\n" << FormatSummaryTable(rows) << "\n";
   for (const std::string& finding : Findings(rows))
-    std::cout << finding << "\n";
+    std::cout << "- " << finding << "\n";
+  if (const std::string r = Recommendation(rows, options.subject); !r.empty())
+    std::cout << "\n" << r << "\n";
   std::cout << "\nreport: " << std::filesystem::absolute(flags.out).string()
             << "/report.html (and report.md, one CSV per strategy)\n";
   return kExitOk;
-}
-
-std::string SelfDir() {
-  std::error_code ec;
-  return std::filesystem::read_symlink("/proc/self/exe", ec)
-      .parent_path()
-      .string();
-}
-
-struct DaemonFlags {
-  std::string state_dir;
-  std::string listen = "127.0.0.1:50551";
-  std::string metrics_listen = "127.0.0.1:9464";
-  int cpu_slots = 0;
-  std::string device_kind = "auto";
-  bool foreground = false;
-};
-
-int RunDaemon(const DaemonFlags& flags) {
-  const std::string state_dir =
-      flags.state_dir.empty() ? DefaultStateDir() : flags.state_dir;
-  ConnectionOptions connection;
-  connection.address = flags.listen;
-  absl::StatusOr<std::unique_ptr<DaemonClient>> client =
-      DaemonClient::Connect(connection);
-  if (client.ok()) {
-    auto context = (*client)->Context();
-    context->set_deadline(std::chrono::system_clock::now() +
-                          std::chrono::seconds(2));
-    v1::Cluster cluster;
-    const grpc::Status s =
-        (*client)->cluster().GetCluster(context.get(), {}, &cluster);
-    if (s.ok() || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      std::cout << "shardtraind already running at " << flags.listen << "\n";
-      return kExitOk;
-    }
-  }
-  std::vector<std::string> args = {SelfDir() + "/shardtraind",
-                                   "--state-dir",
-                                   state_dir,
-                                   "--listen",
-                                   flags.listen,
-                                   "--metrics-listen",
-                                   flags.metrics_listen};
-  args.push_back("--device-kind");
-  args.push_back(flags.device_kind);
-  if (flags.cpu_slots > 0) {
-    args.push_back("--cpu-slots");
-    args.push_back(std::to_string(flags.cpu_slots));
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  if (flags.foreground) {
-    execv(argv[0], argv.data());
-    return ReportFailure(absl::StrCat("cannot run ", args[0]));
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(state_dir, ec);
-  std::filesystem::remove(state_dir + "/endpoint", ec);
-  const std::string log = state_dir + "/shardtraind.log";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setsid();  // outlives this shell command
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int null = open("/dev/null", O_RDONLY);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    if (null >= 0) dup2(null, 0);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    std::ifstream endpoint(state_dir + "/endpoint");
-    std::string address;
-    if (std::getline(endpoint, address) && !address.empty()) {
-      std::cout << "shardtraind started at " << address << " (pid " << pid
-                << "; state in " << state_dir << ", log " << log << ")\n";
-      return kExitOk;
-    }
-    int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      std::ifstream in(log);
-      std::string line, last;
-      while (std::getline(in, line)) last = line;
-      return ReportFailure(absl::StrCat("shardtraind exited: ", last));
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return ReportFailure(
-      absl::StrCat("shardtraind did not start within 60 s; see ", log));
 }
 
 }  // namespace
@@ -309,7 +219,15 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
       "compare",
       "Run the same job under each strategy, one after another, and write a "
       "report (table, CSVs, charts)");
+  // Two ranks unless the file or --world-size says otherwise: the study's
+  // point is the distributed strategies beside one device.
+  flags->job.world_size = 2;
   AddJobFlags(cmd, &flags->job, argc, argv);
+  // --strategies says which; one --strategy would be ignored.
+  cmd->remove_option(cmd->get_option("--strategy"));
+  cmd->get_option("--world-size")
+      ->description("ranks of the distributed strategies")
+      ->capture_default_str();
   cmd->add_option("--strategies", flags->strategies,
                   "comma-separated (default: single, ddp, fsdp, and hsdp "
                   "from world size 4)")
@@ -328,28 +246,6 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
   cmd->callback([flags, connection, exit_code] {
     *exit_code = RunCompare(*flags, *connection);
   });
-}
-
-void AddDaemonCommand(CLI::App* app, int* exit_code) {
-  auto flags = std::make_shared<DaemonFlags>();
-  CLI::App* cmd = app->add_subcommand(
-      "daemon",
-      "Start a local shardtraind (in the background) unless one answers");
-  cmd->add_option(
-      "--state-dir", flags->state_dir,
-      "default: $XDG_CACHE_HOME/shardtrain/state or ~/.cache/shardtrain/state");
-  cmd->add_option("--listen", flags->listen, "address:port")
-      ->capture_default_str();
-  cmd->add_option("--metrics-listen", flags->metrics_listen,
-                  "Prometheus endpoint")
-      ->capture_default_str();
-  cmd->add_option("--cpu-slots", flags->cpu_slots,
-                  "CPU devices (0: one per core)");
-  cmd->add_option("--device-kind", flags->device_kind, "auto | gpu | cpu")
-      ->check(CLI::IsMember({"auto", "gpu", "cpu"}))
-      ->capture_default_str();
-  cmd->add_flag("--foreground", flags->foreground, "run in this terminal");
-  cmd->callback([flags, exit_code] { *exit_code = RunDaemon(*flags); });
 }
 
 }  // namespace shardtrain::cli

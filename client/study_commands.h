@@ -1,5 +1,4 @@
-// `shardtrain compare` (the strategy comparison study) and `shardtrain
-// daemon` (start a local shardtraind when none answers).
+// `shardtrain compare`: the strategy comparison study.
 #ifndef SHARDTRAIN_CLIENT_STUDY_COMMANDS_H_
 #define SHARDTRAIN_CLIENT_STUDY_COMMANDS_H_
 
@@ -8,7 +7,6 @@
 namespace shardtrain::cli {
 
 void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv);
-void AddDaemonCommand(CLI::App* app, int* exit_code);
 
 }  // namespace shardtrain::cli
 

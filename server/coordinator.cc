@@ -98,7 +98,11 @@ Coordinator::Coordinator(CoordinatorOptions options)
 
 Coordinator::~Coordinator() {
   Shutdown();
-  if (lock_fd_ >= 0) close(lock_fd_);
+  if (lock_fd_ >= 0) {
+    // No pid left behind for a process that may later take the number.
+    (void)!ftruncate(lock_fd_, 0);
+    close(lock_fd_);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(

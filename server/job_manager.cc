@@ -223,6 +223,8 @@ absl::Status JobManager::Load() {
   for (StoredJob& s : *stored) {
     auto entry = std::make_unique<Entry>();
     entry->stored = std::move(s);
+    // Jobs stored before the field existed.
+    entry->stored.job.set_output_dir(JobDir(entry->stored.job.id()));
     next_seq_ = std::max(next_seq_, entry->stored.seq + 1);
     order_.push_back(entry->stored.job.id());
     jobs_[entry->stored.job.id()] = std::move(entry);
@@ -430,6 +432,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   entry->stored.secret = NewSecret();
   v1::Job& job = entry->stored.job;
   job.set_id(absl::StrFormat("job-%06d", next_seq_));
+  job.set_output_dir(JobDir(job.id()));
   *job.mutable_spec() = effective;
   job.set_state(v1::QUEUED);
   job.set_state_reason("waiting for the scheduler");

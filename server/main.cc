@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/cli_usage.h"
 #include "common/state_dir.h"
 #include "server/coordinator.h"
 
@@ -35,6 +36,7 @@ int Main(int argc, char** argv) {
   double grace = 10, heartbeat_interval = 2, heartbeat_timeout = 30,
          rendezvous_timeout = 300;
   CLI::App app{"shardtraind: the shardtrain coordinator (gRPC control plane)"};
+  app.option_defaults()->always_capture_default();
   app.add_option("--listen", options.listen,
                  absl::StrCat("address:port for clients (default 127.0.0.1:",
                               kDefaultPort, "; port 0 picks a free one)"));
@@ -117,7 +119,7 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return ReportParseError(app, e, "shardtraind");
   }
   options.grace_period = absl::Seconds(grace);
   options.metrics_retention = absl::Seconds(metrics_retention);

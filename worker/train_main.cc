@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/cli_usage.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
 #include "worker/engine/train/cpu_threads.h"
@@ -40,6 +41,7 @@ int Main(int argc, char** argv) {
   }
 
   CLI::App app{"shardtrain-train: train GPT-2 with single, DDP or FSDP"};
+  app.option_defaults()->always_capture_default();
   app.add_option("--config", config_file,
                  "YAML file with the same keys as the flags");
   AddTrainFlags(app, config);
@@ -64,7 +66,7 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return ReportParseError(app, e, "shardtrain-train");
   }
 
   if (absl::Status s = config.Validate(); !s.ok()) {

@@ -1,10 +1,11 @@
-// The page's own script: builds the four charts from the JSON blob, then
-// records in <pre id="render-check"> what it drew (non-blank pixels and data
-// points per canvas, and any script errors) so that a headless browser's
-// dumped DOM shows whether the report really renders.
+// The page's own script: builds the charts from the JSON blob, then records
+// in <pre id="render-check"> what it drew (non-blank pixels, data points and
+// line styles per canvas, the table's width against the page's, and any
+// script errors) so that a headless browser's dumped DOM shows whether the
+// report really renders.
 (function () {
-  const chartIds = ['chart-loss', 'chart-grad-norm', 'chart-throughput',
-                    'chart-memory'];
+  const chartIds = ['chart-loss', 'chart-loss-time', 'chart-grad-norm',
+                    'chart-throughput', 'chart-memory'];
   const charts = {};
   const palette = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd',
                    '#8c564b', '#e377c2', '#7f7f7f'];
@@ -16,24 +17,33 @@
   function guarded(fn) {
     try { fn(); } catch (e) { window.reportErrors.push(String(e)); }
   }
+  // Strategies that trained the same draw the same curve: each gets its own
+  // dash pattern and width (the first widest), so one never hides another.
+  const dashes = [[], [10, 6], [3, 4], [14, 4, 3, 4], [6, 3], [2, 2]];
+  function lineStyle(i) {
+    return {borderDash: dashes[i % dashes.length],
+            borderWidth: Math.max(1.5, 4 - 1.2 * i)};
+  }
+  function faint(colour) { return colour + '40'; }  // 25% opaque
   let data = {strategies: []};
   guarded(function () {
     data = JSON.parse(document.getElementById('report-data').textContent);
   });
 
-  function lineChart(id, title, yTitle, field, extra) {
+  // x: 'step' or 'elapsed' (seconds of training, rank 0).
+  function lineChart(id, title, yTitle, field, extra, x) {
+    x = x || 'step';
     const datasets = [];
     data.strategies.forEach(function (s, i) {
       const colour = palette[i % palette.length];
-      datasets.push({
+      datasets.push(Object.assign({
         label: s.label,
-        data: s.steps.map(function (p) { return {x: p.step, y: p[field]}; }),
-        borderColor: colour, backgroundColor: colour,
-        pointRadius: 0, borderWidth: 2,
-      });
+        data: s.steps.map(function (p) { return {x: p[x], y: p[field]}; }),
+        borderColor: colour, backgroundColor: colour, pointRadius: 0,
+      }, lineStyle(i)));
       if (!extra) return;
       const points = s.steps.filter(function (p) { return extra in p; })
-          .map(function (p) { return {x: p.step, y: p[extra]}; });
+          .map(function (p) { return {x: p[x], y: p[extra]}; });
       if (points.length === 0) return;
       datasets.push({
         label: s.label + ' (val)', data: points,
@@ -48,11 +58,54 @@
         animation: false, responsive: true, maintainAspectRatio: false,
         plugins: {title: {display: true, text: title}},
         scales: {
-          x: {type: 'linear', title: {display: true, text: 'step'}},
+          x: {type: 'linear', title: {display: true,
+              text: x === 'step' ? 'step' : 'training time (s)'}},
           y: {title: {display: true, text: yTitle}},
         },
       },
     });
+  }
+
+  // Throughput: each step's figure faint, and its mean over the last five
+  // steps (the first, warm-up step left out when there are more).
+  function throughputChart() {
+    const datasets = [];
+    data.strategies.forEach(function (s, i) {
+      const colour = palette[i % palette.length];
+      const steps = s.steps.length > 1 ? s.steps.slice(1) : s.steps;
+      datasets.push({
+        label: s.label + ' (each step)',
+        data: steps.map(function (p) {
+          return {x: p.step, y: p.tokens_per_second};
+        }),
+        showLine: false, pointRadius: 2,
+        borderColor: faint(colour), backgroundColor: faint(colour),
+      });
+      const span = 5;
+      datasets.push(Object.assign({
+        label: s.label + ' (mean of ' + span + ')',
+        data: steps.map(function (p, k) {
+          const from = Math.max(0, k - span + 1);
+          let sum = 0;
+          for (let j = from; j <= k; ++j) sum += steps[j].tokens_per_second;
+          return {x: p.step, y: sum / (k - from + 1)};
+        }),
+        borderColor: colour, backgroundColor: colour, pointRadius: 0,
+      }, lineStyle(i)));
+    });
+    charts['chart-throughput'] =
+        new Chart(document.getElementById('chart-throughput'), {
+          type: 'line',
+          data: {datasets: datasets},
+          options: {
+            animation: false, responsive: true, maintainAspectRatio: false,
+            plugins: {title: {display: true, text: 'Throughput (all ranks)'}},
+            scales: {
+              x: {type: 'linear', title: {display: true, text: 'step'}},
+              y: {title: {display: true, text: 'tokens/s'}},
+            },
+          },
+        });
   }
 
   function memoryChart() {
@@ -90,22 +143,28 @@
   }
 
   guarded(function () {
-    lineChart('chart-loss', 'Loss (rank 0)', 'loss', 'loss', 'val_loss');
+    lineChart('chart-loss', 'Loss by step (rank 0)', 'loss', 'loss',
+              'val_loss');
+  });
+  guarded(function () {
+    lineChart('chart-loss-time', 'Loss by training time (rank 0)', 'loss',
+              'loss', 'val_loss', 'elapsed');
   });
   guarded(function () {
     lineChart('chart-grad-norm', 'Gradient norm (before clipping)',
               'grad norm', 'grad_norm');
   });
-  guarded(function () {
-    lineChart('chart-throughput', 'Throughput (all ranks)', 'tokens/s',
-              'tokens_per_second');
-  });
+  guarded(throughputChart);
   guarded(memoryChart);
 
   function recordRender() {
     const result = {canvases: {}, errors: window.reportErrors};
+    guarded(function () {
+      result.table_width = document.querySelector('table').scrollWidth;
+      result.page_width = document.body.clientWidth;
+    });
     chartIds.forEach(function (id) {
-      const entry = {painted_pixels: 0, data_points: 0};
+      const entry = {painted_pixels: 0, data_points: 0, styles: []};
       result.canvases[id] = entry;
       guarded(function () {
         const canvas = document.getElementById(id);
@@ -118,6 +177,8 @@
       if (!charts[id]) return;
       charts[id].data.datasets.forEach(function (d) {
         d.data.forEach(function (v) { if (v !== null) ++entry.data_points; });
+        entry.styles.push({label: d.label, width: d.borderWidth,
+                           dash: (d.borderDash || []).join(',')});
       });
     });
     document.getElementById('render-check').textContent =

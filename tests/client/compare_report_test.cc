@@ -1,5 +1,6 @@
 #include "client/compare_report.h"
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -159,9 +160,15 @@ TEST(SummariseTest, ComputesEveryFieldFromRankZeroAndMemoryFromAllRanks) {
   EXPECT_DOUBLE_EQ(s.final_val_loss, 3.6);
   EXPECT_DOUBLE_EQ(s.step_seconds_p50, 0.5);
   EXPECT_DOUBLE_EQ(s.step_seconds_p95, 2.0);
-  EXPECT_DOUBLE_EQ(s.seconds_per_epoch, 0.5 * 100);
   EXPECT_NEAR(s.tokens_per_second_mean, 1000, 1e-9);
   EXPECT_NEAR(s.tokens_per_second_std, 141.42135623730951, 1e-9);
+  // 95% interval of the mean of 4 steps: t(3) x sample std / sqrt(4).
+  EXPECT_EQ(s.timed_steps, 4);
+  EXPECT_NEAR(s.tokens_per_second_ci95, 3.182 * std::sqrt(80000.0 / 3) / 2,
+              1e-9);
+  EXPECT_EQ(s.global_batch, 4 * 2 * 2);
+  ASSERT_EQ(s.losses.size(), 5u);
+  EXPECT_DOUBLE_EQ(s.losses.at(3), 4.0);  // the replay, not the stale 42
   EXPECT_NEAR(s.mfu_mean, 0.30, 1e-12);
   EXPECT_NEAR(s.grad_norm_mean, 4.0, 1e-12);
   EXPECT_NEAR(s.grad_norm_std, 3.1622776601683795, 1e-12);
@@ -184,7 +191,7 @@ TEST(SummariseTest, PercentilesAreNearestRankNotInterpolated) {
   EXPECT_DOUBLE_EQ(s.step_seconds_p95, 19.0);
 }
 
-TEST(SummariseTest, SingleStepKeepsItsThroughputAndReportsNoEpochOrEval) {
+TEST(SummariseTest, SingleStepKeepsItsThroughputAndReportsNoSpreadOrEval) {
   StrategyRun run;
   run.strategy = "single";
   run.batch_size = 4;
@@ -200,7 +207,8 @@ TEST(SummariseTest, SingleStepKeepsItsThroughputAndReportsNoEpochOrEval) {
   EXPECT_DOUBLE_EQ(s.tokens_per_second_std, 0);
   EXPECT_DOUBLE_EQ(s.mfu_mean, 0.1);
   EXPECT_DOUBLE_EQ(s.grad_norm_spike_ratio, 1.0);
-  EXPECT_DOUBLE_EQ(s.seconds_per_epoch, 0);
+  EXPECT_EQ(s.timed_steps, 1);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second_ci95, 0);
   EXPECT_LT(s.final_val_loss, 0);
 }
 
@@ -219,16 +227,24 @@ TEST(SummariseTest, RunWithoutRankZeroHasNoStepsButKeepsPeakMemory) {
 // Table and findings
 // ---------------------------------------------------------------------------
 
+// A row of 50 steps whose loss falls from 5.0 to `loss`, with throughput
+// `tokens_per_second` ± `ci` (95%) over 49 timed steps.
 StrategySummary Row(const std::string& strategy, double loss,
                     int64_t peak_bytes, double tokens_per_second,
-                    double spike_ratio) {
+                    double spike_ratio, double ci = 0) {
   StrategySummary s;
   s.strategy = strategy;
   s.world_size = strategy == "single" ? 1 : 2;
+  s.global_batch = 8;
   s.steps = 50;
   s.final_train_loss = loss;
+  for (int step = 1; step <= 50; ++step) {
+    s.losses[step] = 5.0 + (loss - 5.0) * step / 50.0;
+  }
   s.peak_memory_bytes_per_rank = peak_bytes;
   s.tokens_per_second_mean = tokens_per_second;
+  s.tokens_per_second_ci95 = ci;
+  s.timed_steps = 49;
   s.grad_norm_spike_ratio = spike_ratio;
   return s;
 }
@@ -236,60 +252,123 @@ StrategySummary Row(const std::string& strategy, double loss,
 TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
   StrategyRun ddp = FiveStepDdpRun();
   ddp.predicted_peak_bytes_per_rank = 160 * kMiB;  // `shardtrain plan`'s
-  const std::string table = FormatSummaryTable(
-      {Summarise(ddp), Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5)});
+  StrategySummary fsdp = Row("fsdp", 3.25, 3 * kMiB / 2, 52410.4, 1.5);
+  fsdp.timed_steps = 1;
+  const std::string table = FormatSummaryTable({Summarise(ddp), fsdp});
 
   const std::vector<std::string> lines =
       absl::StrSplit(table, '\n', absl::SkipEmpty());
   ASSERT_THAT(lines, SizeIs(4));
-  EXPECT_EQ(
-      lines[0],
-      "| strategy | world | batch/rank | steps | final train loss | "
-      "final val loss | "
-      "s/epoch | tokens/s (mean ± std) | step p50 | step p95 | "
-      "peak mem/rank | predicted | grad norm mean | std | spike (max/median) "
-      "| MFU |");
+  // Eleven columns: no extrapolated time per epoch.
+  EXPECT_EQ(lines[0],
+            "| strategy | world | batch/rank | steps | train loss | val loss "
+            "| tokens/s (95% CI) | step p50 | peak mem/rank (plan) | "
+            "grad norm | MFU |");
   EXPECT_EQ(lines[1].substr(0, 9), "|---|---:");
   EXPECT_EQ(lines[2],
-            "| ddp | 2 | 4 | 5 | 3.0000 | 3.6000 | 50.00 s | 1,000 ± 141 | "
-            "500 ms | 2.00 s | 150.0 MiB | 160.0 MiB | 4.000 | 3.162 | 3.33 | "
-            "30.0% |");
-  // No eval, no epoch size, no prediction: shown as "-", not as zeros.
+            "| ddp | 2 | 4 | 5 | 3.0000 | 3.6000 | 1,000 ± 260 | 500 ms | "
+            "150.0 MiB (160.0 MiB) | 4.000 | 30.0% |");
+  // No eval, no spread, no prediction: shown as "-" or left out, not zeros.
   EXPECT_THAT(lines[3],
-              AllOf(HasSubstr("| fsdp | 2 | - | 50 | 3.2500 | - | - |"),
-                    HasSubstr("| 52,410 ± 0 |"), HasSubstr("| 1.5 MiB | - |")));
+              AllOf(HasSubstr("| fsdp | 2 | - | 50 | 3.2500 | - | 52,410 |"),
+                    HasSubstr("| 1.5 MiB |")));
 }
 
-TEST(FindingsTest, ComparesEachStrategyWithDdpAndNamesBestLossAndSpeed) {
-  const std::vector<std::string> findings =
-      Findings({Row("single", 3.30, 80 * kMiB, 500, 1.2),
-                Row("ddp", 3.20, 200 * kMiB, 1000, 1.3),
-                Row("fsdp", 3.10, 100 * kMiB, 900, 4.5)});
+// The demo's case: equal losses and throughputs apart by less than their
+// spread. Equal is called equal, no winner is named, and the recommendation
+// takes the leaner of the two equally fast strategies.
+TEST(FindingsTest, EqualLossesAndSpeedsWithinNoiseNameNoWinner) {
+  std::vector<StrategySummary> rows = {
+      Row("single", 3.2, 200 * kMiB, 700, 1.1, 30),
+      Row("ddp", 3.2, 200 * kMiB, 1444, 1.1, 300),
+      Row("fsdp", 3.2, 100 * kMiB, 1254, 1.1, 150)};
+  rows[2].losses[7] *= 1 + 3e-7;  // float summation order
+  const std::vector<std::string> findings = Findings(rows);
 
+  EXPECT_THAT(findings,
+              Contains(HasSubstr("Same training: the loss curves of "
+                                 "single-device, DDP and FSDP agree at every "
+                                 "step (largest relative difference 3.0e-07")));
+  EXPECT_THAT(findings, Contains("FSDP peak memory per rank was 0.50× DDP's; "
+                                 "its throughput 0.87× ± 0.21 DDP's (within "
+                                 "run-to-run noise)."));
+  EXPECT_THAT(findings, Contains(HasSubstr(
+                            "its throughput 0.48× ± 0.10 DDP's (slower beyond "
+                            "run-to-run noise)")));
+  EXPECT_THAT(findings, Contains("DDP and FSDP were equally fast within "
+                                 "run-to-run noise (95% confidence from the "
+                                 "step-to-step spread)."));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("lowest"))));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("was the fastest"))));
+  EXPECT_EQ(Recommendation(rows, "gpt2-tiny at 2 ranks"),
+            "Recommendation for gpt2-tiny at 2 ranks: FSDP: as fast as DDP "
+            "within run-to-run noise, at 0.50× its peak memory per rank.");
+}
+
+TEST(FindingsTest, ADifferenceBeyondNoiseIsNamedWithItsUncertainty) {
+  const std::vector<StrategySummary> rows = {
+      Row("ddp", 3.2, 200 * kMiB, 1000, 1.0, 20),
+      Row("fsdp", 3.2, 100 * kMiB, 600, 1.0, 12)};
+  const std::vector<std::string> findings = Findings(rows);
+
+  EXPECT_THAT(findings, Contains("FSDP peak memory per rank was 0.50× DDP's; "
+                                 "its throughput 0.60× ± 0.02 DDP's (slower "
+                                 "beyond run-to-run noise)."));
+  EXPECT_THAT(findings, Contains(HasSubstr(
+                            "DDP was the fastest beyond run-to-run noise, at "
+                            "1,000 ± 20 tokens/s")));
+  EXPECT_EQ(Recommendation(rows, "gpt2-mini at 2 ranks"),
+            "Recommendation for gpt2-mini at 2 ranks: DDP: the fastest, "
+            "1.67× ± 0.05 FSDP's tokens/s; when memory is short, FSDP needs "
+            "0.50× its memory per rank at 0.60× its speed.");
+}
+
+TEST(FindingsTest, LossCurvesApartBeyondSummationOrderAreFlagged) {
+  const std::vector<std::string> findings =
+      Findings({Row("ddp", 3.0, kMiB, 1000, 1.0, 10),
+                Row("fsdp", 3.3, kMiB, 1000, 1.0, 10)});
   EXPECT_THAT(
       findings,
-      ElementsAre(
-          "Single-device peak memory per rank was 0.40× DDP's; its "
-          "throughput 0.50× DDP's.",
-          "FSDP peak memory per rank was 0.50× DDP's; its throughput 0.90× "
-          "DDP's.",
-          "FSDP reached the lowest final train loss (3.1000); final losses "
-          "spanned 0.2000 (3.1000 to 3.3000).",
-          "DDP was the fastest at 1,000 tokens/s, 2.00× the slowest "
-          "(single-device).",
-          HasSubstr("FSDP's gradient norm spiked to 4.5× its median")));
+      Contains(HasSubstr("The loss curves differ by up to 10.0% relative")));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("Same training"))));
+}
+
+// Under --memory-budget each strategy runs at its own batch: their losses
+// are not compared step for step.
+TEST(FindingsTest, RunsAtDifferentBatchesAreNotComparedStepForStep) {
+  std::vector<StrategySummary> rows = {Row("ddp", 3.0, kMiB, 1000, 1.0, 10),
+                                       Row("fsdp", 2.9, kMiB, 1500, 1.0, 10)};
+  rows[1].global_batch = 16;
+  EXPECT_THAT(Findings(rows),
+              Contains(HasSubstr("Losses are not comparable step for step")));
+}
+
+TEST(FindingsTest, TooFewStepsToTellSpeedsApartIsSaid) {
+  std::vector<StrategySummary> rows = {Row("ddp", 3.0, 2 * kMiB, 1000, 1.0),
+                                       Row("fsdp", 3.0, kMiB, 1500, 1.0)};
+  for (StrategySummary& row : rows) row.timed_steps = 1;
+  EXPECT_THAT(Findings(rows), Contains(HasSubstr("too few timed steps")));
+  EXPECT_THAT(Recommendation(rows, ""),
+              HasSubstr("too few steps to compare speed"));
 }
 
 TEST(FindingsTest, ComparesWithSingleDeviceWhenThereIsNoDdp) {
   const std::vector<std::string> findings =
-      Findings({Row("single", 3.0, 400 * kMiB, 1000, 1.0),
-                Row("fsdp", 3.0, 100 * kMiB, 1500, 1.0)});
+      Findings({Row("single", 3.0, 400 * kMiB, 1000, 1.0, 10),
+                Row("fsdp", 3.0, 100 * kMiB, 1500, 1.0, 15)});
 
   EXPECT_THAT(findings,
               Contains("FSDP peak memory per rank was 0.25× single-device's; "
-                       "its throughput 1.50× single-device's."));
-  EXPECT_THAT(findings, Contains(HasSubstr("spanned 0.0000")));
+                       "its throughput 1.50× ± 0.02 single-device's (faster "
+                       "beyond run-to-run noise)."));
   EXPECT_THAT(findings, Not(Contains(HasSubstr("spiked"))));
+}
+
+TEST(FindingsTest, NamesAGradientNormSpike) {
+  EXPECT_THAT(Findings({Row("ddp", 3.0, kMiB, 1000, 1.0, 10),
+                        Row("fsdp", 3.0, kMiB, 1000, 4.5, 10)}),
+              Contains(HasSubstr("FSDP's gradient norm spiked to 4.5× its "
+                                 "median")));
 }
 
 TEST(FindingsTest, StrategiesWithoutStepsAreLeftOut) {
@@ -299,14 +378,16 @@ TEST(FindingsTest, StrategiesWithoutStepsAreLeftOut) {
   EXPECT_THAT(Findings({empty}), SizeIs(0));
   EXPECT_THAT(Findings({empty, Row("fsdp", 3.0, kMiB, 100, 1.0)}),
               Not(Contains(HasSubstr("DDP"))));
+  EXPECT_EQ(Recommendation({empty}, "x"), "");
 }
 
 // ---------------------------------------------------------------------------
 // WriteCompareReport
 // ---------------------------------------------------------------------------
 
-// DDP and FSDP, 2 ranks x 10 steps each, with evals every 5 steps.
-std::vector<StrategyRun> TenStepRuns() {
+// DDP and FSDP, 2 ranks x 10 steps each, with evals every 5 steps; FSDP's
+// loss 0.02 below DDP's unless `same_loss`.
+std::vector<StrategyRun> TenStepRuns(bool same_loss = false) {
   std::vector<StrategyRun> runs;
   for (const char* name : {"ddp", "fsdp"}) {
     StrategyRun run;
@@ -322,7 +403,7 @@ std::vector<StrategyRun> TenStepRuns() {
         v1::StepMetrics m =
             Step(rank, step,
                  StepValues()
-                     .Loss(5.0 - 0.1 * step - (fsdp ? 0.02 : 0))
+                     .Loss(5.0 - 0.1 * step - (fsdp && !same_loss ? 0.02 : 0))
                      .GradNorm(1.0 + 0.05 * step)
                      .Seconds(fsdp ? 0.55 : 0.5)
                      .TokensPerSecond((fsdp ? 900.0 : 1000.0) + 10 * step)
@@ -384,10 +465,12 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
   const std::string html = ReadFile(out + "/report.html");
   EXPECT_THAT(html, HasSubstr("/* fake chart.js */"));
   EXPECT_THAT(html, Not(HasSubstr("<script src")));
-  for (const char* id :
-       {"chart-loss", "chart-grad-norm", "chart-throughput", "chart-memory"}) {
+  for (const char* id : {"chart-loss", "chart-loss-time", "chart-grad-norm",
+                         "chart-throughput", "chart-memory"}) {
     EXPECT_THAT(html, HasSubstr(absl::StrCat("<canvas id=\"", id, "\">")));
   }
+  // Losses 0.02 apart: drawn apart, no note.
+  EXPECT_THAT(html, Not(HasSubstr("The loss curves coincide")));
   EXPECT_THAT(html, HasSubstr("<td>fsdp</td>"));
   EXPECT_THAT(html, HasSubstr("animation: false"));
 }
@@ -460,7 +543,20 @@ std::string RenderCheckText(const std::string& dom) {
       {{"&lt;", "<"}, {"&gt;", ">"}, {"&amp;", "&"}});
 }
 
-TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
+TEST(WriteCompareReportTest, CoincidingLossCurvesAreSaidToCoincide) {
+  TempDir tmp;
+  CompareOptions options;
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "/* fake chart.js */");
+  ASSERT_TRUE(
+      WriteCompareReport(TenStepRuns(/*same_loss=*/true), options, tmp.path())
+          .ok());
+  EXPECT_THAT(ReadFile(tmp / "report.html"),
+              HasSubstr("The loss curves coincide"));
+  EXPECT_THAT(ReadFile(tmp / "report.md"), HasSubstr("Same training"));
+}
+
+TEST(WriteCompareReportTest, HtmlDrawsEveryChartInHeadlessChromium) {
   if (RunCommand("command -v chromium").exit_code != 0) {
     GTEST_SKIP() << "chromium is not installed (scripts/setup installs it)";
   }
@@ -469,7 +565,10 @@ TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
   options.title = "render check";
   ASSERT_TRUE(std::filesystem::exists(ChartJsPath()))
       << ChartJsPath() << " is missing; run scripts/setup";
-  ASSERT_TRUE(WriteCompareReport(TenStepRuns(), options, tmp / "out").ok());
+  // The losses coincide: the case where curves could hide each other.
+  ASSERT_TRUE(
+      WriteCompareReport(TenStepRuns(/*same_loss=*/true), options, tmp / "out")
+          .ok());
   const std::string url = "file://" + (tmp / "out/report.html");
   // Its own profile, so parallel tests do not share a locked one; as root
   // Chromium refuses to start without --no-sandbox.
@@ -478,8 +577,9 @@ TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
       "--user-data-dir=",
       tmp / "profile", " --virtual-time-budget=5000");
 
-  const test::CommandResult dom =
-      RunCommand(absl::StrCat(chromium, " --dump-dom ", url));
+  // A laptop's page: 900 pixels wide.
+  const test::CommandResult dom = RunCommand(
+      absl::StrCat(chromium, " --window-size=900,1600 --dump-dom ", url));
 
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   const std::string check = RenderCheckText(dom.out);
@@ -488,8 +588,8 @@ TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
                               << dom.err;
   const nlohmann::json result = nlohmann::json::parse(check);
   EXPECT_EQ(result["errors"], nlohmann::json::array()) << check;
-  for (const char* id :
-       {"chart-loss", "chart-grad-norm", "chart-throughput", "chart-memory"}) {
+  for (const char* id : {"chart-loss", "chart-loss-time", "chart-grad-norm",
+                         "chart-throughput", "chart-memory"}) {
     SCOPED_TRACE(id);
     ASSERT_TRUE(result["canvases"].contains(id)) << check;
     EXPECT_GT(result["canvases"][id]["painted_pixels"].get<int64_t>(), 1000);
@@ -497,7 +597,23 @@ TEST(WriteCompareReportTest, HtmlDrawsAllFourChartsInHeadlessChromium) {
   }
   // Loss: 2 x 10 train + 2 x 2 val; memory: 2 ranks x 2 strategies.
   EXPECT_EQ(result["canvases"]["chart-loss"]["data_points"], 24);
+  EXPECT_EQ(result["canvases"]["chart-loss-time"]["data_points"], 24);
   EXPECT_EQ(result["canvases"]["chart-memory"]["data_points"], 4);
+  // Coinciding curves stay distinguishable: DDP solid and widest, FSDP
+  // dashed and thinner.
+  const nlohmann::json& styles = result["canvases"]["chart-loss"]["styles"];
+  ASSERT_GE(styles.size(), 3u) << check;
+  EXPECT_EQ(styles[0]["label"], "DDP");
+  EXPECT_EQ(styles[0]["dash"], "");
+  EXPECT_EQ(styles[2]["label"], "FSDP");
+  EXPECT_EQ(styles[2]["dash"], "10,6");
+  EXPECT_LT(styles[2]["width"].get<double>(), styles[0]["width"].get<double>());
+  // Throughput: 9 steps after warm-up, each faint and as a running mean.
+  EXPECT_EQ(result["canvases"]["chart-throughput"]["data_points"], 2 * 2 * 9);
+  // The table fits the page.
+  EXPECT_LE(result["table_width"].get<int64_t>(),
+            result["page_width"].get<int64_t>())
+      << check;
 
   // Kept for people to look at: build/test-artefacts/compare_report.png.
   const std::string artefacts =

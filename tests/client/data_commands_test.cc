@@ -2,6 +2,7 @@
 // and checks exit codes (0 ok, 1 failure, 2 usage), output and that each
 // error is one line on stderr naming the problem.
 #include <algorithm>
+#include <regex>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -57,6 +58,32 @@ TEST(ShardtrainCliTest, MissingOrUnknownCommandIsAUsageError) {
   ExpectFailure(Shardtrain("frobnicate"), 2, "frobnicate");
 }
 
+// A mistyped command or flag: exit 2, and the one that was meant.
+TEST(ShardtrainCliTest, TyposExitTwoAndSuggestWhatWasMeant) {
+  ExpectFailure(Shardtrain("lgos 1"), 2,
+                "unknown command \"lgos\"; did you mean logs?");
+  ExpectFailure(Shardtrain("compare --max-step 5 --out /tmp/x"), 2,
+                "unknown option --max-step; did you mean --max-steps?");
+  // compare takes --strategies; a single --strategy is not among its flags.
+  ExpectFailure(Shardtrain("compare --strategy ddp --out /tmp/x"), 2,
+                "unknown option --strategy; did you mean --strategies?");
+  ExpectFailure(Shardtrain("plan --model gpt2-huge"), 2, "gpt2-huge");
+  ExpectFailure(Shardtrain("plan --world-size 0"), 2, "world-size");
+}
+
+// --help shows the defaults; compare's world size is 2, which its default
+// study (single, ddp, fsdp) needs.
+TEST(ShardtrainCliTest, HelpShowsTheDefaults) {
+  const CommandResult compare = Shardtrain("compare --help");
+  EXPECT_EQ(compare.exit_code, 0);
+  EXPECT_TRUE(std::regex_search(compare.out,
+                                std::regex("--world-size INT( \\[2\\]|=2 )")))
+      << compare.out;
+  EXPECT_TRUE(std::regex_search(compare.out,
+                                std::regex("--seq-len INT( \\[128\\]|=128 )")))
+      << compare.out;
+}
+
 TEST(ShardtrainCliTest, PrepareNeedsExactlyOneSourceAndAnOutput) {
   test::TempDir dir;
   ExpectFailure(Shardtrain("data prepare --out " + dir.path()), 2,
@@ -105,6 +132,10 @@ TEST(ShardtrainCliTest, PrepareTextFileSplitsByTokens) {
       "data prepare --text " + (dir / "story.txt") + " --out " + (dir / "out"));
   ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
   EXPECT_THAT(prepare.out, HasSubstr("split by tokens"));
+  // 50 short lines leave val.bin far below one evaluation batch: said now,
+  // not found after training.
+  EXPECT_THAT(prepare.err, HasSubstr("warning: val.bin has "));
+  EXPECT_THAT(prepare.err, HasSubstr("fewer than one evaluation batch"));
   const CommandResult inspect =
       Shardtrain("data inspect " + (dir / "out/val.bin"));
   ASSERT_EQ(inspect.exit_code, 0) << inspect.err;

@@ -2,6 +2,7 @@
 // exit codes, table/JSON/YAML output, and the comparison study end to end.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -94,6 +95,11 @@ TEST_F(CliJobCommandsTest, WatchOnATerminalDrawsAProgressBar) {
   EXPECT_THAT(plain.out, Not(HasSubstr("[####")));
   EXPECT_THAT(plain.out, HasSubstr("step 40/40 | loss 0.2500"));
   EXPECT_THAT(plain.out, HasSubstr("step 1/40 | loss 10.0000"));
+  // It ends with a summary: how the run ended and where its outputs are.
+  const std::string outputs = dir_ / "state/jobs/job-000002";
+  EXPECT_THAT(plain.out, HasSubstr("  40 steps, final loss 0.2500"));
+  EXPECT_THAT(plain.out, HasSubstr("  outputs: " + outputs + " (model.bin"));
+  EXPECT_THAT(Cli("get job-000002").out, HasSubstr("outputs      " + outputs));
 }
 
 TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
@@ -117,7 +123,8 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   EXPECT_EQ(job["spec"]["strategy"]["name"], "ddp");
   EXPECT_EQ(job["spec"]["world_size"], 2);
   EXPECT_EQ(job["spec"]["priority"], 2);
-  EXPECT_EQ(job["last_step"]["step"], "3");  // int64 is a JSON string in proto3
+  // 64-bit integers as JSON numbers, not protobuf's strings.
+  EXPECT_EQ(job["last_step"]["step"], 3);
   EXPECT_EQ(Cli("list -o json --label team=cv").out.find("job-000001"),
             std::string::npos);
 
@@ -158,6 +165,32 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   EXPECT_EQ(logs.out, "fake_worker job-000001 rank 1 mode 'flood:3'\n");
   EXPECT_THAT(Cli("logs job-000001").out,
               HasSubstr("[rank 0] fake_worker job-000001 rank 0"));
+}
+
+// `logs -f` into a pipe prints each line as it comes, not when the stream
+// ends (a block-buffered stdout held them until then).
+TEST_F(CliJobCommandsTest, FollowedLogsReachAPipeLineByLine) {
+  StartFakeDaemon();
+  ASSERT_EQ(Cli(FakeJob("hold")).exit_code, 0);
+  ASSERT_TRUE(test::WaitUntil(
+      [&] { return !Cli("logs job-000001 --tail 1").out.empty(); },
+      absl::Seconds(30)));
+  FILE* pipe =
+      popen(absl::StrCat("SHARDTRAIN_ADDRESS=", daemon_->address(), " ",
+                         test::BinDir(), "/shardtrain logs job-000001 -f")
+                .c_str(),
+            "r");
+  ASSERT_NE(pipe, nullptr);
+  pollfd ready{fileno(pipe), POLLIN, 0};
+  const int polled = poll(&ready, 1, 20000);
+  EXPECT_EQ(polled, 1) << "nothing reached the pipe in 20 s";
+  char line[256] = {};
+  if (polled == 1) {
+    ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
+    EXPECT_THAT(std::string(line), HasSubstr("job-000001 rank 0"));
+  }
+  EXPECT_EQ(Cli("cancel job-000001").exit_code, 0);
+  EXPECT_EQ(pclose(pipe), 0);  // the stream ends with the job
 }
 
 TEST_F(CliJobCommandsTest, CancelStopsARunningJob) {
@@ -234,7 +267,7 @@ TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
   const nlohmann::json job = nlohmann::json::parse(submit.out);
   EXPECT_EQ(job["spec"]["name"], "from-file");
   EXPECT_EQ(job["spec"]["world_size"], 2);
-  EXPECT_EQ(job["spec"]["trainer"]["batch_size"], "3");
+  EXPECT_EQ(job["spec"]["trainer"]["batch_size"], 3);
   EXPECT_DOUBLE_EQ(job["spec"]["trainer"]["lr"].get<double>(), 0.005);
   EXPECT_EQ(job["spec"]["labels"]["team"], "nlp");
   test::WriteFile(dir_ / "bad.yaml", "model: gpt2-tiny\nbatch-sise: 3\n");
@@ -245,24 +278,20 @@ TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
 
 TEST_F(CliJobCommandsTest,
        DaemonStartsALocalCoordinatorOnceAndFindsItAfterwards) {
-  // A free port: bind to 0 through a throwaway daemon-less socket.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
-  close(fd);
   // The user's cache is the default home of the state dir.
   const std::string env = absl::StrCat("XDG_CACHE_HOME=", dir_ / "cache", " ");
   const std::string cli = absl::StrCat(env, test::BinDir(), "/shardtrain ");
+  // Port 0: the daemon binds a free port itself and says which.
   CommandResult start = test::RunCommand(
-      absl::StrCat(cli, "daemon --listen ", address,
-                   " --metrics-listen 127.0.0.1:0 --cpu-slots 1"));
+      absl::StrCat(cli,
+                   "daemon --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 "
+                   "--cpu-slots 1"));
   ASSERT_EQ(start.exit_code, 0) << start.out << start.err;
-  EXPECT_THAT(start.out, HasSubstr("shardtraind started at " + address));
+  const std::string prefix = "shardtraind started at ";
+  ASSERT_THAT(start.out, HasSubstr(prefix));
+  const size_t at = start.out.find(prefix) + prefix.size();
+  const std::string address =
+      start.out.substr(at, start.out.find(' ', at) - at);
   const std::string state = dir_ / "cache/shardtrain/state";
   EXPECT_TRUE(std::filesystem::exists(state + "/shardtraind.db"));
   const int pid = std::stoi(test::ReadFile(state + "/LOCK"));
@@ -276,9 +305,35 @@ TEST_F(CliJobCommandsTest,
   EXPECT_EQ(cluster.exit_code, 0) << cluster.err;
   EXPECT_EQ(nlohmann::json::parse(cluster.out)["devices"].size(), 1u);
 
-  kill(pid, SIGTERM);
-  EXPECT_TRUE(
-      test::WaitUntil([&] { return kill(pid, 0) != 0; }, absl::Seconds(20)));
+  CommandResult status = test::RunCommand(cli + "daemon status");
+  EXPECT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out,
+              HasSubstr(absl::StrCat("shardtraind is running: pid ", pid,
+                                     ", listening on ", address)));
+  CommandResult stop = test::RunCommand(cli + "daemon stop");
+  EXPECT_EQ(stop.exit_code, 0) << stop.err;
+  EXPECT_THAT(stop.out,
+              HasSubstr(absl::StrCat("stopped shardtraind (pid ", pid, ";")));
+  // Gone when stop returns (at most a zombie for init to reap), and its pid
+  // not left behind.
+  if (kill(pid, 0) == 0) {
+    const std::string stat =
+        test::ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    EXPECT_THAT(stat.substr(stat.rfind(')')), testing::StartsWith(") Z"))
+        << stat;
+  }
+  EXPECT_EQ(test::ReadFile(state + "/LOCK"), "");
+  CommandResult stopped = test::RunCommand(cli + "daemon status");
+  EXPECT_EQ(stopped.exit_code, 3);
+  EXPECT_THAT(stopped.out, HasSubstr("shardtraind is not running"));
+
+  // A LOCK naming a live process that holds no lock (a daemon killed with
+  // -9, its pid since reused): stop signals nothing. Here the pid is this
+  // test's own; were it signalled, the test would die.
+  test::WriteFile(state + "/LOCK", absl::StrCat(getpid(), "\n"));
+  CommandResult stale = test::RunCommand(cli + "daemon stop");
+  EXPECT_EQ(stale.exit_code, 0) << stale.err;
+  EXPECT_THAT(stale.out, HasSubstr("shardtraind is not running"));
 }
 
 // The study end to end with real workers: the report's numbers are the

@@ -106,7 +106,8 @@ class SlurmTestbedTest : public ::testing::Test {
     return result.ok() ? result->out : "";
   }
 
-  std::unique_ptr<Daemon> StartDaemon(const std::string& state, bool slurm) {
+  std::unique_ptr<Daemon> StartDaemon(const std::string& state, bool slurm,
+                                      int tasks_per_node = 1) {
     DaemonOptions options;
     // Longer than Slurm takes to end a job whose node is powered off
     // (SlurmdTimeout 5 s, then NODE_FAIL: 16-30 s on the test bed), so a lost
@@ -118,7 +119,8 @@ class SlurmTestbedTest : public ::testing::Test {
       options.extra_flags = {"--launcher", "slurm", "--worker-listen",
                              absl::StrCat(kBridgeAddress, ":0"),
                              // A private bridge of this machine only.
-                             "--insecure", "--slurm-tasks-per-node", "1"};
+                             "--insecure", "--slurm-tasks-per-node",
+                             absl::StrCat(tasks_per_node)};
       options.env = {{"SLURM_CONF", SlurmConf()}};
     }
     auto daemon = std::make_unique<Daemon>(dir_ / state, std::move(options));
@@ -213,6 +215,56 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
   std::cout << "slurm test bed: 2 nodes x 1 rank, ddp and fsdp vs one host: "
                "largest relative loss difference "
             << worst << " over " << local_losses.size() << " steps\n";
+}
+
+// HSDP on two nodes of two ranks: the shard groups are the nodes (the
+// group size defaults to the ranks per node Slurm gives each task), the
+// replicas all-reduce one shard across the nodes, and the job trains as the
+// same HSDP job does on one host.
+TEST_F(SlurmTestbedTest, HsdpShardsWithinEachNodeAndReplicatesAcrossTwo) {
+  auto cluster = StartDaemon("slurm", /*slurm=*/true, /*tasks_per_node=*/2);
+  v1::JobSpec spec = TinySpec("hsdp", 4);
+  spec.set_world_size(4);
+  v1::Job job;
+  ASSERT_GRPC_OK(cluster->Submit(spec, &job));
+  job = cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(job.state(), v1::SUCCEEDED)
+      << job.DebugString() << cluster->log()
+      << test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log"));
+  const std::string record =
+      Slurm({"scontrol", "show", "job", "-o", SlurmJobOf("slurm", job.id())});
+  EXPECT_THAT(record, HasSubstr("NumNodes=2 "));
+  EXPECT_THAT(record, HasSubstr("NumTasks=4 "));
+  for (int rank : {0, 3}) {
+    EXPECT_THAT(test::ReadFile(dir_ / absl::StrCat("slurm/jobs/", job.id(),
+                                                   "/rank-", rank, ".log")),
+                HasSubstr("hsdp: 2 shard groups of 2 ranks"))
+        << "rank " << rank;
+  }
+  std::map<int64_t, double> slurm_losses;
+  for (const v1::StepMetrics& s : cluster->Metrics(job.id())) {
+    if (s.rank() != 0) continue;
+    slurm_losses[s.step()] = s.loss();
+    // Across the nodes: the all-reduce of this rank's shard only.
+    EXPECT_GT(s.comm_inter_group_bytes(), 0) << s.step();
+    EXPECT_LT(s.comm_inter_group_bytes(), s.comm_bytes()) << s.step();
+  }
+  ASSERT_EQ(slurm_losses.size(), 4u);
+
+  auto local = StartDaemon("local", /*slurm=*/false);
+  spec.mutable_strategy()->set_shard_group_size(2);
+  v1::Job reference;
+  ASSERT_GRPC_OK(local->Submit(spec, &reference));
+  reference =
+      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(reference.state(), v1::SUCCEEDED) << reference.DebugString();
+  const std::map<int64_t, double> local_losses = Losses(*local, reference.id());
+  ASSERT_EQ(local_losses.size(), 4u);
+  for (const auto& [step, loss] : local_losses) {
+    EXPECT_LE(std::abs(loss - slurm_losses.at(step)), 1e-5 * std::abs(loss))
+        << "step " << step << ": " << slurm_losses.at(step) << " on Slurm vs "
+        << loss << " on one host";
+  }
 }
 
 TEST_F(SlurmTestbedTest, AKilledRankAndALostNodeRestartFromTheCheckpoint) {

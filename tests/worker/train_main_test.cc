@@ -6,6 +6,7 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "common/exit_codes.h"
@@ -98,6 +99,15 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tok/s | mem "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val_loss "), std::string::npos) << r.output;
+  // Elapsed and ETA on the step lines; a summary at the end.
+  EXPECT_NE(r.output.find(" | elapsed "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" | ETA "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 3 steps in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| final loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| val loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("outputs: " + Out("ok") + "/model.bin"),
+            std::string::npos)
+      << r.output;
   EXPECT_TRUE(fs::exists(Out("ok") + "/metrics.jsonl"));
   EXPECT_TRUE(fs::exists(Out("ok") + "/model.bin"));
 
@@ -170,6 +180,25 @@ TEST_F(TrainMainTest, YamlConfigGivesTheBaseAndFlagsWin) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step 3/"), std::string::npos) << r.output;
+}
+
+// Every usage error exits 2 and names the problem; a mistyped flag gets the
+// one that was meant. --help shows each flag's default.
+TEST_F(TrainMainTest, UsageErrorsExitTwoAndSuggestTheFlagMeant) {
+  Result typo = RunTrain("--data " + Data() + " --max-step 5");
+  EXPECT_EQ(typo.exit_code, 2) << typo.output;
+  EXPECT_NE(typo.output.find("unknown option --max-step; did you mean "
+                             "--max-steps?"),
+            std::string::npos)
+      << typo.output;
+  Result zero = RunTrain("--data " + Data() + " --nproc 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--nproc"), std::string::npos) << zero.output;
+  Result help = RunTrain("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_TRUE(std::regex_search(help.output,
+                                std::regex("--seq-len INT( \\[128\\]|=128)")))
+      << help.output;
 }
 
 TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {

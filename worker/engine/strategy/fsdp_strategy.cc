@@ -60,6 +60,12 @@ std::string FsdpStrategy::name() const {
   return fsdp_.shard_group_size > 0 ? "hsdp" : "fsdp";
 }
 
+std::string FsdpStrategy::layout() const {
+  if (replicate_ == nullptr) return "";
+  return absl::StrCat(replicas(), " shard groups of ", shard_group_size(),
+                      " ranks, replicated across groups");
+}
+
 absl::Status FsdpStrategy::FormGroups() {
   const int64_t world = world_->world_size();
   const int64_t rank = world_->rank();

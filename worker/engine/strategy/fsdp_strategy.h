@@ -135,6 +135,7 @@ class FsdpStrategy final : public Strategy {
   void Barrier() override;
   int64_t rank() const override { return world_->rank(); }
   int64_t world_size() const override { return world_->world_size(); }
+  std::string layout() const override;
   // Ranks per shard group, and shard groups (replicas of the model).
   int64_t shard_group_size() const { return shard_->world_size(); }
   int64_t replicas() const {

@@ -54,6 +54,9 @@ class Strategy {
   virtual std::string name() const = 0;
   virtual int64_t rank() const { return 0; }
   virtual int64_t world_size() const { return 1; }
+  // How the ranks are arranged, for the log ("" when the name says it all):
+  // HSDP's shard and replica groups.
+  virtual std::string layout() const { return ""; }
 
   // Takes a model initialised identically on every rank, places it on the
   // device (and shards or replicates it) and builds the optimizer.

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -88,11 +89,18 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
 #endif
   (void)device;
   (void)precision;
-  // Keyed by OpenBLAS's kernels too: the same machine runs 5x apart between
-  // its generic and its AVX-512 ones (cpu_threads.h).
+  // One per-core figure for every thread count, so that MFU means the same
+  // under every strategy: one rank of two threads and two ranks of one share
+  // a denominator (the peak of the cores used). The best measurement kept:
+  // a busy machine only measures slower, so the first measurements go on
+  // until kSamples agree to take the best of them (about 0.5 s each), and a
+  // figure cached from a busy moment does not stick. Keyed by OpenBLAS's
+  // kernels too: the same machine runs 5x apart between its generic and its
+  // AVX-512 ones (cpu_threads.h).
+  constexpr int kSamples = 5;
   const std::string core = BlasCoreName();
   const std::string key =
-      absl::StrCat("cpu_fp32_threads_", cpu_threads, core.empty() ? "" : "_",
+      absl::StrCat("cpu_fp32_per_core", core.empty() ? "" : "_",
                    absl::AsciiStrToLower(core));
   const std::filesystem::path path = CacheFile();
   nlohmann::json cache = nlohmann::json::object();
@@ -103,17 +111,21 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
       if (!cache.is_object()) cache = nlohmann::json::object();
     }
   }
-  if (cache.contains(key) && cache[key].is_number() &&
-      cache[key].get<double>() > 0) {
-    return cache[key].get<double>();
+  double per_core = 0;
+  int samples = 0;
+  if (cache.contains(key) && cache[key].is_object()) {
+    per_core = cache[key].value("flops", 0.0);
+    samples = cache[key].value("samples", 0);
   }
-  const double measured = MeasureCpuGemmFlops();
-  cache[key] = measured;
+  const int threads = std::max(1, cpu_threads);
+  if (per_core > 0 && samples >= kSamples) return threads * per_core;
+  per_core = std::max(per_core, MeasureCpuGemmFlops() / threads);
+  cache[key] = {{"flops", per_core}, {"samples", samples + 1}};
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  // Best effort: a cache only.
+  // Best effort: a cache only (concurrent ranks may each write theirs).
   (void)WriteFileAtomically(path.string(), cache.dump(2) + "\n");
-  return measured;
+  return threads * per_core;
 }
 
 }  // namespace shardtrain

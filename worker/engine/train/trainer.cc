@@ -170,7 +170,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "eval_only: needs --data DIR holding val.bin");
   }
-
   if (t.train_tokens_) {
     BatchSamplerOptions sampler_options;
     sampler_options.num_tokens = static_cast<int64_t>(t.train_tokens_->size());
@@ -191,6 +190,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                          ? config.max_steps
                          : config.epochs * t.sampler_->steps_per_epoch();
   }
+  // Checked before step 1, not found at the final evaluation.
+  if (t.val_tokens_) {
+    const int64_t needed =
+        (config.seq_len + 1) * config.batch_size * rank_info.world_size;
+    if (static_cast<int64_t>(t.val_tokens_->size()) < needed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data: ", config.data, "/val.bin has ", t.val_tokens_->size(),
+          " tokens, fewer than one evaluation batch needs (", config.batch_size,
+          " x ", rank_info.world_size, " ranks x ", config.seq_len + 1, " = ",
+          needed,
+          "): prepare more text for validation, lower "
+          "--batch-size or --seq-len, or remove val.bin to train without "
+          "evaluating"));
+    }
+  }
+
   t.schedule_.emplace(config.lr, config.min_lr_ratio, config.warmup_steps,
                       t.total_steps_);
 
@@ -478,6 +493,24 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
           : nlohmann::json::object();
   for (const auto& [field, value] : expected.items()) {
     if (saved.contains(field) && saved[field] == value) continue;
+    // A longer (or shorter) run continues from the checkpoint; the schedule
+    // is the new length's (docs/checkpoints.md).
+    if (field == "total_steps" && saved.contains(field) &&
+        saved[field].is_number_integer()) {
+      if (step >= total_steps_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "resume: checkpoint ", dir, " is at step ", step,
+            ", and this run ends at step ", total_steps_,
+            ": pass a larger --max-steps (or --epochs) to train longer"));
+      }
+      Log(absl::StrCat("resume: the checkpoint's run had ",
+                       saved[field].get<int64_t>(), " steps, this one has ",
+                       total_steps_,
+                       ": the learning-rate schedule follows the new length "
+                       "from step ",
+                       step));
+      continue;
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "resume: checkpoint ", dir, " was written with ", field, " ",
         saved.contains(field) ? saved[field].dump() : "(none)",
@@ -490,7 +523,8 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
                           std::istreambuf_iterator<char>());
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   const torch::Tensor current = generator.get_state();
-  if (static_cast<int64_t>(bytes.size()) != current.nbytes()) {
+  if (static_cast<int64_t>(bytes.size()) !=
+      static_cast<int64_t>(current.nbytes())) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": ", kRngFile,
                                             " is missing or has ", bytes.size(),
                                             " bytes, not ", current.nbytes()));
@@ -545,10 +579,15 @@ absl::Status Trainer::RunLoop() {
       config_.batch_size, config_.seq_len, config_.grad_accum,
       rank_info_.world_size,
       FormatThousands(sampler_->windows_per_step() * config_.seq_len)));
+  if (const std::string layout = strategy_->layout(); !layout.empty()) {
+    Log(absl::StrCat(strategy_->name(), ": ", layout));
+  }
   if (device_.is_cpu() && *BlasCoreName() != '\0') {
     Log(absl::StrCat("cpu: OpenBLAS ", BlasCoreName(), " kernels"));
   }
 
+  const SteadyClock::time_point loop_start = SteadyClock::now();
+  double val_loss_seen = -1;
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     const bool last_step = step + 1 == total_steps_;
     StepMetrics m = TrainStep(step);
@@ -561,8 +600,17 @@ absl::Status Trainer::RunLoop() {
       m.val_loss = *val_loss;
     }
 
+    if (m.val_loss >= 0) val_loss_seen = m.val_loss;
     if ((step + 1) % config_.log_every == 0 || last_step) {
-      Log(m.FormatLine());
+      // Elapsed, and the rest at this run's pace so far.
+      const double elapsed = SecondsSince(loop_start);
+      const int64_t done = step + 1 - start_step_;
+      Log(absl::StrCat(
+          m.FormatLine(), " | elapsed ", FormatDuration(elapsed),
+          last_step ? ""
+                    : absl::StrCat(" | ETA ",
+                                   FormatDuration(elapsed / done *
+                                                  (total_steps_ - step - 1)))));
       if (m.val_loss >= 0) Log(absl::StrFormat("val_loss %.6f", m.val_loss));
     }
     if (metrics_fd_ >= 0) {
@@ -595,7 +643,30 @@ absl::Status Trainer::RunLoop() {
     if (absl::Status s = strategy_->ExportModel(model_path); !s.ok()) return s;
     Log(absl::StrCat("wrote ", model_path));
   }
+  LogSummary(SecondsSince(loop_start), val_loss_seen);
   return absl::OkStatus();
+}
+
+void Trainer::LogSummary(double seconds, double val_loss) {
+  if (history_.empty()) return;
+  const StepMetrics& last = history_.back();
+  const int64_t steps = static_cast<int64_t>(history_.size());
+  const int64_t tokens =
+      steps * (sampler_ ? sampler_->windows_per_step() * config_.seq_len : 0);
+  std::string line = absl::StrFormat(
+      "done: %d steps in %s (%s tokens/s) | final loss %.4f", steps,
+      FormatDuration(seconds),
+      FormatThousands(seconds > 0 ? std::llround(tokens / seconds) : 0),
+      last.loss);
+  if (val_loss >= 0) absl::StrAppendFormat(&line, " | val loss %.4f", val_loss);
+  absl::StrAppendFormat(&line, " | peak memory %s (rank %d)",
+                        FormatBytes(last.memory_peak_bytes), rank_info_.rank);
+  Log(line);
+  if (!config_.out.empty()) {
+    Log(absl::StrCat(
+        "outputs: ", config_.out, "/model.bin, ", config_.out, "/metrics.jsonl",
+        checkpoints_ ? absl::StrCat(", ", config_.out, "/checkpoints/") : ""));
+  }
 }
 
 }  // namespace shardtrain

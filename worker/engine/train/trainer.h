@@ -95,6 +95,8 @@ class Trainer {
   // Loads one checkpoint into this rank (strategy state, RNG); its step.
   absl::StatusOr<int64_t> LoadCheckpointFrom(const std::string& dir);
   void Log(const std::string& line);
+  // The end of the run: steps, time, throughput, final losses, outputs.
+  void LogSummary(double seconds, double val_loss);
 
   TrainConfig config_;
   RankInfo rank_info_;

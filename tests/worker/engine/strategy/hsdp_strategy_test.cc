@@ -213,7 +213,7 @@ TEST(HsdpStrategyTest, CheckpointIsWrittenOnceAndLoadsUnderAnyStrategy) {
   EXPECT_EQ(total, 3 * numel);  // model + exp_avg + exp_avg_sq, once each
   for (int64_t w : written) EXPECT_NEAR(w, total / kWorld, total / 50);
 
-  RunRanks(1, [&](int64_t rank, Communicator& comm) {
+  RunRanks(1, [&](int64_t /*rank*/, Communicator& comm) {
     std::unique_ptr<Strategy> single =
         test::FactoryMaker("single")(0, 1, &comm);
     ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, kSeed + 1)).ok());

@@ -12,6 +12,7 @@
 #include "worker/engine/data/token_file.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/train/lr_schedule.h"
 #include "worker/engine/train/step_metrics.h"
 
 namespace shardtrain {
@@ -119,6 +120,71 @@ TEST(TrainerTest, ResumeRefusesACheckpointOfAnotherRunNamingTheFlag) {
       << trainer.status();
   EXPECT_NE(trainer.status().message().find("(--seed)"), std::string::npos)
       << trainer.status();
+}
+
+// Training longer: --resume with a larger --max-steps continues from the
+// checkpoint, on the new length's schedule; a length the checkpoint is
+// already past is refused, naming the flag.
+TEST(TrainerTest, ResumeWithALargerMaxStepsTrainsLonger) {
+  const std::string data = MakeData("longer");
+  TrainConfig config = SmallConfig(data);
+  config.out = data + "/run";
+  config.max_steps = 5;
+  config.checkpoint_every = 5;
+  ASSERT_TRUE(MakeTrainer(config)->Run().ok());
+
+  config.resume = true;
+  config.max_steps = 8;
+  std::ostringstream log;
+  auto longer = MakeTrainer(config, &log);
+  ASSERT_NE(longer, nullptr);
+  ASSERT_EQ(longer->start_step(), 5);
+  ASSERT_TRUE(longer->Run().ok());
+  ASSERT_EQ(longer->history().size(), 3u);
+  const LrSchedule schedule(config.lr, config.min_lr_ratio, config.warmup_steps,
+                            8);
+  for (const StepMetrics& m : longer->history()) {
+    EXPECT_DOUBLE_EQ(m.lr, schedule.At(m.step - 1)) << m.step;
+  }
+  EXPECT_EQ(longer->history().back().step, 8);
+  EXPECT_NE(log.str().find("had 5 steps, this one has 8"), std::string::npos)
+      << log.str();
+  EXPECT_TRUE(fs::exists(config.out + "/checkpoints/step_00000008"));
+
+  config.max_steps = 6;  // the newest checkpoint is at step 8
+  StrategyOptions options;
+  auto shorter =
+      Trainer::Create(config, RankInfo{},
+                      std::make_unique<SingleDeviceStrategy>(options), nullptr);
+  ASSERT_FALSE(shorter.ok());
+  EXPECT_EQ(shorter.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(shorter.status().message().find("is at step 8"), std::string::npos)
+      << shorter.status();
+  EXPECT_NE(shorter.status().message().find("pass a larger --max-steps"),
+            std::string::npos)
+      << shorter.status();
+}
+
+// A val.bin too small for one evaluation batch is found before step 1, not
+// at the final evaluation after all the training.
+TEST(TrainerTest, AValSetTooSmallForOneEvalBatchIsRefusedBeforeTraining) {
+  const std::string data = MakeData("small_val");
+  ASSERT_TRUE(
+      WriteTokenFile(data + "/val.bin", std::vector<uint16_t>(18, 42)).ok());
+  TrainConfig config = SmallConfig(data);
+  config.out = data + "/run";
+  StrategyOptions options;
+  auto trainer =
+      Trainer::Create(config, RankInfo{},
+                      std::make_unique<SingleDeviceStrategy>(options), nullptr);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("val.bin has 18 tokens"),
+            std::string::npos)
+      << trainer.status();
+  EXPECT_NE(trainer.status().message().find("4 x 1 ranks x 33 = 132"),
+            std::string::npos)
+      << trainer.status();
+  EXPECT_FALSE(fs::exists(config.out + "/metrics.jsonl"));
 }
 
 // Another per-rank batch is no other run: the checkpoint's global batch is
