@@ -353,12 +353,12 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
   const test::CommandResult bad =
       test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
                        "/bin/shardtrain plan --model gpt2-huge --world-size 2");
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);  // a usage error
   EXPECT_NE(bad.err.find("model"), std::string::npos) << bad.err;
   const test::CommandResult single =
       test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
                        "/bin/shardtrain plan --strategy single --world-size 2");
-  EXPECT_EQ(single.exit_code, 1);
+  EXPECT_EQ(single.exit_code, 2);
   EXPECT_NE(single.err.find("world size 1"), std::string::npos) << single.err;
 }
 
