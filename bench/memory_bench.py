@@ -112,9 +112,17 @@ def main() -> None:
     p.add_argument("--worlds", default="2,4")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--cap", default="512MiB")
-    p.add_argument("--skip-fit", action="store_true")
+    p.add_argument("--part", choices=("all", "peaks", "fit"), default="all",
+                   help="peaks: part 1 only; fit: part 2 only")
     args = p.parse_args()
 
+    if args.part != "fit":
+        peaks(args)
+    if args.part != "peaks":
+        fit(args)
+
+
+def peaks(args: argparse.Namespace) -> None:
     print("| model | world | strategy | activation ckpt | batch/rank | peak/rank "
           "| step (median) | recompute cost |")
     print("|---|---:|---|---|---:|---:|---:|---:|")
@@ -135,8 +143,9 @@ def main() -> None:
                           flush=True)
                     plain = plain or r
 
-    if args.skip_fit:
-        return
+
+
+def fit(args: argparse.Namespace) -> None:
     print()
     print(f"| model | world | strategy | activation ckpt | largest batch in "
           f"{args.cap}: predicted | found by running |")

@@ -242,6 +242,12 @@ int RunPlan(const PlanOptions& options) {
   std::vector<std::string> strategies =
       options.strategy.empty() ? StrategyNames()
                                : std::vector<std::string>{options.strategy};
+  // HSDP needs two groups of at least two ranks to differ from FSDP or DDP
+  // (as `compare`'s default study).
+  if (options.strategy.empty() && options.world_size < 4) {
+    strategies.erase(std::remove(strategies.begin(), strategies.end(), "hsdp"),
+                     strategies.end());
+  }
 
   std::vector<MemoryPlan> plans;
   std::vector<int64_t> batches;

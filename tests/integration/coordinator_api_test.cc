@@ -716,5 +716,16 @@ TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameStateDirIsRefused) {
   EXPECT_TRUE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());
 }
 
+// A mistyped flag: exit 2 and the flag meant, before anything starts.
+TEST_F(CoordinatorApiTest, AMistypedFlagIsAUsageErrorNamingTheFlagMeant) {
+  const test::CommandResult r =
+      test::RunCommand(absl::StrCat(test::BinDir(), "/shardtraind --state-dir ",
+                                    dir_ / "typo", " --heartbeat-timout 5"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("unknown option --heartbeat-timout; did you "
+                               "mean --heartbeat-timeout?"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "typo/shardtraind.db"));
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -69,10 +69,12 @@ TEST(HsdpStrategyTest, MatchesSingleDeviceAtWorldFourWithShardGroupsOfTwo) {
     const std::vector<test::TrainResult> hsdp = test::TrainRanks(
         kSpec, kSeed, batches, kWorld, loop, HsdpMaker(kGroup));
     // HSDP differs from FSDP over the same four ranks only in how the
-    // reduction is grouped.
+    // reduction is grouped (reduce-scatter in pairs, then a pairwise
+    // all-reduce), which AdamW amplifies as above: measured 3.2e-6 on
+    // LibTorch 1.13 and 7.4e-6 on 2.6 (its kernels sum in another order).
     const std::vector<test::TrainResult> fsdp4 =
         test::TrainRanks(kSpec, kSeed, batches, kWorld, loop, HsdpMaker(0));
-    EXPECT_LE(test::MaxAbsDiff(fsdp4[0].params, hsdp[0].params), 5e-6);
+    EXPECT_LE(test::MaxAbsDiff(fsdp4[0].params, hsdp[0].params), 1e-5);
     for (int64_t rank = 0; rank < kWorld; ++rank) {
       test::ExpectSameTraining(single, hsdp[rank], kTolerance,
                                "hsdp world 4 G 2, rank " +
