@@ -110,6 +110,8 @@ def main() -> None:
     p.add_argument("--models", default="gpt2-tiny:4:128,gpt2-mini:2:128",
                    help="model:batch:seq, comma-separated (the demo's first)")
     p.add_argument("--worlds", default="2,4")
+    p.add_argument("--strategies", default="ddp,fsdp,hsdp")
+    p.add_argument("--checkpointing", default="none,all")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--cap", default="512MiB")
     p.add_argument("--part", choices=("all", "peaks", "fit"), default="all",
@@ -129,11 +131,11 @@ def peaks(args: argparse.Namespace) -> None:
     for spec in args.models.split(","):
         model, batch, seq = spec.split(":")
         for world in map(int, args.worlds.split(",")):
-            for strategy in ("ddp", "fsdp", "hsdp"):
+            for strategy in args.strategies.split(","):
                 if strategy == "hsdp" and world < 4:
                     continue  # two groups of at least two
                 plain = None
-                for ckpt in ("none", "all"):
+                for ckpt in args.checkpointing.split(","):
                     r = run(model, strategy, world, int(batch), int(seq), ckpt,
                             args.steps, args.data)
                     cost = "" if plain is None else f"{r['step'] / plain['step']:.2f}x"
@@ -153,10 +155,10 @@ def fit(args: argparse.Namespace) -> None:
     for spec in args.models.split(","):
         model, _, seq = spec.split(":")
         for world in map(int, args.worlds.split(",")):
-            for strategy in ("ddp", "fsdp", "hsdp"):
+            for strategy in args.strategies.split(","):
                 if strategy == "hsdp" and world < 4:
                     continue
-                for ckpt in ("none", "all"):
+                for ckpt in args.checkpointing.split(","):
                     pred = predicted_batch(model, strategy, world, int(seq), ckpt,
                                            args.cap)
                     found = found_batch(model, strategy, world, int(seq), ckpt,
