@@ -530,17 +530,32 @@ const StrategySummary* Baseline(
   return ran.empty() ? nullptr : ran.front();
 }
 
+// How the loss curves of `ran` agree with the baseline's: whether they share
+// one global batch, and the largest relative difference at a common step.
+struct LossAgreement {
+  bool same_batch = true;
+  double worst = 0;
+};
+
+LossAgreement CompareLosses(const std::vector<const StrategySummary*>& ran,
+                            const StrategySummary& baseline) {
+  LossAgreement agreement;
+  for (const StrategySummary* row : ran) {
+    agreement.same_batch =
+        agreement.same_batch && row->global_batch == baseline.global_batch;
+    agreement.worst =
+        std::max(agreement.worst, LargestLossDifference(*row, baseline));
+  }
+  return agreement;
+}
+
 // Two or more strategies of one global batch whose loss curves agree at
 // every step: drawn on top of each other.
 bool LossCurvesCoincide(const std::vector<StrategySummary>& rows) {
   const std::vector<const StrategySummary*> ran = RowsThatRan(rows);
   if (ran.size() < 2) return false;
-  const StrategySummary* baseline = Baseline(ran);
-  for (const StrategySummary* row : ran) {
-    if (row->global_batch != baseline->global_batch) return false;
-    if (LargestLossDifference(*row, *baseline) > kSameLoss) return false;
-  }
-  return true;
+  const LossAgreement agreement = CompareLosses(ran, *Baseline(ran));
+  return agreement.same_batch && agreement.worst <= kSameLoss;
 }
 
 std::string NameList(const std::vector<const StrategySummary*>& rows) {
@@ -568,15 +583,9 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
 
   // Did they train the same? Step by step, among runs of one global batch.
   if (ran.size() >= 2) {
-    bool same_batch = true;
-    for (const StrategySummary* row : ran) {
-      same_batch = same_batch && row->global_batch == baseline->global_batch;
-    }
-    double worst = 0;
-    for (const StrategySummary* row : ran) {
-      worst = std::max(worst, LargestLossDifference(*row, *baseline));
-    }
-    if (!same_batch) {
+    const LossAgreement agreement = CompareLosses(ran, *baseline);
+    const double worst = agreement.worst;
+    if (!agreement.same_batch) {
       std::vector<std::string> finals;
       for (const StrategySummary* row : ran) {
         finals.push_back(
