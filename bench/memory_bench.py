@@ -9,9 +9,10 @@ step, and the median step time after the first steps.
 
 Part 2, for the same runs' configurations: `shardtrain plan --fit` predicts
 the largest per-rank batch whose planned peak is within 98% of --cap; then
-real runs under --memory-cap find the largest batch that trains (two steps):
-upwards from the prediction until one fails out of memory, downwards when
-the prediction itself does.
+real runs find the largest batch that trains (two steps): the peak measured
+uncapped at the prediction and at half of it gives an estimate (the peak is
+linear in the batch between moments), then runs under --memory-cap settle
+it: that batch trains, one more sequence fails out of memory.
 
   /usr/bin/python3 bench/memory_bench.py --data data/brown
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -77,27 +79,43 @@ def predicted_batch(model: str, strategy: str, world: int, seq: int,
 
 def found_batch(model: str, strategy: str, world: int, seq: int,
                 checkpointing: str, cap: str, start: int, data: str) -> int:
+    """The largest per-rank batch that trains two steps under --memory-cap.
+
+    The peak grows with the batch piecewise linearly (the largest of a few
+    moments, each linear in the batch), so two uncapped runs (at the
+    prediction and half of it) give a first estimate; runs under the cap
+    then settle it: the answer trains, one more sequence does not.
+    """
+    cap_bytes = parse_size(cap)
+
     def trains(batch: int) -> bool:
         # Two steps: the optimizer's state exists from the first update on.
         return batch >= 1 and run(model, strategy, world, batch, seq, checkpointing,
                                   2, data, cap) is not None
-    batch = max(start, 1)
+
+    start = max(start, 2)
+    hi_run = run(model, strategy, world, start, seq, checkpointing, 2, data)
+    lo_run = run(model, strategy, world, start // 2, seq, checkpointing, 2, data)
+    slope = (hi_run["peak"] - lo_run["peak"]) / (start - start // 2)
+    batch = start + int((cap_bytes - hi_run["peak"]) // slope) if slope > 0 else start
+    batch = max(batch, 1)
     if trains(batch):
-        step = 1
-        while trains(batch + step):
-            batch += step
-            step *= 2
-        # The largest in (batch, batch + step) that trains.
-        lo, hi = batch, batch + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if trains(mid) else (lo, mid)
-        return lo
+        while trains(batch + 1):
+            batch += 1
+        return batch
     while batch > 1:
         batch -= 1
         if trains(batch):
             return batch
     return 0
+
+
+def parse_size(text: str) -> int:
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "": 1}
+    m = re.fullmatch(r"(\d+)\s*(KiB|MiB|GiB|)", text)
+    if not m:
+        raise ValueError(f"size {text!r}: expected e.g. 512MiB")
+    return int(m.group(1)) * units[m.group(2)]
 
 
 def mib(b: float) -> str:

@@ -10,6 +10,7 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/train/checkpoint_export.h"
 #include "worker/engine/train/checkpoint_format.h"
 #include "worker/engine/train/step_metrics.h"
@@ -24,8 +25,9 @@ struct InspectOptions {
 };
 
 struct ExportOptions {
-  std::string dir;
-  std::string to;
+  std::string source;
+  std::string to;   // hf | llmc, or (alone) the llm.c file to write
+  std::string out;  // the file (llmc) or directory (hf) to write
 };
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNamed(
@@ -109,16 +111,38 @@ int RunInspect(const InspectOptions& options) {
   return kExitOk;
 }
 
-int RunExport(const ExportOptions& options) {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      OpenNamed(options.dir);
-  if (!reader.ok()) return ReportFailure(reader.status());
-  if (absl::Status s = ExportCheckpointAsLlmc(**reader, options.to); !s.ok()) {
-    return ReportFailure(s);
+int RunExport(ExportOptions options) {
+  // `--to FILE` alone is the llm.c export's older spelling.
+  if (options.out.empty() && options.to != "hf" && options.to != "llmc") {
+    options.out = options.to;
+    options.to = "llmc";
   }
-  std::cout << "wrote " << options.to << " (llm.c model, step "
-            << TrainingInt((*reader)->metadata().training, "step") << ", from "
-            << (*reader)->dir() << ")\n";
+  if (options.to != "hf" && options.to != "llmc") {
+    ReportFailure(absl::StrCat("--to: got '", options.to,
+                               "'; expected hf (a Hugging Face directory) or "
+                               "llmc (an llm.c model file)"));
+    return kExitUsage;
+  }
+  if (options.out.empty()) {
+    ReportFailure(absl::StrCat("export --to ", options.to, " needs OUT, the ",
+                               options.to == "hf" ? "directory" : "file",
+                               " to write"));
+    return kExitUsage;
+  }
+  absl::StatusOr<ModelWeights> weights = OpenModelWeights(options.source);
+  if (!weights.ok()) return ReportFailure(weights.status());
+  const absl::Status written =
+      options.to == "hf"
+          ? WriteHfGpt2(weights->config, weights->read, options.out)
+          : WriteLlmcModel(*weights, options.out);
+  if (!written.ok()) return ReportFailure(written);
+  std::cout << "wrote " << options.out
+            << (options.to == "hf"
+                    ? absl::StrCat(" (Hugging Face GPT2LMHeadModel: ",
+                                   kHfConfigFile, ", ", kHfWeightsFile, ")")
+                    : std::string(" (llm.c model)"))
+            << ", model " << weights->config.ToSpec() << ", from "
+            << weights->description << "\n";
   return kExitOk;
 }
 
@@ -145,12 +169,20 @@ void AddCheckpointCommands(CLI::App* app, int* exit_code) {
 
   auto export_options = std::make_shared<ExportOptions>();
   CLI::App* export_command = group->add_subcommand(
-      "export", "write the checkpoint's model as llm.c's model.bin");
+      "export",
+      "write a model as a Hugging Face GPT-2 directory (--to hf OUT/) or an "
+      "llm.c model file (--to llmc OUT.bin)");
   export_command
-      ->add_option("dir", export_options->dir,
-                   "a checkpoint, a run's --out or its checkpoints/ folder")
+      ->add_option("source", export_options->source,
+                   "a checkpoint, a run's --out or its checkpoints/ folder, an "
+                   "llm.c model file or a Hugging Face directory")
       ->required();
-  export_command->add_option("--to", export_options->to, "the file to write")
+  export_command->add_option(
+      "out", export_options->out,
+      "what to write: a directory (hf) or a file (llmc)");
+  export_command
+      ->add_option("--to", export_options->to,
+                   "hf | llmc (alone, --to FILE writes llm.c's FILE)")
       ->required();
   export_command->callback(
       [export_options, exit_code] { *exit_code = RunExport(*export_options); });

@@ -392,11 +392,14 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
     return data.status();
   }
   std::error_code fs_error;
+  // A file (llm.c) or a directory (Hugging Face, a checkpoint); the worker
+  // reads and checks what is in it. Nothing else: opening a FIFO would block.
   if (!config->init_from.empty() &&
-      !std::filesystem::is_regular_file(config->init_from, fs_error)) {
+      !std::filesystem::is_regular_file(config->init_from, fs_error) &&
+      !std::filesystem::is_directory(config->init_from, fs_error)) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer.init_from: got '", config->init_from,
-                     "'; no such file on the coordinator's host"));
+                     "'; no such file or directory on the coordinator's host"));
   }
   return effective;
 }

@@ -30,6 +30,8 @@ namespace {
 // little-endian on every platform it (and we) run on.
 using Header = LlmcHeader;
 
+std::string ErrnoText() { return std::strerror(errno); }
+
 // The model's weights in the file's order (llmc_layout.h): the members its
 // modules read, which FSDP points at consolidated weights for an export.
 std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
@@ -41,81 +43,6 @@ std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
     out.push_back(*it->second);
   }
   return out;
-}
-
-int64_t ExpectedFileSize(const Gpt2Config& config) {
-  return kLlmcHeaderBytes +
-         static_cast<int64_t>(sizeof(float)) * config.NumParameters();
-}
-
-std::string ErrnoText() { return std::strerror(errno); }
-
-// Parses and checks the header and the file size; the config it returns
-// describes a file whose size matches the layout exactly.
-absl::StatusOr<Gpt2Config> ReadAndCheckHeader(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) {
-    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
-                                            ": cannot stat: ", ec.message()));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
-                                            ": cannot open: ", ErrnoText()));
-  }
-  if (size < static_cast<std::uintmax_t>(kLlmcHeaderBytes)) {
-    return absl::DataLossError(
-        absl::StrCat("llm.c checkpoint ", path, ": truncated: ", size,
-                     " bytes, the header alone is ", kLlmcHeaderBytes));
-  }
-  Header header{};
-  in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
-  if (!in) {
-    return absl::DataLossError(
-        absl::StrCat("llm.c checkpoint ", path, ": cannot read the header"));
-  }
-  if (header[0] != kLlmcModelMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "llm.c checkpoint ", path, ": bad magic number ", header[0],
-        " (expected ", kLlmcModelMagic, "); not an llm.c GPT-2 model file"));
-  }
-  if (header[1] == kLlmcModelVersionBf16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "llm.c checkpoint ", path, ": version ", kLlmcModelVersionBf16,
-        " (bf16 weights) is not supported; only version ",
-        kLlmcModelVersionFp32,
-        " (fp32) is, e.g. gpt2_124M.bin rather than gpt2_124M_bf16.bin"));
-  }
-  if (header[1] != kLlmcModelVersionFp32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "llm.c checkpoint ", path, ": unsupported version ", header[1],
-        "; only version ", kLlmcModelVersionFp32, " (fp32) is supported"));
-  }
-  Gpt2Config config;
-  config.block_size = header[2];
-  config.vocab_size = header[3];
-  config.n_layer = header[4];
-  config.n_head = header[5];
-  config.n_embd = header[6];
-  config.padded_vocab_size = header[7];
-  config.name = "custom";
-  for (const std::string& name : Gpt2Config::PresetNames()) {
-    if (Gpt2Config::FromPreset(name)->SameShape(config)) config.name = name;
-  }
-  if (absl::Status s = config.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "llm.c checkpoint ", path, ": invalid header: ", s.message()));
-  }
-  const int64_t expected = ExpectedFileSize(config);
-  if (static_cast<int64_t>(size) != expected) {
-    return absl::DataLossError(absl::StrCat(
-        "llm.c checkpoint ", path, ": ",
-        static_cast<int64_t>(size) < expected ? "truncated: " : "too long: ",
-        size, " bytes, but model ", config.ToSpec(), " (",
-        config.NumParameters(), " fp32 parameters) needs ", expected));
-  }
-  return config;
 }
 
 absl::Status WriteAll(std::FILE* file, const void* data, size_t bytes,
@@ -174,12 +101,8 @@ absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
       });
 }
 
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
-  return ReadAndCheckHeader(path);
-}
-
 absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
-  absl::StatusOr<Gpt2Config> config = ReadAndCheckHeader(path);
+  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
   if (!config.ok()) return config.status();
   if (!config->SameShape(model->config())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -211,6 +134,27 @@ absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading llm.c checkpoint ", path,
                                             ": ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadWeights(const WeightReader& read, Gpt2& model) {
+  try {
+    torch::NoGradGuard no_grad;
+    size_t index = 0;
+    for (torch::Tensor& p : ParametersInFileOrder(model)) {
+      const bool direct =
+          p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous();
+      torch::Tensor dest =
+          direct ? p : torch::empty(p.sizes(), torch::dtype(torch::kFloat));
+      if (absl::Status s = read(index++, dest.data_ptr<float>()); !s.ok()) {
+        return s;
+      }
+      if (!direct) p.copy_(dest);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("loading weights: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }

@@ -24,16 +24,16 @@ namespace shardtrain {
 // sees a torn file.
 absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path);
 
-// The config stored in the header of `path` (named after a preset when the
-// dimensions match one, else "custom"). Checks the magic, the version, the
-// dimensions and that the file size matches the layout exactly.
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path);
-
 // Reads the weights of `path` into `model` (on any device). The file's config
 // must have the model's shape. Every check runs before the model is touched;
 // only a read that fails midway (the file changing underneath) leaves the
 // model partly loaded.
 absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model);
+
+// Reads every weight of `model` (on any device) from `read`, in llm.c's
+// order: the import of any format (worker/engine/train/checkpoint_export.h's
+// OpenModelWeights). The caller has checked the shapes.
+absl::Status LoadWeights(const WeightReader& read, Gpt2& model);
 
 }  // namespace shardtrain
 

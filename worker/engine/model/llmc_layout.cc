@@ -1,8 +1,88 @@
 #include "worker/engine/model/llmc_layout.h"
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain {
+namespace {
+
+int64_t ExpectedFileSize(const Gpt2Config& config) {
+  return kLlmcHeaderBytes +
+         static_cast<int64_t>(sizeof(float)) * config.NumParameters();
+}
+
+}  // namespace
+
+absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
+                                            ": cannot stat: ", ec.message()));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "llm.c checkpoint ", path, ": cannot open: ", std::strerror(errno)));
+  }
+  if (size < static_cast<std::uintmax_t>(kLlmcHeaderBytes)) {
+    return absl::DataLossError(
+        absl::StrCat("llm.c checkpoint ", path, ": truncated: ", size,
+                     " bytes, the header alone is ", kLlmcHeaderBytes));
+  }
+  LlmcHeader header{};
+  in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat("llm.c checkpoint ", path, ": cannot read the header"));
+  }
+  if (header[0] != kLlmcModelMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": bad magic number ", header[0],
+        " (expected ", kLlmcModelMagic, "); not an llm.c GPT-2 model file"));
+  }
+  if (header[1] == kLlmcModelVersionBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": version ", kLlmcModelVersionBf16,
+        " (bf16 weights) is not supported; only version ",
+        kLlmcModelVersionFp32,
+        " (fp32) is, e.g. gpt2_124M.bin rather than gpt2_124M_bf16.bin"));
+  }
+  if (header[1] != kLlmcModelVersionFp32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": unsupported version ", header[1],
+        "; only version ", kLlmcModelVersionFp32, " (fp32) is supported"));
+  }
+  Gpt2Config config;
+  config.block_size = header[2];
+  config.vocab_size = header[3];
+  config.n_layer = header[4];
+  config.n_head = header[5];
+  config.n_embd = header[6];
+  config.padded_vocab_size = header[7];
+  config.name = "custom";
+  for (const std::string& name : Gpt2Config::PresetNames()) {
+    if (Gpt2Config::FromPreset(name)->SameShape(config)) config.name = name;
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llm.c checkpoint ", path, ": invalid header: ", s.message()));
+  }
+  const int64_t expected = ExpectedFileSize(config);
+  if (static_cast<int64_t>(size) != expected) {
+    return absl::DataLossError(absl::StrCat(
+        "llm.c checkpoint ", path, ": ",
+        static_cast<int64_t>(size) < expected ? "truncated: " : "too long: ",
+        size, " bytes, but model ", config.ToSpec(), " (",
+        config.NumParameters(), " fp32 parameters) needs ", expected));
+  }
+  return config;
+}
 
 LlmcHeader MakeLlmcHeader(const Gpt2Config& c) {
   LlmcHeader header{};

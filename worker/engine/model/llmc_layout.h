@@ -19,9 +19,12 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/engine/model/gpt2_config.h"
 
 namespace shardtrain {
@@ -33,8 +36,18 @@ inline constexpr int64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 using LlmcHeader = std::array<int32_t, 256>;
 
+// The config stored in the header of `path` (named after a preset when the
+// dimensions match one, else "custom"). Checks the magic, the version, the
+// dimensions and that the file size matches the layout exactly.
+absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path);
+
 // The header of an fp32 file of a model shaped as `config`.
 LlmcHeader MakeLlmcHeader(const Gpt2Config& config);
+
+// Supplies the model's tensor `index` (in LlmcParameterNames order, shaped
+// as LlmcParameterShapes says) as float32 into `out`: how a model's weights
+// travel between formats (llm.c, Hugging Face, our checkpoints).
+using WeightReader = std::function<absl::Status(size_t index, float* out)>;
 
 // The model's parameter names (as Gpt2 names them: "wte.weight",
 // "h.0.ln_1.weight", ...) in the file's order.

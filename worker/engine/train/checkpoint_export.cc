@@ -6,12 +6,15 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/llmc_layout.h"
 #include "worker/engine/train/checkpoint_store.h"
 
@@ -42,8 +45,10 @@ absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
   return path;
 }
 
-absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
-                                    const std::string& path) {
+namespace {
+
+// The checkpoint's model tensors, each checked before anything is read.
+absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
   const nlohmann::json& training = reader.metadata().training;
   if (!training.contains("model") || !training["model"].is_string()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(),
@@ -52,7 +57,6 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
   absl::StatusOr<Gpt2Config> config =
       ParseModelSpec(training["model"].get<std::string>());
   if (!config.ok()) return config.status();
-  // Every tensor is checked before anything is written.
   const std::vector<std::string> names = LlmcParameterNames(*config);
   const std::vector<std::vector<int64_t>> shapes = LlmcParameterShapes(*config);
   std::vector<int64_t> sizes;
@@ -71,7 +75,103 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
     }
     sizes.push_back(tensor->numel());
   }
-  const LlmcHeader header = MakeLlmcHeader(*config);
+  ModelWeights weights;
+  weights.config = *config;
+  weights.description = absl::StrCat("checkpoint ", reader.dir(), " (step ",
+                                     training.value("step", int64_t{0}), ")");
+  weights.read = [&reader, names, sizes](size_t index, float* out) {
+    return reader.Read("model." + names[index], 0, sizes[index], out);
+  };
+  return weights;
+}
+
+// An llm.c model file's tensors, at their offsets.
+absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
+  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
+  if (!config.ok()) return config.status();
+  std::vector<int64_t> offsets, sizes;
+  int64_t offset = kLlmcHeaderBytes;
+  for (const std::vector<int64_t>& shape : LlmcParameterShapes(*config)) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    offsets.push_back(offset);
+    sizes.push_back(numel);
+    offset += 4 * numel;
+  }
+  auto file = std::make_shared<std::ifstream>(path, std::ios::binary);
+  ModelWeights weights;
+  weights.config = *config;
+  weights.description = absl::StrCat("llm.c model ", path);
+  weights.source = file;
+  weights.read = [file = file.get(), path, offsets, sizes](size_t index,
+                                                           float* out) {
+    file->clear();
+    file->seekg(offsets[index]);
+    file->read(reinterpret_cast<char*>(out), sizes[index] * 4);
+    if (!*file) {
+      return absl::DataLossError(absl::StrCat("llm.c model ", path,
+                                              ": cannot read tensor ", index,
+                                              " (the file changed?)"));
+    }
+    return absl::OkStatus();
+  };
+  return weights;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (IsHfModelDir(path)) {
+    absl::StatusOr<std::unique_ptr<HfGpt2Reader>> hf = HfGpt2Reader::Open(path);
+    if (!hf.ok()) return hf.status();
+    std::shared_ptr<HfGpt2Reader> reader = std::move(*hf);
+    ModelWeights weights;
+    weights.config = reader->config();
+    weights.description = absl::StrCat("Hugging Face model ", path);
+    weights.read = [r = reader.get()](size_t index, float* out) {
+      return r->Read(index, out);
+    };
+    weights.source = reader;
+    return weights;
+  }
+  if (fs::is_regular_file(path, ec)) return LlmcWeights(path);
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": no such file or directory"));
+  }
+  if (!fs::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        " is neither a file nor a directory (a model is an llm.c file, "
+        "a Hugging Face directory or a checkpoint)"));
+  }
+  absl::StatusOr<std::string> dir = ResolveCheckpointDir(path);
+  if (!dir.ok()) return dir.status();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
+      CheckpointReader::Open(*dir);
+  if (!opened.ok()) {
+    if (!fs::exists(fs::path(*dir) / kCheckpointMetadataFile, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          " holds no model: neither config.json (a Hugging Face model) "
+          "nor a checkpoint"));
+    }
+    return opened.status();
+  }
+  std::shared_ptr<CheckpointReader> reader = std::move(*opened);
+  absl::StatusOr<ModelWeights> weights = CheckpointWeights(*reader);
+  if (!weights.ok()) return weights.status();
+  weights->source = reader;
+  return weights;
+}
+
+absl::Status WriteLlmcModel(const ModelWeights& weights,
+                            const std::string& path) {
+  const std::vector<std::vector<int64_t>> shapes =
+      LlmcParameterShapes(weights.config);
+  const LlmcHeader header = MakeLlmcHeader(weights.config);
   return WriteFileAtomically(
       path, [&](std::FILE* file, const std::string& temp) -> absl::Status {
         auto write = [&](const void* data, size_t bytes) -> absl::Status {
@@ -85,11 +185,11 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
           return s;
         }
         std::vector<float> buffer;
-        for (size_t i = 0; i < names.size(); ++i) {
-          buffer.resize(static_cast<size_t>(sizes[i]));
-          if (absl::Status s =
-                  reader.Read("model." + names[i], 0, sizes[i], buffer.data());
-              !s.ok()) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          int64_t numel = 1;
+          for (int64_t d : shapes[i]) numel *= d;
+          buffer.resize(static_cast<size_t>(numel));
+          if (absl::Status s = weights.read(i, buffer.data()); !s.ok()) {
             return s;
           }
           if (absl::Status s = write(buffer.data(), buffer.size() * 4);
@@ -99,6 +199,13 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
         }
         return absl::OkStatus();
       });
+}
+
+absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
+                                    const std::string& path) {
+  absl::StatusOr<ModelWeights> weights = CheckpointWeights(reader);
+  if (!weights.ok()) return weights.status();
+  return WriteLlmcModel(*weights, path);
 }
 
 }  // namespace shardtrain

@@ -12,8 +12,10 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
       "preset (gpt2-tiny, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
       "gpt2-xl) or custom:n_layer=L,n_head=H,n_embd=C[,block_size=T]");
   app.add_option("--data", c.data, "directory with train.bin [and val.bin]");
-  app.add_option("--init-from", c.init_from,
-                 "llm.c GPT-2 model .bin to start from");
+  app.add_option(
+      "--init-from", c.init_from,
+      "weights to start from: an llm.c model .bin, a Hugging Face GPT-2 "
+      "directory (config.json + model.safetensors) or a checkpoint");
   app.add_option("--batch-size", c.batch_size,
                  "sequences per rank per micro-step");
   app.add_option("--seq-len", c.seq_len, "tokens per sequence");

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/train/checkpoint_export.h"
 #include "worker/engine/train/checkpoint_format.h"
 #include "worker/engine/train/cpu_threads.h"
 #include "worker/engine/train/memory_tracker.h"
@@ -133,17 +135,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(config.model);
   if (!model_config.ok()) return model_config.status();
   t.model_config_ = *model_config;
+  std::optional<ModelWeights> init_weights;
   if (!config.init_from.empty()) {
-    absl::StatusOr<Gpt2Config> saved = ReadLlmcConfig(config.init_from);
+    absl::StatusOr<ModelWeights> saved = OpenModelWeights(config.init_from);
     if (!saved.ok()) {
-      return absl::InvalidArgumentError(
+      return absl::Status(
+          saved.status().code(),
           absl::StrCat("init_from: ", saved.status().message()));
     }
-    if (!saved->SameShape(t.model_config_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_from: ", config.init_from, " holds model ", saved->ToSpec(),
-          " but --model is ", t.model_config_.ToSpec()));
+    if (!saved->config.SameShape(t.model_config_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_from: ", saved->description, " holds model ",
+                       saved->config.ToSpec(), " but --model is ",
+                       t.model_config_.ToSpec()));
     }
+    init_weights = std::move(*saved);
   }
 
   // Data.
@@ -211,10 +217,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 
   // Model: identical on every rank (same seed), then handed to the strategy.
   Gpt2 model(t.model_config_, config.seed);
-  if (!config.init_from.empty()) {
-    if (absl::Status s = LoadLlmcCheckpoint(config.init_from, model); !s.ok()) {
+  if (init_weights) {
+    if (absl::Status s = LoadWeights(init_weights->read, model); !s.ok()) {
       return s;
     }
+    init_weights.reset();  // close the file
   }
   absl::StatusOr<int64_t> recompute_every =
       ActivationCheckpointEvery(config.activation_checkpointing);

@@ -21,7 +21,9 @@
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/gpt2_config.h"
+#include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/train/checkpoint_export.h"
 
 namespace shardtrain {
 namespace {
@@ -156,6 +158,62 @@ TEST_F(Gpt2ReferenceParityTest, LogitsLossAndGradientsMatchPytorch) {
   for (size_t i = 0; i < ours.size(); ++i) {
     EXPECT_TRUE(CheckTensor(ours[i].value().grad(), theirs[i].value(),
                             "grad " + ours[i].key(), 1e-6));
+  }
+}
+
+// Export to Hugging Face's format, read back by a reader written in Python
+// from the safetensors specification, run in the reference under Hugging
+// Face's names (Conv1D weights transposed back): the same logits as ours.
+// And the import of that directory gives back our weights bit for bit.
+TEST_F(Gpt2ReferenceParityTest, HuggingFaceExportGivesTheReferenceOurLogits) {
+  const Gpt2Config config = *Gpt2Config::FromPreset("gpt2-tiny");
+  Gpt2 model(config, /*seed=*/4242);
+  ASSERT_TRUE(SaveLlmcCheckpoint(model, Path("model.bin")).ok());
+  absl::StatusOr<ModelWeights> weights = OpenModelWeights(Path("model.bin"));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_TRUE(WriteHfGpt2(config, weights->read, Path("hf")).ok());
+  const int64_t b = 2, t = 48;
+  torch::manual_seed(7);
+  const torch::Tensor tokens =
+      torch::randint(config.vocab_size, {b, t + 1}, torch::kLong);
+  {
+    std::ofstream out(Path("tokens.txt"));
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j <= t; ++j) {
+        out << tokens[i][j].item<int64_t>() << (j < t ? " " : "\n");
+      }
+    }
+  }
+
+  const std::string command =
+      std::string(kPython) + " " + SHARDTRAIN_SOURCE_DIR +
+      "/tests/python/hf_reference_logits.py --hf " + Path("hf") + " --tokens " +
+      Path("tokens.txt") + " --logits-out " + Path("logits.f32") + " >" +
+      Path("hf.json") + " 2>" + Path("hf.err");
+  ASSERT_EQ(std::system(command.c_str()), 0) << ReadText(Path("hf.err"));
+  const nlohmann::json info = nlohmann::json::parse(ReadText(Path("hf.json")));
+  EXPECT_EQ(info["tensors"].get<int>(), 4 + 12 * config.n_layer);
+  EXPECT_EQ(info["metadata"]["format"], "pt");
+
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = model->forward(tokens.narrow(1, 0, t));
+  const std::string bytes = ReadText(Path("logits.f32"));
+  ASSERT_EQ(static_cast<int64_t>(bytes.size()), b * t * config.vocab_size * 4);
+  const torch::Tensor theirs =
+      torch::from_blob(const_cast<char*>(bytes.data()),
+                       {b, t, config.vocab_size}, torch::kFloat)
+          .clone();
+  EXPECT_TRUE(
+      CheckTensor(logits, theirs, "logits via model.safetensors", 1e-5));
+
+  absl::StatusOr<ModelWeights> imported = OpenModelWeights(Path("hf"));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  Gpt2 back(config, /*seed=*/1);
+  ASSERT_TRUE(LoadWeights(imported->read, back).ok());
+  const auto a = model->named_parameters();
+  const auto c = back->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(CheckTensor(a[i].value(), c[i].value(), a[i].key(), 0.0));
   }
 }
 
