@@ -1,0 +1,379 @@
+"""The Python client of shardtraind: what the ``shardtrain`` CLI does with
+jobs, from a notebook or a script."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import os
+import statistics
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import grpc
+
+from shardtrain import errors
+from shardtrain.spec import PathLike, build_spec
+from shardtrain.v1 import cluster_service_pb2, cluster_service_pb2_grpc
+from shardtrain.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc
+
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+DEFAULT_ADDRESS = "127.0.0.1:50551"
+
+
+def _state_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "shardtrain", "state")
+
+
+def default_address() -> str:
+    """Where the CLI would connect: $SHARDTRAIN_ADDRESS, else the local
+    daemon's published endpoint, else 127.0.0.1:50551."""
+    if os.environ.get("SHARDTRAIN_ADDRESS"):
+        return os.environ["SHARDTRAIN_ADDRESS"]
+    try:
+        with open(os.path.join(_state_dir(), "endpoint")) as f:
+            address = f.read().strip()
+            if address:
+                return address
+    except OSError:
+        pass
+    return DEFAULT_ADDRESS
+
+
+def _row(message: Any) -> Dict[str, Any]:
+    """A message's fields by proto name, numbers as numbers; an unset
+    optional field is None."""
+    row: Dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.has_presence and field.type != field.TYPE_MESSAGE and not message.HasField(field.name):
+            row[field.name] = None
+        elif field.enum_type is not None:
+            row[field.name] = field.enum_type.values_by_number[getattr(message, field.name)].name
+        elif field.type == field.TYPE_MESSAGE and field.label != field.LABEL_REPEATED:
+            if field.message_type.GetOptions().map_entry:
+                row[field.name] = dict(getattr(message, field.name))
+            else:
+                row[field.name] = _row(getattr(message, field.name))
+        elif field.label == field.LABEL_REPEATED:
+            values = getattr(message, field.name)
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                row[field.name] = dict(values)
+            elif field.type == field.TYPE_MESSAGE:
+                row[field.name] = [_row(v) for v in values]
+            else:
+                row[field.name] = list(values)
+        else:
+            row[field.name] = getattr(message, field.name)
+    return row
+
+
+def _time(ms: int) -> Optional[_dt.datetime]:
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc) if ms > 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job as the daemon reports it. ``proto`` is the full message."""
+
+    id: str
+    name: str
+    state: str  # QUEUED, STARTING, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED
+    state_reason: str
+    model: str
+    strategy: str
+    world_size: int
+    restarts: int
+    submitted: Optional[_dt.datetime]
+    started: Optional[_dt.datetime]
+    ended: Optional[_dt.datetime]
+    failure: Optional[Dict[str, Any]]  # reason, rank, message, log_tail
+    last_step: Optional[Dict[str, Any]]
+    output_dir: str
+    spec: Dict[str, Any]
+    proto: job_pb2.Job = dataclasses.field(repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @staticmethod
+    def from_proto(job: job_pb2.Job) -> "Job":
+        return Job(
+            id=job.id,
+            name=job.spec.name,
+            state=job_pb2.JobState.Name(job.state),
+            state_reason=job.state_reason,
+            model=job.spec.model,
+            strategy=job.spec.strategy.name,
+            world_size=job.world_size or job.spec.world_size,
+            restarts=job.restarts,
+            submitted=_time(job.submit_time_unix_ms),
+            started=_time(job.start_time_unix_ms),
+            ended=_time(job.end_time_unix_ms),
+            failure=_row(job.failure) if job.state == job_pb2.FAILED else None,
+            last_step=_row(job.last_step) if job.HasField("last_step") else None,
+            output_dir=job.output_dir,
+            spec=_row(job.spec),
+            proto=job,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """One item of :meth:`Client.watch`: ``kind`` says which field is set.
+
+    - ``"job"``: the job as it is when watching starts (``job``);
+    - ``"state"``: a state change (``state``, ``message``);
+    - ``"step"``: rank 0's metrics of one step (``step``, a dict of
+      StepMetrics fields).
+    """
+
+    kind: str
+    job: Optional[Job] = None
+    state: Optional[str] = None
+    message: str = ""
+    step: Optional[Dict[str, Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLine:
+    rank: int
+    line: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyResult:
+    """One strategy's run in :meth:`Client.compare`."""
+
+    strategy: str
+    job_id: str
+    world_size: int
+    batch_size: int  # per rank
+    final_loss: float
+    val_loss: Optional[float]
+    peak_memory_bytes: int  # the largest of any rank and step
+    tokens_per_second: float  # mean over the steps after the first
+    grad_norm: float  # at the last step
+
+
+class Comparison(list):
+    """The runs of :meth:`Client.compare`, one :class:`StrategyResult` each."""
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame indexed by strategy (needs pandas)."""
+        import pandas
+
+        return pandas.DataFrame([dataclasses.asdict(r) for r in self]).set_index("strategy")
+
+    def table(self) -> str:
+        header = f"{'strategy':<8} {'ranks':>5} {'batch':>5} {'final loss':>10} {'peak/rank':>10} {'tokens/s':>9} {'norm':>6}"
+        lines = [header]
+        for r in self:
+            lines.append(f"{r.strategy:<8} {r.world_size:>5} {r.batch_size:>5} {r.final_loss:>10.4f} "
+                         f"{r.peak_memory_bytes / 2**20:>6.1f} MiB {r.tokens_per_second:>9,.0f} {r.grad_norm:>6.3f}")
+        return "\n".join(lines)
+
+
+class Client:
+    """A connection to shardtraind.
+
+    >>> client = Client()                       # the local daemon
+    >>> job = client.submit(data="brown", max_steps=20)
+    >>> for update in client.watch(job.id): ...
+    >>> client.metrics(job.id)                  # a DataFrame with pandas
+
+    ``address``: host:port (default: as the CLI finds it, see
+    :func:`default_address`). ``token``: the bearer token of a daemon started
+    with ``--auth-token-file`` (default: $SHARDTRAIN_TOKEN).
+    ``root_certificates``: PEM bytes for a daemon with TLS. ``timeout``:
+    seconds each unary call may take.
+
+    Every call raises :class:`shardtrain.ShardtrainError` (a subclass per
+    gRPC code, e.g. :class:`shardtrain.NotFound`) with the daemon's message.
+    """
+
+    def __init__(self, address: Optional[str] = None, token: Optional[str] = None,
+                 *, root_certificates: Optional[bytes] = None, timeout: float = 60.0) -> None:
+        self.address = address or default_address()
+        token = token if token is not None else os.environ.get("SHARDTRAIN_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self._channel = grpc.secure_channel(self.address, creds)
+        else:
+            self._channel = grpc.insecure_channel(self.address)
+        self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
+        self._cluster = cluster_service_pb2_grpc.ClusterServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, self.address) from None
+
+    def _stream(self, method: Any, request: Any) -> Iterator[Any]:
+        call = method(request, metadata=self._metadata)
+        try:
+            for item in call:
+                yield item
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, self.address) from None
+        finally:
+            call.cancel()
+
+    # -- jobs ---------------------------------------------------------------
+
+    def submit(self, spec: Union[None, Mapping[str, Any], PathLike, job_pb2.JobSpec] = None,
+               **kwargs: Any) -> Job:
+        """Submits a job; returns it (QUEUED).
+
+        ``spec``: a dict or a YAML file with the keys of ``shardtrain submit
+        -f`` (``batch-size`` or ``batch_size``), or a ``JobSpec``; keyword
+        arguments (the same names) win over it::
+
+            client.submit("job.yaml", lr=3e-4)
+            client.submit(model="gpt2-mini", data="brown", strategy="fsdp",
+                          world_size=2, max_steps=100, labels={"sweep": "lr"})
+        """
+        request = job_service_pb2.SubmitJobRequest(spec=build_spec(spec, **kwargs))
+        return Job.from_proto(self._call(self._jobs.SubmitJob, request))
+
+    def get(self, job_id: str) -> Job:
+        return Job.from_proto(self._call(self._jobs.GetJob, job_service_pb2.GetJobRequest(job_id=job_id)))
+
+    def list(self, states: Optional[Sequence[str]] = None,
+             labels: Optional[Mapping[str, str]] = None, limit: Optional[int] = None) -> List[Job]:
+        """Jobs, oldest first; ``states`` (e.g. ``["RUNNING"]``) and
+        ``labels`` (all must match) filter them."""
+        request = job_service_pb2.ListJobsRequest(
+            states=[job_pb2.JobState.Value(s.upper()) for s in states or ()],
+            labels=dict(labels or {}))
+        jobs: List[Job] = []
+        while True:
+            response = self._call(self._jobs.ListJobs, request)
+            jobs.extend(Job.from_proto(j) for j in response.jobs)
+            if not response.next_page_token or (limit and len(jobs) >= limit):
+                return jobs[:limit] if limit else jobs
+            request.page_token = response.next_page_token
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancels a queued or running job (its ranks stop; the job ends
+        CANCELLED)."""
+        return Job.from_proto(self._call(self._jobs.CancelJob, job_service_pb2.CancelJobRequest(job_id=job_id)))
+
+    def watch(self, job_id: str) -> Iterator[Update]:
+        """Updates of a job as they happen, ending when the job ends: first
+        the job as it is, then state changes and rank 0's step metrics."""
+        request = job_service_pb2.WatchJobRequest(job_id=job_id)
+        for event in self._stream(self._jobs.WatchJob, request):
+            which = event.WhichOneof("event")
+            if which == "job":
+                job = Job.from_proto(event.job)
+                yield Update("job", job=job)
+                if job.done:
+                    return
+            elif which == "state_change":
+                state = job_pb2.JobState.Name(event.state_change.state)
+                yield Update("state", state=state, message=event.state_change.message)
+                if state in TERMINAL_STATES:
+                    return
+            elif which == "step":
+                yield Update("step", step=_row(event.step))
+
+    def wait(self, job_id: str) -> Job:
+        """Blocks until the job ends; returns it."""
+        for _ in self.watch(job_id):
+            pass
+        return self.get(job_id)
+
+    def logs(self, job_id: str, follow: bool = False, rank: Optional[int] = None,
+             tail: int = 0) -> Iterator[LogLine]:
+        """The ranks' log lines (``tail``: the last N first); with
+        ``follow`` new lines until the job ends."""
+        request = job_service_pb2.StreamLogsRequest(job_id=job_id, tail=tail, follow=follow)
+        if rank is not None:
+            request.rank = rank
+        for line in self._stream(self._jobs.StreamLogs, request):
+            yield LogLine(line.rank, line.line)
+
+    def metrics(self, job_id: str, rank: Optional[int] = None, from_step: int = 0,
+                as_frame: Optional[bool] = None) -> Any:
+        """A job's stored step metrics, every rank (or one): the rows of
+        ``shardtrain metrics -o json`` (proto field names; ``val_loss`` None
+        where no evaluation ran). A pandas DataFrame when pandas is
+        installed, unless ``as_frame=False``."""
+        request = job_service_pb2.GetJobMetricsRequest(job_id=job_id, from_step=from_step)
+        if rank is not None:
+            request.rank = rank
+        rows = [_row(m) for m in self._call(self._jobs.GetJobMetrics, request).steps]
+        if as_frame is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if as_frame:
+                raise
+            return rows
+        return pandas.DataFrame(rows, columns=[f.name for f in job_pb2.StepMetrics.DESCRIPTOR.fields])
+
+    def cluster(self) -> Dict[str, Any]:
+        """Devices, who holds them, the queue (and Slurm's nodes): the
+        fields of ``shardtrain cluster -o json``."""
+        return _row(self._call(self._cluster.GetCluster, cluster_service_pb2.GetClusterRequest()))
+
+    # -- the study ------------------------------------------------------------
+
+    def compare(self, spec: Union[None, Mapping[str, Any], PathLike] = None,
+                strategies: Sequence[str] = ("single", "ddp", "fsdp"), world_size: int = 2,
+                **kwargs: Any) -> Comparison:
+        """The same model and data under each strategy, one after the other,
+        as ``shardtrain compare`` runs them: distributed strategies on
+        ``world_size`` ranks, single-device on one with the whole global
+        batch (strong scaling), so the losses match step for step. Returns
+        one :class:`StrategyResult` per strategy; raises
+        :class:`JobDidNotSucceed` if a run fails."""
+        study = kwargs.pop("name", None) or f"compare-{int(time.time())}"
+        labels = dict(kwargs.pop("labels", {}) or {})
+        base = build_spec(spec, **kwargs)
+        results = Comparison()
+        for strategy in strategies:
+            one = job_pb2.JobSpec()
+            one.CopyFrom(base)
+            one.strategy.name = strategy
+            distributed = strategy != "single"
+            one.world_size = world_size if distributed else 1
+            if not distributed:
+                # The global batch on one device (8: TrainConfig's default per rank).
+                per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
+                one.trainer.batch_size = per_rank * world_size
+            one.name = f"{study}-{strategy}"
+            one.labels.update({**labels, "study": study, "strategy": strategy})
+            job = self.submit(one)
+            finished = self.wait(job.id)
+            if finished.state != "SUCCEEDED":
+                raise errors.JobDidNotSucceed(finished)
+            rows = self.metrics(job.id, as_frame=False)
+            rank0 = [r for r in rows if r["rank"] == 0]
+            timed = [r["tokens_per_second"] for r in rank0[1:]] or [r["tokens_per_second"] for r in rank0]
+            evaluated = [r["val_loss"] for r in rank0 if r["val_loss"] is not None]
+            results.append(StrategyResult(
+                strategy=strategy, job_id=job.id, world_size=one.world_size,
+                batch_size=finished.proto.spec.trainer.batch_size,
+                final_loss=rank0[-1]["loss"] if rank0 else math.nan,
+                val_loss=evaluated[-1] if evaluated else None,
+                peak_memory_bytes=max((r["memory_peak_bytes"] for r in rows), default=0),
+                tokens_per_second=statistics.fmean(timed) if timed else math.nan,
+                grad_norm=rank0[-1]["grad_norm"] if rank0 else math.nan))
+        return results

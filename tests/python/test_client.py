@@ -1,0 +1,259 @@
+"""The Python client against a real shardtraind and real workers (gpt2-tiny
+on CPU slots): submit, watch, metrics, logs, cancel, list, cluster,
+compare, token auth and errors; the package installs with pip; the sweep
+example in docs/ runs.
+
+Run by ctest (python_client_test) with PYTHONPATH=build/python and
+SHARDTRAIN_BIN_DIR=build/bin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Dict, Iterator, List
+
+import numpy as np
+import pytest
+
+import shardtrain
+
+BIN = os.environ.get("SHARDTRAIN_BIN_DIR", os.path.join(os.getcwd(), "bin"))
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = dict(model="gpt2-tiny", batch_size=2, seq_len=32, eval_every=2, eval_steps=1, lr=1e-3)
+
+
+class Daemon:
+    """shardtraind on a free port it picks itself (port 0), in a state dir
+    of its own; the address is what it publishes in STATE/endpoint."""
+
+    def __init__(self, state: str, *extra: str) -> None:
+        self.state = state
+        self.process = subprocess.Popen(
+            [os.path.join(BIN, "shardtraind"), "--listen", "127.0.0.1:0", "--metrics-listen", "",
+             "--state-dir", state, "--cpu-slots", "2", "--heartbeat-timeout", "120", *extra],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(os.path.dirname(state), "daemon.log"), "w"))
+        endpoint = os.path.join(state, "endpoint")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(endpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"shardtraind did not start (exit {self.process.poll()})")
+            time.sleep(0.05)
+        with open(endpoint) as f:
+            self.address = f.read().strip()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def write_tokens(path: str, count: int, seed: int) -> None:
+    """An llm.c token file: 256 int32 header (magic 20240520, version 1,
+    count), then uint16 ids."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 1, count)
+    ids = np.random.default_rng(seed).integers(0, 50257, count, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(ids.astype("<u2").tobytes())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("data")
+    write_tokens(str(d / "train.bin"), 20000, 1)
+    write_tokens(str(d / "val.bin"), 2000, 2)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(str(tmp_path_factory.mktemp("daemon") / "state"))
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def client(daemon: Daemon) -> Iterator[shardtrain.Client]:
+    with shardtrain.Client(daemon.address) as c:
+        yield c
+
+
+def cli(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([os.path.join(BIN, "shardtrain"), *args],
+                          env={**os.environ, "SHARDTRAIN_ADDRESS": address},
+                          capture_output=True, text=True)
+
+
+def test_submit_watch_to_succeeded_and_metrics_equal_the_cli(client, daemon, data):
+    job = client.submit(data=data, max_steps=4, name="py-first", labels={"suite": "python"}, **SMALL)
+    assert job.state == "QUEUED" and job.name == "py-first"
+
+    updates = list(client.watch(job.id))
+
+    assert updates[0].kind == "job" and updates[0].job.id == job.id
+    steps = [u.step["step"] for u in updates if u.kind == "step"]
+    assert steps and steps[-1] == 4 and steps == sorted(steps)
+    states = [u.state for u in updates if u.kind == "state"]
+    assert states[-1] == "SUCCEEDED", states
+    done = client.get(job.id)
+    assert done.state == "SUCCEEDED" and done.done
+    assert done.last_step["step"] == 4 and done.output_dir
+
+    rows = client.metrics(job.id, as_frame=False)
+    printed = json.loads(cli(daemon.address, "metrics", job.id, "-o", "json").stdout)["steps"]
+    assert len(rows) == len(printed) == 4  # one rank, four steps
+    for ours, theirs in zip(rows, printed):
+        assert ours == {k: theirs.get(k) for k in ours}, (ours, theirs)
+        assert set(theirs) <= set(ours)
+    assert rows[1]["val_loss"] is not None and rows[0]["val_loss"] is None
+
+
+def test_metrics_are_a_dataframe_with_pandas(client, data):
+    pandas = pytest.importorskip("pandas")
+    job = client.wait(client.submit(data=data, max_steps=2, **SMALL).id)
+    frame = client.metrics(job.id)
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame["step"]) == [1, 2]
+    assert {"loss", "tokens_per_second", "memory_peak_bytes", "val_loss"} <= set(frame.columns)
+    assert frame["loss"].iloc[-1] == client.metrics(job.id, as_frame=False)[-1]["loss"]
+
+
+def test_logs_and_follow_end_with_the_job(client, data):
+    job = client.wait(client.submit(data=data, max_steps=2, **SMALL).id)
+    lines = list(client.logs(job.id))
+    assert any("step 2/2" in line.line for line in lines), [l.line for l in lines][-5:]
+    assert {line.rank for line in lines} == {0}
+    followed = list(client.logs(job.id, follow=True, tail=3))
+    assert 0 < len(followed) <= 3
+
+
+def test_a_yaml_file_with_overrides(client, data, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: from-yaml\nmodel: gpt2-tiny\ndata: {data}\nbatch-size: 2\nseq-len: 32\n"
+                    "max-steps: 1\nlr: 6e-4\nlabels: {sweep: yaml}\n")
+    job = client.submit(str(path), lr=3e-4, eval_steps=1)
+    spec = job.proto.spec
+    assert spec.name == "from-yaml" and spec.trainer.lr == pytest.approx(3e-4)
+    assert spec.trainer.batch_size == 2 and dict(spec.labels) == {"sweep": "yaml"}
+    assert client.wait(job.id).state == "SUCCEEDED"
+
+
+def test_cancel_list_and_cluster(client, data):
+    job = client.submit(data=data, max_steps=100000, name="to-cancel", labels={"suite": "cancel"}, **SMALL)
+    for update in client.watch(job.id):
+        if update.kind == "step":
+            break
+    cluster = client.cluster()
+    assert len(cluster["devices"]) == 2
+    assert any(d["job_id"] == job.id for d in cluster["devices"])
+    cancelled = client.cancel(job.id)
+    assert cancelled.id == job.id
+    assert client.wait(job.id).state == "CANCELLED"
+
+    listed = client.list(labels={"suite": "cancel"})
+    assert [j.id for j in listed] == [job.id]
+    assert job.id in [j.id for j in client.list(states=["cancelled"])]
+    assert job.id not in [j.id for j in client.list(states=["SUCCEEDED"])]
+
+
+def test_errors_carry_the_daemons_code_and_message(client, data):
+    with pytest.raises(shardtrain.NotFound) as e:
+        client.get("no-such-job")
+    assert e.value.code == "NOT_FOUND" and "no-such-job" in e.value.message
+
+    with pytest.raises(shardtrain.InvalidArgument) as e:
+        client.submit(data=data, batch_size=-4)
+    assert "batch_size" in e.value.message
+
+    with pytest.raises(shardtrain.InvalidArgument) as e:
+        client.submit(data=data, model="gpt2-huge")
+    assert "gpt2-huge" in e.value.message
+
+    with pytest.raises(ValueError, match="did you mean 'max_steps'"):
+        client.submit(data=data, max_step=3)
+    with pytest.raises(TypeError, match="batch_size"):
+        client.submit(data=data, batch_size="four")
+
+    with shardtrain.Client("127.0.0.1:1", timeout=5) as nowhere:
+        with pytest.raises(shardtrain.Unavailable, match="no shardtraind answers at 127.0.0.1:1"):
+            nowhere.list()
+
+
+def test_token_auth(tmp_path, data):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    os.chmod(token_file, 0o600)
+    daemon = Daemon(str(tmp_path / "state"), "--auth-token-file", str(token_file))
+    try:
+        with shardtrain.Client(daemon.address, token="") as anonymous:
+            with pytest.raises(shardtrain.Unauthenticated):
+                anonymous.list()
+        with shardtrain.Client(daemon.address, token="wrong") as wrong:
+            with pytest.raises(shardtrain.Unauthenticated):
+                wrong.cluster()
+        with shardtrain.Client(daemon.address, token="s3cret-token") as good:
+            assert good.list() == []
+            assert len(good.cluster()["devices"]) == 2
+    finally:
+        daemon.stop()
+
+
+def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):
+    results = client.compare(data=data, strategies=("single", "ddp"), world_size=2,
+                             max_steps=3, **{**SMALL, "eval_every": 0})
+    assert [r.strategy for r in results] == ["single", "ddp"]
+    single, ddp = results
+    assert (single.world_size, single.batch_size) == (1, 4)
+    assert (ddp.world_size, ddp.batch_size) == (2, 2)
+    assert abs(single.final_loss - ddp.final_loss) <= 1e-4 * single.final_loss
+    assert ddp.peak_memory_bytes > 0 and ddp.tokens_per_second > 0
+    assert "ddp" in results.table()
+    if _has_pandas():
+        assert list(results.to_frame().index) == ["single", "ddp"]
+    studies = {j.proto.spec.labels["study"] for j in client.list(labels={"strategy": "ddp"})}
+    assert len(studies) == 1
+
+
+def _has_pandas() -> bool:
+    try:
+        import pandas  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def test_the_learning_rate_sweep_example_prints_the_best(daemon, data):
+    example = os.path.join(SOURCE, "docs", "examples", "lr_sweep.py")
+    run = subprocess.run([sys.executable, example, "--data", data, "--max-steps", "2",
+                          "--lrs", "1e-3,3e-3"],
+                         env={**os.environ, "SHARDTRAIN_ADDRESS": daemon.address},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "best: lr 1e-03" in run.stdout or "best: lr 3e-03" in run.stdout, run.stdout
+    assert "lr 1e-03: final loss" in run.stdout and "lr 3e-03: final loss" in run.stdout
+
+
+def test_pip_installs_the_package_with_its_generated_modules(tmp_path):
+    # From a copy: pip builds in the source folder.
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(SOURCE, "python"), src / "python",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(os.path.join(SOURCE, "proto"), src / "proto")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-build-isolation", "--no-index",
+                          "--no-deps", str(src / "python")],
+                         capture_output=True, text=True, cwd=str(tmp_path))
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    check = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import shardtrain, shardtrain.v1.job_service_pb2_grpc as g; "
+                            "print(shardtrain.__file__, g.JobServiceStub.__name__)"],
+                           capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert check.returncode == 0, check.stderr
+    assert str(venv) in check.stdout and "JobServiceStub" in check.stdout
