@@ -2,6 +2,8 @@
 // and checks exit codes (0 ok, 1 failure, 2 usage), output and that each
 // error is one line on stderr naming the problem.
 #include <algorithm>
+#include <filesystem>
+#include <random>
 #include <regex>
 #include <string>
 
@@ -205,6 +207,74 @@ TEST(ShardtrainCliTest, TokenizeDecodeRejectsBadIds) {
                 "\"hello\" is not a token id");
   ExpectFailure(Shardtrain("tokenize --decode", "15496 50257\n"), 1,
                 "token id 50257");
+}
+
+// A run's model leaves as a Hugging Face directory and comes back: the
+// export reads a checkpoint, an llm.c file or a Hugging Face directory, the
+// round trip is byte for byte, and training starts from the directory with
+// the weights it holds (the same first loss as from model.bin).
+TEST(ShardtrainCliTest, ExportsAModelToHuggingFaceAndTrainsFromIt) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir / "data");
+  std::mt19937 rng(3);
+  std::vector<uint16_t> tokens(12000);
+  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % 50257);
+  test::WriteFile(dir / "data/train.bin",
+                  TokenFileBytes(20240520, 12000, tokens));
+  tokens.resize(2000);
+  test::WriteFile(dir / "data/val.bin", TokenFileBytes(20240520, 2000, tokens));
+  const std::string train = SHARDTRAIN_BINARY_DIR
+                            "/bin/shardtrain-train "
+                            "--model gpt2-tiny --batch-size 2 --seq-len 32 "
+                            "--eval-steps 1 --data " +
+                            (dir / "data");
+  const CommandResult run = test::RunCommand(
+      train + " --max-steps 2 --checkpoint-every 2 --out " + (dir / "run"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+
+  const CommandResult exported = Shardtrain(
+      "checkpoint export " + (dir / "run") + " --to hf " + (dir / "hf"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_THAT(exported.out, HasSubstr("Hugging Face GPT2LMHeadModel"));
+  EXPECT_THAT(exported.out, HasSubstr("from checkpoint"));
+  EXPECT_THAT(test::ReadFile(dir / "hf/config.json"),
+              HasSubstr("\"GPT2LMHeadModel\""));
+  // Back to llm.c's format: the run's model.bin, byte for byte.
+  ASSERT_EQ(Shardtrain("checkpoint export " + (dir / "hf") + " --to llmc " +
+                       (dir / "back.bin"))
+                .exit_code,
+            0);
+  EXPECT_EQ(test::ReadFile(dir / "back.bin"),
+            test::ReadFile(dir / "run/model.bin"));
+
+  // One more step from each: the same loss at step 1.
+  auto first_loss = [&](const std::string& from) {
+    const CommandResult r =
+        test::RunCommand(train + " --max-steps 1 --init-from " + from);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.out.find("step 1/1 | loss ");
+    return at == std::string::npos ? std::string("none") : r.out.substr(at, 30);
+  };
+  const std::string from_hf = first_loss((dir / "hf"));
+  EXPECT_NE(from_hf, "none");
+  EXPECT_EQ(from_hf, first_loss((dir / "run/model.bin")));
+
+  // Usage and bad input.
+  ExpectFailure(
+      Shardtrain("checkpoint export " + (dir / "run") + " --to onnx x"), 2,
+      "--to: got 'onnx'; expected hf");
+  ExpectFailure(Shardtrain("checkpoint export " + (dir / "run") + " --to hf"),
+                2, "needs OUT");
+  test::WriteFile(dir / "hf/model.safetensors",
+                  std::string("\x10\0\0\0\0\0\0\0{}", 10));
+  ExpectFailure(Shardtrain("checkpoint export " + (dir / "hf") + " --to llmc " +
+                           (dir / "x.bin")),
+                1, "truncated");
+  const CommandResult bad_init =
+      test::RunCommand(train + " --max-steps 1 --init-from " + (dir / "hf"));
+  EXPECT_NE(bad_init.exit_code, 0);
+  EXPECT_THAT(bad_init.err, HasSubstr("init_from: Hugging Face model "));
+  EXPECT_FALSE(std::filesystem::exists(dir / "x.bin"));
 }
 
 }  // namespace

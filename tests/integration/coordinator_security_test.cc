@@ -170,6 +170,33 @@ TEST_F(CoordinatorSecurityTest, JobsReadDataAndInitFromOnlyUnderPathRoots) {
   EXPECT_EQ(list.jobs(0).id(), job.id());
 }
 
+// --init-from takes an llm.c file or a directory (a Hugging Face model, a
+// checkpoint), whose contents the worker checks; a FIFO is refused at once
+// (opening one would block the daemon) and so is a path that is not there.
+TEST_F(CoordinatorSecurityTest, InitFromIsAFileOrADirectoryNeverAFifo) {
+  auto daemon = NewDaemon({});
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  std::filesystem::create_directories(dir_ / "allowed/hf");
+  test::WriteFile(dir_ / "allowed/hf/config.json", "{}");
+  ASSERT_EQ(mkfifo((dir_ / "allowed/model-fifo").c_str(), 0600), 0);
+
+  v1::JobSpec spec = FakeSpec("quick", dir_ / "allowed/data");
+  spec.mutable_trainer()->set_init_from(dir_ / "allowed/hf");
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(spec, &job));
+  for (const std::string& path : {std::string(dir_ / "allowed/model-fifo"),
+                                  std::string(dir_ / "allowed/missing")}) {
+    spec.mutable_trainer()->set_init_from(path);
+    v1::Job refused;
+    const grpc::Status status = daemon->Submit(spec, &refused);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << path;
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("trainer.init_from: got '" + path +
+                          "'; no such file or directory"));
+  }
+}
+
 // Another local user reads nothing of the daemon's: the state directory is
 // 0700 (also one an older version left 0755), and the database, job specs
 // and rank logs are 0600.

@@ -257,3 +257,26 @@ def test_pip_installs_the_package_with_its_generated_modules(tmp_path):
                            capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert check.returncode == 0, check.stderr
     assert str(venv) in check.stdout and "JobServiceStub" in check.stdout
+
+
+def test_every_job_spec_field_has_a_key():
+    """spec.py's tables cover the API: a field added to JobSpec,
+    StrategyOptions or TrainerOptions without a Python key fails here."""
+    from shardtrain import spec
+    from shardtrain.v1 import job_pb2
+
+    reachable = {("JobSpec", f) for f in spec._JOB_FIELDS.values()}
+    reachable |= {("StrategyOptions", f) for f in spec._STRATEGY_FIELDS.values()}
+    reachable |= {("TrainerOptions", f) for f in spec._TRAINER_FIELDS.values()}
+    reachable |= {("JobSpec", "labels"), ("JobSpec", "device_kind"), ("JobSpec", "strategy"),
+                  ("JobSpec", "trainer"), ("JobSpec", "elastic"), ("StrategyOptions", "name"),
+                  ("ElasticOptions", "min_world_size")}
+    for message in (job_pb2.JobSpec, job_pb2.StrategyOptions, job_pb2.TrainerOptions,
+                    job_pb2.ElasticOptions):
+        for field in message.DESCRIPTOR.fields:
+            assert (message.DESCRIPTOR.name, field.name) in reachable, field.full_name
+    built = spec.build_spec(strategy="hsdp", shard_group_size=2, min_world_size=1,
+                            device="cuda", memory_cap="1GiB", comm_timeout=30)
+    assert built.strategy.shard_group_size == 2 and built.elastic.min_world_size == 1
+    assert built.device_kind == job_pb2.GPU and built.trainer.memory_cap_bytes == 2**30
+    assert built.strategy.comm_timeout_seconds == 30
