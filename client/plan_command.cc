@@ -89,6 +89,8 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   for (const std::string& strategy : strategies) {
     const bool distributed = FindStrategyKind(strategy)->distributed;
     if (distributed && devices < 2) continue;
+    // As in the plan without --fit: HSDP below 4 devices is FSDP or DDP.
+    if (strategy == "hsdp" && options.strategy.empty() && devices < 4) continue;
     for (const char* checkpointing : {"none", "all"}) {
       TrainConfig config = base;
       config.strategy = strategy;

@@ -293,6 +293,20 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("'eighty' is not a size"), std::string::npos)
       << bad.err;
+
+  // Below 4 devices HSDP would be FSDP or DDP: left out unless asked for.
+  const std::string two = std::string(SHARDTRAIN_BINARY_DIR) +
+                          "/bin/shardtrain plan --fit --model gpt2-mini "
+                          "--seq-len 128 --devices 2 --memory-per-device "
+                          "512MiB -o json";
+  const test::CommandResult all_two = test::RunCommand(two);
+  ASSERT_EQ(all_two.exit_code, 0) << all_two.err;
+  const nlohmann::json fits = nlohmann::json::parse(all_two.out)["fits"];
+  EXPECT_EQ(fits.size(), 6u) << all_two.out;
+  for (const nlohmann::json& row : fits) EXPECT_NE(row["strategy"], "hsdp");
+  const test::CommandResult asked = test::RunCommand(two + " --strategy hsdp");
+  ASSERT_EQ(asked.exit_code, 0) << asked.err;
+  EXPECT_EQ(nlohmann::json::parse(asked.out)["fits"].size(), 2u);
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
