@@ -282,7 +282,8 @@ int RunPlan(const PlanOptions& options) {
                              {"world_size", plans[i].world_size},
                              {"batch_size", batches[i]},
                              {"bytes_per_rank", parts},
-                             {"total_bytes_per_rank", plans[i].total()}};
+                             {"total_bytes_per_rank", plans[i].total()},
+                             {"peak_moment", plans[i].PeakMomentName()}};
       if (plans[i].shard_group_size > 0) {
         plan["shard_group_size"] = plans[i].shard_group_size;
       }
@@ -311,6 +312,17 @@ int RunPlan(const PlanOptions& options) {
   for (const MemoryPlan& plan : plans)
     total.push_back(FormatBytes(plan.total()));
   rows.push_back(total);
+  std::vector<std::string> moment = {"peak at"};
+  bool recomputed = false;
+  for (const MemoryPlan& plan : plans) {
+    moment.push_back(plan.peak_moment == MemoryPlan::Moment::kHead ? "LM head"
+                     : plan.peak_moment ==
+                             MemoryPlan::Moment::kRecomputedSoftmax
+                         ? "recompute: softmax"
+                         : "recompute: block start");
+    recomputed |= plan.peak_moment != MemoryPlan::Moment::kHead;
+  }
+  if (recomputed) rows.push_back(moment);
   const MemoryPlan* ddp = nullptr;
   for (const MemoryPlan& plan : plans) {
     if (plan.strategy == "ddp") ddp = &plan;

@@ -67,9 +67,11 @@ int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
 // `held_at_softmax`: bytes per token held at the softmax's backward only
 // (FSDP: the head's gradient of every rank's hidden states; at the start of
 // the block's backward the measured figure already has this rank's).
+// `moment`: which of the two moments below holds more.
 int64_t RecomputePeakActivationBytes(const Shapes& s, int64_t element_bytes,
                                      AttentionKind attention,
                                      int64_t block_size, int64_t every,
+                                     MemoryPlan::Moment* moment,
                                      int64_t held_at_softmax = 0) {
   const int64_t recomputed = s.layers / every;
   const int64_t last = recomputed * every - 1;  // j
@@ -90,6 +92,9 @@ int64_t RecomputePeakActivationBytes(const Shapes& s, int64_t element_bytes,
                                        ? 4 * (7 * s.c + 2 + 3 * s.heads * s.seq)
                                        : 4 * (7 * s.c + 2);
   const int64_t block_backward = per_token_block + 17 * s.c;
+  *moment = block_backward > softmax_backward + held_at_softmax
+                ? MemoryPlan::Moment::kRecomputedBlockStart
+                : MemoryPlan::Moment::kRecomputedSoftmax;
   return saved + s.tokens * std::max(softmax_backward + held_at_softmax,
                                      block_backward);
 }
@@ -102,6 +107,18 @@ AttentionKind BuiltAttentionKind() {
 #else
   return AttentionKind::kMaskedSoftmax;
 #endif
+}
+
+std::string MemoryPlan::PeakMomentName() const {
+  switch (peak_moment) {
+    case Moment::kHead:
+      return "the end of the forward (LM head)";
+    case Moment::kRecomputedSoftmax:
+      return "the softmax backward of the last recomputed block";
+    case Moment::kRecomputedBlockStart:
+      return "the start of the last recomputed block's backward";
+  }
+  return "";
 }
 
 int64_t MemoryPlan::total() const {
@@ -180,10 +197,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
                   4 * s.tokens * s.c + 4 * s.tokens;
     if (bf16) plan.logits += 2 * s.vocab * s.c;  // the cast head weight
     if (*every > 0) {
+      MemoryPlan::Moment moment;
       const int64_t backward = RecomputePeakActivationBytes(
-          s, bf16 ? 2 : 4, attention, model->block_size, *every);
+          s, bf16 ? 2 : 4, attention, model->block_size, *every, &moment);
       plan.recomputation =
           std::max<int64_t>(0, backward - plan.activations - plan.logits);
+      if (plan.recomputation > 0) plan.peak_moment = moment;
     }
     return plan;
   }
@@ -245,12 +264,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     // (measured); at the start of that block's backward, only as much as
     // the measured figure has (gpt2-mini FSDP b101: 473.4 MiB, planned
     // 475.3).
+    MemoryPlan::Moment moment;
     const int64_t backward =
-        prefetched + RecomputePeakActivationBytes(s, unit_bytes, attention,
-                                                  model->block_size, *every,
-                                                  4 * world_size * s.c);
+        prefetched + RecomputePeakActivationBytes(
+                         s, unit_bytes, attention, model->block_size, *every,
+                         &moment, 4 * world_size * s.c);
     plan.recomputation = std::max<int64_t>(
         0, backward - plan.activations - plan.logits - plan.communication);
+    if (plan.recomputation > 0) plan.peak_moment = moment;
   }
   return plan;
 }

@@ -51,6 +51,16 @@ struct MemoryPlan {
   // block goes past the forward's peak (0 when it does not).
   int64_t recomputation = 0;
 
+  // When the step peaks: at the end of the forward (the LM head's last
+  // chunk), or, with activation checkpointing, in the backward of the last
+  // recomputed block: at its softmax's backward, or at its start with all its
+  // rebuilt activations alive (the larger of the two, when it exceeds the
+  // head's moment).
+  enum class Moment { kHead, kRecomputedSoftmax, kRecomputedBlockStart };
+  Moment peak_moment = Moment::kHead;
+  // "the end of the forward (LM head)", ... for tables and JSON.
+  std::string PeakMomentName() const;
+
   int64_t total() const;
   // (name, bytes) in the order above, for tables and JSON.
   std::vector<std::pair<std::string, int64_t>> Parts() const;

@@ -19,7 +19,7 @@ struct TrainConfig {
   // Model and data.
   std::string model = "gpt2-tiny";  // preset or custom:... (see gpt2_config.h)
   std::string data;                 // dir with train.bin [+ val.bin]
-  std::string init_from;            // llm.c .bin, Hugging Face dir or checkpoint
+  std::string init_from;  // llm.c .bin, Hugging Face dir or checkpoint
 
   // Batch and length of training.
   int64_t batch_size = 8;  // sequences per rank per micro-step
