@@ -42,30 +42,36 @@ def default_address() -> str:
     return DEFAULT_ADDRESS
 
 
+def _enum_name(enum_type: Any, number: int) -> Any:
+    """The value's name; the number itself for a value this client does not
+    know (a newer daemon's)."""
+    value = enum_type.values_by_number.get(number)
+    return value.name if value is not None else number
+
+
+def _value(field: Any, value: Any) -> Any:
+    if field.enum_type is not None:
+        return _enum_name(field.enum_type, value)
+    if field.type == field.TYPE_MESSAGE:
+        return _row(value)
+    return value
+
+
 def _row(message: Any) -> Dict[str, Any]:
-    """A message's fields by proto name, numbers as numbers; an unset
-    optional field is None."""
+    """A message's fields by proto name, numbers as numbers, enums by name;
+    an unset optional field is None."""
     row: Dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
-        if field.has_presence and field.type != field.TYPE_MESSAGE and not message.HasField(field.name):
-            row[field.name] = None
-        elif field.enum_type is not None:
-            row[field.name] = field.enum_type.values_by_number[getattr(message, field.name)].name
-        elif field.type == field.TYPE_MESSAGE and field.label != field.LABEL_REPEATED:
-            if field.message_type.GetOptions().map_entry:
-                row[field.name] = dict(getattr(message, field.name))
-            else:
-                row[field.name] = _row(getattr(message, field.name))
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            row[field.name] = {k: _value(value_field, v) for k, v in value.items()}
         elif field.label == field.LABEL_REPEATED:
-            values = getattr(message, field.name)
-            if field.message_type is not None and field.message_type.GetOptions().map_entry:
-                row[field.name] = dict(values)
-            elif field.type == field.TYPE_MESSAGE:
-                row[field.name] = [_row(v) for v in values]
-            else:
-                row[field.name] = list(values)
+            row[field.name] = [_value(field, v) for v in value]
+        elif field.has_presence and field.type != field.TYPE_MESSAGE and not message.HasField(field.name):
+            row[field.name] = None
         else:
-            row[field.name] = getattr(message, field.name)
+            row[field.name] = _value(field, value)
     return row
 
 
@@ -103,7 +109,7 @@ class Job:
         return Job(
             id=job.id,
             name=job.spec.name,
-            state=job_pb2.JobState.Name(job.state),
+            state=_enum_name(job_pb2.JobState.DESCRIPTOR, job.state),
             state_reason=job.state_reason,
             model=job.spec.model,
             strategy=job.spec.strategy.name,
@@ -256,17 +262,26 @@ class Client:
     def list(self, states: Optional[Sequence[str]] = None,
              labels: Optional[Mapping[str, str]] = None, limit: Optional[int] = None) -> List[Job]:
         """Jobs, oldest first; ``states`` (e.g. ``["RUNNING"]``) and
-        ``labels`` (all must match) filter them."""
-        request = job_service_pb2.ListJobsRequest(
-            states=[job_pb2.JobState.Value(s.upper()) for s in states or ()],
-            labels=dict(labels or {}))
+        ``labels`` (all must match) filter them; at most ``limit`` (None:
+        all)."""
+        if isinstance(states, str):
+            states = [states]
+        try:
+            numbers = [job_pb2.JobState.Value(s.upper()) for s in states or ()]
+        except ValueError:
+            raise ValueError(f"states: got {list(states or ())}; expected some of "
+                             f"{', '.join(job_pb2.JobState.keys()[1:])}") from None
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit: got {limit}; expected None (all) or >= 0")
+        request = job_service_pb2.ListJobsRequest(states=numbers, labels=dict(labels or {}))
         jobs: List[Job] = []
-        while True:
+        while limit is None or len(jobs) < limit:
             response = self._call(self._jobs.ListJobs, request)
             jobs.extend(Job.from_proto(j) for j in response.jobs)
-            if not response.next_page_token or (limit and len(jobs) >= limit):
-                return jobs[:limit] if limit else jobs
+            if not response.next_page_token:
+                break
             request.page_token = response.next_page_token
+        return jobs if limit is None else jobs[:limit]
 
     def cancel(self, job_id: str) -> Job:
         """Cancels a queued or running job (its ranks stop; the job ends
@@ -285,18 +300,24 @@ class Client:
                 if job.done:
                     return
             elif which == "state_change":
-                state = job_pb2.JobState.Name(event.state_change.state)
+                state = _enum_name(job_pb2.JobState.DESCRIPTOR, event.state_change.state)
                 yield Update("state", state=state, message=event.state_change.message)
                 if state in TERMINAL_STATES:
                     return
-            elif which == "step":
+            elif which == "step" and event.step.rank == 0:
                 yield Update("step", step=_row(event.step))
 
-    def wait(self, job_id: str) -> Job:
-        """Blocks until the job ends; returns it."""
-        for _ in self.watch(job_id):
-            pass
-        return self.get(job_id)
+    def wait(self, job_id: str, poll_seconds: float = 2.0) -> Job:
+        """Blocks until the job ends; returns it. A watch the daemon closes
+        early (it is shutting down) is opened again; a daemon that is gone
+        raises :class:`Unavailable`."""
+        while True:
+            for _ in self.watch(job_id):
+                pass
+            job = self.get(job_id)
+            if job.done:
+                return job
+            time.sleep(poll_seconds)
 
     def logs(self, job_id: str, follow: bool = False, rank: Optional[int] = None,
              tail: int = 0) -> Iterator[LogLine]:
@@ -348,16 +369,16 @@ class Client:
         labels = dict(kwargs.pop("labels", {}) or {})
         base = build_spec(spec, **kwargs)
         results = Comparison()
+        # 8: TrainConfig's default batch per rank.
+        per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
         for strategy in strategies:
             one = job_pb2.JobSpec()
             one.CopyFrom(base)
             one.strategy.name = strategy
             distributed = strategy != "single"
             one.world_size = world_size if distributed else 1
-            if not distributed:
-                # The global batch on one device (8: TrainConfig's default per rank).
-                per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
-                one.trainer.batch_size = per_rank * world_size
+            # Single-device trains on the global batch.
+            one.trainer.batch_size = per_rank * (1 if distributed else world_size)
             one.name = f"{study}-{strategy}"
             one.labels.update({**labels, "study": study, "strategy": strategy})
             job = self.submit(one)
@@ -370,7 +391,7 @@ class Client:
             evaluated = [r["val_loss"] for r in rank0 if r["val_loss"] is not None]
             results.append(StrategyResult(
                 strategy=strategy, job_id=job.id, world_size=one.world_size,
-                batch_size=finished.proto.spec.trainer.batch_size,
+                batch_size=one.trainer.batch_size,
                 final_loss=rank0[-1]["loss"] if rank0 else math.nan,
                 val_loss=evaluated[-1] if evaluated else None,
                 peak_memory_bytes=max((r["memory_peak_bytes"] for r in rows), default=0),

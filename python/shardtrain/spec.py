@@ -51,9 +51,12 @@ _SPECIAL = ("labels", "strategy", "device", "min_world_size")
 
 KEYS = sorted([*_JOB_FIELDS, *_STRATEGY_FIELDS, *_TRAINER_FIELDS, *_SPECIAL])
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10,
-               "m": 10**6, "mb": 10**6, "mib": 2**20, "g": 10**9, "gb": 10**9,
-               "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+# As the CLI reads sizes (step_metrics.cc ParseBytes): K, Ki, KiB binary;
+# KB decimal.
+_SIZE_UNITS = {"": 1, "b": 1}
+for _i, _p in enumerate("kmgt", start=1):
+    _SIZE_UNITS.update({_p: 2**(10 * _i), _p + "i": 2**(10 * _i), _p + "ib": 2**(10 * _i),
+                        _p + "b": 10**(3 * _i)})
 
 
 def parse_size(value: Union[int, str]) -> int:
@@ -144,10 +147,11 @@ def _apply(out: job_pb2.JobSpec, key: str, given: str, value: Any) -> None:
             for k, v in value.items():
                 out.labels[str(k)] = str(v)
         elif key == "device":
+            kind = str(value).lower().split(":")[0]  # "cuda:1" as the CLI takes it
             kinds = {"cpu": job_pb2.CPU, "cuda": job_pb2.GPU, "gpu": job_pb2.GPU}
-            if str(value).lower() not in kinds:
+            if kind not in kinds:
                 raise ValueError(f"device: got {value!r}; expected cpu or cuda")
-            out.device_kind = kinds[str(value).lower()]
+            out.device_kind = kinds[kind]
         elif key == "min_world_size":
             out.elastic.min_world_size = value
         else:

@@ -280,3 +280,28 @@ def test_every_job_spec_field_has_a_key():
     assert built.strategy.shard_group_size == 2 and built.elastic.min_world_size == 1
     assert built.device_kind == job_pb2.GPU and built.trainer.memory_cap_bytes == 2**30
     assert built.strategy.comm_timeout_seconds == 30
+
+
+def test_rows_sizes_and_filters_without_a_daemon():
+    """What needs no daemon: enum values a newer daemon may send come back as
+    numbers, sizes read as the CLI reads them, list() and device inputs."""
+    from shardtrain import spec
+    from shardtrain.client import Job, _row
+    from shardtrain.v1 import job_pb2, job_service_pb2
+
+    job = job_pb2.Job(id="j", state=99)
+    job.failure.reason = 77
+    assert Job.from_proto(job).state == 99
+    assert _row(job)["failure"]["reason"] == 77
+    assert _row(job_service_pb2.ListJobsRequest(states=[1, 3], labels={"a": "b"})) == {
+        "states": ["QUEUED", "RUNNING"], "labels": {"a": "b"}, "page_size": 0, "page_token": ""}
+    assert spec.parse_size("512M") == spec.parse_size("512MiB") == 512 * 2**20
+    assert spec.parse_size("1KB") == 1000 and spec.parse_size("2Gi") == 2 * 2**30
+    with pytest.raises(ValueError, match="memory_cap"):
+        spec.parse_size("lots")
+    assert spec.build_spec(device="cuda:1").device_kind == job_pb2.GPU
+    with shardtrain.Client("127.0.0.1:1") as c:
+        with pytest.raises(ValueError, match="states: got"):
+            c.list(states=["RUNING"])
+        with pytest.raises(ValueError, match="limit"):
+            c.list(limit=-1)

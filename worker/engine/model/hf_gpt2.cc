@@ -127,11 +127,12 @@ std::string HfGpt2ConfigJson(const Gpt2Config& config) {
       {"use_cache", true},
       {"torch_dtype", "float32"},
   };
-  if (config.vocab_size > 50256) {
-    // GPT-2's <|endoftext|>, when the vocabulary has it.
-    json["bos_token_id"] = 50256;
-    json["eos_token_id"] = 50256;
-  }
+  // GPT-2's <|endoftext|> when the vocabulary has it; else none (GPT2Config's
+  // default, 50256, would name a token past the vocabulary).
+  const nlohmann::ordered_json end_of_text =
+      config.vocab_size > 50256 ? nlohmann::ordered_json(50256) : nullptr;
+  json["bos_token_id"] = end_of_text;
+  json["eos_token_id"] = end_of_text;
   return json.dump(2) + "\n";
 }
 

@@ -102,6 +102,11 @@ float Bf16ToFloat(uint16_t b) {
 }  // namespace
 
 int64_t SafetensorsEntry::numel() const {
+  // A zero anywhere first: the other dimensions may be huge (the header's
+  // check bounds the product of a non-empty tensor by the file's size).
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -121,16 +126,23 @@ absl::Status ParseSafetensorsHeader(
     return absl::InvalidArgumentError(
         "the header nests deeper than a safetensors header does");
   }
-  // Duplicate names: the JSON parser keeps the last; the format forbids them.
-  std::set<std::string> seen;
+  // Duplicate keys, in the header or in an entry: the JSON parser keeps the
+  // last; the format forbids them.
+  std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
+  using Event = nlohmann::ordered_json::parse_event_t;
   const nlohmann::ordered_json::parser_callback_t on_event =
-      [&](int depth, nlohmann::ordered_json::parse_event_t event,
-          nlohmann::ordered_json& parsed) {
-        if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 &&
-            parsed.is_string()) {
+      [&](int, Event event, nlohmann::ordered_json& parsed) {
+        if (event == Event::object_start) {
+          open_objects.emplace_back();
+        } else if (event == Event::object_end && !open_objects.empty()) {
+          open_objects.pop_back();
+        } else if (event == Event::key && !open_objects.empty() &&
+                   parsed.is_string()) {
           const std::string key = parsed.get<std::string>();
-          if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+          if (!open_objects.back().insert(key).second && duplicate.empty()) {
+            duplicate = key;
+          }
         }
         return true;
       };
@@ -141,10 +153,11 @@ absl::Status ParseSafetensorsHeader(
   }
   if (!duplicate.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the header names tensor '", duplicate, "' twice"));
+        absl::StrCat("the header has the key '", duplicate, "' twice"));
   }
   for (const auto& [name, value] : json.items()) {
     if (name == "__metadata__") {
+      if (value.is_null()) continue;
       if (!value.is_object()) {
         return absl::InvalidArgumentError(
             "__metadata__ is not an object of strings");
@@ -192,6 +205,10 @@ absl::Status ParseSafetensorsHeader(
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": shape ", shape.dump(),
                          " holds something other than a non-negative integer"));
+      }
+      if (entry.shape.size() == kSafetensorsMaxDims) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": more than ", kSafetensorsMaxDims, " dimensions"));
       }
       entry.shape.push_back(dim);
       if (dim == 0) {
@@ -280,6 +297,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   }
   unsigned char length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat(label, ": cannot read the header's length"));
+  }
   uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i)
     header_length = header_length << 8 | length_bytes[i];

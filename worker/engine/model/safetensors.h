@@ -29,9 +29,12 @@
 
 namespace shardtrain {
 
-// The largest header a reader accepts (the format's reference reader's
-// limit).
-inline constexpr int64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+// The largest header a reader accepts. The format's reference reader allows
+// 100 MB; GPT-2 XL's header is under 100 KB, and 16 MiB bounds what a
+// hostile header costs the JSON parser.
+inline constexpr int64_t kSafetensorsMaxHeaderBytes = 16 << 20;
+// The most dimensions a tensor may have.
+inline constexpr size_t kSafetensorsMaxDims = 16;
 
 struct SafetensorsEntry {
   std::string name;

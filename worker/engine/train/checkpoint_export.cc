@@ -20,9 +20,16 @@
 
 namespace shardtrain {
 
-absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& given) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // "run/checkpoints/" (a shell's completion) and a bare "checkpoints" name
+  // the same folder as "run/checkpoints": compare whole, normal paths.
+  fs::path normal = fs::absolute(given, ec).lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path()) {
+    normal = normal.parent_path();
+  }
+  const std::string path = ec ? given : normal.string();
   if (fs::exists(fs::path(path) / kCheckpointMetadataFile, ec)) return path;
   // A run's --out, or its checkpoints/ folder.
   std::string out;
@@ -99,6 +106,10 @@ absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
     offset += 4 * numel;
   }
   auto file = std::make_shared<std::ifstream>(path, std::ios::binary);
+  if (!*file) {
+    return absl::NotFoundError(absl::StrCat(
+        "llm.c model ", path, ": cannot open: ", std::strerror(errno)));
+  }
   ModelWeights weights;
   weights.config = *config;
   weights.description = absl::StrCat("llm.c model ", path);

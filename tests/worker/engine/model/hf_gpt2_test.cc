@@ -166,13 +166,23 @@ TEST_F(HfFormatTest, AMalformedFileIsRefusedSayingWhy) {
   } cases[] = {
       {"shorter than the length", "\x05\x00\x00", "truncated"},
       {"header past the end", File("{}", "").substr(0, 9), "truncated"},
-      {"huge header", std::string("\xff\xff\xff\xff\x00\x00\x00\x00", 8),
+      {"huge header", std::string("\x01\x00\x00\x01\x00\x00\x00\x00", 8),
        "at most"},
       {"not an object", File("[1,2]", ""), "start with '{'"},
       {"not JSON", File("{\"t\":", ""), "not a JSON object"},
       {"nested deep", File("{\"t\":{\"a\":[[[[1]]]]}}", ""), "nests deeper"},
       {"a name twice", File("{" + ok_entry + "," + ok_entry + "}", f32x2),
-       "names tensor 't' twice"},
+       "has the key 't' twice"},
+      {"a key twice in an entry",
+       File(
+           R"({"t":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+           f32x2),
+       "has the key 'dtype' twice"},
+      {"too many dimensions",
+       File(
+           R"({"t":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,8]}})",
+           f32x2),
+       "more than 16 dimensions"},
       {"unknown dtype",
        File(R"({"t":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", f32x2),
        "dtype \"F33\""},
@@ -216,6 +226,19 @@ TEST_F(HfFormatTest, AMalformedFileIsRefusedSayingWhy) {
     EXPECT_THAT(file.status().message(), HasSubstr("bad.safetensors"))
         << c.name;
   }
+  // A zero-sized tensor whose other dimensions are huge: 0 elements, and
+  // no overflow on the way.
+  Write(
+      Path("zero.safetensors"),
+      File(
+          R"({"z":{"dtype":"F32","shape":[2305843009213693952,2305843009213693952,0],"data_offsets":[0,0]},)"
+          R"("__metadata__":null})",
+          ""));
+  absl::StatusOr<SafetensorsFile> zero =
+      SafetensorsFile::Open(Path("zero.safetensors"));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->Find("z")->numel(), 0);
+
   EXPECT_EQ(SafetensorsFile::Open(Path("missing")).status().code(),
             absl::StatusCode::kNotFound);
 }

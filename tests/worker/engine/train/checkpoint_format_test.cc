@@ -256,6 +256,9 @@ TEST(CheckpointExportTest, ARunDirectoryResolvesToItsNewestCheckpoint) {
             run / "checkpoints/step_00000008");
   EXPECT_EQ(*ResolveCheckpointDir(run / "checkpoints"),
             run / "checkpoints/step_00000008");
+  // As a shell completes it.
+  EXPECT_EQ(*ResolveCheckpointDir(run / "checkpoints/"),
+            run / "checkpoints/step_00000008");
   EXPECT_EQ(ResolveCheckpointDir(run / "nope").status().code(),
             absl::StatusCode::kNotFound);
 }
