@@ -9,7 +9,7 @@
 //                      (b) one synchronous ReportProgress per step; rate =
 //                      rows stored / time from job start to job end.
 //
-// Targets (issue 4): SubmitJob p99 < 10 ms; >= 20,000 step reports/s stored.
+// Targets: SubmitJob p99 < 10 ms; >= 20,000 step reports/s stored.
 // Usage: coordinator_bench [--submissions N] [--workers W] [--steps S]
 #include <algorithm>
 #include <atomic>
