@@ -50,4 +50,13 @@ absl::Status WriteFileAtomically(const std::string& path,
       });
 }
 
+absl::Status WriteBytes(std::FILE* file, const void* data, size_t bytes,
+                        const std::string& temp_path) {
+  if (std::fwrite(data, 1, bytes, file) != bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot write ", temp_path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace shardtrain

@@ -25,6 +25,12 @@ absl::Status WriteFileAtomically(
     const std::function<absl::Status(std::FILE* file,
                                      const std::string& temp_path)>& write);
 
+// Writes `bytes` of `data` to `file` (an atomic write's temporary file,
+// `temp_path`); a short write is an error naming the file and the reason
+// (e.g. the disk is full).
+absl::Status WriteBytes(std::FILE* file, const void* data, size_t bytes,
+                        const std::string& temp_path);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_ATOMIC_FILE_H_

@@ -361,11 +361,10 @@ absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
 }
 
 absl::Status HfGpt2Reader::Read(size_t index, float* out) const {
-  const std::vector<std::string> names = LlmcParameterNames(config_);
-  if (index >= names.size()) {
+  if (index >= names_.size()) {
     return absl::OutOfRangeError(absl::StrCat("no weight ", index));
   }
-  const std::string& ours = names[index];
+  const std::string& ours = names_[index];
   const SafetensorsEntry& entry = file_.tensors()[entries_[index]];
   if (IsConv1dWeight(ours)) {
     std::vector<float> stored(static_cast<size_t>(entry.numel()));

@@ -85,10 +85,12 @@ class HfGpt2Reader {
   HfGpt2Reader(Gpt2Config config, SafetensorsFile file,
                std::vector<size_t> entries)
       : config_(std::move(config)),
+        names_(LlmcParameterNames(config_)),
         file_(std::move(file)),
         entries_(std::move(entries)) {}
 
   Gpt2Config config_;
+  std::vector<std::string> names_;  // LlmcParameterNames(config_)
   SafetensorsFile file_;
   std::vector<size_t> entries_;  // file_.tensors() index, in llm.c order
 };

@@ -45,18 +45,9 @@ std::vector<torch::Tensor> ParametersInFileOrder(Gpt2& model) {
   return out;
 }
 
-absl::Status WriteAll(std::FILE* file, const void* data, size_t bytes,
-                      const std::string& path) {
-  if (std::fwrite(data, 1, bytes, file) != bytes) {
-    return absl::InternalError(
-        absl::StrCat("writing llm.c checkpoint ", path, ": ", ErrnoText()));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status WriteFile(Gpt2& model, std::FILE* file, const std::string& path) {
   const Header header = MakeLlmcHeader(model->config());
-  if (absl::Status s = WriteAll(file, header.data(), kLlmcHeaderBytes, path);
+  if (absl::Status s = WriteBytes(file, header.data(), kLlmcHeaderBytes, path);
       !s.ok()) {
     return s;
   }
@@ -73,8 +64,8 @@ absl::Status WriteFile(Gpt2& model, std::FILE* file, const std::string& path) {
   for (const torch::Tensor& p : params) {
     // A no-op for the usual CPU fp32 parameter.
     const torch::Tensor cpu = p.to(torch::kCPU, torch::kFloat).contiguous();
-    if (absl::Status s = WriteAll(file, cpu.data_ptr<float>(),
-                                  cpu.numel() * sizeof(float), path);
+    if (absl::Status s = WriteBytes(file, cpu.data_ptr<float>(),
+                                    cpu.numel() * sizeof(float), path);
         !s.ok()) {
       return s;
     }

@@ -391,12 +391,8 @@ absl::Status WriteSafetensors(
   }
   return WriteFileAtomically(
       path, [&](std::FILE* file, const std::string& temp) -> absl::Status {
-        auto write = [&](const void* data, size_t bytes) -> absl::Status {
-          if (std::fwrite(data, 1, bytes, file) != bytes) {
-            return absl::ResourceExhaustedError(absl::StrCat(
-                "cannot write ", temp, ": ", std::strerror(errno)));
-          }
-          return absl::OkStatus();
+        auto write = [&](const void* data, size_t bytes) {
+          return WriteBytes(file, data, bytes, temp);
         };
         if (absl::Status s = write(length, 8); !s.ok()) return s;
         if (absl::Status s = write(text.data(), text.size()); !s.ok()) return s;
