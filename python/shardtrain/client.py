@@ -9,7 +9,7 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -182,6 +182,26 @@ class Comparison(list):
         return "\n".join(lines)
 
 
+def _bearer_metadata(token: Optional[str], source: str) -> Tuple[Tuple[str, str], ...]:
+    """The authorization header for ``token``, stripped of surrounding
+    whitespace (a token read from a file or the environment often ends in a
+    newline) as the CLI and the daemon strip it. A character a gRPC header
+    cannot carry is refused here, naming its position and kind but never the
+    token, so that neither an exception nor gRPC's own log shows a secret."""
+    token = (token or "").strip()
+    if not token:
+        return ()
+    for position, char in enumerate(token):
+        if " " <= char <= "~":
+            continue
+        kind = "a non-ASCII character" if ord(char) > 0x7E else "a control character"
+        raise errors.InvalidArgument(
+            "INVALID_ARGUMENT",
+            f"{source}: the token has {kind} at position {position + 1} of {len(token)}; "
+            "a bearer token is printable ASCII (the daemon's --auth-token-file holds it)")
+    return (("authorization", f"Bearer {token}"),)
+
+
 class Client:
     """A connection to shardtraind.
 
@@ -203,8 +223,9 @@ class Client:
     def __init__(self, address: Optional[str] = None, token: Optional[str] = None,
                  *, root_certificates: Optional[bytes] = None, timeout: float = 60.0) -> None:
         self.address = address or default_address()
+        source = "token" if token is not None else "$SHARDTRAIN_TOKEN"
         token = token if token is not None else os.environ.get("SHARDTRAIN_TOKEN")
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = _bearer_metadata(token, source)
         self._timeout = timeout
         if root_certificates is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)

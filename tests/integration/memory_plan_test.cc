@@ -2,7 +2,9 @@
 // strategy, at world sizes 1, 2 and 4 on gpt2-tiny and gpt2-mini, within 10%
 // of the peak the tracking CPU allocator measured in a real shardtrain-train
 // run (memory_peak_bytes in metrics.jsonl: exact tensor bytes, per rank and
-// step; the plan is compared with the largest over ranks and steps).
+// step; the plan is compared with the largest over ranks and steps). Two
+// steps suffice: the second is the first with the optimizer's state alive,
+// and every later step repeats it (a third step measured the same bytes).
 #include "worker/engine/train/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -57,7 +59,7 @@ class MemoryPlanTest : public testing::Test {
     delete dir_;
   }
 
-  // The largest memory_peak_bytes of any rank and step of a 3-step run.
+  // The largest memory_peak_bytes of any rank and step of a 2-step run.
   static int64_t MeasuredPeak(const TrainConfig& config, int64_t world) {
     const std::string name = absl::StrCat(
         std::hash<std::string>()(config.model), "_", config.strategy, "_",
@@ -73,7 +75,7 @@ class MemoryPlanTest : public testing::Test {
         std::to_string(config.seq_len) + " --activation-checkpointing " +
         config.activation_checkpointing + " --shard-group-size " +
         std::to_string(config.shard_group_size) +
-        " --max-steps 3 --eval-steps 1 --out " + out.string();
+        " --max-steps 2 --eval-steps 1 --out " + out.string();
     if (config.strategy != "single")
       command += " --nproc " + std::to_string(world);
     const test::CommandResult r = test::RunCommand(command);
@@ -88,7 +90,7 @@ class MemoryPlanTest : public testing::Test {
       peak = std::max(peak, m->memory_peak_bytes);
       ++rows;
     }
-    EXPECT_EQ(rows, 3 * world) << name;
+    EXPECT_EQ(rows, 2 * world) << name;
     return peak;
   }
 

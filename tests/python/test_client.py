@@ -199,8 +199,30 @@ def test_token_auth(tmp_path, data):
         with shardtrain.Client(daemon.address, token="s3cret-token") as good:
             assert good.list() == []
             assert len(good.cluster()["devices"]) == 2
+        # As read from a file or the environment: the newline is not the token's.
+        with shardtrain.Client(daemon.address, token="s3cret-token\n") as from_file:
+            assert from_file.list() == []
     finally:
         daemon.stop()
+
+
+def test_a_token_gRPC_cannot_carry_is_refused_without_showing_it(tmp_path, capfd, monkeypatch):
+    # No daemon needed: the token is checked before anything is sent.
+    for token in ("s3cret\nline-two", "s3cret\x1b[2Jtoken", "s3cr\u00e9t-token", "s3cret\x00token"):
+        with pytest.raises(shardtrain.InvalidArgument) as refused:
+            shardtrain.Client("127.0.0.1:1", token=token)
+        assert isinstance(refused.value, shardtrain.ShardtrainError)
+        assert "s3c" not in str(refused.value) and "token has" in str(refused.value)
+        assert "position" in refused.value.message
+    monkeypatch.setenv("SHARDTRAIN_TOKEN", "s3cret\rtoken")
+    with pytest.raises(shardtrain.InvalidArgument) as from_env:
+        shardtrain.Client("127.0.0.1:1")
+    assert "$SHARDTRAIN_TOKEN" in str(from_env.value) and "s3c" not in str(from_env.value)
+    out, err = capfd.readouterr()
+    assert "s3c" not in out + err
+    # A space inside a token is a character a header carries: it is sent as is.
+    with shardtrain.Client("127.0.0.1:1", token="  two words  ") as client:
+        assert client._metadata == (("authorization", "Bearer two words"),)
 
 
 def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):

@@ -1,0 +1,2 @@
+// The executable host of the precompiled header links, so it has a main.
+int main() { return 0; }
