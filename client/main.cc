@@ -14,10 +14,13 @@
 #include "client/plan_command.h"
 #include "client/study_commands.h"
 #include "client/tokenize_command.h"
+#include "common/atomic_file.h"
 #include "common/cli_usage.h"
 
 int main(int argc, char** argv) {
   namespace cli = shardtrain::cli;
+  // An interrupted export or data preparation leaves no temporary file.
+  shardtrain::RemoveTemporaryFilesOnInterrupt();
   CLI::App app{"shardtrain: train GPT-2 with single-device, DDP or FSDP",
                "shardtrain"};
   app.require_subcommand(1);

@@ -25,6 +25,13 @@ absl::Status WriteFileAtomically(
     const std::function<absl::Status(std::FILE* file,
                                      const std::string& temp_path)>& write);
 
+// From now on, SIGINT and SIGTERM remove the temporary file of every atomic
+// write still in progress in this process, then end it as the signal would
+// have (a command-line tool interrupted during a multi-gigabyte export leaves
+// nothing behind). Call once, early in main(), from a process that has no
+// handler of its own for these signals.
+void RemoveTemporaryFilesOnInterrupt();
+
 // Writes `bytes` of `data` to `file` (an atomic write's temporary file,
 // `temp_path`); a short write is an error naming the file and the reason
 // (e.g. the disk is full).
