@@ -1,13 +1,12 @@
 // End to end: prepare the Brown Corpus with the CLI, train gpt2-tiny on it
 // with shardtrain-train, and check that it learns.
 //
-// 150 steps of 8 x 64 tokens (77k tokens, about 40 s on two cores) rather
-// than 300 of 8 x 128 (307k, minutes): what it proves is unchanged and so
-// are its bounds. The first loss is that of a uniform guess (ln V); the last
-// ten steps' mean falls below 0.7 ln V (7.57; measured 7.29), so the model
-// learned at least how often each of 50,257 tokens occurs in English text
-// (a unigram model of the training split scores 7.42 on val.bin); the held-out
-// loss falls below 0.75 ln V (measured 7.55) and keeps falling from the
+// 150 steps of 8 x 64 tokens (77k tokens, about 40 s on two cores). The
+// first loss is that of a uniform guess (ln V); the last ten steps' mean
+// falls below 0.7 ln V (7.57; measured 7.29), so the model learned at least
+// how often each of 50,257 tokens occurs in English text (a unigram model of
+// the training split scores 7.42 on val.bin); the held-out loss falls below
+// 0.75 ln V (measured 7.55) and keeps falling from the
 // mid-run evaluation to the last.
 #include <gtest/gtest.h>
 
