@@ -35,6 +35,7 @@ int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return 0;
   if (IsDiverged(status)) return kExitDiverged;
   if (IsRendezvousPortTaken(status)) return kExitRendezvousPortTaken;
+  if (absl::IsPermissionDenied(status)) return kExitInputRefused;
   return absl::IsInvalidArgument(status) ? 2 : 1;
 }
 

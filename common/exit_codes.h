@@ -20,6 +20,11 @@ inline constexpr int kExitDiverged = 86;
 // another.
 inline constexpr int kExitRendezvousPortTaken = 75;
 
+// A file the run was named was refused: outside shardtraind --path-root, or
+// not readable by this user (PermissionDenied; EX_NOPERM). Deterministic:
+// a restart would be refused the same way.
+inline constexpr int kExitInputRefused = 77;
+
 absl::Status DivergedError(const std::string& message);
 bool IsDiverged(const absl::Status& status);
 
@@ -27,7 +32,8 @@ absl::Status RendezvousPortTakenError(const std::string& message);
 bool IsRendezvousPortTaken(const absl::Status& status);
 
 // The exit code for a run that ended with `status`: 0, kExitDiverged,
-// kExitRendezvousPortTaken, 2 for a bad configuration, else 1.
+// kExitRendezvousPortTaken, kExitInputRefused, 2 for a bad configuration,
+// else 1.
 int ExitCodeFor(const absl::Status& status);
 
 }  // namespace shardtrain

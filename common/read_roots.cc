@@ -16,11 +16,15 @@ bool IsWithinRoot(const std::string& resolved, const std::string& root) {
          absl::StartsWith(resolved, root == "/" ? root : root + "/");
 }
 
-absl::Status CheckOpenedFileWithinReadRoots(int fd, const std::string& path) {
+std::vector<std::string> ReadRootsFromEnvironment() {
   const char* env = std::getenv(kReadRootsEnv);
-  if (env == nullptr || *env == '\0') return absl::OkStatus();
-  const std::vector<std::string> roots =
-      absl::StrSplit(env, ':', absl::SkipEmpty());
+  if (env == nullptr) return {};
+  return absl::StrSplit(env, ':', absl::SkipEmpty());
+}
+
+absl::Status CheckOpenedFileWithinReadRoots(int fd, const std::string& path) {
+  const std::vector<std::string> roots = ReadRootsFromEnvironment();
+  if (roots.empty()) return absl::OkStatus();
   char target[4096];
   const std::string link = absl::StrCat("/proc/self/fd/", fd);
   const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);

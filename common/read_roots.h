@@ -16,6 +16,9 @@ namespace shardtrain {
 // directories separated by ':'. Unset or empty: reading is not restricted.
 inline constexpr char kReadRootsEnv[] = "SHARDTRAIN_PATH_ROOTS";
 
+// The roots kReadRootsEnv names; empty when reading is not restricted.
+std::vector<std::string> ReadRootsFromEnvironment();
+
 // Whether `resolved` (a canonical path) is `root` or lies below it.
 bool IsWithinRoot(const std::string& resolved, const std::string& root);
 

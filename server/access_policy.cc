@@ -1,14 +1,24 @@
 #include "server/access_policy.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;
@@ -24,12 +34,98 @@ bool IsLoopbackListen(const std::string& listen) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (host == "localhost" || host == "::1") return true;
-  // An address, not a name that merely starts like one
-  // ("127.anything.example" resolves wherever its owner wants).
   in_addr v4{};
-  return inet_pton(AF_INET, host.c_str(), &v4) == 1 &&
-         (ntohl(v4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6);
+  }
+  // A name ("localhost" too: a hosts file may map it anywhere) is loopback
+  // when every address it resolves to is; gRPC binds them all.
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) {
+    return false;
+  }
+  bool loopback = found != nullptr;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    } else {
+      loopback = false;
+    }
+  }
+  freeaddrinfo(found);
+  return loopback;
+}
+
+namespace {
+
+// The uid owning the TCP socket whose local end is `local` ("0100007F:9C40",
+// the kernel's notation) in the table at `path`, or "" when none does.
+std::string SocketOwner(const char* path, const std::string& local) {
+  std::ifstream table(path);
+  std::string line;
+  std::getline(table, line);  // the column titles
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local_address, remote, state, queues, timer, retransmits,
+        uid;
+    fields >> slot >> local_address >> remote >> state >> queues >> timer >>
+        retransmits >> uid;
+    if (local_address == local) return uid;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string PeerIdentity(const std::string& peer) {
+  const std::string decoded =
+      absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+  absl::string_view text = decoded;
+  const bool v6 = absl::ConsumePrefix(&text, "ipv6:");
+  if (!v6 && !absl::ConsumePrefix(&text, "ipv4:")) return peer;
+  const size_t colon = text.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port)) {
+    return peer;
+  }
+  std::string address(text.substr(0, colon));
+  if (v6 && address.size() >= 2 && address.front() == '[') {
+    address = address.substr(1, address.size() - 2);
+  }
+  std::string owner;
+  if (!v6) {
+    in_addr a{};
+    if (inet_pton(AF_INET, address.c_str(), &a) != 1) return peer;
+    if ((ntohl(a.s_addr) >> 24) != 127) return absl::StrCat("ipv4:", address);
+    owner = SocketOwner("/proc/net/tcp",
+                        absl::StrFormat("%08X:%04X", a.s_addr, port));
+  } else {
+    in6_addr a{};
+    if (inet_pton(AF_INET6, address.c_str(), &a) != 1) return peer;
+    const bool mapped_loopback =
+        IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+    if (!IN6_IS_ADDR_LOOPBACK(&a) && !mapped_loopback) {
+      return absl::StrCat("ipv6:", address);
+    }
+    uint32_t words[4];
+    std::memcpy(words, a.s6_addr, sizeof(words));
+    owner = SocketOwner("/proc/net/tcp6",
+                        absl::StrFormat("%08X%08X%08X%08X:%04X", words[0],
+                                        words[1], words[2], words[3], port));
+  }
+  // Gone already, or another namespace: the connection stands for itself.
+  return owner.empty() ? peer : absl::StrCat("uid ", owner);
 }
 
 absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
@@ -93,6 +189,7 @@ absl::Status PathRoots::Check(const std::string& field,
 
 absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> StreamLimiter::Acquire(
     const std::string& peer) {
+  const std::string who = identify_(peer);
   absl::MutexLock lock(&mutex_);
   if (total_ >= max_total_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -100,16 +197,24 @@ absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> StreamLimiter::Acquire(
         " open streams (watch/logs), its limit; try again later, or raise "
         "shardtraind --max-streams"));
   }
-  int& open = open_[peer];
-  if (open >= max_per_connection_) {
+  auto open = open_.find(peer);
+  if (open != open_.end() && open->second >= max_per_connection_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this connection (", peer, ") already holds ", open,
+        "this connection (", peer, ") already holds ", open->second,
         " open streams (watch/logs), the most one connection may; close "
         "one, or raise shardtraind --max-streams-per-client"));
   }
-  ++open;
+  auto held = per_peer_.find(who);
+  if (held != per_peer_.end() && held->second >= max_per_peer_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client (", who, ") already holds ", held->second,
+        " open streams (watch/logs) over all its connections, the most one "
+        "client may; close some, or raise shardtraind --max-streams-per-peer"));
+  }
+  ++open_[peer];
+  ++per_peer_[who];
   ++total_;
-  return std::make_unique<Slot>(this, peer);
+  return std::make_unique<Slot>(this, peer, who);
 }
 
 int StreamLimiter::open(const std::string& peer) {
@@ -123,12 +228,15 @@ int StreamLimiter::total() {
   return total_;
 }
 
-void StreamLimiter::Release(const std::string& peer) {
+void StreamLimiter::Release(const std::string& connection,
+                            const std::string& peer) {
   absl::MutexLock lock(&mutex_);
-  auto it = open_.find(peer);
+  auto it = open_.find(connection);
   if (it == open_.end()) return;
   --total_;
   if (--it->second <= 0) open_.erase(it);
+  auto held = per_peer_.find(peer);
+  if (held != per_peer_.end() && --held->second <= 0) per_peer_.erase(held);
 }
 
 }  // namespace shardtrain

@@ -272,15 +272,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
 
   absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
   if (!roots.ok()) return roots.status();
-  if (options.max_streams_per_client < 1 || options.max_streams < 1 ||
-      options.max_message_bytes < 1024) {
+  if (options.max_streams_per_client < 1 || options.max_streams_per_peer < 1 ||
+      options.max_streams < 1 || options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-streams-per-client and --max-streams must be >= 1 and "
-        "--max-message-bytes >= 1024; got ",
-        options.max_streams_per_client, ", ", options.max_streams, " and ",
-        options.max_message_bytes));
+        "--max-streams-per-client, --max-streams-per-peer and --max-streams "
+        "must be >= 1 and --max-message-bytes >= 1024; got ",
+        options.max_streams_per_client, ", ", options.max_streams_per_peer,
+        ", ", options.max_streams, " and ", options.max_message_bytes));
   }
   c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
+                                                options.max_streams_per_peer,
                                                 options.max_streams);
   c->authorizer_ = std::make_unique<RequestAuthorizer>(token);
 

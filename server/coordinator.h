@@ -59,6 +59,7 @@ struct CoordinatorOptions {
   // Directories a job's data and init_from must lie in; empty: anywhere.
   std::vector<std::string> path_roots;
   int max_streams_per_client = 64;  // per connection
+  int max_streams_per_peer = 128;   // per local user or remote address
   int max_streams = 512;            // for the whole daemon
   // Largest request accepted (a JobSpec is a few KiB; a worker's progress
   // report a few hundred steps).

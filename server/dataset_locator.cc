@@ -1,10 +1,13 @@
 #include "server/dataset_locator.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/input_file.h"
 #include "worker/engine/data/asset_paths.h"
 #include "worker/engine/data/bpe_tokenizer.h"
 #include "worker/engine/data/brown_corpus.h"
@@ -81,6 +84,14 @@ DataResolver MakeDatasetLocator(const std::string& state_dir) {
           "data: got '", data,
           "'; no such directory on the coordinator's host (expected a "
           "prepared directory with train.bin, or 'brown')"));
+    }
+    // stat() follows links without opening: a FIFO is named, not waited on.
+    struct stat train;
+    if (::stat((data + "/train.bin").c_str(), &train) == 0 &&
+        !S_ISREG(train.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: '", data, "/train.bin' is ",
+                       FileKindName(train.st_mode), ", not a regular file"));
     }
     if (!std::filesystem::is_regular_file(data + "/train.bin", ec)) {
       return absl::InvalidArgumentError(

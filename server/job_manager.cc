@@ -1,6 +1,7 @@
 #include "server/job_manager.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "common/atomic_file.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "common/input_file.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "server/log_files.h"
@@ -37,8 +39,13 @@ constexpr size_t kMaxSpecBytes = 64 * 1024;
 constexpr int kMaxPortRetries = 4;
 constexpr int kMaxPageSize = 1000;
 
+// The most directory entries of an init_from directory checked at submit
+// (a checkpoint of a thousand ranks has about two thousand files).
+constexpr int kMaxCheckedEntries = 4096;
+
 // data and init_from inside `roots`.
 absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
+  if (roots.roots().empty()) return absl::OkStatus();
   if (spec.data() != kBuiltinDataset) {
     if (absl::Status s = roots.Check("data", spec.data()); !s.ok()) return s;
     // Each file the ranks read, resolved on its own: a train.bin that is a
@@ -56,7 +63,30 @@ absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
     }
   }
   if (!spec.trainer().init_from().empty()) {
-    return roots.Check("trainer.init_from", spec.trainer().init_from());
+    const std::string& init_from = spec.trainer().init_from();
+    if (absl::Status s = roots.Check("trainer.init_from", init_from); !s.ok()) {
+      return s;
+    }
+    // What a directory holds (config.json, model.safetensors, a
+    // checkpoint's files, checkpoints/latest) is resolved entry by entry, as
+    // the ranks will: a directory inside the root may link out of it. The
+    // ranks check again on the files they open.
+    std::error_code ec;
+    int entries = 0;
+    for (auto it = std::filesystem::recursive_directory_iterator(init_from, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator() &&
+         entries < kMaxCheckedEntries;
+         it.increment(ec), ++entries) {
+      if (it.depth() >= 2) it.disable_recursion_pending();
+      const std::string name =
+          it->path().lexically_relative(init_from).string();
+      if (absl::Status s =
+              roots.Check(absl::StrCat("trainer.init_from (", name, ")"),
+                          it->path().string());
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -391,15 +421,21 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
       !data.ok()) {
     return data.status();
   }
-  std::error_code fs_error;
   // A file (llm.c) or a directory (Hugging Face, a checkpoint); the worker
   // reads and checks what is in it. Nothing else: opening a FIFO would block.
-  if (!config->init_from.empty() &&
-      !std::filesystem::is_regular_file(config->init_from, fs_error) &&
-      !std::filesystem::is_directory(config->init_from, fs_error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer.init_from: got '", config->init_from,
-                     "'; no such file or directory on the coordinator's host"));
+  if (!config->init_from.empty()) {
+    struct stat st;
+    if (::stat(config->init_from.c_str(), &st) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer.init_from: got '", config->init_from,
+          "'; no such file or directory on the coordinator's host"));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer.init_from: '", config->init_from, "' is ",
+                       FileKindName(st.st_mode),
+                       "; expected an llm.c model file or a directory"));
+    }
   }
   return effective;
 }
@@ -942,6 +978,7 @@ void JobManager::ApplyPoll(const Poll& poll) {
     // Deterministic: the same step would diverge, or outgrow the job's own
     // memory cap, again.
     if (failure.reason() == v1::DIVERGED ||
+        failure.reason() == v1::INVALID_SPEC ||
         (failure.reason() == v1::OOM &&
          entry->stored.job.spec().trainer().memory_cap_bytes() > 0)) {
       entry->no_restart = true;
@@ -964,6 +1001,12 @@ v1::Failure JobManager::RankExitFailure(const Entry& entry, int r,
         "rank ", r,
         ": training diverged (a non-finite loss or gradient "
         "norm; its last step is in the metrics, the reason in its log)"));
+  } else if (exit.exit_code == kExitInputRefused) {
+    failure.set_reason(v1::INVALID_SPEC);
+    failure.set_message(absl::StrCat(
+        "rank ", r,
+        ": refused a file the job names (outside shardtraind --path-root, or "
+        "not readable by the daemon's user); its log says which"));
   }
   return failure;
 }

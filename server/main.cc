@@ -85,6 +85,10 @@ int Main(int argc, char** argv) {
   app.add_option("--max-streams-per-client", options.max_streams_per_client,
                  "open watch/log streams one client connection may hold")
       ->capture_default_str();
+  app.add_option("--max-streams-per-peer", options.max_streams_per_peer,
+                 "open watch/log streams of one client over all its "
+                 "connections (a local user, or a remote address)")
+      ->capture_default_str();
   app.add_option("--max-streams", options.max_streams,
                  "open watch/log streams for all clients together")
       ->capture_default_str();

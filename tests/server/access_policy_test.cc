@@ -2,8 +2,12 @@
 // a job may read, and how many streams a connection and the daemon may hold.
 #include "server/access_policy.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
@@ -100,7 +104,7 @@ TEST_F(PathRootsTest, ARootMustBeAnExistingDirectory) {
 }
 
 TEST(StreamLimiterTest, EachConnectionHoldsAtMostTheLimit) {
-  StreamLimiter limiter(2, 100);
+  StreamLimiter limiter(2, 100, 100);
   auto a = limiter.Acquire("ipv4:127.0.0.1:4000");
   auto b = limiter.Acquire("ipv4:127.0.0.1:4000");
   ASSERT_TRUE(a.ok() && b.ok());
@@ -119,7 +123,7 @@ TEST(StreamLimiterTest, EachConnectionHoldsAtMostTheLimit) {
 // However many connections or addresses a client uses, the daemon's
 // streams (each a thread) stay under the global cap.
 TEST(StreamLimiterTest, AllConnectionsTogetherStayUnderTheGlobalCap) {
-  StreamLimiter limiter(64, 3);
+  StreamLimiter limiter(64, 64, 3);
   std::vector<std::unique_ptr<StreamLimiter::Slot>> held;
   for (int i = 0; i < 3; ++i) {
     auto slot = limiter.Acquire(absl::StrCat("ipv4:127.0.0.", i + 1, ":5000"));
@@ -132,6 +136,64 @@ TEST(StreamLimiterTest, AllConnectionsTogetherStayUnderTheGlobalCap) {
   EXPECT_EQ(limiter.total(), 3);
   held.pop_back();
   EXPECT_TRUE(limiter.Acquire("ipv4:127.0.0.9:5000").ok());
+}
+
+// Nine connections of one process once took all 512 slots: the connections
+// of one peer (PeerIdentity) share their own cap.
+TEST(StreamLimiterTest, OnePeersConnectionsTogetherStayUnderThePeerCap) {
+  StreamLimiter limiter(2, 3, 100, [](const std::string& peer) {
+    return peer.substr(0, peer.rfind(':'));  // the address: one peer
+  });
+  std::vector<std::unique_ptr<StreamLimiter::Slot>> held;
+  for (const char* connection :
+       {"ipv4:10.0.0.7:1", "ipv4:10.0.0.7:1", "ipv4:10.0.0.7:2"}) {
+    auto slot = limiter.Acquire(connection);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(std::move(*slot));
+  }
+  auto refused = limiter.Acquire("ipv4:10.0.0.7:3");  // a fresh connection
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("this client (ipv4:10.0.0.7) already holds 3"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max-streams-per-peer"));
+  // Another peer still gets streams; a released slot is the peer's again.
+  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.8:1").ok());
+  held.pop_back();
+  EXPECT_TRUE(limiter.Acquire("ipv4:10.0.0.7:3").ok());
+}
+
+// A loopback connection is its local user, found in the kernel's socket
+// table; a remote one is its address.
+TEST(PeerIdentityTest, ALoopbackConnectionIsItsUserARemoteOneItsAddress) {
+  const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(
+      ::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
+      0);
+  ASSERT_EQ(::listen(server, 1), 0);
+  socklen_t length = sizeof(address);
+  ::getsockname(server, reinterpret_cast<sockaddr*>(&address), &length);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(
+      ::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
+      0);
+  sockaddr_in local{};
+  length = sizeof(local);
+  ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &length);
+  // What gRPC reports on the server side: the client's address and port.
+  const std::string peer =
+      absl::StrCat("ipv4:127.0.0.1:", ntohs(local.sin_port));
+  EXPECT_EQ(PeerIdentity(peer), absl::StrCat("uid ", ::getuid()));
+  ::close(client);
+  ::close(server);
+
+  EXPECT_EQ(PeerIdentity("ipv4:10.0.0.7:40512"), "ipv4:10.0.0.7");
+  EXPECT_EQ(PeerIdentity("ipv6:[2001:db8::1]:40512"), "ipv6:2001:db8::1");
+  EXPECT_EQ(PeerIdentity("ipv6:%5B2001:db8::1%5D:40512"), "ipv6:2001:db8::1");
+  EXPECT_EQ(PeerIdentity("unix:/run/shardtraind.sock"),
+            "unix:/run/shardtraind.sock");
 }
 
 }  // namespace

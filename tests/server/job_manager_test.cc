@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <google/protobuf/unknown_field_set.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -204,6 +205,67 @@ TEST_F(JobManagerTest, PathRootsResolveEveryDataFileNotOnlyTheDirectory) {
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("data (train.bin)"));
   EXPECT_THAT(job.status().message(), HasSubstr("is outside"));
+}
+
+// An --init-from directory inside the root whose files link out of it once
+// trained on the outside model: each entry is resolved at submit (and the
+// ranks check the files they open again).
+TEST_F(JobManagerTest, PathRootsResolveWhatAnInitFromDirectoryHolds) {
+  std::filesystem::create_directories(dir_ / "root/model");
+  std::filesystem::create_directories(dir_ / "root/run/checkpoints");
+  std::filesystem::create_directories(dir_ / "outside");
+  test::WriteFile(dir_ / "outside/secret", "not for jobs");
+  test::WriteFile(dir_ / "root/model/config.json", "{}");
+  std::filesystem::create_symlink(dir_ / "outside/secret",
+                                  dir_ / "root/model/model.safetensors");
+  std::filesystem::create_symlink(dir_ / "outside/secret",
+                                  dir_ / "root/run/checkpoints/latest");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({dir_ / "root"});
+  ASSERT_TRUE(roots.ok());
+  manager_.reset();
+  manager_ = NewManager(
+      [&](JobManagerOptions& options) { options.path_roots = *roots; });
+  v1::JobSpec spec = Spec(1);
+  spec.set_data("brown");
+
+  spec.mutable_trainer()->set_init_from(dir_ / "root/model");
+  absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("trainer.init_from (model.safetensors)"));
+  EXPECT_THAT(job.status().message(), HasSubstr("is outside"));
+
+  spec.mutable_trainer()->set_init_from(dir_ / "root/run");
+  job = manager_->Submit(spec);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("trainer.init_from (checkpoints/latest)"));
+}
+
+TEST_F(JobManagerTest, AFifoAsInitFromIsNamedAsAFifo) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  v1::JobSpec spec = Spec(1);
+  spec.mutable_trainer()->set_init_from(dir_ / "fifo");
+  absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("is a FIFO"));
+}
+
+// A rank refused a file (a train.bin swapped to outside the root between
+// submit and launch): the failure says so and is not restarted.
+TEST_F(JobManagerTest, ARankThatRefusedAnInputFailsTheJobNamingIt) {
+  std::string id;
+  std::vector<int> pids = StartRunning(Spec(2, /*max_restarts=*/2), &id);
+  launcher_.Exit(pids[0], ExitStatus{kExitInputRefused, 0});
+  manager_->Tick();
+  launcher_.Exit(pids[1], ExitStatus{1, 0});
+  manager_->Tick();
+  manager_->Tick();
+
+  const v1::Job job = *manager_->Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.failure().reason(), v1::INVALID_SPEC);
+  EXPECT_THAT(job.failure().message(), HasSubstr("--path-root"));
+  EXPECT_EQ(job.restarts(), 0);
 }
 
 TEST_F(JobManagerTest, ACancelWhileTheLaunchIsPreparedStartsNoRank) {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,11 +9,15 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/input_file.h"
 
 namespace shardtrain {
 namespace {
 
 namespace fs = std::filesystem;
+
+// One text file is tokenized in memory; a larger corpus is many files.
+constexpr int64_t kMaxDocumentBytes = int64_t{1} << 30;
 
 // The files `path` stands for, in a deterministic order.
 absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& path) {
@@ -59,12 +61,10 @@ absl::StatusOr<Corpus> LoadTextCorpus(absl::Span<const std::string> paths) {
       std::error_code ec;
       const fs::path canonical = fs::weakly_canonical(file, ec);
       if (!seen.insert(ec ? file : canonical.string()).second) continue;
-      std::ifstream in(file, std::ios::binary);
-      if (!in) {
-        return absl::PermissionDeniedError(absl::StrCat("cannot read ", file));
-      }
-      std::string text{std::istreambuf_iterator<char>(in),
-                       std::istreambuf_iterator<char>()};
+      absl::StatusOr<std::string> read =
+          ReadInputFile(file, kMaxDocumentBytes, "a text document");
+      if (!read.ok()) return read.status();
+      std::string text = *std::move(read);
       if (absl::StripAsciiWhitespace(text).empty()) continue;
       corpus.documents.push_back(Document{file, "", std::move(text)});
     }

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <tuple>
 #include <utility>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -64,17 +63,16 @@ void Transpose(const float* in, int64_t rows, int64_t cols, float* out) {
   }
 }
 
+// config.json is a page of settings; 1 MiB is far more than any has.
 absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return absl::DataLossError(absl::StrCat(path, ": cannot read"));
-  return text.str();
+  return ReadInputFile(path, int64_t{1} << 20, "a model config");
 }
+
+// The padding a model may carry beyond its vocabulary: Hugging Face files
+// drop the padded rows, so the metadata's figure is checked against what
+// any trainer pads to (a multiple of 128 times the tensor-parallel degree, up
+// to 1,024) rather than believed.
+constexpr int64_t kMaxVocabPadMultiple = 1024;
 
 // An integer setting of config.json: required ones must be there.
 absl::StatusOr<int64_t> IntSetting(const nlohmann::json& json,
@@ -206,6 +204,15 @@ absl::StatusOr<Gpt2Config> ParseHfGpt2Config(std::string_view json_text,
           name, " is ", *v ? "true" : "false", "; in the model ", why));
     }
   }
+  const int64_t most_padding = (config.vocab_size + kMaxVocabPadMultiple - 1) /
+                               kMaxVocabPadMultiple * kMaxVocabPadMultiple;
+  if (padded_vocab_size > most_padding) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kPaddedVocabKey, " = ", padded_vocab_size, " pads vocab_size ",
+        config.vocab_size, " beyond ", most_padding, " (the next multiple of ",
+        kMaxVocabPadMultiple,
+        "); the file's metadata disagrees with its tensors"));
+  }
   config.padded_vocab_size = padded_vocab_size > 0
                                  ? padded_vocab_size
                                  : DefaultPadding(config.vocab_size);
@@ -289,7 +296,8 @@ absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
   absl::StatusOr<std::string> config_text =
       ReadText((root / kHfConfigFile).string());
   if (!config_text.ok()) {
-    return absl::NotFoundError(
+    return absl::Status(
+        config_text.status().code(),
         absl::StrCat(label, ": ", config_text.status().message()));
   }
   absl::StatusOr<SafetensorsFile> file =
@@ -301,9 +309,8 @@ absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
   int64_t padded = 0;
   if (auto it = file->metadata().find(kPaddedVocabKey);
       it != file->metadata().end() && !absl::SimpleAtoi(it->second, &padded)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": metadata ", kPaddedVocabKey, " is \"",
-                     it->second, "\", not an integer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": metadata ", kPaddedVocabKey, " is not an integer"));
   }
   absl::StatusOr<Gpt2Config> config = ParseHfGpt2Config(*config_text, padded);
   if (!config.ok()) {

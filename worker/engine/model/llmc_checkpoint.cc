@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <system_error>
@@ -20,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/gpt2_config.h"
 
@@ -93,15 +93,20 @@ absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
 }
 
 absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
-  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
+  absl::StatusOr<InputFile> file = InputFile::Open(path);
+  if (!file.ok()) {
+    return absl::Status(
+        file.status().code(),
+        absl::StrCat("llm.c checkpoint ", file.status().message()));
+  }
+  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(*file);
   if (!config.ok()) return config.status();
   if (!config->SameShape(model->config())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "llm.c checkpoint ", path, " holds model ", config->ToSpec(),
         ", which does not match model ", model->config().ToSpec()));
   }
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(kLlmcHeaderBytes);
+  int64_t offset = kLlmcHeaderBytes;
   try {
     torch::NoGradGuard no_grad;
     for (torch::Tensor& p : ParametersInFileOrder(model)) {
@@ -111,15 +116,14 @@ absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
           p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous();
       torch::Tensor dest =
           direct ? p : torch::empty(p.sizes(), torch::dtype(torch::kFloat));
-      in.read(reinterpret_cast<char*>(dest.data_ptr<float>()),
-              static_cast<std::streamsize>(dest.numel() * sizeof(float)));
-      if (!in) {
+      const int64_t bytes = dest.numel() * static_cast<int64_t>(sizeof(float));
+      if (absl::Status s = file->ReadAt(offset, dest.data_ptr<float>(), bytes);
+          !s.ok()) {
         return absl::DataLossError(
-            absl::StrCat("llm.c checkpoint ", path,
-                         ": read failed midway (did the file change while "
-                         "loading?): ",
-                         ErrnoText()));
+            absl::StrCat("llm.c checkpoint ", s.message(),
+                         " (did the file change while loading?)"));
       }
+      offset += bytes;
       if (!direct) p.copy_(dest);
     }
   } catch (const c10::Error& e) {

@@ -1,12 +1,7 @@
 #include "worker/engine/model/llmc_layout.h"
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <system_error>
-
 #include "absl/strings/str_cat.h"
+#include "common/input_file.h"
 
 namespace shardtrain {
 namespace {
@@ -19,27 +14,27 @@ int64_t ExpectedFileSize(const Gpt2Config& config) {
 }  // namespace
 
 absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) {
-    return absl::NotFoundError(absl::StrCat("llm.c checkpoint ", path,
-                                            ": cannot stat: ", ec.message()));
+  absl::StatusOr<InputFile> file = InputFile::Open(path);
+  if (!file.ok()) {
+    return absl::Status(
+        file.status().code(),
+        absl::StrCat("llm.c checkpoint ", file.status().message()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "llm.c checkpoint ", path, ": cannot open: ", std::strerror(errno)));
-  }
-  if (size < static_cast<std::uintmax_t>(kLlmcHeaderBytes)) {
+  return ReadLlmcConfig(*file);
+}
+
+absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file) {
+  const std::string& path = file.path();
+  const int64_t size = file.size();
+  if (size < kLlmcHeaderBytes) {
     return absl::DataLossError(
         absl::StrCat("llm.c checkpoint ", path, ": truncated: ", size,
                      " bytes, the header alone is ", kLlmcHeaderBytes));
   }
   LlmcHeader header{};
-  in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
-  if (!in) {
-    return absl::DataLossError(
-        absl::StrCat("llm.c checkpoint ", path, ": cannot read the header"));
+  if (absl::Status s = file.ReadAt(0, header.data(), kLlmcHeaderBytes);
+      !s.ok()) {
+    return absl::DataLossError(absl::StrCat("llm.c checkpoint ", s.message()));
   }
   if (header[0] != kLlmcModelMagic) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -74,12 +69,12 @@ absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
         "llm.c checkpoint ", path, ": invalid header: ", s.message()));
   }
   const int64_t expected = ExpectedFileSize(config);
-  if (static_cast<int64_t>(size) != expected) {
+  if (size != expected) {
     return absl::DataLossError(absl::StrCat(
         "llm.c checkpoint ", path, ": ",
-        static_cast<int64_t>(size) < expected ? "truncated: " : "too long: ",
-        size, " bytes, but model ", config.ToSpec(), " (",
-        config.NumParameters(), " fp32 parameters) needs ", expected));
+        size < expected ? "truncated: " : "too long: ", size,
+        " bytes, but model ", config.ToSpec(), " (", config.NumParameters(),
+        " fp32 parameters) needs ", expected));
   }
   return config;
 }

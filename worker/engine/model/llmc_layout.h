@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/input_file.h"
 #include "worker/engine/model/gpt2_config.h"
 
 namespace shardtrain {
@@ -40,6 +41,7 @@ using LlmcHeader = std::array<int32_t, 256>;
 // dimensions match one, else "custom"). Checks the magic, the version, the
 // dimensions and that the file size matches the layout exactly.
 absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path);
+absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file);
 
 // The header of an fp32 file of a model shaped as `config`.
 LlmcHeader MakeLlmcHeader(const Gpt2Config& config);

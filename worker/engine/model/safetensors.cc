@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -279,27 +278,22 @@ absl::Status ParseSafetensorsHeader(
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const std::string label = absl::StrCat("safetensors file ", path);
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) {
-    return absl::NotFoundError(
-        absl::StrCat(label, ": cannot open: ", ec.message()));
+  absl::StatusOr<InputFile> opened = InputFile::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(
+        opened.status().code(),
+        absl::StrCat("safetensors file ", opened.status().message()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(label, ": cannot open: ", std::strerror(errno)));
-  }
+  auto input = std::make_shared<const InputFile>(*std::move(opened));
+  const auto size = static_cast<uint64_t>(input->size());
   if (size < 8) {
     return absl::DataLossError(absl::StrCat(label, ": truncated: ", size,
                                             " bytes, fewer than the 8 of the "
                                             "header's length"));
   }
   unsigned char length_bytes[8];
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
-  if (!in) {
-    return absl::DataLossError(
-        absl::StrCat(label, ": cannot read the header's length"));
+  if (absl::Status s = input->ReadAt(0, length_bytes, 8); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(label, ": ", s.message()));
   }
   uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i)
@@ -315,12 +309,14 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
         " bytes, the file has ", size - 8, " after the length"));
   }
   std::string header(header_length, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_length));
-  if (!in) {
-    return absl::DataLossError(absl::StrCat(label, ": cannot read the header"));
+  if (absl::Status s =
+          input->ReadAt(8, header.data(), static_cast<int64_t>(header_length));
+      !s.ok()) {
+    return absl::DataLossError(absl::StrCat(label, ": ", s.message()));
   }
   SafetensorsFile file;
   file.path_ = path;
+  file.input_ = input;
   file.data_start_ = 8 + static_cast<int64_t>(header_length);
   if (absl::Status s = ParseSafetensorsHeader(
           header, static_cast<int64_t>(size) - file.data_start_, &file.tensors_,
@@ -347,23 +343,22 @@ absl::Status SafetensorsFile::ReadAsFloat(const SafetensorsEntry& entry,
         absl::StrCat(label, " is ", entry.dtype,
                      "; only F32, F16 and BF16 weights are read"));
   }
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(data_start_ + entry.begin);
   const int64_t n = entry.numel();
+  const int64_t at = data_start_ + entry.begin;
+  absl::Status read;
   if (entry.dtype == "F32") {
-    in.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * 4));
+    read = input_->ReadAt(at, out, n * 4);
   } else {
     std::vector<uint16_t> half(static_cast<size_t>(n));
-    in.read(reinterpret_cast<char*>(half.data()),
-            static_cast<std::streamsize>(n * 2));
+    read = input_->ReadAt(at, half.data(), n * 2);
     const bool bf16 = entry.dtype == "BF16";
     for (int64_t i = 0; i < n; ++i) {
       out[i] = bf16 ? Bf16ToFloat(half[i]) : HalfToFloat(half[i]);
     }
   }
-  if (!in) {
+  if (!read.ok()) {
     return absl::DataLossError(
-        absl::StrCat(label, ": cannot read its bytes (the file changed?)"));
+        absl::StrCat(label, ": ", read.message(), " (the file changed?)"));
   }
   return absl::OkStatus();
 }

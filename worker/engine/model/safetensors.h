@@ -20,12 +20,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/input_file.h"
 
 namespace shardtrain {
 
@@ -68,6 +70,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
+  std::shared_ptr<const InputFile> input_;
   int64_t data_start_ = 0;  // 8 + N
   std::vector<SafetensorsEntry> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/llmc_layout.h"
@@ -94,7 +94,14 @@ absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
 
 // An llm.c model file's tensors, at their offsets.
 absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
-  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
+  absl::StatusOr<InputFile> opened = InputFile::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(
+        opened.status().code(),
+        absl::StrCat("llm.c model ", opened.status().message()));
+  }
+  auto file = std::make_shared<InputFile>(*std::move(opened));
+  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(*file);
   if (!config.ok()) return config.status();
   std::vector<int64_t> offsets, sizes;
   int64_t offset = kLlmcHeaderBytes;
@@ -105,26 +112,17 @@ absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
     sizes.push_back(numel);
     offset += 4 * numel;
   }
-  auto file = std::make_shared<std::ifstream>(path, std::ios::binary);
-  if (!*file) {
-    return absl::NotFoundError(absl::StrCat(
-        "llm.c model ", path, ": cannot open: ", std::strerror(errno)));
-  }
   ModelWeights weights;
   weights.config = *config;
   weights.description = absl::StrCat("llm.c model ", path);
   weights.source = file;
   weights.read = [file = file.get(), path, offsets, sizes](size_t index,
                                                            float* out) {
-    file->clear();
-    file->seekg(offsets[index]);
-    file->read(reinterpret_cast<char*>(out), sizes[index] * 4);
-    if (!*file) {
-      return absl::DataLossError(absl::StrCat("llm.c model ", path,
-                                              ": cannot read tensor ", index,
-                                              " (the file changed?)"));
-    }
-    return absl::OkStatus();
+    absl::Status s = file->ReadAt(offsets[index], out, sizes[index] * 4);
+    if (s.ok()) return s;
+    return absl::DataLossError(
+        absl::StrCat("llm.c model ", path, ": cannot read tensor ", index, ": ",
+                     s.message(), " (the file changed?)"));
   };
   return weights;
 }

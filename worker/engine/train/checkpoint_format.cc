@@ -7,8 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -16,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "zlib.h"
 
 namespace shardtrain {
@@ -23,15 +22,12 @@ namespace {
 
 constexpr int64_t kFloatBytes = sizeof(float);
 
+// The most bytes of JSON a checkpoint's metadata or a rank's index may have:
+// GPT-2 XL written by 1,024 ranks, optimizer state included, needs ~40 MiB.
+constexpr int64_t kMaxIndexBytes = int64_t{256} << 20;
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadInputFile(path, kMaxIndexBytes, "checkpoint metadata");
 }
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
@@ -384,12 +380,11 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
   return metadata;
 }
 
-CheckpointReader::CheckpointReader(std::string dir, CheckpointMetadata metadata)
-    : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
-
-CheckpointReader::~CheckpointReader() {
-  for (const auto& [file, fd] : fds_) ::close(fd);
-}
+CheckpointReader::CheckpointReader(std::string dir, CheckpointMetadata metadata,
+                                   std::map<std::string, InputFile> files)
+    : dir_(std::move(dir)),
+      metadata_(std::move(metadata)),
+      files_(std::move(files)) {}
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& dir) {
@@ -413,35 +408,25 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       ParseCheckpointMetadata(*text, path);
   if (!metadata.ok()) return metadata.status();
   // A data file of another length than written: torn or truncated.
+  std::map<std::string, InputFile> files;
   for (const DataFile& file : metadata->files) {
-    const std::string data = absl::StrCat(dir, "/", file.name);
-    const std::uintmax_t size = std::filesystem::file_size(data, ec);
-    if (ec) {
+    absl::StatusOr<InputFile> data =
+        InputFile::Open(absl::StrCat(dir, "/", file.name));
+    if (absl::IsNotFound(data.status())) {
       return absl::DataLossError(
           absl::StrCat("checkpoint ", dir, ": ", file.name, " is missing"));
     }
-    if (static_cast<int64_t>(size) != file.bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint ", dir, ": ", file.name, " has ", size,
-          " bytes but was written with ", file.bytes,
-          static_cast<int64_t>(size) < file.bytes ? " (truncated)" : ""));
+    if (!data.ok()) return data.status();
+    if (data->size() != file.bytes) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": ", file.name, " has ",
+                       data->size(), " bytes but was written with ", file.bytes,
+                       data->size() < file.bytes ? " (truncated)" : ""));
     }
+    files.emplace(file.name, *std::move(data));
   }
   return std::unique_ptr<CheckpointReader>(
-      new CheckpointReader(dir, *std::move(metadata)));
-}
-
-absl::StatusOr<int> CheckpointReader::FileDescriptor(const std::string& file) {
-  auto it = fds_.find(file);
-  if (it != fds_.end()) return it->second;
-  const std::string path = absl::StrCat(dir_, "/", file);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::DataLossError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  fds_[file] = fd;
-  return fd;
+      new CheckpointReader(dir, *std::move(metadata), std::move(files)));
 }
 
 absl::Status CheckpointReader::Read(const std::string& name, int64_t offset,
@@ -482,22 +467,12 @@ absl::Status CheckpointReader::ReadChecked(const DataFile& file, int64_t offset,
                                             offset, "+", size, " are outside ",
                                             file.name));
   }
-  absl::StatusOr<int> fd = FileDescriptor(file.name);
-  if (!fd.ok()) return fd.status();
+  const InputFile& input = files_.at(file.name);
   auto pread_all = [&](char* dst, int64_t bytes, int64_t at) -> absl::Status {
-    while (bytes > 0) {
-      const ssize_t n = ::pread(*fd, dst, static_cast<size_t>(bytes), at);
-      if (n <= 0) {
-        if (n < 0 && errno == EINTR) continue;
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint ", dir_, ": cannot read ", file.name, ": ",
-            n == 0 ? "unexpected end of file" : std::strerror(errno)));
-      }
-      dst += n;
-      at += n;
-      bytes -= n;
-    }
-    return absl::OkStatus();
+    absl::Status s = input.ReadAt(at, dst, bytes);
+    if (s.ok()) return s;
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir_, ": ", s.message()));
   };
   // Blocks touched for the first time are read whole and checked; the
   // requested bytes are copied out of them.

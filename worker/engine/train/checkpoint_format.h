@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/input_file.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -118,7 +119,6 @@ class CheckpointReader {
  public:
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
       const std::string& dir);
-  ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
 
@@ -132,8 +132,8 @@ class CheckpointReader {
                     float* out);
 
  private:
-  CheckpointReader(std::string dir, CheckpointMetadata metadata);
-  absl::StatusOr<int> FileDescriptor(const std::string& file);
+  CheckpointReader(std::string dir, CheckpointMetadata metadata,
+                   std::map<std::string, InputFile> files);
   // Reads bytes [offset, offset + size) of `file` into `out`, checking the
   // CRC of every block it touches that was not checked before.
   absl::Status ReadChecked(const DataFile& file, int64_t offset, int64_t size,
@@ -141,7 +141,7 @@ class CheckpointReader {
 
   std::string dir_;
   CheckpointMetadata metadata_;
-  std::map<std::string, int> fds_;
+  std::map<std::string, InputFile> files_;  // opened and sized at Open
   std::map<std::string, std::vector<bool>> checked_;  // file -> block
 };
 

@@ -5,10 +5,13 @@
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;
@@ -66,14 +69,32 @@ absl::Status CheckpointStore::Commit(int64_t step) {
 }
 
 absl::StatusOr<std::string> CheckpointStore::Latest() const {
-  std::ifstream in(root_ + "/latest");
-  std::string name;
-  if (!in || !std::getline(in, name) || name.empty()) {
+  const std::string path = root_ + "/latest";
+  absl::StatusOr<InputFile> file = InputFile::Open(path);
+  if (absl::IsNotFound(file.status())) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoint in ", root_, " (nothing to resume)"));
   }
+  if (!file.ok()) return file.status();
+  absl::StatusOr<std::string> text = file->ReadAll(4096, "the latest pointer");
+  if (!text.ok()) return text.status();
+  const std::string name(absl::StripAsciiWhitespace(*text));
+  if (name.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint in ", root_, " (nothing to resume)"));
+  }
+  // A step directory's name and nothing else, so that `latest` cannot lead
+  // out of the store (and its text is not echoed when it is something else).
+  if (!absl::StartsWith(name, "step_") ||
+      !std::all_of(name.begin() + 5, name.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }) ||
+      name.size() == 5) {
+    return absl::DataLossError(absl::StrCat(
+        path, " does not name a step directory (step_ and digits)"));
+  }
   const std::string dir = absl::StrCat(root_, "/", name);
-  if (!fs::is_directory(dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
     return absl::DataLossError(
         absl::StrCat(root_, "/latest names ", name, ", which is missing"));
   }

@@ -7,16 +7,19 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 
 namespace shardtrain {
 
 namespace {
+
+// Tensor files hold one rank's small state (its optimizer step, a strategy's
+// extras); anything larger is not one of ours.
+constexpr int64_t kMaxTensorFileBytes = int64_t{4} << 30;
 
 // The sidecar "<crc32 hex> <size>\n" beside each tensor file: a checkpoint
 // damaged in place (same size, bytes overwritten) is refused by name rather
@@ -61,15 +64,26 @@ absl::Status SaveTensorFile(const std::string& path,
 }
 
 absl::StatusOr<NamedTensors> LoadTensorFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
+  absl::StatusOr<InputFile> file = InputFile::Open(path);
+  if (!file.ok()) return file.status();
+  if (file->size() > kMaxTensorFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", file->size(), " bytes; a tensor file may have at most ",
+        kMaxTensorFileBytes));
+  }
+  std::vector<char> bytes(static_cast<size_t>(file->size()));
+  if (absl::Status s = file->ReadAt(0, bytes.data(), file->size()); !s.ok()) {
+    return s;
+  }
   // Files written before checksums existed have no sidecar and are read
   // as they are.
-  if (std::ifstream sidecar(ChecksumPath(path)); sidecar) {
-    std::string expected((std::istreambuf_iterator<char>(sidecar)),
-                         std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> sidecar =
+      ReadInputFile(ChecksumPath(path), 4096, "checksum");
+  if (!sidecar.ok() && !absl::IsNotFound(sidecar.status())) {
+    return sidecar.status();
+  }
+  if (sidecar.ok()) {
+    const std::string& expected = *sidecar;
     if (expected !=
         ChecksumLine(std::string_view(bytes.data(), bytes.size()))) {
       return absl::DataLossError(absl::StrCat(

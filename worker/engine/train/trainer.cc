@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
 #include "common/exit_codes.h"
+#include "common/input_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
@@ -525,16 +526,20 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
         "), or train into a fresh --out"));
   }
   if (absl::Status s = strategy_->LoadCheckpoint(**reader); !s.ok()) return s;
-  std::ifstream in(dir + "/" + kRngFile, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   const torch::Tensor current = generator.get_state();
-  if (static_cast<int64_t>(bytes.size()) !=
-      static_cast<int64_t>(current.nbytes())) {
+  const auto rng_bytes = static_cast<int64_t>(current.nbytes());
+  absl::StatusOr<std::string> read = ReadInputFile(
+      absl::StrCat(dir, "/", kRngFile), rng_bytes, "the random state");
+  if (!read.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", dir, ": ", read.status().message()));
+  }
+  const std::string& bytes = *read;
+  if (static_cast<int64_t>(bytes.size()) != rng_bytes) {
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": ", kRngFile,
-                                            " is missing or has ", bytes.size(),
-                                            " bytes, not ", current.nbytes()));
+                                            " has ", bytes.size(),
+                                            " bytes, not ", rng_bytes));
   }
   torch::Tensor state = torch::empty_like(current);
   std::memcpy(state.data_ptr(), bytes.data(), bytes.size());

@@ -3,6 +3,8 @@
 // bit what was written, and a malformed file is refused saying why.
 #include "worker/engine/model/hf_gpt2.h"
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/read_roots.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -351,6 +354,64 @@ TEST_F(HfFormatTest, ANonDefaultVocabularyPaddingSurvivesTheRoundTrip) {
       HfGpt2Reader::Open(Path("hf"));
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->config().padded_vocab_size, 160);
+}
+
+TEST_F(HfFormatTest, APaddingTheTensorsCannotHoldIsRefused) {
+  // The padding is metadata: believed, 16,777,216 rows made an export
+  // allocate and write 8 GiB from a 27 MB input.
+  const Gpt2Config config = *ParseModelSpec(
+      "custom:n_layer=1,n_head=2,n_embd=16,block_size=32,vocab_size=100,"
+      "padded_vocab_size=160");
+  const std::vector<std::vector<float>> weights = RandomWeights(config, 10);
+  ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("hf")).ok());
+  const std::string file = Read(Path("hf/model.safetensors"));
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = length << 8 | uint8_t(file[i]);
+  std::string header = file.substr(8, length);
+  const std::string from = "\"shardtrain.padded_vocab_size\":\"160\"";
+  ASSERT_NE(header.find(from), std::string::npos) << header;
+  header.replace(header.find(from), from.size(),
+                 "\"shardtrain.padded_vocab_size\":\"16777216\"");
+  Write(Path("hf/model.safetensors"), File(header, file.substr(8 + length)));
+  absl::StatusOr<std::unique_ptr<HfGpt2Reader>> reader =
+      HfGpt2Reader::Open(Path("hf"));
+  ASSERT_EQ(reader.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("padded_vocab_size = 16777216 pads vocab_size 100 "
+                        "beyond 1024"));
+}
+
+TEST_F(HfFormatTest, UnderAPathRootFilesLinkedOutsideAreRefusedUnread) {
+  const Gpt2Config config = SmallConfig();
+  const std::vector<std::vector<float>> weights = RandomWeights(config, 12);
+  std::filesystem::create_directories(Path("root"));
+  std::filesystem::create_directories(Path("outside"));
+  ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("root/hf")).ok());
+  // The outside file's first 8 bytes, read as a header length, once showed
+  // in the error ("a header of 4995128901736877908 bytes").
+  Write(Path("outside/secret"), "SECRET-BYTES-OF-SOMEONE-ELSE");
+  std::filesystem::remove(Path("root/hf/model.safetensors"));
+  std::filesystem::create_symlink(Path("outside/secret"),
+                                  Path("root/hf/model.safetensors"));
+  const std::string root = std::filesystem::canonical(Path("root")).string();
+  ::setenv(kReadRootsEnv, root.c_str(), 1);
+  absl::StatusOr<std::unique_ptr<HfGpt2Reader>> reader =
+      HfGpt2Reader::Open(Path("root/hf"));
+  ::unsetenv(kReadRootsEnv);
+  ASSERT_EQ(reader.status().code(), absl::StatusCode::kPermissionDenied)
+      << reader.status();
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("outside the directories jobs may read"));
+  EXPECT_THAT(std::string(reader.status().message()),
+              ::testing::Not(::testing::ContainsRegex("SECRET|header of")));
+}
+
+TEST_F(HfFormatTest, AConfigThatIsAFifoIsRefusedWithoutWaiting) {
+  std::filesystem::create_directories(Path("hf"));
+  ASSERT_EQ(::mkfifo(Path("hf/config.json").c_str(), 0600), 0);
+  absl::StatusOr<std::unique_ptr<HfGpt2Reader>> reader =
+      HfGpt2Reader::Open(Path("hf"));
+  EXPECT_THAT(reader.status().message(), HasSubstr("a FIFO"));
 }
 
 TEST_F(HfFormatTest, ExportRefusesWeightsInThePaddingRows) {

@@ -5,16 +5,19 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <vector>
 
+#include "common/read_roots.h"
 #include "tests/test_util.h"
 #include "worker/engine/model/gpt2_config.h"
 #include "worker/engine/model/llmc_layout.h"
 #include "worker/engine/train/checkpoint_export.h"
+#include "worker/engine/train/checkpoint_store.h"
 
 namespace shardtrain {
 namespace {
@@ -261,6 +264,100 @@ TEST(CheckpointExportTest, ARunDirectoryResolvesToItsNewestCheckpoint) {
             run / "checkpoints/step_00000008");
   EXPECT_EQ(ResolveCheckpointDir(run / "nope").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A checkpoint directory is named by a job (--resume, --init-from) or a
+// command (checkpoint inspect/export): every file in it is read as a file the
+// caller named, confined and bounded.
+class HostileCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    namespace fs = std::filesystem;
+    root_ = fs::canonical(tmp_.path()).string() + "/root";
+    fs::create_directories(root_ + "/ckpt");
+    fs::create_directories(tmp_ / "outside");
+    WriteThreeRanks(root_ + "/ckpt");
+    ASSERT_TRUE(WriteCheckpointMetadata(root_ + "/ckpt", 3, {}).ok());
+  }
+  void TearDown() override { ::unsetenv(kReadRootsEnv); }
+  std::string Ckpt(const std::string& name) const {
+    return root_ + "/ckpt/" + name;
+  }
+  // Moves a checkpoint file outside the root and leaves a symlink to it.
+  void MoveOutside(const std::string& name) {
+    namespace fs = std::filesystem;
+    const std::string outside = tmp_ / ("outside/" + name);
+    fs::rename(Ckpt(name), outside);
+    fs::create_symlink(outside, Ckpt(name));
+  }
+
+  test::TempDir tmp_;
+  std::string root_;
+};
+
+TEST_F(HostileCheckpointTest, AFileLinkedOutsideThePathRootIsRefused) {
+  MoveOutside("rank-00001.bin");
+  ASSERT_TRUE(CheckpointReader::Open(Ckpt("")).ok())
+      << "without --path-root a symlink is followed";
+  ::setenv(kReadRootsEnv, root_.c_str(), 1);
+  auto reader = CheckpointReader::Open(Ckpt(""));
+  ASSERT_EQ(reader.status().code(), absl::StatusCode::kPermissionDenied)
+      << reader.status();
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("outside the directories jobs may read"));
+  const auto size = std::filesystem::file_size(tmp_ / "outside/rank-00001.bin");
+  EXPECT_THAT(std::string(reader.status().message()),
+              ::testing::Not(HasSubstr(std::to_string(size) + " bytes")));
+
+  MoveOutside("checkpoint.json");
+  reader = CheckpointReader::Open(Ckpt(""));
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kPermissionDenied)
+      << reader.status();
+}
+
+TEST_F(HostileCheckpointTest, MetadataThatIsADeviceOrAFifoIsRefusedAtOnce) {
+  std::filesystem::remove(Ckpt("checkpoint.json"));
+  std::filesystem::create_symlink("/dev/zero", Ckpt("checkpoint.json"));
+  auto reader = CheckpointReader::Open(Ckpt(""));
+  EXPECT_THAT(reader.status().message(), HasSubstr("a character device"));
+  std::filesystem::remove(Ckpt("checkpoint.json"));
+  ASSERT_EQ(::mkfifo(Ckpt("checkpoint.json").c_str(), 0600), 0);
+  reader = CheckpointReader::Open(Ckpt(""));  // would block on a plain open
+  EXPECT_THAT(reader.status().message(), HasSubstr("a FIFO"));
+}
+
+TEST_F(HostileCheckpointTest, OversizedMetadataIsRefusedBeforeItIsRead) {
+  // 44 GiB, sparse: read whole it was std::bad_alloc and exit 134.
+  std::filesystem::resize_file(Ckpt("checkpoint.json"), uint64_t{44} << 30);
+  auto reader = CheckpointReader::Open(Ckpt(""));
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("checkpoint metadata of 47244640256 bytes; at most"));
+}
+
+TEST_F(HostileCheckpointTest, ALatestPointerIsAStepNameInTheStoreOrRefused) {
+  namespace fs = std::filesystem;
+  const std::string run = tmp_ / "run";
+  fs::create_directories(run + "/checkpoints/step_00000002");
+  const std::string latest = run + "/checkpoints/latest";
+  const CheckpointStore store(run);
+  fs::create_symlink("/dev/zero", latest);
+  EXPECT_THAT(store.Latest().status().message(),
+              HasSubstr("a character device"));
+  fs::remove(latest);
+  ASSERT_EQ(::mkfifo(latest.c_str(), 0600), 0);
+  EXPECT_THAT(store.Latest().status().message(), HasSubstr("a FIFO"));
+  fs::remove(latest);
+  test::WriteFile(latest, "../../outside\n");
+  absl::StatusOr<std::string> escaped = store.Latest();
+  EXPECT_THAT(escaped.status().message(),
+              HasSubstr("does not name a step directory"));
+  EXPECT_THAT(std::string(escaped.status().message()),
+              ::testing::Not(HasSubstr("outside")));
+  // Resolving a run still finds its complete checkpoints.
+  EXPECT_EQ(*ResolveCheckpointDir(run), run + "/checkpoints/step_00000002");
+  test::WriteFile(latest, "step_00000002\n");
+  EXPECT_EQ(*store.Latest(), run + "/checkpoints/step_00000002");
 }
 
 }  // namespace
