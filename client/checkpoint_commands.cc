@@ -92,7 +92,7 @@ int RunInspect(const InspectOptions& options) {
     first_file = false;
   }
   for (const auto& row : rows) {
-    std::cout << absl::StrFormat("%-12s%s\n", row[0], row[1]);
+    std::cout << absl::StrFormat("%-12s%s\n", row[0], TerminalSafe(row[1]));
   }
   if (options.tensors) {
     std::vector<std::vector<std::string>> tensor_rows;

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/exit_code.h"
+#include "client/output_format.h"
 #include "common/small_file.h"
 
 namespace shardtrain::cli {
@@ -88,14 +89,14 @@ int DaemonClient::Call(
 int DaemonClient::Report(const grpc::Status& status) const {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     std::cerr << "shardtrain: error: no shardtraind at " << address_ << " ("
-              << status.error_message()
+              << TerminalSafe(status.error_message())
               << "); start one with `shardtrain daemon` or set "
                  "SHARDTRAIN_ADDRESS"
               << std::endl;
     return kExitUnreachable;
   }
   if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-    std::cerr << "shardtrain: error: " << status.error_message()
+    std::cerr << "shardtrain: error: " << TerminalSafe(status.error_message())
               << " (the daemon requires a token: set SHARDTRAIN_TOKEN or "
                  "--token-file)"
               << std::endl;

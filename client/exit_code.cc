@@ -2,6 +2,8 @@
 
 #include <iostream>
 
+#include "client/output_format.h"
+
 namespace shardtrain::cli {
 
 int ReportFailure(const absl::Status& status) {
@@ -9,7 +11,8 @@ int ReportFailure(const absl::Status& status) {
 }
 
 int ReportFailure(absl::string_view message) {
-  std::cerr << "shardtrain: error: " << message << std::endl;
+  std::cerr << "shardtrain: error: "
+            << TerminalSafe(message, /*keep_newlines=*/true) << std::endl;
   return kExitFailure;
 }
 

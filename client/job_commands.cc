@@ -136,15 +136,16 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
   std::sort(labels.begin(), labels.end());
   if (!labels.empty()) rows.push_back({"labels", absl::StrJoin(labels, ",")});
   for (const auto& row : rows)
-    out << absl::StrFormat("%-12s %s\n", row[0], row[1]);
+    out << absl::StrFormat("%-12s %s\n", row[0], TerminalSafe(row[1]));
   if (job.state() == v1::FAILED) {
     out << absl::StrFormat("%-12s %s (rank %d): %s\n", "failure",
                            v1::FailureReason_Name(job.failure().reason()),
-                           job.failure().rank(), job.failure().message());
+                           job.failure().rank(),
+                           TerminalSafe(job.failure().message()));
     if (job.failure().log_tail_size() > 0) {
       out << "last lines of the failing rank's log:\n";
       for (const std::string& line : job.failure().log_tail())
-        out << "  " << line << "\n";
+        out << "  " << TerminalSafe(line) << "\n";
     }
   }
 }
@@ -276,14 +277,16 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   while (reader->Read(&event)) {
     if (event.has_job()) {
       const v1::Job& job = event.job();
-      out << job.id() << " (" << Strategy(job) << ", " << job.spec().model()
-          << "): " << StateName(job.state())
-          << (job.state_reason().empty() ? "" : " - " + job.state_reason())
+      out << job.id() << " (" << Strategy(job) << ", "
+          << TerminalSafe(job.spec().model()) << "): " << StateName(job.state())
+          << (job.state_reason().empty()
+                  ? ""
+                  : " - " + TerminalSafe(job.state_reason()))
           << "\n";
     } else if (event.has_state_change()) {
       clear_bar();
       out << StateName(event.state_change().state()) << ": "
-          << event.state_change().message() << "\n";
+          << TerminalSafe(event.state_change().message()) << "\n";
     } else if (event.has_step() && event.step().rank() == 0) {
       const v1::StepMetrics& m = event.step();
       if (m.has_val_loss()) final_val_loss = m.val_loss();
@@ -542,7 +545,7 @@ void AddLogsCommand(CLI::App* app, const CommandContext& ctx) {
     // comes, and Ctrl-C loses none.
     while (reader->Read(&line)) {
       if (*rank < 0) std::cout << "[rank " << line.rank() << "] ";
-      std::cout << line.line() << std::endl;
+      std::cout << TerminalSafe(line.line()) << std::endl;
     }
     if (grpc::Status s = reader->Finish(); !s.ok())
       *exit_code = client->Report(s);
@@ -677,7 +680,8 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
     std::cout << "\nlauncher: slurm (the slots above are shardtraind's queue "
                  "limit; Slurm places the ranks)\n";
     if (!cluster.slurm_error().empty()) {
-      std::cout << "Slurm did not answer: " << cluster.slurm_error() << "\n";
+      std::cout << "Slurm did not answer: "
+                << TerminalSafe(cluster.slurm_error()) << "\n";
       return;
     }
     std::vector<std::vector<std::string>> partitions;

@@ -2,6 +2,7 @@
 // from its own file; this file parses and maps errors to exit codes
 // (see exit_code.h).
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return shardtrain::ReportParseError(app, e, "shardtrain");
+  } catch (const std::bad_alloc&) {
+    // An input sized beyond this machine's memory: an error, not an abort.
+    return cli::ReportFailure(
+        "out of memory: the input asks for more memory than this machine "
+        "has");
   }
   return exit_code;
 }

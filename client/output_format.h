@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
 
 namespace shardtrain::cli {
@@ -22,7 +23,16 @@ std::string JsonToYaml(const std::string& json);
 void PrintMessage(const google::protobuf::Message& message,
                   const std::string& format);
 
-// Left-aligned columns separated by two spaces, header first.
+// `text` safe to print on a terminal: every control character (C0 but tab,
+// DEL, and C1 in UTF-8) shown as an escape ("\x1b", "\u009b"), so that
+// bytes from a job's log, an error text or a checkpoint's names cannot move
+// the cursor, retitle the window or forge a line. Newlines are kept only when
+// `keep_newlines`. Every string the CLI prints that it did not write itself
+// passes through here (tables do it for their cells).
+std::string TerminalSafe(absl::string_view text, bool keep_newlines = false);
+
+// Left-aligned columns separated by two spaces, header first; cells pass
+// through TerminalSafe.
 std::string FormatTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
@@ -79,7 +80,17 @@ absl::Status WriteFileAtomically(
     return absl::InternalError(
         absl::StrCat("cannot create ", temp, ": ", strerror(errno)));
   }
-  absl::Status status = write(file, temp);
+  absl::Status status;
+  try {
+    status = write(file, temp);
+  } catch (const std::bad_alloc&) {
+    // A buffer sized by the input (a model's tensor) larger than this
+    // machine can hold: an error naming the file, and no temporary left.
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("writing ", path,
+                     ": out of memory (the input asks for more memory "
+                     "than this machine has)"));
+  }
   if (status.ok() && (std::fflush(file) != 0 || ::fsync(::fileno(file)) != 0)) {
     status = absl::InternalError(
         absl::StrCat("cannot write ", temp, ": ", strerror(errno)));

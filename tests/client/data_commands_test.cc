@@ -1,6 +1,8 @@
 // End to end: runs the built `shardtrain` binary's data and tokenize commands
 // and checks exit codes (0 ok, 1 failure, 2 usage), output and that each
 // error is one line on stderr naming the problem.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <random>
@@ -275,6 +277,65 @@ TEST(ShardtrainCliTest, ExportsAModelToHuggingFaceAndTrainsFromIt) {
   EXPECT_NE(bad_init.exit_code, 0);
   EXPECT_THAT(bad_init.err, HasSubstr("init_from: Hugging Face model "));
   EXPECT_FALSE(std::filesystem::exists(dir / "x.bin"));
+}
+
+// A checkpoint directory a user was handed: every hostile shape ends in one
+// line naming the problem, never an abort (std::bad_alloc, exit 134), a hang
+// (a FIFO) or raw escape sequences on the terminal.
+TEST(ShardtrainCliTest, HostileCheckpointsEndInAClearErrorNotACrashOrAHang) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir / "data");
+  std::mt19937 rng(4);
+  std::vector<uint16_t> tokens(4000);
+  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % 50257);
+  test::WriteFile(dir / "data/train.bin",
+                  TokenFileBytes(20240520, 4000, tokens));
+  const CommandResult run = test::RunCommand(
+      SHARDTRAIN_BINARY_DIR
+      "/bin/shardtrain-train --model gpt2-tiny --batch-size 2 --seq-len 16 "
+      "--max-steps 1 --checkpoint-every 1 --data " +
+      (dir / "data") + " --out " + (dir / "run"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string step = dir / "run/checkpoints/step_00000001";
+  const std::string metadata = step + "/checkpoint.json";
+  const std::string good = test::ReadFile(metadata);
+
+  // Escape sequences in a name: shown escaped.
+  nlohmann::json json = nlohmann::json::parse(good);
+  json["training"]["model"] = "\x1b]0;owned\x07gpt2-tiny\x1b[2J";
+  test::WriteFile(metadata, json.dump());
+  const CommandResult inspected = Shardtrain("checkpoint inspect " + step);
+  EXPECT_EQ(inspected.exit_code, 0) << inspected.err;
+  EXPECT_EQ(inspected.out.find('\x1b'), std::string::npos) << inspected.out;
+  EXPECT_EQ(inspected.out.find('\x07'), std::string::npos);
+  EXPECT_THAT(inspected.out, HasSubstr("\\x1b]0;owned\\x07gpt2-tiny"));
+
+  // 44 GiB of sparse metadata.
+  test::WriteFile(metadata, good);
+  std::filesystem::resize_file(metadata, uint64_t{44} << 30);
+  ExpectFailure(Shardtrain("checkpoint inspect " + step), 1,
+                "checkpoint metadata of 47244640256 bytes; at most");
+  ExpectFailure(Shardtrain("checkpoint export " + step + " --to llmc " +
+                           (dir / "out.bin")),
+                1, "at most");
+
+  // A device and a FIFO: refused at once, by name.
+  std::filesystem::remove(metadata);
+  std::filesystem::create_symlink("/dev/zero", metadata);
+  ExpectFailure(Shardtrain("checkpoint inspect " + step), 1,
+                "is a character device, not a regular file");
+  std::filesystem::remove(metadata);
+  ASSERT_EQ(::mkfifo(metadata.c_str(), 0600), 0);
+  ExpectFailure(Shardtrain("checkpoint inspect " + step), 1,
+                "is a FIFO, not a regular file");
+  const std::string latest = dir / "run/checkpoints/latest";
+  std::filesystem::remove(latest);
+  ASSERT_EQ(::mkfifo(latest.c_str(), 0600), 0);
+  const CommandResult by_run =
+      Shardtrain("checkpoint inspect " + (dir / "run"));
+  EXPECT_EQ(by_run.exit_code, 1);
+  EXPECT_THAT(by_run.err, HasSubstr("a FIFO"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out.bin"));
 }
 
 }  // namespace

@@ -49,6 +49,23 @@ TEST(AtomicFileTest, AFailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
   EXPECT_NE(no_dir.message().find("cannot create"), std::string::npos);
 }
 
+// A 44 GiB sparse input once made an export allocate a buffer this machine
+// could not hold: std::bad_alloc, abort, and its temporary left behind.
+TEST(AtomicFileTest, AWriterOutOfMemoryIsAnErrorAndLeavesNoTemporary) {
+  test::TempDir dir;
+  const std::string path = dir / "model.bin";
+  const absl::Status failed = WriteFileAtomically(
+      path, [](std::FILE* file, const std::string&) -> absl::Status {
+        std::fputs("half", file);
+        throw std::bad_alloc();
+      });
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(failed.message().find("out of memory"), std::string::npos);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()),
+                          fs::directory_iterator()),
+            0);
+}
+
 // An export killed half-way (Ctrl-C, or SIGTERM from a scheduler) leaves
 // neither a torn target nor its multi-gigabyte temporary file, and the
 // process still ends by the signal.

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -543,6 +544,80 @@ TEST_F(FaultCampaignTest, AChangingTrainBinNeverStallsOrKillsTheDaemon) {
          kSubmissions, answered_promptly, kSubmissions - answered_promptly,
          absl::StrFormat("%d accepted, all ended; slowest answer %.2f s",
                          accepted, slowest));
+}
+
+// Hostile inputs under --path-root: --init-from directories inside the root
+// whose files lead out of it (to a secret, to /dev/zero), FIFOs where a file
+// is expected. Each submission is refused at once, naming the file and the
+// cause without quoting the outside file; the daemon stays up.
+TEST_F(FaultCampaignTest, HostileInputsUnderAPathRootAreRefusedByName) {
+  namespace fs = std::filesystem;
+  const std::string root = dir_ / "root";
+  fs::create_directories(root + "/data");
+  fs::create_directories(dir_ / "outside");
+  test::WriteFile(dir_ / "outside/secret", "SECRET-CONTENTS");
+  ASSERT_TRUE(
+      WriteTokenFile(root + "/data/train.bin", std::vector<uint16_t>(4096, 11))
+          .ok());
+  struct Case {
+    std::string name;
+    std::function<std::string()> make;  // returns the init_from path
+    std::string expected;
+  };
+  auto dir_with = [&](const std::string& dir, const std::string& file,
+                      const std::string& target) {
+    fs::create_directories(
+        fs::path(root + "/" + dir + "/" + file).parent_path());
+    test::WriteFile(root + "/" + dir + "/config.json", "{}");
+    fs::create_symlink(target, root + "/" + dir + "/" + file);
+    return root + "/" + dir;
+  };
+  const std::vector<Case> cases = {
+      {"weights linked outside",
+       [&] {
+         return dir_with("hf", "model.safetensors", dir_ / "outside/secret");
+       },
+       "trainer.init_from (model.safetensors)"},
+      {"metadata linked outside",
+       [&] {
+         return dir_with("ckpt", "checkpoint.json", dir_ / "outside/secret");
+       },
+       "trainer.init_from (checkpoint.json)"},
+      {"latest linked to /dev/zero",
+       [&] { return dir_with("run", "checkpoints/latest", "/dev/zero"); },
+       "trainer.init_from (checkpoints/latest)"},
+      {"a FIFO as the model",
+       [&] {
+         mkfifo((root + "/fifo.bin").c_str(), 0600);
+         return root + "/fifo.bin";
+       },
+       "is a FIFO"},
+  };
+  auto daemon = StartDaemon({.extra_flags = {"--path-root", root}});
+  int refused_by_name = 0, leaked = 0;
+  double slowest = 0;
+  for (const Case& c : cases) {
+    v1::JobSpec spec = FakeSpec("hostile", root + "/data");
+    spec.mutable_trainer()->set_init_from(c.make());
+    const absl::Time start = absl::Now();
+    v1::Job job;
+    const grpc::Status status = daemon->Submit(spec, &job);
+    slowest = std::max(slowest, absl::ToDoubleSeconds(absl::Now() - start));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.expected)) << c.name;
+    refused_by_name += !status.ok() && status.error_message().find(
+                                           c.expected) != std::string::npos;
+    leaked += status.error_message().find("SECRET") != std::string::npos;
+  }
+  EXPECT_EQ(leaked, 0);
+  ASSERT_TRUE(daemon->Running()) << "the daemon died:\n" << daemon->log();
+  Report("hostile init_from directories and FIFOs under --path-root",
+         static_cast<int>(cases.size()), refused_by_name,
+         static_cast<int>(cases.size()) - refused_by_name,
+         absl::StrFormat("refused at submit naming the file, %d leaked "
+                         "outside bytes; slowest answer %.2f s",
+                         leaked, slowest));
 }
 
 }  // namespace
