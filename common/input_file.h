@@ -41,6 +41,9 @@ class InputFile {
   const std::string& path() const { return path_; }
   // The size at open; every read stays within it.
   int64_t size() const { return size_; }
+  // The open descriptor, for a reader that maps the file (token data); it
+  // stays owned by this object.
+  int descriptor() const { return fd_; }
 
   // Exactly `bytes` bytes from `offset`. OutOfRange when the range is not
   // inside size(); DataLoss when the file is shorter than it was at open.

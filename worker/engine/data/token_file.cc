@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
-#include "common/read_roots.h"
+#include "common/input_file.h"
 #include "worker/engine/data/gpt2_vocab.h"
 
 namespace shardtrain {
@@ -21,54 +21,6 @@ namespace {
 
 std::string ErrnoMessage(const std::string& path, const char* action) {
   return absl::StrCat(path, ": cannot ", action, ": ", std::strerror(errno));
-}
-
-// Closes a file descriptor on every return path.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  int fd_;
-};
-
-// Opens `path` for reading without ever blocking in open() (a FIFO would
-// wait for a writer: O_NONBLOCK) and accepts only a regular file; `st`
-// receives its stat. Returns the descriptor or the error naming the file.
-absl::StatusOr<int> OpenRegularFile(const std::string& path, struct stat* st) {
-  const int fd =
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) {
-    const std::string message = ErrnoMessage(path, "open token file");
-    return errno == ENOENT ? absl::NotFoundError(message)
-                           : absl::PermissionDeniedError(message);
-  }
-  if (::fstat(fd, st) != 0) {
-    const std::string message = ErrnoMessage(path, "stat");
-    ::close(fd);
-    return absl::InternalError(message);
-  }
-  if (!S_ISREG(st->st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file (",
-                     S_ISFIFO(st->st_mode)   ? "a FIFO"
-                     : S_ISDIR(st->st_mode)  ? "a directory"
-                     : S_ISCHR(st->st_mode)  ? "a character device"
-                     : S_ISSOCK(st->st_mode) ? "a socket"
-                                             : "not a plain file",
-                     ")"));
-  }
-  if (absl::Status s = CheckOpenedFileWithinReadRoots(fd, path); !s.ok()) {
-    ::close(fd);
-    return s;
-  }
-  return fd;
 }
 
 // The token count the header declares, once magic, version and the file's
@@ -111,15 +63,14 @@ absl::Status TruncatedHeader(const std::string& path, size_t file_bytes) {
 }  // namespace
 
 absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
-  struct stat st;
-  absl::StatusOr<int> fd = OpenRegularFile(path, &st);
-  if (!fd.ok()) return fd.status();
-  FdCloser closer(*fd);
-  const auto file_bytes = static_cast<size_t>(st.st_size);
+  absl::StatusOr<InputFile> input = InputFile::Open(path);
+  if (!input.ok()) return input.status();
+  const auto file_bytes = static_cast<size_t>(input->size());
   if (file_bytes < kTokenFileHeaderBytes) {
     return TruncatedHeader(path, file_bytes);
   }
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, *fd, 0);
+  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED,
+                         input->descriptor(), 0);
   if (mapping == MAP_FAILED) {
     return absl::InternalError(ErrnoMessage(path, "mmap"));
   }
@@ -144,16 +95,16 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
 }
 
 absl::StatusOr<int64_t> ReadTokenFileHeader(const std::string& path) {
-  struct stat st;
-  absl::StatusOr<int> fd = OpenRegularFile(path, &st);
-  if (!fd.ok()) return fd.status();
-  FdCloser closer(*fd);
-  const auto file_bytes = static_cast<size_t>(st.st_size);
+  absl::StatusOr<InputFile> input = InputFile::Open(path);
+  if (!input.ok()) return input.status();
+  const auto file_bytes = static_cast<size_t>(input->size());
+  if (file_bytes < kTokenFileHeaderBytes) {
+    return TruncatedHeader(path, file_bytes);
+  }
   std::array<int32_t, kTokenFileHeaderInts> header;
-  const ssize_t got = ::pread(*fd, header.data(), kTokenFileHeaderBytes, 0);
-  if (got < 0) return absl::InternalError(ErrnoMessage(path, "read"));
-  if (static_cast<size_t>(got) < kTokenFileHeaderBytes) {
-    return TruncatedHeader(path, static_cast<size_t>(got));
+  if (absl::Status s = input->ReadAt(0, header.data(), kTokenFileHeaderBytes);
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes);
   if (!count.ok()) return count.status();

@@ -179,9 +179,9 @@ TEST(TokenFileHeaderTest, AFifoIsRefusedWithoutBlocking) {
 
   EXPECT_EQ(count.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(count.status().message(),
-              HasSubstr("not a regular file (a FIFO)"));
+              HasSubstr("is a FIFO, not a regular file"));
   EXPECT_THAT(file.status().message(),
-              HasSubstr("not a regular file (a FIFO)"));
+              HasSubstr("is a FIFO, not a regular file"));
 }
 
 // With read roots set (as shardtraind --path-root hands them to ranks), a
