@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "common/exit_codes.h"
+#include "server/dataset_locator.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace shardtrain {
@@ -239,6 +240,17 @@ TEST_F(JobManagerTest, PathRootsResolveWhatAnInitFromDirectoryHolds) {
   job = manager_->Submit(spec);
   EXPECT_THAT(job.status().message(),
               HasSubstr("trainer.init_from (checkpoints/latest)"));
+}
+
+// A FIFO train.bin was reported as "has no train.bin".
+TEST_F(JobManagerTest, TheDatasetLocatorNamesAFifoTrainBinAsAFifo) {
+  std::filesystem::create_directories(dir_ / "fifo-data");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo-data/train.bin").c_str(), 0600), 0);
+  const DataResolver locate = MakeDatasetLocator(dir_ / "locator-state");
+  absl::StatusOr<std::string> data = locate(dir_ / "fifo-data");
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              HasSubstr("train.bin' is a FIFO, not a regular file"));
 }
 
 TEST_F(JobManagerTest, AFifoAsInitFromIsNamedAsAFifo) {
