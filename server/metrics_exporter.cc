@@ -39,24 +39,22 @@ MetricsExporter::MetricsExporter(MetricsExporterOptions options)
 absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
     MetricsExporterOptions options) {
   std::unique_ptr<MetricsExporter> e(new MetricsExporter(std::move(options)));
-  try {
-    // Civetweb's defaults (2 threads, no request timeout) let two idle,
-    // half-sent connections hold every worker thread so that no scrape is
-    // ever answered. More threads, and a connection that has not sent its
-    // request within the timeout is dropped.
-    e->exposer_ =
-        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-            "listening_ports", e->options_.listen, "num_threads", "8",
-            "request_timeout_ms", "3000"});
-  } catch (const std::exception& error) {
+  // Not prometheus-cpp's Exposer: each of civetweb's worker threads (8 of
+  // them, with a 3 s request timeout) is held by one idle, half-sent
+  // connection, so 16 such connections delayed a scrape to 5.5 s and 64 past
+  // Prometheus's 10 s timeout. MetricsHttpServer serves every connection from
+  // one poll loop and bounds what idle ones hold (its header says how).
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(e->options_.listen);
+  if (!server.ok()) {
     return absl::UnavailableError(
         absl::StrCat("--metrics-listen: cannot listen on ", e->options_.listen,
-                     ": ", error.what()));
+                     ": ", server.status().message()));
   }
-  const std::vector<int> ports = e->exposer_->GetListeningPorts();
+  e->http_server_ = std::move(*server);
   const std::string& listen = e->options_.listen;
   e->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
-                             ports.empty() ? 0 : ports.front());
+                             e->http_server_->port());
   prometheus::Registry& r = *e->registry_;
 
   BuildGauge()
@@ -194,7 +192,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
       e->gpu_power_.push_back(&power.Add(labels));
     }
   }
-  e->exposer_->RegisterCollectable(e->registry_);
+  e->http_server_->RegisterCollectable(e->registry_);
   return e;
 }
 

@@ -1,10 +1,10 @@
-// MetricsExporter: shardtraind's Prometheus endpoint (prometheus-cpp pull
-// exposer on --metrics-listen). Hears every job change, step report and
-// heartbeat from the JobManager (as its JobObserver) and refreshes the
-// queue, heartbeat ages and GPU readings once a second. docs/metrics.md lists
-// every metric; names follow Prometheus conventions (shardtrain_ prefix, base
-// units, _total counters) and labels stay bounded: a finished job's series
-// are dropped `retention` after it ended.
+// MetricsExporter: shardtraind's Prometheus endpoint (prometheus-cpp
+// metrics, served by MetricsHttpServer on --metrics-listen). Hears every job
+// change, step report and heartbeat from the JobManager (as its JobObserver)
+// and refreshes the queue, heartbeat ages and GPU readings once a second.
+// docs/metrics.md lists every metric; names follow Prometheus conventions
+// (shardtrain_ prefix, base units, _total counters) and labels stay bounded:
+// a finished job's series are dropped `retention` after it ended.
 #ifndef SHARDTRAIN_SERVER_METRICS_EXPORTER_H_
 #define SHARDTRAIN_SERVER_METRICS_EXPORTER_H_
 
@@ -22,13 +22,13 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/device_inventory.h"
 #include "server/job_manager.h"
+#include "server/metrics_http_server.h"
 
 namespace shardtrain {
 
@@ -45,7 +45,7 @@ struct MetricsExporterOptions {
 
 class MetricsExporter : public JobObserver {
  public:
-  // Binds the exposer; an error names the address.
+  // Binds the HTTP server; an error names the address.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
       MetricsExporterOptions options);
   ~MetricsExporter() override;
@@ -111,7 +111,8 @@ class MetricsExporter : public JobObserver {
   const MetricsExporterOptions options_;
   std::string address_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // After registry_: its thread, which collects the registry, stops first.
+  std::unique_ptr<MetricsHttpServer> http_server_;
 
   // Families (owned by registry_).
   prometheus::Family<prometheus::Gauge>* jobs_;

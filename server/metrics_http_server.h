@@ -1,0 +1,109 @@
+// MetricsHttpServer: the HTTP/1.1 server behind shardtraind's /metrics. It
+// answers `GET /metrics` with the Prometheus text exposition of the registered
+// collectables, and nothing else (404 for other paths, 405 for other methods),
+// one request per connection.
+//
+// Why event-driven: /metrics must answer Prometheus within its scrape timeout
+// however many clients hold connections open. A thread-per-connection server
+// (civetweb, which prometheus-cpp's Exposer uses) lets idle, half-sent
+// connections occupy every worker thread, so a scrape waits for their request
+// timeout. Here one thread polls the listening socket and every connection
+// (all non-blocking), so an idle connection costs a descriptor, never a
+// thread, and the bounds below cap what idle ones can hold:
+//   - a connection must complete its request headers within header_timeout
+//     (then it gets a 408 and is closed), in at most max_header_bytes (431);
+//   - at most max_half_open_per_peer connections from one address may have
+//     incomplete headers: a new one beyond that closes that address's oldest;
+//   - at most max_connections are open: beyond that the oldest with
+//     incomplete headers is closed first, then the oldest answered one, and
+//     when every connection is being answered the new one is refused;
+//   - a client that does not read its response within write_timeout is
+//     closed.
+// The collection and serialization run on the server thread; a scrape costs
+// what the registry's Collect() costs (milliseconds).
+#ifndef SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
+#define SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "prometheus/collectable.h"
+
+namespace shardtrain {
+
+class MetricsHttpServer {
+ public:
+  static constexpr absl::Duration kHeaderTimeout = absl::Seconds(1);
+  static constexpr absl::Duration kWriteTimeout = absl::Seconds(5);
+  static constexpr size_t kMaxHeaderBytes = 8 * 1024;
+  static constexpr int kMaxHalfOpenPerPeer = 16;
+  static constexpr int kMaxConnections = 512;
+
+  struct Options {
+    // From accept until the blank line that ends the request headers.
+    absl::Duration header_timeout = kHeaderTimeout;
+    // For the whole response, from the end of its request.
+    absl::Duration write_timeout = kWriteTimeout;
+    size_t max_header_bytes = kMaxHeaderBytes;
+    int max_half_open_per_peer = kMaxHalfOpenPerPeer;
+    int max_connections = kMaxConnections;
+  };
+
+  // Binds `listen` ("host:port", as --metrics-listen takes it: an IPv4
+  // address, "[IPv6]", a name such as localhost, or an empty host for every
+  // IPv4 address; a bare "port" means the same; port 0 picks a free one) and
+  // starts serving. An error says why the address could not be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& listen, Options options);
+  // The same with the default bounds. (Not a default argument: GCC cannot
+  // use a nested struct's member initializers inside its enclosing class.)
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& listen);
+
+  // Stops the server thread and closes every connection.
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  // Adds `collectable` to what /metrics serves, from the next scrape on. The
+  // server holds it weakly: one that has expired is skipped.
+  void RegisterCollectable(
+      const std::weak_ptr<prometheus::Collectable>& collectable);
+
+  // The port actually bound.
+  int port() const { return port_; }
+
+ private:
+  MetricsHttpServer(Options options, int listen_fd, int wake_fd, int port);
+  void Run();
+  // The exposition of every live collectable.
+  std::string Collect();
+  // The whole response (status line to body) to a request whose head, up to
+  // its blank line, is `head`.
+  std::string Respond(absl::string_view head);
+
+  const Options options_;
+  const int listen_fd_;
+  const int wake_fd_;  // an eventfd; written once to stop Run()
+  const int port_;
+
+  absl::Mutex mutex_;
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables_
+      ABSL_GUARDED_BY(mutex_);
+
+  // Last: it starts after every member above exists. All connection state
+  // is local to Run(), on this thread.
+  std::thread thread_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
