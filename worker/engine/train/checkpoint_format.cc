@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -53,6 +54,40 @@ int64_t IntAt(const nlohmann::json& json, const char* key) {
     throw std::invalid_argument(absl::StrCat("'", key, "' is not an integer"));
   }
   return value.get<int64_t>();
+}
+
+// An array of integers in [lo, hi]; a float, a string or a value out of range
+// throws (converting 3.7e66 to an integer is undefined behaviour, found by
+// checkpoint_fuzz), and the caller reports the file as malformed.
+std::vector<int64_t> IntsAt(const nlohmann::json& json, const char* key,
+                            int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+  const nlohmann::json& values = json.at(key);
+  if (!values.is_array()) {
+    throw std::invalid_argument(absl::StrCat("'", key, "' is not an array"));
+  }
+  std::vector<int64_t> out;
+  out.reserve(values.size());
+  for (const nlohmann::json& v : values) {
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                              : v.is_number_integer() &&
+                                    v.get<int64_t>() >= lo &&
+                                    v.get<int64_t>() <= hi;
+    if (!in_range) {
+      throw std::invalid_argument(
+          absl::StrCat("'", key, "' holds something other than integers in [",
+                       lo, ", ", hi, "]"));
+    }
+    out.push_back(v.is_number_unsigned()
+                      ? static_cast<int64_t>(v.get<uint64_t>())
+                      : v.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<uint32_t> Crc32sAt(const nlohmann::json& json, const char* key) {
+  const std::vector<int64_t> values = IntsAt(json, key, 0, UINT32_MAX);
+  return std::vector<uint32_t>(values.begin(), values.end());
 }
 
 // Chunks sorted by offset must tile [0, numel) exactly.
@@ -236,8 +271,7 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
       files.push_back(index.at("file"));
       for (const nlohmann::json& c : index["chunks"]) {
         const std::string name = c.at("name").get<std::string>();
-        const std::vector<int64_t> shape =
-            c.at("shape").get<std::vector<int64_t>>();
+        const std::vector<int64_t> shape = IntsAt(c, "shape");
         TensorEntry& entry = tensors[name];
         if (entry.name.empty()) {
           entry.name = name;
@@ -308,8 +342,7 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
     }
     for (const nlohmann::json& f : json.at("files")) {
       DataFile file{f.at("name").get<std::string>(), IntAt(f, "bytes"),
-                    IntAt(f, "block_bytes"),
-                    f.at("crc32").get<std::vector<uint32_t>>()};
+                    IntAt(f, "block_bytes"), Crc32sAt(f, "crc32")};
       const int64_t blocks = file.block_bytes > 0 &&
                                      file.block_bytes <= kMaxBlockBytes &&
                                      file.bytes >= 0
@@ -328,7 +361,7 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
       TensorEntry entry;
       entry.name = t.at("name").get<std::string>();
       entry.dtype = t.at("dtype").get<std::string>();
-      entry.shape = t.at("shape").get<std::vector<int64_t>>();
+      entry.shape = IntsAt(t, "shape");
       if (entry.dtype != "float32") {
         return absl::DataLossError(absl::StrCat(where, ": tensor ", entry.name,
                                                 " has dtype ", entry.dtype,
