@@ -185,15 +185,18 @@ TEST_F(CoordinatorSecurityTest, InitFromIsAFileOrADirectoryNeverAFifo) {
   spec.mutable_trainer()->set_init_from(dir_ / "allowed/hf");
   v1::Job job;
   ASSERT_GRPC_OK(daemon->Submit(spec, &job));
-  for (const std::string& path : {std::string(dir_ / "allowed/model-fifo"),
-                                  std::string(dir_ / "allowed/missing")}) {
+  // Each refused naming its cause: a FIFO is not "no such file".
+  const std::string fifo = dir_ / "allowed/model-fifo";
+  const std::string missing = dir_ / "allowed/missing";
+  for (const auto& [path, cause] :
+       {std::pair{fifo, "trainer.init_from: '" + fifo + "' is a FIFO"},
+        std::pair{missing, "trainer.init_from: got '" + missing +
+                               "'; no such file or directory"}}) {
     spec.mutable_trainer()->set_init_from(path);
     v1::Job refused;
     const grpc::Status status = daemon->Submit(spec, &refused);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << path;
-    EXPECT_THAT(status.error_message(),
-                HasSubstr("trainer.init_from: got '" + path +
-                          "'; no such file or directory"));
+    EXPECT_THAT(status.error_message(), HasSubstr(cause));
   }
 }
 
