@@ -10,10 +10,10 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/model/hf_gpt2.h"
-#include "worker/engine/train/checkpoint_export.h"
-#include "worker/engine/train/checkpoint_format.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/model/hf_gpt2.h"
+#include "core/train/checkpoint_export.h"
+#include "core/train/checkpoint_format.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -24,9 +24,9 @@
 #include "client/report_assets.h"  // generated: report/report.{js,css}
 #include "client/step_metrics_csv.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/data/asset_paths.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/data/asset_paths.h"
+#include "core/train/step_metrics.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -10,14 +10,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/exit_code.h"
-#include "worker/engine/data/asset_paths.h"
-#include "worker/engine/data/bpe_tokenizer.h"
-#include "worker/engine/data/brown_corpus.h"
-#include "worker/engine/data/dataset_preparer.h"
-#include "worker/engine/data/gpt2_vocab.h"
-#include "worker/engine/data/text_corpus.h"
-#include "worker/engine/data/token_file.h"
-#include "worker/engine/train/train_config.h"
+#include "core/data/asset_paths.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/brown_corpus.h"
+#include "core/data/dataset_preparer.h"
+#include "core/data/gpt2_vocab.h"
+#include "core/data/text_corpus.h"
+#include "core/data/token_file.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain::cli {
 namespace {

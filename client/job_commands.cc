@@ -17,8 +17,8 @@
 #include "client/step_metrics_csv.h"
 #include "common/small_file.h"
 #include "proto/job_config.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/train_flags.h"
+#include "core/train/step_metrics.h"
+#include "core/train/train_flags.h"
 #include "yaml-cpp/yaml.h"
 
 namespace shardtrain::cli {

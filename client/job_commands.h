@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "client/daemon_client.h"
 #include "shardtrain/v1/job.pb.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain::cli {
 

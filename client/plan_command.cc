@@ -12,10 +12,10 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/train/memory_plan.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/strategy_kinds.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/memory_plan.h"
+#include "core/train/step_metrics.h"
+#include "core/train/strategy_kinds.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -16,9 +16,9 @@
 #include "client/exit_code.h"
 #include "client/job_commands.h"
 #include "proto/job_config.h"
-#include "worker/engine/train/memory_plan.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/memory_plan.h"
+#include "core/train/step_metrics.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/exit_code.h"
-#include "worker/engine/data/bpe_tokenizer.h"
+#include "core/data/bpe_tokenizer.h"
 
 namespace shardtrain::cli {
 namespace {

@@ -1,7 +1,7 @@
 #include "proto/job_config.h"
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "shardtrain/v1/job.pb.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/step_metrics.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain {
 

@@ -91,22 +91,8 @@ absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(
   return devices;
 }
 
-}  // namespace
-
-Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)) {}
-
-Coordinator::~Coordinator() {
-  Shutdown();
-  if (lock_fd_ >= 0) {
-    // No pid left behind for a process that may later take the number.
-    (void)!ftruncate(lock_fd_, 0);
-    close(lock_fd_);
-  }
-}
-
-absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
-    CoordinatorOptions options) {
+// Every option that can be checked before anything is opened or bound.
+absl::Status ValidateOptions(const CoordinatorOptions& options) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state-dir: required");
   }
@@ -174,6 +160,20 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     return absl::FailedPreconditionError(absl::StrCat(
         "--launcher slurm: SLURM_CONF names ", conf, ", which does not exist"));
   }
+  if (options.max_streams_per_client < 1 || options.max_streams_per_peer < 1 ||
+      options.max_streams < 1 || options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-streams-per-client, --max-streams-per-peer and --max-streams "
+        "must be >= 1 and --max-message-bytes >= 1024; got ",
+        options.max_streams_per_client, ", ", options.max_streams_per_peer,
+        ", ", options.max_streams, " and ", options.max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Creates the state directory (absolute, private) and finds the worker
+// binary; both are written back into `options`.
+absl::Status PrepareStateDir(CoordinatorOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir + "/jobs", ec);
   if (ec) {
@@ -195,68 +195,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     return absl::FailedPreconditionError(absl::StrCat(
         "--worker-binary: '", options.worker_binary, "' is not executable"));
   }
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<Coordinator> c(new Coordinator(options));
-  absl::StatusOr<int> lock = LockStateDir(options.state_dir);
-  if (!lock.ok()) return lock.status();
-  c->lock_fd_ = *lock;
-
-  c->nvml_ = Nvml::Load();
-  absl::StatusOr<std::vector<DeviceInfo>> devices =
-      options.launcher == "slurm"
-          ? absl::StatusOr<std::vector<DeviceInfo>>(std::vector<DeviceInfo>())
-          : DiscoverDevices(options.devices, c->nvml_.get());
-  if (!devices.ok()) return devices.status();
-  if (options.launcher == "slurm") {
-    c->slurm_ = std::make_unique<CommandSlurmClient>(options.slurm);
-    absl::StatusOr<std::vector<DeviceInfo>> slots =
-        SlurmSlots(*c->slurm_, options.slurm);
-    if (!slots.ok()) return slots.status();
-    devices = std::move(slots);
-    c->launcher_ =
-        std::make_unique<SlurmJobLauncher>(c->slurm_.get(), options.slurm);
-  } else {
-    // A GPU NVML no longer answers for (fallen off the bus, Xid 79) cannot
-    // run a rank: an elastic job continues without it.
-    LocalJobLauncher::LostDevices lost;
-    if (c->nvml_ != nullptr && !devices->empty() &&
-        devices->front().kind == v1::GPU) {
-      lost = [nvml = c->nvml_.get(), gpus = *devices] {
-        std::vector<int> gone;
-        for (size_t d = 0; d < gpus.size(); ++d) {
-          if (!nvml->Info(gpus[d].index).has_value()) {
-            gone.push_back(static_cast<int>(d));
-          }
-        }
-        return gone;
-      };
-    }
-    c->launcher_ =
-        std::make_unique<LocalJobLauncher>(&c->processes_, std::move(lost));
-  }
-
-  if (!options.metrics_listen.empty()) {
-    MetricsExporterOptions metrics;
-    metrics.listen = options.metrics_listen;
-    metrics.retention = options.metrics_retention;
-    metrics.version = SHARDTRAIN_VERSION;
-    metrics.devices = *devices;
-    metrics.nvml = c->nvml_.get();
-    absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
-        MetricsExporter::Start(metrics);
-    if (!exporter.ok()) return exporter.status();
-    c->exporter_ = std::move(*exporter);
-  }
-
-  absl::StatusOr<std::unique_ptr<JobStore>> store =
-      JobStore::Open(options.state_dir + "/shardtraind.db");
-  if (!store.ok()) return store.status();
-  c->store_ = std::move(*store);
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    // Owner-only, also when an older version made them 0644.
-    (void)chmod((options.state_dir + "/shardtraind.db" + suffix).c_str(), 0600);
-  }
-
+// --auth-token-file's token (empty without one), once --listen is allowed
+// with or without it.
+absl::StatusOr<std::string> ReadToken(const CoordinatorOptions& options) {
   std::string token;
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::string> read =
@@ -269,22 +213,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       !s.ok()) {
     return s;
   }
+  return token;
+}
 
-  absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
-  if (!roots.ok()) return roots.status();
-  if (options.max_streams_per_client < 1 || options.max_streams_per_peer < 1 ||
-      options.max_streams < 1 || options.max_message_bytes < 1024) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-streams-per-client, --max-streams-per-peer and --max-streams "
-        "must be >= 1 and --max-message-bytes >= 1024; got ",
-        options.max_streams_per_client, ", ", options.max_streams_per_peer,
-        ", ", options.max_streams, " and ", options.max_message_bytes));
-  }
-  c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
-                                                options.max_streams_per_peer,
-                                                options.max_streams);
-  c->authorizer_ = std::make_unique<RequestAuthorizer>(token);
-
+// The clients' credentials: TLS from --tls-cert and --tls-key, or none.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const CoordinatorOptions& options) {
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (!options.tls_cert.empty()) {
@@ -312,9 +246,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     credentials = grpc::SslServerCredentials(ssl);
   }
+  return credentials;
+}
 
-  // The workers' channel: a Unix socket only this user can reach, or the
-  // address given (--worker-listen; Slurm's nodes need one they can reach).
+// The workers' channel: a Unix socket only this user can reach, or the
+// address given (--worker-listen; Slurm's nodes need one they can reach).
+std::string WorkerListenAddress(const CoordinatorOptions& options) {
+  std::error_code ec;
   const std::string socket_path = options.state_dir + "/shardtraind.sock";
   std::string worker_listen;
   if (!options.worker_listen.empty()) {
@@ -325,11 +263,184 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   } else {
     worker_listen = "127.0.0.1:0";
   }
+  return worker_listen;
+}
 
+JobManagerOptions ManagerOptions(const CoordinatorOptions& options,
+                                 const std::vector<DeviceInfo>& devices,
+                                 const PathRoots& roots,
+                                 const std::string& worker_listen) {
+  JobManagerOptions manager_options;
+  manager_options.state_dir = options.state_dir;
+  manager_options.worker_binary = options.worker_binary;
+  manager_options.devices = devices;
+  manager_options.cpu_cores = UsableCores();
+  manager_options.grace_period = options.grace_period;
+  manager_options.heartbeat_interval = options.heartbeat_interval;
+  manager_options.heartbeat_timeout = options.heartbeat_timeout;
+  manager_options.rendezvous_timeout = options.rendezvous_timeout;
+  manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
+  manager_options.path_roots = roots;
+  manager_options.min_free_bytes =
+      static_cast<int64_t>(options.min_free_mb * 1048576.0);
+  manager_options.worker_address = worker_listen;
+  return manager_options;
+}
+
+// The exporter starts from every stored job, and reads the cluster from the
+// manager.
+void SeedExporter(MetricsExporter& exporter, JobManager& manager) {
+  std::vector<v1::Job> all;
+  ListJobsQuery query;
+  query.page_size = 1000;
+  do {
+    absl::StatusOr<ListJobsPage> page = manager.List(query);
+    if (!page.ok()) break;
+    all.insert(all.end(), page->jobs.begin(), page->jobs.end());
+    query.page_token = page->next_page_token;
+  } while (!query.page_token.empty());
+  exporter.Seed(all);
+  exporter.set_cluster_source([&manager] { return manager.Cluster(); });
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)) {}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  if (lock_fd_ >= 0) {
+    // No pid left behind for a process that may later take the number.
+    (void)!ftruncate(lock_fd_, 0);
+    close(lock_fd_);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
+    CoordinatorOptions options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  if (absl::Status s = PrepareStateDir(options); !s.ok()) return s;
+  std::unique_ptr<Coordinator> c(new Coordinator(options));
+  absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+  if (!lock.ok()) return lock.status();
+  c->lock_fd_ = *lock;
+  absl::StatusOr<std::vector<DeviceInfo>> devices = c->StartBackend();
+  if (!devices.ok()) return devices.status();
+  if (absl::Status s = c->StartExporter(*devices); !s.ok()) return s;
+  if (absl::Status s = c->OpenStore(); !s.ok()) return s;
+  absl::StatusOr<std::string> token = ReadToken(options);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
+  if (!roots.ok()) return roots.status();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
+                                                options.max_streams_per_peer,
+                                                options.max_streams);
+  c->authorizer_ = std::make_unique<RequestAuthorizer>(*token);
+  if (absl::Status s =
+          c->Serve(*credentials, ManagerOptions(options, *devices, *roots,
+                                                WorkerListenAddress(options)));
+      !s.ok()) {
+    return s;
+  }
+  c->Publish();
+  // Serving for sure: only now may jobs the last coordinator left active
+  // use up a restart.
+  c->manager_->ResumeInterruptedJobs();
+  c->manager_->Start();
+  std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
+            << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
+            << (token->empty() ? "" : " with token auth")
+            << (c->exporter_ ? "; metrics on http://" +
+                                   c->exporter_->address() + "/metrics"
+                             : "")
+            << "; " << devices->size() << " "
+            << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
+            << "; state in " << options.state_dir << std::endl;
+  return c;
+}
+
+absl::StatusOr<std::vector<DeviceInfo>> Coordinator::StartBackend() {
+  nvml_ = Nvml::Load();
+  absl::StatusOr<std::vector<DeviceInfo>> devices =
+      options_.launcher == "slurm"
+          ? absl::StatusOr<std::vector<DeviceInfo>>(std::vector<DeviceInfo>())
+          : DiscoverDevices(options_.devices, nvml_.get());
+  if (!devices.ok()) return devices.status();
+  if (options_.launcher == "slurm") {
+    slurm_ = std::make_unique<CommandSlurmClient>(options_.slurm);
+    absl::StatusOr<std::vector<DeviceInfo>> slots =
+        SlurmSlots(*slurm_, options_.slurm);
+    if (!slots.ok()) return slots.status();
+    devices = std::move(slots);
+    launcher_ =
+        std::make_unique<SlurmJobLauncher>(slurm_.get(), options_.slurm);
+  } else {
+    // A GPU NVML no longer answers for (fallen off the bus, Xid 79) cannot
+    // run a rank: an elastic job continues without it.
+    LocalJobLauncher::LostDevices lost;
+    if (nvml_ != nullptr && !devices->empty() &&
+        devices->front().kind == v1::GPU) {
+      lost = [nvml = nvml_.get(), gpus = *devices] {
+        std::vector<int> gone;
+        for (size_t d = 0; d < gpus.size(); ++d) {
+          if (!nvml->Info(gpus[d].index).has_value()) {
+            gone.push_back(static_cast<int>(d));
+          }
+        }
+        return gone;
+      };
+    }
+    launcher_ =
+        std::make_unique<LocalJobLauncher>(&processes_, std::move(lost));
+  }
+  return devices;
+}
+
+absl::Status Coordinator::StartExporter(
+    const std::vector<DeviceInfo>& devices) {
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  MetricsExporterOptions metrics;
+  metrics.listen = options_.metrics_listen;
+  metrics.retention = options_.metrics_retention;
+  metrics.version = SHARDTRAIN_VERSION;
+  metrics.devices = devices;
+  metrics.nvml = nvml_.get();
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(metrics);
+  if (!exporter.ok()) return exporter.status();
+  exporter_ = std::move(*exporter);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OpenStore() {
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open(options_.state_dir + "/shardtraind.db");
+  if (!store.ok()) return store.status();
+  store_ = std::move(*store);
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    // Owner-only, also when an older version made them 0644.
+    (void)chmod((options_.state_dir + "/shardtraind.db" + suffix).c_str(),
+                0600);
+  }
+  return absl::OkStatus();
+}
+
+// Binds both listeners, builds the manager and the services over them, and
+// starts serving. The manager needs the workers' address before the server
+// runs, but the port of a TCP fallback is known only after BuildAndStart:
+// that case binds first and tells the manager afterwards.
+absl::Status Coordinator::Serve(
+    const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    JobManagerOptions manager_options) {
+  const std::string worker_listen = manager_options.worker_address;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   {
     std::vector<
         std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
@@ -339,64 +450,32 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   }
   int public_port = 0;
   int worker_port = 0;
-  builder.AddListeningPort(options.listen, credentials, &public_port);
+  builder.AddListeningPort(options_.listen, credentials, &public_port);
   builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
                            &worker_port);
 
-  // The manager needs the workers' address before the server runs: the port
-  // of a TCP fallback is only known after BuildAndStart, so that case binds
-  // the services first and the manager reads the port afterwards.
-  JobManagerOptions manager_options;
-  manager_options.state_dir = options.state_dir;
-  manager_options.worker_binary = options.worker_binary;
-  manager_options.devices = *devices;
-  manager_options.cpu_cores = UsableCores();
-  manager_options.grace_period = options.grace_period;
-  manager_options.heartbeat_interval = options.heartbeat_interval;
-  manager_options.heartbeat_timeout = options.heartbeat_timeout;
-  manager_options.rendezvous_timeout = options.rendezvous_timeout;
-  manager_options.resolve_data = MakeDatasetLocator(options.state_dir);
-  manager_options.path_roots = *roots;
-  manager_options.min_free_bytes =
-      static_cast<int64_t>(options.min_free_mb * 1048576.0);
-  manager_options.worker_address = worker_listen;
-  absl::StatusOr<std::unique_ptr<JobManager>> manager =
-      JobManager::Create(manager_options, c->store_.get(), c->launcher_.get(),
-                         &c->clock_, c->exporter_.get());
+  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
+      manager_options, store_.get(), launcher_.get(), &clock_, exporter_.get());
   if (!manager.ok()) return manager.status();
-  c->manager_ = std::move(*manager);
-  if (c->exporter_ != nullptr) {
-    std::vector<v1::Job> all;
-    ListJobsQuery query;
-    query.page_size = 1000;
-    do {
-      absl::StatusOr<ListJobsPage> page = c->manager_->List(query);
-      if (!page.ok()) break;
-      all.insert(all.end(), page->jobs.begin(), page->jobs.end());
-      query.page_token = page->next_page_token;
-    } while (!query.page_token.empty());
-    c->exporter_->Seed(all);
-    JobManager* manager_ptr = c->manager_.get();
-    c->exporter_->set_cluster_source(
-        [manager_ptr] { return manager_ptr->Cluster(); });
-  }
+  manager_ = std::move(*manager);
+  if (exporter_ != nullptr) SeedExporter(*exporter_, *manager_);
 
-  c->job_service_ = std::make_unique<JobServiceImpl>(
-      c->manager_.get(), c->authorizer_.get(), c->streams_.get());
-  c->cluster_service_ = std::make_unique<ClusterServiceImpl>(
-      c->manager_.get(), c->authorizer_.get(), c->slurm_.get());
-  c->worker_service_ = std::make_unique<WorkerServiceImpl>(c->manager_.get());
-  builder.RegisterService(c->job_service_.get());
-  builder.RegisterService(c->cluster_service_.get());
-  builder.RegisterService(c->worker_service_.get());
-  c->server_ = builder.BuildAndStart();
-  if (c->server_ == nullptr || public_port == 0 || worker_port == 0) {
+  job_service_ = std::make_unique<JobServiceImpl>(
+      manager_.get(), authorizer_.get(), streams_.get());
+  cluster_service_ = std::make_unique<ClusterServiceImpl>(
+      manager_.get(), authorizer_.get(), slurm_.get());
+  worker_service_ = std::make_unique<WorkerServiceImpl>(manager_.get());
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(cluster_service_.get());
+  builder.RegisterService(worker_service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || public_port == 0 || worker_port == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on ", options.listen,
+        "--listen: cannot listen on ", options_.listen,
         public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),
         ": the port is taken (another shardtraind?), the address is not one "
         "of this host's",
-        options.tls_cert.empty()
+        options_.tls_cert.empty()
             ? ""
             : ", or the TLS certificate and key do not belong together"));
   }
@@ -404,44 +483,33 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     // A TCP listener: tell the workers the port actually bound.
     const std::string worker_host =
         worker_listen.substr(0, worker_listen.rfind(':'));
-    c->manager_->set_worker_address(
-        absl::StrCat(worker_host, ":", worker_port));
+    manager_->set_worker_address(absl::StrCat(worker_host, ":", worker_port));
   }
-  if (absl::StartsWith(options.listen, "unix:") ||
-      absl::StartsWith(options.listen, "unix-abstract:")) {
-    c->address_ = options.listen;  // no port to fill in
+  if (absl::StartsWith(options_.listen, "unix:") ||
+      absl::StartsWith(options_.listen, "unix-abstract:")) {
+    address_ = options_.listen;  // no port to fill in
   } else {
     const std::string host =
-        options.listen.substr(0, options.listen.rfind(':'));
-    c->address_ = absl::StrCat(host, ":", public_port);
+        options_.listen.substr(0, options_.listen.rfind(':'));
+    address_ = absl::StrCat(host, ":", public_port);
   }
   for (const char* service :
        {"", "shardtrain.v1.JobService", "shardtrain.v1.ClusterService",
         "shardtrain.v1.WorkerService"}) {
-    c->server_->GetHealthCheckService()->SetServingStatus(service, true);
+    server_->GetHealthCheckService()->SetServingStatus(service, true);
   }
-  auto publish = [&](const std::string& name, const std::string& address) {
-    // Best effort: clients fall back to the default address.
-    (void)WriteFileAtomically(options.state_dir + "/" + name, address + "\n");
+  return absl::OkStatus();
+}
+
+// The addresses clients find in the state directory (best effort: clients
+// fall back to the default address).
+void Coordinator::Publish() {
+  auto publish = [this](const std::string& name, const std::string& address) {
+    (void)WriteFileAtomically(options_.state_dir + "/" + name, address + "\n");
   };
   // metrics_endpoint first: a client that sees `endpoint` finds both.
-  if (c->exporter_ != nullptr)
-    publish("metrics_endpoint", c->exporter_->address());
-  publish("endpoint", c->address_);
-  // Serving for sure: only now may jobs the last coordinator left active
-  // use up a restart.
-  c->manager_->ResumeInterruptedJobs();
-  c->manager_->Start();
-  std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
-            << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
-            << (token.empty() ? "" : " with token auth")
-            << (c->exporter_ ? "; metrics on http://" +
-                                   c->exporter_->address() + "/metrics"
-                             : "")
-            << "; " << devices->size() << " "
-            << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
-            << "; state in " << options.state_dir << std::endl;
-  return c;
+  if (exporter_ != nullptr) publish("metrics_endpoint", exporter_->address());
+  publish("endpoint", address_);
 }
 
 void Coordinator::Shutdown() {

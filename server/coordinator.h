@@ -99,6 +99,14 @@ class Coordinator {
 
  private:
   explicit Coordinator(CoordinatorOptions options);
+  // The steps of Start, in order.
+  absl::StatusOr<std::vector<DeviceInfo>> StartBackend();
+  absl::Status StartExporter(const std::vector<DeviceInfo>& devices);
+  absl::Status OpenStore();
+  absl::Status Serve(
+      const std::shared_ptr<grpc::ServerCredentials>& credentials,
+      JobManagerOptions manager_options);
+  void Publish();
 
   const CoordinatorOptions options_;
   int lock_fd_ = -1;  // flock on state-dir/LOCK: one coordinator per state dir

@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/input_file.h"
-#include "worker/engine/data/asset_paths.h"
-#include "worker/engine/data/bpe_tokenizer.h"
-#include "worker/engine/data/brown_corpus.h"
-#include "worker/engine/data/dataset_preparer.h"
+#include "core/data/asset_paths.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/brown_corpus.h"
+#include "core/data/dataset_preparer.h"
 
 namespace shardtrain {
 namespace {

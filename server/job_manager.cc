@@ -27,7 +27,7 @@
 #include "server/log_files.h"
 #include "server/rank_specs.h"
 #include "server/scheduler.h"
-#include "worker/engine/data/token_file.h"
+#include "core/data/token_file.h"
 
 namespace shardtrain {
 namespace {

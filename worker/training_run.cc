@@ -10,7 +10,7 @@
 #include "common/exit_codes.h"
 #include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 

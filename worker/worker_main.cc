@@ -17,7 +17,7 @@
 #include "common/exit_codes.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
-#include "worker/engine/train/cpu_threads.h"
+#include "worker/engine/support/cpu_threads.h"
 #include "worker/progress_reporter.h"
 #include "worker/training_run.h"
 

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
-#include "worker/engine/data/asset_paths.h"
+#include "core/data/asset_paths.h"
 
 namespace shardtrain::cli {
 namespace {

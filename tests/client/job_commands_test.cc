@@ -15,7 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/job_config.h"
 #include "tests/integration/daemon_harness.h"
-#include "worker/engine/train/memory_plan.h"
+#include "core/train/memory_plan.h"
 
 namespace shardtrain {
 namespace {

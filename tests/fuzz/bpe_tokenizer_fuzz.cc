@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_target.h"
-#include "worker/engine/data/bpe_tokenizer.h"
+#include "core/data/bpe_tokenizer.h"
 
 namespace {
 std::optional<shardtrain::BpeTokenizer>* tokenizer;

@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "tests/fuzz/fuzz_target.h"
-#include "worker/engine/train/checkpoint_format.h"
-#include "worker/engine/train/checkpoint_store.h"
+#include "core/train/checkpoint_format.h"
+#include "core/train/checkpoint_store.h"
 
 namespace {
 

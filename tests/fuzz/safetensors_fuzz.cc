@@ -5,8 +5,8 @@
 #include <string_view>
 
 #include "tests/fuzz/fuzz_target.h"
-#include "worker/engine/model/hf_gpt2.h"
-#include "worker/engine/model/safetensors.h"
+#include "core/model/hf_gpt2.h"
+#include "core/model/safetensors.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_target.h"
-#include "worker/engine/data/gpt2_vocab.h"
-#include "worker/engine/data/token_file.h"
+#include "core/data/gpt2_vocab.h"
+#include "core/data/token_file.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

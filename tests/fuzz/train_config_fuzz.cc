@@ -5,7 +5,7 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_target.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/train_config.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/daemon_harness.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {

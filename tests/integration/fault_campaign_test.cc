@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tests/integration/daemon_harness.h"
-#include "worker/engine/data/token_file.h"
+#include "core/data/token_file.h"
 
 namespace shardtrain {
 namespace {

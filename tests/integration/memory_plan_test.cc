@@ -5,7 +5,7 @@
 // step; the plan is compared with the largest over ranks and steps). Two
 // steps suffice: the second is the first with the optimizer's state alive,
 // and every later step repeats it (a third step measured the same bytes).
-#include "worker/engine/train/memory_plan.h"
+#include "core/train/memory_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -24,8 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
-#include "worker/engine/data/token_file.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/data/token_file.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "tests/test_util.h"
-#include "worker/engine/data/token_file.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/data/token_file.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {

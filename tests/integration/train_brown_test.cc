@@ -17,7 +17,7 @@
 #include <string>
 
 #include "tests/test_util.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {

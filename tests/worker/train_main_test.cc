@@ -11,8 +11,8 @@
 
 #include "common/exit_codes.h"
 #include "tests/test_util.h"
-#include "worker/engine/data/token_file.h"
-#include "worker/engine/train/cpu_threads.h"
+#include "core/data/token_file.h"
+#include "worker/engine/support/cpu_threads.h"
 
 namespace shardtrain {
 namespace {

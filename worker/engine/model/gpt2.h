@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 
 namespace shardtrain {
 

@@ -21,7 +21,7 @@
 #include "common/atomic_file.h"
 #include "common/input_file.h"
 #include "worker/engine/model/gpt2.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 
 namespace shardtrain {
 namespace {

@@ -68,7 +68,7 @@
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/vocab_parallel.h"
-#include "worker/engine/train/tensor_file.h"
+#include "worker/engine/support/tensor_file.h"
 
 namespace shardtrain {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
-#include "worker/engine/train/tensor_file.h"
+#include "worker/engine/support/tensor_file.h"
 
 namespace shardtrain {
 

@@ -18,7 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"
-#include "worker/engine/train/adamw.h"
+#include "worker/engine/support/adamw.h"
 
 namespace shardtrain {
 
@@ -98,7 +98,7 @@ class Strategy {
   virtual void set_optimizer_steps(int64_t steps) = 0;
 
   // This rank's slices into the checkpoint directory `dir`
-  // (worker/engine/train/checkpoint_format.h); rank 0 then writes
+  // (core/train/checkpoint_format.h); rank 0 then writes
   // checkpoint.json with `training` (plus the optimizer's step count) as its
   // training record. Collective; fails on every rank when one fails.
   absl::Status SaveCheckpoint(const std::string& dir,

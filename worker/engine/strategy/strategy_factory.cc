@@ -7,7 +7,7 @@
 #include "worker/engine/strategy/ddp_strategy.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 

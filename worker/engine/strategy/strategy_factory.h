@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/strategy/strategy.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain {
 

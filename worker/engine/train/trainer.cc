@@ -23,11 +23,11 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
-#include "worker/engine/train/checkpoint_export.h"
-#include "worker/engine/train/checkpoint_format.h"
-#include "worker/engine/train/cpu_threads.h"
-#include "worker/engine/train/memory_tracker.h"
-#include "worker/engine/train/peak_flops.h"
+#include "core/train/checkpoint_export.h"
+#include "core/train/checkpoint_format.h"
+#include "worker/engine/support/cpu_threads.h"
+#include "worker/engine/support/memory_tracker.h"
+#include "worker/engine/support/peak_flops.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;

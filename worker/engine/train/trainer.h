@@ -21,14 +21,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/data/batch_sampler.h"
-#include "worker/engine/data/token_file.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/data/batch_sampler.h"
+#include "core/data/token_file.h"
+#include "core/model/gpt2_config.h"
 #include "worker/engine/strategy/strategy.h"
-#include "worker/engine/train/checkpoint_store.h"
-#include "worker/engine/train/lr_schedule.h"
-#include "worker/engine/train/step_metrics.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/checkpoint_store.h"
+#include "core/train/lr_schedule.h"
+#include "core/train/step_metrics.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain {
 

@@ -20,10 +20,10 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
-#include "worker/engine/model/gpt2_config.h"
-#include "worker/engine/model/hf_gpt2.h"
+#include "core/model/gpt2_config.h"
+#include "core/model/hf_gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
-#include "worker/engine/train/checkpoint_export.h"
+#include "core/train/checkpoint_export.h"
 
 namespace shardtrain {
 namespace {

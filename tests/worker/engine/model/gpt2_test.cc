@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 
 namespace shardtrain {
 namespace {

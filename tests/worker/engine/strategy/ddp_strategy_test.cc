@@ -20,9 +20,9 @@
 
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "worker/engine/train/checkpoint_format.h"
+#include "core/train/checkpoint_format.h"
 
 namespace shardtrain {
 namespace {

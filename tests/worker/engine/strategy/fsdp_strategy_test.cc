@@ -25,11 +25,11 @@
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "worker/engine/train/checkpoint_format.h"
-#include "worker/engine/train/memory_tracker.h"
+#include "core/train/checkpoint_format.h"
+#include "worker/engine/support/memory_tracker.h"
 
 namespace shardtrain {
 namespace {

@@ -20,8 +20,8 @@
 #include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "worker/engine/train/checkpoint_format.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/checkpoint_format.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tests/fakes/in_process_communicator.h"
-#include "worker/engine/train/strategy_kinds.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {

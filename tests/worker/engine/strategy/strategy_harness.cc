@@ -8,10 +8,10 @@
 #include <filesystem>
 
 #include "tests/fakes/in_process_communicator.h"
-#include "worker/engine/model/gpt2_config.h"
+#include "core/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "worker/engine/train/train_config.h"
+#include "core/train/train_config.h"
 
 namespace shardtrain::test {
 

@@ -1,4 +1,4 @@
-#include "worker/engine/train/adamw.h"
+#include "worker/engine/support/adamw.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

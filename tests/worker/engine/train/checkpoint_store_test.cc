@@ -1,4 +1,4 @@
-#include "worker/engine/train/checkpoint_store.h"
+#include "core/train/checkpoint_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "worker/engine/train/tensor_file.h"
+#include "worker/engine/support/tensor_file.h"
 
 namespace shardtrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/engine/train/memory_tracker.h"
+#include "worker/engine/support/memory_tracker.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "worker/engine/train/peak_flops.h"
+#include "worker/engine/support/peak_flops.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "worker/engine/train/cpu_threads.h"
+#include "worker/engine/support/cpu_threads.h"
 
 namespace shardtrain {
 namespace {

@@ -9,11 +9,11 @@
 #include <random>
 #include <sstream>
 
-#include "worker/engine/data/token_file.h"
+#include "core/data/token_file.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "worker/engine/train/lr_schedule.h"
-#include "worker/engine/train/step_metrics.h"
+#include "core/train/lr_schedule.h"
+#include "core/train/step_metrics.h"
 
 namespace shardtrain {
 namespace {

@@ -1,0 +1,56 @@
+// Turns a Corpus into an llm.c-style dataset folder:
+//   train.bin, val.bin  token files (see token_file.h), every document
+//                       preceded by <|endoftext|> as llm.c does;
+//   meta.json           source, split rule, documents and tokens per split,
+//                       vocabulary.
+// The split is a pure function of the corpus, so preparing twice gives
+// identical bytes.
+#ifndef SHARDTRAIN_CORE_DATA_DATASET_PREPARER_H_
+#define SHARDTRAIN_CORE_DATA_DATASET_PREPARER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/corpus.h"
+
+namespace shardtrain {
+
+struct SplitSummary {
+  std::string path;  // out_dir/train.bin or out_dir/val.bin
+  int64_t documents = 0;
+  int64_t tokens = 0;
+  std::map<std::string, int64_t> documents_per_group;  // Brown genres
+};
+
+struct DatasetSummary {
+  std::string source;
+  // "documents": whole documents go to one split; "tokens": a single document
+  // cut at 90% of its tokens.
+  std::string split_by;
+  SplitSummary train;
+  SplitSummary val;
+  double encode_seconds = 0;
+};
+
+// Which documents go to val: about 10% of each group (at least one when the
+// group has two or more documents), spread evenly through the group's order.
+// A group of one document stays in train.
+std::vector<bool> ChooseValidationDocuments(
+    const std::vector<Document>& documents);
+
+// Tokenizes `corpus` and writes the dataset into `out_dir` (created when
+// missing). Two or more documents are split by ChooseValidationDocuments; a
+// single one by tokens, 90/10, val starting with its own <|endoftext|>. The
+// literal text "<|endoftext|>" in a document is text, not a delimiter.
+// InvalidArgument for an empty corpus.
+absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
+                                              const BpeTokenizer& tokenizer,
+                                              const std::string& out_dir);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_DATA_DATASET_PREPARER_H_

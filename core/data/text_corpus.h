@@ -1,0 +1,21 @@
+// Plain text files as a corpus: each file one document.
+#ifndef SHARDTRAIN_CORE_DATA_TEXT_CORPUS_H_
+#define SHARDTRAIN_CORE_DATA_TEXT_CORPUS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/data/corpus.h"
+
+namespace shardtrain {
+
+// Reads every path: a file is one document whatever its name; a folder
+// contributes its *.txt files, recursively, in path order. Files holding only
+// whitespace are skipped. NotFound for a path that does not exist or a folder
+// without .txt files; InvalidArgument ("empty corpus") when no text is left.
+absl::StatusOr<Corpus> LoadTextCorpus(absl::Span<const std::string> paths);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_DATA_TEXT_CORPUS_H_

@@ -1,0 +1,52 @@
+// What a checkpoint becomes outside training, without ranks or LibTorch: the
+// model in llm.c's format or Hugging Face's, and a summary (`shardtrain
+// checkpoint inspect` and `export`). Also where a model's weights are read
+// from, whatever holds them (a checkpoint, an llm.c file, a Hugging Face
+// directory): `export` and --init-from.
+#ifndef SHARDTRAIN_CORE_TRAIN_CHECKPOINT_EXPORT_H_
+#define SHARDTRAIN_CORE_TRAIN_CHECKPOINT_EXPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/model/gpt2_config.h"
+#include "core/model/llmc_layout.h"
+#include "core/train/checkpoint_format.h"
+
+namespace shardtrain {
+
+// The checkpoint directory `path` names: a checkpoint itself, a run's --out
+// or its checkpoints/ folder (then its newest complete checkpoint).
+absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
+
+// Writes the checkpoint's model weights to `path` as llm.c's fp32 model file
+// (core/model/llmc_layout.h), atomically. Errors name a missing or
+// misshapen tensor.
+absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
+                                    const std::string& path);
+
+// A model's weights wherever they are stored, read tensor by tensor.
+struct ModelWeights {
+  Gpt2Config config;
+  // "checkpoint DIR (step N)", "llm.c model FILE", "Hugging Face model DIR".
+  std::string description;
+  // Model tensors in llm.c's order and shapes; valid while this lives.
+  WeightReader read;
+  std::shared_ptr<void> source;  // what `read` reads from
+};
+
+// Opens `path`: a Hugging Face GPT-2 directory (config.json and
+// model.safetensors), an llm.c model file, a checkpoint, a run's --out or its
+// checkpoints/ folder. Headers and shapes are checked here; errors name the
+// path and what is wrong.
+absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path);
+
+// Writes `weights` as llm.c's fp32 model file, atomically.
+absl::Status WriteLlmcModel(const ModelWeights& weights,
+                            const std::string& path);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_TRAIN_CHECKPOINT_EXPORT_H_

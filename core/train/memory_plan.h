@@ -1,0 +1,100 @@
+// MemoryPlan: the tensor bytes one rank will need at its peak, predicted
+// from the job's configuration before anything is launched (`shardtrain
+// plan`, and the compare report's "predicted" column). Torch-free.
+//
+// The model is this engine's own, not a generic formula: it counts the
+// tensors our strategies and our GPT-2 keep alive at the moment the step
+// peaks, which for every strategy here is the end of the forward pass (the
+// LM head's last chunk), when all activations saved for backward exist:
+//   parameters, gradients, optimizer state  persistent (a replica's, or 1/N
+//                                           of the padded flat shards for FSDP)
+//   gathered units      FSDP: full buffers of the units still gathered (the
+//                       root and the last block; every block without reshard
+//                       after forward); bf16 weight casts under autocast
+//   activations         what autograd saves per block (counted tensor by
+//                       tensor for this model), the embeddings, ln_f
+//   logits              one chunk of the chunked LM head, plus wte's gradient
+//                       computed in the head's forward (single/DDP)
+//   communication       FSDP's vocabulary-parallel head: every rank's hidden
+//                       states and their gradient
+// Checked against the tracking allocator's exact peak on CPU (fp32) within
+// 10% for gpt2-tiny and gpt2-mini at world sizes 1, 2 and 4
+// (tests/integration/memory_plan_test.cc). bf16 on CUDA is an estimate of
+// the same tensors at their autocast dtypes, not yet measured on a GPU.
+#ifndef SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
+#define SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model/gpt2_config.h"
+#include "core/train/train_config.h"
+
+namespace shardtrain {
+
+struct MemoryPlan {
+  std::string strategy;
+  int64_t world_size = 1;
+  int64_t shard_group_size = 0;   // HSDP's G; 0 for the others
+  int64_t recomputed_blocks = 0;  // activation checkpointing
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t gathered_units = 0;
+  int64_t activations = 0;
+  int64_t logits = 0;
+  int64_t communication = 0;
+  // Activation checkpointing: how far the backward's recomputation of a
+  // block goes past the forward's peak (0 when it does not).
+  int64_t recomputation = 0;
+
+  // When the step peaks: at the end of the forward (the LM head's last
+  // chunk), or, with activation checkpointing, in the backward of the last
+  // recomputed block: at its softmax's backward, or at its start with all its
+  // rebuilt activations alive (the larger of the two, when it exceeds the
+  // head's moment).
+  enum class Moment { kHead, kRecomputedSoftmax, kRecomputedBlockStart };
+  Moment peak_moment = Moment::kHead;
+  // "the end of the forward (LM head)", ... for tables and JSON.
+  std::string PeakMomentName() const;
+
+  int64_t total() const;
+  // (name, bytes) in the order above, for tables and JSON.
+  std::vector<std::pair<std::string, int64_t>> Parts() const;
+};
+
+// How the LibTorch the workers run computes attention, which decides what
+// autograd saves: a masked softmax (LibTorch 1.x: the [T, T] probabilities
+// per head) or fused scaled-dot-product attention (2.x: the output and a
+// log-sum-exp per head).
+enum class AttentionKind { kMaskedSoftmax, kFused };
+// The kind this build's LibTorch uses.
+AttentionKind BuiltAttentionKind();
+
+// Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
+// FSDP/HSDP options, activation checkpointing) at `world_size` ranks; HSDP's
+// default shard group is the one-node default (DefaultShardGroupSize). Errors:
+// a model spec or strategy that does not parse.
+absl::StatusOr<MemoryPlan> PlanMemory(
+    const TrainConfig& config, int64_t world_size,
+    AttentionKind attention = BuiltAttentionKind());
+
+// What a device of `memory` bytes may be planned to: 98% of it, as the plan
+// is checked to within 2% of the measured peak (memory_plan_test), so a
+// batch chosen by it stays under a cap of `memory`.
+inline int64_t PlannableBytes(int64_t memory) { return memory / 50 * 49; }
+
+// The largest per-rank micro-batch (config.batch_size) in [1, max_batch]
+// whose planned peak at `world_size` ranks is at most `budget` bytes; 0 when
+// not even one sequence fits. The plan grows with the batch, so this is a
+// binary search over PlanMemory. Errors: PlanMemory's.
+absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
+                                            int64_t world_size, int64_t budget,
+                                            int64_t max_batch = 1 << 16);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_

@@ -1,0 +1,50 @@
+#include "core/train/strategy_kinds.h"
+
+#include "absl/strings/str_join.h"
+
+namespace shardtrain {
+
+const std::vector<StrategyKind>& StrategyKinds() {
+  static const auto* const kKinds = new std::vector<StrategyKind>{
+      {"single", "single-device", /*distributed=*/false},
+      {"ddp", "DDP", /*distributed=*/true},
+      {"fsdp", "FSDP", /*distributed=*/true},
+      {"hsdp", "HSDP", /*distributed=*/true},
+  };
+  return *kKinds;
+}
+
+const StrategyKind* FindStrategyKind(std::string_view name) {
+  for (const StrategyKind& kind : StrategyKinds()) {
+    if (name == kind.name) return &kind;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> StrategyNames() {
+  std::vector<std::string> names;
+  for (const StrategyKind& kind : StrategyKinds()) names.push_back(kind.name);
+  return names;
+}
+
+std::string StrategyNameList() { return absl::StrJoin(StrategyNames(), ", "); }
+
+int64_t DefaultShardGroupSize(int64_t world_size, int64_t ranks_per_node) {
+  if (world_size <= 1) return 1;
+  if (ranks_per_node > 0 && ranks_per_node < world_size &&
+      world_size % ranks_per_node == 0) {
+    return ranks_per_node;
+  }
+  for (int64_t g = world_size / 2; g > 1; --g) {
+    if (world_size % g == 0) return g;
+  }
+  return 1;
+}
+
+int64_t ResolveShardGroupSize(int64_t requested, int64_t world_size,
+                              int64_t ranks_per_node) {
+  return requested > 0 ? requested
+                       : DefaultShardGroupSize(world_size, ranks_per_node);
+}
+
+}  // namespace shardtrain

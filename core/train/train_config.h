@@ -1,0 +1,109 @@
+// TrainConfig: everything one training run needs, as plain data.
+//
+// Torch-free, so the CLI and the coordinator validate job specs with the same
+// rules as shardtrain-train. Field names follow the command-line flags
+// (`--batch-size` <-> batch_size); the YAML keys are the flag names too.
+#ifndef SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_
+#define SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace shardtrain {
+
+struct TrainConfig {
+  // Model and data.
+  std::string model = "gpt2-tiny";  // preset or custom:... (see gpt2_config.h)
+  std::string data;                 // dir with train.bin [+ val.bin]
+  std::string init_from;  // llm.c .bin, Hugging Face dir or checkpoint
+
+  // Batch and length of training.
+  int64_t batch_size = 8;  // sequences per rank per micro-step
+  int64_t seq_len = 128;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 0;  // > 0 wins over epochs
+  int64_t epochs = 1;
+
+  // Optimizer: AdamW, weight decay on matrices only; warmup + cosine decay.
+  double lr = 6e-4;
+  double min_lr_ratio = 0.1;  // final lr = lr * min_lr_ratio
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // <= 0 disables clipping
+
+  // Execution.
+  std::string strategy = "single";  // single | ddp | fsdp | hsdp
+  std::string device = "cpu";       // cpu | cuda | cuda:N
+  std::string precision = "fp32";   // fp32 | bf16
+  uint64_t seed = 1337;
+  int64_t threads = 0;    // intra-op CPU threads; 0 = cores / world size
+  double peak_flops = 0;  // MFU denominator; 0 = table (GPU) or measured
+  bool shuffle = true;    // shuffle training windows each epoch
+  // Per-rank cap on tensor memory in bytes (0: none); past it the run fails
+  // out of memory, as on a device that size (MemoryTracker::SetLimit).
+  int64_t memory_cap = 0;
+
+  // Distributed strategies.
+  double bucket_mb = 25;              // DDP gradient bucket size
+  bool reshard_after_forward = true;  // FSDP: free full params after forward
+  bool prefetch = true;               // FSDP: gather the next unit early
+  bool fsdp_no_sync = false;   // FSDP: no reduce-scatter on accumulation steps
+  int64_t comm_timeout = 300;  // seconds before a collective fails
+  // HSDP: ranks per shard group (0: DefaultShardGroupSize).
+  int64_t shard_group_size = 0;
+  // Recompute blocks' activations in backward: none | all | every-N.
+  std::string activation_checkpointing = "none";
+
+  // Eval, checkpoints, output.
+  int64_t eval_every = 0;  // 0 = only at the end when val.bin exists
+  int64_t eval_steps = 20;
+  int64_t checkpoint_every = 0;  // 0 = no periodic checkpoints
+  std::string out;               // output dir: metrics.jsonl, model.bin, ...
+  bool eval_only = false;
+  bool resume = false;  // continue from the latest checkpoint in out
+  int64_t log_every = 1;
+
+  // Checks every field against the allowed values; the message names the
+  // field, the value and what is allowed. Does not touch the filesystem.
+  absl::Status Validate() const;
+
+  // The CPU compute threads of one rank of `world_size` on this machine:
+  // `threads`, or the machine's cores shared evenly (at least 1).
+  int64_t ThreadsPerRank(int64_t world_size) const;
+};
+
+// Overwrites the fields named in a YAML mapping (keys as the flags:
+// `batch-size` or `batch_size`). Unknown keys and wrong types are errors.
+// How `global` sequences per optimizer step are shared by `world` ranks:
+// each rank's share split into micro-batches of `batch` accumulated `accum`
+// times. The micro-batch is `preferred_batch` when it divides the share (so
+// memory per rank stays as it was), else the largest that does.
+// FailedPrecondition when `world` ranks cannot share `global` equally.
+struct BatchSplit {
+  int64_t batch = 1;
+  int64_t accum = 1;
+};
+absl::StatusOr<BatchSplit> SplitGlobalBatch(int64_t global, int64_t world,
+                                            int64_t preferred_batch);
+
+// What --activation-checkpointing means: 0 for "none", 1 for "all", N for
+// "every-N": every N-th block is recomputed (0-based blocks N-1, 2N-1, ...;
+// Gpt2Impl::IsRecomputed), L / N of L blocks. InvalidArgument naming the
+// value otherwise.
+absl::StatusOr<int64_t> ActivationCheckpointEvery(absl::string_view value);
+
+absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
+                                  TrainConfig* config);
+absl::Status LoadYamlTrainConfigFile(const std::string& path,
+                                     TrainConfig* config);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_
