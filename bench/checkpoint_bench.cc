@@ -21,11 +21,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/train/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/strategy/strategy_factory.h"
 #include "worker/engine/support/tensor_file.h"
-#include "core/train/train_config.h"
 
 namespace shardtrain {
 namespace {

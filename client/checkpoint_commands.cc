@@ -9,11 +9,11 @@
 #include "absl/strings/str_format.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
-#include "nlohmann/json.hpp"
 #include "core/model/hf_gpt2.h"
 #include "core/train/checkpoint_export.h"
 #include "core/train/checkpoint_format.h"
 #include "core/train/step_metrics.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {
 namespace {

@@ -23,10 +23,10 @@
 #include "absl/strings/str_replace.h"
 #include "client/report_assets.h"  // generated: report/report.{js,css}
 #include "client/step_metrics_csv.h"
-#include "nlohmann/json.hpp"
 #include "core/data/asset_paths.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {
 namespace {

@@ -16,9 +16,9 @@
 #include "client/output_format.h"
 #include "client/step_metrics_csv.h"
 #include "common/small_file.h"
-#include "proto/job_config.h"
 #include "core/train/step_metrics.h"
 #include "core/train/train_flags.h"
+#include "proto/job_config.h"
 #include "yaml-cpp/yaml.h"
 
 namespace shardtrain::cli {

@@ -11,11 +11,11 @@
 #include "absl/strings/str_join.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
-#include "nlohmann/json.hpp"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
 #include "core/train/train_config.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {
 namespace {

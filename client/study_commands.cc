@@ -15,10 +15,10 @@
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
 #include "client/job_commands.h"
-#include "proto/job_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
+#include "proto/job_config.h"
 
 namespace shardtrain::cli {
 namespace {

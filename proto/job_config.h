@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "shardtrain/v1/job.pb.h"
 #include "core/train/step_metrics.h"
 #include "core/train/train_config.h"
+#include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain {
 

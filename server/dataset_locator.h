@@ -1,5 +1,6 @@
-// Where a job's `data` lives on the coordinator's host. "brown" is prepared
-// once (from the corpus scripts/setup installs) into state-dir/data/brown;
+// Where a job's `data` lives on the coordinator's host. "brown" lives in
+// state-dir/data/brown, which the job's ranks prepare the first time
+// (shardtrain-worker --prepare-data; the daemon reads no corpus itself);
 // anything else must be a directory holding train.bin.
 #ifndef SHARDTRAIN_SERVER_DATASET_LOCATOR_H_
 #define SHARDTRAIN_SERVER_DATASET_LOCATOR_H_

@@ -22,12 +22,12 @@
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
 #include "common/input_file.h"
+#include "core/data/token_file.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "server/log_files.h"
 #include "server/rank_specs.h"
 #include "server/scheduler.h"
-#include "core/data/token_file.h"
 
 namespace shardtrain {
 namespace {
@@ -1416,6 +1416,9 @@ void JobManager::RequestLaunch(Entry& entry, const std::vector<int>& devices) {
   launch.secret = entry.stored.secret;
   launch.heartbeat_seconds = absl::ToDoubleSeconds(options_.heartbeat_interval);
   launch.read_roots = absl::StrJoin(options_.path_roots.roots(), ":");
+  if (job.spec().data() == kBuiltinDataset) {
+    launch.prepare_data = kBuiltinDataset;
+  }
   for (int r = 0; r < world; ++r) launch.log_paths.push_back(LogPath(id, r));
   launch_requests_.push_back(std::move(request));
 }

@@ -31,6 +31,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "core/data/builtin_dataset.h"
 #include "server/access_policy.h"
 #include "server/device_inventory.h"
 #include "server/job_store.h"
@@ -43,9 +44,8 @@
 
 namespace shardtrain {
 
-// The one `data` value that is not a path: the Brown Corpus, prepared by the
-// coordinator (server/dataset_locator.h).
-inline constexpr char kBuiltinDataset[] = "brown";
+// kBuiltinDataset ("brown"): the one `data` value that is not a path
+// (core/data/builtin_dataset.h); the job's ranks prepare it.
 
 // Turns a JobSpec's `data` ("brown" or a directory) into the directory the
 // workers read; errors name the field and the problem.

@@ -18,6 +18,10 @@ std::vector<ProcessSpec> BuildRankSpecs(const RankLaunch& launch) {
       spec.argv.push_back(std::to_string(launch.threads_per_rank));
     }
     if (launch.resume) spec.argv.push_back("--resume");
+    if (!launch.prepare_data.empty()) {
+      spec.argv.push_back("--prepare-data");
+      spec.argv.push_back(launch.prepare_data);
+    }
     spec.env = {
         {"RANK", std::to_string(r)},
         {"WORLD_SIZE", world},

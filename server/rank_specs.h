@@ -30,6 +30,9 @@ struct RankLaunch {
   // shardtraind --path-root, canonical, ':'-joined (kReadRootsEnv): the
   // ranks check every input file they open against it. Empty: unrestricted.
   std::string read_roots;
+  // A built-in dataset ("brown") the ranks prepare into the spec's `data`
+  // before training when it is not there yet; empty for a prepared one.
+  std::string prepare_data;
   // Log file of rank r: log_paths[r].
   std::vector<std::string> log_paths;
 };

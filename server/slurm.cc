@@ -181,6 +181,10 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
     worker.push_back(std::to_string(std::max(1, options.cpus_per_task)));
   }
   if (launch.resume) worker.push_back("--resume");
+  if (!launch.prepare_data.empty()) {
+    worker.push_back("--prepare-data");
+    worker.push_back(launch.prepare_data);
+  }
   std::vector<std::string> quoted;
   for (const std::string& arg : worker) quoted.push_back(ShellQuote(arg));
 

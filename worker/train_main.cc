@@ -11,9 +11,9 @@
 #include "common/cli_usage.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
-#include "worker/engine/support/cpu_threads.h"
 #include "core/train/train_config.h"
 #include "core/train/train_flags.h"
+#include "worker/engine/support/cpu_threads.h"
 #include "worker/local_launcher.h"
 #include "worker/training_run.h"
 

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
+#include "core/train/strategy_kinds.h"
 #include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 

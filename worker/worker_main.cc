@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "core/data/builtin_dataset.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "worker/engine/support/cpu_threads.h"
@@ -57,6 +58,10 @@ int Main(int argc, char** argv) {
   app.add_option("--job-id", job_id, "the job's id (for ps and logs)");
   app.add_option("--threads", threads, "CPU threads for this rank");
   app.add_flag("--resume", resume, "continue from the latest checkpoint");
+  std::string prepare_data;
+  app.add_option("--prepare-data", prepare_data,
+                 "a built-in dataset (brown) to prepare into the spec's data "
+                 "directory first, unless it is there already");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -71,6 +76,13 @@ int Main(int argc, char** argv) {
   config->resume = resume;
   absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
   if (!env.ok()) return Fail(env.status(), 2);
+  if (!prepare_data.empty()) {
+    // Every rank asks; the first prepares while the others wait on its lock.
+    if (absl::Status s = PrepareBuiltinDataset(prepare_data, config->data);
+        !s.ok()) {
+      return Fail(s, ExitCodeFor(s));
+    }
+  }
   absl::StatusOr<ReporterOptions> options =
       ProgressReporter::OptionsFromEnvironment();
   if (!options.ok()) return Fail(options.status(), 2);

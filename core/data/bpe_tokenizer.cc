@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "nlohmann/json.hpp"
 #include "core/data/asset_paths.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain {
 namespace {

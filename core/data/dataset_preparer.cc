@@ -12,9 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
-#include "nlohmann/json.hpp"
 #include "core/data/gpt2_vocab.h"
 #include "core/data/token_file.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain {
 namespace {

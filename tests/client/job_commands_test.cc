@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/train/memory_plan.h"
 #include "nlohmann/json.hpp"
 #include "proto/job_config.h"
 #include "tests/integration/daemon_harness.h"
-#include "core/train/memory_plan.h"
 
 namespace shardtrain {
 namespace {

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "core/data/bpe_tokenizer.h"
+#include "tests/fuzz/fuzz_target.h"
 
 namespace {
 std::optional<shardtrain::BpeTokenizer>* tokenizer;

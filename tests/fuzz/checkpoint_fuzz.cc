@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "core/train/checkpoint_format.h"
 #include "core/train/checkpoint_store.h"
+#include "tests/fuzz/fuzz_target.h"
 
 namespace {
 

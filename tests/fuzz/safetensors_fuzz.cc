@@ -4,9 +4,9 @@
 // ParseHfGpt2Config() refuses or returns a config that validates.
 #include <string_view>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/safetensors.h"
+#include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

@@ -7,9 +7,9 @@
 // every header Open refuses.
 #include <string>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "core/data/gpt2_vocab.h"
 #include "core/data/token_file.h"
+#include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

@@ -4,8 +4,8 @@
 // the same way twice.
 #include <string>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "core/train/train_config.h"
+#include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 

@@ -11,8 +11,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "tests/integration/daemon_harness.h"
 #include "core/train/step_metrics.h"
+#include "tests/integration/daemon_harness.h"
 
 namespace shardtrain {
 namespace {

@@ -28,8 +28,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tests/integration/daemon_harness.h"
 #include "core/data/token_file.h"
+#include "tests/integration/daemon_harness.h"
 
 namespace shardtrain {
 namespace {

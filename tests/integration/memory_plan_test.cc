@@ -22,10 +22,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
-#include "tests/test_util.h"
 #include "core/data/token_file.h"
 #include "core/train/step_metrics.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
 
 namespace shardtrain {
 namespace {

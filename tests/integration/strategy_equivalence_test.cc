@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "core/data/token_file.h"
 #include "core/train/step_metrics.h"
+#include "tests/test_util.h"
 
 namespace shardtrain {
 namespace {

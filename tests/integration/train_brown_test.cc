@@ -16,8 +16,8 @@
 #include <fstream>
 #include <string>
 
-#include "tests/test_util.h"
 #include "core/train/step_metrics.h"
+#include "tests/test_util.h"
 
 namespace shardtrain {
 namespace {

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -82,6 +83,22 @@ TEST(RankSpecsTest, GpuRanksSeeTheirDevicesAndARestartResumes) {
     const auto env = Env(spec);
     EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "2,5");
     EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u);
+  }
+}
+
+// A job on the built-in dataset: its ranks prepare it (the daemon does not).
+TEST(RankSpecsTest, RanksOfABuiltinDatasetJobArePassedItToPrepare) {
+  RankLaunch launch = CpuLaunch();
+  for (const ProcessSpec& spec : BuildRankSpecs(launch)) {
+    EXPECT_THAT(spec.argv, Not(Contains("--prepare-data")));
+  }
+  launch.prepare_data = "brown";
+  for (const ProcessSpec& spec : BuildRankSpecs(launch)) {
+    const auto at = std::find(spec.argv.begin(), spec.argv.end(),
+                              std::string("--prepare-data"));
+    ASSERT_NE(at, spec.argv.end());
+    ASSERT_NE(at + 1, spec.argv.end());
+    EXPECT_EQ(*(at + 1), "brown");
   }
 }
 

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "common/exit_codes.h"
-#include "tests/test_util.h"
 #include "core/data/token_file.h"
+#include "tests/test_util.h"
 #include "worker/engine/support/cpu_threads.h"
 
 namespace shardtrain {

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "core/data/asset_paths.h"
+#include "core/data/brown_corpus.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
-#include "core/data/asset_paths.h"
-#include "core/data/brown_corpus.h"
 
 namespace shardtrain {
 namespace {

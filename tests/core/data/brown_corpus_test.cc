@@ -6,17 +6,19 @@
 #include <iostream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "core/data/asset_paths.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/builtin_dataset.h"
+#include "core/data/dataset_preparer.h"
+#include "core/data/token_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
-#include "core/data/asset_paths.h"
-#include "core/data/bpe_tokenizer.h"
-#include "core/data/dataset_preparer.h"
-#include "core/data/token_file.h"
 
 namespace shardtrain {
 namespace {
@@ -226,6 +228,30 @@ TEST_F(PreparedBrownTest, PreparingAgainGivesIdenticalBytes) {
                 test::ReadFile(out_->path() + "/" + file))
         << file << " differs between two runs";
   }
+}
+
+// Every rank of every job on `data: brown` asks for it at once: one prepares,
+// the others wait and find it there; nothing half-written is left.
+TEST(PrepareBuiltinDatasetTest, ConcurrentCallersGetOneCompleteDataset) {
+  test::TempDir state;
+  const std::string dir = state / "data/brown";
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> callers;
+  for (absl::Status& result : results) {
+    callers.emplace_back(
+        [&result, &dir] { result = PrepareBuiltinDataset("brown", dir); });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (const absl::Status& result : results) {
+    EXPECT_TRUE(result.ok()) << result;
+  }
+  absl::StatusOr<int64_t> tokens = ReadTokenFileHeader(dir + "/train.bin");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_GT(*tokens, 100000);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/val.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir + ".staging"));
+  EXPECT_EQ(PrepareBuiltinDataset("wikitext", dir).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/dataset_preparer.h"
+#include "core/data/token_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
-#include "core/data/bpe_tokenizer.h"
-#include "core/data/dataset_preparer.h"
-#include "core/data/token_file.h"
 
 namespace shardtrain {
 namespace {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "common/read_roots.h"
+#include "core/data/gpt2_vocab.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
-#include "core/data/gpt2_vocab.h"
 
 namespace shardtrain {
 namespace {

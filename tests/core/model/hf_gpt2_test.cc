@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "common/read_roots.h"
+#include "core/model/llmc_layout.h"
+#include "core/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "core/model/llmc_layout.h"
-#include "core/model/safetensors.h"
 
 namespace shardtrain {
 namespace {

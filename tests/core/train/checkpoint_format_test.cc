@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "common/read_roots.h"
-#include "tests/test_util.h"
 #include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
 #include "core/train/checkpoint_export.h"
 #include "core/train/checkpoint_store.h"
+#include "tests/test_util.h"
 
 namespace shardtrain {
 namespace {

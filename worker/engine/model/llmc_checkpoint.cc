@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
-#include "worker/engine/model/gpt2.h"
 #include "core/model/gpt2_config.h"
+#include "worker/engine/model/gpt2.h"
 
 namespace shardtrain {
 namespace {

@@ -13,9 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/model/gpt2.h"
 #include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
+#include "worker/engine/model/gpt2.h"
 
 namespace shardtrain {
 

@@ -4,10 +4,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/train/strategy_kinds.h"
 #include "worker/engine/strategy/ddp_strategy.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 

@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/train/train_config.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/strategy/strategy.h"
-#include "core/train/train_config.h"
 
 namespace shardtrain {
 

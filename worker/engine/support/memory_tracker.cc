@@ -10,8 +10,8 @@
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/torch_compat.h"
 #include "core/train/step_metrics.h"
+#include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
 namespace {

@@ -24,11 +24,11 @@
 #include "core/data/batch_sampler.h"
 #include "core/data/token_file.h"
 #include "core/model/gpt2_config.h"
-#include "worker/engine/strategy/strategy.h"
 #include "core/train/checkpoint_store.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/step_metrics.h"
 #include "core/train/train_config.h"
+#include "worker/engine/strategy/strategy.h"
 
 namespace shardtrain {
 

@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "gtest/gtest.h"
-#include "worker/engine/model/gpt2.h"
 #include "core/model/gpt2_config.h"
 #include "core/model/hf_gpt2.h"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "core/train/checkpoint_export.h"
+#include "gtest/gtest.h"
+#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/llmc_checkpoint.h"
 
 namespace shardtrain {
 namespace {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/model/gpt2_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/model/gpt2_config.h"
 
 namespace shardtrain {
 namespace {

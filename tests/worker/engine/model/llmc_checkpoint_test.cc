@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/model/gpt2_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
-#include "core/model/gpt2_config.h"
 
 namespace shardtrain {
 namespace {

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "core/model/gpt2_config.h"
+#include "core/train/checkpoint_format.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "core/model/gpt2_config.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "core/train/checkpoint_format.h"
 
 namespace shardtrain {
 namespace {

@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/model/gpt2_config.h"
+#include "core/train/checkpoint_format.h"
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "core/model/gpt2_config.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
-#include "core/train/checkpoint_format.h"
 #include "worker/engine/support/memory_tracker.h"
 
 namespace shardtrain {

@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "core/train/checkpoint_format.h"
+#include "core/train/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "core/train/checkpoint_format.h"
-#include "core/train/train_config.h"
 
 namespace shardtrain {
 namespace {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/train/strategy_kinds.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
-#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "tests/fakes/in_process_communicator.h"
 #include "core/train/strategy_kinds.h"
+#include "tests/fakes/in_process_communicator.h"
 
 namespace shardtrain {
 namespace {

@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "tests/fakes/in_process_communicator.h"
 #include "core/model/gpt2_config.h"
+#include "core/train/train_config.h"
+#include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/strategy_factory.h"
-#include "core/train/train_config.h"
 
 namespace shardtrain::test {
 

@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "core/data/token_file.h"
-#include "worker/engine/model/llmc_checkpoint.h"
-#include "worker/engine/strategy/single_device_strategy.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/step_metrics.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/single_device_strategy.h"
 
 namespace shardtrain {
 namespace {
