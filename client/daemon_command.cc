@@ -21,6 +21,7 @@
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
 #include "common/state_dir.h"
+#include "common/subprocess.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -84,19 +85,17 @@ int RunDaemon(const DaemonFlags& flags) {
   std::filesystem::create_directories(state_dir, ec);
   std::filesystem::remove(state_dir + "/endpoint", ec);
   const std::string log = state_dir + "/shardtraind.log";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setsid();  // outlives this shell command
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int null = open("/dev/null", O_RDONLY);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    if (null >= 0) dup2(null, 0);
-    execv(argv[0], argv.data());
-    _exit(127);
+  SubprocessOptions daemon;
+  daemon.argv = args;
+  daemon.detached = true;  // outlives this shell command
+  daemon.output = SubprocessOptions::Output::kLogFile;
+  daemon.log_path = log;
+  absl::StatusOr<Subprocess> started = SpawnSubprocess(daemon);
+  if (!started.ok()) {
+    return ReportFailure(absl::StrCat("cannot start ", args[0], ": ",
+                                      started.status().message()));
   }
+  const pid_t pid = started->pid;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline) {
     std::ifstream endpoint(state_dir + "/endpoint");

@@ -77,11 +77,15 @@ void CloseAllBut(int keep) {
     (void)!write(error_fd, &err, sizeof(err));
     _exit(127);
   };
-  if (setpgid(0, options.process_group) != 0 && setpgid(0, 0) != 0) fail();
-  // The child must not outlive the thread that spawned it, and must notice
-  // if that thread died before this line.
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
-  if (getppid() != parent) _exit(1);
+  if (options.detached) {
+    if (setsid() < 0) fail();
+  } else {
+    if (setpgid(0, options.process_group) != 0 && setpgid(0, 0) != 0) fail();
+    // The child must not outlive the thread that spawned it, and must notice
+    // if that thread died before this line.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
+    if (getppid() != parent) _exit(1);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -152,8 +156,12 @@ absl::StatusOr<Subprocess> SpawnSubprocess(const SubprocessOptions& options) {
     ExecChild(image, options, parent, out_pipe[1], err_pipe[1], error_pipe[1]);
   }
   CloseAll({error_pipe[1], out_pipe[1], err_pipe[1]});
-  // Also from this side, so the group exists before this returns.
-  setpgid(pid, options.process_group == 0 ? pid : options.process_group);
+  // Also from this side, so the group exists before this returns (a
+  // detached child makes its own session, which needs it not to lead a
+  // group yet).
+  if (!options.detached) {
+    setpgid(pid, options.process_group == 0 ? pid : options.process_group);
+  }
   int child_errno = 0;
   ssize_t n;
   do {

@@ -19,6 +19,9 @@ struct SubprocessOptions {
   // Added to (or replacing entries of) this process's environment.
   std::vector<std::pair<std::string, std::string>> env;
   int process_group = 0;  // 0: lead a new process group; else join this one
+  // A new session and no death signal: the child outlives this process (a
+  // daemon started by `shardtrain daemon`). process_group is ignored.
+  bool detached = false;
   enum class Output {
     kInherit,  // this process's stdout and stderr
     kLogFile,  // both appended to log_path

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "tests/test_util.h"
 
@@ -83,6 +84,28 @@ TEST(SubprocessTest, LeadsItsOwnProcessGroupUnlessToldToJoinOne) {
   kill(-leader->pid, SIGKILL);  // one signal stops the group
   EXPECT_EQ(WaitExit(leader->pid), -1);
   EXPECT_EQ(WaitExit(member->pid), -1);
+}
+
+// `shardtrain daemon` starts shardtraind this way: its own session, so it
+// outlives the shell, and no death signal tied to the thread that spawned it.
+TEST(SubprocessTest, ADetachedChildLeadsItsOwnSessionAndOutlivesItsSpawner) {
+  test::TempDir dir;
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "sleep 1; echo alive"};
+  options.detached = true;
+  options.output = SubprocessOptions::Output::kLogFile;
+  options.log_path = dir / "log";
+  int pid = -1;
+  std::thread spawner([&] {
+    absl::StatusOr<Subprocess> child = SpawnSubprocess(options);
+    ASSERT_TRUE(child.ok()) << child.status();
+    pid = child->pid;
+  });
+  spawner.join();  // the spawning thread is gone: no SIGKILL follows
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(getsid(pid), pid);
+  EXPECT_EQ(WaitExit(pid), 0);
+  EXPECT_EQ(test::ReadFile(dir / "log"), "alive\n");
 }
 
 TEST(SubprocessTest, AProgramThatCannotRunIsAnErrorNamingIt) {

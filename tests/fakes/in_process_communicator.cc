@@ -17,16 +17,6 @@ std::vector<torch::Tensor> SumOverRanks(const std::vector<torch::Tensor>& all) {
   return {sum};
 }
 
-class DoneWork final : public CommWork {
- public:
-  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
-  absl::Status Wait() override { return status_; }
-  bool IsCompleted() override { return true; }
-
- private:
-  absl::Status status_;
-};
-
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(InProcessGroup* group, int64_t rank)
@@ -132,11 +122,9 @@ class InProcessCommunicator final : public Communicator {
     return group_->Exchange(rank_, contribution.detach().clone(), combine,
                             results);
   }
-  std::unique_ptr<CommWork> Ok() {
-    return std::make_unique<DoneWork>(absl::OkStatus());
-  }
+  std::unique_ptr<CommWork> Ok() { return CompletedWork(absl::OkStatus()); }
   std::unique_ptr<CommWork> Timeout(const char* op) {
-    return std::make_unique<DoneWork>(absl::DeadlineExceededError(
+    return CompletedWork(absl::DeadlineExceededError(
         absl::StrCat(op, " on rank ", rank_, " timed out waiting for peers")));
   }
 

@@ -402,17 +402,6 @@ namespace {
 // ---------------------------------------------------------------------------
 // Works
 
-// A work that was settled when it was issued (bad arguments, world size 1).
-class DoneWork final : public CommWork {
- public:
-  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
-  absl::Status Wait() override { return status_; }
-  bool IsCompleted() override { return true; }
-
- private:
-  absl::Status status_;
-};
-
 // A c10d work. On the host (Gloo) Wait() blocks until the collective is done
 // or the communicator's timeout passes. On a GPU (NCCL) it only orders the
 // current CUDA stream after the collective and returns at once, so the host
@@ -503,7 +492,7 @@ class SideWork final : public CommWork {
 };
 
 std::unique_ptr<CommWork> Done(absl::Status status) {
-  return std::make_unique<DoneWork>(std::move(status));
+  return CompletedWork(std::move(status));
 }
 
 // Ring reduce-scatter over Gloo sends and receives. With chunks indexed by

@@ -1,11 +1,30 @@
 #include "worker/engine/comm/communicator.h"
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace shardtrain {
+namespace {
+
+class DoneWork final : public CommWork {
+ public:
+  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+  bool IsCompleted() override { return true; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommWork> CompletedWork(absl::Status status) {
+  return std::make_unique<DoneWork>(std::move(status));
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::NewGroup(
     const std::string& /*tag*/, const std::vector<int64_t>& /*members*/) {

@@ -31,6 +31,10 @@ class CommWork {
   virtual bool IsCompleted() = 0;
 };
 
+// A work settled when it was issued (bad arguments, a world of one, a fake
+// collective done at once): Wait() returns `status` without blocking.
+std::unique_ptr<CommWork> CompletedWork(absl::Status status);
+
 // Communication measured since the last TakeStats(): seconds the caller spent
 // blocked in Wait()/Barrier(), and bytes this rank contributed.
 struct CommStats {
