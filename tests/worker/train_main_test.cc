@@ -108,6 +108,8 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   EXPECT_NE(r.output.find("outputs: " + Out("ok") + "/model.bin"),
             std::string::npos)
       << r.output;
+  // No checkpoint was asked for: none is named.
+  EXPECT_EQ(r.output.find("/checkpoints/"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(Out("ok") + "/metrics.jsonl"));
   EXPECT_TRUE(fs::exists(Out("ok") + "/model.bin"));
 

@@ -675,9 +675,13 @@ void Trainer::LogSummary(double seconds, double val_loss) {
                         FormatBytes(last.memory_peak_bytes), rank_info_.rank);
   Log(line);
   if (!config_.out.empty()) {
+    // checkpoints/ only when this run (or an earlier one) wrote one.
+    const bool has_checkpoints =
+        checkpoints_ && !checkpoints_->Candidates().empty();
     Log(absl::StrCat(
         "outputs: ", config_.out, "/model.bin, ", config_.out, "/metrics.jsonl",
-        checkpoints_ ? absl::StrCat(", ", config_.out, "/checkpoints/") : ""));
+        has_checkpoints ? absl::StrCat(", ", config_.out, "/checkpoints/")
+                        : ""));
   }
 }
 
