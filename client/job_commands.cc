@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -636,6 +637,52 @@ void AddMetricsCommand(CLI::App* app, const CommandContext& ctx) {
 }
 
 // `cluster`
+// The backend's part of `shardtrain cluster`: its name, note, node groups
+// and nodes (none for the local backend).
+void PrintBackendView(const v1::Cluster& cluster) {
+  if (cluster.backend_note().empty() && cluster.backend_error().empty() &&
+      cluster.nodes().empty() && cluster.node_groups().empty()) {
+    return;
+  }
+  std::cout << "\nlauncher: " << TerminalSafe(cluster.launcher());
+  if (!cluster.backend_note().empty()) {
+    std::cout << " (" << TerminalSafe(cluster.backend_note()) << ")";
+  }
+  std::cout << "\n";
+  if (!cluster.backend_error().empty()) {
+    std::cout << TerminalSafe(cluster.backend_error()) << "\n";
+    return;
+  }
+  const std::string group_kind = absl::AsciiStrToUpper(
+      cluster.node_group_kind().empty() ? "group" : cluster.node_group_kind());
+  if (!cluster.node_groups().empty()) {
+    std::vector<std::vector<std::string>> groups;
+    for (const v1::NodeGroup& g : cluster.node_groups()) {
+      groups.push_back(
+          {TerminalSafe(g.name()) + (g.is_default() ? "*" : ""),
+           TerminalSafe(g.state()), std::to_string(g.total_nodes()),
+           std::to_string(g.total_cpus()), TerminalSafe(g.nodes())});
+    }
+    std::cout << "\n"
+              << FormatTable({group_kind, "STATE", "NODES", "CPUS", "NODELIST"},
+                             groups);
+  }
+  if (!cluster.nodes().empty()) {
+    std::vector<std::vector<std::string>> nodes;
+    for (const v1::ClusterNode& n : cluster.nodes()) {
+      nodes.push_back({TerminalSafe(n.name()), TerminalSafe(n.address()),
+                       TerminalSafe(n.state()),
+                       absl::StrCat(n.cpus_allocated(), "/", n.cpus()),
+                       std::to_string(n.gpus()),
+                       TerminalSafe(absl::StrJoin(n.groups(), ","))});
+    }
+    std::cout << "\n"
+              << FormatTable({"NODE", "ADDRESS", "STATE", "CPUS USED", "GPUS",
+                              group_kind + "S"},
+                             nodes);
+  }
+}
+
 void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
   auto format = std::make_shared<std::string>("table");
   CLI::App* cmd =
@@ -676,35 +723,7 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
                       ? "queue empty\n"
                       : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
                                     queue));
-    if (cluster.launcher() != "slurm") return;
-    std::cout << "\nlauncher: slurm (the slots above are shardtraind's queue "
-                 "limit; Slurm places the ranks)\n";
-    if (!cluster.slurm_error().empty()) {
-      std::cout << "Slurm did not answer: "
-                << TerminalSafe(cluster.slurm_error()) << "\n";
-      return;
-    }
-    std::vector<std::vector<std::string>> partitions;
-    for (const v1::SlurmPartition& p : cluster.slurm_partitions()) {
-      partitions.push_back({p.name() + (p.is_default() ? "*" : ""), p.state(),
-                            std::to_string(p.total_nodes()),
-                            std::to_string(p.total_cpus()), p.nodes()});
-    }
-    std::cout << "\n"
-              << FormatTable(
-                     {"PARTITION", "STATE", "NODES", "CPUS", "NODELIST"},
-                     partitions);
-    std::vector<std::vector<std::string>> nodes;
-    for (const v1::SlurmNode& n : cluster.slurm_nodes()) {
-      nodes.push_back({n.name(), n.address(), n.state(),
-                       absl::StrCat(n.cpus_allocated(), "/", n.cpus()),
-                       std::to_string(n.gpus()),
-                       absl::StrJoin(n.partitions(), ",")});
-    }
-    std::cout << "\n"
-              << FormatTable({"NODE", "ADDRESS", "STATE", "CPUS USED", "GPUS",
-                              "PARTITIONS"},
-                             nodes);
+    PrintBackendView(cluster);
   });
 }
 

@@ -1,6 +1,37 @@
 #include "server/cluster_service.h"
 
 namespace shardtrain {
+namespace {
+
+// The deprecated slurm_* fields, copied from the generic ones for clients
+// written against 0.x (shardtrain/v1/cluster_service.proto).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+void FillDeprecatedAliases(v1::Cluster* cluster) {
+  for (const v1::ClusterNode& node : cluster->nodes()) {
+    v1::SlurmNode* out = cluster->add_slurm_nodes();
+    out->set_name(node.name());
+    out->set_address(node.address());
+    out->set_state(node.state());
+    out->set_cpus(node.cpus());
+    out->set_cpus_allocated(node.cpus_allocated());
+    out->set_gpus(node.gpus());
+    *out->mutable_partitions() = node.groups();
+  }
+  for (const v1::NodeGroup& group : cluster->node_groups()) {
+    v1::SlurmPartition* out = cluster->add_slurm_partitions();
+    out->set_name(group.name());
+    out->set_state(group.state());
+    out->set_nodes(group.nodes());
+    out->set_total_nodes(group.total_nodes());
+    out->set_total_cpus(group.total_cpus());
+    out->set_is_default(group.is_default());
+  }
+  cluster->set_slurm_error(cluster->backend_error());
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
 
 grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
                                             const v1::GetClusterRequest*,
@@ -25,36 +56,9 @@ grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
     queued->set_reason(job.state_reason());
   }
   response->set_version(SHARDTRAIN_VERSION);
-  response->set_launcher(slurm_ != nullptr ? "slurm" : "local");
-  if (slurm_ == nullptr) return grpc::Status::OK;
-  // Slurm's view; the call still answers (with slurm_error) when Slurm
-  // does not.
-  absl::StatusOr<std::vector<SlurmNode>> nodes = slurm_->Nodes();
-  absl::StatusOr<std::vector<SlurmPartition>> partitions = slurm_->Partitions();
-  if (!nodes.ok() || !partitions.ok()) {
-    response->set_slurm_error(std::string(
-        (!nodes.ok() ? nodes.status() : partitions.status()).message()));
-    return grpc::Status::OK;
-  }
-  for (const SlurmNode& node : *nodes) {
-    v1::SlurmNode* out = response->add_slurm_nodes();
-    out->set_name(node.name);
-    out->set_address(node.address);
-    out->set_state(node.state);
-    out->set_cpus(node.cpus);
-    out->set_cpus_allocated(node.cpus_allocated);
-    out->set_gpus(node.gpus);
-    for (const std::string& p : node.partitions) out->add_partitions(p);
-  }
-  for (const SlurmPartition& partition : *partitions) {
-    v1::SlurmPartition* out = response->add_slurm_partitions();
-    out->set_name(partition.name);
-    out->set_state(partition.state);
-    out->set_nodes(partition.nodes);
-    out->set_total_nodes(partition.total_nodes);
-    out->set_total_cpus(partition.total_cpus);
-    out->set_is_default(partition.is_default);
-  }
+  response->set_launcher(backend_name_);
+  backend_->DescribeCluster(response);
+  FillDeprecatedAliases(response);
   return grpc::Status::OK;
 }
 

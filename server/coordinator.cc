@@ -20,11 +20,9 @@
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
 #include "common/small_file.h"
+#include "server/backends.h"
 #include "server/dataset_locator.h"
 #include "server/grpc_status.h"
-#include "server/local_job_launcher.h"
-#include "server/slurm.h"
-#include "server/slurm_job_launcher.h"
 
 namespace shardtrain {
 namespace {
@@ -60,39 +58,22 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
   return fd;
 }
 
-// --launcher slurm: what the scheduler may hand out, one slot per rank Slurm
-// can place at once in the partition. Slurm decides where; this only keeps
-// jobs that could never fit in shardtraind's queue.
-absl::StatusOr<std::vector<DeviceInfo>> SlurmSlots(
-    SlurmClient& slurm, const SlurmOptions& options) {
-  absl::StatusOr<std::vector<SlurmNode>> nodes = slurm.Nodes();
-  if (!nodes.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("--launcher slurm: cannot ask Slurm for its nodes: ",
-                     nodes.status().message()));
-  }
-  absl::StatusOr<std::vector<SlurmPartition>> partitions = slurm.Partitions();
-  if (!partitions.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("--launcher slurm: cannot ask Slurm for its partitions: ",
-                     partitions.status().message()));
-  }
-  absl::StatusOr<int> slots = SlurmSlotCount(*nodes, *partitions, options);
-  if (!slots.ok()) return slots.status();
-  std::vector<DeviceInfo> devices;
-  for (int i = 0; i < *slots; ++i) {
-    DeviceInfo device;
-    device.index = i;
-    device.kind = options.gpus_per_node > 0 ? v1::GPU : v1::CPU;
-    device.name =
-        options.gpus_per_node > 0 ? "Slurm GPU slot" : "Slurm CPU slot";
-    devices.push_back(device);
-  }
-  return devices;
+// The coordinator's settings and parts its backend may use.
+BackendContext MakeBackendContext(const CoordinatorOptions& options,
+                                  const Nvml* nvml,
+                                  ProcessLauncher* processes) {
+  BackendContext context;
+  context.devices = options.devices;
+  context.nvml = nvml;
+  context.processes = processes;
+  context.worker_listen = options.worker_listen;
+  return context;
 }
 
-// Every option that can be checked before anything is opened or bound.
-absl::Status ValidateOptions(const CoordinatorOptions& options) {
+// Every option that can be checked before anything is opened or bound, the
+// backend's own among them.
+absl::Status ValidateOptions(const CoordinatorOptions& options,
+                             const BackendKind& backend) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state-dir: required");
   }
@@ -107,34 +88,6 @@ absl::Status ValidateOptions(const CoordinatorOptions& options) {
     return absl::InvalidArgumentError(
         "timeouts: need --grace-period >= 0, --heartbeat-interval > 0, "
         "--heartbeat-timeout > --heartbeat-interval, --rendezvous-timeout > 0");
-  }
-  if (options.launcher != "local" && options.launcher != "slurm") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--launcher: '", options.launcher, "' is not one of local, slurm"));
-  }
-  if (options.launcher == "slurm") {
-    if (options.worker_listen.empty() ||
-        absl::StartsWith(options.worker_listen, "unix:")) {
-      return absl::InvalidArgumentError(
-          "--launcher slurm needs --worker-listen HOST:PORT, an address of "
-          "this host that Slurm's nodes can reach (ranks report there)");
-    }
-    const std::string host =
-        options.worker_listen.substr(0, options.worker_listen.rfind(':'));
-    if (host == "0.0.0.0" || host == "[::]" || host == "::") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--worker-listen: ", options.worker_listen,
-          " is every address of this host; give the one the nodes reach "
-          "(workers are told to dial it)"));
-    }
-    if (options.slurm.tasks_per_node < 1 || options.slurm.gpus_per_node < 0 ||
-        options.slurm.cpus_per_task < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--slurm-tasks-per-node and --slurm-cpus-per-task must be >= 1, "
-          "--slurm-gpus-per-node >= 0; got ",
-          options.slurm.tasks_per_node, ", ", options.slurm.cpus_per_task, ", ",
-          options.slurm.gpus_per_node));
-    }
   }
   if (absl::Status s = CheckMetricsListenAllowed(options.metrics_listen,
                                                  options.metrics_public);
@@ -152,14 +105,6 @@ absl::Status ValidateOptions(const CoordinatorOptions& options) {
           "--worker-listen: ", absl::StripPrefix(s.message(), "--listen: ")));
     }
   }
-  // Slurm's commands wait a minute for a configuration file that is not
-  // there: say so at once instead.
-  if (const char* conf = std::getenv("SLURM_CONF");
-      options.launcher == "slurm" && conf != nullptr && *conf != '\0' &&
-      !std::filesystem::exists(conf)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--launcher slurm: SLURM_CONF names ", conf, ", which does not exist"));
-  }
   if (options.max_streams_per_client < 1 || options.max_streams_per_peer < 1 ||
       options.max_streams < 1 || options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -168,7 +113,7 @@ absl::Status ValidateOptions(const CoordinatorOptions& options) {
         options.max_streams_per_client, ", ", options.max_streams_per_peer,
         ", ", options.max_streams, " and ", options.max_message_bytes));
   }
-  return absl::OkStatus();
+  return backend.Validate(MakeBackendContext(options, nullptr, nullptr));
 }
 
 // Creates the state directory (absolute, private) and finds the worker
@@ -250,7 +195,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
 }
 
 // The workers' channel: a Unix socket only this user can reach, or the
-// address given (--worker-listen; Slurm's nodes need one they can reach).
+// address given (--worker-listen; ranks on other hosts need one they can
+// reach).
 std::string WorkerListenAddress(const CoordinatorOptions& options) {
   std::error_code ec;
   const std::string socket_path = options.state_dir + "/shardtraind.sock";
@@ -319,15 +265,24 @@ Coordinator::~Coordinator() {
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     CoordinatorOptions options) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  BackendRegistry builtin;
+  if (options.backends == nullptr) {
+    builtin = BuiltinBackends();
+    options.backends = &builtin;
+  }
+  absl::StatusOr<BackendKind*> backend =
+      options.backends->Get(options.launcher);
+  if (!backend.ok()) return backend.status();
+  if (absl::Status s = ValidateOptions(options, **backend); !s.ok()) return s;
   if (absl::Status s = PrepareStateDir(options); !s.ok()) return s;
+  options.backends = nullptr;  // read here only
   std::unique_ptr<Coordinator> c(new Coordinator(options));
   absl::StatusOr<int> lock = LockStateDir(options.state_dir);
   if (!lock.ok()) return lock.status();
   c->lock_fd_ = *lock;
-  absl::StatusOr<std::vector<DeviceInfo>> devices = c->StartBackend();
-  if (!devices.ok()) return devices.status();
-  if (absl::Status s = c->StartExporter(*devices); !s.ok()) return s;
+  if (absl::Status s = c->StartBackend(**backend); !s.ok()) return s;
+  const std::vector<DeviceInfo>& devices = c->backend_->devices();
+  if (absl::Status s = c->StartExporter(devices); !s.ok()) return s;
   if (absl::Status s = c->OpenStore(); !s.ok()) return s;
   absl::StatusOr<std::string> token = ReadToken(options);
   if (!token.ok()) return token.status();
@@ -341,7 +296,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
                                                 options.max_streams);
   c->authorizer_ = std::make_unique<RequestAuthorizer>(*token);
   if (absl::Status s =
-          c->Serve(*credentials, ManagerOptions(options, *devices, *roots,
+          c->Serve(*credentials, ManagerOptions(options, devices, *roots,
                                                 WorkerListenAddress(options)));
       !s.ok()) {
     return s;
@@ -357,47 +312,27 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
             << (c->exporter_ ? "; metrics on http://" +
                                    c->exporter_->address() + "/metrics"
                              : "")
-            << "; " << devices->size() << " "
-            << (devices->front().kind == v1::GPU ? "GPU(s)" : "CPU slot(s)")
+            << "; " << devices.size() << " "
+            << (!devices.empty() && devices.front().kind == v1::GPU
+                    ? "GPU(s)"
+                    : "CPU slot(s)")
+            << " (" << options.launcher << " backend)"
             << "; state in " << options.state_dir << std::endl;
   return c;
 }
 
-absl::StatusOr<std::vector<DeviceInfo>> Coordinator::StartBackend() {
+absl::Status Coordinator::StartBackend(BackendKind& kind) {
   nvml_ = Nvml::Load();
-  absl::StatusOr<std::vector<DeviceInfo>> devices =
-      options_.launcher == "slurm"
-          ? absl::StatusOr<std::vector<DeviceInfo>>(std::vector<DeviceInfo>())
-          : DiscoverDevices(options_.devices, nvml_.get());
-  if (!devices.ok()) return devices.status();
-  if (options_.launcher == "slurm") {
-    slurm_ = std::make_unique<CommandSlurmClient>(options_.slurm);
-    absl::StatusOr<std::vector<DeviceInfo>> slots =
-        SlurmSlots(*slurm_, options_.slurm);
-    if (!slots.ok()) return slots.status();
-    devices = std::move(slots);
-    launcher_ =
-        std::make_unique<SlurmJobLauncher>(slurm_.get(), options_.slurm);
-  } else {
-    // A GPU NVML no longer answers for (fallen off the bus, Xid 79) cannot
-    // run a rank: an elastic job continues without it.
-    LocalJobLauncher::LostDevices lost;
-    if (nvml_ != nullptr && !devices->empty() &&
-        devices->front().kind == v1::GPU) {
-      lost = [nvml = nvml_.get(), gpus = *devices] {
-        std::vector<int> gone;
-        for (size_t d = 0; d < gpus.size(); ++d) {
-          if (!nvml->Info(gpus[d].index).has_value()) {
-            gone.push_back(static_cast<int>(d));
-          }
-        }
-        return gone;
-      };
-    }
-    launcher_ =
-        std::make_unique<LocalJobLauncher>(&processes_, std::move(lost));
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      kind.Create(MakeBackendContext(options_, nvml_.get(), &processes_));
+  if (!backend.ok()) return backend.status();
+  if ((*backend)->devices().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--launcher ", kind.name(),
+                     ": the backend offers no device to run on"));
   }
-  return devices;
+  backend_ = std::move(*backend);
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::StartExporter(
@@ -454,8 +389,9 @@ absl::Status Coordinator::Serve(
   builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
                            &worker_port);
 
-  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
-      manager_options, store_.get(), launcher_.get(), &clock_, exporter_.get());
+  absl::StatusOr<std::unique_ptr<JobManager>> manager =
+      JobManager::Create(manager_options, store_.get(), &backend_->launcher(),
+                         &clock_, exporter_.get());
   if (!manager.ok()) return manager.status();
   manager_ = std::move(*manager);
   if (exporter_ != nullptr) SeedExporter(*exporter_, *manager_);
@@ -463,7 +399,7 @@ absl::Status Coordinator::Serve(
   job_service_ = std::make_unique<JobServiceImpl>(
       manager_.get(), authorizer_.get(), streams_.get());
   cluster_service_ = std::make_unique<ClusterServiceImpl>(
-      manager_.get(), authorizer_.get(), slurm_.get());
+      manager_.get(), authorizer_.get(), backend_.get(), options_.launcher);
   worker_service_ = std::make_unique<WorkerServiceImpl>(manager_.get());
   builder.RegisterService(job_service_.get());
   builder.RegisterService(cluster_service_.get());

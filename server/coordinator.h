@@ -20,12 +20,12 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/access_policy.h"
+#include "server/backend.h"
 #include "server/cluster_service.h"
 #include "server/device_inventory.h"
 #include "server/job_manager.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
-#include "server/launcher.h"
 #include "server/metrics_exporter.h"
 #include "server/nvml.h"
 #include "server/process_launcher.h"
@@ -66,12 +66,14 @@ struct CoordinatorOptions {
   int max_message_bytes = 4 << 20;
   // Free space the state directory must keep for a submission to be taken.
   double min_free_mb = 64;
-  // "local" (fork/exec on this host) or "slurm" (server/slurm.h).
+  // The backend that runs ranks: a row of `backends` (server/backend.h),
+  // whose own flags and settings that row holds.
   std::string launcher = "local";
-  SlurmOptions slurm;
+  // Null: the built-in ones (server/backends.h). Read by Start only.
+  BackendRegistry* backends = nullptr;
   // Where the workers reach the coordinator. Empty: a Unix socket in the
-  // state dir (local launcher). --launcher slurm needs a TCP address the
-  // nodes can reach, e.g. 10.0.0.1:50552 (port 0: any free one).
+  // state dir. A backend whose ranks run on other hosts needs a TCP address
+  // they can reach, e.g. 10.0.0.1:50552 (port 0: any free one).
   std::string worker_listen;
 };
 
@@ -100,7 +102,7 @@ class Coordinator {
  private:
   explicit Coordinator(CoordinatorOptions options);
   // The steps of Start, in order.
-  absl::StatusOr<std::vector<DeviceInfo>> StartBackend();
+  absl::Status StartBackend(BackendKind& kind);
   absl::Status StartExporter(const std::vector<DeviceInfo>& devices);
   absl::Status OpenStore();
   absl::Status Serve(
@@ -113,8 +115,7 @@ class Coordinator {
   std::unique_ptr<Nvml> nvml_;
   std::unique_ptr<JobStore> store_;
   PosixProcessLauncher processes_;
-  std::unique_ptr<SlurmClient> slurm_;
-  std::unique_ptr<Launcher> launcher_;  // over processes_ or slurm_
+  std::unique_ptr<Backend> backend_;  // may spawn through processes_
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
   std::unique_ptr<StreamLimiter> streams_;

@@ -1,9 +1,10 @@
 // Launcher: how the JobManager runs one attempt of a job — starts its ranks,
 // signals them, learns how they ended, and cleans up what a previous
-// coordinator left. Two backends: LocalJobLauncher (ranks are processes on this
-// host, server/local_job_launcher.h) and SlurmJobLauncher (an attempt is one
-// Slurm allocation, server/slurm_job_launcher.h). A third (e.g. Kubernetes) is
-// one more file pair; the JobManager does not know which backend it drives.
+// coordinator left. Each backend (server/backend.h) has one: LocalJobLauncher
+// (ranks are processes on this host, server/local_job_launcher.h),
+// SlurmJobLauncher (an attempt is one Slurm allocation,
+// server/slurm_job_launcher.h), a fake in tests. The JobManager does not know
+// which backend it drives.
 //
 // The JobManager calls a launcher from its supervisor thread only, and never
 // while holding its own lock, so a backend may run slow commands (sbatch);
@@ -43,6 +44,19 @@ struct Attempt {
   std::vector<int> pids;
   int pgid = 0;
 };
+
+// The record of attempt `number` of `launch` as a Launcher's Start begins
+// it; the backend fills in what it learns (handle, summary, pids, pgid).
+inline Attempt NewAttempt(const RankLaunch& launch, int number) {
+  Attempt attempt;
+  attempt.job_id = launch.job_id;
+  attempt.job_dir = launch.job_dir;
+  attempt.number = number;
+  attempt.world_size = launch.world_size;
+  // 0 until known: local ranks as they start, remote ones at registration.
+  attempt.pids.assign(launch.world_size, 0);
+  return attempt;
+}
 
 // How rank `rank` ended.
 struct RankEnd {

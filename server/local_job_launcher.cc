@@ -17,12 +17,7 @@ absl::StatusOr<Capacity> LocalJobLauncher::Available() {
 
 absl::Status LocalJobLauncher::Start(const RankLaunch& launch, int number,
                                      Attempt* attempt) {
-  attempt->job_id = launch.job_id;
-  attempt->job_dir = launch.job_dir;
-  attempt->number = number;
-  attempt->world_size = launch.world_size;
-  attempt->pids.assign(launch.world_size, 0);
-  attempt->pgid = 0;
+  *attempt = NewAttempt(launch, number);
   // The job's rendezvous store. Picked free, it can still be taken before
   // rank 0 binds it: rank 0 then exits kExitRendezvousPortTaken and the
   // JobManager starts the attempt again.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cli_usage.h"
 #include "common/state_dir.h"
+#include "server/backends.h"
 #include "server/coordinator.h"
 
 namespace shardtrain {
@@ -98,28 +99,15 @@ int Main(int argc, char** argv) {
   app.add_option("--max-message-bytes", options.max_message_bytes,
                  "largest request accepted")
       ->capture_default_str();
-  app.add_option("--launcher", options.launcher,
-                 "how ranks start: local (fork/exec here) | slurm (sbatch/"
-                 "srun on the Slurm cluster SLURM_CONF points at)")
+  BackendRegistry backends = BuiltinBackends();
+  options.backends = &backends;
+  app.add_option("--launcher", options.launcher, backends.LauncherHelp())
       ->capture_default_str();
   app.add_option("--worker-listen", options.worker_listen,
                  "address:port the workers report to (default: a Unix socket "
-                 "in the state dir; --launcher slurm needs an address the "
-                 "nodes reach)");
-  app.add_option("--slurm-partition", options.slurm.partition,
-                 "partition jobs are submitted to (default: Slurm's)");
-  app.add_option("--slurm-tasks-per-node", options.slurm.tasks_per_node,
-                 "CPU ranks per node")
-      ->capture_default_str();
-  app.add_option("--slurm-gpus-per-node", options.slurm.gpus_per_node,
-                 "GPUs (= ranks) per node; 0: CPU ranks")
-      ->capture_default_str();
-  app.add_option("--slurm-cpus-per-task", options.slurm.cpus_per_task,
-                 "cores (threads) of a CPU rank")
-      ->capture_default_str();
-  app.add_option("--slurm-sbatch-arg", options.slurm.extra_sbatch_args,
-                 "extra sbatch argument, e.g. --slurm-sbatch-arg=--account=ml "
-                 "(repeatable)");
+                 "in the state dir; ranks on other hosts need an address "
+                 "they reach)");
+  backends.AddFlags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -24,12 +24,7 @@ std::string SlurmJobLauncher::BatchLog(const std::string& job_dir, int number) {
 
 absl::Status SlurmJobLauncher::Start(const RankLaunch& launch, int number,
                                      Attempt* attempt) {
-  attempt->job_id = launch.job_id;
-  attempt->job_dir = launch.job_dir;
-  attempt->number = number;
-  attempt->world_size = launch.world_size;
-  attempt->pids.assign(launch.world_size, 0);  // learnt at registration
-  attempt->pgid = 0;
+  *attempt = NewAttempt(launch, number);
   const std::string script =
       absl::StrCat(launch.job_dir, "/slurm-attempt-", number, ".sh");
   const SlurmLaunchPlan plan =

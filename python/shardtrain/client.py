@@ -371,7 +371,7 @@ class Client:
         return pandas.DataFrame(rows, columns=[f.name for f in job_pb2.StepMetrics.DESCRIPTOR.fields])
 
     def cluster(self) -> Dict[str, Any]:
-        """Devices, who holds them, the queue (and Slurm's nodes): the
+        """Devices, who holds them, the queue (and the backend's nodes): the
         fields of ``shardtrain cluster -o json``."""
         return _row(self._call(self._cluster.GetCluster, cluster_service_pb2.GetClusterRequest()))
 

@@ -33,13 +33,9 @@ class FakeLauncher : public Launcher {
                      Attempt* attempt) override {
     absl::MutexLock lock(&mutex_);
     if (!refuse_.empty()) return absl::UnavailableError(refuse_);
-    attempt->job_id = launch.job_id;
-    attempt->job_dir = launch.job_dir;
-    attempt->number = number;
-    attempt->world_size = launch.world_size;
+    *attempt = NewAttempt(launch, number);
     attempt->handle = absl::StrCat("fake-", next_handle_++);
     attempt->summary = absl::StrCat("fake job ", attempt->handle);
-    attempt->pids.assign(launch.world_size, 0);
     started_[attempt->handle] = {launch, *attempt, {}, {}};
     order_.push_back(attempt->handle);
     return absl::OkStatus();

@@ -161,11 +161,19 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
     v1::Cluster view;
     ASSERT_GRPC_OK(cluster->cluster().GetCluster(&context, {}, &view));
     EXPECT_EQ(view.launcher(), "slurm");
-    EXPECT_EQ(view.slurm_error(), "");
+    EXPECT_EQ(view.backend_error(), "");
+    ASSERT_EQ(view.nodes_size(), 3);
+    EXPECT_EQ(view.nodes(1).address(), "10.231.77.12");
+    EXPECT_EQ(view.node_group_kind(), "partition");
+    ASSERT_EQ(view.node_groups_size(), 1);
+    EXPECT_EQ(view.node_groups(0).name(), "testbed");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    // The deprecated names carry the same view.
     ASSERT_EQ(view.slurm_nodes_size(), 3);
     EXPECT_EQ(view.slurm_nodes(1).address(), "10.231.77.12");
     ASSERT_EQ(view.slurm_partitions_size(), 1);
-    EXPECT_EQ(view.slurm_partitions(0).name(), "testbed");
+#pragma GCC diagnostic pop
     EXPECT_EQ(view.devices_size(), 3);  // 3 nodes x 1 task
     // And as `shardtrain cluster` prints it.
     absl::StatusOr<CommandResult> cli =
