@@ -360,6 +360,17 @@ struct CommandContext {
     }
     return std::move(*client);
   }
+
+  // Connects and makes one unary call, rpc(client, context); the client for
+  // what follows, or nullptr with the exit code set when either failed.
+  template <typename Rpc>
+  std::unique_ptr<DaemonClient> ConnectAndCall(Rpc&& rpc) const {
+    std::unique_ptr<DaemonClient> client = Connect();
+    if (client == nullptr) return nullptr;
+    *exit_code = client->Call(
+        [&](grpc::ClientContext* context) { return rpc(*client, context); });
+    return *exit_code == kExitOk ? std::move(client) : nullptr;
+  }
 };
 
 // `submit`
@@ -381,16 +392,14 @@ void AddSubmitCommand(CLI::App* app, const CommandContext& ctx) {
       *exit_code = kExitUsage;
       return;
     }
-    auto client = ctx.Connect();
-    if (!client) return;
     v1::SubmitJobRequest request;
     *request.mutable_spec() = *spec;
     v1::Job job;
-    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-          return client->jobs().SubmitJob(c, request, &job);
-        })) != kExitOk) {
-      return;
-    }
+    auto client =
+        ctx.ConnectAndCall([&](DaemonClient& daemon, grpc::ClientContext* c) {
+          return daemon.jobs().SubmitJob(c, request, &job);
+        });
+    if (!client) return;
     if (*format != "table") {
       PrintMessage(job, *format);
     } else {
@@ -484,16 +493,14 @@ void AddGetCommands(CLI::App* app, const CommandContext& ctx) {
     AddOutputFlag(cmd, format.get());
     AddConnectionFlags(cmd, ctx.connection.get());
     cmd->callback([=, exit_code = ctx.exit_code] {
-      auto client = ctx.Connect();
-      if (!client) return;
       v1::GetJobRequest request;
       request.set_job_id(*id);
       v1::Job job;
-      if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-            return client->jobs().GetJob(c, request, &job);
-          })) != kExitOk) {
-        return;
-      }
+      auto client =
+          ctx.ConnectAndCall([&](DaemonClient& daemon, grpc::ClientContext* c) {
+            return daemon.jobs().GetJob(c, request, &job);
+          });
+      if (!client) return;
       if (*format != "table") {
         PrintMessage(job, *format);
       } else {
@@ -561,16 +568,14 @@ void AddCancelCommand(CLI::App* app, const CommandContext& ctx) {
   cmd->add_option("job", *id, "job id")->required();
   AddConnectionFlags(cmd, ctx.connection.get());
   cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
-    auto client = ctx.Connect();
-    if (!client) return;
     v1::CancelJobRequest request;
     request.set_job_id(*id);
     v1::Job job;
-    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-          return client->jobs().CancelJob(c, request, &job);
-        })) != kExitOk) {
-      return;
-    }
+    auto client =
+        ctx.ConnectAndCall([&](DaemonClient& daemon, grpc::ClientContext* c) {
+          return daemon.jobs().CancelJob(c, request, &job);
+        });
+    if (!client) return;
     std::cout << job.id() << ": "
               << (job.state() == v1::CANCELLED
                       ? "CANCELLED"
@@ -593,8 +598,6 @@ void AddMetricsCommand(CLI::App* app, const CommandContext& ctx) {
   AddOutputFlag(cmd, format.get());
   AddConnectionFlags(cmd, ctx.connection.get());
   cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
-    auto client = ctx.Connect();
-    if (!client) return;
     v1::GetJobMetricsRequest request;
     request.set_job_id(*id);
     const bool table = !*csv && *format == "table";
@@ -604,11 +607,11 @@ void AddMetricsCommand(CLI::App* app, const CommandContext& ctx) {
       request.set_rank(0);
     }
     v1::GetJobMetricsResponse response;
-    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-          return client->jobs().GetJobMetrics(c, request, &response);
-        })) != kExitOk) {
-      return;
-    }
+    auto client =
+        ctx.ConnectAndCall([&](DaemonClient& daemon, grpc::ClientContext* c) {
+          return daemon.jobs().GetJobMetrics(c, request, &response);
+        });
+    if (!client) return;
     if (*csv) {
       std::cout << StepMetricsCsv(
           {response.steps().begin(), response.steps().end()});
@@ -690,14 +693,12 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
   AddOutputFlag(cmd, format.get());
   AddConnectionFlags(cmd, ctx.connection.get());
   cmd->callback([=, exit_code = ctx.exit_code, terminal = ctx.terminal] {
-    auto client = ctx.Connect();
-    if (!client) return;
     v1::Cluster cluster;
-    if ((*exit_code = client->Call([&](grpc::ClientContext* c) {
-          return client->cluster().GetCluster(c, {}, &cluster);
-        })) != kExitOk) {
-      return;
-    }
+    auto client =
+        ctx.ConnectAndCall([&](DaemonClient& daemon, grpc::ClientContext* c) {
+          return daemon.cluster().GetCluster(c, {}, &cluster);
+        });
+    if (!client) return;
     if (*format != "table") {
       PrintMessage(cluster, *format);
       return;

@@ -21,49 +21,43 @@ constexpr int kMaxTail = 100000;
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::Job* response) {
-  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = manager_->Submit(request->spec());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  *response = std::move(*job);
-  return grpc::Status::OK;
+  return authorizer_->Serve(*context, response,
+                            [&] { return manager_->Submit(request->spec()); });
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     const v1::GetJobRequest* request,
                                     v1::Job* response) {
-  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = manager_->Get(request->job_id());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  *response = std::move(*job);
-  return grpc::Status::OK;
+  return authorizer_->Serve(*context, response,
+                            [&] { return manager_->Get(request->job_id()); });
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
-  ListJobsQuery query;
-  for (int state : request->states()) {
-    query.states.push_back(static_cast<v1::JobState>(state));
-  }
-  query.labels.insert(request->labels().begin(), request->labels().end());
-  query.page_size = request->page_size();
-  query.page_token = request->page_token();
-  absl::StatusOr<ListJobsPage> page = manager_->List(query);
-  if (!page.ok()) return ToGrpcStatus(page.status());
-  for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
-  response->set_next_page_token(page->next_page_token);
-  return grpc::Status::OK;
+  return authorizer_->Serve(
+      *context, response, [&]() -> absl::StatusOr<v1::ListJobsResponse> {
+        ListJobsQuery query;
+        for (int state : request->states()) {
+          query.states.push_back(static_cast<v1::JobState>(state));
+        }
+        query.labels.insert(request->labels().begin(), request->labels().end());
+        query.page_size = request->page_size();
+        query.page_token = request->page_token();
+        absl::StatusOr<ListJobsPage> page = manager_->List(query);
+        if (!page.ok()) return page.status();
+        v1::ListJobsResponse listed;
+        for (v1::Job& job : page->jobs) *listed.add_jobs() = std::move(job);
+        listed.set_next_page_token(page->next_page_token);
+        return listed;
+      });
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request,
                                        v1::Job* response) {
-  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = manager_->Cancel(request->job_id());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  *response = std::move(*job);
-  return grpc::Status::OK;
+  return authorizer_->Serve(
+      *context, response, [&] { return manager_->Cancel(request->job_id()); });
 }
 
 grpc::Status JobServiceImpl::WatchJob(
@@ -119,14 +113,19 @@ grpc::Status JobServiceImpl::WatchJob(
 grpc::Status JobServiceImpl::GetJobMetrics(
     grpc::ServerContext* context, const v1::GetJobMetricsRequest* request,
     v1::GetJobMetricsResponse* response) {
-  if (grpc::Status s = authorizer_->Check(*context); !s.ok()) return s;
-  std::optional<int> rank;
-  if (request->has_rank()) rank = request->rank();
-  absl::StatusOr<std::vector<v1::StepMetrics>> steps =
-      manager_->Metrics(request->job_id(), rank, request->from_step());
-  if (!steps.ok()) return ToGrpcStatus(steps.status());
-  for (v1::StepMetrics& step : *steps) *response->add_steps() = std::move(step);
-  return grpc::Status::OK;
+  return authorizer_->Serve(
+      *context, response, [&]() -> absl::StatusOr<v1::GetJobMetricsResponse> {
+        std::optional<int> rank;
+        if (request->has_rank()) rank = request->rank();
+        absl::StatusOr<std::vector<v1::StepMetrics>> steps =
+            manager_->Metrics(request->job_id(), rank, request->from_step());
+        if (!steps.ok()) return steps.status();
+        v1::GetJobMetricsResponse metrics;
+        for (v1::StepMetrics& step : *steps) {
+          *metrics.add_steps() = std::move(step);
+        }
+        return metrics;
+      });
 }
 
 grpc::Status JobServiceImpl::StreamLogs(

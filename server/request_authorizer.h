@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/grpc_status.h"
 
 namespace shardtrain {
 
@@ -27,6 +28,19 @@ class RequestAuthorizer {
   grpc::Status Check(const grpc::ServerContext& context) const;
 
   bool enabled() const { return !token_.empty(); }
+
+  // A unary call's body: Check, then `call` (returning
+  // absl::StatusOr<Response>), whose value becomes `*response` and whose
+  // error becomes the call's status (ToGrpcStatus).
+  template <typename Response, typename Call>
+  grpc::Status Serve(const grpc::ServerContext& context, Response* response,
+                     Call&& call) const {
+    if (grpc::Status s = Check(context); !s.ok()) return s;
+    absl::StatusOr<Response> result = call();
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = std::move(*result);
+    return grpc::Status::OK;
+  }
 
  private:
   std::string token_;
