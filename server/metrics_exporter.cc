@@ -55,145 +55,151 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   const std::string& listen = e->options_.listen;
   e->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
                              e->http_server_->port());
-  prometheus::Registry& r = *e->registry_;
+  e->RegisterJobMetrics();
+  e->RegisterStepMetrics();
+  if (e->options_.nvml != nullptr) e->RegisterGpuMetrics();
+  e->http_server_->RegisterCollectable(e->registry_);
+  return e;
+}
 
+void MetricsExporter::RegisterJobMetrics() {
+  prometheus::Registry& r = *registry_;
   BuildGauge()
       .Name("shardtrain_build_info")
       .Help("Always 1; the version label says which shardtraind runs")
       .Register(r)
-      .Add({{"version", e->options_.version}})
+      .Add({{"version", options_.version}})
       .Set(1);
-  e->jobs_ = &BuildGauge()
-                  .Name("shardtrain_jobs")
-                  .Help("Jobs currently in each state")
-                  .Register(r);
+  jobs_ = &BuildGauge()
+               .Name("shardtrain_jobs")
+               .Help("Jobs currently in each state")
+               .Register(r);
   for (v1::JobState state : kStates) {
-    e->jobs_->Add({{"state", Lower(v1::JobState_Name(state))}}).Set(0);
+    jobs_->Add({{"state", Lower(v1::JobState_Name(state))}}).Set(0);
   }
-  e->submissions_ = &BuildCounter()
-                         .Name("shardtrain_job_submissions_total")
-                         .Help("Jobs accepted by SubmitJob")
-                         .Register(r)
-                         .Add({});
-  e->failures_ = &BuildCounter()
-                      .Name("shardtrain_job_failures_total")
-                      .Help("Jobs that ended FAILED, by failure reason")
-                      .Register(r);
+  submissions_ = &BuildCounter()
+                      .Name("shardtrain_job_submissions_total")
+                      .Help("Jobs accepted by SubmitJob")
+                      .Register(r)
+                      .Add({});
+  failures_ = &BuildCounter()
+                   .Name("shardtrain_job_failures_total")
+                   .Help("Jobs that ended FAILED, by failure reason")
+                   .Register(r);
   // Every reason from the start, so queries over them have data at zero.
   for (int r = v1::FailureReason_MIN; r <= v1::FailureReason_MAX; ++r) {
     if (r == v1::FAILURE_REASON_UNSPECIFIED || !v1::FailureReason_IsValid(r))
       continue;
-    e->failures_->Add({{"reason", Lower(v1::FailureReason_Name(
-                                      static_cast<v1::FailureReason>(r)))}});
+    failures_->Add({{"reason", Lower(v1::FailureReason_Name(
+                                   static_cast<v1::FailureReason>(r)))}});
   }
-  e->restarts_total_ = &BuildCounter()
-                            .Name("shardtrain_job_restarts_total")
-                            .Help("Job restarts from a checkpoint")
-                            .Register(r)
-                            .Add({});
-  e->queue_length_ = &BuildGauge()
-                          .Name("shardtrain_queue_length")
-                          .Help("Jobs waiting in the queue")
-                          .Register(r)
-                          .Add({});
-  e->queue_oldest_wait_ =
+  restarts_total_ = &BuildCounter()
+                         .Name("shardtrain_job_restarts_total")
+                         .Help("Job restarts from a checkpoint")
+                         .Register(r)
+                         .Add({});
+  queue_length_ = &BuildGauge()
+                       .Name("shardtrain_queue_length")
+                       .Help("Jobs waiting in the queue")
+                       .Register(r)
+                       .Add({});
+  queue_oldest_wait_ =
       &BuildGauge()
            .Name("shardtrain_queue_oldest_wait_seconds")
            .Help("How long the longest-waiting queued job has waited")
            .Register(r)
            .Add({});
-  const std::string kind = e->options_.devices.empty()
+  const std::string kind = options_.devices.empty()
                                ? "cpu"
-                               : KindLabel(e->options_.devices.front().kind);
+                               : KindLabel(options_.devices.front().kind);
   BuildGauge()
       .Name("shardtrain_devices")
       .Help("Devices the coordinator schedules onto")
       .Register(r)
       .Add({{"kind", kind}})
-      .Set(static_cast<double>(e->options_.devices.size()));
-  e->devices_in_use_ = &BuildGauge()
-                            .Name("shardtrain_devices_in_use")
-                            .Help("Devices held by a job")
-                            .Register(r)
-                            .Add({{"kind", kind}});
-  e->job_restarts_ = &BuildGauge()
-                          .Name("shardtrain_job_restarts")
-                          .Help("Restarts of this job so far")
-                          .Register(r);
+      .Set(static_cast<double>(options_.devices.size()));
+  devices_in_use_ = &BuildGauge()
+                         .Name("shardtrain_devices_in_use")
+                         .Help("Devices held by a job")
+                         .Register(r)
+                         .Add({{"kind", kind}});
+  job_restarts_ = &BuildGauge()
+                       .Name("shardtrain_job_restarts")
+                       .Help("Restarts of this job so far")
+                       .Register(r);
+}
+
+void MetricsExporter::RegisterStepMetrics() {
+  prometheus::Registry& r = *registry_;
   auto gauge = [&r](const char* name, const char* help) {
     return &BuildGauge().Name(name).Help(help).Register(r);
   };
-  e->step_ = gauge("shardtrain_train_step", "Last optimizer step reported");
-  e->loss_ = gauge("shardtrain_train_loss", "Training loss of the last step");
-  e->val_loss_ =
-      gauge("shardtrain_val_loss", "Validation loss of the last eval");
-  e->grad_norm_ =
-      gauge("shardtrain_grad_norm",
-            "Global gradient norm of the last step, before clipping");
-  e->lr_ = gauge("shardtrain_learning_rate", "Learning rate of the last step");
-  e->tokens_per_second_ =
-      gauge("shardtrain_tokens_per_second",
-            "Tokens per second of the last step (all ranks)");
-  e->mfu_ = gauge("shardtrain_mfu_ratio",
-                  "Model FLOPs utilisation of the last step (0..1)");
-  e->memory_allocated_ =
+  step_ = gauge("shardtrain_train_step", "Last optimizer step reported");
+  loss_ = gauge("shardtrain_train_loss", "Training loss of the last step");
+  val_loss_ = gauge("shardtrain_val_loss", "Validation loss of the last eval");
+  grad_norm_ = gauge("shardtrain_grad_norm",
+                     "Global gradient norm of the last step, before clipping");
+  lr_ = gauge("shardtrain_learning_rate", "Learning rate of the last step");
+  tokens_per_second_ = gauge("shardtrain_tokens_per_second",
+                             "Tokens per second of the last step (all ranks)");
+  mfu_ = gauge("shardtrain_mfu_ratio",
+               "Model FLOPs utilisation of the last step (0..1)");
+  memory_allocated_ =
       gauge("shardtrain_memory_allocated_bytes",
             "Tensor memory allocated at the end of the last step");
-  e->memory_peak_ = gauge("shardtrain_memory_peak_bytes",
-                          "Peak tensor memory during the last step");
-  e->memory_reserved_ = gauge("shardtrain_memory_reserved_bytes",
-                              "Memory reserved by the allocator (CUDA caching "
-                              "allocator; equals allocated on CPU)");
-  e->heartbeat_age_ =
-      gauge("shardtrain_heartbeat_age_seconds",
-            "Seconds since the rank's last heartbeat or report");
-  e->tokens_ = &BuildCounter()
-                    .Name("shardtrain_tokens_total")
-                    .Help("Tokens trained on (all ranks), per reporting rank")
-                    .Register(r);
-  e->comm_seconds_ = &BuildCounter()
-                          .Name("shardtrain_comm_seconds_total")
-                          .Help("Seconds the rank spent blocked on collectives")
-                          .Register(r);
-  e->comm_bytes_ = &BuildCounter()
-                        .Name("shardtrain_comm_bytes_total")
-                        .Help("Bytes the rank sent through collectives")
-                        .Register(r);
-  e->comm_inter_group_bytes_ =
+  memory_peak_ = gauge("shardtrain_memory_peak_bytes",
+                       "Peak tensor memory during the last step");
+  memory_reserved_ = gauge("shardtrain_memory_reserved_bytes",
+                           "Memory reserved by the allocator (CUDA caching "
+                           "allocator; equals allocated on CPU)");
+  heartbeat_age_ = gauge("shardtrain_heartbeat_age_seconds",
+                         "Seconds since the rank's last heartbeat or report");
+  tokens_ = &BuildCounter()
+                 .Name("shardtrain_tokens_total")
+                 .Help("Tokens trained on (all ranks), per reporting rank")
+                 .Register(r);
+  comm_seconds_ = &BuildCounter()
+                       .Name("shardtrain_comm_seconds_total")
+                       .Help("Seconds the rank spent blocked on collectives")
+                       .Register(r);
+  comm_bytes_ = &BuildCounter()
+                     .Name("shardtrain_comm_bytes_total")
+                     .Help("Bytes the rank sent through collectives")
+                     .Register(r);
+  comm_inter_group_bytes_ =
       &BuildCounter()
            .Name("shardtrain_comm_inter_group_bytes_total")
            .Help(
                "Of those, bytes sent between HSDP's shard groups (its "
                "replicas' all-reduce, usually between nodes)")
            .Register(r);
-  e->step_duration_ = &BuildHistogram()
-                           .Name("shardtrain_step_duration_seconds")
-                           .Help("Optimizer step wall time")
-                           .Register(r);
-  if (e->options_.nvml != nullptr) {
-    auto& utilization =
-        BuildGauge()
-            .Name("shardtrain_gpu_utilization_ratio")
-            .Help("GPU busy share over NVML's last sample period")
-            .Register(r);
-    auto& memory = BuildGauge()
-                       .Name("shardtrain_gpu_memory_used_bytes")
-                       .Help("GPU memory in use (all processes)")
-                       .Register(r);
-    auto& power = BuildGauge()
-                      .Name("shardtrain_gpu_power_watts")
-                      .Help("GPU power draw")
-                      .Register(r);
-    for (const DeviceInfo& d : e->options_.devices) {
-      if (d.kind != v1::GPU) continue;
-      const prometheus::Labels labels = {{"gpu", std::to_string(d.index)}};
-      e->gpu_utilization_.push_back(&utilization.Add(labels));
-      e->gpu_memory_used_.push_back(&memory.Add(labels));
-      e->gpu_power_.push_back(&power.Add(labels));
-    }
+  step_duration_ = &BuildHistogram()
+                        .Name("shardtrain_step_duration_seconds")
+                        .Help("Optimizer step wall time")
+                        .Register(r);
+}
+
+void MetricsExporter::RegisterGpuMetrics() {
+  prometheus::Registry& r = *registry_;
+  auto& utilization = BuildGauge()
+                          .Name("shardtrain_gpu_utilization_ratio")
+                          .Help("GPU busy share over NVML's last sample period")
+                          .Register(r);
+  auto& memory = BuildGauge()
+                     .Name("shardtrain_gpu_memory_used_bytes")
+                     .Help("GPU memory in use (all processes)")
+                     .Register(r);
+  auto& power = BuildGauge()
+                    .Name("shardtrain_gpu_power_watts")
+                    .Help("GPU power draw")
+                    .Register(r);
+  for (const DeviceInfo& d : options_.devices) {
+    if (d.kind != v1::GPU) continue;
+    const prometheus::Labels labels = {{"gpu", std::to_string(d.index)}};
+    gpu_utilization_.push_back(&utilization.Add(labels));
+    gpu_memory_used_.push_back(&memory.Add(labels));
+    gpu_power_.push_back(&power.Add(labels));
   }
-  e->http_server_->RegisterCollectable(e->registry_);
-  return e;
 }
 
 MetricsExporter::~MetricsExporter() { StopRefresh(); }

@@ -100,6 +100,11 @@ class MetricsExporter : public JobObserver {
     absl::Time ended = absl::InfiniteFuture();
   };
 
+  // Start's registrations: job and queue series, per-rank step series,
+  // NVML's per-GPU series.
+  void RegisterJobMetrics();
+  void RegisterStepMetrics();
+  void RegisterGpuMetrics();
   explicit MetricsExporter(MetricsExporterOptions options);
   void RefreshLoop();
   RankSeries& Rank(const std::string& job_id, JobSeries& job, int rank)

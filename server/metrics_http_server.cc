@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <list>
 #include <utility>
@@ -382,161 +383,209 @@ std::string MetricsHttpServer::Respond(absl::string_view head) {
                       /*send_body=*/method == "GET");
 }
 
-void MetricsHttpServer::Run() {
-  using State = Connection::State;
-  // In accept order, so the first match is the oldest.
-  std::list<Connection> connections;
-  Clock::time_point accept_paused_until;
-  std::vector<pollfd> polled;
-  std::vector<Connection*> polled_connections;
-  char buffer[16 * 1024];
+namespace {
 
+// The server thread's connections and what it does with them: accept, read a
+// request head, answer it, drain, expire deadlines. Lives on that thread.
+class ConnectionLoop {
+ public:
+  using Options = MetricsHttpServer::Options;
+  using Responder = std::function<std::string(absl::string_view head)>;
+
+  ConnectionLoop(const Options& options, int listen_fd, int wake_fd,
+                 Responder respond)
+      : options_(options),
+        listen_fd_(listen_fd),
+        wake_fd_(wake_fd),
+        respond_(std::move(respond)) {}
+  ~ConnectionLoop() {
+    for (Connection& c : connections_) close(c.fd);
+  }
+
+  // Serves until wake_fd is written.
+  void Run() {
+    while (Round()) {
+    }
+  }
+
+ private:
+  using State = Connection::State;
+
+  // One poll and what it found; false once asked to stop.
+  bool Round();
   // Reads what has arrived of `c`'s request head; answers it once complete
   // (or too long), closes a connection its client ended first.
-  auto read_request = [&](Connection& c, Clock::time_point now) {
-    for (;;) {
-      // One byte past the bound tells "too long" from "exactly at it".
-      const size_t room = options_.max_header_bytes + 1 - c.request.size();
-      const ssize_t n = recv(c.fd, buffer, std::min(sizeof(buffer), room), 0);
-      if (n > 0) {
-        const size_t searched = c.request.size();
-        c.request.append(buffer, static_cast<size_t>(n));
-        const size_t end = HeadEnd(c.request, searched);
-        if (end != absl::string_view::npos &&
-            end <= options_.max_header_bytes) {
-          StartResponse(c, Respond(absl::string_view(c.request).substr(0, end)),
-                        now, options_.write_timeout);
-          return;
-        }
-        if (c.request.size() > options_.max_header_bytes) {
-          StartResponse(c, ErrorResponse("431 Request Header Fields Too Large"),
-                        now, options_.write_timeout);
-          return;
-        }
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        return;
-      } else {
-        Close(c);  // the client gave up (or failed) before a whole request
-        return;
-      }
-    }
-  };
+  void ReadRequest(Connection& c, Clock::time_point now);
+  // Takes the connections waiting on the listening socket.
+  void AcceptNew(Clock::time_point now);
+  // Answers a request still unread at its deadline with 408; closes other
+  // connections past theirs.
+  void Expire(Clock::time_point now);
 
-  auto accept_new = [&](Clock::time_point now) {
-    for (int i = 0; i < kAcceptsPerRound; ++i) {
-      sockaddr_storage peer{};
-      socklen_t length = sizeof(peer);
-      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer),
-                             &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        // Out of descriptors (or memory): an idle client's is the one to
-        // give up; with none, rest until some are freed.
-        if (!CloseOldest(connections, State::kReadingRequest)) {
-          accept_paused_until = now + ToClock(kAcceptPause);
-        }
-        return;
-      }
-      Connection c;
-      c.fd = fd;
-      c.peer = PeerAddress(peer);
-      c.deadline = now + ToClock(options_.header_timeout);
-      if (connections.size() >= static_cast<size_t>(options_.max_connections) &&
-          !CloseOldest(connections, State::kReadingRequest) &&
-          !CloseOldest(connections, State::kDraining)) {
-        close(fd);  // every connection is being answered: they go first
-        continue;
-      }
-      connections.push_back(std::move(c));
-      // A client that sent its request with the connection (as a scraper
-      // does) is answered now, before any newer connection can count
-      // against it.
-      Connection& added = connections.back();
-      read_request(added, now);
-      if (added.state == State::kClosed) {
-        connections.pop_back();
-        continue;
-      }
-      if (added.state != State::kReadingRequest) continue;
-      const std::string peer_address = added.peer;
-      const auto half_open = std::count_if(
-          connections.begin(), connections.end(), [&](const Connection& o) {
-            return o.state == State::kReadingRequest && o.peer == peer_address;
-          });
-      if (half_open > options_.max_half_open_per_peer) {
-        CloseOldest(connections, State::kReadingRequest, peer_address);
-      }
-    }
-  };
+  const Options& options_;
+  const int listen_fd_;
+  const int wake_fd_;
+  const Responder respond_;
+  // In accept order, so the first match is the oldest.
+  std::list<Connection> connections_;
+  Clock::time_point accept_paused_until_;
+  std::vector<pollfd> polled_;
+  std::vector<Connection*> polled_connections_;
+  char buffer_[16 * 1024];
+};
 
+void ConnectionLoop::ReadRequest(Connection& c, Clock::time_point now) {
   for (;;) {
-    Clock::time_point now = Clock::now();
-    polled.clear();
-    polled_connections.clear();
-    polled.push_back({wake_fd_, POLLIN, 0});
-    const bool accepting = now >= accept_paused_until;
-    if (accepting) polled.push_back({listen_fd_, POLLIN, 0});
-    Clock::time_point next_deadline =
-        accepting ? Clock::time_point::max() : accept_paused_until;
-    for (Connection& c : connections) {
-      polled.push_back(
-          {c.fd,
-           static_cast<short>(c.state == State::kWriting ? POLLOUT : POLLIN),
-           0});
-      polled_connections.push_back(&c);
-      next_deadline = std::min(next_deadline, c.deadline);
+    // One byte past the bound tells "too long" from "exactly at it".
+    const size_t room = options_.max_header_bytes + 1 - c.request.size();
+    const ssize_t n = recv(c.fd, buffer_, std::min(sizeof(buffer_), room), 0);
+    if (n > 0) {
+      const size_t searched = c.request.size();
+      c.request.append(buffer_, static_cast<size_t>(n));
+      const size_t end = HeadEnd(c.request, searched);
+      if (end != absl::string_view::npos && end <= options_.max_header_bytes) {
+        StartResponse(c, respond_(absl::string_view(c.request).substr(0, end)),
+                      now, options_.write_timeout);
+        return;
+      }
+      if (c.request.size() > options_.max_header_bytes) {
+        StartResponse(c, ErrorResponse("431 Request Header Fields Too Large"),
+                      now, options_.write_timeout);
+        return;
+      }
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      Close(c);  // the client gave up (or failed) before a whole request
+      return;
     }
-    int timeout_ms = -1;
-    if (next_deadline != Clock::time_point::max()) {
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(
-          std::chrono::ceil<std::chrono::milliseconds>(next_deadline - now)
-              .count(),
-          0, 60 * 1000));
+  }
+}
+
+void ConnectionLoop::AcceptNew(Clock::time_point now) {
+  for (int i = 0; i < kAcceptsPerRound; ++i) {
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer),
+                           &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      // Out of descriptors (or memory): an idle client's is the one to
+      // give up; with none, rest until some are freed.
+      if (!CloseOldest(connections_, State::kReadingRequest)) {
+        accept_paused_until_ = now + ToClock(kAcceptPause);
+      }
+      return;
     }
-    if (poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) {
-      // ENOMEM: nothing to do but try again a little later.
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    Connection c;
+    c.fd = fd;
+    c.peer = PeerAddress(peer);
+    c.deadline = now + ToClock(options_.header_timeout);
+    if (connections_.size() >= static_cast<size_t>(options_.max_connections) &&
+        !CloseOldest(connections_, State::kReadingRequest) &&
+        !CloseOldest(connections_, State::kDraining)) {
+      close(fd);  // every connection is being answered: they go first
       continue;
     }
-    if (polled[0].revents != 0) break;  // the destructor's stop
-    now = Clock::now();
-
-    const size_t first_connection = accepting ? 2 : 1;
-    for (size_t i = 0; i < polled_connections.size(); ++i) {
-      if (polled[first_connection + i].revents == 0) continue;
-      Connection& c = *polled_connections[i];
-      switch (c.state) {
-        case State::kReadingRequest:
-          read_request(c, now);
-          break;
-        case State::kWriting:
-          Write(c, now);
-          break;
-        case State::kDraining:
-          Drain(c);
-          break;
-        case State::kClosed:
-          break;
-      }
+    connections_.push_back(std::move(c));
+    // A client that sent its request with the connection (as a scraper
+    // does) is answered now, before any newer connection can count
+    // against it.
+    Connection& added = connections_.back();
+    ReadRequest(added, now);
+    if (added.state == State::kClosed) {
+      connections_.pop_back();
+      continue;
     }
-    for (Connection& c : connections) {
-      if (c.state == State::kClosed || now < c.deadline) continue;
-      if (c.state == State::kReadingRequest) {
-        StartResponse(c, ErrorResponse("408 Request Timeout"), now,
-                      options_.write_timeout);
-      } else {
-        Close(c);
-      }
+    if (added.state != State::kReadingRequest) continue;
+    const std::string peer_address = added.peer;
+    const auto half_open = std::count_if(
+        connections_.begin(), connections_.end(), [&](const Connection& o) {
+          return o.state == State::kReadingRequest && o.peer == peer_address;
+        });
+    if (half_open > options_.max_half_open_per_peer) {
+      CloseOldest(connections_, State::kReadingRequest, peer_address);
     }
-    connections.remove_if(
-        [](const Connection& c) { return c.state == State::kClosed; });
-
-    if (accepting && (polled[1].revents & POLLIN) != 0) accept_new(now);
   }
-  for (Connection& c : connections) close(c.fd);
+}
+
+void ConnectionLoop::Expire(Clock::time_point now) {
+  for (Connection& c : connections_) {
+    if (c.state == State::kClosed || now < c.deadline) continue;
+    if (c.state == State::kReadingRequest) {
+      StartResponse(c, ErrorResponse("408 Request Timeout"), now,
+                    options_.write_timeout);
+    } else {
+      Close(c);
+    }
+  }
+  connections_.remove_if(
+      [](const Connection& c) { return c.state == State::kClosed; });
+}
+
+bool ConnectionLoop::Round() {
+  Clock::time_point now = Clock::now();
+  polled_.clear();
+  polled_connections_.clear();
+  polled_.push_back({wake_fd_, POLLIN, 0});
+  const bool accepting = now >= accept_paused_until_;
+  if (accepting) polled_.push_back({listen_fd_, POLLIN, 0});
+  Clock::time_point next_deadline =
+      accepting ? Clock::time_point::max() : accept_paused_until_;
+  for (Connection& c : connections_) {
+    polled_.push_back(
+        {c.fd,
+         static_cast<short>(c.state == State::kWriting ? POLLOUT : POLLIN), 0});
+    polled_connections_.push_back(&c);
+    next_deadline = std::min(next_deadline, c.deadline);
+  }
+  int timeout_ms = -1;
+  if (next_deadline != Clock::time_point::max()) {
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        std::chrono::ceil<std::chrono::milliseconds>(next_deadline - now)
+            .count(),
+        0, 60 * 1000));
+  }
+  if (poll(polled_.data(), polled_.size(), timeout_ms) < 0 && errno != EINTR) {
+    // ENOMEM: nothing to do but try again a little later.
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return true;
+  }
+  if (polled_[0].revents != 0) return false;  // the destructor's stop
+  now = Clock::now();
+
+  const size_t first_connection = accepting ? 2 : 1;
+  for (size_t i = 0; i < polled_connections_.size(); ++i) {
+    if (polled_[first_connection + i].revents == 0) continue;
+    Connection& c = *polled_connections_[i];
+    switch (c.state) {
+      case State::kReadingRequest:
+        ReadRequest(c, now);
+        break;
+      case State::kWriting:
+        Write(c, now);
+        break;
+      case State::kDraining:
+        Drain(c);
+        break;
+      case State::kClosed:
+        break;
+    }
+  }
+  Expire(now);
+  if (accepting && (polled_[1].revents & POLLIN) != 0) AcceptNew(now);
+  return true;
+}
+
+}  // namespace
+
+void MetricsHttpServer::Run() {
+  ConnectionLoop loop(options_, listen_fd_, wake_fd_,
+                      [this](absl::string_view head) { return Respond(head); });
+  loop.Run();
 }
 
 }  // namespace shardtrain
