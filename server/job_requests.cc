@@ -210,11 +210,9 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec) {
 
 absl::StatusOr<v1::Job> JobRequests::Get(const std::string& job_id) const {
   absl::MutexLock lock(&table_->mutex);
-  auto it = table_->jobs.find(job_id);
-  if (it == table_->jobs.end()) {
-    return NoSuchJob(job_id);
-  }
-  return it->second->stored.job;
+  const JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
+  return entry->stored.job;
 }
 
 absl::StatusOr<ListJobsPage> JobRequests::List(
@@ -264,9 +262,7 @@ absl::StatusOr<ListJobsPage> JobRequests::List(
 absl::StatusOr<v1::Job> JobRequests::Cancel(const std::string& job_id) {
   absl::MutexLock lock(&table_->mutex);
   JobEntry* entry = table_->Find(job_id);
-  if (entry == nullptr) {
-    return NoSuchJob(job_id);
-  }
+  if (entry == nullptr) return NoSuchJob(job_id);
   const v1::JobState state = entry->stored.job.state();
   if (JobManager::IsTerminal(state)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -336,9 +332,7 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobRequests::Watch(
     const std::string& job_id) {
   absl::MutexLock lock(&table_->mutex);
   JobEntry* entry = table_->Find(job_id);
-  if (entry == nullptr) {
-    return NoSuchJob(job_id);
-  }
+  if (entry == nullptr) return NoSuchJob(job_id);
   auto watch = std::make_shared<JobWatch>();
   v1::WatchJobEvent first;
   *first.mutable_job() = entry->stored.job;
@@ -361,12 +355,10 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobRequests::Watch(
 absl::StatusOr<std::vector<std::string>> JobRequests::LogPaths(
     const std::string& job_id) const {
   absl::MutexLock lock(&table_->mutex);
-  auto it = table_->jobs.find(job_id);
-  if (it == table_->jobs.end()) {
-    return NoSuchJob(job_id);
-  }
+  const JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
   std::vector<std::string> paths;
-  for (int r = 0; r < it->second->stored.job.spec().world_size(); ++r) {
+  for (int r = 0; r < entry->stored.job.spec().world_size(); ++r) {
     paths.push_back(table_->LogPath(job_id, r));
   }
   return paths;
