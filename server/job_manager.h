@@ -8,6 +8,14 @@
 // start, stop and end through a Launcher (server/launcher.h): local
 // processes or Slurm, the same code here for both.
 //
+// A facade over four parts that share one mutex: JobTable
+// (server/job_table.h: the jobs and devices, and how a change is stored and
+// announced), JobRequests (job_requests.h: the JobService calls),
+// WorkerReports (worker_reports.h: the WorkerService calls) and
+// AttemptSupervisor (attempt_supervisor.h: the supervisor thread — polls,
+// failure detection, stops, restarts, scheduling and launches). Every public
+// call here may be made from any thread, and none with the mutex held.
+//
 // States: QUEUED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;
 // RUNNING -> RESTARTING -> RUNNING while restarts remain. Every change is
 // stored (with an event row) before it becomes visible.
@@ -19,16 +27,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "core/data/builtin_dataset.h"
@@ -37,8 +40,6 @@
 #include "server/job_store.h"
 #include "server/job_watch.h"
 #include "server/launcher.h"
-#include "server/rank_specs.h"
-#include "server/scheduler.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
 
@@ -114,6 +115,11 @@ struct ClusterView {
   std::vector<v1::Job> queue;   // in scheduling order, state_reason set
 };
 
+class AttemptSupervisor;
+class JobRequests;
+class JobTable;
+class WorkerReports;
+
 class JobManager {
  public:
   // Loads the store. Nothing is changed until ResumeInterruptedJobs().
@@ -178,197 +184,14 @@ class JobManager {
   static bool IsTerminal(v1::JobState state);
 
  private:
-  enum class StopIntent { kNone, kCancel, kFail, kShutdown };
-  struct RankProcess {
-    int pid = 0;  // 0 until known: a rank on another host tells at register
-    bool exited = false;
-    ExitStatus exit;
-    bool registered = false;
-    absl::Time last_heartbeat;
-  };
-  struct Entry {
-    StoredJob stored;
-    std::vector<int> devices;
-    std::vector<RankProcess> ranks;
-    absl::Time launch_time;
-    StopIntent stop = StopIntent::kNone;
-    absl::Time stop_deadline;
-    bool killed = false;
-    std::optional<v1::Failure> failure;  // the first failure of the attempt
-    bool no_restart = false;             // the attempt could not even start
-    // Rank 0 found the picked rendezvous port taken (kExitRendezvousPortTaken):
-    // the attempt starts again on another port without using a restart.
-    bool port_taken = false;
-    int port_retries = 0;
-    bool relaunch_pending = false;  // recovered; Tick relaunches it
-    // An elastic job's restart, waiting for Tick to learn what the launcher
-    // can run (RestartElastic).
-    bool elastic_restart = false;
-    bool elastic_restart_counted = false;  // already in Job.restarts
-    bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
-    // The attempt as its launcher started it; polled from next_poll on.
-    Attempt attempt;
-    absl::Time next_poll;
-    std::vector<std::weak_ptr<JobWatch>> watchers;
-    // Changes that happened (a rank exited, a launch failed) but could not
-    // be stored (a full disk): the record in memory is newer than the
-    // store's, and these events wait, in order, for StoreUnsaved.
-    bool unsaved = false;
-    std::vector<v1::JobEvent> unsaved_events;
-  };
+  JobManager(std::unique_ptr<JobTable> table, Launcher* launcher);
 
-  JobManager(JobManagerOptions options, JobStore* store, Launcher* launcher,
-             Clock* clock, JobObserver* observer);
-
-  absl::Status Load();
-  void SupervisorLoop();
-
-  Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::StatusOr<Entry*> Authenticate(const v1::WorkerIdentity& worker)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Stores the new state with an event and tells watchers and the observer.
-  // What already happened (a rank exited) is recorded even when the store
-  // fails: it is kept as unsaved and stored once the store accepts it.
-  void SetState(Entry& entry, v1::JobState state, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // SetState for a change a client asks for: stored first, and on a store
-  // failure nothing changes and the error is returned, so that nothing is
-  // acknowledged that a restarted coordinator would not know (unless
-  // even_if_not_stored: then memory changes anyway and the error is still
-  // returned).
-  absl::Status CommitState(Entry& entry, v1::JobState state,
-                           const std::string& message,
-                           bool even_if_not_stored = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Tells watchers and the observer of the state entry now holds.
-  void Announce(Entry& entry, const v1::JobEvent& event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Stores entry.stored (and `event`); when the store fails the change is
-  // kept as unsaved and stored by a later tick (StoreUnsaved).
-  void Persist(Entry& entry, const std::optional<v1::JobEvent>& event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Stores `record` with `event`, after whatever of this job is still
-  // unsaved (so events stay in order). On failure nothing new is stored.
-  absl::Status Store(Entry& entry, const StoredJob& record,
-                     const std::optional<v1::JobEvent>& event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Remembers a change the store refused, for StoreUnsaved.
-  void KeepUnsaved(Entry& entry, const std::optional<v1::JobEvent>& event,
-                   const absl::Status& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Retries every job's unsaved changes (each tick, until space returns).
-  void StoreUnsaved() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // A launch decided under the lock, prepared outside it.
-  struct LaunchRequest {
-    v1::JobSpec spec;
-    int attempt = 1;
-    bool first_attempt = true;
-    absl::Time started;
-    RankLaunch launch;  // all but master_port
-  };
-  struct PreparedLaunch {
-    std::string error;     // non-empty: the launch failed
-    bool skipped = false;  // stopped before the launcher was asked
-    Attempt attempt;       // what the launcher started (see Launcher::Start)
-    std::optional<int64_t> train_tokens;
-  };
-  // Takes the devices and queues the launch for the end of this Tick.
-  void RequestLaunch(Entry& entry, const std::vector<int>& devices)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The launch's file system work (job directory, data, spec.json, log
-  // headers), then the launcher's Start unless the job was stopped
-  // meanwhile. Called without the lock.
-  PreparedLaunch PrepareLaunch(const LaunchRequest& request)
-      ABSL_LOCKS_EXCLUDED(mutex_);
-  // Records the started attempt (or why it did not start).
-  void CompleteLaunch(Entry& entry, const LaunchRequest& request,
-                      const PreparedLaunch& prepared)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Tick's locked part: reap, detect, finish stops, schedule.
-  void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void BeginStop(Entry& entry, StopIntent intent)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void FailAttempt(Entry& entry, v1::Failure failure)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // All ranks of the attempt are gone: decide what happens next.
-  void FinishAttempt(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Heartbeats, the rendezvous deadline and the stop deadline; finishes the
-  // attempt once all its ranks have ended.
-  void Detect(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // An attempt due to be asked how its ranks are (outside the lock).
-  struct Poll {
-    std::string job_id;
-    Attempt attempt;
-    std::vector<bool> running;
-    absl::StatusOr<AttemptReport> report = absl::UnknownError("not asked");
-  };
-  std::vector<Poll> DuePolls() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Ranks that ended are recorded (the first failure fails the attempt);
-  // an attempt still waiting for its backend restarts the rendezvous clock.
-  void ApplyPoll(const Poll& poll) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Why rank `rank` ended as it did, when that is a failure.
-  v1::Failure RankExitFailure(const Entry& entry, int rank,
-                              const ExitStatus& exit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Queues `signal` for the attempt's running ranks; Tick sends it without
-  // the lock.
-  void SignalRanks(Entry& entry, int signal)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The queued signals, for the ranks running now.
-  struct PendingSignal {
-    Attempt attempt;
-    std::vector<int> ranks;
-    int signal = 0;
-  };
-  std::vector<PendingSignal> TakeSignals()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void SendSignals(const std::vector<PendingSignal>& signals)
-      ABSL_LOCKS_EXCLUDED(mutex_);
-  // Restarts the elastic jobs waiting to, each at the largest world size in
-  // [elastic.min_world_size, world_size] that `capacity` and the free
-  // devices allow and that shares the global batch equally; fails those
-  // that cannot continue.
-  void RestartElastic(const absl::StatusOr<Capacity>& capacity)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void ReleaseDevices(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The queued jobs, unsorted, as the scheduler takes them.
-  std::vector<QueuedJobRef> QueuedRefs() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // An event stamped with the clock's time.
-  v1::JobEvent Event(v1::JobState state, std::string message) const;
-  // A failure of `rank`, with the last lines of that rank's log.
-  v1::Failure RankFailure(const std::string& job_id, int rank,
-                          v1::FailureReason reason, std::string message) const;
-  std::string JobDir(const std::string& job_id) const;
-  std::string LogPath(const std::string& job_id, int rank) const;
-
-  const JobManagerOptions options_;
-  JobStore* const store_;
-  Launcher* const launcher_;
-  Clock* const clock_;
-  JobObserver* const observer_;
-
-  mutable absl::Mutex mutex_;
-  std::map<std::string, std::unique_ptr<Entry>> jobs_ ABSL_GUARDED_BY(mutex_);
-  std::vector<std::string> order_ ABSL_GUARDED_BY(mutex_);  // by seq
-  int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 1;
-  std::vector<std::string> device_holder_ ABSL_GUARDED_BY(mutex_);
-  // Devices the launcher last reported lost (Launcher::Available).
-  std::set<int> lost_devices_ ABSL_GUARDED_BY(mutex_);
-  std::map<std::string, std::string> waiting_reason_ ABSL_GUARDED_BY(mutex_);
-  bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
-  // Some entry is unsaved: StoreUnsaved has work (saves a pass over every
-  // job on each tick otherwise).
-  bool any_unsaved_ ABSL_GUARDED_BY(mutex_) = false;
-  std::string worker_address_ ABSL_GUARDED_BY(mutex_);
-  std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(mutex_);
-  // Job id -> signal for its attempt's ranks, for Tick to send.
-  std::vector<std::pair<std::string, int>> signals_ ABSL_GUARDED_BY(mutex_);
-
-  absl::Notification stop_supervisor_;
-  std::thread supervisor_;
+  // In dependency order (destroyed in reverse): the faces work on the table,
+  // and Cancel stops ranks through the supervisor.
+  std::unique_ptr<JobTable> table_;
+  std::unique_ptr<AttemptSupervisor> supervisor_;
+  std::unique_ptr<JobRequests> requests_;
+  std::unique_ptr<WorkerReports> workers_;
 };
 
 }  // namespace shardtrain

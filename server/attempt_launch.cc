@@ -1,0 +1,292 @@
+// The launch of an attempt, in three parts, so that no file is touched and
+// no launcher asked under the mutex that heartbeats and RPCs need:
+// RequestLaunch (locked) takes the devices, the state and the attempt's
+// secret and lays out its ranks; PrepareLaunch (unlocked) creates the job's
+// directory, resolves its data, writes spec.json and the logs' headers, and
+// has the launcher start the ranks; CompleteLaunch (locked) records the
+// attempt, or why it did not start. AttemptSupervisor::Tick runs all three.
+#include <signal.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/atomic_file.h"
+#include "core/data/builtin_dataset.h"
+#include "core/data/token_file.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/job_config.h"
+#include "server/attempt_supervisor.h"
+#include "server/job_requests.h"
+
+namespace shardtrain {
+
+void AttemptSupervisor::RequestLaunch(JobEntry& entry,
+                                      const std::vector<int>& devices) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  entry.devices = devices;
+  for (int d : devices) table_->device_holder[d] = id;
+  const int world = static_cast<int>(devices.size());
+  const bool first_attempt = job.state() == v1::QUEUED;
+  job.set_world_size(world);
+
+  entry.stored.secret = JobTable::NewSecret();
+  // Known before the launcher starts them: a rank may register as soon as
+  // it runs, before CompleteLaunch.
+  ClearAttempt(entry);
+  entry.ranks.assign(world, RankProcess{});
+  entry.launching = true;
+  entry.launch_time = table_->clock->Now();
+  const bool cpu = job.spec().device_kind() == v1::CPU;
+  if (first_attempt) {
+    // From here on the job owns its devices and is no longer a queue entry,
+    // even if a rank fails to start.
+    std::vector<std::string> gpu_list;
+    for (int d : devices) gpu_list.push_back(std::to_string(d));
+    job.set_start_time_unix_ms(absl::ToUnixMillis(table_->clock->Now()));
+    table_->SetState(entry, v1::STARTING,
+                     absl::StrCat("starting ", world, " ranks on ",
+                                  cpu ? "CPU slots " : "GPUs ",
+                                  absl::StrJoin(gpu_list, ",")));
+  }
+
+  LaunchRequest request;
+  request.spec = job.spec();
+  request.attempt = job.restarts() + 1;
+  request.first_attempt = first_attempt;
+  request.started = table_->clock->Now();
+  RankLaunch& launch = request.launch;
+  launch.worker_binary = table_->options.worker_binary;
+  launch.job_id = id;
+  launch.job_dir = table_->JobDir(id);
+  launch.spec_path = launch.job_dir + "/spec.json";
+  launch.world_size = world;
+  launch.cpu = cpu;
+  launch.devices = devices;
+  launch.threads_per_rank = std::max(1, table_->options.cpu_cores / world);
+  launch.resume = job.restarts() > 0;
+  launch.coordinator_address = worker_address_;
+  launch.secret = entry.stored.secret;
+  launch.heartbeat_seconds =
+      absl::ToDoubleSeconds(table_->options.heartbeat_interval);
+  launch.read_roots = absl::StrJoin(table_->options.path_roots.roots(), ":");
+  if (job.spec().data() == kBuiltinDataset) {
+    launch.prepare_data = kBuiltinDataset;
+  }
+  for (int r = 0; r < world; ++r)
+    launch.log_paths.push_back(table_->LogPath(id, r));
+  launch_requests_.push_back(std::move(request));
+}
+
+AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
+    const LaunchRequest& request) {
+  PreparedLaunch prepared;
+  const RankLaunch& launch = request.launch;
+  std::error_code ec;
+  std::filesystem::create_directories(launch.job_dir, ec);
+  if (ec) {
+    prepared.error =
+        absl::StrCat("cannot create ", launch.job_dir, ": ", ec.message());
+    return prepared;
+  }
+  // Checked again: a symlink may have been turned since the submit.
+  if (absl::Status s = CheckSpecPaths(table_->options.path_roots, request.spec);
+      !s.ok()) {
+    prepared.error = std::string(s.message());
+    return prepared;
+  }
+  absl::StatusOr<std::string> data =
+      table_->options.resolve_data(request.spec.data());
+  if (!data.ok()) {
+    prepared.error = std::string(data.status().message());
+    return prepared;
+  }
+  v1::JobSpec resolved = request.spec;
+  resolved.set_data(*data);
+  if (launch.world_size != request.spec.world_size()) {
+    // An elastic job continuing smaller: the same global batch, shared by
+    // fewer ranks (each rank's checkpoint resume then finds it unchanged).
+    absl::StatusOr<TrainConfig> config =
+        TrainConfigFromJobSpec(request.spec, launch.job_dir);
+    if (!config.ok()) {
+      prepared.error = std::string(config.status().message());
+      return prepared;
+    }
+    const int64_t global = static_cast<int64_t>(request.spec.world_size()) *
+                           config->batch_size * config->grad_accum;
+    absl::StatusOr<BatchSplit> split =
+        SplitGlobalBatch(global, launch.world_size, config->batch_size);
+    if (!split.ok()) {
+      prepared.error = std::string(split.status().message());
+      return prepared;
+    }
+    resolved.mutable_trainer()->set_batch_size(split->batch);
+    resolved.mutable_trainer()->set_grad_accum(split->accum);
+  }
+  // The header only: the ranks read (and validate) the tokens themselves.
+  if (absl::StatusOr<int64_t> tokens =
+          ReadTokenFileHeader(*data + "/train.bin");
+      tokens.ok()) {
+    prepared.train_tokens = *tokens;
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
+  if (absl::Status s = WriteFileAtomically(launch.spec_path, json); !s.ok()) {
+    prepared.error = std::string(s.message());
+    return prepared;
+  }
+  for (int r = 0; r < launch.world_size; ++r) {
+    std::ofstream log(launch.log_paths[r], std::ios::app);
+    log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
+        << launch.world_size << ", attempt " << request.attempt << ", "
+        << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", request.started,
+                            absl::UTCTimeZone())
+        << " ===\n";
+  }
+  {
+    // Cancelled (or the coordinator began to shut down) meanwhile: nothing
+    // is started. A stop from here on finds the ranks in CompleteLaunch.
+    absl::MutexLock lock(&table_->mutex);
+    const JobEntry* entry = table_->Find(launch.job_id);
+    if (table_->shutting_down || entry == nullptr ||
+        entry->stop != StopIntent::kNone) {
+      prepared.skipped = true;
+      return prepared;
+    }
+  }
+  if (absl::Status s =
+          launcher_->Start(launch, request.attempt, &prepared.attempt);
+      !s.ok()) {
+    prepared.error = std::string(s.message());
+  }
+  return prepared;
+}
+
+int AttemptSupervisor::RecordStartedRanks(JobEntry& entry,
+                                          const LaunchRequest& request,
+                                          const PreparedLaunch& prepared) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  const int world = request.launch.world_size;
+  entry.launching = false;
+  entry.attempt = prepared.attempt;
+  if (prepared.train_tokens.has_value()) {
+    job.set_train_tokens(*prepared.train_tokens);
+  }
+  // Which ranks run: all of a started attempt; of one that failed to
+  // start, those the launcher gave a pid (Launcher::Start).
+  const bool started = prepared.error.empty() && !prepared.skipped;
+  int running = 0;
+  for (int r = 0; r < world; ++r) {
+    const int pid = r < static_cast<int>(prepared.attempt.pids.size())
+                        ? prepared.attempt.pids[r]
+                        : 0;
+    RankProcess& rank = entry.ranks[r];
+    if (!started && pid == 0) {
+      rank.exited = true;  // never started
+      continue;
+    }
+    ++running;
+    if (pid != 0 && rank.pid != 0 && rank.pid != pid) {
+      // Registered before the launch was recorded, as another process.
+      JobTable::Log(absl::StrCat(id, " rank ", r, " registered as pid ",
+                                 rank.pid, " but was started as pid ", pid));
+      rank.registered = false;
+    }
+    if (pid != 0) rank.pid = pid;
+  }
+  entry.stored.worker_pids.clear();
+  for (int pid : prepared.attempt.pids) {
+    if (pid != 0) entry.stored.worker_pids.push_back(pid);
+  }
+  entry.stored.worker_pgid = prepared.attempt.pgid;
+  entry.next_poll = table_->clock->Now();
+  return running;
+}
+
+void AttemptSupervisor::CompleteLaunch(JobEntry& entry,
+                                       const LaunchRequest& request,
+                                       const PreparedLaunch& prepared) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  const int world = request.launch.world_size;
+  const int running = RecordStartedRanks(entry, request, prepared);
+  if (running > 0 &&
+      (entry.stop != StopIntent::kNone || table_->shutting_down)) {
+    // Started, then cancelled (or the coordinator began to shut down):
+    // end the attempt; its ranks' end, seen by a poll, finishes it.
+    if (entry.stop == StopIntent::kNone) entry.stop = StopIntent::kShutdown;
+    entry.stop_deadline = table_->clock->Now();
+    entry.killed = true;
+    SignalRanks(entry, SIGKILL);
+    return;
+  }
+  if (running == 0 && (entry.stop != StopIntent::kNone ||
+                       table_->shutting_down || prepared.skipped)) {
+    // Cancelled, or the coordinator began to shut down, while the launch was
+    // being prepared: nothing was started, so nothing needs stopping.
+    const StopIntent stop = entry.stop;
+    entry.stop = StopIntent::kNone;
+    entry.ranks.clear();
+    if (stop == StopIntent::kCancel) {
+      table_->ReleaseDevices(entry);
+      table_->SetState(entry, v1::CANCELLED,
+                       "cancelled before its ranks started");
+    } else {
+      table_->Persist(entry, std::nullopt);  // the next coordinator resumes it
+    }
+    return;
+  }
+
+  if (!prepared.error.empty()) {
+    v1::Failure failure;
+    failure.set_reason(v1::EXIT_CODE);
+    failure.set_rank(running);  // the first rank that did not start
+    failure.set_message(prepared.error);
+    if (running == 0) {
+      // Nothing to stop: no restart either, the same launch would fail
+      // again.
+      entry.ranks.clear();
+      table_->ReleaseDevices(entry);
+      *job.mutable_failure() = failure;
+      table_->SetState(entry, v1::FAILED, prepared.error);
+      return;
+    }
+    entry.no_restart = true;
+    FailAttempt(entry, std::move(failure));
+    return;
+  }
+
+  const Attempt& attempt = entry.attempt;
+  JobTable::Log(absl::StrCat(
+      id, ": started ", world, " ranks",
+      attempt.summary.empty() ? "" : absl::StrCat(" as ", attempt.summary),
+      entry.stored.worker_pids.empty()
+          ? ""
+          : absl::StrCat(" (pids ",
+                         absl::StrJoin(entry.stored.worker_pids, ", "), ")")));
+  // The workers' pids, and on a restart or a backend's own job an event
+  // saying so.
+  std::optional<v1::JobEvent> event;
+  if (!attempt.summary.empty()) {
+    event = table_->Event(
+        job.state(),
+        absl::StrCat(request.first_attempt ? "submitted " : "resubmitted ",
+                     world, " ranks as ", attempt.summary, " (attempt ",
+                     request.attempt, ")"));
+  } else if (!request.first_attempt) {
+    event = table_->Event(job.state(),
+                          absl::StrCat("relaunched ", world, " ranks (attempt ",
+                                       request.attempt, ")"));
+  }
+  table_->Persist(entry, event);
+}
+
+}  // namespace shardtrain

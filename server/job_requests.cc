@@ -1,0 +1,396 @@
+#include "server/job_requests.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/input_file.h"
+#include "core/data/builtin_dataset.h"
+#include "proto/job_config.h"
+#include "server/attempt_supervisor.h"
+#include "server/scheduler.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr size_t kMaxSpecBytes = 64 * 1024;
+
+// The most directory entries of an init_from directory checked at submit
+// (a checkpoint of a thousand ranks has about two thousand files).
+constexpr int kMaxCheckedEntries = 4096;
+
+// NotFound for an id no job has. The id is echoed only when it could be one
+// (short, printable): a 100 KB id once came back in the error until the
+// response metadata overflowed.
+absl::Status NoSuchJob(const std::string& job_id) {
+  const bool printable =
+      std::all_of(job_id.begin(), job_id.end(),
+                  [](unsigned char c) { return c >= 0x20 && c < 0x7f; });
+  if (job_id.size() > 64 || !printable) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id: no job has this id (", job_id.size(),
+                     " bytes; ids look like job-000001)"));
+  }
+  return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+}
+
+}  // namespace
+
+JobRequests::JobRequests(JobTable* table, AttemptSupervisor* supervisor)
+    : table_(table), supervisor_(supervisor) {}
+
+absl::Status CheckSpecPaths(const PathRoots& roots, const v1::JobSpec& spec) {
+  if (roots.roots().empty()) return absl::OkStatus();
+  if (spec.data() != kBuiltinDataset) {
+    if (absl::Status s = roots.Check("data", spec.data()); !s.ok()) return s;
+    // Each file the ranks read, resolved on its own: a train.bin that is a
+    // symlink out of the directory must not pass because its folder does.
+    for (const char* file : {"train.bin", "val.bin"}) {
+      const std::string path = absl::StrCat(spec.data(), "/", file);
+      std::error_code ec;
+      if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+        continue;
+      }
+      if (absl::Status s = roots.Check(absl::StrCat("data (", file, ")"), path);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (!spec.trainer().init_from().empty()) {
+    const std::string& init_from = spec.trainer().init_from();
+    if (absl::Status s = roots.Check("trainer.init_from", init_from); !s.ok()) {
+      return s;
+    }
+    // What a directory holds (config.json, model.safetensors, a
+    // checkpoint's files, checkpoints/latest) is resolved entry by entry, as
+    // the ranks will: a directory inside the root may link out of it. The
+    // ranks check again on the files they open.
+    std::error_code ec;
+    int entries = 0;
+    for (auto it = std::filesystem::recursive_directory_iterator(init_from, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator() &&
+         entries < kMaxCheckedEntries;
+         it.increment(ec), ++entries) {
+      if (it.depth() >= 2) it.disable_recursion_pending();
+      const std::string name =
+          it->path().lexically_relative(init_from).string();
+      if (absl::Status s =
+              roots.Check(absl::StrCat("trainer.init_from (", name, ")"),
+                          it->path().string());
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
+                                               const v1::JobSpec& spec) {
+  const v1::DeviceKind cluster_kind = options.devices.front().kind;
+  v1::JobSpec effective = spec;
+  // Fields this version does not know are dropped, never stored: they would
+  // slip past every limit below (a 4 MiB unknown field per submission grew
+  // the database by half a gigabyte in 130 submissions).
+  effective.DiscardUnknownFields();
+  if (effective.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) {
+    effective.set_device_kind(cluster_kind);
+  }
+  if (effective.device_kind() != cluster_kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_kind: got ", v1::DeviceKind_Name(effective.device_kind()),
+        "; this coordinator schedules ", v1::DeviceKind_Name(cluster_kind),
+        " devices only"));
+  }
+  // The job's directory is not known yet; any path checks the same rules.
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(
+      effective, absl::StrCat(options.state_dir, "/jobs/new"));
+  if (!config.ok()) return config.status();
+  const int devices = static_cast<int>(options.devices.size());
+  if (effective.world_size() > devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: got ", effective.world_size(), "; this coordinator has ",
+        devices, cluster_kind == v1::GPU ? " GPU" : " CPU slot",
+        devices == 1 ? "" : "s"));
+  }
+  if (absl::Status s = CheckSpecPaths(options.path_roots, spec); !s.ok()) {
+    return s;
+  }
+  if (absl::StatusOr<std::string> data = options.resolve_data(spec.data());
+      !data.ok()) {
+    return data.status();
+  }
+  // A file (llm.c) or a directory (Hugging Face, a checkpoint); the worker
+  // reads and checks what is in it. Nothing else: opening a FIFO would block.
+  if (!config->init_from.empty()) {
+    struct stat st;
+    if (::stat(config->init_from.c_str(), &st) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer.init_from: got '", config->init_from,
+          "'; no such file or directory on the coordinator's host"));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer.init_from: '", config->init_from, "' is ",
+                       FileKindName(st.st_mode),
+                       "; expected an llm.c model file or a directory"));
+    }
+  }
+  return effective;
+}
+
+absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::JobSpec> validated =
+      ValidateSubmission(table_->options, spec);
+  if (!validated.ok()) return validated.status();
+  // Every field is bounded by validation; this bounds their sum, so a
+  // stored job (and a List page of them) stays small.
+  if (const size_t bytes = validated->ByteSizeLong(); bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: ", bytes, " bytes once encoded; at most ", kMaxSpecBytes));
+  }
+  if (struct statvfs fs; statvfs(table_->options.state_dir.c_str(), &fs) == 0) {
+    const int64_t free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    if (free_bytes < table_->options.min_free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the state directory %s has %.1f MiB free, less than the %.1f MiB a "
+          "job needs (shardtraind --min-free-mb); free space, then resubmit",
+          table_->options.state_dir, free_bytes / 1048576.0,
+          table_->options.min_free_bytes / 1048576.0));
+    }
+  }
+  const v1::JobSpec& effective = *validated;
+
+  absl::MutexLock lock(&table_->mutex);
+  if (table_->shutting_down) {
+    return absl::UnavailableError("shardtraind is shutting down");
+  }
+  auto entry = std::make_unique<JobEntry>();
+  entry->stored.seq = table_->next_seq;
+  entry->stored.secret = JobTable::NewSecret();
+  v1::Job& job = entry->stored.job;
+  job.set_id(absl::StrFormat("job-%06d", table_->next_seq));
+  job.set_output_dir(table_->JobDir(job.id()));
+  *job.mutable_spec() = effective;
+  job.set_state(v1::QUEUED);
+  job.set_state_reason("waiting for the scheduler");
+  job.set_submit_time_unix_ms(absl::ToUnixMillis(table_->clock->Now()));
+  v1::JobEvent event;
+  event.set_time_unix_ms(job.submit_time_unix_ms());
+  event.set_state(v1::QUEUED);
+  event.set_message("submitted");
+  if (absl::Status s = table_->store->InsertJob(entry->stored, event);
+      !s.ok()) {
+    // Nothing was stored; jobs already stored are untouched (the insert is
+    // one transaction). A full disk is the operator's to fix: say so.
+    if (absl::IsResourceExhausted(s)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the state directory ", table_->options.state_dir,
+          " is full; no new job is accepted until space is freed (",
+          s.message(), ")"));
+    }
+    return absl::InternalError(
+        absl::StrCat("could not store the job: ", s.message()));
+  }
+  v1::Job result = job;
+  table_->Add(std::move(entry));
+  if (table_->observer != nullptr) table_->observer->OnJobChanged(result);
+  return result;
+}
+
+absl::StatusOr<v1::Job> JobRequests::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&table_->mutex);
+  const JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
+  return entry->stored.job;
+}
+
+absl::StatusOr<ListJobsPage> JobRequests::List(
+    const ListJobsQuery& query) const {
+  if (query.page_size < 0 || query.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: got ", query.page_size, "; must be in [0, ",
+                     kMaxPageSize, "]"));
+  }
+  int64_t after_seq = 0;
+  if (!query.page_token.empty() &&
+      (!absl::SimpleAtoi(query.page_token, &after_seq) || after_seq < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: got '", query.page_token,
+                     "'; pass the next_page_token of the previous page"));
+  }
+  const int page_size =
+      query.page_size == 0 ? kDefaultPageSize : query.page_size;
+  absl::MutexLock lock(&table_->mutex);
+  ListJobsPage page;
+  for (const std::string& id : table_->order) {
+    const JobEntry& entry = *table_->jobs.at(id);
+    if (entry.stored.seq <= after_seq) continue;
+    const v1::Job& job = entry.stored.job;
+    if (!query.states.empty() &&
+        std::find(query.states.begin(), query.states.end(), job.state()) ==
+            query.states.end()) {
+      continue;
+    }
+    bool labels_match = true;
+    for (const auto& [key, value] : query.labels) {
+      auto it = job.spec().labels().find(key);
+      labels_match = labels_match && it != job.spec().labels().end() &&
+                     it->second == value;
+    }
+    if (!labels_match) continue;
+    if (static_cast<int>(page.jobs.size()) == page_size) {
+      page.next_page_token =
+          absl::StrCat(table_->jobs.at(page.jobs.back().id())->stored.seq);
+      break;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
+}
+
+absl::StatusOr<v1::Job> JobRequests::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&table_->mutex);
+  JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
+  const v1::JobState state = entry->stored.job.state();
+  if (JobManager::IsTerminal(state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " already ended (", JobTable::StateName(state), ")"));
+  }
+  // Each branch stores the cancel before it acts on it or answers: a cancel
+  // the client was told of survives a coordinator restart.
+  auto not_stored = [&](const absl::Status& s) {
+    return absl::UnavailableError(
+        absl::StrCat("the cancel of ", job_id, " could not be stored (",
+                     s.message(), "); the job was left as it is: try again"));
+  };
+  if (state == v1::QUEUED ||
+      (entry->ranks.empty() && !entry->relaunch_pending && !entry->launching &&
+       entry->stop == StopIntent::kNone)) {
+    const bool restarting = state == v1::RESTARTING;
+    if (absl::Status s = table_->CommitState(
+            *entry, v1::CANCELLED,
+            restarting ? "cancelled while waiting to restart"
+                       : "cancelled before it started");
+        !s.ok()) {
+      return not_stored(s);
+    }
+    entry->relaunch_pending = false;
+    entry->elastic_restart = false;
+    entry->failure.reset();
+    table_->ReleaseDevices(*entry);
+  } else if (entry->relaunch_pending) {
+    if (absl::Status s = table_->CommitState(
+            *entry, v1::CANCELLED, "cancelled while waiting to restart");
+        !s.ok()) {
+      return not_stored(s);
+    }
+    entry->relaunch_pending = false;
+    table_->ReleaseDevices(*entry);
+  } else if (entry->stop != StopIntent::kCancel) {
+    StoredJob requested = entry->stored;
+    requested.job.set_cancel_requested(true);
+    if (absl::Status s = table_->Store(
+            *entry, requested,
+            table_->Event(state, absl::StrCat("cancel requested; stopping ",
+                                              entry->ranks.size(), " ranks")));
+        !s.ok()) {
+      return not_stored(s);
+    }
+    entry->stored.job.set_cancel_requested(true);
+    supervisor_->BeginStop(*entry, StopIntent::kCancel);
+  }
+  return entry->stored.job;
+}
+
+absl::StatusOr<std::vector<v1::StepMetrics>> JobRequests::Metrics(
+    const std::string& job_id, std::optional<int> rank,
+    int64_t from_step) const {
+  absl::StatusOr<v1::Job> job = Get(job_id);
+  if (!job.ok()) return job.status();
+  const int world = job->spec().world_size();
+  if (rank.has_value() && (*rank < 0 || *rank >= world)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: got ", *rank, "; ", job_id, " has ranks 0 to ",
+                     world - 1, " (world size ", world, ")"));
+  }
+  return table_->store->GetMetrics(job_id, rank, from_step);
+}
+
+absl::StatusOr<std::shared_ptr<JobWatch>> JobRequests::Watch(
+    const std::string& job_id) {
+  absl::MutexLock lock(&table_->mutex);
+  JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
+  auto watch = std::make_shared<JobWatch>();
+  v1::WatchJobEvent first;
+  *first.mutable_job() = entry->stored.job;
+  watch->Push(std::move(first));
+  if (JobManager::IsTerminal(entry->stored.job.state()) ||
+      table_->shutting_down) {
+    watch->Close();
+  } else {
+    auto& watchers = entry->watchers;
+    watchers.erase(std::remove_if(watchers.begin(), watchers.end(),
+                                  [](const std::weak_ptr<JobWatch>& w) {
+                                    return w.expired();
+                                  }),
+                   watchers.end());
+    watchers.push_back(watch);
+  }
+  return watch;
+}
+
+absl::StatusOr<std::vector<std::string>> JobRequests::LogPaths(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&table_->mutex);
+  const JobEntry* entry = table_->Find(job_id);
+  if (entry == nullptr) return NoSuchJob(job_id);
+  std::vector<std::string> paths;
+  for (int r = 0; r < entry->stored.job.spec().world_size(); ++r) {
+    paths.push_back(table_->LogPath(job_id, r));
+  }
+  return paths;
+}
+
+ClusterView JobRequests::Cluster() const {
+  absl::MutexLock lock(&table_->mutex);
+  ClusterView view;
+  view.devices = table_->options.devices;
+  view.holders.resize(table_->options.devices.size());
+  for (size_t d = 0; d < table_->device_holder.size(); ++d) {
+    const std::string& id = table_->device_holder[d];
+    if (id.empty()) continue;
+    view.holders[d].job_id = id;
+    const std::vector<int>& devices = table_->jobs.at(id)->devices;
+    view.holders[d].rank = static_cast<int>(
+        std::find(devices.begin(), devices.end(), static_cast<int>(d)) -
+        devices.begin());
+  }
+  std::vector<QueuedJobRef> queue = table_->QueuedRefs();
+  // Reasons as of now, not as of the last scheduling round.
+  const ScheduleDecision decision = Schedule(queue, table_->FreeDevices());
+  SortQueue(&queue);
+  for (const QueuedJobRef& ref : queue) {
+    v1::Job job = table_->jobs.at(ref.job_id)->stored.job;
+    auto waiting = decision.waiting.find(ref.job_id);
+    job.set_state_reason(waiting != decision.waiting.end()
+                             ? waiting->second
+                             : "fits now; starts on the next scheduling round");
+    view.queue.push_back(std::move(job));
+  }
+  return view;
+}
+
+}  // namespace shardtrain
