@@ -17,6 +17,81 @@
 namespace shardtrain {
 namespace {
 
+// The durations shardtraind's flags take in seconds.
+struct FlagSeconds {
+  double metrics_retention = 300;
+  double grace = 10;
+  double heartbeat_interval = 2;
+  double heartbeat_timeout = 30;
+  double rendezvous_timeout = 300;
+};
+
+// The coordinator's own flags (a backend adds its own).
+void AddCoordinatorFlags(CLI::App* app, CoordinatorOptions* options,
+                         FlagSeconds* seconds) {
+  app->add_option("--listen", options->listen,
+                  absl::StrCat("address:port for clients (default 127.0.0.1:",
+                               kDefaultPort, "; port 0 picks a free one)"));
+  app->add_option("--metrics-listen", options->metrics_listen,
+                  "Prometheus endpoint address:port (/metrics); empty: none")
+      ->capture_default_str();
+  app->add_option("--metrics-retention", seconds->metrics_retention,
+                  "seconds a finished job's series stay on /metrics")
+      ->capture_default_str();
+  app->add_option("--state-dir", options->state_dir,
+                  "SQLite database, job logs and checkpoints")
+      ->capture_default_str();
+  app->add_option("--grace-period", seconds->grace,
+                  "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->capture_default_str();
+  app->add_option("--device-kind", options->devices.kind,
+                  "auto (GPUs via NVML, else CPU slots) | gpu | cpu")
+      ->capture_default_str();
+  app->add_option("--cpu-slots", options->devices.cpu_slots,
+                  "CPU devices to schedule onto (0: one per core)")
+      ->capture_default_str();
+  app->add_option("--worker-binary", options->worker_binary,
+                  "shardtrain-worker to launch (default: beside shardtraind)");
+  app->add_option("--heartbeat-interval", seconds->heartbeat_interval,
+                  "seconds between worker heartbeats")
+      ->capture_default_str();
+  app->add_option("--heartbeat-timeout", seconds->heartbeat_timeout,
+                  "seconds without a heartbeat before a job fails with HANG")
+      ->capture_default_str();
+  app->add_option("--rendezvous-timeout", seconds->rendezvous_timeout,
+                  "seconds for all ranks to join before RENDEZVOUS_TIMEOUT")
+      ->capture_default_str();
+  app->add_option("--auth-token-file", options->auth_token_file,
+                  "require 'authorization: Bearer <token>' on every call");
+  app->add_option("--tls-cert", options->tls_cert,
+                  "PEM certificate (enables TLS)");
+  app->add_option("--tls-key", options->tls_key, "PEM private key");
+  app->add_flag("--insecure", options->insecure,
+                "allow a --listen beyond loopback without --auth-token-file");
+  app->add_flag("--metrics-public", options->metrics_public,
+                "allow a --metrics-listen beyond loopback (/metrics has no "
+                "token)");
+  app->add_option("--path-root", options->path_roots,
+                  "directory jobs may read data and init_from from "
+                  "(repeatable; none: anywhere this user can read)");
+  app->add_option("--max-streams-per-client", options->max_streams_per_client,
+                  "open watch/log streams one client connection may hold")
+      ->capture_default_str();
+  app->add_option("--max-streams-per-peer", options->max_streams_per_peer,
+                  "open watch/log streams of one client over all its "
+                  "connections (a local user, or a remote address)")
+      ->capture_default_str();
+  app->add_option("--max-streams", options->max_streams,
+                  "open watch/log streams for all clients together")
+      ->capture_default_str();
+  app->add_option("--min-free-mb", options->min_free_mb,
+                  "refuse submissions while the state dir has less free space")
+      ->capture_default_str();
+  app->add_option("--max-message-bytes", options->max_message_bytes,
+                  "largest request accepted")
+      ->capture_default_str();
+}
+
 int Main(int argc, char** argv) {
   // Everything shardtraind and its workers create (the state directory, the
   // database, job specs, logs, checkpoints) is for this user only; another
@@ -33,72 +108,10 @@ int Main(int argc, char** argv) {
 
   CoordinatorOptions options;
   options.state_dir = DefaultStateDir();
-  double metrics_retention = 300;
-  double grace = 10, heartbeat_interval = 2, heartbeat_timeout = 30,
-         rendezvous_timeout = 300;
+  FlagSeconds seconds;
   CLI::App app{"shardtraind: the shardtrain coordinator (gRPC control plane)"};
   app.option_defaults()->always_capture_default();
-  app.add_option("--listen", options.listen,
-                 absl::StrCat("address:port for clients (default 127.0.0.1:",
-                              kDefaultPort, "; port 0 picks a free one)"));
-  app.add_option("--metrics-listen", options.metrics_listen,
-                 "Prometheus endpoint address:port (/metrics); empty: none")
-      ->capture_default_str();
-  app.add_option("--metrics-retention", metrics_retention,
-                 "seconds a finished job's series stay on /metrics")
-      ->capture_default_str();
-  app.add_option("--state-dir", options.state_dir,
-                 "SQLite database, job logs and checkpoints")
-      ->capture_default_str();
-  app.add_option("--grace-period", grace,
-                 "seconds between SIGTERM and SIGKILL when stopping workers")
-      ->capture_default_str();
-  app.add_option("--device-kind", options.devices.kind,
-                 "auto (GPUs via NVML, else CPU slots) | gpu | cpu")
-      ->capture_default_str();
-  app.add_option("--cpu-slots", options.devices.cpu_slots,
-                 "CPU devices to schedule onto (0: one per core)")
-      ->capture_default_str();
-  app.add_option("--worker-binary", options.worker_binary,
-                 "shardtrain-worker to launch (default: beside shardtraind)");
-  app.add_option("--heartbeat-interval", heartbeat_interval,
-                 "seconds between worker heartbeats")
-      ->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat_timeout,
-                 "seconds without a heartbeat before a job fails with HANG")
-      ->capture_default_str();
-  app.add_option("--rendezvous-timeout", rendezvous_timeout,
-                 "seconds for all ranks to join before RENDEZVOUS_TIMEOUT")
-      ->capture_default_str();
-  app.add_option("--auth-token-file", options.auth_token_file,
-                 "require 'authorization: Bearer <token>' on every call");
-  app.add_option("--tls-cert", options.tls_cert,
-                 "PEM certificate (enables TLS)");
-  app.add_option("--tls-key", options.tls_key, "PEM private key");
-  app.add_flag("--insecure", options.insecure,
-               "allow a --listen beyond loopback without --auth-token-file");
-  app.add_flag("--metrics-public", options.metrics_public,
-               "allow a --metrics-listen beyond loopback (/metrics has no "
-               "token)");
-  app.add_option("--path-root", options.path_roots,
-                 "directory jobs may read data and init_from from "
-                 "(repeatable; none: anywhere this user can read)");
-  app.add_option("--max-streams-per-client", options.max_streams_per_client,
-                 "open watch/log streams one client connection may hold")
-      ->capture_default_str();
-  app.add_option("--max-streams-per-peer", options.max_streams_per_peer,
-                 "open watch/log streams of one client over all its "
-                 "connections (a local user, or a remote address)")
-      ->capture_default_str();
-  app.add_option("--max-streams", options.max_streams,
-                 "open watch/log streams for all clients together")
-      ->capture_default_str();
-  app.add_option("--min-free-mb", options.min_free_mb,
-                 "refuse submissions while the state dir has less free space")
-      ->capture_default_str();
-  app.add_option("--max-message-bytes", options.max_message_bytes,
-                 "largest request accepted")
-      ->capture_default_str();
+  AddCoordinatorFlags(&app, &options, &seconds);
   BackendRegistry backends = BuiltinBackends();
   options.backends = &backends;
   app.add_option("--launcher", options.launcher, backends.LauncherHelp())
@@ -113,11 +126,11 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return ReportParseError(app, e, "shardtraind");
   }
-  options.grace_period = absl::Seconds(grace);
-  options.metrics_retention = absl::Seconds(metrics_retention);
-  options.heartbeat_interval = absl::Seconds(heartbeat_interval);
-  options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
-  options.rendezvous_timeout = absl::Seconds(rendezvous_timeout);
+  options.grace_period = absl::Seconds(seconds.grace);
+  options.metrics_retention = absl::Seconds(seconds.metrics_retention);
+  options.heartbeat_interval = absl::Seconds(seconds.heartbeat_interval);
+  options.heartbeat_timeout = absl::Seconds(seconds.heartbeat_timeout);
+  options.rendezvous_timeout = absl::Seconds(seconds.rendezvous_timeout);
 
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Start(options);
