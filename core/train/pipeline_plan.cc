@@ -1,0 +1,249 @@
+#include "core/train/pipeline_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace shardtrain {
+
+// --- Stages ---
+
+double BlockForwardFlopsPerToken(const Gpt2Config& config, int64_t seq_len) {
+  const double c = static_cast<double>(config.n_embd);
+  // qkv 6C², attention output 2C², MLP 16C²; QKᵀ and AV 2·T·C each.
+  return 24.0 * c * c + 4.0 * static_cast<double>(seq_len) * c;
+}
+
+double HeadForwardFlopsPerToken(const Gpt2Config& config) {
+  return 2.0 * static_cast<double>(config.padded_vocab_size) *
+         static_cast<double>(config.n_embd);
+}
+
+absl::StatusOr<std::vector<int64_t>> ParsePipelineSplit(std::string_view text) {
+  std::vector<int64_t> split;
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    int64_t block = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &block)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--pipeline-split: '", std::string(text),
+          "' is not a list of block indices (e.g. 4,8: stage 1 starts at "
+          "block 4, stage 2 at block 8)"));
+    }
+    split.push_back(block);
+  }
+  return split;
+}
+
+namespace {
+
+// The cut (stage start blocks, after 0) that makes the costliest stage the
+// cheapest: dp over (stages so far, blocks so far).
+std::vector<int64_t> BalancedSplit(int64_t blocks, int64_t stages,
+                                   double block_cost, double head_cost) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][i]: the cheapest costliest stage for blocks [0, i) in s stages;
+  // cut[s][i]: where the last of those stages starts.
+  std::vector<std::vector<double>> best(stages + 1,
+                                        std::vector<double>(blocks + 1, inf));
+  std::vector<std::vector<int64_t>> cut(stages + 1,
+                                        std::vector<int64_t>(blocks + 1, 0));
+  best[0][0] = 0;
+  for (int64_t s = 1; s <= stages; ++s) {
+    const bool last = s == stages;
+    for (int64_t i = s; i <= blocks; ++i) {
+      // Latest start first: among equal cuts, earlier stages get more.
+      for (int64_t j = i - 1; j >= s - 1; --j) {
+        if (best[s - 1][j] == inf) continue;
+        const double stage =
+            static_cast<double>(i - j) * block_cost + (last ? head_cost : 0.0);
+        const double worst = std::max(best[s - 1][j], stage);
+        if (worst < best[s][i] * (1 - 1e-12)) {
+          best[s][i] = worst;
+          cut[s][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> split(stages - 1);
+  int64_t end = blocks;
+  for (int64_t s = stages; s > 1; --s) {
+    end = cut[s][end];
+    split[s - 2] = end;
+  }
+  return split;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PipelineStage>> PartitionPipeline(
+    const Gpt2Config& config, int64_t seq_len, int64_t stages,
+    const std::vector<int64_t>& split) {
+  const int64_t blocks = config.n_layer;
+  if (stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline-stages: got ", stages, "; must be >= 1"));
+  }
+  if (stages > blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pipeline-stages ", stages, ": more stages than the model's ", blocks,
+        " blocks (every stage needs at least one)"));
+  }
+  const double block_cost = BlockForwardFlopsPerToken(config, seq_len);
+  const double head_cost = HeadForwardFlopsPerToken(config);
+  std::vector<int64_t> starts = split;
+  if (starts.empty()) {
+    starts = BalancedSplit(blocks, stages, block_cost, head_cost);
+  } else if (static_cast<int64_t>(starts.size()) != stages - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pipeline-split ", absl::StrJoin(split, ","), " cuts the model into ",
+        split.size() + 1, " stages; --pipeline-stages is ", stages));
+  }
+  starts.insert(starts.begin(), 0);
+  starts.push_back(blocks);
+  std::vector<PipelineStage> out;
+  for (int64_t s = 0; s < stages; ++s) {
+    PipelineStage stage;
+    stage.first_block = starts[s];
+    stage.end_block = starts[s + 1];
+    if (stage.end_block <= stage.first_block || stage.first_block < 0 ||
+        stage.end_block > blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--pipeline-split ", absl::StrJoin(split, ","), ": stage ", s,
+          " would hold blocks [", stage.first_block, ", ", stage.end_block,
+          ") of the model's ", blocks,
+          "; each stage needs at least one block, in increasing order"));
+    }
+    stage.embeddings = s == 0;
+    stage.head = s == stages - 1;
+    stage.flops_per_token =
+        static_cast<double>(stage.end_block - stage.first_block) * block_cost +
+        (stage.head ? head_cost : 0.0);
+    out.push_back(stage);
+  }
+  return out;
+}
+
+std::string DescribeStage(const PipelineStage& stage) {
+  std::string text = stage.end_block - stage.first_block == 1
+                         ? absl::StrCat("block ", stage.first_block)
+                         : absl::StrCat("blocks ", stage.first_block, "-",
+                                        stage.end_block - 1);
+  if (stage.embeddings) absl::StrAppend(&text, ", embeddings");
+  if (stage.head) absl::StrAppend(&text, ", head");
+  return text;
+}
+
+// --- Schedules ---
+
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
+  if (name == "gpipe") return PipelineSchedule::kGpipe;
+  if (name == "1f1b") return PipelineSchedule::kOneFOneB;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--pipeline-schedule: '", std::string(name),
+                   "' is not one of gpipe, 1f1b"));
+}
+
+const char* PipelineScheduleName(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b";
+}
+
+std::vector<PipelineAction> StageActions(PipelineSchedule schedule,
+                                         int64_t stages, int64_t stage,
+                                         int64_t micro_batches) {
+  using Kind = PipelineAction::Kind;
+  std::vector<PipelineAction> actions;
+  if (schedule == PipelineSchedule::kGpipe) {
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      actions.push_back({Kind::kForward, m});
+    }
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      actions.push_back({Kind::kBackward, m});
+    }
+    return actions;
+  }
+  const int64_t warmup = std::min(stages - stage - 1, micro_batches);
+  int64_t forwarded = 0;
+  int64_t backwarded = 0;
+  for (; forwarded < warmup; ++forwarded) {
+    actions.push_back({Kind::kForward, forwarded});
+  }
+  while (forwarded < micro_batches) {  // steady state: one forward, one back
+    actions.push_back({Kind::kForward, forwarded++});
+    actions.push_back({Kind::kBackward, backwarded++});
+  }
+  while (backwarded < micro_batches) {  // cool-down
+    actions.push_back({Kind::kBackward, backwarded++});
+  }
+  return actions;
+}
+
+absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
+                                                  int64_t stages,
+                                                  int64_t micro_batches,
+                                                  double forward,
+                                                  double backward) {
+  using Kind = PipelineAction::Kind;
+  const double unknown = -1;
+  // end[kind][stage][micro-batch]: when that action ended (unknown: not yet).
+  std::vector<std::vector<std::vector<double>>> end(
+      2, std::vector<std::vector<double>>(
+             stages, std::vector<double>(micro_batches, unknown)));
+  std::vector<std::vector<PipelineAction>> actions;
+  for (int64_t s = 0; s < stages; ++s) {
+    actions.push_back(StageActions(schedule, stages, s, micro_batches));
+  }
+  std::vector<size_t> next(stages, 0);
+  std::vector<double> free_at(stages, 0);
+  std::vector<int64_t> in_flight(stages, 0);
+  PipelineTimeline timeline;
+  timeline.peak_in_flight.assign(stages, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t s = 0; s < stages; ++s) {
+      while (next[s] < actions[s].size()) {
+        const PipelineAction& a = actions[s][next[s]];
+        const bool fwd = a.kind == Kind::kForward;
+        // What this action waits for, on another stage (or its own forward).
+        double ready = 0;
+        if (fwd && s > 0) {
+          ready = end[0][s - 1][a.micro_batch];
+        } else if (!fwd) {
+          ready = s + 1 < stages ? end[1][s + 1][a.micro_batch]
+                                 : end[0][s][a.micro_batch];
+        }
+        if (ready == unknown) break;
+        const double start = std::max(free_at[s], ready);
+        free_at[s] = start + (fwd ? forward : backward);
+        end[fwd ? 0 : 1][s][a.micro_batch] = free_at[s];
+        in_flight[s] += fwd ? 1 : -1;
+        timeline.peak_in_flight[s] =
+            std::max(timeline.peak_in_flight[s], in_flight[s]);
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (int64_t s = 0; s < stages; ++s) {
+    if (next[s] < actions[s].size()) {
+      return absl::InternalError(absl::StrCat(
+          PipelineScheduleName(schedule), " with ", stages, " stages and ",
+          micro_batches, " micro-batches deadlocks at stage ", s));
+    }
+    timeline.makespan = std::max(timeline.makespan, free_at[s]);
+  }
+  const double busy =
+      static_cast<double>(stages * micro_batches) * (forward + backward);
+  timeline.bubble_fraction =
+      timeline.makespan > 0
+          ? 1.0 - busy / (static_cast<double>(stages) * timeline.makespan)
+          : 0.0;
+  return timeline;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,111 @@
+// Pipeline parallelism without LibTorch: how GPT-2's blocks are cut into
+// stages, and in which order each stage runs a step's micro-batches.
+//
+// Stages. Stage 0 also holds the token and position embeddings, the last
+// stage the final LayerNorm and the LM head. By default the cut balances
+// the forward FLOPs per token of each stage (a block: its four projections
+// and attention; the head: its vocabulary-wide product, several blocks'
+// worth on GPT-2 small), so the slowest stage — which sets the pipeline's
+// pace — is as fast as a contiguous cut allows; `--pipeline-split` gives the
+// cut instead.
+//
+// Schedules (PipeDream-flush's names). GPipe: every micro-batch's forward,
+// then every backward; a stage holds all M micro-batches' activations at
+// once. 1F1B: stage s runs min(S-s-1, M) warm-up forwards, then alternates
+// one forward and one backward, then drains the backwards; it holds at most
+// min(S-s, M). Both flush at the end of the step, so both idle the same
+// (S-1)/(M+S-1) of each stage's time when forward and backward times are
+// uniform. SimulatePipeline runs a schedule on paper: the timeline, the
+// bubble and the activations each stage holds, and whether it deadlocks.
+#ifndef SHARDTRAIN_CORE_TRAIN_PIPELINE_PLAN_H_
+#define SHARDTRAIN_CORE_TRAIN_PIPELINE_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model/gpt2_config.h"
+
+namespace shardtrain {
+
+// --- Stages ---
+
+struct PipelineStage {
+  int64_t first_block = 0;  // the stage's blocks: [first_block, end_block)
+  int64_t end_block = 0;
+  bool embeddings = false;     // token and position embeddings (stage 0)
+  bool head = false;           // final LayerNorm and LM head (the last stage)
+  double flops_per_token = 0;  // forward, of everything the stage holds
+};
+
+// Forward FLOPs per token of one transformer block at sequence length
+// `seq_len` (24·C² for the projections and MLP, 4·T·C for attention's two
+// products), and of the LM head (2·V·C, over the padded vocabulary).
+double BlockForwardFlopsPerToken(const Gpt2Config& config, int64_t seq_len);
+double HeadForwardFlopsPerToken(const Gpt2Config& config);
+
+// "4,8" -> {4, 8}: the blocks before which stages 1, 2, ... start.
+// InvalidArgument naming --pipeline-split for anything but integers.
+absl::StatusOr<std::vector<int64_t>> ParsePipelineSplit(std::string_view text);
+
+// Cuts `config`'s blocks into `stages` contiguous stages: at `split` when it
+// is given, else balanced (the costliest stage as cheap as a contiguous cut
+// allows; among equal cuts, the one with the most blocks early). Refused,
+// naming the flag and the numbers: stages < 1 or above the model's blocks;
+// a split whose length is not stages - 1, out of order, or leaving a stage
+// empty.
+absl::StatusOr<std::vector<PipelineStage>> PartitionPipeline(
+    const Gpt2Config& config, int64_t seq_len, int64_t stages,
+    const std::vector<int64_t>& split);
+
+// "blocks 0-5, embeddings", "block 11, head", for the mesh's layout line.
+std::string DescribeStage(const PipelineStage& stage);
+
+// --- Schedules ---
+
+enum class PipelineSchedule { kGpipe, kOneFOneB };
+
+// "gpipe" or "1f1b"; InvalidArgument naming --pipeline-schedule otherwise.
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
+const char* PipelineScheduleName(PipelineSchedule schedule);
+
+struct PipelineAction {
+  enum class Kind { kForward, kBackward };
+  Kind kind = Kind::kForward;
+  int64_t micro_batch = 0;
+  bool operator==(const PipelineAction& other) const {
+    return kind == other.kind && micro_batch == other.micro_batch;
+  }
+};
+
+// The order stage `stage` (of `stages`) runs a step of `micro_batches`:
+// every micro-batch's forward once and, after it, its backward once.
+std::vector<PipelineAction> StageActions(PipelineSchedule schedule,
+                                         int64_t stages, int64_t stage,
+                                         int64_t micro_batches);
+
+struct PipelineTimeline {
+  double makespan = 0;  // the step, from the first forward to the last
+  // Per stage: the most micro-batches forwarded and not yet backwarded
+  // (whose activations the stage holds) at once.
+  std::vector<int64_t> peak_in_flight;
+  // The idle share of all stages' time over the makespan.
+  double bubble_fraction = 0;
+};
+
+// Runs every stage's StageActions with a forward taking `forward` and a
+// backward `backward` time units: a forward waits for the previous stage's
+// forward of its micro-batch, a backward for the next stage's backward of
+// it; sends do not block (the engine posts them asynchronously). Internal if
+// the stages' orders deadlock.
+absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
+                                                  int64_t stages,
+                                                  int64_t micro_batches,
+                                                  double forward,
+                                                  double backward);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_CORE_TRAIN_PIPELINE_PLAN_H_

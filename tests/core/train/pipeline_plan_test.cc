@@ -1,0 +1,213 @@
+#include "core/train/pipeline_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <set>
+#include <vector>
+
+namespace shardtrain {
+namespace {
+
+using Kind = PipelineAction::Kind;
+
+Gpt2Config Preset(const char* name) {
+  absl::StatusOr<Gpt2Config> config = Gpt2Config::FromPreset(name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Blocks(
+    const std::vector<PipelineStage>& stages) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const PipelineStage& s : stages) {
+    out.push_back({s.first_block, s.end_block});
+  }
+  return out;
+}
+
+// --- Stages ---
+
+TEST(PipelinePartitionTest, TheDefaultCutBalancesTheHeadAgainstBlocks) {
+  // GPT-2 small at T = 1024: a block is 24·768² + 4·1024·768 = 17.3 MFLOP
+  // per token, the head 2·50304·768 = 77.3 MFLOP (4.47 blocks). Two stages:
+  // 8 blocks (138.4) | 4 blocks + head (146.5) beats 9 | 3 + head (155.7).
+  const Gpt2Config gpt2 = Preset("gpt2");
+  absl::StatusOr<std::vector<PipelineStage>> two =
+      PartitionPipeline(gpt2, 1024, 2, {});
+  ASSERT_TRUE(two.ok()) << two.status();
+  const double block = BlockForwardFlopsPerToken(gpt2, 1024);
+  const double head = HeadForwardFlopsPerToken(gpt2);
+  // Every contiguous cut's costliest stage is at least the chosen one's.
+  double chosen = 0;
+  for (const PipelineStage& s : *two) {
+    chosen = std::max(chosen, s.flops_per_token);
+  }
+  for (int64_t k = 1; k < 12; ++k) {
+    const double worst = std::max(k * block, (12 - k) * block + head);
+    EXPECT_LE(chosen, worst * (1 + 1e-12)) << "cut at " << k;
+  }
+  EXPECT_EQ((*two)[0].first_block, 0);
+  EXPECT_EQ((*two)[1].end_block, 12);
+  EXPECT_EQ((*two)[0].end_block, 8);  // the head's stage gets fewer blocks
+  EXPECT_TRUE((*two)[0].embeddings);
+  EXPECT_FALSE((*two)[0].head);
+  EXPECT_TRUE((*two)[1].head);
+  EXPECT_DOUBLE_EQ(
+      (*two)[1].flops_per_token,
+      ((*two)[1].end_block - (*two)[1].first_block) * block + head);
+}
+
+TEST(PipelinePartitionTest, EveryStageCountCoversEveryBlockOnce) {
+  const Gpt2Config gpt2 = Preset("gpt2");
+  for (int64_t stages = 1; stages <= 12; ++stages) {
+    absl::StatusOr<std::vector<PipelineStage>> cut =
+        PartitionPipeline(gpt2, 1024, stages, {});
+    ASSERT_TRUE(cut.ok()) << cut.status();
+    ASSERT_EQ(static_cast<int64_t>(cut->size()), stages);
+    int64_t next = 0;
+    for (const PipelineStage& s : *cut) {
+      EXPECT_EQ(s.first_block, next);
+      EXPECT_GT(s.end_block, s.first_block);
+      next = s.end_block;
+    }
+    EXPECT_EQ(next, 12);
+  }
+}
+
+TEST(PipelinePartitionTest, AGivenSplitIsKeptAndDescribed) {
+  const Gpt2Config gpt2 = Preset("gpt2");
+  absl::StatusOr<std::vector<int64_t>> split = ParsePipelineSplit("4, 8");
+  ASSERT_TRUE(split.ok());
+  absl::StatusOr<std::vector<PipelineStage>> cut =
+      PartitionPipeline(gpt2, 1024, 3, *split);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(Blocks(*cut), (std::vector<std::pair<int64_t, int64_t>>{
+                              {0, 4}, {4, 8}, {8, 12}}));
+  EXPECT_EQ(DescribeStage((*cut)[0]), "blocks 0-3, embeddings");
+  EXPECT_EQ(DescribeStage((*cut)[2]), "blocks 8-11, head");
+  absl::StatusOr<std::vector<PipelineStage>> one =
+      PartitionPipeline(Preset("gpt2-tiny"), 256, 2, {1});
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(DescribeStage((*one)[1]), "block 1, head");
+  absl::StatusOr<std::vector<PipelineStage>> whole =
+      PartitionPipeline(Preset("gpt2-tiny"), 256, 1, {});
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(DescribeStage((*whole)[0]), "blocks 0-1, embeddings, head");
+}
+
+TEST(PipelinePartitionTest, BadStagesAndSplitsAreRefusedWithTheNumbers) {
+  const Gpt2Config mini = Preset("gpt2-mini");  // 4 blocks
+  auto message = [&](int64_t stages, std::vector<int64_t> split) {
+    return std::string(
+        PartitionPipeline(mini, 512, stages, split).status().message());
+  };
+  EXPECT_EQ(message(0, {}), "--pipeline-stages: got 0; must be >= 1");
+  EXPECT_EQ(message(5, {}),
+            "--pipeline-stages 5: more stages than the model's 4 blocks "
+            "(every stage needs at least one)");
+  EXPECT_EQ(message(2, {1, 2}),
+            "--pipeline-split 1,2 cuts the model into 3 stages; "
+            "--pipeline-stages is 2");
+  EXPECT_EQ(message(3, {2, 2}),
+            "--pipeline-split 2,2: stage 1 would hold blocks [2, 2) of the "
+            "model's 4; each stage needs at least one block, in increasing "
+            "order");
+  EXPECT_NE(message(2, {4}).find("stage 1 would hold blocks [4, 4)"),
+            std::string::npos);
+  EXPECT_NE(message(2, {0}).find("stage 0 would hold blocks [0, 0)"),
+            std::string::npos);
+  EXPECT_FALSE(ParsePipelineSplit("4;8").ok());
+  EXPECT_FALSE(ParsePipelineSplit("").ok());
+}
+
+// --- Schedules ---
+
+TEST(PipelineScheduleTest, OneFOneBWarmsUpAlternatesAndDrains) {
+  // 4 stages, 6 micro-batches: stage 0 warms up with 3 forwards.
+  const std::vector<PipelineAction> stage0 =
+      StageActions(PipelineSchedule::kOneFOneB, 4, 0, 6);
+  const std::vector<PipelineAction> expected = {
+      {Kind::kForward, 0},  {Kind::kForward, 1},  {Kind::kForward, 2},
+      {Kind::kForward, 3},  {Kind::kBackward, 0}, {Kind::kForward, 4},
+      {Kind::kBackward, 1}, {Kind::kForward, 5},  {Kind::kBackward, 2},
+      {Kind::kBackward, 3}, {Kind::kBackward, 4}, {Kind::kBackward, 5}};
+  EXPECT_EQ(stage0, expected);
+  // The last stage has no warm-up: forward, backward, forward, ...
+  const std::vector<PipelineAction> last =
+      StageActions(PipelineSchedule::kOneFOneB, 4, 3, 2);
+  EXPECT_EQ(last, (std::vector<PipelineAction>{{Kind::kForward, 0},
+                                               {Kind::kBackward, 0},
+                                               {Kind::kForward, 1},
+                                               {Kind::kBackward, 1}}));
+}
+
+TEST(PipelineScheduleTest, EveryMicroBatchIsForwardedThenBackwardedOnce) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
+    for (int64_t stages = 1; stages <= 6; ++stages) {
+      for (int64_t m = 1; m <= 9; ++m) {
+        for (int64_t s = 0; s < stages; ++s) {
+          std::set<int64_t> forwarded, backwarded;
+          for (const PipelineAction& a : StageActions(schedule, stages, s, m)) {
+            if (a.kind == Kind::kForward) {
+              EXPECT_TRUE(forwarded.insert(a.micro_batch).second);
+            } else {
+              EXPECT_TRUE(forwarded.count(a.micro_batch));
+              EXPECT_TRUE(backwarded.insert(a.micro_batch).second);
+            }
+          }
+          EXPECT_EQ(static_cast<int64_t>(forwarded.size()), m);
+          EXPECT_EQ(static_cast<int64_t>(backwarded.size()), m);
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, BothFlushWithTheIdealBubbleAndNoDeadlock) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
+    for (int64_t stages = 1; stages <= 8; ++stages) {
+      for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+        // Backward twice the forward, as for a transformer.
+        absl::StatusOr<PipelineTimeline> t =
+            SimulatePipeline(schedule, stages, m, 1.0, 2.0);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EXPECT_DOUBLE_EQ(t->makespan, 3.0 * static_cast<double>(m + stages - 1))
+            << PipelineScheduleName(schedule) << " S=" << stages << " M=" << m;
+        EXPECT_NEAR(t->bubble_fraction,
+                    static_cast<double>(stages - 1) /
+                        static_cast<double>(m + stages - 1),
+                    1e-12);
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, OneFOneBHoldsAtMostTheStagesAheadGpipeEveryBatch) {
+  for (int64_t stages : {2, 4}) {
+    for (int64_t m : {1, 2, 4, 8, 16}) {
+      absl::StatusOr<PipelineTimeline> gpipe =
+          SimulatePipeline(PipelineSchedule::kGpipe, stages, m, 1.0, 2.0);
+      absl::StatusOr<PipelineTimeline> one_f_one_b =
+          SimulatePipeline(PipelineSchedule::kOneFOneB, stages, m, 1.0, 2.0);
+      ASSERT_TRUE(gpipe.ok() && one_f_one_b.ok());
+      for (int64_t s = 0; s < stages; ++s) {
+        EXPECT_EQ(gpipe->peak_in_flight[s], m);
+        EXPECT_EQ(one_f_one_b->peak_in_flight[s], std::min(stages - s, m))
+            << "S=" << stages << " M=" << m << " stage " << s;
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, SchedulesAreNamedAndUnknownOnesRefused) {
+  EXPECT_EQ(*ParsePipelineSchedule("1f1b"), PipelineSchedule::kOneFOneB);
+  EXPECT_EQ(*ParsePipelineSchedule("gpipe"), PipelineSchedule::kGpipe);
+  EXPECT_EQ(ParsePipelineSchedule("zb").status().message(),
+            "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b");
+}
+
+}  // namespace
+}  // namespace shardtrain
