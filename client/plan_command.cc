@@ -89,8 +89,12 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   for (const std::string& strategy : strategies) {
     const bool distributed = FindStrategyKind(strategy)->distributed;
     if (distributed && devices < 2) continue;
-    // As in the plan without --fit: HSDP below 4 devices is FSDP or DDP.
-    if (strategy == "hsdp" && options.strategy.empty() && devices < 4) continue;
+    // As in the plan without --fit: a strategy below its study minimum is
+    // another row's (HSDP below 4 devices is FSDP or DDP).
+    if (options.strategy.empty() &&
+        devices < FindStrategyKind(strategy)->min_study_world) {
+      continue;
+    }
     for (const char* checkpointing : {"none", "all"}) {
       TrainConfig config = base;
       config.strategy = strategy;
@@ -241,15 +245,10 @@ int RunPlan(const PlanOptions& options) {
         " runs at world size 1 (omit --strategy to compare all strategies)"));
     return kExitUsage;
   }
-  std::vector<std::string> strategies =
-      options.strategy.empty() ? StrategyNames()
+  // Without --strategy, compare's default study at this world size.
+  const std::vector<std::string> strategies =
+      options.strategy.empty() ? StudyStrategyNames(options.world_size)
                                : std::vector<std::string>{options.strategy};
-  // HSDP needs two groups of at least two ranks to differ from FSDP or DDP
-  // (as `compare`'s default study).
-  if (options.strategy.empty() && options.world_size < 4) {
-    strategies.erase(std::remove(strategies.begin(), strategies.end(), "hsdp"),
-                     strategies.end());
-  }
 
   std::vector<MemoryPlan> plans;
   std::vector<int64_t> batches;
@@ -357,7 +356,7 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--model", c.model, "preset or custom:...")
       ->capture_default_str();
   plan->add_option("--strategy", options->strategy,
-                   "single | ddp | fsdp | hsdp (default: all)")
+                   StrategyFlagHelp() + " (default: all)")
       ->check(CLI::IsMember(StrategyNames()));
   plan->add_option("--world-size", options->world_size, "ranks")
       ->capture_default_str();

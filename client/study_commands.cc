@@ -25,22 +25,13 @@ namespace {
 
 struct CompareFlags {
   JobFlags job;
-  // Empty: every strategy that means something at the world size (HSDP
-  // needs four ranks for two groups of two).
+  // Empty: every strategy whose study minimum the world size meets
+  // (StrategyKind::min_study_world: HSDP needs four ranks for two groups).
   std::vector<std::string> strategies;
   std::string out;
   std::string scaling = "strong";
   std::string memory_budget;  // --memory-budget: per-rank cap, e.g. 512MiB
 };
-
-std::vector<std::string> DefaultStudy(int world) {
-  std::vector<std::string> names;
-  for (const std::string& name : StrategyNames()) {
-    if (name == "hsdp" && world < 4) continue;
-    names.push_back(name);
-  }
-  return names;
-}
 
 int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<v1::JobSpec> base = flags.job.ToSpec();
@@ -49,7 +40,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     return kExitUsage;
   }
   const int world = flags.job.world_size;
-  if (flags.strategies.empty()) flags.strategies = DefaultStudy(world);
+  if (flags.strategies.empty()) flags.strategies = StudyStrategyNames(world);
   int64_t budget = 0;
   if (!flags.memory_budget.empty()) {
     absl::StatusOr<int64_t> bytes = ParseBytes(flags.memory_budget);
@@ -229,8 +220,10 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
       ->description("ranks of the distributed strategies")
       ->capture_default_str();
   cmd->add_option("--strategies", flags->strategies,
-                  "comma-separated (default: single, ddp, fsdp, and hsdp "
-                  "from world size 4)")
+                  absl::StrCat("comma-separated (default: every strategy "
+                               "the world size allows: ",
+                               absl::StrJoin(StudyStrategyNames(4), ", "),
+                               " at 4 ranks)"))
       ->delimiter(',');
   cmd->add_option("--memory-budget", flags->memory_budget,
                   "per-rank memory, e.g. 512MiB: each strategy runs at the "

@@ -199,8 +199,8 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         " trains on one device (use ddp, fsdp or hsdp)"));
   }
   if (absl::Status status = c.Validate(); !status.ok()) return status;
-  if (c.strategy == "hsdp" && c.shard_group_size > 0 &&
-      spec.world_size() % c.shard_group_size != 0) {
+  if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
+      c.shard_group_size > 0 && spec.world_size() % c.shard_group_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy.shard_group_size: got ", c.shard_group_size,
                      "; must divide world_size (", spec.world_size(), ")"));

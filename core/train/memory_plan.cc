@@ -180,7 +180,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   plan.strategy = config.strategy;
   plan.world_size = world_size;
   plan.recomputed_blocks = recomputed;
-  if (config.strategy != "fsdp" && config.strategy != "hsdp") {
+  const StateLayout layout = kind->layout;
+  if (layout == StateLayout::kReplicated) {
     plan.parameters = 4 * params;
     plan.gradients = 4 * params;
     plan.optimizer_state = 8 * params;
@@ -210,7 +211,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   // FSDP: each unit's flat buffer padded to the world size (wte to whole
   // rows per rank); a rank holds 1/N of each. HSDP: the same within its
   // shard group of G ranks (the replicas' all-reduce works in place).
-  if (config.strategy == "hsdp") {
+  if (layout == StateLayout::kShardedInGroups) {
     const int64_t g = ResolveShardGroupSize(config.shard_group_size, world_size,
                                             /*ranks_per_node=*/0);
     if (g > world_size || world_size % g != 0) {

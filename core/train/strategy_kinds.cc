@@ -1,15 +1,20 @@
 #include "core/train/strategy_kinds.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace shardtrain {
 
 const std::vector<StrategyKind>& StrategyKinds() {
   static const auto* const kKinds = new std::vector<StrategyKind>{
-      {"single", "single-device", /*distributed=*/false},
-      {"ddp", "DDP", /*distributed=*/true},
-      {"fsdp", "FSDP", /*distributed=*/true},
-      {"hsdp", "HSDP", /*distributed=*/true},
+      {"single", "single-device", /*distributed=*/false,
+       StateLayout::kReplicated, /*min_study_world=*/1, "one device"},
+      {"ddp", "DDP", /*distributed=*/true, StateLayout::kReplicated,
+       /*min_study_world=*/2, "replicas, gradients all-reduced"},
+      {"fsdp", "FSDP", /*distributed=*/true, StateLayout::kSharded,
+       /*min_study_world=*/2, "state sharded over every rank"},
+      {"hsdp", "HSDP", /*distributed=*/true, StateLayout::kShardedInGroups,
+       /*min_study_world=*/4, "sharded within groups, replicated across"},
   };
   return *kKinds;
 }
@@ -28,6 +33,22 @@ std::vector<std::string> StrategyNames() {
 }
 
 std::string StrategyNameList() { return absl::StrJoin(StrategyNames(), ", "); }
+
+std::vector<std::string> StudyStrategyNames(int64_t world) {
+  std::vector<std::string> names;
+  for (const StrategyKind& kind : StrategyKinds()) {
+    if (world >= kind.min_study_world) names.push_back(kind.name);
+  }
+  return names;
+}
+
+std::string StrategyFlagHelp() {
+  std::vector<std::string> rows;
+  for (const StrategyKind& kind : StrategyKinds()) {
+    rows.push_back(absl::StrCat(kind.name, " (", kind.help, ")"));
+  }
+  return absl::StrJoin(rows, " | ");
+}
 
 int64_t DefaultShardGroupSize(int64_t world_size, int64_t ranks_per_node) {
   if (world_size <= 1) return 1;

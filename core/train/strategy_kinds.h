@@ -1,8 +1,10 @@
 // The strategies, in one table: their names (flags, JobSpec, metrics), how
-// reports name them and whether they run over several ranks. Validation,
-// `shardtrain compare`, `shardtrain plan` and the report read it; the
-// factory (strategy/strategy_factory.cc) builds each one by this name, and a
-// test checks the two agree. Torch-free. A new strategy is one file pair in
+// reports name them, whether they run over several ranks, how a rank holds
+// the model's state (what the memory plan computes), the smallest world at
+// which a study includes them, and their flag help. Validation, `shardtrain
+// compare`, `shardtrain plan`, the flags and the report read it; the factory
+// (strategy/strategy_factory.cc) builds each one by this name, and a test
+// checks the two agree. Torch-free. A new strategy is one file pair in
 // strategy/, one row here and one in the factory.
 #ifndef SHARDTRAIN_CORE_TRAIN_STRATEGY_KINDS_H_
 #define SHARDTRAIN_CORE_TRAIN_STRATEGY_KINDS_H_
@@ -14,12 +16,25 @@
 
 namespace shardtrain {
 
+// How a rank holds parameters, gradients and optimizer state.
+enum class StateLayout {
+  kReplicated,       // all of it, on every rank (single, DDP)
+  kSharded,          // 1/N of it over the whole world (FSDP)
+  kShardedInGroups,  // 1/G of it within a shard group of G ranks (HSDP)
+};
+
 struct StrategyKind {
   const char* name;          // "fsdp"
   const char* display_name;  // "FSDP"
   // Runs over a communicator, one rank per device; otherwise one process on
   // one device (world size 1).
   bool distributed;
+  StateLayout layout;
+  // The smallest world at which a study (compare's default, plan without
+  // --strategy) includes it: below it the strategy is another row's (HSDP
+  // under 4 ranks has no two groups of two).
+  int64_t min_study_world;
+  const char* help;  // a few words for --strategy's help
 };
 
 // Every strategy, in the order studies and reports list them.
@@ -30,6 +45,10 @@ const StrategyKind* FindStrategyKind(std::string_view name);
 std::string StrategyNameList();
 // Every name, for flag checks.
 std::vector<std::string> StrategyNames();
+// The names a study at `world` ranks includes (min_study_world).
+std::vector<std::string> StudyStrategyNames(int64_t world);
+// "single (one device) | ddp (...) | ...", for --strategy's help.
+std::string StrategyFlagHelp();
 
 // HSDP's ranks per shard group when --shard-group-size is 0: the ranks per
 // node, so the all-gathers and reduce-scatters stay inside a node and only

@@ -39,7 +39,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // <= 0 disables clipping
 
   // Execution.
-  std::string strategy = "single";  // single | ddp | fsdp | hsdp
+  std::string strategy = "single";  // a StrategyKinds() row (strategy_kinds.h)
   std::string device = "cpu";       // cpu | cuda | cuda:N
   std::string precision = "fp32";   // fp32 | bf16
   uint64_t seed = 1337;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/train/step_metrics.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 
@@ -34,7 +35,7 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--eps", c.eps, "AdamW epsilon");
   app.add_option("--grad-clip", c.grad_clip,
                  "max global grad norm (<= 0: off)");
-  app.add_option("--strategy", c.strategy, "single | ddp | fsdp | hsdp");
+  app.add_option("--strategy", c.strategy, StrategyFlagHelp());
   app.add_option("--device", c.device, "cpu | cuda | cuda:N");
   app.add_option("--precision", c.precision, "fp32 | bf16 (CUDA)");
   app.add_option("--seed", c.seed, "seed for init and data order");
