@@ -145,6 +145,10 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (s.has_activation_checkpointing()) {
     c.activation_checkpointing = s.activation_checkpointing();
   }
+  if (s.has_pipeline_stages()) c.pipeline_stages = s.pipeline_stages();
+  if (s.has_pipeline_split()) c.pipeline_split = s.pipeline_split();
+  if (s.has_micro_batches()) c.micro_batches = s.micro_batches();
+  if (s.has_pipeline_schedule()) c.pipeline_schedule = s.pipeline_schedule();
 
   const v1::TrainerOptions& t = spec.trainer();
   if (t.has_batch_size()) c.batch_size = t.batch_size();
@@ -193,12 +197,26 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         "checkpoint; set trainer.checkpoint_every (--checkpoint-every)");
   }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
-  if (kind != nullptr && !kind->distributed && spec.world_size() != 1) {
+  // Without pipeline stages a strategy that is not distributed runs on one
+  // rank; with S stages on S (CheckPipelineWorld, after Validate has checked
+  // pipeline_stages itself).
+  if (kind != nullptr && !kind->distributed && c.pipeline_stages == 1 &&
+      spec.world_size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: got ", spec.world_size(), "; strategy ", kind->name,
         " trains on one device (use ddp, fsdp or hsdp)"));
   }
   if (absl::Status status = c.Validate(); !status.ok()) return status;
+  if (absl::Status status = c.CheckPipelineWorld(spec.world_size());
+      !status.ok()) {
+    return status;
+  }
+  if (min_world > 0 && c.pipeline_stages > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elastic.min_world_size: got ", min_world,
+        "; an elastic job continues on fewer ranks, which a job with ",
+        c.pipeline_stages, " pipeline stages does not support yet"));
+  }
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
       c.shard_group_size > 0 && spec.world_size() % c.shard_group_size != 0) {
     return absl::InvalidArgumentError(
@@ -223,6 +241,10 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   s->set_comm_timeout_seconds(c.comm_timeout);
   s->set_shard_group_size(c.shard_group_size);
   s->set_activation_checkpointing(c.activation_checkpointing);
+  s->set_pipeline_stages(c.pipeline_stages);
+  s->set_pipeline_split(c.pipeline_split);
+  s->set_micro_batches(c.micro_batches);
+  s->set_pipeline_schedule(c.pipeline_schedule);
   v1::TrainerOptions* t = spec.mutable_trainer();
   t->set_batch_size(c.batch_size);
   t->set_seq_len(c.seq_len);

@@ -50,6 +50,37 @@ std::string StrategyFlagHelp() {
   return absl::StrJoin(rows, " | ");
 }
 
+bool ComposesWithPipelineStages(const StrategyKind& kind) {
+  return kind.layout == StateLayout::kReplicated;
+}
+
+namespace {
+
+// "a", "a and b", "a, b and c".
+std::string JoinAnd(const std::vector<std::string>& items) {
+  if (items.size() <= 1) return absl::StrJoin(items, "");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.end() - 1, ", "),
+                      " and ", items.back());
+}
+
+}  // namespace
+
+std::string PipelineStrategyNameList() {
+  std::vector<std::string> names;
+  for (const StrategyKind& kind : StrategyKinds()) {
+    if (ComposesWithPipelineStages(kind)) names.push_back(kind.name);
+  }
+  return JoinAnd(names);
+}
+
+std::string NonPipelineStrategyDisplayNames() {
+  std::vector<std::string> names;
+  for (const StrategyKind& kind : StrategyKinds()) {
+    if (!ComposesWithPipelineStages(kind)) names.push_back(kind.display_name);
+  }
+  return JoinAnd(names);
+}
+
 int64_t DefaultShardGroupSize(int64_t world_size, int64_t ranks_per_node) {
   if (world_size <= 1) return 1;
   if (ranks_per_node > 0 && ranks_per_node < world_size &&

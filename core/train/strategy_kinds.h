@@ -50,6 +50,16 @@ std::vector<std::string> StudyStrategyNames(int64_t world);
 // "single (one device) | ddp (...) | ...", for --strategy's help.
 std::string StrategyFlagHelp();
 
+// Whether a strategy may be the data-parallel part of a run with pipeline
+// stages: those whose ranks hold a whole replica of their stage's state
+// (kReplicated: single, ddp). Sharding a stage (FSDP, HSDP) is not supported
+// yet.
+bool ComposesWithPipelineStages(const StrategyKind& kind);
+// "single and ddp": the names of those that do, for messages.
+std::string PipelineStrategyNameList();
+// "FSDP and HSDP": the display names of those that do not.
+std::string NonPipelineStrategyDisplayNames();
+
 // HSDP's ranks per shard group when --shard-group-size is 0: the ranks per
 // node, so the all-gathers and reduce-scatters stay inside a node and only
 // the replicas' all-reduce crosses nodes. When every rank is on one node

@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/small_file.h"
 #include "core/model/gpt2_config.h"
+#include "core/train/pipeline_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
 #include "yaml-cpp/yaml.h"
@@ -43,6 +46,9 @@ constexpr int64_t kMaxEpochs = int64_t{1} << 20;
 // A week; c10d converts it to milliseconds, and the worker refused values
 // this check let through.
 constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
+// As the job's world size: every stage needs a rank.
+constexpr int64_t kMaxPipelineStages = 1024;
+constexpr int64_t kMaxMicroBatches = int64_t{1} << 16;
 
 }  // namespace
 
@@ -179,6 +185,86 @@ absl::Status TrainConfig::Validate() const {
       !every.ok()) {
     return every.status();
   }
+  return ValidatePipeline(*model_config);
+}
+
+absl::Status TrainConfig::ValidatePipeline(
+    const Gpt2Config& model_config) const {
+  if (pipeline_stages < 1 || pipeline_stages > kMaxPipelineStages) {
+    return FieldError("pipeline_stages", pipeline_stages,
+                      absl::StrCat("must be in [1, ", kMaxPipelineStages,
+                                   "] (1: no pipeline)"));
+  }
+  if (micro_batches < 1 || micro_batches > kMaxMicroBatches) {
+    return FieldError("micro_batches", micro_batches,
+                      absl::StrCat("must be in [1, ", kMaxMicroBatches, "]"));
+  }
+  if (batch_size % micro_batches != 0) {
+    return FieldError(
+        "micro_batches", micro_batches,
+        absl::StrCat("must divide batch_size (", batch_size, ")"));
+  }
+  if (absl::StatusOr<PipelineSchedule> schedule =
+          ParsePipelineSchedule(pipeline_schedule);
+      !schedule.ok()) {
+    return schedule.status();
+  }
+  std::vector<int64_t> split;
+  if (!pipeline_split.empty()) {
+    absl::StatusOr<std::vector<int64_t>> parsed =
+        ParsePipelineSplit(pipeline_split);
+    if (!parsed.ok()) return parsed.status();
+    split = *std::move(parsed);
+  }
+  if (pipeline_stages == 1) {
+    if (micro_batches > 1) {
+      return FieldError("micro_batches", micro_batches,
+                        "micro-batches flow through pipeline stages; set "
+                        "pipeline_stages > 1");
+    }
+    if (!pipeline_split.empty()) {
+      return FieldError(
+          "pipeline_split",
+          absl::StrCat("\"", absl::CHexEscape(pipeline_split), "\""),
+          "a split cuts the model into pipeline stages; set pipeline_stages "
+          "> 1");
+    }
+    return absl::OkStatus();
+  }
+  const StrategyKind* kind = FindStrategyKind(strategy);
+  if (kind != nullptr && !ComposesWithPipelineStages(*kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy ", strategy, " with pipeline_stages ", pipeline_stages,
+        ": pipeline stages compose with ", PipelineStrategyNameList(), " (",
+        NonPipelineStrategyDisplayNames(),
+        " within a stage are not supported yet)"));
+  }
+  if (absl::StatusOr<std::vector<PipelineStage>> stages =
+          PartitionPipeline(model_config, seq_len, pipeline_stages, split);
+      !stages.ok()) {
+    return stages.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainConfig::CheckPipelineWorld(int64_t world_size,
+                                             absl::string_view field) const {
+  if (pipeline_stages <= 1) return absl::OkStatus();
+  if (world_size < pipeline_stages || world_size % pipeline_stages != 0) {
+    return FieldError(
+        field, world_size,
+        absl::StrCat("must be a multiple of pipeline_stages (", pipeline_stages,
+                     "): each data-parallel replica runs one rank per stage"));
+  }
+  const StrategyKind* kind = FindStrategyKind(strategy);
+  if (kind != nullptr && !kind->distributed && world_size != pipeline_stages) {
+    return FieldError(
+        field, world_size,
+        absl::StrCat("strategy ", kind->name, " with ", pipeline_stages,
+                     " pipeline stages runs on ", pipeline_stages,
+                     " ranks (use ddp for ", world_size / pipeline_stages,
+                     " data-parallel replicas per stage)"));
+  }
   return absl::OkStatus();
 }
 
@@ -246,6 +332,22 @@ const std::map<std::string, Setter>& YamlSetters() {
       {"comm_timeout", Set(&TrainConfig::comm_timeout)},
       {"shard_group_size", Set(&TrainConfig::shard_group_size)},
       {"activation_checkpointing", Set(&TrainConfig::activation_checkpointing)},
+      {"pipeline_stages", Set(&TrainConfig::pipeline_stages)},
+      {"pipeline_split",
+       [](const YAML::Node& node, TrainConfig* config) {
+         // "4,8" or a list [4, 8].
+         if (node.IsSequence()) {
+           std::vector<std::string> blocks;
+           for (const YAML::Node& block : node) {
+             blocks.push_back(std::to_string(block.as<int64_t>()));
+           }
+           config->pipeline_split = absl::StrJoin(blocks, ",");
+         } else {
+           config->pipeline_split = node.as<std::string>();
+         }
+       }},
+      {"micro_batches", Set(&TrainConfig::micro_batches)},
+      {"pipeline_schedule", Set(&TrainConfig::pipeline_schedule)},
       {"eval_every", Set(&TrainConfig::eval_every)},
       {"eval_steps", Set(&TrainConfig::eval_steps)},
       {"checkpoint_every", Set(&TrainConfig::checkpoint_every)},

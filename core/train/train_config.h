@@ -6,6 +6,7 @@
 #ifndef SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_
 #define SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -14,6 +15,8 @@
 #include "absl/strings/string_view.h"
 
 namespace shardtrain {
+
+struct Gpt2Config;
 
 struct TrainConfig {
   // Model and data.
@@ -61,6 +64,18 @@ struct TrainConfig {
   // Recompute blocks' activations in backward: none | all | every-N.
   std::string activation_checkpointing = "none";
 
+  // Pipeline parallelism: the model's blocks cut into `pipeline_stages`
+  // contiguous stages (pipeline_plan.h). The world size is pipeline_stages x
+  // the data-parallel size; `strategy` names the data-parallel part (single
+  // or ddp).
+  int64_t pipeline_stages = 1;
+  std::string
+      pipeline_split;  // "4,8": where stages 1, 2, ... start; "": balanced
+  // Each rank's batch_size sequences cut into this many micro-batches that
+  // flow through the stages.
+  int64_t micro_batches = 1;
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+
   // Eval, checkpoints, output.
   int64_t eval_every = 0;  // 0 = only at the end when val.bin exists
   int64_t eval_steps = 20;
@@ -73,6 +88,24 @@ struct TrainConfig {
   // Checks every field against the allowed values; the message names the
   // field, the value and what is allowed. Does not touch the filesystem.
   absl::Status Validate() const;
+  // Validate's pipeline part, for `model_config` (the parsed `model`):
+  // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split, the
+  // strategies stages compose with, and the stage partition of the model.
+  absl::Status ValidatePipeline(const Gpt2Config& model_config) const;
+
+  // Checks that `world_size` ranks can run this config's pipeline stages: a
+  // multiple of pipeline_stages, and exactly pipeline_stages for a strategy
+  // that is not distributed. Only for pipeline_stages > 1; without stages the
+  // callers keep their own one-device rule. InvalidArgument naming `field`
+  // ("world_size") and the numbers.
+  absl::Status CheckPipelineWorld(int64_t world_size,
+                                  absl::string_view field = "world_size") const;
+
+  // The data-parallel size at `world_size` ranks: world_size /
+  // pipeline_stages.
+  int64_t DataParallelSize(int64_t world_size) const {
+    return world_size / std::max<int64_t>(1, pipeline_stages);
+  }
 
   // The CPU compute threads of one rank of `world_size` on this machine:
   // `threads`, or the machine's cores shared evenly (at least 1).

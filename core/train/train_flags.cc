@@ -70,6 +70,19 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--activation-checkpointing", c.activation_checkpointing,
                  "recompute blocks' activations in backward: none | all | "
                  "every-N (every N-th block)");
+  app.add_option("--pipeline-stages,--pp", c.pipeline_stages,
+                 "pipeline stages: the model's blocks cut into S contiguous "
+                 "stages, one rank each; world size = S x the data-parallel "
+                 "size (--strategy single or ddp)");
+  app.add_option("--pipeline-split", c.pipeline_split,
+                 "blocks before which stages 1, 2, ... start, e.g. 4,8 "
+                 "(empty: balanced by compute)");
+  app.add_option("--micro-batches", c.micro_batches,
+                 "micro-batches each rank's --batch-size is cut into, flowing "
+                 "through the pipeline stages; must divide --batch-size");
+  app.add_option("--pipeline-schedule", c.pipeline_schedule,
+                 "gpipe (all forwards, then all backwards) | 1f1b (one "
+                 "forward, one backward: fewer activations held)");
   app.add_option("--comm-timeout", c.comm_timeout,
                  "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every,

@@ -35,6 +35,10 @@ _STRATEGY_FIELDS = {
     "shard_group_size": "shard_group_size",
     "activation_checkpointing": "activation_checkpointing",
     "comm_timeout": "comm_timeout_seconds",
+    "pipeline_stages": "pipeline_stages",
+    "pipeline_split": "pipeline_split",
+    "micro_batches": "micro_batches",
+    "pipeline_schedule": "pipeline_schedule",
 }
 # TrainerOptions: key -> field.
 _TRAINER_FIELDS = {

@@ -91,6 +91,98 @@ TEST(JobConfigTest, RoundTripsEveryTrainerField) {
   EXPECT_EQ(back->comm_timeout, 30);
 }
 
+TEST(JobConfigTest, RoundTripsThePipelineFields) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.data = "/d";
+  config.strategy = "ddp";
+  config.pipeline_stages = 2;
+  config.pipeline_split = "1";
+  config.micro_batches = 4;
+  config.pipeline_schedule = "gpipe";
+  const v1::JobSpec spec = JobSpecFromTrainConfig(config, 4);
+  EXPECT_EQ(spec.strategy().pipeline_stages(), 2);
+  EXPECT_EQ(spec.strategy().pipeline_split(), "1");
+  EXPECT_EQ(spec.strategy().micro_batches(), 4);
+  EXPECT_EQ(spec.strategy().pipeline_schedule(), "gpipe");
+  absl::StatusOr<TrainConfig> back = TrainConfigFromJobSpec(spec, kOut);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(JobSpecFromTrainConfig(*back, 4).SerializeAsString(),
+            spec.SerializeAsString());
+  EXPECT_EQ(back->pipeline_stages, 2);
+  EXPECT_EQ(back->pipeline_split, "1");
+  EXPECT_EQ(back->micro_batches, 4);
+  EXPECT_EQ(back->pipeline_schedule, "gpipe");
+}
+
+TEST(JobConfigTest, UnsetPipelineFieldsMeanNoPipeline) {
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(MinimalSpec(), kOut);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->pipeline_stages, 1);
+  EXPECT_EQ(config->pipeline_split, "");
+  EXPECT_EQ(config->micro_batches, 1);
+  EXPECT_EQ(config->pipeline_schedule, "1f1b");
+}
+
+// MinimalSpec with gpt2-mini (4 blocks) cut into `stages` stages.
+v1::JobSpec PipelineSpec(const std::string& strategy, int stages, int world) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.set_model("gpt2-mini");
+  spec.mutable_strategy()->set_name(strategy);
+  spec.mutable_strategy()->set_pipeline_stages(stages);
+  spec.mutable_strategy()->set_micro_batches(2);
+  spec.set_world_size(world);
+  return spec;
+}
+
+TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("single", 2, 2), kOut).ok());
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("single", 4, 4), kOut).ok());
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("ddp", 2, 2), kOut).ok());
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("ddp", 2, 6), kOut).ok());
+
+  struct Case {
+    v1::JobSpec spec;
+    std::string message;
+  };
+  v1::JobSpec elastic = PipelineSpec("ddp", 2, 4);
+  elastic.mutable_elastic()->set_min_world_size(2);
+  elastic.mutable_trainer()->set_checkpoint_every(10);
+  v1::JobSpec no_stages = MinimalSpec();
+  no_stages.mutable_strategy()->set_name("single");
+  const Case cases[] = {
+      {PipelineSpec("single", 2, 4),
+       "world_size: got 4; strategy single with 2 pipeline stages runs on 2 "
+       "ranks (use ddp for 2 data-parallel replicas per stage)"},
+      {PipelineSpec("single", 2, 1),
+       "world_size: got 1; must be a multiple of pipeline_stages (2): each "
+       "data-parallel replica runs one rank per stage"},
+      {PipelineSpec("ddp", 2, 3),
+       "world_size: got 3; must be a multiple of pipeline_stages (2): each "
+       "data-parallel replica runs one rank per stage"},
+      {PipelineSpec("ddp", 4, 2),
+       "world_size: got 2; must be a multiple of pipeline_stages (4): each "
+       "data-parallel replica runs one rank per stage"},
+      {PipelineSpec("fsdp", 2, 4),
+       "strategy fsdp with pipeline_stages 2: pipeline stages compose with "
+       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
+      {elastic,
+       "elastic.min_world_size: got 2; an elastic job continues on fewer "
+       "ranks, which a job with 2 pipeline stages does not support yet"},
+      // Without stages, single still means one device.
+      {no_stages,
+       "world_size: got 2; strategy single trains on one device (use ddp, "
+       "fsdp or hsdp)"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(c.spec, kOut);
+    ASSERT_FALSE(config.ok()) << c.message;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(config.status().message(), c.message);
+  }
+}
+
 TEST(JobConfigTest, InvalidSpecsNameTheField) {
   struct Case {
     std::string field;
@@ -111,6 +203,14 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
          s.set_world_size(2);
        }},
       {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(-1); }},
+      {"pipeline_stages",
+       [](v1::JobSpec& s) { s.mutable_strategy()->set_pipeline_stages(0); }},
+      {"micro_batches",
+       [](v1::JobSpec& s) { s.mutable_strategy()->set_micro_batches(3); }},
+      {"--pipeline-schedule",
+       [](v1::JobSpec& s) {
+         s.mutable_strategy()->set_pipeline_schedule("interleaved");
+       }},
       {"precision",
        [](v1::JobSpec& s) { s.mutable_trainer()->set_precision("fp8"); }},
       {"data", [](v1::JobSpec& s) { s.set_data(""); }},

@@ -302,6 +302,11 @@ def test_every_job_spec_field_has_a_key():
     assert built.strategy.shard_group_size == 2 and built.elastic.min_world_size == 1
     assert built.device_kind == job_pb2.GPU and built.trainer.memory_cap_bytes == 2**30
     assert built.strategy.comm_timeout_seconds == 30
+    piped = spec.build_spec({"pipeline-stages": 2, "pipeline_split": "1", "micro-batches": 4,
+                             "pipeline_schedule": "gpipe"}, strategy="ddp", world_size=4)
+    assert piped.strategy.pipeline_stages == 2 and piped.strategy.pipeline_split == "1"
+    assert piped.strategy.micro_batches == 4 and piped.strategy.pipeline_schedule == "gpipe"
+    assert piped.strategy.name == "ddp" and piped.world_size == 4
 
 
 def test_rows_sizes_and_filters_without_a_daemon():

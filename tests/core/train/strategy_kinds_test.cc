@@ -28,5 +28,14 @@ TEST(StrategyKindsTest, StudiesAndHelpComeFromTheRows) {
   EXPECT_EQ(FindStrategyKind("ddp")->layout, StateLayout::kReplicated);
 }
 
+TEST(StrategyKindsTest, PipelineStagesComposeWithReplicatedStrategies) {
+  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("single")));
+  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("ddp")));
+  EXPECT_FALSE(ComposesWithPipelineStages(*FindStrategyKind("fsdp")));
+  EXPECT_FALSE(ComposesWithPipelineStages(*FindStrategyKind("hsdp")));
+  EXPECT_EQ(PipelineStrategyNameList(), "single and ddp");
+  EXPECT_EQ(NonPipelineStrategyDisplayNames(), "FSDP and HSDP");
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -4,6 +4,8 @@
 
 #include <functional>
 
+#include "core/train/train_flags.h"
+
 namespace shardtrain {
 namespace {
 
@@ -128,6 +130,160 @@ TEST(TrainConfigTest, EvalOnlyNeedsAModelToEvaluate) {
       << refused;
   config.init_from = "/tmp/model.bin";
   EXPECT_TRUE(config.Validate().ok());
+}
+
+TEST(TrainConfigTest, PipelineDefaultsAreNoPipeline) {
+  const TrainConfig config;
+  EXPECT_EQ(config.pipeline_stages, 1);
+  EXPECT_EQ(config.pipeline_split, "");
+  EXPECT_EQ(config.micro_batches, 1);
+  EXPECT_EQ(config.pipeline_schedule, "1f1b");
+  EXPECT_EQ(config.DataParallelSize(4), 4);
+  // Without stages any world passes here (the one-device rule of single is
+  // the callers').
+  EXPECT_TRUE(config.CheckPipelineWorld(3).ok());
+}
+
+TEST(TrainConfigTest, FlagsSetThePipelineFieldsAndPpIsPipelineStages) {
+  TrainConfig config;
+  CLI::App app;
+  AddTrainFlags(app, config);
+  std::vector<std::string> args = {
+      "gpipe", "--pipeline-schedule", "4", "--micro-batches",
+      "1,2",   "--pipeline-split",    "3", "--pp"};  // reversed, as CLI11 takes
+  app.parse(args);
+  EXPECT_EQ(config.pipeline_stages, 3);
+  EXPECT_EQ(config.pipeline_split, "1,2");
+  EXPECT_EQ(config.micro_batches, 4);
+  EXPECT_EQ(config.pipeline_schedule, "gpipe");
+
+  TrainConfig long_form;
+  CLI::App app2;
+  AddTrainFlags(app2, long_form);
+  std::vector<std::string> args2 = {"2", "--pipeline-stages"};
+  app2.parse(args2);
+  EXPECT_EQ(long_form.pipeline_stages, 2);
+}
+
+TEST(TrainConfigTest, YamlTakesThePipelineKeys) {
+  TrainConfig config;
+  ASSERT_TRUE(ApplyYamlTrainConfig(R"(
+pipeline-stages: 3
+pipeline_split: "4,8"
+micro-batches: 4
+pipeline-schedule: gpipe
+)",
+                                   &config)
+                  .ok());
+  EXPECT_EQ(config.pipeline_stages, 3);
+  EXPECT_EQ(config.pipeline_split, "4,8");
+  EXPECT_EQ(config.micro_batches, 4);
+  EXPECT_EQ(config.pipeline_schedule, "gpipe");
+  // A list of blocks reads as the flag's comma-separated form.
+  ASSERT_TRUE(ApplyYamlTrainConfig("pipeline_split: [2, 5]\n", &config).ok());
+  EXPECT_EQ(config.pipeline_split, "2,5");
+  EXPECT_FALSE(ApplyYamlTrainConfig("pipeline_stages: two\n", &config).ok());
+  EXPECT_EQ(config.pipeline_stages, 3);
+}
+
+TrainConfig PipelineConfig() {
+  TrainConfig config = ValidConfig();  // batch 8
+  config.model = "gpt2-mini";          // 4 blocks
+  config.pipeline_stages = 2;
+  config.micro_batches = 4;
+  return config;
+}
+
+TEST(TrainConfigTest, PipelineStagesWithSingleAndDdpAreValid) {
+  TrainConfig config = PipelineConfig();
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  config.strategy = "ddp";
+  config.pipeline_split = "1";
+  config.pipeline_schedule = "gpipe";
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  config.pipeline_stages = 4;  // one block a stage
+  config.pipeline_split = "";
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+}
+
+TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
+  struct Case {
+    std::function<void(TrainConfig&)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](TrainConfig& c) { c.pipeline_stages = 0; },
+       "pipeline_stages: got 0; must be in [1, 1024] (1: no pipeline)"},
+      {[](TrainConfig& c) { c.pipeline_stages = 1025; },
+       "pipeline_stages: got 1025; must be in [1, 1024] (1: no pipeline)"},
+      {[](TrainConfig& c) { c.micro_batches = 0; },
+       "micro_batches: got 0; must be in [1, 65536]"},
+      {[](TrainConfig& c) { c.micro_batches = 65537; },
+       "micro_batches: got 65537; must be in [1, 65536]"},
+      {[](TrainConfig& c) { c.micro_batches = 3; },
+       "micro_batches: got 3; must divide batch_size (8)"},
+      {[](TrainConfig& c) { c.pipeline_schedule = "zb"; },
+       "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b"},
+      {[](TrainConfig& c) { c.pipeline_split = "2;3"; },
+       "--pipeline-split: '2;3' is not a list of block indices (e.g. 4,8: "
+       "stage 1 starts at block 4, stage 2 at block 8)"},
+      {[](TrainConfig& c) {
+         c.pipeline_stages = 1;
+         c.micro_batches = 2;
+       },
+       "micro_batches: got 2; micro-batches flow through pipeline stages; "
+       "set pipeline_stages > 1"},
+      {[](TrainConfig& c) {
+         c.pipeline_stages = 1;
+         c.micro_batches = 1;
+         c.pipeline_split = "2";
+       },
+       "pipeline_split: got \"2\"; a split cuts the model into pipeline "
+       "stages; set pipeline_stages > 1"},
+      {[](TrainConfig& c) { c.strategy = "fsdp"; },
+       "strategy fsdp with pipeline_stages 2: pipeline stages compose with "
+       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
+      {[](TrainConfig& c) { c.strategy = "hsdp"; },
+       "strategy hsdp with pipeline_stages 2: pipeline stages compose with "
+       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
+      // gpt2-mini has 4 blocks.
+      {[](TrainConfig& c) { c.pipeline_stages = 5; },
+       "--pipeline-stages 5: more stages than the model's 4 blocks (every "
+       "stage needs at least one)"},
+      {[](TrainConfig& c) { c.pipeline_split = "1,2"; },
+       "--pipeline-split 1,2 cuts the model into 3 stages; "
+       "--pipeline-stages is 2"},
+      {[](TrainConfig& c) { c.pipeline_split = "4"; },
+       "--pipeline-split 4: stage 1 would hold blocks [4, 4) of the model's "
+       "4; each stage needs at least one block, in increasing order"},
+  };
+  for (const Case& c : cases) {
+    TrainConfig config = PipelineConfig();
+    c.mutate(config);
+    const absl::Status status = config.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message(), c.message);
+  }
+}
+
+TEST(TrainConfigTest, PipelineWorldIsStagesTimesReplicas) {
+  TrainConfig config = PipelineConfig();
+  EXPECT_TRUE(config.CheckPipelineWorld(2).ok());
+  EXPECT_EQ(config.CheckPipelineWorld(4).message(),
+            "world_size: got 4; strategy single with 2 pipeline stages runs "
+            "on 2 ranks (use ddp for 2 data-parallel replicas per stage)");
+  EXPECT_EQ(config.CheckPipelineWorld(3).message(),
+            "world_size: got 3; must be a multiple of pipeline_stages (2): "
+            "each data-parallel replica runs one rank per stage");
+  EXPECT_EQ(config.CheckPipelineWorld(1, "WORLD_SIZE").message(),
+            "WORLD_SIZE: got 1; must be a multiple of pipeline_stages (2): "
+            "each data-parallel replica runs one rank per stage");
+  config.strategy = "ddp";
+  EXPECT_TRUE(config.CheckPipelineWorld(2).ok());
+  EXPECT_TRUE(config.CheckPipelineWorld(6).ok());
+  EXPECT_EQ(config.DataParallelSize(6), 3);
+  EXPECT_EQ(config.CheckPipelineWorld(5).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
