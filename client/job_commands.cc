@@ -87,8 +87,10 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
 }
 
 std::string Strategy(const v1::Job& job) {
-  return absl::StrCat(job.spec().strategy().name(), " x",
-                      job.spec().world_size());
+  const int64_t stages = job.spec().strategy().pipeline_stages();
+  return absl::StrCat(
+      job.spec().strategy().name(), " x", job.spec().world_size(),
+      stages > 1 ? absl::StrCat(" (", stages, " pipeline stages)") : "");
 }
 
 void PrintJobDetail(const v1::Job& job, std::ostream& out) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -40,7 +41,23 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     return kExitUsage;
   }
   const int world = flags.job.world_size;
-  if (flags.strategies.empty()) flags.strategies = StudyStrategyNames(world);
+  // With pipeline stages every run has them; the strategies compared are the
+  // data-parallel part, over world / stages replicas of the stages.
+  const int stages = static_cast<int>(
+      std::max<int64_t>(1, base->strategy().pipeline_stages()));
+  if (stages > 1 && (world < stages || world % stages != 0)) {
+    ReportFailure(absl::StrCat("--world-size: got ", world,
+                               "; must be a multiple of --pipeline-stages (",
+                               stages, ")"));
+    return kExitUsage;
+  }
+  if (flags.strategies.empty()) {
+    for (const std::string& name : StudyStrategyNames(world / stages)) {
+      if (stages == 1 || ComposesWithPipelineStages(*FindStrategyKind(name))) {
+        flags.strategies.push_back(name);
+      }
+    }
+  }
   int64_t budget = 0;
   if (!flags.memory_budget.empty()) {
     absl::StatusOr<int64_t> bytes = ParseBytes(flags.memory_budget);
@@ -59,9 +76,13 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
                                  "'; expected one of ", StrategyNameList()));
       return kExitUsage;
     }
-    if (kind->distributed && world < 2) {
-      ReportFailure(absl::StrCat("--world-size: got ", world, "; ", s,
-                                 " needs at least 2 ranks to compare"));
+    if (kind->distributed && world < 2 * stages) {
+      ReportFailure(absl::StrCat(
+          "--world-size: got ", world, "; ", s, " needs at least ", 2 * stages,
+          " ranks to compare",
+          stages > 1 ? absl::StrCat(" (2 data-parallel replicas of ", stages,
+                                    " pipeline stages)")
+                     : ""));
       return kExitUsage;
     }
   }
@@ -78,14 +99,16 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     v1::JobSpec spec = *base;
     spec.mutable_strategy()->set_name(strategy);
     const bool distributed = FindStrategyKind(strategy)->distributed;
-    const int ranks = distributed ? world : 1;
+    // Single: one device, or one rank per pipeline stage.
+    const int ranks = distributed ? world : stages;
     spec.set_world_size(ranks);
     // Strong scaling: every strategy trains on the same global batch, so the
-    // losses match step for step; single-device takes the whole of it.
-    // Weak scaling: the same batch per device.
+    // losses match step for step; single-device takes the whole of it (all
+    // data-parallel replicas' share). Weak scaling: the same batch per
+    // device.
     if (!distributed && flags.scaling == "strong") {
       spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() *
-                                             world);
+                                             (world / stages));
     }
     if (budget > 0) {
       // Each strategy at the largest batch its plan fits in the budget, run

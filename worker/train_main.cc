@@ -73,6 +73,15 @@ int Main(int argc, char** argv) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
   }
+  // Pipeline stages need their ranks: S, or a multiple of S with ddp.
+  if (std::getenv("RANK") == nullptr) {
+    if (absl::Status s = config.CheckPipelineWorld(
+            int64_t{launch.nproc} * launch.nnodes, "--nproc x --nnodes");
+        !s.ok()) {
+      std::cerr << "shardtrain-train: " << s.message() << "\n";
+      return 2;
+    }
+  }
   // --nproc N outside a distributed run: launch N ranks of this very command
   // line and wait for them. The ranks have RANK set and go on to train.
   if ((launch.nproc > 1 || launch.nnodes > 1) &&
@@ -82,6 +91,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
   if (!env.ok()) {
     std::cerr << "shardtrain-train: " << env.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = config.CheckPipelineWorld(env->world_size, "WORLD_SIZE");
+      !s.ok()) {
+    std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
   }
   absl::Status run = RunTrainingRank(config, *env, &std::cout, {});

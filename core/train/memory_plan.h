@@ -77,7 +77,8 @@ AttentionKind BuiltAttentionKind();
 // Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
 // FSDP/HSDP options, activation checkpointing) at `world_size` ranks; HSDP's
 // default shard group is the one-node default (DefaultShardGroupSize). Errors:
-// a model spec or strategy that does not parse.
+// a model spec or strategy that does not parse; Unimplemented for
+// pipeline_stages > 1 (a stage's share is not planned yet).
 absl::StatusOr<MemoryPlan> PlanMemory(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
