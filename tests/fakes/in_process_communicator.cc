@@ -50,6 +50,26 @@ class InProcessCommunicator final : public Communicator {
     return Ok();
   }
 
+  std::unique_ptr<CommWork> Send(const torch::Tensor& tensor, int64_t dst,
+                                 int64_t tag) override {
+    stats_.bytes += tensor.nbytes();
+    group_->Post(rank_, dst, tag, tensor.detach().clone());
+    return Ok();
+  }
+
+  std::unique_ptr<CommWork> Recv(torch::Tensor& tensor, int64_t src,
+                                 int64_t tag) override {
+    torch::Tensor received;
+    if (!group_->Take(src, rank_, tag, &received)) return Timeout("recv");
+    if (received.sizes() != tensor.sizes() ||
+        received.dtype() != tensor.dtype()) {
+      return CompletedWork(absl::InvalidArgumentError(
+          "recv: the tensor sent has another shape or dtype"));
+    }
+    tensor.copy_(received);
+    return Ok();
+  }
+
   std::unique_ptr<CommWork> AllGather(torch::Tensor& output,
                                       const torch::Tensor& input) override {
     stats_.bytes += input.nbytes();
@@ -148,6 +168,25 @@ InProcessGroup* InProcessGroup::SubGroup(const std::string& key, int64_t size) {
   std::unique_ptr<InProcessGroup>& sub = sub_groups_[key];
   if (sub == nullptr) sub = std::make_unique<InProcessGroup>(size, timeout_);
   return sub.get();
+}
+
+void InProcessGroup::Post(int64_t src, int64_t dst, int64_t tag,
+                          torch::Tensor tensor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mailboxes_[{src, dst, tag}].push_back(std::move(tensor));
+  cv_.notify_all();
+}
+
+bool InProcessGroup::Take(int64_t src, int64_t dst, int64_t tag,
+                          torch::Tensor* tensor) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::deque<torch::Tensor>& box = mailboxes_[{src, dst, tag}];
+  if (!cv_.wait_for(lock, timeout_, [&] { return !box.empty(); })) {
+    return false;
+  }
+  *tensor = std::move(box.front());
+  box.pop_front();
+  return true;
 }
 
 bool InProcessGroup::Exchange(int64_t rank, torch::Tensor contribution,

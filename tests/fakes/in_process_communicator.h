@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "worker/engine/comm/communicator.h"
@@ -42,6 +44,12 @@ class InProcessGroup {
                     const std::vector<torch::Tensor>&)>& combine,
                 std::vector<torch::Tensor>* results);
 
+  // Point-to-point: Post leaves a copy of `tensor` for (src -> dst, tag) at
+  // once (a send never waits); Take waits for the oldest one posted there.
+  // Returns false on timeout.
+  void Post(int64_t src, int64_t dst, int64_t tag, torch::Tensor tensor);
+  bool Take(int64_t src, int64_t dst, int64_t tag, torch::Tensor* tensor);
+
  private:
   const int64_t world_size_;
   const std::chrono::milliseconds timeout_;
@@ -52,6 +60,8 @@ class InProcessGroup {
   std::vector<torch::Tensor> contributions_;
   std::vector<torch::Tensor> results_;
   std::map<std::string, std::unique_ptr<InProcessGroup>> sub_groups_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<torch::Tensor>>
+      mailboxes_;
 };
 
 // Runs fn(rank, communicator) on world_size threads and joins them.

@@ -891,6 +891,64 @@ std::unique_ptr<CommWork> C10dCommunicator::Broadcast(torch::Tensor& tensor,
   });
 }
 
+namespace {
+
+// Point-to-point peers and tags, checked alike for both directions.
+absl::Status CheckPeer(const char* op, const torch::Tensor& tensor,
+                       int64_t peer, int64_t rank, int64_t world, int64_t tag) {
+  if (absl::Status s = CheckDense(op, "tensor", tensor); !s.ok()) return s;
+  if (peer < 0 || peer >= world || peer == rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": peer ", peer, " is not another rank below ", world));
+  }
+  if (tag < 0 || tag > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": tag ", tag, " is outside [0, 2^31)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<CommWork> C10dCommunicator::Send(const torch::Tensor& tensor,
+                                                 int64_t dst, int64_t tag) {
+  if (absl::Status s = CheckPeer("send", tensor, dst, rank_, world_size_, tag);
+      !s.ok()) {
+    return Done(s);
+  }
+  shared_->Count(tensor);
+  std::vector<torch::Tensor> tensors{tensor};
+  return Issue(shared_, "send", tensor, [&]() -> WorkPtr {
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (tensor.is_cuda()) {
+      return groups_->nccl->send(tensors, static_cast<int>(dst),
+                                 static_cast<int>(tag));
+    }
+#endif
+    return groups_->gloo->send(tensors, static_cast<int>(dst),
+                               static_cast<int>(tag));
+  });
+}
+
+std::unique_ptr<CommWork> C10dCommunicator::Recv(torch::Tensor& tensor,
+                                                 int64_t src, int64_t tag) {
+  if (absl::Status s = CheckPeer("recv", tensor, src, rank_, world_size_, tag);
+      !s.ok()) {
+    return Done(s);
+  }
+  std::vector<torch::Tensor> tensors{tensor};
+  return Issue(shared_, "recv", tensor, [&]() -> WorkPtr {
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (tensor.is_cuda()) {
+      return groups_->nccl->recv(tensors, static_cast<int>(src),
+                                 static_cast<int>(tag));
+    }
+#endif
+    return groups_->gloo->recv(tensors, static_cast<int>(src),
+                               static_cast<int>(tag));
+  });
+}
+
 absl::Status C10dCommunicator::Barrier() {
   // Gloo's barrier blocks the host whatever the device, which is what a
   // barrier is for.

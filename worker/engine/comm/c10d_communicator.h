@@ -77,6 +77,11 @@ class C10dCommunicator final : public Communicator {
   std::unique_ptr<CommWork> Broadcast(torch::Tensor& tensor,
                                       int64_t root) override;
   absl::Status Barrier() override;
+  // Gloo (CPU) or NCCL (CUDA) send/recv; the tensor must be dense.
+  std::unique_ptr<CommWork> Send(const torch::Tensor& tensor, int64_t dst,
+                                 int64_t tag) override;
+  std::unique_ptr<CommWork> Recv(torch::Tensor& tensor, int64_t src,
+                                 int64_t tag) override;
 
   CommStats TakeStats() override;
 

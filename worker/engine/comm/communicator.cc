@@ -26,6 +26,18 @@ std::unique_ptr<CommWork> CompletedWork(absl::Status status) {
   return std::make_unique<DoneWork>(std::move(status));
 }
 
+std::unique_ptr<CommWork> Communicator::Send(const torch::Tensor& /*tensor*/,
+                                             int64_t /*dst*/, int64_t /*tag*/) {
+  return CompletedWork(
+      absl::UnimplementedError("this communicator cannot send point-to-point"));
+}
+
+std::unique_ptr<CommWork> Communicator::Recv(torch::Tensor& /*tensor*/,
+                                             int64_t /*src*/, int64_t /*tag*/) {
+  return CompletedWork(absl::UnimplementedError(
+      "this communicator cannot receive point-to-point"));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::NewGroup(
     const std::string& /*tag*/, const std::vector<int64_t>& /*members*/) {
   return absl::UnimplementedError(

@@ -69,6 +69,18 @@ class Communicator {
                                               int64_t root) = 0;
   virtual absl::Status Barrier() = 0;
 
+  // Point-to-point, as c10d's isend/irecv: `tensor` to rank `dst`, or into
+  // `tensor` from rank `src`, of this group. A send and a receive match by
+  // (sender, receiver, tag), in the order each side issues them. A send may
+  // complete before its receive is posted (never wait on one before the
+  // receive that matches it can be issued); `tensor` must stay alive and
+  // unchanged until the send's Wait returns. Shape, dtype and device must
+  // match on both sides. The default: Unimplemented.
+  virtual std::unique_ptr<CommWork> Send(const torch::Tensor& tensor,
+                                         int64_t dst, int64_t tag);
+  virtual std::unique_ptr<CommWork> Recv(torch::Tensor& tensor, int64_t src,
+                                         int64_t tag);
+
   virtual CommStats TakeStats() = 0;
 
   // A communicator over a subset of this group's ranks, as c10d's new_group:

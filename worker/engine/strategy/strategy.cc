@@ -55,6 +55,18 @@ std::vector<AdamW::Group> WeightDecayGroups(
   return {decay, no_decay};
 }
 
+torch::Tensor Strategy::ForwardBackwardStep(const std::vector<Batch>& batches) {
+  const double scale = 1.0 / static_cast<double>(batches.size());
+  torch::Tensor loss_sum;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    torch::Tensor loss =
+        ForwardBackward(batches[i].inputs, batches[i].targets, scale,
+                        /*sync=*/i + 1 == batches.size());
+    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+  }
+  return loss_sum * scale;
+}
+
 absl::Status Strategy::SaveCheckpoint(const std::string& dir,
                                       const nlohmann::json& training) {
   absl::Status status = absl::OkStatus();

@@ -47,6 +47,12 @@ struct StateSlice {
 
 class CheckpointReader;
 
+// One micro-batch of a step: token ids [B, T] and their next tokens [B, T].
+struct Batch {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -55,12 +61,26 @@ class Strategy {
   virtual int64_t rank() const { return 0; }
   virtual int64_t world_size() const { return 1; }
   // How the ranks are arranged, for the log ("" when the name says it all):
-  // HSDP's shard and replica groups.
+  // HSDP's shard and replica groups, a pipeline's stages.
   virtual std::string layout() const { return ""; }
+  // This rank's place among the data-parallel replicas, which see different
+  // data: the rank and world size, except under pipeline stages, whose
+  // ranks of one replica all see its batch.
+  virtual int64_t data_parallel_rank() const { return rank(); }
+  virtual int64_t data_parallel_size() const { return world_size(); }
 
   // Takes a model initialised identically on every rank, places it on the
   // device (and shards or replicates it) and builds the optimizer.
   virtual absl::Status Setup(Gpt2 model) = 0;
+
+  // A whole step's forward and backward: the gradient of the mean of the
+  // micro-batches' mean losses, accumulated over `batches` (equal sizes)
+  // and synchronised once, after the last. Returns that mean loss (detached,
+  // on the device; this replica's under data parallelism). The trainer
+  // calls this; the default runs ForwardBackward on each micro-batch in
+  // turn, which is what a data-parallel strategy does, while a pipeline
+  // schedules the step's micro-batches across its stages.
+  virtual torch::Tensor ForwardBackwardStep(const std::vector<Batch>& batches);
 
   // Forward and backward of one micro-batch; the gradient is that of
   // loss * loss_scale. `sync` is false on accumulation micro-steps, where a

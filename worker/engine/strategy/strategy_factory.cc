@@ -7,6 +7,7 @@
 #include "core/train/strategy_kinds.h"
 #include "worker/engine/strategy/ddp_strategy.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
+#include "worker/engine/strategy/pipeline_strategy.h"
 #include "worker/engine/strategy/single_device_strategy.h"
 
 namespace shardtrain {
@@ -71,6 +72,46 @@ const std::map<std::string, Factory>& Factories() {
   return *kFactories;
 }
 
+// Pipeline stages x the data-parallel part config.strategy names (single:
+// one replica; ddp: world / stages replicas).
+absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
+    const TrainConfig& config, const StrategyOptions& options,
+    Communicator* comm) {
+  const int64_t stages = config.pipeline_stages;
+  if (config.strategy != "single" && config.strategy != "ddp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy ", config.strategy, " with pipeline_stages ",
+                     stages, ": pipeline stages compose with single and ddp"));
+  }
+  if (options.world_size % stages != 0 ||
+      (config.strategy == "single" && options.world_size != stages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline_stages: ", stages, " stages x ", config.strategy,
+                     " cannot be laid out on ", options.world_size, " ranks"));
+  }
+  if (comm == nullptr) {
+    return absl::InvalidArgumentError(
+        "pipeline_stages: a pipeline needs a communicator");
+  }
+  PipelineOptions pipeline;
+  pipeline.stages = stages;
+  if (!config.pipeline_split.empty()) {
+    absl::StatusOr<std::vector<int64_t>> split =
+        ParsePipelineSplit(config.pipeline_split);
+    if (!split.ok()) return split.status();
+    pipeline.split = std::move(*split);
+  }
+  absl::StatusOr<PipelineSchedule> schedule =
+      ParsePipelineSchedule(config.pipeline_schedule);
+  if (!schedule.ok()) return schedule.status();
+  pipeline.schedule = *schedule;
+  pipeline.micro_batches = config.micro_batches;
+  pipeline.seq_len = config.seq_len;
+  pipeline.data_parallel = config.strategy;
+  return std::unique_ptr<Strategy>(
+      std::make_unique<PipelineStrategy>(options, comm, std::move(pipeline)));
+}
+
 }  // namespace
 
 bool HasStrategyFactory(const std::string& name) {
@@ -86,6 +127,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     return absl::InvalidArgumentError(absl::StrCat(
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
+  if (config.pipeline_stages > 1) return CreatePipeline(config, options, comm);
   if (!kind->distributed && options.world_size != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy: ", kind->name,

@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     sampler_options.num_tokens = static_cast<int64_t>(t.train_tokens_->size());
     sampler_options.seq_len = config.seq_len;
     sampler_options.local_batch = config.batch_size;
-    sampler_options.world_size = rank_info.world_size;
+    sampler_options.world_size = t.strategy_->data_parallel_size();
     sampler_options.grad_accum = config.grad_accum;
     sampler_options.seed = config.seed;
     sampler_options.shuffle = config.shuffle;
@@ -199,14 +199,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   // Checked before step 1, not found at the final evaluation.
   if (t.val_tokens_) {
-    const int64_t needed =
-        (config.seq_len + 1) * config.batch_size * rank_info.world_size;
+    const int64_t needed = (config.seq_len + 1) * config.batch_size *
+                           t.strategy_->data_parallel_size();
     if (static_cast<int64_t>(t.val_tokens_->size()) < needed) {
       return absl::FailedPreconditionError(absl::StrCat(
           "data: ", config.data, "/val.bin has ", t.val_tokens_->size(),
           " tokens, fewer than one evaluation batch needs (", config.batch_size,
-          " x ", rank_info.world_size, " ranks x ", config.seq_len + 1, " = ",
-          needed,
+          " x ", t.strategy_->data_parallel_size(), " replicas x ",
+          config.seq_len + 1, " = ", needed,
           "): prepare more text for validation, lower "
           "--batch-size or --seq-len, or remove val.bin to train without "
           "evaluating"));
@@ -246,7 +246,9 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
       NewestReadableCheckpoint(config_.out);
   if (reader == nullptr) return absl::OkStatus();  // Resume() says why
   const nlohmann::json& training = reader->metadata().training;
-  const int64_t world = rank_info_.world_size;
+  // Data-parallel replicas share the global batch (a pipeline's stages of
+  // one replica see the same sequences).
+  const int64_t world = strategy_->data_parallel_size();
   const int64_t requested = world * config_.batch_size * config_.grad_accum;
   const int64_t saved = TrainingInt(training, "global_batch", 0);
   if (saved <= 0 || saved == requested) return absl::OkStatus();
@@ -306,22 +308,22 @@ StepMetrics Trainer::TrainStep(int64_t step) {
   const auto start = SteadyClock::now();
   const double lr = schedule_->At(step);
 
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(device_));
+  // The step's micro-batches, handed to the strategy at once (a pipeline
+  // schedules them across its stages).
+  std::vector<Batch> batches;
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
     auto [inputs, targets] = LoadBatch(
-        *train_tokens_, sampler_->WindowStarts(step, micro, rank_info_.rank));
-    const bool last_micro = micro + 1 == config_.grad_accum;
-    loss_sum += strategy_->ForwardBackward(
-        inputs, targets, 1.0 / static_cast<double>(config_.grad_accum),
-        /*sync=*/last_micro);
+        *train_tokens_,
+        sampler_->WindowStarts(step, micro, strategy_->data_parallel_rank()));
+    batches.push_back({std::move(inputs), std::move(targets)});
   }
+  const torch::Tensor step_loss = strategy_->ForwardBackwardStep(batches);
   const double grad_norm = strategy_->ClipGradNorm(config_.grad_clip);
   // A non-finite norm would turn every weight into NaN: that update is not
   // applied (the norm is global, so every rank skips alike) and Run() stops
   // the run as diverged.
   if (std::isfinite(grad_norm)) strategy_->OptimizerStep(lr);
-  const double local_loss =
-      loss_sum.item<double>() / static_cast<double>(config_.grad_accum);
+  const double local_loss = step_loss.item<double>();
   const double loss = strategy_->AllReduceMean(local_loss);
   const double seconds = SecondsSince(start);
 
@@ -357,7 +359,8 @@ absl::StatusOr<double> Trainer::Evaluate() {
     return absl::FailedPreconditionError("no val.bin in the data directory");
   }
   const int64_t window = config_.seq_len + 1;
-  const int64_t global_batch = config_.batch_size * rank_info_.world_size;
+  const int64_t global_batch =
+      config_.batch_size * strategy_->data_parallel_size();
   const int64_t available =
       static_cast<int64_t>(val_tokens_->size()) / (window * global_batch);
   const int64_t batches = std::min(config_.eval_steps, available);
@@ -371,9 +374,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> starts(config_.batch_size);
     for (int64_t i = 0; i < config_.batch_size; ++i) {
-      starts[i] =
-          (b * global_batch + rank_info_.rank * config_.batch_size + i) *
-          window;
+      starts[i] = (b * global_batch +
+                   strategy_->data_parallel_rank() * config_.batch_size + i) *
+                  window;
     }
     auto [inputs, targets] = LoadBatch(*val_tokens_, starts);
     sum += strategy_->ForwardLoss(inputs, targets).item<double>();
@@ -489,10 +492,10 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", dir, " records no step"));
   }
-  const int64_t global_batch =
-      sampler_
-          ? sampler_->windows_per_step()
-          : rank_info_.world_size * config_.batch_size * config_.grad_accum;
+  const int64_t global_batch = sampler_ ? sampler_->windows_per_step()
+                                        : strategy_->data_parallel_size() *
+                                              config_.batch_size *
+                                              config_.grad_accum;
   const nlohmann::json expected =
       ResumeFingerprint(config_, model_config_, global_batch, total_steps_);
   const nlohmann::json saved =
@@ -585,11 +588,11 @@ absl::Status Trainer::RunLoop() {
   }
   Log(absl::StrFormat(
       "training %s (%s params) with %s on %s x %d | %d steps | batch %d x %d "
-      "x accum %d x world %d = %s tokens/step",
+      "x accum %d x %d replica(s) = %s tokens/step",
       model_config_.name, FormatThousands(model_config_.NumParameters()),
       strategy_->name(), config_.device, rank_info_.world_size, total_steps_,
       config_.batch_size, config_.seq_len, config_.grad_accum,
-      rank_info_.world_size,
+      strategy_->data_parallel_size(),
       FormatThousands(sampler_->windows_per_step() * config_.seq_len)));
   if (const std::string layout = strategy_->layout(); !layout.empty()) {
     Log(absl::StrCat(strategy_->name(), ": ", layout));

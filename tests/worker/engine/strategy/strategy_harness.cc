@@ -51,13 +51,20 @@ TrainLoop MakeLoop(int64_t first_step, int64_t last_step, int64_t micro_steps,
 
 void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
            int64_t world, const TrainLoop& loop, TrainResult* result) {
-  const int64_t rank_rows = batches.size(1) / world;
+  (void)world;
+  const int64_t replica = strategy.data_parallel_rank();
+  const int64_t rank_rows = batches.size(1) / strategy.data_parallel_size();
   const int64_t micro_rows = rank_rows / loop.micro_steps;
   for (int64_t step = loop.first_step; step < loop.last_step; ++step) {
     double loss = 0;
+    std::vector<Batch> step_batches;
     for (int64_t micro = 0; micro < loop.micro_steps; ++micro) {
       auto [inputs, targets] = Slice(
-          batches, step, rank * rank_rows + micro * micro_rows, micro_rows);
+          batches, step, replica * rank_rows + micro * micro_rows, micro_rows);
+      if (loop.whole_steps) {
+        step_batches.push_back({inputs, targets});
+        continue;
+      }
       loss += strategy
                   .ForwardBackward(inputs, targets, 1.0 / loop.micro_steps,
                                    /*sync=*/micro + 1 == loop.micro_steps)
@@ -66,6 +73,11 @@ void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
       result->micro_comm_bytes.push_back(comm.bytes);
       result->micro_inter_group_bytes.push_back(comm.inter_group_bytes);
     }
+    if (loop.whole_steps) {
+      loss = strategy.ForwardBackwardStep(step_batches).item<double>() *
+             static_cast<double>(loop.micro_steps);
+      strategy.TakeCommStats();
+    }
     if (loop.after_backward) loop.after_backward(step);
     result->norms.push_back(strategy.ClipGradNorm(loop.max_norm));
     result->state_bytes = strategy.ModelStateBytes();
@@ -73,7 +85,7 @@ void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
     result->losses.push_back(strategy.AllReduceMean(loss / loop.micro_steps));
     strategy.TakeCommStats();  // the loss's and the norm's reductions
   }
-  auto [inputs, targets] = Slice(batches, 0, rank * rank_rows, rank_rows);
+  auto [inputs, targets] = Slice(batches, 0, replica * rank_rows, rank_rows);
   result->eval_loss = strategy.AllReduceMean(
       strategy.ForwardLoss(inputs, targets).item<double>());
   strategy.TakeCommStats();

@@ -65,6 +65,9 @@ struct TrainLoop {
   std::function<void(int64_t step)> after_backward;
   // Gpt2Impl::set_activation_checkpointing of every rank's model.
   int64_t activation_checkpointing = 0;
+  // Hand each step's micro-batches to ForwardBackwardStep at once (as the
+  // trainer does) instead of ForwardBackward one at a time.
+  bool whole_steps = false;
 };
 
 // Steps [first_step, last_step) of `micro_steps` micro-batches at `lr`.
@@ -73,6 +76,8 @@ TrainLoop MakeLoop(int64_t first_step, int64_t last_step, int64_t micro_steps,
 
 // Runs `loop` on `strategy` (set up already) as `rank` of `world`: fills
 // losses, norms, micro_comm_bytes, state_bytes and eval_loss, not params.
+// Each data-parallel replica (Strategy::data_parallel_rank) trains on its
+// share of the global batch's rows.
 void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
            int64_t world, const TrainLoop& loop, TrainResult* result);
 

@@ -1,0 +1,191 @@
+// PipelineStrategy against SingleDeviceStrategy: GPT-2's blocks cut into
+// stages (ranks as threads, activations and gradients point-to-point over the
+// in-process Communicator), composed with data-parallel replicas, under both
+// schedules, must train as one device does on the same global batches.
+#include "worker/engine/strategy/pipeline_strategy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/fakes/in_process_communicator.h"
+#include "tests/worker/engine/strategy/strategy_harness.h"
+
+namespace shardtrain {
+namespace {
+
+// Four blocks, so four stages can each hold one; vocab_size 500 pads wte to
+// 512 rows.
+constexpr char kSpec[] =
+    "custom:n_layer=4,n_head=2,n_embd=64,block_size=32,vocab_size=500";
+constexpr int64_t kSeqLen = 32;
+constexpr int64_t kVocab = 500;
+constexpr int64_t kSteps = 6;
+// As in ddp_strategy_test: AdamW moves an element whose true gradient is at
+// rounding level by up to lr whatever its size, so the weights are compared
+// in units of lr (measured at lr 1e-3: 1.4e-5 to 1.7e-5 after 6 steps, the
+// losses still within 8e-8); at 1e-4 they stay within 1e-5.
+constexpr double kLr = 1e-4;
+
+struct Case {
+  int64_t stages;
+  int64_t replicas;  // data-parallel size
+  PipelineSchedule schedule;
+  int64_t micro_batches;
+  int64_t accumulation = 1;
+  int64_t checkpointing = 0;  // recompute every N-th block (0: none)
+  std::vector<int64_t> split;
+
+  std::string Name() const {
+    return absl::StrCat("pp", stages, "x", replicas, "_",
+                        PipelineScheduleName(schedule), "_m", micro_batches,
+                        "_accum", accumulation, "_ckpt", checkpointing,
+                        split.empty() ? "" : "_split");
+  }
+};
+
+test::StrategyMaker Maker(const Case& c) {
+  return [c](int64_t rank, int64_t world,
+             Communicator* comm) -> std::unique_ptr<Strategy> {
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    PipelineOptions pipeline;
+    pipeline.stages = c.stages;
+    pipeline.split = c.split;
+    pipeline.micro_batches = c.micro_batches;
+    pipeline.schedule = c.schedule;
+    pipeline.seq_len = kSeqLen;
+    pipeline.data_parallel = c.replicas > 1 ? "ddp" : "single";
+    return std::make_unique<PipelineStrategy>(options, comm, pipeline);
+  };
+}
+
+class PipelineEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+// Rows per global batch: 8 per replica, enough for 4 micro-batches of 2 per
+// accumulation step of 2.
+TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
+  const Case c = GetParam();
+  const torch::Tensor batches =
+      test::MakeBatches(kSteps, 8 * c.replicas, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, kSteps, c.accumulation, kLr);
+  loop.activation_checkpointing = c.checkpointing;
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  loop.whole_steps = true;  // the step at once, as the trainer hands it
+  const std::vector<test::TrainResult> ranks = test::TrainRanks(
+      kSpec, /*seed=*/7, batches, c.stages * c.replicas, loop, Maker(c));
+  // The mean of micro-batch means rounds differently from one mean over the
+  // batch; nothing else may differ: losses, gradient norms and the eval loss
+  // within 1e-6 relative (ExpectSameTraining prints the measured worst).
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    test::ExpectSameTraining(single, ranks[r], {1e-6, 1e-5},
+                             absl::StrCat(c.Name(), " rank ", r));
+  }
+  // A stage holds its blocks only: less state than the whole model.
+  EXPECT_LT(ranks.back().state_bytes, single.state_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, PipelineEquivalenceTest,
+    ::testing::Values(
+        Case{2, 1, PipelineSchedule::kOneFOneB, 2},
+        Case{2, 1, PipelineSchedule::kGpipe, 4},
+        Case{4, 1, PipelineSchedule::kOneFOneB, 4},
+        Case{4, 1, PipelineSchedule::kGpipe, 2},
+        Case{2, 2, PipelineSchedule::kOneFOneB, 2},
+        Case{2, 2, PipelineSchedule::kGpipe, 2, /*accumulation=*/2},
+        Case{2, 1, PipelineSchedule::kOneFOneB, 4, 1, /*checkpointing=*/1},
+        Case{3, 1, PipelineSchedule::kOneFOneB, 1, 2, 0, {1, 3}}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return info.param.Name();
+    });
+
+TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
+  std::vector<std::string> layouts(4);
+  std::vector<int64_t> stages(4);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(
+        {2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {2}})(rank, 4, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 1)).ok());
+    layouts[rank] = strategy->layout();
+    stages[rank] = static_cast<PipelineStrategy&>(*strategy).stage();
+    EXPECT_EQ(strategy->data_parallel_size(), 2);
+    EXPECT_EQ(strategy->data_parallel_rank(), rank % 2);
+  });
+  EXPECT_EQ(layouts[0],
+            "mesh: 2 pipeline stages x ddp 2, 1f1b with 2 micro-batch(es): "
+            "stage 0 = ranks 0,1 (blocks 0-1, embeddings), stage 1 = ranks "
+            "2,3 (blocks 2-3, head)");
+  EXPECT_EQ(stages, (std::vector<int64_t>{0, 0, 1, 1}));
+}
+
+TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
+  // Train PP 2 for two steps, save; load at single and at PP 4; save again:
+  // every tensor equal to the bit.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("pipeline_ckpt_", ::getpid()))
+                              .string();
+  const torch::Tensor batches = test::MakeBatches(2, 8, kSeqLen, kVocab);
+  const Case pp2{2, 1, PipelineSchedule::kOneFOneB, 2};
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(pp2)(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 3)).ok());
+    test::TrainResult result;
+    test::TrainLoop loop = test::MakeLoop(0, 2, 1, kLr);
+    loop.whole_steps = true;
+    test::Train(*strategy, batches, rank, 2, loop, &result);
+    std::filesystem::create_directories(dir + "/a");
+    strategy->Barrier();
+    ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/a").ok());
+  });
+  auto states = [](Strategy& s) {
+    std::map<std::string, torch::Tensor> out;
+    for (const StateSlice& slice : s.StateSlices(/*to_save=*/false)) {
+      out[slice.name] = slice.data.clone();
+    }
+    return out;
+  };
+  std::map<std::string, torch::Tensor> at_single;
+  RunRanks(1, [&](int64_t, Communicator&) {
+    std::unique_ptr<Strategy> single =
+        test::FactoryMaker("single")(0, 1, nullptr);
+    ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 99)).ok());
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/a").ok());
+    at_single = states(*single);
+    EXPECT_EQ(single->optimizer_steps(), 2);
+  });
+  ASSERT_FALSE(at_single.empty());
+  const Case pp4{4, 1, PipelineSchedule::kGpipe, 1};
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(pp4)(rank, 4, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 99)).ok());
+    ASSERT_TRUE(strategy->LoadCheckpoint(dir + "/a").ok());
+    for (const auto& [name, tensor] : states(*strategy)) {
+      ASSERT_TRUE(at_single.count(name)) << name;
+      EXPECT_TRUE(torch::equal(tensor, at_single.at(name))) << name;
+    }
+    std::filesystem::create_directories(dir + "/b");
+    strategy->Barrier();
+    ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/b").ok());
+  });
+  RunRanks(1, [&](int64_t, Communicator&) {
+    std::unique_ptr<Strategy> single =
+        test::FactoryMaker("single")(0, 1, nullptr);
+    ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 5)).ok());
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/b").ok());
+    for (const auto& [name, tensor] : states(*single)) {
+      EXPECT_TRUE(torch::equal(tensor, at_single.at(name))) << name;
+    }
+  });
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain

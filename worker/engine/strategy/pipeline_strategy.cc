@@ -1,0 +1,456 @@
+#include "worker/engine/strategy/pipeline_strategy.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/model/llmc_checkpoint.h"
+#include "worker/engine/strategy/autocast.h"
+#include "worker/engine/strategy/distributed_helpers.h"
+
+namespace shardtrain {
+namespace {
+
+// Point-to-point tags on the replica's pipeline group.
+constexpr int64_t kActivationTag = 1;
+constexpr int64_t kGradientTag = 2;
+constexpr int64_t kEvalTag = 3;
+constexpr int64_t kExportTag = 4;
+
+DeviceMesh MakeMesh(int64_t world, int64_t stages) {
+  // Checked by the factory: stages >= 1 divides world.
+  return *DeviceMesh::Create(
+      {{MeshDim::kPipeline, stages}, {MeshDim::kReplicate, world / stages}});
+}
+
+// Whether global parameter `name` belongs to blocks [first, end).
+bool InBlocks(const std::string& name, int64_t first, int64_t end) {
+  if (!absl::StartsWith(name, "h.")) return false;
+  const int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));
+  return block >= first && block < end;
+}
+
+}  // namespace
+
+// A micro-batch between its forward and its backward on this stage.
+struct PipelineStrategy::InFlight {
+  torch::Tensor input;   // received activation (requires grad); stage > 0
+  torch::Tensor output;  // sent activation; not the last stage
+  torch::Tensor loss;    // the last stage's (graph kept until backward)
+  int64_t rows = 0;
+  int64_t seq = 0;
+};
+
+PipelineStrategy::PipelineStrategy(const StrategyOptions& options,
+                                   Communicator* world,
+                                   PipelineOptions pipeline)
+    : options_(options),
+      world_(world),
+      pipeline_(std::move(pipeline)),
+      mesh_(MakeMesh(options.world_size, pipeline_.stages)) {
+  stage_ = mesh_.Coordinate(options_.rank, MeshDim::kPipeline);
+}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+int64_t PipelineStrategy::data_parallel_rank() const {
+  return mesh_.Coordinate(options_.rank, MeshDim::kReplicate);
+}
+
+int64_t PipelineStrategy::data_parallel_size() const {
+  return mesh_.SizeOf(MeshDim::kReplicate);
+}
+
+void PipelineStrategy::Check(std::unique_ptr<CommWork> work, const char* what) {
+  ThrowIfFailed(work->Wait(), "pipeline", what);
+}
+
+bool PipelineStrategy::Owns(const std::string& name) const {
+  const PipelineStage& mine = partition_[stage_];
+  if (InBlocks(name, mine.first_block, mine.end_block)) return true;
+  if (name == "wte.weight") return mine.embeddings || mine.head;
+  if (absl::StartsWith(name, "wpe.")) return mine.embeddings;
+  if (absl::StartsWith(name, "ln_f.")) return mine.head;
+  return false;
+}
+
+absl::Status PipelineStrategy::Setup(Gpt2 model) {
+  model_ = std::move(model);
+  absl::StatusOr<std::vector<PipelineStage>> partition = PartitionPipeline(
+      model_->config(), pipeline_.seq_len, pipeline_.stages, pipeline_.split);
+  if (!partition.ok()) return partition.status();
+  partition_ = std::move(*partition);
+
+  // Groups, made by every rank in the same order: its replica's stages, its
+  // stage's replicas, and (first and last stage) the tied weight's pair.
+  const std::vector<int64_t> pipe =
+      mesh_.GroupOf(options_.rank, MeshDim::kPipeline);
+  const std::vector<int64_t> replicas =
+      mesh_.GroupOf(options_.rank, MeshDim::kReplicate);
+  absl::StatusOr<std::unique_ptr<Communicator>> group =
+      world_->NewGroup(absl::StrCat("pipeline-", FormatRanks(pipe)), pipe);
+  if (!group.ok()) return group.status();
+  pipe_ = std::move(*group);
+  if (replicas.size() > 1) {
+    group = world_->NewGroup(absl::StrCat("replicas-", FormatRanks(replicas)),
+                             replicas);
+    if (!group.ok()) return group.status();
+    replicas_ = std::move(*group);
+  }
+  if (pipeline_.stages > 1 && (first() || last())) {
+    const std::vector<int64_t> ends = {pipe.front(), pipe.back()};
+    group = world_->NewGroup(absl::StrCat("tied-", FormatRanks(ends)), ends);
+    if (!group.ok()) return group.status();
+    tied_ = std::move(*group);
+  }
+
+  // Keep this stage's parameters on the device; free the others' storage.
+  torch::NoGradGuard no_grad;
+  for (auto& item : model_->named_parameters()) {
+    torch::Tensor& p = item.value();
+    shapes_[item.key()] = p.sizes().vec();
+    if (Owns(item.key())) {
+      p.set_data(p.data().to(options_.device));
+      owned_names_.push_back(item.key());
+      owned_.push_back(p);
+    } else {
+      p.set_data(torch::empty({0}, p.options().device(options_.device)));
+      p.set_requires_grad(false);
+    }
+  }
+  optimizer_ = std::make_unique<AdamW>(
+      WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
+
+  std::vector<std::string> stages;
+  for (int64_t s = 0; s < pipeline_.stages; ++s) {
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < mesh_.size(); ++r) {
+      if (mesh_.Coordinate(r, MeshDim::kPipeline) == s) ranks.push_back(r);
+    }
+    stages.push_back(absl::StrCat(
+        "stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
+        FormatRanks(ranks), " (", DescribeStage(partition_[s]), ")"));
+  }
+  layout_ = absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
+                         pipeline_.data_parallel, " ", data_parallel_size(),
+                         ", ", PipelineScheduleName(pipeline_.schedule),
+                         " with ", pipeline_.micro_batches,
+                         " micro-batch(es): ", absl::StrJoin(stages, ", "));
+  return absl::OkStatus();
+}
+
+torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
+  return torch::empty(
+      {rows, seq, model_->config().n_embd},
+      torch::TensorOptions(options_.device).dtype(torch::kFloat));
+}
+
+void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
+  m.rows = batch.inputs.size(0);
+  m.seq = batch.inputs.size(1);
+  const PipelineStage& mine = partition_[stage_];
+  torch::Tensor x;
+  {
+    ScopedAutocast autocast(options_.device, options_.precision);
+    if (first()) {
+      x = model_->Embed(batch.inputs);
+    } else {
+      m.input = Activation(m.rows, m.seq);
+      Check(pipe_->Recv(m.input, stage_ - 1, kActivationTag), "recv");
+      m.input.requires_grad_(true);
+      x = m.input;
+    }
+    for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
+      x = model_->RunBlock(i, x);
+    }
+    if (last()) m.loss = model_->HeadLoss(x, batch.targets);
+  }
+  if (!last()) {
+    m.output = x;
+    torch::Tensor sent = x.detach().to(torch::kFloat).contiguous();
+    sends_.emplace_back(pipe_->Send(sent, stage_ + 1, kActivationTag), sent);
+  }
+}
+
+void PipelineStrategy::Backward(InFlight& m, double scale) {
+  if (last()) {
+    (m.loss * scale).backward();
+  } else {
+    torch::Tensor grad = Activation(m.rows, m.seq);
+    Check(pipe_->Recv(grad, stage_ + 1, kGradientTag), "recv");
+    m.output.backward(grad.to(m.output.scalar_type()));
+  }
+  if (!first()) {
+    torch::Tensor sent = m.input.grad().to(torch::kFloat).contiguous();
+    sends_.emplace_back(pipe_->Send(sent, stage_ - 1, kGradientTag), sent);
+  }
+  m.input = torch::Tensor();
+  m.output = torch::Tensor();
+}
+
+torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
+                                            double scale) {
+  const int64_t count = static_cast<int64_t>(micro.size());
+  std::vector<InFlight> in_flight(micro.size());
+  torch::Tensor loss_sum = torch::zeros(
+      {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
+  for (const PipelineAction& action :
+       StageActions(pipeline_.schedule, pipeline_.stages, stage_, count)) {
+    InFlight& m = in_flight[action.micro_batch];
+    if (action.kind == PipelineAction::Kind::kForward) {
+      Forward(m, micro[action.micro_batch]);
+    } else {
+      if (last()) loss_sum += m.loss.detach().to(torch::kDouble);
+      Backward(m, scale);
+      m.loss = torch::Tensor();
+    }
+  }
+  for (auto& [work, tensor] : sends_) Check(std::move(work), "send");
+  sends_.clear();
+  // Every stage reports its replica's mean loss: the last stage's.
+  torch::Tensor loss =
+      (loss_sum / static_cast<double>(count)).to(torch::kFloat).reshape({1});
+  Check(pipe_->AllReduce(loss), "all_reduce (loss)");
+  return loss.reshape({});
+}
+
+void PipelineStrategy::SynchronizeGradients() {
+  torch::NoGradGuard no_grad;
+  if (tied_ != nullptr) {
+    torch::Tensor& wte = model_->wte()->weight;
+    if (!wte.grad().defined()) wte.mutable_grad() = torch::zeros_like(wte);
+    torch::Tensor grad = wte.grad();
+    Check(tied_->AllReduce(grad), "all_reduce (tied wte)");
+  }
+  if (replicas_ == nullptr) return;
+  std::vector<torch::Tensor> grads;
+  for (torch::Tensor& p : owned_) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().view({-1}));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  Check(replicas_->AllReduce(flat), "all_reduce (gradients)");
+  flat.div_(static_cast<double>(data_parallel_size()));
+  int64_t offset = 0;
+  for (torch::Tensor& p : owned_) {
+    const int64_t n = p.numel();
+    p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
+    offset += n;
+  }
+}
+
+std::vector<Batch> PipelineStrategy::Split(const Batch& batch) const {
+  const int64_t rows = batch.inputs.size(0);
+  const int64_t m = pipeline_.micro_batches;
+  TORCH_CHECK(rows % m == 0, "pipeline: ", m,
+              " micro-batches do not divide a batch of ", rows, " rows");
+  std::vector<Batch> micro;
+  for (int64_t i = 0; i < m; ++i) {
+    micro.push_back({batch.inputs.narrow(0, i * rows / m, rows / m),
+                     batch.targets.narrow(0, i * rows / m, rows / m)});
+  }
+  return micro;
+}
+
+torch::Tensor PipelineStrategy::ForwardBackwardStep(
+    const std::vector<Batch>& batches) {
+  std::vector<Batch> micro;
+  for (const Batch& batch : batches) {
+    std::vector<Batch> pieces = Split(batch);
+    micro.insert(micro.end(), pieces.begin(), pieces.end());
+  }
+  // All of the step's micro-batches in one schedule: one fill and one drain.
+  torch::Tensor loss =
+      RunSchedule(micro, 1.0 / static_cast<double>(micro.size()));
+  SynchronizeGradients();
+  return loss;
+}
+
+torch::Tensor PipelineStrategy::ForwardBackward(const torch::Tensor& inputs,
+                                                const torch::Tensor& targets,
+                                                double loss_scale, bool sync) {
+  const std::vector<Batch> micro = Split({inputs, targets});
+  torch::Tensor loss = RunSchedule(
+      micro, loss_scale / static_cast<double>(pipeline_.micro_batches));
+  if (sync) SynchronizeGradients();
+  return loss;
+}
+
+double PipelineStrategy::ClipGradNorm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    // wte's two copies hold one gradient: counted on stage 0 only.
+    if (owned_names_[i] == "wte.weight" && !first()) continue;
+    grads.push_back(owned_[i].grad());
+  }
+  torch::Tensor sum =
+      SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
+  Check(pipe_->AllReduce(sum), "all_reduce (gradient norm)");
+  const double norm = std::sqrt(sum.item<double>());
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1) {
+      for (torch::Tensor& p : owned_) {
+        if (p.grad().defined()) p.grad().mul_(coef);
+      }
+    }
+  }
+  return norm;
+}
+
+void PipelineStrategy::OptimizerStep(double lr) {
+  optimizer_->Step(lr);
+  optimizer_->ZeroGrad();
+}
+
+torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
+                                            const torch::Tensor& targets) {
+  torch::NoGradGuard no_grad;
+  const PipelineStage& mine = partition_[stage_];
+  torch::Tensor x;
+  {
+    ScopedAutocast autocast(options_.device, options_.precision);
+    if (first()) {
+      x = model_->Embed(inputs);
+    } else {
+      x = Activation(inputs.size(0), inputs.size(1));
+      Check(pipe_->Recv(x, stage_ - 1, kEvalTag), "recv");
+    }
+    for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
+      x = model_->RunBlock(i, x);
+    }
+  }
+  torch::Tensor loss = torch::zeros(
+      {1}, torch::TensorOptions(options_.device).dtype(torch::kFloat));
+  if (last()) {
+    ScopedAutocast autocast(options_.device, options_.precision);
+    loss += model_->HeadLoss(x, targets).to(torch::kFloat);
+  } else {
+    torch::Tensor sent = x.to(torch::kFloat).contiguous();
+    Check(pipe_->Send(sent, stage_ + 1, kEvalTag), "send");
+  }
+  Check(pipe_->AllReduce(loss), "all_reduce (eval loss)");
+  return loss.reshape({});
+}
+
+double PipelineStrategy::AllReduceMean(double value) {
+  return shardtrain::AllReduceMean(*world_, value, options_.device, "pipeline");
+}
+
+void PipelineStrategy::Barrier() {
+  ThrowIfFailed(world_->Barrier(), "pipeline", "barrier");
+}
+
+std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
+  std::vector<StateSlice> slices;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const std::string& name = owned_names_[i];
+    // wte is written once, by stage 0; both copies load it.
+    if (to_save && name == "wte.weight" && !first()) continue;
+    const torch::Tensor& p = owned_[i];
+    const std::vector<int64_t> shape = p.sizes().vec();
+    const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
+    const std::pair<const char*, torch::Tensor> parts[] = {
+        {"model.", p.detach().view(-1)},
+        {"optim.exp_avg.", exp_avg.view(-1)},
+        {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
+    for (const auto& [prefix, data] : parts) {
+      StateSlice slice{prefix + name, shape, 0, data};
+      if (to_save && data_parallel_size() > 1) {
+        // Replicas are identical: each writes an even share.
+        const int64_t n = data.numel();
+        const int64_t r = data_parallel_rank();
+        const int64_t w = data_parallel_size();
+        const int64_t begin = n * r / w;
+        const int64_t end = n * (r + 1) / w;
+        if (begin == end) continue;
+        slice.offset = begin;
+        slice.data = data.narrow(0, begin, end - begin);
+      }
+      slices.push_back(std::move(slice));
+    }
+  }
+  return slices;
+}
+
+int64_t PipelineStrategy::optimizer_steps() const {
+  return optimizer_->step_count();
+}
+
+void PipelineStrategy::set_optimizer_steps(int64_t steps) {
+  optimizer_->set_step_count(steps);
+}
+
+absl::Status PipelineStrategy::ExportModel(const std::string& path) {
+  // Replica 0's stages send their tensors, in name order, to its stage 0
+  // (rank 0), which fills its model in and writes it.
+  if (data_parallel_rank() != 0) return absl::OkStatus();
+  absl::Status status = absl::OkStatus();
+  try {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, torch::Tensor> params;
+    for (auto& item : model_->named_parameters()) {
+      params[item.key()] = item.value();
+    }
+    if (!first()) {
+      // In name order, as stage 0 receives them; wte is stage 0's already.
+      for (const auto& [name, shape] : shapes_) {
+        if (!Owns(name) || name == "wte.weight") continue;
+        torch::Tensor sent =
+            params.at(name).detach().to(torch::kFloat).contiguous();
+        Check(pipe_->Send(sent, 0, kExportTag), "send (export)");
+      }
+      return absl::OkStatus();
+    }
+    std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
+    for (int64_t s = 1; s < pipeline_.stages; ++s) {
+      for (const auto& [name, shape] : shapes_) {
+        const PipelineStage& theirs = partition_[s];
+        const bool held =
+            InBlocks(name, theirs.first_block, theirs.end_block) ||
+            (theirs.head && absl::StartsWith(name, "ln_f."));
+        if (!held) continue;
+        torch::Tensor received = torch::empty(
+            shape, torch::TensorOptions(options_.device).dtype(torch::kFloat));
+        Check(pipe_->Recv(received, s, kExportTag), "recv (export)");
+        torch::Tensor& p = params.at(name);
+        restore.emplace_back(&p, p.data());
+        p.set_data(received);
+      }
+    }
+    status = SaveLlmcCheckpoint(model_, path);
+    for (auto& [p, data] : restore) p->set_data(data);  // free them again
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(
+        absl::StrCat("export: ", e.what_without_backtrace()));
+  }
+  return status;
+}
+
+int64_t PipelineStrategy::ModelStateBytes() const {
+  int64_t bytes = optimizer_->StateBytes();
+  for (const torch::Tensor& p : owned_) {
+    bytes += p.nbytes();
+    if (p.grad().defined()) bytes += p.grad().nbytes();
+  }
+  return bytes;
+}
+
+CommStats PipelineStrategy::TakeCommStats() {
+  CommStats total = world_->TakeStats();
+  for (Communicator* c : {pipe_.get(), replicas_.get(), tied_.get()}) {
+    if (c == nullptr) continue;
+    const CommStats part = c->TakeStats();
+    total.seconds += part.seconds;
+    total.bytes += part.bytes;
+  }
+  return total;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,130 @@
+// PipelineStrategy: model parallelism by layers. The world is a mesh of S
+// pipeline stages × D data-parallel replicas (core/train/device_mesh.h):
+// stage s holds a contiguous run of GPT-2's blocks (stage 0 also the
+// embeddings, the last stage the final LayerNorm and the tied LM head;
+// core/train/pipeline_plan.h cuts them), and the ranks of one stage are D
+// replicas of it that see different data.
+//
+// A step's micro-batches (the trainer's accumulation steps, each cut into
+// `micro_batches` pieces) flow through the stages in the order the schedule
+// gives (GPipe or 1F1B): activations forward and their gradients backward,
+// point-to-point to the same replica's neighbouring stage, sends posted
+// asynchronously so no stage waits on its own send. Then, once per step:
+//   - the tied weight: wte is held by stage 0 (the embedding) and the last
+//     stage (the head); their gradients are summed between the two, so both
+//     copies take the same update and stay one parameter in value, and the
+//     training math is single-device's (Megatron's embedding group);
+//   - data parallelism: each stage's gradients are averaged over its D
+//     replicas (one coalesced all-reduce per stage, as DDP without overlap);
+//   - the gradient norm is summed over the stages (wte counted once).
+// Checkpoints hold every tensor by its global name (stage 0 writes wte, the
+// replicas of a stage an even share each), so they load at any mesh.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/train/device_mesh.h"
+#include "core/train/pipeline_plan.h"
+#include "worker/engine/strategy/strategy.h"
+
+namespace shardtrain {
+
+struct PipelineOptions {
+  int64_t stages = 2;
+  std::vector<int64_t> split;  // empty: balanced (PartitionPipeline)
+  int64_t micro_batches = 1;   // per trainer micro-batch; must divide its rows
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int64_t seq_len = 1024;  // for the balanced cut's costs
+  // The data-parallel part's name ("single": one replica, "ddp").
+  std::string data_parallel = "single";
+};
+
+class PipelineStrategy final : public Strategy {
+ public:
+  // `world` (all S × D ranks) must outlive the strategy.
+  PipelineStrategy(const StrategyOptions& options, Communicator* world,
+                   PipelineOptions pipeline);
+  ~PipelineStrategy() override;
+
+  std::string name() const override { return pipeline_.data_parallel; }
+  int64_t rank() const override { return options_.rank; }
+  int64_t world_size() const override { return options_.world_size; }
+  std::string layout() const override { return layout_; }
+  int64_t data_parallel_rank() const override;
+  int64_t data_parallel_size() const override;
+
+  absl::Status Setup(Gpt2 model) override;
+  torch::Tensor ForwardBackwardStep(const std::vector<Batch>& batches) override;
+  // One accumulation micro-batch through the whole pipeline (its own fill
+  // and drain); gradients synchronised when `sync`.
+  torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                const torch::Tensor& targets, double loss_scale,
+                                bool sync) override;
+  double ClipGradNorm(double max_norm) override;
+  void OptimizerStep(double lr) override;
+  torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                            const torch::Tensor& targets) override;
+  double AllReduceMean(double value) override;
+  void Barrier() override;
+  std::vector<StateSlice> StateSlices(bool to_save) override;
+  int64_t optimizer_steps() const override;
+  void set_optimizer_steps(int64_t steps) override;
+  // Every stage sends its tensors to rank 0, which writes the whole model.
+  absl::Status ExportModel(const std::string& path) override;
+  int64_t ModelStateBytes() const override;
+  CommStats TakeCommStats() override;
+
+  // The stage this rank runs and what it holds (after Setup).
+  int64_t stage() const { return stage_; }
+  const std::vector<PipelineStage>& stages() const { return partition_; }
+
+ private:
+  struct InFlight;  // a micro-batch between its forward and its backward
+
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ + 1 == pipeline_.stages; }
+  // The parameters this stage holds, by global name.
+  bool Owns(const std::string& name) const;
+  // `batch` cut into the pipeline's micro-batches.
+  std::vector<Batch> Split(const Batch& batch) const;
+  // Runs `micro` through the schedule, each loss's gradient scaled by
+  // `scale`; returns this replica's mean loss, on every stage.
+  torch::Tensor RunSchedule(const std::vector<Batch>& micro, double scale);
+  void Forward(InFlight& m, const Batch& batch);
+  void Backward(InFlight& m, double scale);
+  // Sum of wte's gradient between the first and last stage; the average of
+  // every gradient over the stage's replicas.
+  void SynchronizeGradients();
+  void Check(std::unique_ptr<CommWork> work, const char* what);
+  // A [rows, T, C] float activation buffer on the device.
+  torch::Tensor Activation(int64_t rows, int64_t seq) const;
+
+  const StrategyOptions options_;
+  Communicator* const world_;
+  const PipelineOptions pipeline_;
+  DeviceMesh mesh_;
+  int64_t stage_ = 0;
+  std::vector<PipelineStage> partition_;
+  std::string layout_;
+  // The same replica's stages (rank = stage), its stage's replicas, and the
+  // first and last stage of the replica (wte's group; first/last only).
+  std::unique_ptr<Communicator> pipe_;
+  std::unique_ptr<Communicator> replicas_;
+  std::unique_ptr<Communicator> tied_;
+  Gpt2 model_{nullptr};
+  std::vector<std::string> owned_names_;
+  std::vector<torch::Tensor> owned_;
+  // Every parameter's global shape, for export.
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::unique_ptr<AdamW> optimizer_;
+  // Sends posted this step, waited at its end (tensors kept alive).
+  std::vector<std::pair<std::unique_ptr<CommWork>, torch::Tensor>> sends_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
