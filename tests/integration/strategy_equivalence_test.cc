@@ -188,13 +188,15 @@ TEST_F(StrategyEquivalenceTest, FsdpEqualsDdpAtTwoAndThreeRanks) {
 // 2 data-parallel replicas per stage, under both schedules. The same global
 // batch of 8 as the single run; only the micro-batches' mean of means rounds
 // differently.
-TEST_F(StrategyEquivalenceTest, PipelineStagesTrainAsOneDeviceOnTheGlobalBatch) {
+TEST_F(StrategyEquivalenceTest,
+       PipelineStagesTrainAsOneDeviceOnTheGlobalBatch) {
   const std::string lr = " --lr 1e-4";
   TrainRun single =
       Train("single_pp", "--strategy single --batch-size 8" + Common() + lr);
-  TrainRun pp2 = Train("pp2", "--strategy single --pp 2 --nproc 2 "
-                              "--batch-size 8 --micro-batches 4" +
-                                  Common() + lr);
+  TrainRun pp2 = Train("pp2",
+                       "--strategy single --pp 2 --nproc 2 "
+                       "--batch-size 8 --micro-batches 4" +
+                           Common() + lr);
   ExpectSameTraining("pp2", pp2, "single_pp", single, 1e-6, 1e-5);
   EXPECT_NE(pp2.output.find("mesh: 2 pipeline stages x single 1, 1f1b with 4 "
                             "micro-batch(es): stage 0 = rank 0 (block 0, "
@@ -203,10 +205,10 @@ TEST_F(StrategyEquivalenceTest, PipelineStagesTrainAsOneDeviceOnTheGlobalBatch) 
       << pp2.output;
   // Each stage holds half the blocks (and wte, tied): less than the model.
   EXPECT_LT(pp2.state_bytes.at(0), single.state_bytes.at(0));
-  TrainRun pp2_ddp2 = Train(
-      "pp2_ddp2", "--strategy ddp --pp 2 --nproc 4 --batch-size 4 "
-                  "--micro-batches 2 --pipeline-schedule gpipe" +
-                      Common() + lr);
+  TrainRun pp2_ddp2 = Train("pp2_ddp2",
+                            "--strategy ddp --pp 2 --nproc 4 --batch-size 4 "
+                            "--micro-batches 2 --pipeline-schedule gpipe" +
+                                Common() + lr);
   ExpectSameTraining("pp2_ddp2", pp2_ddp2, "single_pp", single, 1e-6, 1e-5);
 }
 
