@@ -69,22 +69,50 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     budget = *bytes;
     flags.scaling = "budget";
   }
+  // Each entry as it runs: its mesh, ranks and batch per rank. Strong
+  // scaling keeps the global batch of --batch-size x the study's replicas.
+  struct Planned {
+    StudyEntry entry;
+    int64_t stages = 1;
+    int64_t replicas = 1;
+    int64_t batch = 0;
+  };
+  const int64_t global_batch = base->trainer().batch_size() * (world / stages);
+  std::vector<Planned> plan;
   for (const std::string& s : flags.strategies) {
-    const StrategyKind* kind = FindStrategyKind(s);
-    if (kind == nullptr) {
-      ReportFailure(absl::StrCat("--strategies: unknown strategy '", s,
-                                 "'; expected one of ", StrategyNameList()));
+    absl::StatusOr<StudyEntry> entry = ParseStudyEntry(s);
+    if (!entry.ok()) {
+      ReportFailure(entry.status());
       return kExitUsage;
     }
-    if (kind->distributed && world < 2 * stages) {
-      ReportFailure(absl::StrCat(
-          "--world-size: got ", world, "; ", s, " needs at least ", 2 * stages,
-          " ranks to compare",
-          stages > 1 ? absl::StrCat(" (2 data-parallel replicas of ", stages,
-                                    " pipeline stages)")
-                     : ""));
-      return kExitUsage;
+    Planned p;
+    p.entry = *entry;
+    p.stages = entry->pipeline_stages > 1 ? entry->pipeline_stages : stages;
+    const StrategyKind* kind = FindStrategyKind(entry->strategy);
+    if (kind->distributed) {
+      p.replicas = entry->replicas > 0 ? entry->replicas : world / p.stages;
+      if (p.replicas < 2 || (entry->replicas == 0 && world % p.stages != 0)) {
+        ReportFailure(absl::StrCat(
+            "--world-size: got ", world, "; ", s, " needs at least ",
+            2 * p.stages, " ranks to compare",
+            p.stages > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
+                                        p.stages, " pipeline stages)")
+                         : ""));
+        return kExitUsage;
+      }
     }
+    p.batch = base->trainer().batch_size();
+    if (flags.scaling == "strong") {
+      if (global_batch % p.replicas != 0) {
+        ReportFailure(
+            absl::StrCat("--strategies: ", s, " runs ", p.replicas,
+                         " replicas, which cannot share the global batch of ",
+                         global_batch, " sequences equally"));
+        return kExitUsage;
+      }
+      p.batch = global_batch / p.replicas;
+    }
+    plan.push_back(std::move(p));
   }
   absl::StatusOr<std::unique_ptr<DaemonClient>> client =
       DaemonClient::Connect(connection);
@@ -94,22 +122,19 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
       absl::StrCat("compare-", absl::ToUnixSeconds(absl::Now()));
 
   std::vector<StrategyRun> runs;
-  for (size_t i = 0; i < flags.strategies.size(); ++i) {
-    const std::string& strategy = flags.strategies[i];
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    const std::string& strategy = p.entry.name;
     v1::JobSpec spec = *base;
-    spec.mutable_strategy()->set_name(strategy);
-    const bool distributed = FindStrategyKind(strategy)->distributed;
-    // Single: one device, or one rank per pipeline stage.
-    const int ranks = distributed ? world : stages;
-    spec.set_world_size(ranks);
-    // Strong scaling: every strategy trains on the same global batch, so the
-    // losses match step for step; single-device takes the whole of it (all
-    // data-parallel replicas' share). Weak scaling: the same batch per
-    // device.
-    if (!distributed && flags.scaling == "strong") {
-      spec.mutable_trainer()->set_batch_size(spec.trainer().batch_size() *
-                                             (world / stages));
+    spec.mutable_strategy()->set_name(p.entry.strategy);
+    spec.mutable_strategy()->set_pipeline_stages(p.stages);
+    if (p.stages == 1) {
+      spec.mutable_strategy()->clear_micro_batches();
+      spec.mutable_strategy()->clear_pipeline_split();
     }
+    const int ranks = static_cast<int>(p.stages * p.replicas);
+    spec.set_world_size(ranks);
+    spec.mutable_trainer()->set_batch_size(p.batch);
     if (budget > 0) {
       // Each strategy at the largest batch its plan fits in the budget, run
       // under that cap: what the memory buys.

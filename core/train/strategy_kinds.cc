@@ -1,5 +1,9 @@
 #include "core/train/strategy_kinds.h"
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -79,6 +83,59 @@ std::string NonPipelineStrategyDisplayNames() {
     if (!ComposesWithPipelineStages(kind)) names.push_back(kind.display_name);
   }
   return JoinAnd(names);
+}
+
+absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
+  StudyEntry out;
+  out.name = std::string(entry);
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--strategies: '", out.name, "' ", why, "; an entry is a strategy (",
+        StrategyNameList(),
+        ") or a pipeline mesh: ppS (S stages) or ppSx<strategy>[D] (S stages "
+        "x D replicas, e.g. pp2xddp2)"));
+  };
+  const auto number = [](const std::string& text, int64_t* value) {
+    return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+      return absl::ascii_isdigit(c);
+    }) && absl::SimpleAtoi(text, value);
+  };
+  const std::string& name = out.name;
+  if (name.rfind("pp", 0) != 0) {
+    if (FindStrategyKind(name) == nullptr) return bad("is not one");
+    out.strategy = name;
+    return out;
+  }
+  const size_t x = name.find('x');
+  if (!number(
+          name.substr(2, x == std::string::npos ? std::string::npos : x - 2),
+          &out.pipeline_stages) ||
+      out.pipeline_stages < 2) {
+    return bad("names no number of stages (2 or more) after pp");
+  }
+  if (x == std::string::npos) {
+    out.strategy = "single";
+    return out;
+  }
+  std::string rest = name.substr(x + 1);
+  size_t name_end = rest.size();
+  while (name_end > 0 && absl::ascii_isdigit(rest[name_end - 1])) --name_end;
+  out.strategy = rest.substr(0, name_end);
+  const StrategyKind* kind = FindStrategyKind(out.strategy);
+  if (kind == nullptr) return bad("names no strategy after 'x'");
+  if (!ComposesWithPipelineStages(*kind)) {
+    return bad(absl::StrCat("combines ", out.strategy,
+                            ", which does not compose with pipeline stages (",
+                            PipelineStrategyNameList(), " do)"));
+  }
+  if (name_end < rest.size() &&
+      (!number(rest.substr(name_end), &out.replicas) || out.replicas < 1)) {
+    return bad("names no valid replica count");
+  }
+  if (!kind->distributed && out.replicas > 1) {
+    return bad("gives single more than one replica (use ddp)");
+  }
+  return out;
 }
 
 int64_t DefaultShardGroupSize(int64_t world_size, int64_t ranks_per_node) {

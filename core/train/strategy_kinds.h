@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace shardtrain {
 
 // How a rank holds parameters, gradients and optimizer state.
@@ -55,6 +57,19 @@ std::string StrategyFlagHelp();
 // (kReplicated: single, ddp). Sharding a stage (FSDP, HSDP) is not supported
 // yet.
 bool ComposesWithPipelineStages(const StrategyKind& kind);
+// One entry of a study (`shardtrain compare --strategies`): a strategy row
+// ("ddp"), or a pipeline mesh: "ppS" (S stages of one replica, strategy
+// single) or "ppSx<strategy>[D]" (S stages x D replicas of a strategy that
+// composes with stages, e.g. pp2xddp2; D omitted: --world-size / S).
+struct StudyEntry {
+  std::string name;             // as written: the run's label, CSV and legend
+  std::string strategy;         // the data-parallel part, a StrategyKinds() row
+  int64_t pipeline_stages = 1;  // 1: none (the study's --pp, if any)
+  int64_t replicas = 0;         // ppSx<strategy>D's D; 0: from the world
+};
+// InvalidArgument naming --strategies, the entry and the notation.
+absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry);
+
 // "single and ddp": the names of those that do, for messages.
 std::string PipelineStrategyNameList();
 // "FSDP and HSDP": the display names of those that do not.

@@ -394,6 +394,56 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
   }
 }
 
+// Pipeline meshes are study entries: "pp2" is single's data cut over two
+// stages, on the same global batch; its report row, CSV and losses stand
+// beside single's.
+TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
+  StartDaemon({});
+  const std::string out = dir_ / "mesh";
+  CommandResult compare = Cli(absl::StrCat(
+      "compare --strategies single,pp2 --world-size 2 --model gpt2-tiny "
+      "--data brown --batch-size 2 --seq-len 64 --max-steps 3 --eval-steps 1 "
+      "--micro-batches 2 --out ",
+      out));
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  EXPECT_TRUE(std::filesystem::exists(out + "/pp2.csv"));
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 2);
+  std::map<std::string, std::vector<double>> losses;
+  for (const v1::Job& job : jobs.jobs()) {
+    const std::string entry = job.spec().labels().at("strategy");
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
+    // The global batch of 2 x 2 replicas, on one rank or on two stages.
+    EXPECT_EQ(job.spec().trainer().batch_size(), 4) << entry;
+    if (entry == "pp2") {
+      EXPECT_EQ(job.spec().strategy().name(), "single");
+      EXPECT_EQ(job.spec().strategy().pipeline_stages(), 2);
+      EXPECT_EQ(job.spec().world_size(), 2);
+    } else {
+      EXPECT_EQ(job.spec().world_size(), 1);
+    }
+    for (const v1::StepMetrics& m : daemon_->Metrics(job.id())) {
+      if (m.rank() == 0) losses[entry].push_back(m.loss());
+    }
+  }
+  ASSERT_EQ(losses["pp2"].size(), losses["single"].size());
+  for (size_t i = 0; i < losses["pp2"].size(); ++i) {
+    EXPECT_NEAR(losses["pp2"][i], losses["single"][i],
+                1e-6 * losses["single"][i])
+        << "step " << i + 1;
+  }
+  EXPECT_THAT(compare.out, HasSubstr("| pp2 | 2 | 4 | 3 |"));
+  // A mesh that does not compose is refused before anything runs.
+  CommandResult bad =
+      Cli("compare --strategies pp2xfsdp --world-size 4 --model gpt2-tiny "
+          "--data brown --out " +
+          out + "2");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("combines fsdp, which does not compose"));
+}
+
 // --memory-budget: every strategy at the largest batch its plan fits in the
 // budget, each run under that cap; FSDP, holding a share of the model, gets
 // a larger batch than DDP, and the table shows each batch.

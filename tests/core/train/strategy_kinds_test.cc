@@ -39,3 +39,49 @@ TEST(StrategyKindsTest, PipelineStagesComposeWithReplicatedStrategies) {
 
 }  // namespace
 }  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+TEST(StudyEntryTest, StrategiesAndPipelineMeshesAreNamedInOneNotation) {
+  absl::StatusOr<StudyEntry> ddp = ParseStudyEntry("ddp");
+  ASSERT_TRUE(ddp.ok());
+  EXPECT_EQ(ddp->strategy, "ddp");
+  EXPECT_EQ(ddp->pipeline_stages, 1);
+  absl::StatusOr<StudyEntry> pp2 = ParseStudyEntry("pp2");
+  ASSERT_TRUE(pp2.ok());
+  EXPECT_EQ(pp2->strategy, "single");
+  EXPECT_EQ(pp2->pipeline_stages, 2);
+  EXPECT_EQ(pp2->replicas, 0);
+  absl::StatusOr<StudyEntry> mesh = ParseStudyEntry("pp4xddp2");
+  ASSERT_TRUE(mesh.ok());
+  EXPECT_EQ(mesh->name, "pp4xddp2");
+  EXPECT_EQ(mesh->strategy, "ddp");
+  EXPECT_EQ(mesh->pipeline_stages, 4);
+  EXPECT_EQ(mesh->replicas, 2);
+  absl::StatusOr<StudyEntry> open = ParseStudyEntry("pp2xddp");
+  ASSERT_TRUE(open.ok());
+  EXPECT_EQ(open->replicas, 0);  // from the world size
+}
+
+TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
+  auto message = [](const char* entry) {
+    return std::string(ParseStudyEntry(entry).status().message());
+  };
+  EXPECT_EQ(message("zero3").substr(0, 32), "--strategies: 'zero3' is not one");
+  EXPECT_NE(message("zero3").find("ppSx<strategy>[D]"), std::string::npos);
+  EXPECT_NE(message("pp").find("names no number of stages"), std::string::npos);
+  EXPECT_NE(message("pp1").find("names no number of stages"),
+            std::string::npos);
+  EXPECT_NE(message("pp2xfsdp2").find("combines fsdp, which does not compose"),
+            std::string::npos);
+  EXPECT_NE(message("pp2xsingle2").find("gives single more than one replica"),
+            std::string::npos);
+  EXPECT_NE(message("pp2xddp0").find("names no valid replica count"),
+            std::string::npos);
+  EXPECT_NE(message("pp2xzz").find("names no strategy after 'x'"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -181,7 +181,7 @@ TEST(TrainerTest, AValSetTooSmallForOneEvalBatchIsRefusedBeforeTraining) {
   EXPECT_NE(trainer.status().message().find("val.bin has 18 tokens"),
             std::string::npos)
       << trainer.status();
-  EXPECT_NE(trainer.status().message().find("4 x 1 ranks x 33 = 132"),
+  EXPECT_NE(trainer.status().message().find("4 x 1 replicas x 33 = 132"),
             std::string::npos)
       << trainer.status();
   EXPECT_FALSE(fs::exists(config.out + "/metrics.jsonl"));

@@ -1,0 +1,95 @@
+"""Pipeline benchmark on this CPU: step time against micro-batches, memory
+per stage for GPipe and 1F1B, and a pipeline beside single, DDP and FSDP.
+
+The same model, global batch and steps under
+  single    shardtrain-train, one process
+  ddp/fsdp  --nproc 2, half the batch per rank
+  ppS mM    --pp S --nproc S --micro-batches M (schedule 1f1b unless said)
+and prints Markdown tables: the median step time after warm-up, the ideal
+bubble (S-1)/(M+S-1), the share of the step each stage spent blocked on
+communication (its wait for activations and gradients, which holds the
+bubble), and the peak tensor memory of each stage.
+
+  /usr/bin/python3 bench/pipeline_bench.py --data ~/.cache/shardtrain/data/brown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
+WARMUP = 2
+
+
+def run(args: list[str], common: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [f"{ROOT}/build/bin/shardtrain-train", *common, *args,
+               "--log-every", "1000000", "--out", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(f"{out}/metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+    by_rank: dict[int, list] = {}
+    for r in rows:
+        by_rank.setdefault(r["rank"], []).append(r)
+    steps = {rank: sorted(v, key=lambda r: r["step"])[WARMUP:] for rank, v in by_rank.items()}
+    return {
+        "step_s": statistics.median(r["step_seconds"] for r in steps[0]),
+        "comm_share": [statistics.median(r["comm_seconds"] / r["step_seconds"] for r in steps[k])
+                       for k in sorted(steps)],
+        "peak_mib": [max(r["memory_peak_bytes"] for r in by_rank[k]) / 2**20 for k in sorted(by_rank)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--model", default="gpt2-mini")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16, help="global batch")
+    parser.add_argument("--steps", type=int, default=7)
+    args = parser.parse_args()
+    common = ["--data", args.data, "--model", args.model, "--seq-len", str(args.seq_len),
+              "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
+              "--eval-steps", "1"]
+    b = args.batch
+
+    print(f"{args.model}, seq {args.seq_len}, global batch {b}, 1 thread per rank, "
+          f"median of steps {WARMUP + 1}-{args.steps}\n")
+    base = {
+        "single": run(["--strategy", "single", "--batch-size", str(b)], common),
+        "ddp 2": run(["--strategy", "ddp", "--nproc", "2", "--batch-size", str(b // 2)], common),
+        "fsdp 2": run(["--strategy", "fsdp", "--nproc", "2", "--batch-size", str(b // 2)], common),
+    }
+    print("| run | ranks | step (s) | peak per rank (MiB) |\n| --- | --- | --- | --- |")
+    for name, r in base.items():
+        print(f"| {name} | {len(r['peak_mib'])} | {r['step_s']:.3f} | "
+              f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |")
+
+    print("\n| stages | M | step (s) | ideal bubble (S-1)/(M+S-1) | blocked share per stage | "
+          "peak per stage (MiB) |\n| --- | --- | --- | --- | --- | --- |")
+    for stages in (2, 4):
+        for m in (1, 2, 4, 8, 16):
+            r = run(["--strategy", "single", "--pp", str(stages), "--nproc", str(stages),
+                     "--batch-size", str(b), "--micro-batches", str(m)], common)
+            ideal = (stages - 1) / (m + stages - 1)
+            print(f"| {stages} | {m} | {r['step_s']:.3f} | {ideal:.2f} | "
+                  f"{' / '.join(f'{c:.2f}' for c in r['comm_share'])} | "
+                  f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
+
+    print("\n| schedule | stages | M | step (s) | peak per stage (MiB) |\n| --- | --- | --- | --- | --- |")
+    for schedule in ("gpipe", "1f1b"):
+        for stages in (2, 4):
+            r = run(["--strategy", "single", "--pp", str(stages), "--nproc", str(stages),
+                     "--batch-size", str(b), "--micro-batches", "8",
+                     "--pipeline-schedule", schedule], common)
+            print(f"| {schedule} | {stages} | 8 | {r['step_s']:.3f} | "
+                  f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
