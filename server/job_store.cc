@@ -496,14 +496,27 @@ JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 JobStore::~JobStore() = default;
 
-absl::Status JobStore::InsertJob(const StoredJob& job,
-                                 const v1::JobEvent& event) {
-  const std::string& id = job.job.id();
-  const std::string operation = absl::StrCat("InsertJob '", id, "'");
+namespace {
+
+// The stored job's record: its Job message, serialized (the prologue of
+// every write of a job row).
+absl::StatusOr<std::string> Serialize(const StoredJob& job,
+                                      const std::string& operation) {
   std::string record;
   if (!job.job.SerializeToString(&record)) {
     return absl::InternalError(absl::StrCat(operation, ": serializing"));
   }
+  return record;
+}
+
+}  // namespace
+
+absl::Status JobStore::InsertJob(const StoredJob& job,
+                                 const v1::JobEvent& event) {
+  const std::string& id = job.job.id();
+  const std::string operation = absl::StrCat("InsertJob '", id, "'");
+  absl::StatusOr<std::string> record = Serialize(job, operation);
+  if (!record.ok()) return record.status();
   absl::MutexLock lock(&impl_->mutex);
   return impl_->InTransaction(
       operation, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mutex) {
@@ -512,7 +525,7 @@ absl::Status JobStore::InsertJob(const StoredJob& job,
         insert.BindInt(2, job.seq);
         insert.BindInt(3, job.job.state());
         insert.BindInt(4, job.job.spec().priority());
-        insert.BindBlob(5, record);
+        insert.BindBlob(5, *record);
         insert.BindText(6, job.secret);
         insert.BindText(7, JoinPids(job.worker_pids));
         insert.BindInt(8, job.worker_pgid);
@@ -529,10 +542,8 @@ absl::Status JobStore::UpdateJob(const StoredJob& job,
                                  const std::optional<v1::JobEvent>& event) {
   const std::string& id = job.job.id();
   const std::string operation = absl::StrCat("UpdateJob '", id, "'");
-  std::string record;
-  if (!job.job.SerializeToString(&record)) {
-    return absl::InternalError(absl::StrCat(operation, ": serializing"));
-  }
+  absl::StatusOr<std::string> record = Serialize(job, operation);
+  if (!record.ok()) return record.status();
   absl::MutexLock lock(&impl_->mutex);
   return impl_->InTransaction(
       operation, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mutex) {
@@ -541,7 +552,7 @@ absl::Status JobStore::UpdateJob(const StoredJob& job,
           update.BindText(1, id);
           update.BindInt(2, job.job.state());
           update.BindInt(3, job.job.spec().priority());
-          update.BindBlob(4, record);
+          update.BindBlob(4, *record);
           update.BindText(5, JoinPids(job.worker_pids));
           update.BindInt(6, job.worker_pgid);
           if (absl::Status status = update.Run(operation); !status.ok()) {
