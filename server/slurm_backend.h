@@ -27,8 +27,6 @@ class SlurmBackendKind : public BackendKind {
   absl::StatusOr<std::unique_ptr<Backend>> Create(
       const BackendContext& context) override;
 
-  SlurmOptions& options() { return options_; }
-
  private:
   SlurmOptions options_;
 };

@@ -128,10 +128,8 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
 
   std::vector<std::string> stages;
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
-    std::vector<int64_t> ranks;
-    for (int64_t r = 0; r < mesh_.size(); ++r) {
-      if (mesh_.Coordinate(r, MeshDim::kPipeline) == s) ranks.push_back(r);
-    }
+    const std::vector<int64_t> ranks = mesh_.RanksWithSameCoordinate(
+        mesh_.WithCoordinate(0, MeshDim::kPipeline, s), MeshDim::kPipeline);
     stages.push_back(absl::StrCat(
         "stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
         FormatRanks(ranks), " (", DescribeStage(partition_[s]), ")"));
