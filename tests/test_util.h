@@ -4,6 +4,7 @@
 #define SHARDTRAIN_TESTS_TEST_UTIL_H_
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,8 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 namespace shardtrain::test {
 
@@ -39,6 +42,43 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The folders ScratchDir made in this process, removed when it exits.
+struct ScratchDirs {
+  pid_t owner = ::getpid();
+  std::vector<std::string> paths;
+};
+inline ScratchDirs& ScratchDirsOfThisProcess() {
+  static auto* dirs = new ScratchDirs;
+  return *dirs;
+}
+inline void RemoveScratchDirs() {
+  ScratchDirs& dirs = ScratchDirsOfThisProcess();
+  // A forked child that exits must not remove its parent's folders.
+  if (::getpid() != dirs.owner) return;
+  std::error_code ec;
+  for (const std::string& path : dirs.paths) {
+    std::filesystem::remove_all(path, ec);
+  }
+}
+
+// An empty folder $TMPDIR/shardtrain_<name>_<pid> (or under /tmp) that lives
+// until the test program exits: for a fixture that shares one folder across
+// its tests, or a test that hands the path to other processes. Removed with
+// its contents at exit, so a suite run leaves nothing behind.
+inline std::string ScratchDir(std::string_view name) {
+  static const bool registered = (std::atexit(RemoveScratchDirs), true);
+  (void)registered;
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") +
+                           "/shardtrain_" + std::string(name) + "_" +
+                           std::to_string(::getpid());
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  std::filesystem::create_directories(path, ec);
+  ScratchDirsOfThisProcess().paths.push_back(path);
+  return path;
+}
 
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -34,10 +34,7 @@ struct TrainRun {
 class StrategyEquivalenceTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((fs::temp_directory_path() /
-                            ("shardtrain_equiv_" + std::to_string(::getpid())))
-                               .string());
-    fs::remove_all(*dir_);
+    dir_ = new std::string(test::ScratchDir("equiv"));
     fs::create_directories(*dir_ + "/data");
     // A noisy periodic stream: learnable, so the runs move away from init.
     std::mt19937 rng(5);

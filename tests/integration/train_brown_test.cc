@@ -25,11 +25,7 @@ namespace fs = std::filesystem;
 
 TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
-  const std::string dir =
-      (fs::temp_directory_path() /
-       ("shardtrain_brown_e2e_" + std::to_string(::getpid())))
-          .string();
-  fs::remove_all(dir);
+  const std::string dir = test::ScratchDir("brown_e2e");
 
   test::CommandResult prepare = test::RunCommand(
       bin + "shardtrain data prepare --corpus brown --out " + dir + "/data");

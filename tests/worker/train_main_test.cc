@@ -32,11 +32,7 @@ Result RunTrain(const std::string& args) {
 class TrainMainTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(
-        (fs::temp_directory_path() /
-         ("shardtrain_train_main_" + std::to_string(::getpid())))
-            .string());
-    fs::remove_all(*dir_);
+    dir_ = new std::string(test::ScratchDir("train_main"));
     fs::create_directories(*dir_ + "/data");
     std::mt19937 rng(1);
     std::vector<uint16_t> tokens(20000);

@@ -19,6 +19,7 @@
 #include "core/train/checkpoint_format.h"
 #include "core/train/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
+#include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/strategy_factory.h"
@@ -181,9 +182,7 @@ TEST(HsdpStrategyTest, AShardGroupThatDoesNotDivideTheWorldIsRefused) {
 // Every replica of a shard writes an even share of it: the checkpoint holds
 // each tensor once, and loads whole under a single device.
 TEST(HsdpStrategyTest, CheckpointIsWrittenOnceAndLoadsUnderAnyStrategy) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("shardtrain_hsdp_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = test::ScratchDir("hsdp_ckpt");
   fs::create_directories(dir / "export");
   fs::create_directories(dir / "export1");
   constexpr int64_t kSteps = 2;

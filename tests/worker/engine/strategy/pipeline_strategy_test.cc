@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/fakes/in_process_communicator.h"
+#include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
 
 namespace shardtrain {
@@ -129,9 +130,7 @@ TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
 TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
   // Train PP 2 for two steps, save; load at single and at PP 4; save again:
   // every tensor equal to the bit.
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("pipeline_ckpt_", ::getpid()))
-                              .string();
+  const std::string dir = test::ScratchDir("pipeline_ckpt");
   const torch::Tensor batches = test::MakeBatches(2, 8, kSeqLen, kVocab);
   const Case pp2{2, 1, PipelineSchedule::kOneFOneB, 2};
   RunRanks(2, [&](int64_t rank, Communicator& comm) {

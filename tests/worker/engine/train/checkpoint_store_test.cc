@@ -7,20 +7,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/test_util.h"
 #include "worker/engine/support/tensor_file.h"
 
 namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
 
-std::string TempDir(const std::string& name) {
-  std::string dir = (fs::temp_directory_path() /
-                     ("shardtrain_" + name + "_" + std::to_string(::getpid())))
-                        .string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+std::string TempDir(const std::string& name) { return test::ScratchDir(name); }
 
 TEST(CheckpointStoreTest, LatestIsOnlyEverACommittedCheckpoint) {
   CheckpointStore store(TempDir("ckpt"));

@@ -12,6 +12,7 @@
 #include "core/data/token_file.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/step_metrics.h"
+#include "tests/test_util.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
 
@@ -21,12 +22,7 @@ namespace fs = std::filesystem;
 
 // A small corpus with structure a model can learn: a noisy periodic sequence.
 std::string MakeData(const std::string& name) {
-  const std::string dir =
-      (fs::temp_directory_path() /
-       ("shardtrain_trainer_" + name + "_" + std::to_string(::getpid())))
-          .string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::string dir = test::ScratchDir("trainer_" + name);
   std::mt19937 rng(42);
   for (const auto& [file, count] :
        {std::pair{"train.bin", 40000}, std::pair{"val.bin", 8000}}) {
