@@ -55,7 +55,9 @@ std::string StrategyFlagHelp() {
 }
 
 bool ComposesWithPipelineStages(const StrategyKind& kind) {
-  return kind.layout == StateLayout::kReplicated;
+  // A stage's ranks replicate it or shard it; HSDP's two levels within a
+  // stage are not built.
+  return kind.layout != StateLayout::kShardedInGroups;
 }
 
 namespace {

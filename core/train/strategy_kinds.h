@@ -53,9 +53,9 @@ std::vector<std::string> StudyStrategyNames(int64_t world);
 std::string StrategyFlagHelp();
 
 // Whether a strategy may be the data-parallel part of a run with pipeline
-// stages: those whose ranks hold a whole replica of their stage's state
-// (kReplicated: single, ddp). Sharding a stage (FSDP, HSDP) is not supported
-// yet.
+// stages: those whose ranks replicate their stage's state (kReplicated:
+// single, ddp) or shard it (kSharded: fsdp). HSDP's shard groups within a
+// stage are not supported.
 bool ComposesWithPipelineStages(const StrategyKind& kind);
 // One entry of a study (`shardtrain compare --strategies`): a strategy row
 // ("ddp"), or a pipeline mesh: "ppS" (S stages of one replica, strategy

@@ -237,7 +237,7 @@ absl::Status TrainConfig::ValidatePipeline(
         "strategy ", strategy, " with pipeline_stages ", pipeline_stages,
         ": pipeline stages compose with ", PipelineStrategyNameList(), " (",
         NonPipelineStrategyDisplayNames(),
-        " within a stage are not supported yet)"));
+        " within a stage is not supported)"));
   }
   if (absl::StatusOr<std::vector<PipelineStage>> stages =
           PartitionPipeline(model_config, seq_len, pipeline_stages, split);

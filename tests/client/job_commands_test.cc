@@ -437,11 +437,11 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
   EXPECT_THAT(compare.out, HasSubstr("| pp2 | 2 | 4 | 3 |"));
   // A mesh that does not compose is refused before anything runs.
   CommandResult bad =
-      Cli("compare --strategies pp2xfsdp --world-size 4 --model gpt2-tiny "
+      Cli("compare --strategies pp2xhsdp --world-size 4 --model gpt2-tiny "
           "--data brown --out " +
           out + "2");
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("combines fsdp, which does not compose"));
+  EXPECT_THAT(bad.err, HasSubstr("combines hsdp, which does not compose"));
 }
 
 // --memory-budget: every strategy at the largest batch its plan fits in the

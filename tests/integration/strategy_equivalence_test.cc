@@ -207,6 +207,21 @@ TEST_F(StrategyEquivalenceTest,
                             "--micro-batches 2 --pipeline-schedule gpipe" +
                                 Common() + lr);
   ExpectSameTraining("pp2_ddp2", pp2_ddp2, "single_pp", single, 1e-6, 1e-5);
+  // Each stage sharded over its two ranks: the same training, written out
+  // whole (model.bin) from the shards, and half a replica's state per rank.
+  TrainRun pp2_fsdp2 = Train("pp2_fsdp2",
+                             "--strategy fsdp --pp 2 --nproc 4 --batch-size 4 "
+                             "--micro-batches 2" +
+                                 Common() + lr);
+  ExpectSameTraining("pp2_fsdp2", pp2_fsdp2, "single_pp", single, 1e-6, 1e-5);
+  EXPECT_NE(pp2_fsdp2.output.find("mesh: 2 pipeline stages x fsdp 2, 1f1b"),
+            std::string::npos)
+      << pp2_fsdp2.output;
+  for (const int64_t rank : {0, 1, 2, 3}) {
+    EXPECT_LT(pp2_fsdp2.state_bytes.at(rank),
+              pp2_ddp2.state_bytes.at(rank) * 0.51)
+        << "rank " << rank;
+  }
 }
 
 TEST_F(StrategyEquivalenceTest,

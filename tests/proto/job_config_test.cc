@@ -164,9 +164,9 @@ TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
       {PipelineSpec("ddp", 4, 2),
        "world_size: got 2; must be a multiple of pipeline_stages (4): each "
        "data-parallel replica runs one rank per stage"},
-      {PipelineSpec("fsdp", 2, 4),
-       "strategy fsdp with pipeline_stages 2: pipeline stages compose with "
-       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
+      {PipelineSpec("hsdp", 2, 4),
+       "strategy hsdp with pipeline_stages 2: pipeline stages compose with "
+       "single, ddp and fsdp (HSDP within a stage is not supported)"},
       {elastic,
        "elastic.min_world_size: got 2; an elastic job continues on fewer "
        "ranks, which a job with 2 pipeline stages does not support yet"},

@@ -28,13 +28,14 @@ TEST(StrategyKindsTest, StudiesAndHelpComeFromTheRows) {
   EXPECT_EQ(FindStrategyKind("ddp")->layout, StateLayout::kReplicated);
 }
 
-TEST(StrategyKindsTest, PipelineStagesComposeWithReplicatedStrategies) {
+TEST(StrategyKindsTest,
+     PipelineStagesComposeWithReplicatedAndShardedStrategies) {
   EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("single")));
   EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("ddp")));
-  EXPECT_FALSE(ComposesWithPipelineStages(*FindStrategyKind("fsdp")));
+  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("fsdp")));
   EXPECT_FALSE(ComposesWithPipelineStages(*FindStrategyKind("hsdp")));
-  EXPECT_EQ(PipelineStrategyNameList(), "single and ddp");
-  EXPECT_EQ(NonPipelineStrategyDisplayNames(), "FSDP and HSDP");
+  EXPECT_EQ(PipelineStrategyNameList(), "single, ddp and fsdp");
+  EXPECT_EQ(NonPipelineStrategyDisplayNames(), "HSDP");
 }
 
 }  // namespace
@@ -73,8 +74,9 @@ TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
   EXPECT_NE(message("pp").find("names no number of stages"), std::string::npos);
   EXPECT_NE(message("pp1").find("names no number of stages"),
             std::string::npos);
-  EXPECT_NE(message("pp2xfsdp2").find("combines fsdp, which does not compose"),
+  EXPECT_NE(message("pp2xhsdp2").find("combines hsdp, which does not compose"),
             std::string::npos);
+  EXPECT_TRUE(ParseStudyEntry("pp2xfsdp2").ok());
   EXPECT_NE(message("pp2xsingle2").find("gives single more than one replica"),
             std::string::npos);
   EXPECT_NE(message("pp2xddp0").find("names no valid replica count"),

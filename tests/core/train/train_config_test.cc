@@ -240,12 +240,9 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
        },
        "pipeline_split: got \"2\"; a split cuts the model into pipeline "
        "stages; set pipeline_stages > 1"},
-      {[](TrainConfig& c) { c.strategy = "fsdp"; },
-       "strategy fsdp with pipeline_stages 2: pipeline stages compose with "
-       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
       {[](TrainConfig& c) { c.strategy = "hsdp"; },
        "strategy hsdp with pipeline_stages 2: pipeline stages compose with "
-       "single and ddp (FSDP and HSDP within a stage are not supported yet)"},
+       "single, ddp and fsdp (HSDP within a stage is not supported)"},
       // gpt2-mini has 4 blocks.
       {[](TrainConfig& c) { c.pipeline_stages = 5; },
        "--pipeline-stages 5: more stages than the model's 4 blocks (every "

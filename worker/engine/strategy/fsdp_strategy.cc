@@ -178,18 +178,8 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     vocab_.chunk_bytes = fsdp_.head_chunk_bytes;
     vocab_.anchor = torch::zeros(
         {}, torch::TensorOptions().device(options_.device).requires_grad(true));
-    AdamW::Group decay{{}, options_.weight_decay};
-    AdamW::Group no_decay{{}, 0.0};
-    for (const auto& unit : units_) {
-      for (const torch::Tensor& p : unit->decay_pieces()) {
-        decay.params.push_back(p);
-      }
-      for (const torch::Tensor& p : unit->no_decay_pieces()) {
-        no_decay.params.push_back(p);
-      }
-    }
     optimizer_ = std::make_unique<AdamW>(
-        std::vector<AdamW::Group>{decay, no_decay}, options_.adamw);
+        ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("fsdp: setup: ", e.what_without_backtrace()));
@@ -446,21 +436,13 @@ std::vector<StateSlice> FsdpStrategy::StateSlices(bool to_save) {
                       data.narrow(0, begin, end - begin)});
   };
   for (const auto& unit : units_) {
-    const int64_t shard_begin = unit->shard_offset();
-    const int64_t shard_end = shard_begin + unit->shard_numel();
-    for (const FsdpUnit::Param& p : unit->params()) {
-      const int64_t begin = std::max(p.offset, shard_begin);
-      const int64_t end = std::min(p.offset + p.numel, shard_end);
-      if (begin >= end) continue;  // none of p is in this shard
-      // The same memory as the piece the optimizer updates.
-      const torch::Tensor piece =
-          unit->shard().narrow(0, begin - shard_begin, end - begin);
-      const int64_t offset = begin - p.offset;
+    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                 const torch::Tensor& piece) {
       add("model." + p.name, p.shape, offset, piece);
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
       add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
       add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
-    }
+    });
   }
   return slices;
 }

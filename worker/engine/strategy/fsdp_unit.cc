@@ -250,4 +250,34 @@ absl::StatusOr<torch::Tensor> FsdpUnit::GatherMaster() {
   return flat;
 }
 
+std::vector<AdamW::Group> ShardWeightDecayGroups(
+    const std::vector<std::unique_ptr<FsdpUnit>>& units, double weight_decay) {
+  AdamW::Group decay{{}, weight_decay};
+  AdamW::Group no_decay{{}, 0.0};
+  for (const auto& unit : units) {
+    for (const torch::Tensor& p : unit->decay_pieces()) {
+      decay.params.push_back(p);
+    }
+    for (const torch::Tensor& p : unit->no_decay_pieces()) {
+      no_decay.params.push_back(p);
+    }
+  }
+  return {decay, no_decay};
+}
+
+void ForEachShardPiece(
+    FsdpUnit& unit,
+    const std::function<void(const FsdpUnit::Param& param, int64_t offset,
+                             const torch::Tensor& piece)>& visit) {
+  const int64_t shard_begin = unit.shard_offset();
+  const int64_t shard_end = shard_begin + unit.shard_numel();
+  for (const FsdpUnit::Param& p : unit.params()) {
+    const int64_t begin = std::max(p.offset, shard_begin);
+    const int64_t end = std::min(p.offset + p.numel, shard_end);
+    if (begin >= end) continue;  // none of p is in this shard
+    visit(p, begin - p.offset,
+          unit.shard().narrow(0, begin - shard_begin, end - begin));
+  }
+}
+
 }  // namespace shardtrain

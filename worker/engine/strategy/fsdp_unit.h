@@ -20,6 +20,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/comm/communicator.h"
+#include "worker/engine/support/adamw.h"
 
 namespace shardtrain {
 
@@ -165,6 +167,23 @@ class FsdpUnit {
   torch::Tensor rs_output_;
   torch::Tensor held_grad_;  // [padded_numel] fp32, see HoldUnshardedGradient
 };
+
+// What a strategy that holds its parameters in FsdpUnits (FSDP, HSDP, the
+// sharded stages of a pipeline) needs besides the units.
+
+// The optimizer's two groups over the units' shard pieces: pieces of
+// matrices decay, of vectors do not.
+std::vector<AdamW::Group> ShardWeightDecayGroups(
+    const std::vector<std::unique_ptr<FsdpUnit>>& units, double weight_decay);
+
+// Calls `visit(param, offset, piece)` for each parameter with elements in
+// this rank's shard of `unit`: `piece` is the shard's memory holding them
+// (what the optimizer updates), `offset` where they start in the flattened
+// parameter.
+void ForEachShardPiece(
+    FsdpUnit& unit,
+    const std::function<void(const FsdpUnit::Param& param, int64_t offset,
+                             const torch::Tensor& piece)>& visit);
 
 }  // namespace shardtrain
 

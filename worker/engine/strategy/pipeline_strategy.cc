@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/train/strategy_kinds.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
@@ -123,8 +124,14 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
       p.set_requires_grad(false);
     }
   }
-  optimizer_ = std::make_unique<AdamW>(
-      WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
+  const StrategyKind* kind = FindStrategyKind(pipeline_.data_parallel);
+  if (replicas_ != nullptr && kind != nullptr &&
+      kind->layout == StateLayout::kSharded) {
+    if (absl::Status s = ShardStage(); !s.ok()) return s;
+  } else {
+    optimizer_ = std::make_unique<AdamW>(
+        WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
+  }
 
   std::vector<std::string> stages;
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
@@ -140,6 +147,105 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
                          " with ", pipeline_.micro_batches,
                          " micro-batch(es): ", absl::StrJoin(stages, ", "));
   return absl::OkStatus();
+}
+
+absl::Status PipelineStrategy::ShardStage() {
+  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
+  // Units in the order their first parameter comes: wte alone, the stage's
+  // other root tensors (wpe, ln_f) together, one per block.
+  std::vector<std::string> names;
+  std::vector<std::vector<FsdpUnit::Source>> sources;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const std::string& name = owned_names_[i];
+    const std::string unit = name == "wte.weight" ? "wte"
+                             : absl::StartsWith(name, "h.")
+                                 ? name.substr(0, name.find('.', 2))
+                                 : "root";
+    const auto member = members.find(name);
+    if (member == members.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline x fsdp: parameter '", name,
+          "' is not the weight or bias of a Linear, LayerNorm or Embedding"));
+    }
+    const size_t u = static_cast<size_t>(
+        std::find(names.begin(), names.end(), unit) - names.begin());
+    if (u == names.size()) {
+      names.push_back(unit);
+      sources.emplace_back();
+    }
+    sources[u].push_back({name, owned_[i], member->second});
+  }
+  const torch::ScalarType compute_dtype =
+      options_.device.is_cuda() && options_.precision == "bf16"
+          ? torch::kBFloat16
+          : torch::kFloat;
+  try {
+    for (size_t u = 0; u < names.size(); ++u) {
+      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit =
+          FsdpUnit::Create(names[u], std::move(sources[u]), replicas_.get(),
+                           options_.device, compute_dtype);
+      if (!unit.ok()) return unit.status();
+      if (names[u] == "wte") wte_unit_ = unit->get();
+      units_.push_back(std::move(*unit));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("pipeline x fsdp: setup: ", e.what_without_backtrace()));
+  }
+  // The units hold the values now; the parameters' storage is freed.
+  owned_.clear();
+  owned_names_.clear();
+  optimizer_ = std::make_unique<AdamW>(
+      ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
+  return absl::OkStatus();
+}
+
+void PipelineStrategy::GatherUnits() {
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->LaunchGather(), "pipeline x fsdp", "all_gather");
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
+    unit->UseFullParams();
+  }
+  if (wte_unit_ == nullptr || !torch::GradMode::is_enabled()) return;
+  // The LM head adds wte's gradient into the weight's .grad() itself, which
+  // a view of the unit's buffer cannot take: wte is a leaf over the same
+  // memory, its gradient handed to the unit before the reduce-scatter.
+  const FsdpUnit::Param& p = wte_unit_->params().front();
+  if (!wte_leaf_.defined()) {
+    wte_leaf_ = wte_unit_->full()
+                    .detach()
+                    .narrow(0, p.offset, p.numel)
+                    .view(p.shape)
+                    .requires_grad_(true);
+  }
+  *p.member = wte_leaf_;
+}
+
+void PipelineStrategy::ReduceScatterAndFreeUnits() {
+  if (wte_leaf_.defined()) {
+    torch::Tensor grad = wte_leaf_.grad();
+    if (grad.defined()) {
+      const FsdpUnit::Param& p = wte_unit_->params().front();
+      torch::Tensor flat = grad.reshape({-1});
+      if (p.numel != wte_unit_->padded_numel()) {
+        flat = torch::zeros({wte_unit_->padded_numel()}, grad.options());
+        flat.narrow(0, p.offset, p.numel).copy_(grad.reshape({-1}));
+      }
+      wte_unit_->full().mutable_grad() = flat;
+    }
+    wte_leaf_ = torch::Tensor();
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->LaunchReduceScatter(), "pipeline x fsdp",
+                  "reduce_scatter");
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->WaitReduceScatter(), "pipeline x fsdp",
+                  "reduce_scatter");
+    unit->Reshard();
+  }
 }
 
 torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
@@ -195,6 +301,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
                                             double scale) {
   const int64_t count = static_cast<int64_t>(micro.size());
   std::vector<InFlight> in_flight(micro.size());
+  if (sharded()) GatherUnits();
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
   for (const PipelineAction& action :
@@ -219,6 +326,15 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
 
 void PipelineStrategy::SynchronizeGradients() {
   torch::NoGradGuard no_grad;
+  if (sharded()) {
+    // The mean over the stage's replicas lands in each rank's shard; wte's
+    // two copies are sharded alike, so their shards sum pairwise.
+    ReduceScatterAndFreeUnits();
+    if (tied_ != nullptr) {
+      Check(tied_->AllReduce(wte_unit_->shard_grad()), "all_reduce (tied wte)");
+    }
+    return;
+  }
   if (tied_ != nullptr) {
     torch::Tensor& wte = model_->wte()->weight;
     if (!wte.grad().defined()) wte.mutable_grad() = torch::zeros_like(wte);
@@ -281,15 +397,21 @@ torch::Tensor PipelineStrategy::ForwardBackward(const torch::Tensor& inputs,
 
 double PipelineStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
+  // wte's two copies hold one gradient: counted on stage 0 only.
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < owned_.size(); ++i) {
-    // wte's two copies hold one gradient: counted on stage 0 only.
     if (owned_names_[i] == "wte.weight" && !first()) continue;
     grads.push_back(owned_[i].grad());
   }
+  for (auto& unit : units_) {
+    if (unit.get() == wte_unit_ && !first()) continue;
+    grads.push_back(unit->shard_grad());
+  }
   torch::Tensor sum =
       SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  Check(pipe_->AllReduce(sum), "all_reduce (gradient norm)");
+  // Replicas hold the same gradients, shards different parts of them.
+  Communicator& over = sharded() ? *world_ : *pipe_;
+  Check(over.AllReduce(sum), "all_reduce (gradient norm)");
   const double norm = std::sqrt(sum.item<double>());
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
@@ -297,6 +419,7 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
       for (torch::Tensor& p : owned_) {
         if (p.grad().defined()) p.grad().mul_(coef);
       }
+      for (auto& unit : units_) unit->shard_grad().mul_(coef);
     }
   }
   return norm;
@@ -305,12 +428,15 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
 void PipelineStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   optimizer_->ZeroGrad();
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) unit->shard_grad().zero_();
 }
 
 torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
                                             const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   const PipelineStage& mine = partition_[stage_];
+  if (sharded()) GatherUnits();
   torch::Tensor x;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
@@ -333,6 +459,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
     torch::Tensor sent = x.to(torch::kFloat).contiguous();
     Check(pipe_->Send(sent, stage_ + 1, kEvalTag), "send");
   }
+  for (auto& unit : units_) unit->Reshard();
   Check(pipe_->AllReduce(loss), "all_reduce (eval loss)");
   return loss.reshape({});
 }
@@ -374,6 +501,19 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
       slices.push_back(std::move(slice));
     }
   }
+  // Sharded: each rank holds its own part of every unit.
+  for (auto& unit : units_) {
+    if (to_save && unit.get() == wte_unit_ && !first()) continue;
+    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                 const torch::Tensor& piece) {
+      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
+      slices.push_back({"model." + p.name, p.shape, offset, piece});
+      slices.push_back(
+          {"optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1)});
+      slices.push_back(
+          {"optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1)});
+    });
+  }
   return slices;
 }
 
@@ -386,44 +526,22 @@ void PipelineStrategy::set_optimizer_steps(int64_t steps) {
 }
 
 absl::Status PipelineStrategy::ExportModel(const std::string& path) {
-  // Replica 0's stages send their tensors, in name order, to its stage 0
-  // (rank 0), which fills its model in and writes it.
-  if (data_parallel_rank() != 0) return absl::OkStatus();
+  // Sharded stages first consolidate their units (every replica takes part)
+  // and point the modules at the whole tensors. Then replica 0's stages send
+  // their tensors, in name order, to its stage 0 (rank 0), which fills its
+  // model in and writes it.
   absl::Status status = absl::OkStatus();
   try {
     torch::NoGradGuard no_grad;
-    std::map<std::string, torch::Tensor> params;
-    for (auto& item : model_->named_parameters()) {
-      params[item.key()] = item.value();
+    std::vector<torch::Tensor> flats;
+    for (auto& unit : units_) {
+      absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
+      if (!flat.ok()) return flat.status();
+      unit->PointMembersAt(*flat);
+      flats.push_back(*std::move(flat));
     }
-    if (!first()) {
-      // In name order, as stage 0 receives them; wte is stage 0's already.
-      for (const auto& [name, shape] : shapes_) {
-        if (!Owns(name) || name == "wte.weight") continue;
-        torch::Tensor sent =
-            params.at(name).detach().to(torch::kFloat).contiguous();
-        Check(pipe_->Send(sent, 0, kExportTag), "send (export)");
-      }
-      return absl::OkStatus();
-    }
-    std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
-    for (int64_t s = 1; s < pipeline_.stages; ++s) {
-      for (const auto& [name, shape] : shapes_) {
-        const PipelineStage& theirs = partition_[s];
-        const bool held =
-            InBlocks(name, theirs.first_block, theirs.end_block) ||
-            (theirs.head && absl::StartsWith(name, "ln_f."));
-        if (!held) continue;
-        torch::Tensor received = torch::empty(
-            shape, torch::TensorOptions(options_.device).dtype(torch::kFloat));
-        Check(pipe_->Recv(received, s, kExportTag), "recv (export)");
-        torch::Tensor& p = params.at(name);
-        restore.emplace_back(&p, p.data());
-        p.set_data(received);
-      }
-    }
-    status = SaveLlmcCheckpoint(model_, path);
-    for (auto& [p, data] : restore) p->set_data(data);  // free them again
+    if (data_parallel_rank() == 0) status = SendOrWriteModel(path);
+    for (auto& unit : units_) unit->Reshard();  // resets the members
   } catch (const c10::Error& e) {
     status = absl::InternalError(
         absl::StrCat("export: ", e.what_without_backtrace()));
@@ -431,8 +549,41 @@ absl::Status PipelineStrategy::ExportModel(const std::string& path) {
   return status;
 }
 
+absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
+  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
+  if (!first()) {
+    // In name order, as stage 0 receives them; wte is stage 0's already.
+    for (const auto& [name, shape] : shapes_) {
+      if (!Owns(name) || name == "wte.weight") continue;
+      torch::Tensor sent =
+          members.at(name)->detach().to(torch::kFloat).contiguous();
+      Check(pipe_->Send(sent, 0, kExportTag), "send (export)");
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
+  for (int64_t s = 1; s < pipeline_.stages; ++s) {
+    for (const auto& [name, shape] : shapes_) {
+      const PipelineStage& theirs = partition_[s];
+      const bool held = InBlocks(name, theirs.first_block, theirs.end_block) ||
+                        (theirs.head && absl::StartsWith(name, "ln_f."));
+      if (!held) continue;
+      torch::Tensor received = torch::empty(
+          shape, torch::TensorOptions(options_.device).dtype(torch::kFloat));
+      Check(pipe_->Recv(received, s, kExportTag), "recv (export)");
+      torch::Tensor* member = members.at(name);
+      restore.emplace_back(member, *member);
+      *member = received;
+    }
+  }
+  const absl::Status status = SaveLlmcCheckpoint(model_, path);
+  for (auto& [member, value] : restore) *member = value;  // free them again
+  return status;
+}
+
 int64_t PipelineStrategy::ModelStateBytes() const {
   int64_t bytes = optimizer_->StateBytes();
+  for (const auto& unit : units_) bytes += unit->ShardBytes();
   for (const torch::Tensor& p : owned_) {
     bytes += p.nbytes();
     if (p.grad().defined()) bytes += p.grad().nbytes();

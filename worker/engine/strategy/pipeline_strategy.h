@@ -19,6 +19,18 @@
 //   - the gradient norm is summed over the stages (wte counted once).
 // Checkpoints hold every tensor by its global name (stage 0 writes wte, the
 // replicas of a stage an even share each), so they load at any mesh.
+//
+// With FSDP as the data-parallel part, a stage's D ranks shard it instead of
+// replicating it: each of the stage's blocks is an FsdpUnit over the stage's
+// replica group, and so are wte (alone, so that the first and last stage
+// shard it alike and sum their gradient shard by shard) and the stage's
+// other root tensors (wpe, ln_f). A rank keeps 1/D of its stage's
+// parameters, gradients and AdamW state between steps. Within a step the
+// stage's units are gathered once, before the first micro-batch, and kept
+// until its last backward (FSDP without resharding after forward, as
+// pipelined FSDP is run elsewhere: gathering per micro-batch would repeat
+// every all-gather M times); their gradients are then reduce-scattered
+// (mean over the replicas) into the shards and the full buffers freed.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
@@ -29,6 +41,7 @@
 
 #include "core/train/device_mesh.h"
 #include "core/train/pipeline_plan.h"
+#include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
 
 namespace shardtrain {
@@ -39,7 +52,7 @@ struct PipelineOptions {
   int64_t micro_batches = 1;   // per trainer micro-batch; must divide its rows
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int64_t seq_len = 1024;  // for the balanced cut's costs
-  // The data-parallel part's name ("single": one replica, "ddp").
+  // The data-parallel part's name ("single": one replica, "ddp", "fsdp").
   std::string data_parallel = "single";
 };
 
@@ -99,6 +112,16 @@ class PipelineStrategy final : public Strategy {
   // Sum of wte's gradient between the first and last stage; the average of
   // every gradient over the stage's replicas.
   void SynchronizeGradients();
+  // FSDP within the stage: the stage's parameters made into units sharded
+  // over its replicas (Setup); all units gathered for a step's computation;
+  // their gradients reduce-scattered into the shards and the units freed.
+  absl::Status ShardStage();
+  bool sharded() const { return !units_.empty(); }
+  void GatherUnits();
+  void ReduceScatterAndFreeUnits();
+  // Rank 0 receives the other stages' tensors and writes the model; the
+  // other stages of replica 0 send theirs (ExportModel).
+  absl::Status SendOrWriteModel(const std::string& path);
   void Check(std::unique_ptr<CommWork> work, const char* what);
   // A [rows, T, C] float activation buffer on the device.
   torch::Tensor Activation(int64_t rows, int64_t seq) const;
@@ -116,8 +139,13 @@ class PipelineStrategy final : public Strategy {
   std::unique_ptr<Communicator> replicas_;
   std::unique_ptr<Communicator> tied_;
   Gpt2 model_{nullptr};
+  // This stage's parameters (replicated) or their units (sharded); wte's
+  // unit is null unless the stage holds wte.
   std::vector<std::string> owned_names_;
   std::vector<torch::Tensor> owned_;
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  FsdpUnit* wte_unit_ = nullptr;
+  torch::Tensor wte_leaf_;  // wte while its unit is gathered for training
   // Every parameter's global shape, for export.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;

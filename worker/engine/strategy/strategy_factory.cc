@@ -73,15 +73,16 @@ const std::map<std::string, Factory>& Factories() {
 }
 
 // Pipeline stages x the data-parallel part config.strategy names (single:
-// one replica; ddp: world / stages replicas).
+// one replica; ddp, fsdp: world / stages replicas or shards of each stage).
 absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm) {
   const int64_t stages = config.pipeline_stages;
-  if (config.strategy != "single" && config.strategy != "ddp") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("strategy ", config.strategy, " with pipeline_stages ",
-                     stages, ": pipeline stages compose with single and ddp"));
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind == nullptr || !ComposesWithPipelineStages(*kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy ", config.strategy, " with pipeline_stages ", stages,
+        ": pipeline stages compose with ", PipelineStrategyNameList()));
   }
   if (options.world_size % stages != 0 ||
       (config.strategy == "single" && options.world_size != stages)) {

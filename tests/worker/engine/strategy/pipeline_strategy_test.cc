@@ -8,8 +8,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,10 +42,15 @@ struct Case {
   int64_t micro_batches;
   int64_t accumulation = 1;
   int64_t checkpointing = 0;  // recompute every N-th block (0: none)
-  std::vector<int64_t> split;
+  std::vector<int64_t> split = {};
+  std::string data_parallel = "";  // empty: ddp with replicas, else single
 
+  std::string DataParallel() const {
+    if (!data_parallel.empty()) return data_parallel;
+    return replicas > 1 ? "ddp" : "single";
+  }
   std::string Name() const {
-    return absl::StrCat("pp", stages, "x", replicas, "_",
+    return absl::StrCat("pp", stages, "x", DataParallel(), replicas, "_",
                         PipelineScheduleName(schedule), "_m", micro_batches,
                         "_accum", accumulation, "_ckpt", checkpointing,
                         split.empty() ? "" : "_split");
@@ -62,7 +69,7 @@ test::StrategyMaker Maker(const Case& c) {
     pipeline.micro_batches = c.micro_batches;
     pipeline.schedule = c.schedule;
     pipeline.seq_len = kSeqLen;
-    pipeline.data_parallel = c.replicas > 1 ? "ddp" : "single";
+    pipeline.data_parallel = c.DataParallel();
     return std::make_unique<PipelineStrategy>(options, comm, pipeline);
   };
 }
@@ -89,8 +96,12 @@ TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
     test::ExpectSameTraining(single, ranks[r], {1e-6, 1e-5},
                              absl::StrCat(c.Name(), " rank ", r));
   }
-  // A stage holds its blocks only: less state than the whole model.
+  // A stage holds its blocks only: less state than the whole model (the
+  // last stage of two, 57% of it here); sharded over two ranks, under half.
   EXPECT_LT(ranks.back().state_bytes, single.state_bytes);
+  if (c.data_parallel == "fsdp") {
+    EXPECT_LT(ranks.back().state_bytes, single.state_bytes / 2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -103,7 +114,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 2, PipelineSchedule::kOneFOneB, 2},
         Case{2, 2, PipelineSchedule::kGpipe, 2, /*accumulation=*/2},
         Case{2, 1, PipelineSchedule::kOneFOneB, 4, 1, /*checkpointing=*/1},
-        Case{3, 1, PipelineSchedule::kOneFOneB, 1, 2, 0, {1, 3}}),
+        Case{3, 1, PipelineSchedule::kOneFOneB, 1, 2, 0, {1, 3}},
+        // Each stage sharded over its two ranks.
+        Case{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp"},
+        Case{2, 2, PipelineSchedule::kGpipe, 2, 2, 1, {}, "fsdp"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.Name();
     });
@@ -128,36 +142,50 @@ TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
 }
 
 TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
-  // Train PP 2 for two steps, save; load at single and at PP 4; save again:
-  // every tensor equal to the bit.
+  // Train PP 2 x FSDP 2 for two steps, save; load at single, at PP 4 and at
+  // PP 2 x FSDP 2, saving again after each: every tensor equal to the bit.
   const std::string dir = test::ScratchDir("pipeline_ckpt");
-  const torch::Tensor batches = test::MakeBatches(2, 8, kSeqLen, kVocab);
-  const Case pp2{2, 1, PipelineSchedule::kOneFOneB, 2};
-  RunRanks(2, [&](int64_t rank, Communicator& comm) {
-    std::unique_ptr<Strategy> strategy = Maker(pp2)(rank, 2, &comm);
+  const torch::Tensor batches = test::MakeBatches(2, 16, kSeqLen, kVocab);
+  const Case pp2_fsdp2{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp"};
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(pp2_fsdp2)(rank, 4, &comm);
     ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 3)).ok());
     test::TrainResult result;
     test::TrainLoop loop = test::MakeLoop(0, 2, 1, kLr);
     loop.whole_steps = true;
-    test::Train(*strategy, batches, rank, 2, loop, &result);
+    test::Train(*strategy, batches, rank, 4, loop, &result);
     std::filesystem::create_directories(dir + "/a");
     strategy->Barrier();
     ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/a").ok());
   });
+  // Each slice a rank holds, by name and offset into the flattened tensor.
   auto states = [](Strategy& s) {
-    std::map<std::string, torch::Tensor> out;
+    std::map<std::pair<std::string, int64_t>, torch::Tensor> out;
     for (const StateSlice& slice : s.StateSlices(/*to_save=*/false)) {
-      out[slice.name] = slice.data.clone();
+      out[{slice.name, slice.offset}] = slice.data.clone();
     }
     return out;
   };
   std::map<std::string, torch::Tensor> at_single;
+  // Every slice `s` holds equals that part of the single-device state.
+  auto expect_as_single = [&](Strategy& s) {
+    for (const auto& [key, piece] : states(s)) {
+      const auto& [name, offset] = key;
+      ASSERT_TRUE(at_single.count(name)) << name;
+      EXPECT_TRUE(torch::equal(
+          piece.view(-1),
+          at_single.at(name).view(-1).narrow(0, offset, piece.numel())))
+          << name << " at " << offset;
+    }
+  };
   RunRanks(1, [&](int64_t, Communicator&) {
     std::unique_ptr<Strategy> single =
         test::FactoryMaker("single")(0, 1, nullptr);
     ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 99)).ok());
     ASSERT_TRUE(single->LoadCheckpoint(dir + "/a").ok());
-    at_single = states(*single);
+    for (const auto& [key, tensor] : states(*single)) {
+      at_single[key.first] = tensor;
+    }
     EXPECT_EQ(single->optimizer_steps(), 2);
   });
   ASSERT_FALSE(at_single.empty());
@@ -166,22 +194,26 @@ TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
     std::unique_ptr<Strategy> strategy = Maker(pp4)(rank, 4, &comm);
     ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 99)).ok());
     ASSERT_TRUE(strategy->LoadCheckpoint(dir + "/a").ok());
-    for (const auto& [name, tensor] : states(*strategy)) {
-      ASSERT_TRUE(at_single.count(name)) << name;
-      EXPECT_TRUE(torch::equal(tensor, at_single.at(name))) << name;
-    }
+    expect_as_single(*strategy);
     std::filesystem::create_directories(dir + "/b");
     strategy->Barrier();
     ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/b").ok());
+  });
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(pp2_fsdp2)(rank, 4, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 98)).ok());
+    ASSERT_TRUE(strategy->LoadCheckpoint(dir + "/b").ok());
+    expect_as_single(*strategy);
+    std::filesystem::create_directories(dir + "/c");
+    strategy->Barrier();
+    ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/c").ok());
   });
   RunRanks(1, [&](int64_t, Communicator&) {
     std::unique_ptr<Strategy> single =
         test::FactoryMaker("single")(0, 1, nullptr);
     ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 5)).ok());
-    ASSERT_TRUE(single->LoadCheckpoint(dir + "/b").ok());
-    for (const auto& [name, tensor] : states(*single)) {
-      EXPECT_TRUE(torch::equal(tensor, at_single.at(name))) << name;
-    }
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/c").ok());
+    expect_as_single(*single);
   });
   std::filesystem::remove_all(dir);
 }
