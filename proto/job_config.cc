@@ -291,6 +291,11 @@ v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
   p.set_comm_seconds(m.comm_seconds);
   p.set_comm_bytes(m.comm_bytes);
   p.set_comm_inter_group_bytes(m.comm_inter_group_bytes);
+  if (m.pipeline_stage >= 0) {
+    p.set_pipeline_stage(static_cast<int32_t>(m.pipeline_stage));
+    p.set_pipeline_bubble_seconds(m.pipeline_bubble_seconds);
+    p.set_p2p_bytes(m.p2p_bytes);
+  }
   if (m.val_loss >= 0) p.set_val_loss(m.val_loss);
   return p;
 }
@@ -315,6 +320,9 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   m.comm_seconds = p.comm_seconds();
   m.comm_bytes = p.comm_bytes();
   m.comm_inter_group_bytes = p.comm_inter_group_bytes();
+  m.pipeline_stage = p.has_pipeline_stage() ? p.pipeline_stage() : -1;
+  m.pipeline_bubble_seconds = p.pipeline_bubble_seconds();
+  m.p2p_bytes = p.p2p_bytes();
   m.val_loss = p.has_val_loss() ? p.val_loss() : -1;
   return m;
 }

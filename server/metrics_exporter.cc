@@ -173,6 +173,16 @@ void MetricsExporter::RegisterStepMetrics() {
                "Of those, bytes sent between HSDP's shard groups (its "
                "replicas' all-reduce, usually between nodes)")
            .Register(r);
+  pipeline_bubble_ = gauge(
+      "shardtrain_pipeline_bubble_seconds",
+      "Seconds the rank's pipeline stage waited on its neighbours' "
+      "activations and gradients in the last step (its share of the bubble)");
+  p2p_bytes_ = &BuildCounter()
+                    .Name("shardtrain_p2p_bytes_total")
+                    .Help(
+                        "Bytes the rank's pipeline stage sent its neighbours "
+                        "point-to-point (activations and their gradients)")
+                    .Register(r);
   step_duration_ = &BuildHistogram()
                         .Name("shardtrain_step_duration_seconds")
                         .Help("Optimizer step wall time")
@@ -338,6 +348,19 @@ void MetricsExporter::OnSteps(const v1::Job& job,
     s.comm_bytes->Increment(static_cast<double>(m.comm_bytes()));
     s.comm_inter_group_bytes->Increment(
         static_cast<double>(m.comm_inter_group_bytes()));
+    if (m.has_pipeline_stage()) {
+      if (s.pipeline_bubble == nullptr) {
+        const prometheus::Labels labels = {
+            {"job", job.id()},
+            {"strategy", series.strategy},
+            {"rank", std::to_string(m.rank())},
+            {"stage", std::to_string(m.pipeline_stage())}};
+        s.pipeline_bubble = &pipeline_bubble_->Add(labels);
+        s.p2p_bytes = &p2p_bytes_->Add(labels);
+      }
+      s.pipeline_bubble->Set(m.pipeline_bubble_seconds());
+      s.p2p_bytes->Increment(static_cast<double>(m.p2p_bytes()));
+    }
     s.step_duration->Observe(m.step_seconds());
     s.last_heartbeat = absl::Now();
     s.heartbeat_age->Set(0);
@@ -371,6 +394,10 @@ void MetricsExporter::RemoveJobSeries(JobSeries& job) {
     comm_seconds_->Remove(s.comm_seconds);
     comm_bytes_->Remove(s.comm_bytes);
     comm_inter_group_bytes_->Remove(s.comm_inter_group_bytes);
+    if (s.pipeline_bubble != nullptr) {
+      pipeline_bubble_->Remove(s.pipeline_bubble);
+      p2p_bytes_->Remove(s.p2p_bytes);
+    }
     step_duration_->Remove(s.step_duration);
   }
   job.ranks.clear();

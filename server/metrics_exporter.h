@@ -89,6 +89,9 @@ class MetricsExporter : public JobObserver {
     prometheus::Counter* comm_seconds;
     prometheus::Counter* comm_bytes;
     prometheus::Counter* comm_inter_group_bytes;
+    // With pipeline stages (labelled with the stage), from the first step.
+    prometheus::Gauge* pipeline_bubble = nullptr;
+    prometheus::Counter* p2p_bytes = nullptr;
     prometheus::Histogram* step_duration;
     absl::Time last_heartbeat;
   };
@@ -143,6 +146,8 @@ class MetricsExporter : public JobObserver {
   prometheus::Family<prometheus::Counter>* comm_seconds_;
   prometheus::Family<prometheus::Counter>* comm_bytes_;
   prometheus::Family<prometheus::Counter>* comm_inter_group_bytes_;
+  prometheus::Family<prometheus::Gauge>* pipeline_bubble_;
+  prometheus::Family<prometheus::Counter>* p2p_bytes_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
   std::vector<prometheus::Gauge*> gpu_utilization_;
   std::vector<prometheus::Gauge*> gpu_memory_used_;

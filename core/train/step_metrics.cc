@@ -117,6 +117,11 @@ std::string StepMetrics::ToJson() const {
       {"comm_bytes", comm_bytes},
       {"comm_inter_group_bytes", comm_inter_group_bytes},
   };
+  if (pipeline_stage >= 0) {
+    j["pipeline_stage"] = pipeline_stage;
+    j["pipeline_bubble_seconds"] = pipeline_bubble_seconds;
+    j["p2p_bytes"] = p2p_bytes;
+  }
   if (val_loss >= 0) j["val_loss"] = val_loss;
   return j.dump();
 }
@@ -143,6 +148,9 @@ absl::StatusOr<StepMetrics> StepMetrics::FromJson(const std::string& line) {
     m.comm_seconds = j.value("comm_seconds", 0.0);
     m.comm_bytes = j.value("comm_bytes", int64_t{0});
     m.comm_inter_group_bytes = j.value("comm_inter_group_bytes", int64_t{0});
+    m.pipeline_stage = j.value("pipeline_stage", int64_t{-1});
+    m.pipeline_bubble_seconds = j.value("pipeline_bubble_seconds", 0.0);
+    m.p2p_bytes = j.value("p2p_bytes", int64_t{0});
     m.val_loss = j.value("val_loss", -1.0);
     return m;
   } catch (const nlohmann::json::exception& e) {

@@ -33,6 +33,13 @@ struct StepMetrics {
   // Of comm_bytes, those between HSDP's shard groups (its replicas'
   // all-reduce; usually between nodes). 0 for the other strategies.
   int64_t comm_inter_group_bytes = 0;
+  // With pipeline stages: the rank's stage, the seconds it waited on its
+  // neighbours' activations and gradients this step (its share of the
+  // pipeline bubble), and the bytes it sent them point-to-point. Stage -1
+  // (and the other two 0) without pipeline stages.
+  int64_t pipeline_stage = -1;
+  double pipeline_bubble_seconds = 0;
+  int64_t p2p_bytes = 0;
   double val_loss = -1;  // < 0: no eval at this step
 
   // `step 12/500 | loss 5.4312 | norm 1.23 | lr 6.0e-04 | 312 ms |

@@ -27,6 +27,7 @@ using test::DaemonOptions;
 using test::FakeSpec;
 using test::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class CoordinatorApiTest : public test::FakeWorkerDaemonTest {};
 
@@ -701,6 +702,35 @@ TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
       absl::Seconds(10)));
   EXPECT_THAT(daemon->ScrapeMetrics(),
               HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
+}
+
+// A pipeline job's ranks report their stage: the bubble and point-to-point
+// series carry it as a label.
+TEST_F(CoordinatorApiTest, PrometheusEndpointExportsPipelineStages) {
+  auto daemon = StartDaemon({});
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("stages:3", data_, 2), &job));
+  ASSERT_EQ(
+      daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::SUCCEEDED);
+  const std::string text = daemon->ScrapeMetrics();
+  for (const int rank : {0, 1}) {
+    const std::string series =
+        absl::StrCat("{job=\"", job.id(), "\",rank=\"", rank, "\",stage=\"",
+                     rank, "\",strategy=\"ddp\"}");
+    EXPECT_THAT(text, HasSubstr("shardtrain_pipeline_bubble_seconds" + series +
+                                " 0.005"));
+    EXPECT_THAT(text,
+                HasSubstr("shardtrain_p2p_bytes_total" + series + " 12288"));
+  }
+  // A job without stages has none of these series.
+  v1::Job plain;
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("flood:2", data_, 2), &plain));
+  ASSERT_EQ(
+      daemon->WaitFor(plain.id(), test::IsTerminal, absl::Seconds(30)).state(),
+      v1::SUCCEEDED);
+  EXPECT_THAT(daemon->ScrapeMetrics(),
+              Not(HasSubstr("shardtrain_p2p_bytes_total{job=\"" + plain.id())));
 }
 
 TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameStateDirIsRefused) {

@@ -12,6 +12,8 @@
 //   flood:N          register, report N steps as fast as possible (batched
 //                    by ProgressReporter, as real workers are), exit 0
 //   slow:N           register, report N steps 20 ms apart, exit 0
+//   stages:N         as flood:N, each rank reporting as pipeline stage `rank`
+//                    (5 ms of bubble and 4096 point-to-point bytes a step)
 //   trickle:N        register, report N steps one ReportProgress call each,
 //                    waiting for every answer (the unbatched worst case)
 // With SHARDTRAIN_FAKE_ORDER_FILE set, rank 0 appends the job id to that file
@@ -130,6 +132,8 @@ int Main(int argc, char** argv) {
     (void)absl::SimpleAtoi(mode.substr(6), &n);
   const bool slow = absl::StartsWith(mode, "slow:");
   if (slow) (void)absl::SimpleAtoi(mode.substr(5), &n);
+  const bool stages = absl::StartsWith(mode, "stages:");
+  if (stages) (void)absl::SimpleAtoi(mode.substr(7), &n);
   for (int step = 1; step <= n; ++step) {
     shardtrain::v1::StepMetrics m;
     m.set_step(step);
@@ -139,6 +143,11 @@ int Main(int argc, char** argv) {
     m.set_tokens(1024);
     m.set_step_seconds(0.02);
     m.set_tokens_per_second(51200);
+    if (stages) {
+      m.set_pipeline_stage(options->rank);
+      m.set_pipeline_bubble_seconds(0.005);
+      m.set_p2p_bytes(4096);
+    }
     reporter.Report(m);
     if (slow) absl::SleepFor(absl::Milliseconds(20));
   }

@@ -41,6 +41,9 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   m.comm_seconds = 0.01;
   m.comm_bytes = 999;
   m.comm_inter_group_bytes = 333;
+  m.pipeline_stage = 1;
+  m.pipeline_bubble_seconds = 0.02;
+  m.p2p_bytes = 555;
   m.val_loss = 4.5;
   auto back = StepMetrics::FromJson(m.ToJson());
   ASSERT_TRUE(back.ok()) << back.status();
@@ -49,6 +52,9 @@ TEST(StepMetricsTest, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back->memory_reserved_bytes, 300);
   EXPECT_EQ(back->model_state_bytes, 400);
   EXPECT_EQ(back->comm_inter_group_bytes, 333);
+  EXPECT_EQ(back->pipeline_stage, 1);
+  EXPECT_DOUBLE_EQ(back->pipeline_bubble_seconds, 0.02);
+  EXPECT_EQ(back->p2p_bytes, 555);
 }
 
 TEST(FormatTest, ParsesSizesAsUsersWriteThem) {
@@ -70,6 +76,9 @@ TEST(FormatTest, ParsesSizesAsUsersWriteThem) {
 TEST(StepMetricsTest, JsonWithoutEvalHasNoValLoss) {
   StepMetrics m;
   EXPECT_EQ(m.ToJson().find("val_loss"), std::string::npos);
+  // Nor pipeline fields without pipeline stages; read back as no stage.
+  EXPECT_EQ(m.ToJson().find("pipeline"), std::string::npos);
+  EXPECT_EQ(StepMetrics::FromJson(m.ToJson())->pipeline_stage, -1);
   EXPECT_FALSE(StepMetrics::FromJson("{\"step\": 1}").ok());
   EXPECT_FALSE(StepMetrics::FromJson("not json").ok());
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -254,6 +255,21 @@ torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
       torch::TensorOptions(options_.device).dtype(torch::kFloat));
 }
 
+void PipelineStrategy::PostSend(torch::Tensor tensor, int64_t stage,
+                                int64_t tag) {
+  p2p_bytes_ += static_cast<int64_t>(tensor.nbytes());
+  sends_.emplace_back(pipe_->Send(tensor, stage, tag), tensor);
+}
+
+void PipelineStrategy::Receive(torch::Tensor& tensor, int64_t stage,
+                               int64_t tag) {
+  const auto start = std::chrono::steady_clock::now();
+  Check(pipe_->Recv(tensor, stage, tag), "recv");
+  bubble_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+}
+
 void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
   m.rows = batch.inputs.size(0);
   m.seq = batch.inputs.size(1);
@@ -265,7 +281,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
       x = model_->Embed(batch.inputs);
     } else {
       m.input = Activation(m.rows, m.seq);
-      Check(pipe_->Recv(m.input, stage_ - 1, kActivationTag), "recv");
+      Receive(m.input, stage_ - 1, kActivationTag);
       m.input.requires_grad_(true);
       x = m.input;
     }
@@ -276,8 +292,8 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
   }
   if (!last()) {
     m.output = x;
-    torch::Tensor sent = x.detach().to(torch::kFloat).contiguous();
-    sends_.emplace_back(pipe_->Send(sent, stage_ + 1, kActivationTag), sent);
+    PostSend(x.detach().to(torch::kFloat).contiguous(), stage_ + 1,
+             kActivationTag);
   }
 }
 
@@ -286,12 +302,12 @@ void PipelineStrategy::Backward(InFlight& m, double scale) {
     (m.loss * scale).backward();
   } else {
     torch::Tensor grad = Activation(m.rows, m.seq);
-    Check(pipe_->Recv(grad, stage_ + 1, kGradientTag), "recv");
+    Receive(grad, stage_ + 1, kGradientTag);
     m.output.backward(grad.to(m.output.scalar_type()));
   }
   if (!first()) {
-    torch::Tensor sent = m.input.grad().to(torch::kFloat).contiguous();
-    sends_.emplace_back(pipe_->Send(sent, stage_ - 1, kGradientTag), sent);
+    PostSend(m.input.grad().to(torch::kFloat).contiguous(), stage_ - 1,
+             kGradientTag);
   }
   m.input = torch::Tensor();
   m.output = torch::Tensor();
@@ -315,8 +331,12 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
       m.loss = torch::Tensor();
     }
   }
+  const auto drained = std::chrono::steady_clock::now();
   for (auto& [work, tensor] : sends_) Check(std::move(work), "send");
   sends_.clear();
+  bubble_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - drained)
+          .count();
   // Every stage reports its replica's mean loss: the last stage's.
   torch::Tensor loss =
       (loss_sum / static_cast<double>(count)).to(torch::kFloat).reshape({1});
@@ -599,6 +619,8 @@ CommStats PipelineStrategy::TakeCommStats() {
     total.seconds += part.seconds;
     total.bytes += part.bytes;
   }
+  total.p2p_bytes = std::exchange(p2p_bytes_, 0);
+  total.pipeline_bubble_seconds = std::exchange(bubble_seconds_, 0.0);
   return total;
 }
 

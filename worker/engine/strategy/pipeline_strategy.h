@@ -69,6 +69,7 @@ class PipelineStrategy final : public Strategy {
   std::string layout() const override { return layout_; }
   int64_t data_parallel_rank() const override;
   int64_t data_parallel_size() const override;
+  int64_t pipeline_stage() const override { return stage_; }
 
   absl::Status Setup(Gpt2 model) override;
   torch::Tensor ForwardBackwardStep(const std::vector<Batch>& batches) override;
@@ -123,6 +124,11 @@ class PipelineStrategy final : public Strategy {
   // other stages of replica 0 send theirs (ExportModel).
   absl::Status SendOrWriteModel(const std::string& path);
   void Check(std::unique_ptr<CommWork> work, const char* what);
+  // A training step's point-to-point traffic: `tensor` sent to stage
+  // `stage`, posted without waiting and counted; a receive into `tensor`
+  // from `stage`, the wait counted as bubble time.
+  void PostSend(torch::Tensor tensor, int64_t stage, int64_t tag);
+  void Receive(torch::Tensor& tensor, int64_t stage, int64_t tag);
   // A [rows, T, C] float activation buffer on the device.
   torch::Tensor Activation(int64_t rows, int64_t seq) const;
 
@@ -151,6 +157,10 @@ class PipelineStrategy final : public Strategy {
   std::unique_ptr<AdamW> optimizer_;
   // Sends posted this step, waited at its end (tensors kept alive).
   std::vector<std::pair<std::unique_ptr<CommWork>, torch::Tensor>> sends_;
+  // Since the last TakeCommStats(): point-to-point bytes sent and seconds
+  // spent waiting on the neighbours in training steps.
+  int64_t p2p_bytes_ = 0;
+  double bubble_seconds_ = 0;
 };
 
 }  // namespace shardtrain

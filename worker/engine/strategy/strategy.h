@@ -68,6 +68,8 @@ class Strategy {
   // ranks of one replica all see its batch.
   virtual int64_t data_parallel_rank() const { return rank(); }
   virtual int64_t data_parallel_size() const { return world_size(); }
+  // This rank's pipeline stage; -1 without pipeline stages.
+  virtual int64_t pipeline_stage() const { return -1; }
 
   // Takes a model initialised identically on every rank, places it on the
   // device (and shards or replicates it) and builds the optimizer.

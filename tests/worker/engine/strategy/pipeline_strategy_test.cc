@@ -96,6 +96,20 @@ TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
     test::ExpectSameTraining(single, ranks[r], {1e-6, 1e-5},
                              absl::StrCat(c.Name(), " rank ", r));
   }
+  // Point-to-point, each step: a stage sends its replica's rows' activations
+  // forward (but the last) and their gradients backward (but the first),
+  // [rows, T, C] fp32 each way, however the rows are cut; and it waited on
+  // its neighbours for some time.
+  const int64_t each_way = 8 * kSeqLen * 64 * 4;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int64_t stage = static_cast<int64_t>(r) / c.replicas;
+    const int64_t ways = (stage > 0 ? 1 : 0) + (stage + 1 < c.stages ? 1 : 0);
+    ASSERT_EQ(ranks[r].step_comm.size(), static_cast<size_t>(kSteps));
+    for (const CommStats& comm : ranks[r].step_comm) {
+      EXPECT_EQ(comm.p2p_bytes, ways * each_way) << "rank " << r;
+      EXPECT_GT(comm.pipeline_bubble_seconds, 0) << "rank " << r;
+    }
+  }
   // A stage holds its blocks only: less state than the whole model (the
   // last stage of two, 57% of it here); sharded over two ranks, under half.
   EXPECT_LT(ranks.back().state_bytes, single.state_bytes);

@@ -76,7 +76,7 @@ void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
     if (loop.whole_steps) {
       loss = strategy.ForwardBackwardStep(step_batches).item<double>() *
              static_cast<double>(loop.micro_steps);
-      strategy.TakeCommStats();
+      result->step_comm.push_back(strategy.TakeCommStats());
     }
     if (loop.after_backward) loop.after_backward(step);
     result->norms.push_back(strategy.ClipGradNorm(loop.max_norm));

@@ -49,6 +49,8 @@ struct TrainResult {
   std::vector<int64_t> micro_comm_bytes;
   // Of those, the bytes sent between shard groups (HSDP's replica group).
   std::vector<int64_t> micro_inter_group_bytes;
+  // With whole_steps: the communication of each step.
+  std::vector<CommStats> step_comm;
   int64_t state_bytes = 0;  // ModelStateBytes() after the last step
 };
 
