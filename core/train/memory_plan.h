@@ -38,6 +38,14 @@ namespace shardtrain {
 struct MemoryPlan {
   std::string strategy;
   int64_t world_size = 1;
+  // Pipeline stages: the plan of one stage's ranks (`stage` of
+  // `pipeline_stages`, holding `stage_layers`, e.g. "blocks 0-1,
+  // embeddings"), with the most micro-batches whose activations it holds at
+  // its peak. 1, 0, "" and 0 without stages.
+  int64_t pipeline_stages = 1;
+  int64_t stage = 0;
+  std::string stage_layers;
+  int64_t micro_batches_in_flight = 0;
   int64_t shard_group_size = 0;   // HSDP's G; 0 for the others
   int64_t recomputed_blocks = 0;  // activation checkpointing
   int64_t parameters = 0;
@@ -50,13 +58,29 @@ struct MemoryPlan {
   // Activation checkpointing: how far the backward's recomputation of a
   // block goes past the forward's peak (0 when it does not).
   int64_t recomputation = 0;
+  // A pipeline stage peaking in a backward: what that backward makes past
+  // the activations it frees (the received gradient is communication).
+  int64_t backward = 0;
 
   // When the step peaks: at the end of the forward (the LM head's last
   // chunk), or, with activation checkpointing, in the backward of the last
   // recomputed block: at its softmax's backward, or at its start with all its
   // rebuilt activations alive (the larger of the two, when it exceeds the
   // head's moment).
-  enum class Moment { kHead, kRecomputedSoftmax, kRecomputedBlockStart };
+  // A pipeline stage without the head peaks at the end of a micro-batch's
+  // forward, in the backward of its last block (an MLP weight's gradient or
+  // the MLP's gradients), in the embeddings' backward (stage 0: wte's dense
+  // gradient is made), or, with data-parallel replicas, in the all-reduce
+  // of the stage's gradients.
+  enum class Moment {
+    kHead,
+    kRecomputedSoftmax,
+    kRecomputedBlockStart,
+    kStageForward,
+    kStageBackward,
+    kEmbeddingBackward,
+    kGradientAllReduce,
+  };
   Moment peak_moment = Moment::kHead;
   // "the end of the forward (LM head)", ... for tables and JSON.
   std::string PeakMomentName() const;
@@ -75,11 +99,27 @@ enum class AttentionKind { kMaskedSoftmax, kFused };
 AttentionKind BuiltAttentionKind();
 
 // Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
-// FSDP/HSDP options, activation checkpointing) at `world_size` ranks; HSDP's
-// default shard group is the one-node default (DefaultShardGroupSize). Errors:
-// a model spec or strategy that does not parse; Unimplemented for
-// pipeline_stages > 1 (a stage's share is not planned yet).
+// FSDP/HSDP options, activation checkpointing, pipeline stages) at
+// `world_size` ranks; HSDP's default shard group is the one-node default
+// (DefaultShardGroupSize). With pipeline_stages > 1, the plan of the stage
+// that needs the most (PlanPipelineStages). Errors: a model spec or
+// strategy that does not parse; PlanPipelineStages's.
 absl::StatusOr<MemoryPlan> PlanMemory(
+    const TrainConfig& config, int64_t world_size,
+    AttentionKind attention = BuiltAttentionKind());
+
+// One plan per pipeline stage, in stage order, for `config` with
+// pipeline_stages > 1 at `world_size` = stages x data-parallel ranks: each
+// stage's parameters, gradients and AdamW state (stage 0 the embeddings, the
+// last stage ln_f and its copy of the tied wte, the blocks as
+// PartitionPipeline cuts them), and its peak over the step's schedule
+// (StageActions over micro_batches x grad_accum micro-batches of batch_size
+// / micro_batches rows): the activations of the micro-batches it holds, the
+// received activation and gradient buffers, the sends held until the step
+// ends, and the last stage's head. InvalidArgument for what
+// TrainConfig::ValidatePipeline or CheckPipelineWorld refuses, FSDP and
+// HSDP within a stage among them.
+absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
 
@@ -90,8 +130,10 @@ inline int64_t PlannableBytes(int64_t memory) { return memory / 50 * 49; }
 
 // The largest per-rank micro-batch (config.batch_size) in [1, max_batch]
 // whose planned peak at `world_size` ranks is at most `budget` bytes; 0 when
-// not even one sequence fits. The plan grows with the batch, so this is a
-// binary search over PlanMemory. Errors: PlanMemory's.
+// not even one sequence fits. With pipeline stages, a multiple of
+// config.micro_batches (0 when micro_batches sequences do not fit). The plan
+// grows with the batch, so this is a binary search over PlanMemory. Errors:
+// PlanMemory's.
 absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
                                             int64_t world_size, int64_t budget,
                                             int64_t max_batch = 1 << 16);
