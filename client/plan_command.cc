@@ -125,27 +125,6 @@ nlohmann::json PlanJson(const MemoryPlan& plan) {
   return out;
 }
 
-// The table's few words for a plan's peak.
-const char* ShortMomentName(MemoryPlan::Moment moment) {
-  switch (moment) {
-    case MemoryPlan::Moment::kHead:
-      return "LM head";
-    case MemoryPlan::Moment::kRecomputedSoftmax:
-      return "recompute: softmax";
-    case MemoryPlan::Moment::kRecomputedBlockStart:
-      return "recompute: block start";
-    case MemoryPlan::Moment::kStageForward:
-      return "forward";
-    case MemoryPlan::Moment::kStageBackward:
-      return "backward";
-    case MemoryPlan::Moment::kEmbeddingBackward:
-      return "embeddings' backward";
-    case MemoryPlan::Moment::kGradientAllReduce:
-      return "gradient all-reduce";
-  }
-  return "";
-}
-
 int RunFit(const PlanOptions& options, const TrainConfig& base) {
   const int64_t devices =
       options.devices > 0 ? options.devices : options.world_size;
@@ -455,7 +434,7 @@ int RunPlan(const PlanOptions& options) {
   std::vector<std::string> moment = {"peak at"};
   bool recomputed = false;
   for (const MemoryPlan& plan : columns) {
-    moment.push_back(ShortMomentName(plan.peak_moment));
+    moment.push_back(plan.PeakMomentShortName());
     recomputed |= plan.peak_moment != MemoryPlan::Moment::kHead;
   }
   if (recomputed || stages > 1) rows.push_back(moment);

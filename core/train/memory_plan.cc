@@ -1,6 +1,7 @@
 #include "core/train/memory_plan.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/gpt2_config.h"
@@ -152,24 +153,35 @@ AttentionKind BuiltAttentionKind() {
 #endif
 }
 
+namespace {
+
+// Each Moment's names, in the enum's order: for sentences and JSON, and for
+// a table's cell.
+struct MomentNames {
+  const char* name;
+  const char* short_name;
+};
+constexpr MomentNames kMomentNames[] = {
+    {"the end of the forward (LM head)", "LM head"},
+    {"the softmax backward of the last recomputed block", "recompute: softmax"},
+    {"the start of the last recomputed block's backward",
+     "recompute: block start"},
+    {"the end of a micro-batch's forward", "forward"},
+    {"the backward of a micro-batch's last block", "backward"},
+    {"the embeddings' backward", "embeddings' backward"},
+    {"the replicas' gradient all-reduce", "gradient all-reduce"},
+};
+static_assert(std::size(kMomentNames) ==
+              static_cast<size_t>(MemoryPlan::Moment::kGradientAllReduce) + 1);
+
+}  // namespace
+
 std::string MemoryPlan::PeakMomentName() const {
-  switch (peak_moment) {
-    case Moment::kHead:
-      return "the end of the forward (LM head)";
-    case Moment::kRecomputedSoftmax:
-      return "the softmax backward of the last recomputed block";
-    case Moment::kRecomputedBlockStart:
-      return "the start of the last recomputed block's backward";
-    case Moment::kStageForward:
-      return "the end of a micro-batch's forward";
-    case Moment::kStageBackward:
-      return "the backward of a micro-batch's last block";
-    case Moment::kEmbeddingBackward:
-      return "the embeddings' backward";
-    case Moment::kGradientAllReduce:
-      return "the replicas' gradient all-reduce";
-  }
-  return "";
+  return kMomentNames[static_cast<size_t>(peak_moment)].name;
+}
+
+std::string MemoryPlan::PeakMomentShortName() const {
+  return kMomentNames[static_cast<size_t>(peak_moment)].short_name;
 }
 
 int64_t MemoryPlan::total() const {

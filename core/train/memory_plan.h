@@ -4,8 +4,8 @@
 //
 // The model is this engine's own, not a generic formula: it counts the
 // tensors our strategies and our GPT-2 keep alive at the moment the step
-// peaks, which for every strategy here is the end of the forward pass (the
-// LM head's last chunk), when all activations saved for backward exist:
+// peaks, which for single, DDP, FSDP and HSDP is the end of the forward pass
+// (the LM head's last chunk), when all activations saved for backward exist:
 //   parameters, gradients, optimizer state  persistent (a replica's, or 1/N
 //                                           of the padded flat shards for FSDP)
 //   gathered units      FSDP: full buffers of the units still gathered (the
@@ -17,10 +17,21 @@
 //                       computed in the head's forward (single/DDP)
 //   communication       FSDP's vocabulary-parallel head: every rank's hidden
 //                       states and their gradient
+//   recomputation       activation checkpointing: how far the backward's
+//                       recomputation of a block goes past the forward's peak
+//   backward            a pipeline stage peaking in a backward
+// Pipeline stages (PlanPipelineStages) differ from each other, so each is
+// planned alone: its own parameters, and its highest moment over its
+// schedule's actions (the end of a micro-batch's forward, the backward of
+// its last block or of the embeddings, the replicas' all-reduce), with the
+// activations of the micro-batches it holds then, the received buffers and
+// the sends held until the step ends (communication).
 // Checked against the tracking allocator's exact peak on CPU (fp32) within
-// 10% for gpt2-tiny and gpt2-mini at world sizes 1, 2 and 4
-// (tests/integration/memory_plan_test.cc). bf16 on CUDA is an estimate of
-// the same tensors at their autocast dtypes, not yet measured on a GPU.
+// 2% (tests/integration/memory_plan_test.cc): gpt2-tiny and gpt2-mini at
+// world sizes 1, 2 and 4, and every stage of gpt2-tiny in 2 stages and of
+// gpt2-mini in 2 and 4, GPipe and 1F1B, with and without activation
+// checkpointing, one replica and DDP. bf16 on CUDA is an estimate of the
+// same tensors at their autocast dtypes, not yet measured on a GPU.
 #ifndef SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 #define SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 
@@ -82,8 +93,10 @@ struct MemoryPlan {
     kGradientAllReduce,
   };
   Moment peak_moment = Moment::kHead;
-  // "the end of the forward (LM head)", ... for tables and JSON.
+  // "the end of the forward (LM head)", ... for sentences and JSON; "LM
+  // head", ... for a table's cell.
   std::string PeakMomentName() const;
+  std::string PeakMomentShortName() const;
 
   int64_t total() const;
   // (name, bytes) in the order above, for tables and JSON.
