@@ -51,8 +51,9 @@ struct FitRow {
 
 // The pipeline meshes --fit weighs on `devices`: S stages (the stages asked
 // for, else 2, 4, 8, ... up to the model's blocks) x D = devices / S
-// replicas, single for one replica and DDP for more, each step's batch cut
-// into --micro-batches (when more than 1) or S micro-batches.
+// replicas, single for one replica and DDP for more (only `strategy`'s,
+// when given), each step's batch cut into --micro-batches (when more than
+// 1) or S micro-batches.
 std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
                                     const std::string& strategy) {
   std::vector<FitRow> rows;
@@ -160,8 +161,11 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
     row.replicas = row.world;
     meshes.push_back(row);
   }
-  for (const FitRow& row : PipelineFitRows(base, devices, options.strategy)) {
-    meshes.push_back(row);
+  // The meshes unless one strategy alone is asked for (without --pp).
+  if (options.strategy.empty() || base.pipeline_stages > 1) {
+    for (const FitRow& row : PipelineFitRows(base, devices, options.strategy)) {
+      meshes.push_back(row);
+    }
   }
   std::vector<FitRow> rows;
   for (const FitRow& mesh : meshes) {
@@ -287,18 +291,18 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
                            table);
   if (best != nullptr) {
     std::cout << absl::StrFormat(
-        "\nmost per step: %s%s, batch %d per device (%d sequences per "
-        "step)\n",
+        "\nmost per step: %s%s, batch %d per %s (%d sequences per step)\n",
         best->name(),
         best->checkpointing == "all" ? " with activation checkpointing" : "",
-        best->batch, best->batch * best->replicas);
+        best->batch, best->stages > 1 ? "replica" : "device",
+        best->batch * best->replicas);
   } else {
     std::cout << absl::StrFormat(
-        "\nnothing fits: the least memory is %s%s at batch 1, %s per device "
+        "\nnothing fits: the least memory is %s%s at batch %d, %s per device "
         "(%s over 98%% of it)\nto fit: %s\n",
         least->name(),
         least->checkpointing == "all" ? " with activation checkpointing" : "",
-        FormatBytes(least->peak),
+        least->micro_batches, FormatBytes(least->peak),
         FormatBytes(least->peak - PlannableBytes(*budget)),
         absl::StrJoin(advice, "; or "));
   }
