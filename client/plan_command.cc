@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -370,6 +371,12 @@ int RunPlan(const PlanOptions& options) {
       stage_plans = std::vector<MemoryPlan>{*plan};
     } else {
       stage_plans = plan.status();
+    }
+    // A strategy the plan does not cover within stages is left out of the
+    // study, and refused when asked for.
+    if (absl::IsUnimplemented(stage_plans.status()) &&
+        options.strategy.empty()) {
+      continue;
     }
     if (!stage_plans.ok()) return ReportFailure(stage_plans.status());
     plans.push_back(*std::move(stage_plans));

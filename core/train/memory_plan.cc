@@ -246,6 +246,14 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
         "without)"));
   }
+  // A stage's ranks are planned as whole replicas of it.
+  if (const StrategyKind* kind = FindStrategyKind(config.strategy);
+      kind != nullptr && kind->layout != StateLayout::kReplicated) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the memory plan of pipeline stages covers single and ddp (whole "
+        "replicas of a stage); ",
+        kind->display_name, " within a stage is not planned"));
+  }
   if (absl::Status s = config.ValidatePipeline(*model); !s.ok()) return s;
   if (absl::Status s = config.CheckPipelineWorld(world_size); !s.ok()) {
     return s;

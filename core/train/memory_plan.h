@@ -129,9 +129,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(
 // (StageActions over micro_batches x grad_accum micro-batches of batch_size
 // / micro_batches rows): the activations of the micro-batches it holds, the
 // received activation and gradient buffers, the sends held until the step
-// ends, and the last stage's head. InvalidArgument for what
-// TrainConfig::ValidatePipeline or CheckPipelineWorld refuses, FSDP and
-// HSDP within a stage among them.
+// ends, and the last stage's head. Unimplemented for a strategy that shards
+// a stage (FSDP, HSDP); InvalidArgument for what
+// TrainConfig::ValidatePipeline or CheckPipelineWorld refuses.
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
