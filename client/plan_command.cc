@@ -6,11 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "core/model/gpt2_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
@@ -32,15 +34,50 @@ struct PlanOptions {
   std::string memory_per_device;
 };
 
-// One row of --fit: a strategy, with or without activation checkpointing.
+// One row of --fit: a strategy or a pipeline mesh, with or without
+// activation checkpointing.
 struct FitRow {
-  std::string strategy;
+  std::string strategy;  // with stages, the data-parallel part
+  std::string mesh;      // a study entry ("pp2xddp2"); empty without stages
+  int64_t stages = 1;
+  int64_t micro_batches = 1;
   std::string checkpointing;  // "none" | "all"
   int64_t world = 1;          // devices the strategy uses
+  int64_t replicas = 1;       // of the model: world / stages
   int64_t shard_group_size = 0;
-  int64_t batch = 0;  // largest per device; 0: nothing fits
-  int64_t peak = 0;   // at `batch`, or at batch 1 when nothing fits
+  int64_t batch = 0;  // largest per replica and micro-step; 0: nothing fits
+  int64_t peak = 0;   // at `batch`, or at its smallest when nothing fits
+  std::string name() const { return mesh.empty() ? strategy : mesh; }
 };
+
+// The pipeline meshes --fit weighs on `devices`: S stages (the stages asked
+// for, else 2, 4, 8, ... up to the model's blocks) x D = devices / S
+// replicas, single for one replica and DDP for more (only `strategy`'s,
+// when given), each step's batch cut into --micro-batches (when more than
+// 1) or S micro-batches.
+std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
+                                    const std::string& strategy) {
+  std::vector<FitRow> rows;
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
+  if (!model.ok()) return rows;
+  for (int64_t stages = 2; stages <= std::min(devices, model->n_layer);
+       stages *= 2) {
+    if (base.pipeline_stages > 1 && stages != base.pipeline_stages) continue;
+    if (devices % stages != 0) continue;
+    FitRow row;
+    row.stages = stages;
+    row.world = devices;
+    row.replicas = devices / stages;
+    row.strategy = row.replicas == 1 ? "single" : "ddp";
+    if (!strategy.empty() && strategy != row.strategy) continue;
+    row.mesh = row.replicas == 1 ? absl::StrCat("pp", stages)
+                                 : absl::StrCat("pp", stages, "x", row.strategy,
+                                                row.replicas);
+    row.micro_batches = base.micro_batches > 1 ? base.micro_batches : stages;
+    rows.push_back(row);
+  }
+  return rows;
+}
 
 // The fewest devices (doubling from `devices`, at most 4096) on which FSDP
 // with activation checkpointing fits one sequence per device; 0 if none.
@@ -69,6 +106,27 @@ int64_t SeqLenThatFits(TrainConfig config, int64_t devices, int64_t budget) {
   return 0;
 }
 
+// A plan's parts, total and peak, for JSON and YAML.
+nlohmann::json PlanJson(const MemoryPlan& plan) {
+  nlohmann::json parts = nlohmann::json::object();
+  for (const auto& [name, bytes] : plan.Parts()) parts[name] = bytes;
+  nlohmann::json out = {{"strategy", plan.strategy},
+                        {"world_size", plan.world_size},
+                        {"bytes_per_rank", parts},
+                        {"total_bytes_per_rank", plan.total()},
+                        {"peak_moment", plan.PeakMomentName()}};
+  if (plan.shard_group_size > 0) {
+    out["shard_group_size"] = plan.shard_group_size;
+  }
+  if (plan.pipeline_stages > 1) {
+    out["pipeline_stages"] = plan.pipeline_stages;
+    out["stage"] = plan.stage;
+    out["stage_layers"] = plan.stage_layers;
+    out["micro_batches_in_flight"] = plan.micro_batches_in_flight;
+  }
+  return out;
+}
+
 int RunFit(const PlanOptions& options, const TrainConfig& base) {
   const int64_t devices =
       options.devices > 0 ? options.devices : options.world_size;
@@ -85,7 +143,9 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   std::vector<std::string> strategies =
       options.strategy.empty() ? StrategyNames()
                                : std::vector<std::string>{options.strategy};
-  std::vector<FitRow> rows;
+  // The meshes: each strategy over every device (single on one), then the
+  // pipeline meshes.
+  std::vector<FitRow> meshes;
   for (const std::string& strategy : strategies) {
     const bool distributed = FindStrategyKind(strategy)->distributed;
     if (distributed && devices < 2) continue;
@@ -95,19 +155,34 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
         devices < FindStrategyKind(strategy)->min_study_world) {
       continue;
     }
+    if (base.pipeline_stages > 1) continue;  // only the meshes asked for
+    FitRow row;
+    row.strategy = strategy;
+    row.world = distributed ? devices : 1;
+    row.replicas = row.world;
+    meshes.push_back(row);
+  }
+  // The meshes unless one strategy alone is asked for (without --pp).
+  if (options.strategy.empty() || base.pipeline_stages > 1) {
+    for (const FitRow& row : PipelineFitRows(base, devices, options.strategy)) {
+      meshes.push_back(row);
+    }
+  }
+  std::vector<FitRow> rows;
+  for (const FitRow& mesh : meshes) {
     for (const char* checkpointing : {"none", "all"}) {
       TrainConfig config = base;
-      config.strategy = strategy;
+      config.strategy = mesh.strategy;
+      config.pipeline_stages = mesh.stages;
+      config.micro_batches = mesh.micro_batches;
       config.activation_checkpointing = checkpointing;
-      FitRow row;
-      row.strategy = strategy;
+      FitRow row = mesh;
       row.checkpointing = checkpointing;
-      row.world = distributed ? devices : 1;
       absl::StatusOr<int64_t> batch =
           LargestFittingBatch(config, row.world, PlannableBytes(*budget));
       if (!batch.ok()) return ReportFailure(batch.status());
       row.batch = *batch;
-      config.batch_size = std::max<int64_t>(1, *batch);
+      config.batch_size = std::max<int64_t>(mesh.micro_batches, *batch);
       absl::StatusOr<MemoryPlan> plan = PlanMemory(config, row.world);
       if (!plan.ok()) return ReportFailure(plan.status());
       row.peak = plan->total();
@@ -119,8 +194,9 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   const FitRow* best = nullptr;
   const FitRow* least = nullptr;  // the smallest need, when nothing fits
   for (const FitRow& row : rows) {
-    if (row.batch > 0 && (best == nullptr ||
-                          row.batch * row.world > best->batch * best->world)) {
+    if (row.batch > 0 &&
+        (best == nullptr ||
+         row.batch * row.replicas > best->batch * best->replicas)) {
       best = &row;
     }
     if (least == nullptr || row.peak < least->peak) least = &row;
@@ -160,10 +236,15 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
                           {"activation_checkpointing", row.checkpointing},
                           {"world_size", row.world},
                           {"batch_size", row.batch},
-                          {"global_batch", row.batch * row.world},
+                          {"global_batch", row.batch * row.replicas},
                           {"peak_bytes_per_device", row.peak}};
       if (row.shard_group_size > 0) {
         j["shard_group_size"] = row.shard_group_size;
+      }
+      if (row.stages > 1) {
+        j["mesh"] = row.mesh;
+        j["pipeline_stages"] = row.stages;
+        j["micro_batches"] = row.micro_batches;
       }
       out["fits"].push_back(j);
     }
@@ -171,6 +252,7 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
       out["best"] = {{"strategy", best->strategy},
                      {"activation_checkpointing", best->checkpointing},
                      {"batch_size", best->batch}};
+      if (best->stages > 1) out["best"]["mesh"] = best->mesh;
     } else {
       out["advice"] = advice;
     }
@@ -181,16 +263,22 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
 
   std::vector<std::vector<std::string>> table;
   for (const FitRow& row : rows) {
-    std::string name = row.strategy;
+    std::string name = row.name();
+    if (row.stages > 1) {
+      absl::StrAppend(&name, " (", row.micro_batches, " micro-batches)");
+    }
     if (row.shard_group_size > 0) {
       absl::StrAppend(&name, " (groups of ", row.shard_group_size, ")");
     }
-    table.push_back({name, row.checkpointing == "all" ? "all blocks" : "none",
-                     absl::StrCat(row.world),
-                     row.batch > 0 ? absl::StrCat(row.batch) : "does not fit",
-                     row.batch > 0 ? absl::StrCat(row.batch * row.world) : "-",
-                     absl::StrCat(FormatBytes(row.peak),
-                                  row.batch > 0 ? "" : " at batch 1")});
+    table.push_back(
+        {name, row.checkpointing == "all" ? "all blocks" : "none",
+         absl::StrCat(row.world),
+         row.batch > 0 ? absl::StrCat(row.batch) : "does not fit",
+         row.batch > 0 ? absl::StrCat(row.batch * row.replicas) : "-",
+         absl::StrCat(FormatBytes(row.peak),
+                      row.batch > 0
+                          ? ""
+                          : absl::StrCat(" at batch ", row.micro_batches))});
   }
   std::cout << absl::StrFormat(
                    "largest batch per device whose planned peak is within 98%% "
@@ -204,18 +292,18 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
                            table);
   if (best != nullptr) {
     std::cout << absl::StrFormat(
-        "\nmost per step: %s%s, batch %d per device (%d sequences per "
-        "step)\n",
-        best->strategy,
+        "\nmost per step: %s%s, batch %d per %s (%d sequences per step)\n",
+        best->name(),
         best->checkpointing == "all" ? " with activation checkpointing" : "",
-        best->batch, best->batch * best->world);
+        best->batch, best->stages > 1 ? "replica" : "device",
+        best->batch * best->replicas);
   } else {
     std::cout << absl::StrFormat(
-        "\nnothing fits: the least memory is %s%s at batch 1, %s per device "
+        "\nnothing fits: the least memory is %s%s at batch %d, %s per device "
         "(%s over 98%% of it)\nto fit: %s\n",
-        least->strategy,
+        least->name(),
         least->checkpointing == "all" ? " with activation checkpointing" : "",
-        FormatBytes(least->peak),
+        least->micro_batches, FormatBytes(least->peak),
         FormatBytes(least->peak - PlannableBytes(*budget)),
         absl::StrJoin(advice, "; or "));
   }
@@ -237,7 +325,7 @@ int RunPlan(const PlanOptions& options) {
         absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
     return kExitUsage;
   }
-  if (!options.strategy.empty() &&
+  if (!options.strategy.empty() && base.pipeline_stages == 1 &&
       !FindStrategyKind(options.strategy)->distributed &&
       options.world_size != 1) {
     ReportFailure(absl::StrCat(
@@ -245,26 +333,53 @@ int RunPlan(const PlanOptions& options) {
         " runs at world size 1 (omit --strategy to compare all strategies)"));
     return kExitUsage;
   }
-  // Without --strategy, compare's default study at this world size.
-  const std::vector<std::string> strategies =
-      options.strategy.empty() ? StudyStrategyNames(options.world_size)
-                               : std::vector<std::string>{options.strategy};
+  // Without --strategy, compare's default study at this world size (with
+  // stages, of its data-parallel replicas).
+  const int64_t stages = base.pipeline_stages;
+  const int64_t replicas = base.DataParallelSize(options.world_size);
+  if (absl::Status s = base.CheckPipelineWorld(options.world_size); !s.ok()) {
+    ReportFailure(s);
+    return kExitUsage;
+  }
+  std::vector<std::string> strategies;
+  for (const std::string& name :
+       options.strategy.empty() ? StudyStrategyNames(replicas)
+                                : std::vector<std::string>{options.strategy}) {
+    if (stages == 1 || ComposesWithPipelineStages(*FindStrategyKind(name))) {
+      strategies.push_back(name);
+    }
+  }
 
-  std::vector<MemoryPlan> plans;
+  // Every plan, one per pipeline stage with stages; each with its batch.
+  std::vector<std::vector<MemoryPlan>> plans;
   std::vector<int64_t> batches;
   for (const std::string& strategy : strategies) {
     TrainConfig config = base;
     config.strategy = strategy;
     int64_t world = options.world_size;
-    if (!FindStrategyKind(strategy)->distributed && world > 1) {
+    if (!FindStrategyKind(strategy)->distributed && replicas > 1) {
       // As `shardtrain compare`: strong scaling gives single-device the
       // global batch, weak scaling the per-device one.
-      if (options.scaling == "strong") config.batch_size *= world;
-      world = 1;
+      if (options.scaling == "strong") config.batch_size *= replicas;
+      world = stages;
     }
-    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world);
-    if (!plan.ok()) return ReportFailure(plan.status());
-    plans.push_back(*plan);
+    absl::StatusOr<std::vector<MemoryPlan>> stage_plans;
+    if (stages > 1) {
+      stage_plans = PlanPipelineStages(config, world);
+    } else if (absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world);
+               plan.ok()) {
+      stage_plans = std::vector<MemoryPlan>{*plan};
+    } else {
+      stage_plans = plan.status();
+    }
+    // A strategy the plan does not cover within stages is left out of the
+    // study, and refused when asked for.
+    if (absl::IsUnimplemented(stage_plans.status()) &&
+        options.strategy.empty()) {
+      continue;
+    }
+    if (!stage_plans.ok()) return ReportFailure(stage_plans.status());
+    plans.push_back(*std::move(stage_plans));
     batches.push_back(config.batch_size);
   }
 
@@ -275,16 +390,22 @@ int RunPlan(const PlanOptions& options) {
                           {"device", base.device},
                           {"plans", nlohmann::json::array()}};
     for (size_t i = 0; i < plans.size(); ++i) {
-      nlohmann::json parts = nlohmann::json::object();
-      for (const auto& [name, bytes] : plans[i].Parts()) parts[name] = bytes;
-      nlohmann::json plan = {{"strategy", plans[i].strategy},
-                             {"world_size", plans[i].world_size},
-                             {"batch_size", batches[i]},
-                             {"bytes_per_rank", parts},
-                             {"total_bytes_per_rank", plans[i].total()},
-                             {"peak_moment", plans[i].PeakMomentName()}};
-      if (plans[i].shard_group_size > 0) {
-        plan["shard_group_size"] = plans[i].shard_group_size;
+      // The rank that needs the most: the plan's, with stages the largest
+      // stage's.
+      const MemoryPlan& largest =
+          *std::max_element(plans[i].begin(), plans[i].end(),
+                            [](const MemoryPlan& a, const MemoryPlan& b) {
+                              return a.total() < b.total();
+                            });
+      nlohmann::json plan = PlanJson(largest);
+      plan["batch_size"] = batches[i];
+      if (stages > 1) {
+        plan["micro_batches"] = base.micro_batches;
+        plan["pipeline_schedule"] = base.pipeline_schedule;
+        plan["stages"] = nlohmann::json::array();
+        for (const MemoryPlan& stage : plans[i]) {
+          plan["stages"].push_back(PlanJson(stage));
+        }
       }
       out["plans"].push_back(plan);
     }
@@ -293,42 +414,55 @@ int RunPlan(const PlanOptions& options) {
     return kExitOk;
   }
 
+  // One column per plan: with stages, one per stage.
   std::vector<std::string> header = {"per rank"};
+  std::vector<MemoryPlan> columns;
   for (size_t i = 0; i < plans.size(); ++i) {
-    header.push_back(absl::StrFormat("%s (world %d, batch %d)",
-                                     plans[i].strategy, plans[i].world_size,
-                                     batches[i]));
+    for (const MemoryPlan& plan : plans[i]) {
+      header.push_back(
+          stages > 1
+              ? absl::StrFormat("%s stage %d: %s (world %d, batch %d)",
+                                plan.strategy, plan.stage, plan.stage_layers,
+                                plan.world_size, batches[i])
+              : absl::StrFormat("%s (world %d, batch %d)", plan.strategy,
+                                plan.world_size, batches[i]));
+      columns.push_back(plan);
+    }
   }
   std::vector<std::vector<std::string>> rows;
-  for (size_t part = 0; part < plans[0].Parts().size(); ++part) {
-    std::vector<std::string> row = {plans[0].Parts()[part].first};
-    for (const MemoryPlan& plan : plans) {
+  for (size_t part = 0; part < columns[0].Parts().size(); ++part) {
+    std::vector<std::string> row = {columns[0].Parts()[part].first};
+    for (const MemoryPlan& plan : columns) {
       row.push_back(FormatBytes(plan.Parts()[part].second));
     }
     rows.push_back(row);
   }
   std::vector<std::string> total = {"total"};
-  for (const MemoryPlan& plan : plans)
+  for (const MemoryPlan& plan : columns) {
     total.push_back(FormatBytes(plan.total()));
+  }
   rows.push_back(total);
   std::vector<std::string> moment = {"peak at"};
   bool recomputed = false;
-  for (const MemoryPlan& plan : plans) {
-    moment.push_back(plan.peak_moment == MemoryPlan::Moment::kHead ? "LM head"
-                     : plan.peak_moment ==
-                             MemoryPlan::Moment::kRecomputedSoftmax
-                         ? "recompute: softmax"
-                         : "recompute: block start");
+  for (const MemoryPlan& plan : columns) {
+    moment.push_back(plan.PeakMomentShortName());
     recomputed |= plan.peak_moment != MemoryPlan::Moment::kHead;
   }
-  if (recomputed) rows.push_back(moment);
+  if (recomputed || stages > 1) rows.push_back(moment);
+  if (stages > 1) {
+    std::vector<std::string> held = {"micro-batches held"};
+    for (const MemoryPlan& plan : columns) {
+      held.push_back(absl::StrCat(plan.micro_batches_in_flight));
+    }
+    rows.push_back(held);
+  }
   const MemoryPlan* ddp = nullptr;
-  for (const MemoryPlan& plan : plans) {
+  for (const MemoryPlan& plan : columns) {
     if (plan.strategy == "ddp") ddp = &plan;
   }
-  if (ddp != nullptr && plans.size() > 1) {
+  if (ddp != nullptr && columns.size() > 1 && stages == 1) {
     std::vector<std::string> ratio = {"vs ddp"};
-    for (const MemoryPlan& plan : plans) {
+    for (const MemoryPlan& plan : columns) {
       ratio.push_back(absl::StrFormat(
           "%.2fx", static_cast<double>(plan.total()) / ddp->total()));
     }
@@ -336,8 +470,14 @@ int RunPlan(const PlanOptions& options) {
   }
   std::cout << absl::StrFormat(
                    "predicted peak tensor memory per rank: %s, seq %d, %s on "
-                   "%s\n",
-                   base.model, base.seq_len, base.precision, base.device)
+                   "%s%s\n",
+                   base.model, base.seq_len, base.precision, base.device,
+                   stages > 1
+                       ? absl::StrFormat(", %d pipeline stages, %s with %d "
+                                         "micro-batch(es) per batch",
+                                         stages, base.pipeline_schedule,
+                                         base.micro_batches)
+                       : "")
             << FormatTable(header, rows);
   return kExitOk;
 }
@@ -350,8 +490,9 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
       "plan",
       "Predict each rank's peak tensor memory by part (parameters, gradients, "
       "optimizer state, gathered units, activations, logits, communication) "
-      "for single, DDP, FSDP and HSDP, before launching (local, no daemon "
-      "needed); --fit: the largest batch that fits a device");
+      "for single, DDP, FSDP and HSDP, and per stage of a pipeline (--pp), "
+      "before launching (local, no daemon needed); --fit: the largest batch "
+      "that fits a device");
   TrainConfig& c = options->config;
   plan->add_option("--model", c.model, "preset or custom:...")
       ->capture_default_str();
@@ -382,6 +523,17 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--activation-checkpointing", c.activation_checkpointing,
                    "none | all | every-N: recompute blocks in backward")
       ->capture_default_str();
+  plan->add_option("--pipeline-stages,--pp", c.pipeline_stages,
+                   "pipeline stages (world size = stages x replicas): each "
+                   "stage planned")
+      ->capture_default_str();
+  plan->add_option("--micro-batches", c.micro_batches,
+                   "pipeline: micro-batches per --batch-size")
+      ->capture_default_str();
+  plan->add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe | 1f1b")
+      ->capture_default_str();
+  plan->add_option("--pipeline-split", c.pipeline_split,
+                   "pipeline: blocks where stages 1, 2, ... start");
   plan->add_flag("--fit", options->fit,
                  "answer what fits: for each strategy, with and without "
                  "activation checkpointing, the largest batch per device "

@@ -1,9 +1,11 @@
 #include "core/train/memory_plan.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "core/model/gpt2_config.h"
+#include "core/train/pipeline_plan.h"
 #include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
@@ -14,89 +16,131 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
 }
 
 struct Shapes {
-  int64_t c = 0, heads = 0, layers = 0, seq = 0, vocab = 0, padded_vocab = 0;
+  int64_t c = 0, heads = 0, seq = 0, vocab = 0, padded_vocab = 0;
   int64_t block_params = 0;  // one transformer block
   int64_t root_params = 0;   // wpe + ln_f
   int64_t wte_params = 0;
-  int64_t tokens = 0;  // per rank per micro-step
+  // The blocks this rank runs: [first_block, first_block + layers); the
+  // whole model but for a pipeline stage.
+  int64_t first_block = 0, layers = 0;
+  bool embeddings = true;  // runs the embeddings (else receives its input)
+  bool head = true;        // runs ln_f and the LM head
+  int64_t tokens = 0;  // per rank per micro-step (pipeline: per micro-batch)
 };
 
-// Bytes autograd keeps for backward at the end of one micro-step's forward,
-// counted tensor by tensor for model/gpt2.cc (per token of one block):
+// Bytes per token autograd keeps for one transformer block, counted tensor
+// by tensor for model/gpt2.cc:
 //   ln_1 and ln_2: mean and rstd (2 + 2 floats); their outputs, saved by
 //   c_attn and c_fc (C + C); qkv, laid out head-major (3C); attention: the
 //   probabilities (heads x T) for a masked softmax, or the output and a
 //   log-sum-exp per head (C + heads) fused; the heads merged back, saved by
 //   c_proj (C); the residual after attention (C); c_fc's output and its GELU
 //   (4C + 4C); the block's output (C, the next block's input).
-// Plus the embeddings (C), ln_f's output and statistics (C + 2), the batch's
-// token ids (two int64) and, for a masked softmax, the [block, block] mask.
+int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
+                           AttentionKind attention) {
+  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
+                                       ? s.heads * s.seq
+                                       : s.c + s.heads;
+  return element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
+}
+
+// The blocks [first_block, first_block + layers) that activation
+// checkpointing every `every` blocks recomputes (Gpt2Impl::IsRecomputed).
+int64_t RecomputedBlocks(const Shapes& s, int64_t every) {
+  if (every <= 0) return 0;
+  return (s.first_block + s.layers) / every - s.first_block / every;
+}
+
+// Bytes autograd keeps for backward at the end of one micro-step's forward
+// over `s`'s blocks: BlockBytesPerToken per block, the blocks' input (the
+// embeddings, or a stage's received fp32 activation, C) and, with the head,
+// ln_f's output and statistics (C + 2). The batch's token ids and the
+// attention mask are the step's, not a micro-batch's: IdsAndMaskBytes.
 //
 // A recomputed block (activation checkpointing) keeps only its output (C,
 // fp32: the residual stream), which the next block saves as its input.
 int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
-                        AttentionKind attention, int64_t block_size,
-                        int64_t recomputed_blocks) {
-  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
-                                       ? s.heads * s.seq
-                                       : s.c + s.heads;
-  const int64_t per_token_block =
-      element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
-  const int64_t per_token = (s.layers - recomputed_blocks) * per_token_block +
-                            recomputed_blocks * 4 * s.c +
-                            element_bytes * 2 * s.c + 4 * 2 + 2 * 8;
-  int64_t bytes = s.tokens * per_token;
-  if (attention == AttentionKind::kMaskedSoftmax) {
-    bytes += block_size * block_size * 4;
-  }
+                        AttentionKind attention, int64_t recomputed_blocks) {
+  const int64_t input = s.embeddings ? element_bytes * s.c : 4 * s.c;
+  const int64_t per_token =
+      (s.layers - recomputed_blocks) *
+          BlockBytesPerToken(s, element_bytes, attention) +
+      recomputed_blocks * 4 * s.c + input +
+      (s.head ? element_bytes * s.c + 4 * 2 : 0);
+  return s.tokens * per_token;
+}
+
+// The token ids of `tokens` (inputs and targets, int64) and, for a masked
+// softmax, the [block, block] causal mask.
+int64_t IdsAndMaskBytes(int64_t tokens, AttentionKind attention,
+                        int64_t block_size) {
+  return tokens * 2 * 8 + (attention == AttentionKind::kMaskedSoftmax
+                               ? block_size * block_size * 4
+                               : 0);
+}
+
+// The chunked head (model/gpt2.cc LmHeadLoss) over `s.tokens` rows: one
+// chunk of fp32 logits (and its bf16 product), wte's gradient computed in
+// forward, the hidden states' gradient and per-row losses.
+int64_t HeadLogitsBytes(const Shapes& s, int64_t chunk_budget, bool bf16) {
+  const int64_t rows =
+      std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (s.vocab * 4)));
+  int64_t bytes = rows * s.vocab * (bf16 ? 6 : 4) + 4 * s.wte_params +
+                  4 * s.tokens * s.c + 4 * s.tokens;
+  if (bf16) bytes += 2 * s.vocab * s.c;  // the cast head weight
   return bytes;
 }
 
 // The backward of a recomputed block (activation checkpointing) runs its
 // forward again and then its backward, so the step has a second peak: at
 // the last recomputed block j, whose backward comes first among them, with
-// the saved inputs of blocks 0..j still alive, the head's buffers and the
-// activations of the blocks after j freed, and j's activations rebuilt plus
-// the gradients its backward makes. Those transients, measured with the
-// tracking allocator (bytes per token): a masked softmax 4 * (7C + 3 x
-// heads x T) (the probabilities, their gradient and the scores' gradient
-// dominate; j's own rebuilt activations are in it, partly freed by then);
-// fused attention 4 * 7C.
-// Returns the activation bytes alive at that moment (without the
-// parameters, gradients and optimizer state).
+// the saved inputs of the blocks before j still alive, the head's buffers
+// and the activations of the blocks after j freed, and j's activations
+// rebuilt plus the gradients its backward makes. Those transients, measured
+// with the tracking allocator (bytes per token): a masked softmax 4 * (7C +
+// 3 x heads x T) (the probabilities, their gradient and the scores'
+// gradient dominate; j's own rebuilt activations are in it, partly freed by
+// then); fused attention 4 * 7C.
+// Returns the activation bytes of one micro-step alive at that moment
+// (without the parameters, gradients, optimizer state, ids and mask); 0
+// when none of `s`'s blocks is recomputed.
 // `held_at_softmax`: bytes per token held at the softmax's backward only
 // (FSDP: the head's gradient of every rank's hidden states; at the start of
 // the block's backward the measured figure already has this rank's).
 // `moment`: which of the two moments below holds more.
 int64_t RecomputePeakActivationBytes(const Shapes& s, int64_t element_bytes,
-                                     AttentionKind attention,
-                                     int64_t block_size, int64_t every,
+                                     AttentionKind attention, int64_t every,
                                      MemoryPlan::Moment* moment,
                                      int64_t held_at_softmax = 0) {
-  const int64_t recomputed = s.layers / every;
-  const int64_t last = recomputed * every - 1;  // j
-  const int64_t after = s.layers - 1 - last;    // not recomputed, freed
-  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
-                                       ? s.heads * s.seq
-                                       : s.c + s.heads;
+  const int64_t recomputed = RecomputedBlocks(s, every);
+  if (recomputed == 0) return 0;
+  const int64_t end = s.first_block + s.layers;
+  const int64_t last = end / every * every - 1;  // j
+  const int64_t after = end - 1 - last;          // not recomputed, freed
   const int64_t per_token_block =
-      element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
+      BlockBytesPerToken(s, element_bytes, attention);
   const int64_t saved =
-      ActivationBytes(s, element_bytes, attention, block_size, recomputed) -
-      s.tokens * (after * per_token_block + element_bytes * s.c + 4 * 2);
+      ActivationBytes(s, element_bytes, attention, recomputed) -
+      s.tokens * (after * per_token_block +
+                  (s.head ? element_bytes * s.c + 4 * 2 : 0));
   // Two moments compete: the softmax's backward (above), and the start of
   // j's backward, with all of j's rebuilt activations alive and the first
   // gradients made (measured: 4.25 C floats per token more; gpt2-mini at
-  // sequence 64 and 128, batch 77 to 320, single and DDP).
-  const int64_t softmax_backward = attention == AttentionKind::kMaskedSoftmax
-                                       ? 4 * (7 * s.c + 2 + 3 * s.heads * s.seq)
-                                       : 4 * (7 * s.c + 2);
-  const int64_t block_backward = per_token_block + 17 * s.c;
-  *moment = block_backward > softmax_backward + held_at_softmax
+  // sequence 64 and 128, batch 77 to 320, single and DDP) or, for a few
+  // tokens, its MLP weights' gradients (5 C x C floats and 2C per token
+  // more; gpt2-mini's pipeline stages at 64 and 128 tokens per micro-batch).
+  const int64_t softmax_backward =
+      s.tokens * ((attention == AttentionKind::kMaskedSoftmax
+                       ? 4 * (7 * s.c + 2 + 3 * s.heads * s.seq)
+                       : 4 * (7 * s.c + 2)) +
+                  held_at_softmax);
+  const int64_t block_backward =
+      std::max(s.tokens * (per_token_block + 17 * s.c),
+               s.tokens * (per_token_block + 4 * 2 * s.c) + 4 * 5 * s.c * s.c);
+  *moment = block_backward > softmax_backward
                 ? MemoryPlan::Moment::kRecomputedBlockStart
                 : MemoryPlan::Moment::kRecomputedSoftmax;
-  return saved + s.tokens * std::max(softmax_backward + held_at_softmax,
-                                     block_backward);
+  return saved + std::max(softmax_backward, block_backward);
 }
 
 }  // namespace
@@ -109,16 +153,35 @@ AttentionKind BuiltAttentionKind() {
 #endif
 }
 
+namespace {
+
+// Each Moment's names, in the enum's order: for sentences and JSON, and for
+// a table's cell.
+struct MomentNames {
+  const char* name;
+  const char* short_name;
+};
+constexpr MomentNames kMomentNames[] = {
+    {"the end of the forward (LM head)", "LM head"},
+    {"the softmax backward of the last recomputed block", "recompute: softmax"},
+    {"the start of the last recomputed block's backward",
+     "recompute: block start"},
+    {"the end of a micro-batch's forward", "forward"},
+    {"the backward of a micro-batch's last block", "backward"},
+    {"the embeddings' backward", "embeddings' backward"},
+    {"the replicas' gradient all-reduce", "gradient all-reduce"},
+};
+static_assert(std::size(kMomentNames) ==
+              static_cast<size_t>(MemoryPlan::Moment::kGradientAllReduce) + 1);
+
+}  // namespace
+
 std::string MemoryPlan::PeakMomentName() const {
-  switch (peak_moment) {
-    case Moment::kHead:
-      return "the end of the forward (LM head)";
-    case Moment::kRecomputedSoftmax:
-      return "the softmax backward of the last recomputed block";
-    case Moment::kRecomputedBlockStart:
-      return "the start of the last recomputed block's backward";
-  }
-  return "";
+  return kMomentNames[static_cast<size_t>(peak_moment)].name;
+}
+
+std::string MemoryPlan::PeakMomentShortName() const {
+  return kMomentNames[static_cast<size_t>(peak_moment)].short_name;
 }
 
 int64_t MemoryPlan::total() const {
@@ -128,11 +191,224 @@ int64_t MemoryPlan::total() const {
 }
 
 std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
-  return {
-      {"parameters", parameters},           {"gradients", gradients},
-      {"optimizer_state", optimizer_state}, {"gathered_units", gathered_units},
-      {"activations", activations},         {"logits", logits},
-      {"communication", communication},     {"recomputation", recomputation}};
+  return {{"parameters", parameters},
+          {"gradients", gradients},
+          {"optimizer_state", optimizer_state},
+          {"gathered_units", gathered_units},
+          {"activations", activations},
+          {"logits", logits},
+          {"communication", communication},
+          {"recomputation", recomputation},
+          {"backward", backward}};
+}
+
+namespace {
+
+// The whole model's shapes at `seq_len`, for `tokens` tokens per micro-step.
+Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
+  Shapes s;
+  s.c = model.n_embd;
+  s.heads = model.n_head;
+  s.layers = model.n_layer;
+  s.seq = seq_len;
+  s.vocab = model.vocab_size;
+  s.padded_vocab = model.padded_vocab_size;
+  s.block_params = 12 * s.c * s.c + 13 * s.c;
+  s.wte_params = s.padded_vocab * s.c;
+  s.root_params = model.block_size * s.c + 2 * s.c;
+  s.tokens = tokens;
+  return s;
+}
+
+// The backward of a block that is not recomputed, past the activations it
+// saved and frees as it goes: the larger of two moments, an MLP weight's
+// gradient (4C x C floats, made before it is added to the parameter's) with
+// 4C floats per token of the residual stream's gradients, or 7C floats per
+// token within the MLP's backward; and a LayerNorm's C + 2. Measured with the
+// tracking allocator where it is a stage's peak (the middle stages of
+// gpt2-mini and of 4-block models of C 128 at T 64 and 128, 4 and 8 heads,
+// 64 to 256 tokens per micro-batch): exact but for the second moment, 0.2%
+// over.
+int64_t BlockBackwardBytes(const Shapes& s) {
+  return 4 * (std::max(4 * s.c * s.c + 4 * s.c * s.tokens, 7 * s.c * s.tokens) +
+              s.c + 2);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
+    const TrainConfig& config, int64_t world_size, AttentionKind attention) {
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  if (!model.ok()) return model.status();
+  if (config.pipeline_stages <= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline_stages: got ", config.pipeline_stages,
+        "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
+        "without)"));
+  }
+  // A stage's ranks are planned as whole replicas of it.
+  if (const StrategyKind* kind = FindStrategyKind(config.strategy);
+      kind != nullptr && kind->layout != StateLayout::kReplicated) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the memory plan of pipeline stages covers single and ddp (whole "
+        "replicas of a stage); ",
+        kind->display_name, " within a stage is not planned"));
+  }
+  if (absl::Status s = config.ValidatePipeline(*model); !s.ok()) return s;
+  if (absl::Status s = config.CheckPipelineWorld(world_size); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<int64_t> every =
+      ActivationCheckpointEvery(config.activation_checkpointing);
+  if (!every.ok()) return every.status();
+  absl::StatusOr<PipelineSchedule> schedule =
+      ParsePipelineSchedule(config.pipeline_schedule);
+  if (!schedule.ok()) return schedule.status();
+  std::vector<int64_t> split;
+  if (!config.pipeline_split.empty()) {
+    absl::StatusOr<std::vector<int64_t>> parsed =
+        ParsePipelineSplit(config.pipeline_split);
+    if (!parsed.ok()) return parsed.status();
+    split = *std::move(parsed);
+  }
+  absl::StatusOr<std::vector<PipelineStage>> stages =
+      PartitionPipeline(*model, config.seq_len, config.pipeline_stages, split);
+  if (!stages.ok()) return stages.status();
+
+  const bool cuda = config.device.rfind("cuda", 0) == 0;
+  const bool bf16 = cuda && config.precision == "bf16";
+  const int64_t eb = bf16 ? 2 : 4;
+  const int64_t chunk_budget =
+      HeadChunkBytes(cuda, config.ThreadsPerRank(world_size));
+  // Every micro-batch of the step goes through one schedule
+  // (PipelineStrategy::ForwardBackwardStep), and every stage loads the
+  // step's batches.
+  const int64_t micro_batches = config.micro_batches * config.grad_accum;
+  const int64_t ids_and_mask =
+      IdsAndMaskBytes(config.batch_size * config.seq_len * config.grad_accum,
+                      attention, model->block_size);
+  const Shapes whole =
+      ModelShapes(*model, config.seq_len,
+                  config.batch_size / config.micro_batches * config.seq_len);
+  const int64_t t = whole.tokens;
+  const int64_t activation = 4 * t * whole.c;  // one [rows, T, C] fp32 buffer
+
+  std::vector<MemoryPlan> plans;
+  for (size_t index = 0; index < stages->size(); ++index) {
+    const PipelineStage& stage = (*stages)[index];
+    Shapes s = whole;
+    s.first_block = stage.first_block;
+    s.layers = stage.end_block - stage.first_block;
+    s.embeddings = stage.embeddings;
+    s.head = stage.head;
+    const int64_t params =
+        s.layers * s.block_params +
+        (s.embeddings ? s.wte_params + s.root_params - 2 * s.c : 0) +
+        (s.head ? s.wte_params + 2 * s.c : 0);
+    const int64_t recomputed = RecomputedBlocks(s, *every);
+
+    MemoryPlan base;
+    base.strategy = config.strategy;
+    base.world_size = world_size;
+    base.pipeline_stages = config.pipeline_stages;
+    base.stage = static_cast<int64_t>(index);
+    base.stage_layers = DescribeStage(stage);
+    base.recomputed_blocks = recomputed;
+    base.parameters = 4 * params;
+    base.gradients = 4 * params;
+    base.optimizer_state = 8 * params;
+    if (bf16) base.gathered_units = 2 * s.layers * 12 * s.c * s.c;
+
+    // One micro-batch at the end of its forward, and held from then until
+    // its backward: the head's ln_f output is freed, its gradients of the
+    // hidden states and of wte (computed in forward) kept.
+    const int64_t forwarded = ActivationBytes(s, eb, attention, recomputed);
+    const int64_t held_head = s.head ? 4 * t * s.c + 4 * s.wte_params : 0;
+    const int64_t held = forwarded - (s.head ? t * eb * s.c : 0);
+    // The backward of one micro-batch, past what it holds: the gradient
+    // received from the next stage, and the most of its last block's
+    // backward (its recomputation with activation checkpointing) and, on
+    // stage 0, the embeddings' backward with wte's dense gradient.
+    const int64_t received = s.head ? 0 : activation;
+    MemoryPlan::Moment recompute_moment = MemoryPlan::Moment::kStageBackward;
+    const int64_t recompute = RecomputePeakActivationBytes(
+                                  s, eb, attention, *every, &recompute_moment) -
+                              held;
+    const bool top_recomputed = recomputed > 0 && stage.end_block % *every == 0;
+    const int64_t embedding_backward =
+        s.embeddings ? 4 * s.wte_params + 4 * t * s.c - held : 0;
+
+    // Sends are held until the step ends: a non-last stage's outputs (fp32:
+    // the activation itself while its micro-batch is held) and a later
+    // stage's gradients of its inputs.
+    auto sends = [&](int64_t forwarded_count, int64_t done) {
+      int64_t bytes = 0;
+      if (!s.head) bytes += (bf16 ? forwarded_count : done) * activation;
+      if (!s.embeddings) bytes += done * activation;
+      return bytes;
+    };
+
+    MemoryPlan best = base;
+    int64_t best_total = -1;
+    auto consider = [&](MemoryPlan candidate) {
+      if (candidate.total() > best_total) {
+        best_total = candidate.total();
+        best = std::move(candidate);
+      }
+    };
+    int64_t in_flight = 0, forward_count = 0, done = 0;
+    for (const PipelineAction& action : StageActions(
+             *schedule, config.pipeline_stages, base.stage, micro_batches)) {
+      MemoryPlan at = base;
+      if (action.kind == PipelineAction::Kind::kForward) {
+        ++in_flight;
+        ++forward_count;
+        at.micro_batches_in_flight = in_flight;
+        at.activations = ids_and_mask + (in_flight - 1) * held + forwarded;
+        at.logits = (in_flight - 1) * held_head +
+                    (s.head ? HeadLogitsBytes(s, chunk_budget, bf16) : 0);
+        at.communication = sends(forward_count, done);
+        at.peak_moment = s.head ? MemoryPlan::Moment::kHead
+                                : MemoryPlan::Moment::kStageForward;
+        consider(at);
+        continue;
+      }
+      at.micro_batches_in_flight = in_flight;
+      at.activations = ids_and_mask + in_flight * held;
+      at.logits = in_flight * held_head;
+      at.communication = sends(forward_count, done) + received;
+      if (!top_recomputed) {
+        MemoryPlan in_block = at;
+        in_block.backward = BlockBackwardBytes(s);
+        in_block.peak_moment = MemoryPlan::Moment::kStageBackward;
+        consider(in_block);
+      }
+      if (recomputed > 0) {
+        MemoryPlan in_block = at;
+        in_block.recomputation = std::max<int64_t>(0, recompute);
+        in_block.peak_moment = recompute_moment;
+        consider(in_block);
+      }
+      if (s.embeddings) {
+        at.backward = std::max<int64_t>(0, embedding_backward);
+        at.peak_moment = MemoryPlan::Moment::kEmbeddingBackward;
+        consider(at);
+      }
+      --in_flight;
+      ++done;
+    }
+    if (config.DataParallelSize(world_size) > 1) {
+      // After the schedule, the stage's replicas average its gradients
+      // through one flat copy of them (PipelineStrategy's all-reduce).
+      MemoryPlan at = base;
+      at.activations = ids_and_mask;
+      at.communication = 4 * params;
+      at.peak_moment = MemoryPlan::Moment::kGradientAllReduce;
+      consider(at);
+    }
+    plans.push_back(best);
+  }
+  return plans;
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
@@ -154,28 +430,23 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
   if (config.pipeline_stages > 1) {
-    // A rank holds its stage's blocks and the activations of the
-    // micro-batches in flight, which this plan does not count yet.
-    return absl::UnimplementedError(absl::StrCat(
-        "the memory plan does not cover pipeline stages yet (pipeline_stages ",
-        config.pipeline_stages, ")"));
+    absl::StatusOr<std::vector<MemoryPlan>> stages =
+        PlanPipelineStages(config, world_size, attention);
+    if (!stages.ok()) return stages.status();
+    return *std::max_element(stages->begin(), stages->end(),
+                             [](const MemoryPlan& a, const MemoryPlan& b) {
+                               return a.total() < b.total();
+                             });
   }
   if (!kind->distributed && world_size != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy ", kind->name, " runs at world size 1"));
   }
-  Shapes s;
-  s.c = model->n_embd;
-  s.heads = model->n_head;
-  s.layers = model->n_layer;
-  s.seq = config.seq_len;
-  s.vocab = model->vocab_size;
-  s.padded_vocab = model->padded_vocab_size;
-  s.block_params = 12 * s.c * s.c + 13 * s.c;
-  s.wte_params = s.padded_vocab * s.c;
-  s.root_params = model->block_size * s.c + 2 * s.c;
-  s.tokens = config.batch_size * config.seq_len;
+  const Shapes s =
+      ModelShapes(*model, config.seq_len, config.batch_size * config.seq_len);
   const int64_t params = model->NumParameters();
+  const int64_t ids_and_mask =
+      IdsAndMaskBytes(s.tokens, attention, model->block_size);
 
   const bool cuda = config.device.rfind("cuda", 0) == 0;
   const bool bf16 = cuda && config.precision == "bf16";
@@ -194,20 +465,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     plan.optimizer_state = 8 * params;
     // Autocast keeps one bf16 copy of every block weight it casts.
     if (bf16) plan.gathered_units = 2 * s.layers * 12 * s.c * s.c;
-    plan.activations = ActivationBytes(s, bf16 ? 2 : 4, attention,
-                                       model->block_size, recomputed);
-    // The chunked head (model/gpt2.cc LmHeadLoss): one chunk of fp32 logits
-    // (and its bf16 product), wte's gradient computed in forward, the hidden
-    // states' gradient and per-row losses.
-    const int64_t rows =
-        std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (s.vocab * 4)));
-    plan.logits = rows * s.vocab * (bf16 ? 6 : 4) + 4 * s.wte_params +
-                  4 * s.tokens * s.c + 4 * s.tokens;
-    if (bf16) plan.logits += 2 * s.vocab * s.c;  // the cast head weight
+    plan.activations =
+        ActivationBytes(s, bf16 ? 2 : 4, attention, recomputed) + ids_and_mask;
+    plan.logits = HeadLogitsBytes(s, chunk_budget, bf16);
     if (*every > 0) {
       MemoryPlan::Moment moment;
-      const int64_t backward = RecomputePeakActivationBytes(
-          s, bf16 ? 2 : 4, attention, model->block_size, *every, &moment);
+      const int64_t backward =
+          RecomputePeakActivationBytes(s, bf16 ? 2 : 4, attention, *every,
+                                       &moment) +
+          ids_and_mask;
       plan.recomputation =
           std::max<int64_t>(0, backward - plan.activations - plan.logits);
       if (plan.recomputation > 0) plan.peak_moment = moment;
@@ -248,7 +514,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   plan.gathered_units =
       unit_bytes * (root_padded + gathered_blocks * block_padded);
   plan.activations =
-      ActivationBytes(s, unit_bytes, attention, model->block_size, recomputed);
+      ActivationBytes(s, unit_bytes, attention, recomputed) + ids_and_mask;
   // The vocabulary-parallel head (strategy/vocab_parallel.cc): every rank's
   // tokens against this rank's rows, one chunk at a time.
   const int64_t all_tokens = world_size * s.tokens;
@@ -274,9 +540,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     // 475.3).
     MemoryPlan::Moment moment;
     const int64_t backward =
-        prefetched + RecomputePeakActivationBytes(
-                         s, unit_bytes, attention, model->block_size, *every,
-                         &moment, 4 * world_size * s.c);
+        prefetched + ids_and_mask +
+        RecomputePeakActivationBytes(s, unit_bytes, attention, *every, &moment,
+                                     4 * world_size * s.c);
     plan.recomputation = std::max<int64_t>(
         0, backward - plan.activations - plan.logits - plan.communication);
     if (plan.recomputation > 0) plan.peak_moment = moment;
@@ -287,8 +553,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
 absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
                                             int64_t world_size, int64_t budget,
                                             int64_t max_batch) {
-  auto fits = [&](int64_t batch) -> absl::StatusOr<bool> {
-    config.batch_size = batch;
+  // A pipeline's batch is cut into micro_batches equal pieces: search over
+  // the multiples of it.
+  const int64_t unit = config.pipeline_stages > 1
+                           ? std::max<int64_t>(1, config.micro_batches)
+                           : 1;
+  max_batch /= unit;
+  if (max_batch < 1) return 0;
+  auto fits = [&](int64_t units) -> absl::StatusOr<bool> {
+    config.batch_size = units * unit;
     absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world_size);
     if (!plan.ok()) return plan.status();
     return plan->total() <= budget;
@@ -299,14 +572,14 @@ absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
   int64_t lo = 1, hi = max_batch;  // fits(lo); fits(hi) unknown
   absl::StatusOr<bool> top = fits(hi);
   if (!top.ok()) return top.status();
-  if (*top) return hi;
+  if (*top) return hi * unit;
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     absl::StatusOr<bool> f = fits(mid);
     if (!f.ok()) return f.status();
     (*f ? lo : hi) = mid;
   }
-  return lo;
+  return lo * unit;
 }
 
 }  // namespace shardtrain

@@ -4,8 +4,8 @@
 //
 // The model is this engine's own, not a generic formula: it counts the
 // tensors our strategies and our GPT-2 keep alive at the moment the step
-// peaks, which for every strategy here is the end of the forward pass (the
-// LM head's last chunk), when all activations saved for backward exist:
+// peaks, which for single, DDP, FSDP and HSDP is the end of the forward pass
+// (the LM head's last chunk), when all activations saved for backward exist:
 //   parameters, gradients, optimizer state  persistent (a replica's, or 1/N
 //                                           of the padded flat shards for FSDP)
 //   gathered units      FSDP: full buffers of the units still gathered (the
@@ -17,10 +17,21 @@
 //                       computed in the head's forward (single/DDP)
 //   communication       FSDP's vocabulary-parallel head: every rank's hidden
 //                       states and their gradient
+//   recomputation       activation checkpointing: how far the backward's
+//                       recomputation of a block goes past the forward's peak
+//   backward            a pipeline stage peaking in a backward
+// Pipeline stages (PlanPipelineStages) differ from each other, so each is
+// planned alone: its own parameters, and its highest moment over its
+// schedule's actions (the end of a micro-batch's forward, the backward of
+// its last block or of the embeddings, the replicas' all-reduce), with the
+// activations of the micro-batches it holds then, the received buffers and
+// the sends held until the step ends (communication).
 // Checked against the tracking allocator's exact peak on CPU (fp32) within
-// 10% for gpt2-tiny and gpt2-mini at world sizes 1, 2 and 4
-// (tests/integration/memory_plan_test.cc). bf16 on CUDA is an estimate of
-// the same tensors at their autocast dtypes, not yet measured on a GPU.
+// 2% (tests/integration/memory_plan_test.cc): gpt2-tiny and gpt2-mini at
+// world sizes 1, 2 and 4, and every stage of gpt2-tiny in 2 stages and of
+// gpt2-mini in 2 and 4, GPipe and 1F1B, with and without activation
+// checkpointing, one replica and DDP. bf16 on CUDA is an estimate of the
+// same tensors at their autocast dtypes, not yet measured on a GPU.
 #ifndef SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 #define SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 
@@ -38,6 +49,14 @@ namespace shardtrain {
 struct MemoryPlan {
   std::string strategy;
   int64_t world_size = 1;
+  // Pipeline stages: the plan of one stage's ranks (`stage` of
+  // `pipeline_stages`, holding `stage_layers`, e.g. "blocks 0-1,
+  // embeddings"), with the most micro-batches whose activations it holds at
+  // its peak. 1, 0, "" and 0 without stages.
+  int64_t pipeline_stages = 1;
+  int64_t stage = 0;
+  std::string stage_layers;
+  int64_t micro_batches_in_flight = 0;
   int64_t shard_group_size = 0;   // HSDP's G; 0 for the others
   int64_t recomputed_blocks = 0;  // activation checkpointing
   int64_t parameters = 0;
@@ -50,16 +69,34 @@ struct MemoryPlan {
   // Activation checkpointing: how far the backward's recomputation of a
   // block goes past the forward's peak (0 when it does not).
   int64_t recomputation = 0;
+  // A pipeline stage peaking in a backward: what that backward makes past
+  // the activations it frees (the received gradient is communication).
+  int64_t backward = 0;
 
   // When the step peaks: at the end of the forward (the LM head's last
   // chunk), or, with activation checkpointing, in the backward of the last
   // recomputed block: at its softmax's backward, or at its start with all its
   // rebuilt activations alive (the larger of the two, when it exceeds the
   // head's moment).
-  enum class Moment { kHead, kRecomputedSoftmax, kRecomputedBlockStart };
+  // A pipeline stage without the head peaks at the end of a micro-batch's
+  // forward, in the backward of its last block (an MLP weight's gradient or
+  // the MLP's gradients), in the embeddings' backward (stage 0: wte's dense
+  // gradient is made), or, with data-parallel replicas, in the all-reduce
+  // of the stage's gradients.
+  enum class Moment {
+    kHead,
+    kRecomputedSoftmax,
+    kRecomputedBlockStart,
+    kStageForward,
+    kStageBackward,
+    kEmbeddingBackward,
+    kGradientAllReduce,
+  };
   Moment peak_moment = Moment::kHead;
-  // "the end of the forward (LM head)", ... for tables and JSON.
+  // "the end of the forward (LM head)", ... for sentences and JSON; "LM
+  // head", ... for a table's cell.
   std::string PeakMomentName() const;
+  std::string PeakMomentShortName() const;
 
   int64_t total() const;
   // (name, bytes) in the order above, for tables and JSON.
@@ -75,11 +112,27 @@ enum class AttentionKind { kMaskedSoftmax, kFused };
 AttentionKind BuiltAttentionKind();
 
 // Per-rank peak for `config` (strategy, batch, seq_len, precision, device,
-// FSDP/HSDP options, activation checkpointing) at `world_size` ranks; HSDP's
-// default shard group is the one-node default (DefaultShardGroupSize). Errors:
-// a model spec or strategy that does not parse; Unimplemented for
-// pipeline_stages > 1 (a stage's share is not planned yet).
+// FSDP/HSDP options, activation checkpointing, pipeline stages) at
+// `world_size` ranks; HSDP's default shard group is the one-node default
+// (DefaultShardGroupSize). With pipeline_stages > 1, the plan of the stage
+// that needs the most (PlanPipelineStages). Errors: a model spec or
+// strategy that does not parse; PlanPipelineStages's.
 absl::StatusOr<MemoryPlan> PlanMemory(
+    const TrainConfig& config, int64_t world_size,
+    AttentionKind attention = BuiltAttentionKind());
+
+// One plan per pipeline stage, in stage order, for `config` with
+// pipeline_stages > 1 at `world_size` = stages x data-parallel ranks: each
+// stage's parameters, gradients and AdamW state (stage 0 the embeddings, the
+// last stage ln_f and its copy of the tied wte, the blocks as
+// PartitionPipeline cuts them), and its peak over the step's schedule
+// (StageActions over micro_batches x grad_accum micro-batches of batch_size
+// / micro_batches rows): the activations of the micro-batches it holds, the
+// received activation and gradient buffers, the sends held until the step
+// ends, and the last stage's head. Unimplemented for a strategy that shards
+// a stage (FSDP, HSDP); InvalidArgument for what
+// TrainConfig::ValidatePipeline or CheckPipelineWorld refuses.
+absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
 
@@ -90,8 +143,10 @@ inline int64_t PlannableBytes(int64_t memory) { return memory / 50 * 49; }
 
 // The largest per-rank micro-batch (config.batch_size) in [1, max_batch]
 // whose planned peak at `world_size` ranks is at most `budget` bytes; 0 when
-// not even one sequence fits. The plan grows with the batch, so this is a
-// binary search over PlanMemory. Errors: PlanMemory's.
+// not even one sequence fits. With pipeline stages, a multiple of
+// config.micro_batches (0 when micro_batches sequences do not fit). The plan
+// grows with the batch, so this is a binary search over PlanMemory. Errors:
+// PlanMemory's.
 absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,
                                             int64_t world_size, int64_t budget,
                                             int64_t max_batch = 1 << 16);

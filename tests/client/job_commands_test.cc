@@ -444,14 +444,15 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
   EXPECT_THAT(bad.err, HasSubstr("combines hsdp, which does not compose"));
 }
 
-// --memory-budget: every strategy at the largest batch its plan fits in the
-// budget, each run under that cap; FSDP, holding a share of the model, gets
-// a larger batch than DDP, and the table shows each batch.
+// --memory-budget: every strategy and pipeline mesh at the largest batch
+// its plan fits in the budget, each run under that cap; FSDP, holding a
+// share of the model, gets a larger batch than DDP, and the table shows
+// each batch.
 TEST_F(CliJobCommandsTest, CompareUnderAMemoryBudgetRunsEachAtItsOwnBatch) {
   StartDaemon({});
   const std::string out = dir_ / "budget";
   CommandResult compare = Cli(absl::StrCat(
-      "compare --strategies ddp,fsdp --world-size 2 --model gpt2-tiny "
+      "compare --strategies ddp,fsdp,pp2 --world-size 2 --model gpt2-tiny "
       "--data brown --seq-len 64 --max-steps 2 --eval-steps 1 "
       "--memory-budget 240MiB --out ",
       out));
@@ -459,7 +460,7 @@ TEST_F(CliJobCommandsTest, CompareUnderAMemoryBudgetRunsEachAtItsOwnBatch) {
   grpc::ClientContext context;
   v1::ListJobsResponse jobs;
   ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
-  ASSERT_EQ(jobs.jobs_size(), 2);
+  ASSERT_EQ(jobs.jobs_size(), 3);
   std::map<std::string, int64_t> batch;
   for (const v1::Job& job : jobs.jobs()) {
     EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
@@ -467,7 +468,7 @@ TEST_F(CliJobCommandsTest, CompareUnderAMemoryBudgetRunsEachAtItsOwnBatch) {
     absl::StatusOr<TrainConfig> config =
         TrainConfigFromJobSpec(job.spec(), "-");
     ASSERT_TRUE(config.ok()) << config.status();
-    const std::string strategy = job.spec().strategy().name();
+    const std::string strategy = job.spec().labels().at("strategy");
     batch[strategy] = config->batch_size;
     EXPECT_EQ(
         config->batch_size,
@@ -478,6 +479,7 @@ TEST_F(CliJobCommandsTest, CompareUnderAMemoryBudgetRunsEachAtItsOwnBatch) {
                                           config->batch_size)));
   }
   EXPECT_GT(batch["fsdp"], batch["ddp"]);
+  EXPECT_GT(batch["pp2"], 0);
   EXPECT_THAT(test::ReadFile(out + "/report.md"),
               HasSubstr("largest per-rank batch its plan fits"));
 }

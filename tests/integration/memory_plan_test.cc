@@ -1,12 +1,15 @@
 // `shardtrain plan` against reality: the predicted per-rank peak of every
-// strategy, at world sizes 1, 2 and 4 on gpt2-tiny and gpt2-mini, within 10%
-// of the peak the tracking CPU allocator measured in a real shardtrain-train
-// run (memory_peak_bytes in metrics.jsonl: exact tensor bytes, per rank and
-// step; the plan is compared with the largest over ranks and steps). Two
+// strategy, at world sizes 1, 2 and 4 on gpt2-tiny and gpt2-mini, and of
+// every pipeline stage (GPipe and 1F1B, with and without activation
+// checkpointing, one replica or DDP), within 2% of the peak the tracking CPU
+// allocator measured in a real shardtrain-train run (memory_peak_bytes in
+// metrics.jsonl: exact tensor bytes, per rank and step; the plan is compared
+// with the largest over steps, and over ranks, or over a stage's ranks). Two
 // steps suffice: the second is the first with the optimizer's state alive,
 // and every later step repeats it (a third step measured the same bytes).
 #include "core/train/memory_plan.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,9 +64,21 @@ class MemoryPlanTest : public testing::Test {
 
   // The largest memory_peak_bytes of any rank and step of a 2-step run.
   static int64_t MeasuredPeak(const TrainConfig& config, int64_t world) {
+    int64_t peak = 0;
+    for (const auto& [rank, bytes] : MeasuredPeaks(config, world)) {
+      peak = std::max(peak, bytes);
+    }
+    return peak;
+  }
+
+  // Each rank's largest memory_peak_bytes over the steps of a 2-step run.
+  static std::map<int64_t, int64_t> MeasuredPeaks(const TrainConfig& config,
+                                                  int64_t world) {
     const std::string name = absl::StrCat(
         std::hash<std::string>()(config.model), "_", config.strategy, "_",
-        world, "_", config.activation_checkpointing);
+        world, "_", config.activation_checkpointing, "_pp",
+        config.pipeline_stages, "_", config.micro_batches, "_",
+        config.pipeline_schedule);
     const fs::path out = *dir_ / name;
     std::string command =
         std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train --model " +
@@ -76,22 +91,27 @@ class MemoryPlanTest : public testing::Test {
         config.activation_checkpointing + " --shard-group-size " +
         std::to_string(config.shard_group_size) +
         " --max-steps 2 --eval-steps 1 --out " + out.string();
-    if (config.strategy != "single")
-      command += " --nproc " + std::to_string(world);
+    if (world > 1) command += " --nproc " + std::to_string(world);
+    if (config.pipeline_stages > 1) {
+      command +=
+          absl::StrCat(" --pipeline-stages ", config.pipeline_stages,
+                       " --micro-batches ", config.micro_batches,
+                       " --pipeline-schedule ", config.pipeline_schedule);
+    }
     const test::CommandResult r = test::RunCommand(command);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::ifstream metrics(out / "metrics.jsonl");
     std::string line;
-    int64_t peak = 0;
+    std::map<int64_t, int64_t> peaks;
     int rows = 0;
     while (std::getline(metrics, line)) {
       absl::StatusOr<StepMetrics> m = StepMetrics::FromJson(line);
       if (!m.ok()) continue;
-      peak = std::max(peak, m->memory_peak_bytes);
+      peaks[m->rank] = std::max(peaks[m->rank], m->memory_peak_bytes);
       ++rows;
     }
     EXPECT_EQ(rows, 2 * world) << name;
-    return peak;
+    return peaks;
   }
 
   static fs::path* dir_;
@@ -204,6 +224,164 @@ TEST_F(MemoryPlanTest, PredictsThePeakAtTheStartOfARecomputedBlock) {
   }
 }
 
+// A pipeline run: `stages` stages x `world` / `stages` replicas (DDP for
+// more than one), its batch cut into `micro_batches`.
+struct PipelineCase {
+  int64_t stages;
+  int64_t world;
+  int64_t micro_batches;
+  const char* schedule;
+  const char* checkpointing;
+};
+
+// Every stage's plan (PlanPipelineStages) against the largest peak its
+// ranks measured (rank r runs stage r / replicas).
+void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
+                   const PipelineCase& c) {
+  TrainConfig config;
+  config.model = model;
+  config.strategy = c.world > c.stages ? "ddp" : "single";
+  config.batch_size = batch;
+  config.seq_len = seq;
+  config.pipeline_stages = c.stages;
+  config.micro_batches = c.micro_batches;
+  config.pipeline_schedule = c.schedule;
+  config.activation_checkpointing = c.checkpointing;
+  absl::StatusOr<std::vector<MemoryPlan>> plans =
+      PlanPipelineStages(config, c.world);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), static_cast<size_t>(c.stages));
+  const std::map<int64_t, int64_t> peaks =
+      MemoryPlanTest::MeasuredPeaks(config, c.world);
+  const int64_t replicas = c.world / c.stages;
+  for (const MemoryPlan& plan : *plans) {
+    int64_t measured = 0;
+    for (const auto& [rank, bytes] : peaks) {
+      if (rank / replicas == plan.stage) measured = std::max(measured, bytes);
+    }
+    const double error =
+        static_cast<double>(plan.total() - measured) / measured;
+    std::printf(
+        "%s %ld stages x %ld %s, %s, %ld micro-batches, activation "
+        "checkpointing %s: stage %ld (%s) predicted %.2f MiB at %s, measured "
+        "%.2f MiB (%+.2f%%)\n",
+        model.c_str(), static_cast<long>(c.stages), static_cast<long>(replicas),
+        config.strategy.c_str(), c.schedule, static_cast<long>(c.micro_batches),
+        c.checkpointing, static_cast<long>(plan.stage),
+        plan.stage_layers.c_str(), plan.total() / 1048576.0,
+        plan.PeakMomentName().c_str(), measured / 1048576.0, 100 * error);
+    EXPECT_LE(std::abs(error), kTolerance)
+        << model << " pp" << c.stages << " " << c.schedule << " "
+        << c.checkpointing << " stage " << plan.stage;
+  }
+}
+
+// gpt2-tiny's two blocks in two stages: stage 0 peaks in the embeddings'
+// backward (wte's dense gradient), the last stage at its LM head, where
+// GPipe holds every micro-batch's gradient of wte; one replica or two.
+TEST_F(MemoryPlanTest, PredictsEachPipelineStageOfGpt2Tiny) {
+  for (const PipelineCase& c : {PipelineCase{2, 2, 2, "1f1b", "none"},
+                                PipelineCase{2, 2, 4, "gpipe", "all"},
+                                PipelineCase{2, 4, 2, "1f1b", "none"}}) {
+    CheckPipeline("gpt2-tiny", 4, 128, c);
+  }
+}
+
+// gpt2-mini in two stages (three blocks and one); the second replica's
+// stage 0 peaks in the all-reduce of its gradients.
+TEST_F(MemoryPlanTest, PredictsEachStageOfGpt2MiniInTwoStages) {
+  for (const PipelineCase& c : {PipelineCase{2, 2, 4, "gpipe", "none"},
+                                PipelineCase{2, 2, 2, "1f1b", "every-2"},
+                                PipelineCase{2, 4, 2, "1f1b", "none"}}) {
+    CheckPipeline("gpt2-mini", 4, 64, c);
+  }
+}
+
+// gpt2-mini in four stages of one block: the middle stages, without
+// embeddings or head, peak in a block's backward, holding 3 and 2
+// micro-batches under 1F1B and all 4 under GPipe.
+TEST_F(MemoryPlanTest, PredictsEachStageOfGpt2MiniInFourStages) {
+  for (const PipelineCase& c : {PipelineCase{4, 4, 4, "1f1b", "none"},
+                                PipelineCase{4, 4, 4, "gpipe", "all"}}) {
+    CheckPipeline("gpt2-mini", 4, 64, c);
+  }
+}
+
+// Each stage plans its own share: the embeddings on stage 0, ln_f and the
+// tied wte's copy on the last, the micro-batches the schedule has it hold
+// (1F1B: S - s, GPipe: all), and PlanMemory is the stage that needs most.
+TEST(MemoryPlanPipelineTest, EachStagePlansItsShareAndSchedule) {
+  TrainConfig config;
+  config.model = "gpt2-mini";  // 4 blocks of C 256, positions 512
+  config.strategy = "single";
+  config.batch_size = 8;
+  config.seq_len = 64;
+  config.pipeline_stages = 4;
+  config.micro_batches = 8;
+  absl::StatusOr<std::vector<MemoryPlan>> plans = PlanPipelineStages(config, 4);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 4u);
+  const int64_t c = 256, block = 12 * c * c + 13 * c, wte = 50304 * c;
+  EXPECT_EQ((*plans)[0].parameters, 4 * (block + wte + 512 * c));
+  EXPECT_EQ((*plans)[1].parameters, 4 * block);
+  EXPECT_EQ((*plans)[3].parameters, 4 * (block + wte + 2 * c));
+  EXPECT_EQ((*plans)[3].stage_layers, "block 3, head");
+  for (const MemoryPlan& plan : *plans) {
+    EXPECT_EQ(plan.pipeline_stages, 4);
+    EXPECT_EQ(plan.optimizer_state, 2 * plan.parameters);
+  }
+  // The middle stages peak in a backward with all their micro-batches held.
+  EXPECT_EQ((*plans)[1].micro_batches_in_flight, 3);
+  EXPECT_EQ((*plans)[2].micro_batches_in_flight, 2);
+  EXPECT_EQ((*plans)[3].peak_moment, MemoryPlan::Moment::kHead);
+  const MemoryPlan& largest = *std::max_element(
+      plans->begin(), plans->end(),
+      [](const auto& a, const auto& b) { return a.total() < b.total(); });
+  EXPECT_EQ(PlanMemory(config, 4)->total(), largest.total());
+
+  config.pipeline_schedule = "gpipe";
+  absl::StatusOr<std::vector<MemoryPlan>> gpipe = PlanPipelineStages(config, 4);
+  ASSERT_TRUE(gpipe.ok()) << gpipe.status();
+  EXPECT_EQ((*gpipe)[1].micro_batches_in_flight, 8);
+  EXPECT_GT((*gpipe)[1].activations, (*plans)[1].activations);
+  // The last stage holds every micro-batch's gradient of wte from its head.
+  EXPECT_GT((*gpipe)[3].logits - (*plans)[3].logits, 7 * 4 * wte);
+}
+
+// What a pipeline plan refuses: FSDP or HSDP within a stage, a world that is
+// not a multiple of the stages, more stages than blocks; and --fit's batch
+// is a whole number of micro-batches.
+TEST(MemoryPlanPipelineTest, RefusesWhatThePipelineCannotRun) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.seq_len = 64;
+  config.batch_size = 4;
+  config.pipeline_stages = 2;
+  config.micro_batches = 4;
+  for (const auto& [strategy, name] :
+       {std::pair<const char*, const char*>{"fsdp", "FSDP within a stage"},
+        {"hsdp", "HSDP within a stage"}}) {
+    config.strategy = strategy;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, 4);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(plan.status().message()), testing::HasSubstr(name));
+  }
+  config.strategy = "ddp";
+  EXPECT_FALSE(PlanMemory(config, 3).ok());
+  config.pipeline_stages = 8;
+  EXPECT_FALSE(PlanMemory(config, 8).ok());
+  config.pipeline_stages = 2;
+  absl::StatusOr<int64_t> batch =
+      LargestFittingBatch(config, 4, int64_t{400} << 20);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_GT(*batch, 0);
+  EXPECT_EQ(*batch % 4, 0);
+  config.batch_size = *batch;
+  EXPECT_LE(PlanMemory(config, 4)->total(), int64_t{400} << 20);
+  config.batch_size = *batch + 4;
+  EXPECT_GT(PlanMemory(config, 4)->total(), int64_t{400} << 20);
+}
+
 // What recomputation saves, as planned: every block's ~16 C floats per token
 // become one residual (C) for "all".
 TEST(MemoryPlanCheckpointTest, RecomputingBlocksShrinksTheActivations) {
@@ -284,9 +462,10 @@ TEST_F(MemoryPlanTest, AMemoryCapBelowThePeakFailsOutOfMemory) {
   EXPECT_NE(bad.err.find("'lots' is not a size"), std::string::npos) << bad.err;
 }
 
-// `plan --fit` answers per strategy, with and without activation
-// checkpointing, the largest batch per device under the memory given: the
-// library's LargestFittingBatch, and the most sequences per step named.
+// `plan --fit` answers per strategy and pipeline mesh, with and without
+// activation checkpointing, the largest batch per device (per replica for a
+// mesh) under the memory given: the library's LargestFittingBatch, and the
+// most sequences per step named.
 TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
                            "/bin/shardtrain plan --fit --model gpt2-mini "
@@ -295,8 +474,11 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
       test::RunCommand(plan + "--memory-per-device 512MiB -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
-  ASSERT_EQ(out["fits"].size(), 8u);  // 4 strategies x with/without
+  // 4 strategies and 2 meshes (pp2xddp2, pp4: gpt2-mini has 4 blocks), with
+  // and without.
+  ASSERT_EQ(out["fits"].size(), 12u);
   int64_t most = 0;
+  std::vector<std::string> meshes;
   for (const nlohmann::json& row : out["fits"]) {
     TrainConfig config;
     config.model = "gpt2-mini";
@@ -304,13 +486,25 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
     config.strategy = row["strategy"];
     config.activation_checkpointing = row["activation_checkpointing"];
     const int64_t world = row["world_size"];
-    EXPECT_EQ(world, config.strategy == "single" ? 1 : 4);
+    if (row.contains("mesh")) {
+      config.pipeline_stages = row["pipeline_stages"];
+      config.micro_batches = row["micro_batches"];
+      EXPECT_EQ(world, 4);
+      EXPECT_EQ(row["batch_size"].get<int64_t>() % config.micro_batches, 0);
+      EXPECT_EQ(row["global_batch"].get<int64_t>(),
+                row["batch_size"].get<int64_t>() * 4 / config.pipeline_stages);
+      meshes.push_back(row["mesh"]);
+    } else {
+      EXPECT_EQ(world, config.strategy == "single" ? 1 : 4);
+    }
     EXPECT_EQ(
         row["batch_size"],
         *LargestFittingBatch(config, world, PlannableBytes(int64_t{512} << 20)))
         << row.dump();
     most = std::max<int64_t>(most, row["global_batch"]);
   }
+  EXPECT_EQ(meshes,
+            (std::vector<std::string>{"pp2xddp2", "pp2xddp2", "pp4", "pp4"}));
   ASSERT_TRUE(out.contains("best")) << r.out;
   // A sharded strategy: FSDP over all 4 holds the least model state, HSDP
   // (groups of 2) gathers half as many hidden states at its head, and which
@@ -343,7 +537,7 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   const test::CommandResult all_two = test::RunCommand(two);
   ASSERT_EQ(all_two.exit_code, 0) << all_two.err;
   const nlohmann::json fits = nlohmann::json::parse(all_two.out)["fits"];
-  EXPECT_EQ(fits.size(), 6u) << all_two.out;
+  EXPECT_EQ(fits.size(), 8u) << all_two.out;  // single, ddp, fsdp and pp2
   for (const nlohmann::json& row : fits) EXPECT_NE(row["strategy"], "hsdp");
   const test::CommandResult asked = test::RunCommand(two + " --strategy hsdp");
   ASSERT_EQ(asked.exit_code, 0) << asked.err;
@@ -425,6 +619,56 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
                        "/bin/shardtrain plan --strategy single --world-size 2");
   EXPECT_EQ(single.exit_code, 2);
   EXPECT_NE(single.err.find("world size 1"), std::string::npos) << single.err;
+}
+
+// With --pp, plan prints each stage: the JSON's stages are the library's,
+// the plan's total is its largest stage's, and the table has a column per
+// stage.
+TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
+  const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
+                           "/bin/shardtrain plan --model gpt2-mini --pp 2 "
+                           "--world-size 4 --batch-size 4 --micro-batches 2 "
+                           "--seq-len 64 --pipeline-schedule gpipe";
+  const test::CommandResult r = test::RunCommand(plan + " -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  ASSERT_EQ(out["plans"].size(), 2u);  // single (on 2 ranks) and ddp
+  for (const nlohmann::json& entry : out["plans"]) {
+    TrainConfig config;
+    config.model = "gpt2-mini";
+    config.strategy = entry["strategy"];
+    config.batch_size = entry["batch_size"];
+    config.seq_len = 64;
+    config.pipeline_stages = 2;
+    config.micro_batches = 2;
+    config.pipeline_schedule = "gpipe";
+    const absl::StatusOr<std::vector<MemoryPlan>> expected =
+        PlanPipelineStages(config, entry["world_size"]);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_EQ(entry["stages"].size(), 2u);
+    int64_t largest = 0;
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(entry["stages"][s]["total_bytes_per_rank"],
+                (*expected)[s].total());
+      EXPECT_EQ(entry["stages"][s]["stage_layers"],
+                (*expected)[s].stage_layers);
+      largest = std::max(largest, (*expected)[s].total());
+    }
+    EXPECT_EQ(entry["total_bytes_per_rank"], largest);
+    EXPECT_EQ(entry["world_size"], config.strategy == "single" ? 2 : 4);
+  }
+  const test::CommandResult table = test::RunCommand(plan);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("ddp stage 1: block 3, head (world 4, batch 4)"),
+            std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("micro-batches held"), std::string::npos);
+
+  // Not planned for sharded stages.
+  const test::CommandResult fsdp = test::RunCommand(plan + " --strategy fsdp");
+  EXPECT_NE(fsdp.exit_code, 0);
+  EXPECT_NE(fsdp.err.find("FSDP"), std::string::npos) << fsdp.err;
+  EXPECT_NE(fsdp.err.find("within a stage"), std::string::npos) << fsdp.err;
 }
 
 }  // namespace
