@@ -52,9 +52,9 @@ struct FitRow {
 
 // The pipeline meshes --fit weighs on `devices`: S stages (the stages asked
 // for, else 2, 4, 8, ... up to the model's blocks) x D = devices / S
-// replicas, single for one replica and DDP for more (only `strategy`'s,
-// when given), each step's batch cut into --micro-batches (when more than
-// 1) or S micro-batches.
+// ranks per stage, single for one and DDP or FSDP for more (only
+// `strategy`'s, when given), each step's batch cut into --micro-batches
+// (when more than 1) or S micro-batches.
 std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
                                     const std::string& strategy) {
   std::vector<FitRow> rows;
@@ -64,17 +64,22 @@ std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
        stages *= 2) {
     if (base.pipeline_stages > 1 && stages != base.pipeline_stages) continue;
     if (devices % stages != 0) continue;
-    FitRow row;
-    row.stages = stages;
-    row.world = devices;
-    row.replicas = devices / stages;
-    row.strategy = row.replicas == 1 ? "single" : "ddp";
-    if (!strategy.empty() && strategy != row.strategy) continue;
-    row.mesh = row.replicas == 1 ? absl::StrCat("pp", stages)
-                                 : absl::StrCat("pp", stages, "x", row.strategy,
-                                                row.replicas);
-    row.micro_batches = base.micro_batches > 1 ? base.micro_batches : stages;
-    rows.push_back(row);
+    const int64_t replicas = devices / stages;
+    for (const char* name : replicas == 1
+                                ? std::vector<const char*>{"single"}
+                                : std::vector<const char*>{"ddp", "fsdp"}) {
+      if (!strategy.empty() && strategy != name) continue;
+      FitRow row;
+      row.stages = stages;
+      row.world = devices;
+      row.replicas = replicas;
+      row.strategy = name;
+      row.mesh = replicas == 1
+                     ? absl::StrCat("pp", stages)
+                     : absl::StrCat("pp", stages, "x", name, replicas);
+      row.micro_batches = base.micro_batches > 1 ? base.micro_batches : stages;
+      rows.push_back(row);
+    }
   }
   return rows;
 }

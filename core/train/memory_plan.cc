@@ -170,9 +170,11 @@ constexpr MomentNames kMomentNames[] = {
     {"the backward of a micro-batch's last block", "backward"},
     {"the embeddings' backward", "embeddings' backward"},
     {"the replicas' gradient all-reduce", "gradient all-reduce"},
+    {"the reduce-scatter of the stage's gradients", "reduce-scatter"},
 };
 static_assert(std::size(kMomentNames) ==
-              static_cast<size_t>(MemoryPlan::Moment::kGradientAllReduce) + 1);
+              static_cast<size_t>(MemoryPlan::Moment::kGradientReduceScatter) +
+                  1);
 
 }  // namespace
 
@@ -246,13 +248,13 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
         "without)"));
   }
-  // A stage's ranks are planned as whole replicas of it.
-  if (const StrategyKind* kind = FindStrategyKind(config.strategy);
-      kind != nullptr && kind->layout != StateLayout::kReplicated) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the memory plan of pipeline stages covers single and ddp (whole "
-        "replicas of a stage); ",
-        kind->display_name, " within a stage is not planned"));
+  // A stage's ranks replicate it (single, ddp) or shard it (fsdp).
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind != nullptr && !ComposesWithPipelineStages(*kind)) {
+    return absl::UnimplementedError(
+        absl::StrCat("the memory plan of pipeline stages covers ",
+                     PipelineStrategyNameList(), "; ", kind->display_name,
+                     " within a stage is not planned"));
   }
   if (absl::Status s = config.ValidatePipeline(*model); !s.ok()) return s;
   if (absl::Status s = config.CheckPipelineWorld(world_size); !s.ok()) {
@@ -307,6 +309,22 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         (s.head ? s.wte_params + 2 * s.c : 0);
     const int64_t recomputed = RecomputedBlocks(s, *every);
 
+    // FSDP within the stage (PipelineStrategy::ShardStage): one unit per
+    // block, wte alone, the other root tensors together, each padded to a
+    // multiple of the stage's D ranks; a rank keeps a shard of each, and the
+    // whole stage is gathered (and its full gradients made) within a step.
+    const int64_t replicas = config.DataParallelSize(world_size);
+    const bool sharded = kind != nullptr &&
+                         kind->layout == StateLayout::kSharded && replicas > 1;
+    int64_t full = 0;  // the stage's padded units, in elements
+    if (sharded) {
+      full = s.layers * RoundUp(s.block_params, replicas);
+      if (s.embeddings || s.head) full += RoundUp(s.wte_params, replicas);
+      if (s.embeddings) full += RoundUp(s.root_params - 2 * s.c, replicas);
+      if (s.head) full += RoundUp(2 * s.c, replicas);
+    }
+    const int64_t shard = full / std::max<int64_t>(1, replicas);
+
     MemoryPlan base;
     base.strategy = config.strategy;
     base.world_size = world_size;
@@ -318,6 +336,21 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     base.gradients = 4 * params;
     base.optimizer_state = 8 * params;
     if (bf16) base.gathered_units = 2 * s.layers * 12 * s.c * s.c;
+    if (sharded) {
+      base.parameters = 4 * shard;
+      base.gradients = 4 * shard;
+      base.optimizer_state = 8 * shard;
+      base.gathered_units = (bf16 ? 2 : 4) * full;
+    }
+    // The full gradients of a sharded stage exist from its first backward
+    // of the step to the reduce-scatter; in the first backward of the head
+    // stage, wte's is the gradient its head made in forward (already
+    // counted with the micro-batch), taken over by the leaf.
+    const int64_t wte_padded =
+        sharded && s.head ? RoundUp(s.wte_params, replicas) : 0;
+    auto full_gradients = [&](int64_t backwards_done) {
+      return 4 * (full - (backwards_done == 0 ? wte_padded : 0));
+    };
 
     // One micro-batch at the end of its forward, and held from then until
     // its backward: the head's ln_f output is freed, its gradients of the
@@ -368,6 +401,7 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         at.logits = (in_flight - 1) * held_head +
                     (s.head ? HeadLogitsBytes(s, chunk_budget, bf16) : 0);
         at.communication = sends(forward_count, done);
+        if (sharded && done > 0) at.gradients += full_gradients(done);
         at.peak_moment = s.head ? MemoryPlan::Moment::kHead
                                 : MemoryPlan::Moment::kStageForward;
         consider(at);
@@ -377,9 +411,14 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       at.activations = ids_and_mask + in_flight * held;
       at.logits = in_flight * held_head;
       at.communication = sends(forward_count, done) + received;
+      if (sharded) at.gradients += full_gradients(done);
       if (!top_recomputed) {
         MemoryPlan in_block = at;
-        in_block.backward = BlockBackwardBytes(s);
+        // A sharded block's gradient arrives as one flat tensor, made
+        // from its parameters' before it is added to the unit's.
+        in_block.backward =
+            BlockBackwardBytes(s) +
+            (sharded ? 4 * RoundUp(s.block_params, replicas) : 0);
         in_block.peak_moment = MemoryPlan::Moment::kStageBackward;
         consider(in_block);
       }
@@ -397,7 +436,16 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       --in_flight;
       ++done;
     }
-    if (config.DataParallelSize(world_size) > 1) {
+    if (sharded) {
+      // After the schedule, every unit's full gradient is reduce-scattered
+      // into a shard-sized output while the units are still gathered.
+      MemoryPlan at = base;
+      at.activations = ids_and_mask;
+      at.gradients += full_gradients(done);
+      at.communication = 4 * shard;
+      at.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
+      consider(at);
+    } else if (replicas > 1) {
       // After the schedule, the stage's replicas average its gradients
       // through one flat copy of them (PipelineStrategy's all-reduce).
       MemoryPlan at = base;

@@ -82,7 +82,7 @@ struct MemoryPlan {
   // forward, in the backward of its last block (an MLP weight's gradient or
   // the MLP's gradients), in the embeddings' backward (stage 0: wte's dense
   // gradient is made), or, with data-parallel replicas, in the all-reduce
-  // of the stage's gradients.
+  // of the stage's gradients (FSDP within the stage: their reduce-scatter).
   enum class Moment {
     kHead,
     kRecomputedSoftmax,
@@ -91,6 +91,7 @@ struct MemoryPlan {
     kStageBackward,
     kEmbeddingBackward,
     kGradientAllReduce,
+    kGradientReduceScatter,
   };
   Moment peak_moment = Moment::kHead;
   // "the end of the forward (LM head)", ... for sentences and JSON; "LM

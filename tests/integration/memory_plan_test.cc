@@ -232,6 +232,7 @@ struct PipelineCase {
   int64_t micro_batches;
   const char* schedule;
   const char* checkpointing;
+  const char* strategy = "";  // "": single for one replica, else ddp
 };
 
 // Every stage's plan (PlanPipelineStages) against the largest peak its
@@ -240,7 +241,9 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
                    const PipelineCase& c) {
   TrainConfig config;
   config.model = model;
-  config.strategy = c.world > c.stages ? "ddp" : "single";
+  config.strategy = *c.strategy != '\0'  ? c.strategy
+                    : c.world > c.stages ? "ddp"
+                                         : "single";
   config.batch_size = batch;
   config.seq_len = seq;
   config.pipeline_stages = c.stages;
@@ -307,6 +310,16 @@ TEST_F(MemoryPlanTest, PredictsEachStageOfGpt2MiniInFourStages) {
   }
 }
 
+// FSDP within each stage of gpt2-mini's two: a shard of the stage kept, the
+// whole stage gathered and its full gradients made within the step.
+TEST_F(MemoryPlanTest, PredictsEachShardedStageOfGpt2Mini) {
+  for (const PipelineCase& c :
+       {PipelineCase{2, 4, 2, "1f1b", "none", "fsdp"},
+        PipelineCase{2, 4, 4, "gpipe", "every-2", "fsdp"}}) {
+    CheckPipeline("gpt2-mini", 4, 64, c);
+  }
+}
+
 // Each stage plans its own share: the embeddings on stage 0, ln_f and the
 // tied wte's copy on the last, the micro-batches the schedule has it hold
 // (1F1B: S - s, GPipe: all), and PlanMemory is the stage that needs most.
@@ -359,8 +372,7 @@ TEST(MemoryPlanPipelineTest, RefusesWhatThePipelineCannotRun) {
   config.pipeline_stages = 2;
   config.micro_batches = 4;
   for (const auto& [strategy, name] :
-       {std::pair<const char*, const char*>{"fsdp", "FSDP within a stage"},
-        {"hsdp", "HSDP within a stage"}}) {
+       {std::pair<const char*, const char*>{"hsdp", "HSDP within a stage"}}) {
     config.strategy = strategy;
     absl::StatusOr<MemoryPlan> plan = PlanMemory(config, 4);
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
@@ -474,9 +486,9 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
       test::RunCommand(plan + "--memory-per-device 512MiB -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
-  // 4 strategies and 2 meshes (pp2xddp2, pp4: gpt2-mini has 4 blocks), with
-  // and without.
-  ASSERT_EQ(out["fits"].size(), 12u);
+  // 4 strategies and 3 meshes (pp2xddp2, pp2xfsdp2, pp4: gpt2-mini has 4
+  // blocks), with and without.
+  ASSERT_EQ(out["fits"].size(), 14u);
   int64_t most = 0;
   std::vector<std::string> meshes;
   for (const nlohmann::json& row : out["fits"]) {
@@ -504,7 +516,8 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
     most = std::max<int64_t>(most, row["global_batch"]);
   }
   EXPECT_EQ(meshes,
-            (std::vector<std::string>{"pp2xddp2", "pp2xddp2", "pp4", "pp4"}));
+            (std::vector<std::string>{"pp2xddp2", "pp2xddp2", "pp2xfsdp2",
+                                      "pp2xfsdp2", "pp4", "pp4"}));
   ASSERT_TRUE(out.contains("best")) << r.out;
   // A sharded strategy: FSDP over all 4 holds the least model state, HSDP
   // (groups of 2) gathers half as many hidden states at its head, and which
@@ -632,7 +645,8 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   const test::CommandResult r = test::RunCommand(plan + " -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
-  ASSERT_EQ(out["plans"].size(), 2u);  // single (on 2 ranks) and ddp
+  // single (on 2 ranks), ddp and fsdp
+  ASSERT_EQ(out["plans"].size(), 3u);
   for (const nlohmann::json& entry : out["plans"]) {
     TrainConfig config;
     config.model = "gpt2-mini";
@@ -664,11 +678,14 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
       << table.out;
   EXPECT_NE(table.out.find("micro-batches held"), std::string::npos);
 
-  // Not planned for sharded stages.
-  const test::CommandResult fsdp = test::RunCommand(plan + " --strategy fsdp");
-  EXPECT_NE(fsdp.exit_code, 0);
-  EXPECT_NE(fsdp.err.find("FSDP"), std::string::npos) << fsdp.err;
-  EXPECT_NE(fsdp.err.find("within a stage"), std::string::npos) << fsdp.err;
+  EXPECT_NE(table.out.find("fsdp stage 0: blocks 0-2, embeddings (world 4"),
+            std::string::npos)
+      << table.out;
+  // HSDP within a stage does not run: refused before anything is planned.
+  const test::CommandResult hsdp = test::RunCommand(plan + " --strategy hsdp");
+  EXPECT_EQ(hsdp.exit_code, 2);
+  EXPECT_NE(hsdp.err.find("HSDP within a stage"), std::string::npos)
+      << hsdp.err;
 }
 
 }  // namespace
