@@ -5,10 +5,13 @@ The same model, global batch and steps under
   single    shardtrain-train, one process
   ddp/fsdp  --nproc 2, half the batch per rank
   ppS mM    --pp S --nproc S --micro-batches M (schedule 1f1b unless said)
+  meshes    four ranks as DDP 4, FSDP 4, PP 2 x DDP 2 and PP 2 x FSDP 2
 and prints Markdown tables: the median step time after warm-up, the ideal
 bubble (S-1)/(M+S-1), the share of the step each stage spent blocked on
 communication (its wait for activations and gradients, which holds the
-bubble), and the peak tensor memory of each stage.
+bubble), and the peak tensor memory of each stage; for the meshes, each
+rank's measured bubble share (pipeline_bubble_seconds), point-to-point bytes
+per step and model state. --meshes-only runs the last table alone.
 
   /usr/bin/python3 bench/pipeline_bench.py --data ~/.cache/shardtrain/data/brown
 """
@@ -42,7 +45,29 @@ def run(args: list[str], common: list[str]) -> dict:
         "comm_share": [statistics.median(r["comm_seconds"] / r["step_seconds"] for r in steps[k])
                        for k in sorted(steps)],
         "peak_mib": [max(r["memory_peak_bytes"] for r in by_rank[k]) / 2**20 for k in sorted(by_rank)],
+        "bubble_share": [statistics.median(r.get("pipeline_bubble_seconds", 0) / r["step_seconds"]
+                                           for r in steps[k]) for k in sorted(steps)],
+        "p2p_mib": [statistics.median(r.get("p2p_bytes", 0) for r in steps[k]) / 2**20
+                    for k in sorted(steps)],
+        "state_mib": [by_rank[k][-1]["model_state_bytes"] / 2**20 for k in sorted(by_rank)],
     }
+
+
+def meshes(b: int, common: list[str]) -> None:
+    """Four ranks as data parallelism alone and as 2 stages x 2."""
+    print("\n| mesh (4 ranks) | step (s) | bubble share per rank | p2p MiB/step per rank | "
+          "model state per rank (MiB) | peak per rank (MiB) |\n| --- | --- | --- | --- | --- | --- |")
+    for name, extra in (("ddp 4", ["--strategy", "ddp"]),
+                        ("fsdp 4", ["--strategy", "fsdp"]),
+                        ("pp 2 x ddp 2", ["--strategy", "ddp", "--pp", "2", "--micro-batches", "4"]),
+                        ("pp 2 x fsdp 2", ["--strategy", "fsdp", "--pp", "2", "--micro-batches", "4"])):
+        pp = "--pp" in extra
+        r = run([*extra, "--nproc", "4", "--batch-size", str(b // (2 if pp else 4))], common)
+        print(f"| {name} | {r['step_s']:.3f} | "
+              f"{' / '.join(f'{c:.2f}' for c in r['bubble_share']) if pp else '-'} | "
+              f"{' / '.join(f'{c:.1f}' for c in r['p2p_mib']) if pp else '-'} | "
+              f"{' / '.join(f'{p:.1f}' for p in r['state_mib'])} | "
+              f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
 
 
 def main() -> None:
@@ -52,6 +77,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16, help="global batch")
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--meshes-only", action="store_true",
+                        help="only the four-rank meshes (PP x DDP, PP x FSDP)")
     args = parser.parse_args()
     common = ["--data", args.data, "--model", args.model, "--seq-len", str(args.seq_len),
               "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
@@ -60,6 +87,9 @@ def main() -> None:
 
     print(f"{args.model}, seq {args.seq_len}, global batch {b}, 1 thread per rank, "
           f"median of steps {WARMUP + 1}-{args.steps}\n")
+    if args.meshes_only:
+        meshes(b, common)
+        return
     base = {
         "single": run(["--strategy", "single", "--batch-size", str(b)], common),
         "ddp 2": run(["--strategy", "ddp", "--nproc", "2", "--batch-size", str(b // 2)], common),
@@ -89,6 +119,7 @@ def main() -> None:
                      "--pipeline-schedule", schedule], common)
             print(f"| {schedule} | {stages} | 8 | {r['step_s']:.3f} | "
                   f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
+    meshes(b, common)
 
 
 if __name__ == "__main__":
