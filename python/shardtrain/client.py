@@ -7,6 +7,7 @@ import dataclasses
 import datetime as _dt
 import math
 import os
+import re
 import statistics
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -383,25 +384,32 @@ class Client:
         """The same model and data under each strategy, one after the other,
         as ``shardtrain compare`` runs them: distributed strategies on
         ``world_size`` ranks, single-device on one with the whole global
-        batch (strong scaling), so the losses match step for step. Returns
-        one :class:`StrategyResult` per strategy; raises
-        :class:`JobDidNotSucceed` if a run fails."""
+        batch (strong scaling), so the losses match step for step. An entry
+        may also be a pipeline mesh as ``shardtrain compare`` names it:
+        ``ppS`` (S stages of one replica) or ``ppSx<strategy>[D]`` (S stages
+        x D ranks per stage; without D, ``world_size / S``), each replica
+        given its share of the global batch. Returns one
+        :class:`StrategyResult` per entry; raises :class:`JobDidNotSucceed`
+        if a run fails (a mesh the daemon refuses raises its error)."""
         study = kwargs.pop("name", None) or f"compare-{int(time.time())}"
         labels = dict(kwargs.pop("labels", {}) or {})
         base = build_spec(spec, **kwargs)
         results = Comparison()
         # 8: TrainConfig's default batch per rank.
         per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
-        for strategy in strategies:
+        for entry in strategies:
+            strategy, stages, ranks = _study_entry(entry, world_size)
             one = job_pb2.JobSpec()
             one.CopyFrom(base)
             one.strategy.name = strategy
-            distributed = strategy != "single"
-            one.world_size = world_size if distributed else 1
-            # Single-device trains on the global batch.
-            one.trainer.batch_size = per_rank * (1 if distributed else world_size)
-            one.name = f"{study}-{strategy}"
-            one.labels.update({**labels, "study": study, "strategy": strategy})
+            if stages > 1:
+                one.strategy.pipeline_stages = stages
+            one.world_size = ranks
+            # Every data-parallel replica its share of the global batch
+            # (single-device: all of it).
+            one.trainer.batch_size = per_rank * world_size // max(1, ranks // stages)
+            one.name = f"{study}-{entry}"
+            one.labels.update({**labels, "study": study, "strategy": entry})
             job = self.submit(one)
             finished = self.wait(job.id)
             if finished.state != "SUCCEEDED":
@@ -411,7 +419,7 @@ class Client:
             timed = [r["tokens_per_second"] for r in rank0[1:]] or [r["tokens_per_second"] for r in rank0]
             evaluated = [r["val_loss"] for r in rank0 if r["val_loss"] is not None]
             results.append(StrategyResult(
-                strategy=strategy, job_id=job.id, world_size=one.world_size,
+                strategy=entry, job_id=job.id, world_size=one.world_size,
                 batch_size=one.trainer.batch_size,
                 final_loss=rank0[-1]["loss"] if rank0 else math.nan,
                 val_loss=evaluated[-1] if evaluated else None,
@@ -419,3 +427,22 @@ class Client:
                 tokens_per_second=statistics.fmean(timed) if timed else math.nan,
                 grad_norm=rank0[-1]["grad_norm"] if rank0 else math.nan))
         return results
+
+
+_MESH = re.compile(r"pp(\d+)(?:x([a-z]+)(\d*))?")
+
+
+def _study_entry(entry: str, world_size: int) -> Tuple[str, int, int]:
+    """(data-parallel strategy, pipeline stages, ranks) of a compare entry:
+    a strategy name, or a pipeline mesh ``ppS`` / ``ppSx<strategy>[D]``
+    (the daemon checks the numbers)."""
+    mesh = _MESH.fullmatch(entry)
+    if mesh is None:
+        return entry, 1, 1 if entry == "single" else world_size
+    stages = int(mesh.group(1))
+    strategy = mesh.group(2) or "single"
+    if mesh.group(3):
+        per_stage = int(mesh.group(3))
+    else:
+        per_stage = 1 if strategy == "single" else max(1, world_size // max(1, stages))
+    return strategy, stages, stages * per_stage
