@@ -151,9 +151,17 @@ std::string* SlurmTestbedTest::up_error_ = nullptr;
 
 TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
   auto cluster = StartDaemon("slurm", /*slurm=*/true);
-  v1::Job ddp, fsdp;
+  v1::Job ddp, fsdp, pp2;
   ASSERT_GRPC_OK(cluster->Submit(TinySpec("ddp", 6), &ddp));
   ASSERT_GRPC_OK(cluster->Submit(TinySpec("fsdp", 6), &fsdp));
+  // Two pipeline stages, one per node: activations and their gradients go
+  // point-to-point between the nodes; one replica on the global batch (4).
+  v1::JobSpec pipeline = TinySpec("single", 6);
+  pipeline.set_name("slurm-pp2");
+  pipeline.mutable_strategy()->set_pipeline_stages(2);
+  pipeline.mutable_strategy()->set_micro_batches(2);
+  pipeline.mutable_trainer()->set_batch_size(4);
+  ASSERT_GRPC_OK(cluster->Submit(pipeline, &pp2));
 
   // `shardtrain cluster`'s data: Slurm's nodes and partition.
   {
@@ -186,9 +194,9 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
     EXPECT_THAT(cli->out, HasSubstr("10.231.77.13"));
   }
 
-  std::map<int64_t, double> slurm_losses[2];
+  std::map<int64_t, double> slurm_losses[3];
   int i = 0;
-  for (const v1::Job& submitted : {ddp, fsdp}) {
+  for (const v1::Job& submitted : {ddp, fsdp, pp2}) {
     const v1::Job job =
         cluster->WaitFor(submitted.id(), test::IsTerminal, absl::Seconds(600));
     ASSERT_EQ(job.state(), v1::SUCCEEDED)
@@ -202,6 +210,8 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
     slurm_losses[i++] = Losses(*cluster, job.id());
   }
   ASSERT_EQ(slurm_losses[0].size(), 6u);
+  EXPECT_THAT(test::ReadFile(dir_ / ("slurm/jobs/" + pp2.id() + "/rank-0.log")),
+              HasSubstr("mesh: 2 pipeline stages x single 1"));
 
   // The same DDP job on one host (the local launcher).
   auto local = StartDaemon("local", /*slurm=*/false);
@@ -214,15 +224,19 @@ TEST_F(SlurmTestbedTest, DdpAndFsdpOnTwoNodesTrainAsOnOneHost) {
   ASSERT_EQ(local_losses.size(), 6u);
   double worst = 0;
   for (const auto& [step, loss] : local_losses) {
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 3; ++s) {
       const double other = slurm_losses[s].at(step);
       EXPECT_LE(std::abs(loss - other), 1e-5 * std::abs(loss))
-          << (s == 0 ? "ddp" : "fsdp") << " on Slurm, step " << step << ": "
-          << other << " vs " << loss << " on one host";
+          << (s == 0   ? "ddp"
+              : s == 1 ? "fsdp"
+                       : "pp2")
+          << " on Slurm, step " << step << ": " << other << " vs " << loss
+          << " on one host";
       worst = std::max(worst, std::abs(loss - other) / std::abs(loss));
     }
   }
-  std::cout << "slurm test bed: 2 nodes x 1 rank, ddp and fsdp vs one host: "
+  std::cout << "slurm test bed: 2 nodes x 1 rank, ddp, fsdp and 2 pipeline "
+               "stages vs one host: "
                "largest relative loss difference "
             << worst << " over " << local_losses.size() << " steps\n";
 }
