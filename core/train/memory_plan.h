@@ -130,9 +130,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(
 // (StageActions over micro_batches x grad_accum micro-batches of batch_size
 // / micro_batches rows): the activations of the micro-batches it holds, the
 // received activation and gradient buffers, the sends held until the step
-// ends, and the last stage's head. Unimplemented for a strategy that shards
-// a stage (FSDP, HSDP); InvalidArgument for what
-// TrainConfig::ValidatePipeline or CheckPipelineWorld refuses.
+// ends, and the last stage's head. With FSDP within the stage, a shard of its
+// units kept and the whole stage gathered within the step, its full
+// gradients from the first backward to the reduce-scatter. Unimplemented for
+// HSDP within a stage; InvalidArgument for what TrainConfig::ValidatePipeline
+// or CheckPipelineWorld refuses.
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());
