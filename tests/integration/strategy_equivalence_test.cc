@@ -50,10 +50,10 @@ class StrategyEquivalenceTest : public testing::Test {
   }
 
   // Eval covers eval_steps global batches (batch x world windows each).
-  static std::string Common(int eval_steps = 2) {
-    return " --data " + *dir_ +
-           "/data --model gpt2-tiny --seq-len 64 --max-steps 20 --warmup-steps "
-           "2"
+  static std::string Common(int eval_steps = 2,
+                            const std::string& model = "gpt2-tiny") {
+    return " --data " + *dir_ + "/data --model " + model +
+           " --seq-len 64 --max-steps 20 --warmup-steps 2"
            " --eval-every 10 --comm-timeout 60 --log-every 100 --eval-steps " +
            std::to_string(eval_steps);
   }
@@ -222,6 +222,19 @@ TEST_F(StrategyEquivalenceTest,
               pp2_ddp2.state_bytes.at(rank) * 0.51)
         << "rank " << rank;
   }
+  // Four stages of a four-block model, GPipe, every block recomputed (at lr
+  // 3e-4, which this small model needs to move in 20 steps).
+  const std::string four_blocks =
+      Common(2, "custom:n_layer=4,n_head=2,n_embd=64,block_size=64") +
+      " --lr 3e-4";
+  TrainRun single4 =
+      Train("single_pp4", "--strategy single --batch-size 8" + four_blocks);
+  TrainRun pp4 = Train("pp4",
+                       "--strategy single --pp 4 --nproc 4 --batch-size 8 "
+                       "--micro-batches 4 --pipeline-schedule gpipe "
+                       "--activation-checkpointing all" +
+                           four_blocks);
+  ExpectSameTraining("pp4", pp4, "single_pp4", single4, 1e-6, 1e-5);
 }
 
 TEST_F(StrategyEquivalenceTest,
