@@ -52,9 +52,9 @@ struct FitRow {
 
 // The pipeline meshes --fit weighs on `devices`: S stages (the stages asked
 // for, else 2, 4, 8, ... up to the model's blocks) x D = devices / S
-// ranks per stage, single for one and DDP or FSDP for more (only
-// `strategy`'s, when given), each step's batch cut into --micro-batches
-// (when more than 1) or S micro-batches.
+// ranks per stage, single for one and the distributed strategies a study
+// at D ranks includes for more (only `strategy`'s, when given), each step's
+// batch cut into --micro-batches (when more than 1) or S micro-batches.
 std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
                                     const std::string& strategy) {
   std::vector<FitRow> rows;
@@ -65,9 +65,8 @@ std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
     if (base.pipeline_stages > 1 && stages != base.pipeline_stages) continue;
     if (devices % stages != 0) continue;
     const int64_t replicas = devices / stages;
-    for (const char* name : replicas == 1
-                                ? std::vector<const char*>{"single"}
-                                : std::vector<const char*>{"ddp", "fsdp"}) {
+    for (const std::string& name : StudyStrategyNames(replicas)) {
+      if (FindStrategyKind(name)->distributed != (replicas > 1)) continue;
       if (!strategy.empty() && strategy != name) continue;
       FitRow row;
       row.stages = stages;
@@ -268,12 +267,16 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
 
   std::vector<std::vector<std::string>> table;
   for (const FitRow& row : rows) {
-    std::string name = row.name();
+    std::vector<std::string> notes;
     if (row.stages > 1) {
-      absl::StrAppend(&name, " (", row.micro_batches, " micro-batches)");
+      notes.push_back(absl::StrCat(row.micro_batches, " micro-batches"));
     }
     if (row.shard_group_size > 0) {
-      absl::StrAppend(&name, " (groups of ", row.shard_group_size, ")");
+      notes.push_back(absl::StrCat("groups of ", row.shard_group_size));
+    }
+    std::string name = row.name();
+    if (!notes.empty()) {
+      absl::StrAppend(&name, " (", absl::StrJoin(notes, ", "), ")");
     }
     table.push_back(
         {name, row.checkpointing == "all" ? "all blocks" : "none",
@@ -346,14 +349,9 @@ int RunPlan(const PlanOptions& options) {
     ReportFailure(s);
     return kExitUsage;
   }
-  std::vector<std::string> strategies;
-  for (const std::string& name :
-       options.strategy.empty() ? StudyStrategyNames(replicas)
-                                : std::vector<std::string>{options.strategy}) {
-    if (stages == 1 || ComposesWithPipelineStages(*FindStrategyKind(name))) {
-      strategies.push_back(name);
-    }
-  }
+  const std::vector<std::string> strategies =
+      options.strategy.empty() ? StudyStrategyNames(replicas)
+                               : std::vector<std::string>{options.strategy};
 
   // Every plan, one per pipeline stage with stages; each with its batch.
   std::vector<std::vector<MemoryPlan>> plans;
@@ -376,12 +374,6 @@ int RunPlan(const PlanOptions& options) {
       stage_plans = std::vector<MemoryPlan>{*plan};
     } else {
       stage_plans = plan.status();
-    }
-    // A strategy the plan does not cover within stages is left out of the
-    // study, and refused when asked for.
-    if (absl::IsUnimplemented(stage_plans.status()) &&
-        options.strategy.empty()) {
-      continue;
     }
     if (!stage_plans.ok()) return ReportFailure(stage_plans.status());
     plans.push_back(*std::move(stage_plans));
@@ -424,13 +416,17 @@ int RunPlan(const PlanOptions& options) {
   std::vector<MemoryPlan> columns;
   for (size_t i = 0; i < plans.size(); ++i) {
     for (const MemoryPlan& plan : plans[i]) {
+      const std::string name =
+          plan.shard_group_size > 0
+              ? absl::StrFormat("%s (groups of %d)", plan.strategy,
+                                plan.shard_group_size)
+              : plan.strategy;
       header.push_back(
-          stages > 1
-              ? absl::StrFormat("%s stage %d: %s (world %d, batch %d)",
-                                plan.strategy, plan.stage, plan.stage_layers,
-                                plan.world_size, batches[i])
-              : absl::StrFormat("%s (world %d, batch %d)", plan.strategy,
-                                plan.world_size, batches[i]));
+          stages > 1 ? absl::StrFormat("%s stage %d: %s (world %d, batch %d)",
+                                       name, plan.stage, plan.stage_layers,
+                                       plan.world_size, batches[i])
+                     : absl::StrFormat("%s (world %d, batch %d)", name,
+                                       plan.world_size, batches[i]));
       columns.push_back(plan);
     }
   }

@@ -52,11 +52,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     return kExitUsage;
   }
   if (flags.strategies.empty()) {
-    for (const std::string& name : StudyStrategyNames(world / stages)) {
-      if (stages == 1 || ComposesWithPipelineStages(*FindStrategyKind(name))) {
-        flags.strategies.push_back(name);
-      }
-    }
+    flags.strategies = StudyStrategyNames(world / stages);
   }
   int64_t budget = 0;
   if (!flags.memory_budget.empty()) {

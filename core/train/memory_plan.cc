@@ -248,14 +248,9 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
         "without)"));
   }
-  // A stage's ranks replicate it (single, ddp) or shard it (fsdp).
+  // A stage's ranks replicate it (single, ddp), shard it (fsdp) or shard it
+  // within groups (hsdp).
   const StrategyKind* kind = FindStrategyKind(config.strategy);
-  if (kind != nullptr && !ComposesWithPipelineStages(*kind)) {
-    return absl::UnimplementedError(
-        absl::StrCat("the memory plan of pipeline stages covers ",
-                     PipelineStrategyNameList(), "; ", kind->display_name,
-                     " within a stage is not planned"));
-  }
   if (absl::Status s = config.ValidatePipeline(*model); !s.ok()) return s;
   if (absl::Status s = config.CheckPipelineWorld(world_size); !s.ok()) {
     return s;
@@ -311,19 +306,28 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
 
     // FSDP within the stage (PipelineStrategy::ShardStage): one unit per
     // block, wte alone, the other root tensors together, each padded to a
-    // multiple of the stage's D ranks; a rank keeps a shard of each, and the
-    // whole stage is gathered (and its full gradients made) within a step.
+    // multiple of the ranks it is sharded over (the stage's D; HSDP: its
+    // shard group's G, the groups' all-reduce working in place); a rank
+    // keeps a shard of each, and the whole stage is gathered (and its full
+    // gradients made) within a step.
     const int64_t replicas = config.DataParallelSize(world_size);
-    const bool sharded = kind != nullptr &&
-                         kind->layout == StateLayout::kSharded && replicas > 1;
+    const int64_t shards =
+        kind == nullptr                         ? 1
+        : kind->layout == StateLayout::kSharded ? replicas
+        : kind->layout == StateLayout::kShardedInGroups
+            ? ResolveShardGroupSize(config.shard_group_size, replicas,
+                                    /*ranks_per_node=*/0)
+            : 1;
+    // A shard group of one replicates the stage, as DDP does.
+    const bool sharded = shards > 1;
     int64_t full = 0;  // the stage's padded units, in elements
     if (sharded) {
-      full = s.layers * RoundUp(s.block_params, replicas);
-      if (s.embeddings || s.head) full += RoundUp(s.wte_params, replicas);
-      if (s.embeddings) full += RoundUp(s.root_params - 2 * s.c, replicas);
-      if (s.head) full += RoundUp(2 * s.c, replicas);
+      full = s.layers * RoundUp(s.block_params, shards);
+      if (s.embeddings || s.head) full += RoundUp(s.wte_params, shards);
+      if (s.embeddings) full += RoundUp(s.root_params - 2 * s.c, shards);
+      if (s.head) full += RoundUp(2 * s.c, shards);
     }
-    const int64_t shard = full / std::max<int64_t>(1, replicas);
+    const int64_t shard = full / shards;
 
     MemoryPlan base;
     base.strategy = config.strategy;
@@ -332,6 +336,9 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     base.stage = static_cast<int64_t>(index);
     base.stage_layers = DescribeStage(stage);
     base.recomputed_blocks = recomputed;
+    if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
+      base.shard_group_size = shards;
+    }
     base.parameters = 4 * params;
     base.gradients = 4 * params;
     base.optimizer_state = 8 * params;
@@ -347,7 +354,7 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     // stage, wte's is the gradient its head made in forward (already
     // counted with the micro-batch), taken over by the leaf.
     const int64_t wte_padded =
-        sharded && s.head ? RoundUp(s.wte_params, replicas) : 0;
+        sharded && s.head ? RoundUp(s.wte_params, shards) : 0;
     auto full_gradients = [&](int64_t backwards_done) {
       return 4 * (full - (backwards_done == 0 ? wte_padded : 0));
     };
@@ -416,9 +423,8 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         MemoryPlan in_block = at;
         // A sharded block's gradient arrives as one flat tensor, made
         // from its parameters' before it is added to the unit's.
-        in_block.backward =
-            BlockBackwardBytes(s) +
-            (sharded ? 4 * RoundUp(s.block_params, replicas) : 0);
+        in_block.backward = BlockBackwardBytes(s) +
+                            (sharded ? 4 * RoundUp(s.block_params, shards) : 0);
         in_block.peak_moment = MemoryPlan::Moment::kStageBackward;
         consider(in_block);
       }

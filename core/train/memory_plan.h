@@ -132,9 +132,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(
 // received activation and gradient buffers, the sends held until the step
 // ends, and the last stage's head. With FSDP within the stage, a shard of its
 // units kept and the whole stage gathered within the step, its full
-// gradients from the first backward to the reduce-scatter. Unimplemented for
-// HSDP within a stage; InvalidArgument for what TrainConfig::ValidatePipeline
-// or CheckPipelineWorld refuses.
+// gradients from the first backward to the reduce-scatter; with HSDP the
+// same over its shard group (the groups' all-reduce works in place).
+// InvalidArgument for what TrainConfig::ValidatePipeline or
+// CheckPipelineWorld refuses.
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());

@@ -54,39 +54,6 @@ std::string StrategyFlagHelp() {
   return absl::StrJoin(rows, " | ");
 }
 
-bool ComposesWithPipelineStages(const StrategyKind& kind) {
-  // A stage's ranks replicate it or shard it; HSDP's two levels within a
-  // stage are not built.
-  return kind.layout != StateLayout::kShardedInGroups;
-}
-
-namespace {
-
-// "a", "a and b", "a, b and c".
-std::string JoinAnd(const std::vector<std::string>& items) {
-  if (items.size() <= 1) return absl::StrJoin(items, "");
-  return absl::StrCat(absl::StrJoin(items.begin(), items.end() - 1, ", "),
-                      " and ", items.back());
-}
-
-}  // namespace
-
-std::string PipelineStrategyNameList() {
-  std::vector<std::string> names;
-  for (const StrategyKind& kind : StrategyKinds()) {
-    if (ComposesWithPipelineStages(kind)) names.push_back(kind.name);
-  }
-  return JoinAnd(names);
-}
-
-std::string NonPipelineStrategyDisplayNames() {
-  std::vector<std::string> names;
-  for (const StrategyKind& kind : StrategyKinds()) {
-    if (!ComposesWithPipelineStages(kind)) names.push_back(kind.display_name);
-  }
-  return JoinAnd(names);
-}
-
 absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
   StudyEntry out;
   out.name = std::string(entry);
@@ -95,7 +62,7 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
         "--strategies: '", out.name, "' ", why, "; an entry is a strategy (",
         StrategyNameList(),
         ") or a pipeline mesh: ppS (S stages) or ppSx<strategy>[D] (S stages "
-        "x D replicas, e.g. pp2xddp2)"));
+        "x D ranks per stage, e.g. pp2xddp2)"));
   };
   const auto number = [](const std::string& text, int64_t* value) {
     return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
@@ -125,11 +92,6 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
   out.strategy = rest.substr(0, name_end);
   const StrategyKind* kind = FindStrategyKind(out.strategy);
   if (kind == nullptr) return bad("names no strategy after 'x'");
-  if (!ComposesWithPipelineStages(*kind)) {
-    return bad(absl::StrCat("combines ", out.strategy,
-                            ", which does not compose with pipeline stages (",
-                            PipelineStrategyNameList(), " do)"));
-  }
   if (name_end < rest.size() &&
       (!number(rest.substr(name_end), &out.replicas) || out.replicas < 1)) {
     return bad("names no valid replica count");

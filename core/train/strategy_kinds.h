@@ -52,15 +52,11 @@ std::vector<std::string> StudyStrategyNames(int64_t world);
 // "single (one device) | ddp (...) | ...", for --strategy's help.
 std::string StrategyFlagHelp();
 
-// Whether a strategy may be the data-parallel part of a run with pipeline
-// stages: those whose ranks replicate their stage's state (kReplicated:
-// single, ddp) or shard it (kSharded: fsdp). HSDP's shard groups within a
-// stage are not supported.
-bool ComposesWithPipelineStages(const StrategyKind& kind);
 // One entry of a study (`shardtrain compare --strategies`): a strategy row
 // ("ddp"), or a pipeline mesh: "ppS" (S stages of one replica, strategy
-// single) or "ppSx<strategy>[D]" (S stages x D replicas of a strategy that
-// composes with stages, e.g. pp2xddp2; D omitted: --world-size / S).
+// single) or "ppSx<strategy>[D]" (S stages x D ranks per stage, which run
+// the data-parallel strategy over the stage: pp2xddp2, pp2xfsdp2, pp2xhsdp4;
+// D omitted: --world-size / S).
 struct StudyEntry {
   std::string name;             // as written: the run's label, CSV and legend
   std::string strategy;         // the data-parallel part, a StrategyKinds() row
@@ -69,11 +65,6 @@ struct StudyEntry {
 };
 // InvalidArgument naming --strategies, the entry and the notation.
 absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry);
-
-// "single and ddp": the names of those that do, for messages.
-std::string PipelineStrategyNameList();
-// "FSDP and HSDP": the display names of those that do not.
-std::string NonPipelineStrategyDisplayNames();
 
 // HSDP's ranks per shard group when --shard-group-size is 0: the ranks per
 // node, so the all-gathers and reduce-scatters stay inside a node and only

@@ -231,14 +231,6 @@ absl::Status TrainConfig::ValidatePipeline(
     }
     return absl::OkStatus();
   }
-  const StrategyKind* kind = FindStrategyKind(strategy);
-  if (kind != nullptr && !ComposesWithPipelineStages(*kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy ", strategy, " with pipeline_stages ", pipeline_stages,
-        ": pipeline stages compose with ", PipelineStrategyNameList(), " (",
-        NonPipelineStrategyDisplayNames(),
-        " within a stage is not supported)"));
-  }
   if (absl::StatusOr<std::vector<PipelineStage>> stages =
           PartitionPipeline(model_config, seq_len, pipeline_stages, split);
       !stages.ok()) {
@@ -264,6 +256,16 @@ absl::Status TrainConfig::CheckPipelineWorld(int64_t world_size,
                      " pipeline stages runs on ", pipeline_stages,
                      " ranks (use ddp for ", world_size / pipeline_stages,
                      " data-parallel replicas per stage)"));
+  }
+  // HSDP within a stage: its shard groups divide the stage's ranks.
+  const int64_t per_stage = world_size / pipeline_stages;
+  if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
+      shard_group_size > 0 && per_stage % shard_group_size != 0) {
+    return FieldError(
+        "shard_group_size", shard_group_size,
+        absl::StrCat("must divide the ", per_stage,
+                     " ranks of each pipeline stage (", field, " ", world_size,
+                     " / ", pipeline_stages, " stages)"));
   }
   return absl::OkStatus();
 }

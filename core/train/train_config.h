@@ -89,14 +89,16 @@ struct TrainConfig {
   // field, the value and what is allowed. Does not touch the filesystem.
   absl::Status Validate() const;
   // Validate's pipeline part, for `model_config` (the parsed `model`):
-  // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split, the
-  // strategies stages compose with, and the stage partition of the model.
+  // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split and
+  // the stage partition of the model.
   absl::Status ValidatePipeline(const Gpt2Config& model_config) const;
 
   // Checks that `world_size` ranks can run this config's pipeline stages: a
   // multiple of pipeline_stages, and exactly pipeline_stages for a strategy
-  // that is not distributed. Only for pipeline_stages > 1; without stages the
-  // callers keep their own one-device rule. InvalidArgument naming `field`
+  // that is not distributed, and HSDP shard groups (shard_group_size, when
+  // given) that divide a stage's ranks. Only for pipeline_stages > 1; without
+  // stages the callers keep their own one-device rule. InvalidArgument naming
+  // `field`
   // ("world_size") and the numbers.
   absl::Status CheckPipelineWorld(int64_t world_size,
                                   absl::string_view field = "world_size") const;

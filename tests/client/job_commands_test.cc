@@ -435,13 +435,13 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
         << "step " << i + 1;
   }
   EXPECT_THAT(compare.out, HasSubstr("| pp2 | 2 | 4 | 3 |"));
-  // A mesh that does not compose is refused before anything runs.
+  // A mesh naming no strategy is refused before anything runs.
   CommandResult bad =
-      Cli("compare --strategies pp2xhsdp --world-size 4 --model gpt2-tiny "
+      Cli("compare --strategies pp2xzero --world-size 4 --model gpt2-tiny "
           "--data brown --out " +
           out + "2");
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("combines hsdp, which does not compose"));
+  EXPECT_THAT(bad.err, HasSubstr("'pp2xzero' names no strategy after 'x'"));
 }
 
 // --memory-budget: every strategy and pipeline mesh at the largest batch

@@ -361,9 +361,37 @@ TEST(MemoryPlanPipelineTest, EachStagePlansItsShareAndSchedule) {
   EXPECT_GT((*gpipe)[3].logits - (*plans)[3].logits, 7 * 4 * wte);
 }
 
-// What a pipeline plan refuses: FSDP or HSDP within a stage, a world that is
-// not a multiple of the stages, more stages than blocks; and --fit's batch
-// is a whole number of micro-batches.
+// HSDP within a stage: each stage sharded over its shard group of G ranks,
+// so a rank of PP 2 x HSDP 4 (two groups of two) holds what a rank of PP 2 x
+// FSDP 2 does, and its groups' all-reduce adds nothing.
+TEST(MemoryPlanPipelineTest, HsdpShardsEachStageWithinItsGroups) {
+  TrainConfig config;
+  config.model = "gpt2-mini";
+  config.seq_len = 64;
+  config.batch_size = 4;
+  config.pipeline_stages = 2;
+  config.micro_batches = 4;
+  config.strategy = "fsdp";
+  const absl::StatusOr<std::vector<MemoryPlan>> fsdp =
+      PlanPipelineStages(config, 4);
+  config.strategy = "hsdp";
+  const absl::StatusOr<std::vector<MemoryPlan>> hsdp =
+      PlanPipelineStages(config, 8);
+  config.strategy = "ddp";
+  const absl::StatusOr<std::vector<MemoryPlan>> ddp =
+      PlanPipelineStages(config, 8);
+  ASSERT_TRUE(fsdp.ok() && hsdp.ok() && ddp.ok());
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ((*hsdp)[s].shard_group_size, 2);
+    EXPECT_EQ((*hsdp)[s].total(), (*fsdp)[s].total()) << "stage " << s;
+    EXPECT_EQ((*hsdp)[s].optimizer_state, (*fsdp)[s].optimizer_state);
+    EXPECT_LT(2 * (*hsdp)[s].optimizer_state, (*ddp)[s].optimizer_state + 64);
+  }
+}
+
+// What a pipeline plan refuses: a world that is not a multiple of the
+// stages, more stages than blocks, HSDP groups that do not divide a stage;
+// and --fit's batch is a whole number of micro-batches.
 TEST(MemoryPlanPipelineTest, RefusesWhatThePipelineCannotRun) {
   TrainConfig config;
   config.model = "gpt2-mini";
@@ -371,13 +399,11 @@ TEST(MemoryPlanPipelineTest, RefusesWhatThePipelineCannotRun) {
   config.batch_size = 4;
   config.pipeline_stages = 2;
   config.micro_batches = 4;
-  for (const auto& [strategy, name] :
-       {std::pair<const char*, const char*>{"hsdp", "HSDP within a stage"}}) {
-    config.strategy = strategy;
-    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, 4);
-    EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_THAT(std::string(plan.status().message()), testing::HasSubstr(name));
-  }
+  config.strategy = "hsdp";
+  config.shard_group_size = 3;
+  EXPECT_EQ(PlanMemory(config, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config.shard_group_size = 0;
   config.strategy = "ddp";
   EXPECT_FALSE(PlanMemory(config, 3).ok());
   config.pipeline_stages = 8;
@@ -555,6 +581,27 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   const test::CommandResult asked = test::RunCommand(two + " --strategy hsdp");
   ASSERT_EQ(asked.exit_code, 0) << asked.err;
   EXPECT_EQ(nlohmann::json::parse(asked.out)["fits"].size(), 2u);
+
+  // From four ranks per stage the meshes include HSDP within each stage.
+  const test::CommandResult eight = test::RunCommand(
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain plan --fit --model gpt2-mini --seq-len 128 --devices 8 "
+      "--memory-per-device 512MiB -o json");
+  ASSERT_EQ(eight.exit_code, 0) << eight.err;
+  const nlohmann::json eight_fits = nlohmann::json::parse(eight.out)["fits"];
+  std::vector<std::string> at_eight;
+  for (const nlohmann::json& row : eight_fits) {
+    if (!row.contains("mesh") || row["activation_checkpointing"] != "none") {
+      continue;
+    }
+    at_eight.push_back(row["mesh"]);
+    if (row["mesh"] == "pp2xhsdp4") {
+      EXPECT_EQ(row["shard_group_size"], 2) << row.dump();
+    }
+  }
+  EXPECT_EQ(at_eight,
+            (std::vector<std::string>{"pp2xddp4", "pp2xfsdp4", "pp2xhsdp4",
+                                      "pp4xddp2", "pp4xfsdp2"}));
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
@@ -681,11 +728,15 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   EXPECT_NE(table.out.find("fsdp stage 0: blocks 0-2, embeddings (world 4"),
             std::string::npos)
       << table.out;
-  // HSDP within a stage does not run: refused before anything is planned.
-  const test::CommandResult hsdp = test::RunCommand(plan + " --strategy hsdp");
-  EXPECT_EQ(hsdp.exit_code, 2);
-  EXPECT_NE(hsdp.err.find("HSDP within a stage"), std::string::npos)
-      << hsdp.err;
+  // HSDP within each stage, at 8 ranks: two shard groups of two per stage.
+  std::string hsdp_plan = plan;
+  hsdp_plan.replace(hsdp_plan.find("--world-size 4"), 14, "--world-size 8");
+  const test::CommandResult hsdp =
+      test::RunCommand(hsdp_plan + " --strategy hsdp");
+  ASSERT_EQ(hsdp.exit_code, 0) << hsdp.err;
+  EXPECT_NE(hsdp.out.find("hsdp (groups of 2) stage 0: blocks 0-2, embeddings"),
+            std::string::npos)
+      << hsdp.out;
 }
 
 }  // namespace

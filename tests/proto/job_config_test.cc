@@ -141,6 +141,8 @@ TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
   EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("single", 4, 4), kOut).ok());
   EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("ddp", 2, 2), kOut).ok());
   EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("ddp", 2, 6), kOut).ok());
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("hsdp", 2, 4), kOut).ok());
+  EXPECT_TRUE(TrainConfigFromJobSpec(PipelineSpec("hsdp", 2, 8), kOut).ok());
 
   struct Case {
     v1::JobSpec spec;
@@ -149,6 +151,8 @@ TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
   v1::JobSpec elastic = PipelineSpec("ddp", 2, 4);
   elastic.mutable_elastic()->set_min_world_size(2);
   elastic.mutable_trainer()->set_checkpoint_every(10);
+  v1::JobSpec hsdp_groups = PipelineSpec("hsdp", 2, 8);
+  hsdp_groups.mutable_strategy()->set_shard_group_size(3);
   v1::JobSpec no_stages = MinimalSpec();
   no_stages.mutable_strategy()->set_name("single");
   const Case cases[] = {
@@ -164,9 +168,9 @@ TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
       {PipelineSpec("ddp", 4, 2),
        "world_size: got 2; must be a multiple of pipeline_stages (4): each "
        "data-parallel replica runs one rank per stage"},
-      {PipelineSpec("hsdp", 2, 4),
-       "strategy hsdp with pipeline_stages 2: pipeline stages compose with "
-       "single, ddp and fsdp (HSDP within a stage is not supported)"},
+      {hsdp_groups,
+       "shard_group_size: got 3; must divide the 4 ranks of each pipeline "
+       "stage (world_size 8 / 2 stages)"},
       {elastic,
        "elastic.min_world_size: got 2; an elastic job continues on fewer "
        "ranks, which a job with 2 pipeline stages does not support yet"},

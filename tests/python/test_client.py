@@ -251,9 +251,9 @@ def test_compare_takes_pipeline_meshes(client, data):
     assert (pp2.world_size, pp2.batch_size) == (2, 4)
     assert client.get(pp2.job_id).proto.spec.strategy.pipeline_stages == 2
     assert abs(single.final_loss - pp2.final_loss) <= 1e-5 * single.final_loss
-    # A mesh that does not compose is the daemon's error, naming it.
-    with pytest.raises(Exception, match="hsdp"):
-        client.compare(data=data, strategies=("pp2xhsdp",), world_size=2, max_steps=1)
+    # A mesh naming no strategy is the daemon's error, naming it.
+    with pytest.raises(Exception, match="zero"):
+        client.compare(data=data, strategies=("pp2xzero",), world_size=2, max_steps=1)
 
 
 def _has_pandas() -> bool:

@@ -28,16 +28,6 @@ TEST(StrategyKindsTest, StudiesAndHelpComeFromTheRows) {
   EXPECT_EQ(FindStrategyKind("ddp")->layout, StateLayout::kReplicated);
 }
 
-TEST(StrategyKindsTest,
-     PipelineStagesComposeWithReplicatedAndShardedStrategies) {
-  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("single")));
-  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("ddp")));
-  EXPECT_TRUE(ComposesWithPipelineStages(*FindStrategyKind("fsdp")));
-  EXPECT_FALSE(ComposesWithPipelineStages(*FindStrategyKind("hsdp")));
-  EXPECT_EQ(PipelineStrategyNameList(), "single, ddp and fsdp");
-  EXPECT_EQ(NonPipelineStrategyDisplayNames(), "HSDP");
-}
-
 }  // namespace
 }  // namespace shardtrain
 
@@ -60,6 +50,11 @@ TEST(StudyEntryTest, StrategiesAndPipelineMeshesAreNamedInOneNotation) {
   EXPECT_EQ(mesh->strategy, "ddp");
   EXPECT_EQ(mesh->pipeline_stages, 4);
   EXPECT_EQ(mesh->replicas, 2);
+  // Every strategy composes with stages: HSDP shards each stage in groups.
+  absl::StatusOr<StudyEntry> hsdp = ParseStudyEntry("pp2xhsdp4");
+  ASSERT_TRUE(hsdp.ok());
+  EXPECT_EQ(hsdp->strategy, "hsdp");
+  EXPECT_EQ(hsdp->replicas, 4);
   absl::StatusOr<StudyEntry> open = ParseStudyEntry("pp2xddp");
   ASSERT_TRUE(open.ok());
   EXPECT_EQ(open->replicas, 0);  // from the world size
@@ -73,8 +68,6 @@ TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
   EXPECT_NE(message("zero3").find("ppSx<strategy>[D]"), std::string::npos);
   EXPECT_NE(message("pp").find("names no number of stages"), std::string::npos);
   EXPECT_NE(message("pp1").find("names no number of stages"),
-            std::string::npos);
-  EXPECT_NE(message("pp2xhsdp2").find("combines hsdp, which does not compose"),
             std::string::npos);
   EXPECT_TRUE(ParseStudyEntry("pp2xfsdp2").ok());
   EXPECT_NE(message("pp2xsingle2").find("gives single more than one replica"),

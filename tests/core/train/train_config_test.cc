@@ -240,9 +240,6 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
        },
        "pipeline_split: got \"2\"; a split cuts the model into pipeline "
        "stages; set pipeline_stages > 1"},
-      {[](TrainConfig& c) { c.strategy = "hsdp"; },
-       "strategy hsdp with pipeline_stages 2: pipeline stages compose with "
-       "single, ddp and fsdp (HSDP within a stage is not supported)"},
       // gpt2-mini has 4 blocks.
       {[](TrainConfig& c) { c.pipeline_stages = 5; },
        "--pipeline-stages 5: more stages than the model's 4 blocks (every "
@@ -281,6 +278,15 @@ TEST(TrainConfigTest, PipelineWorldIsStagesTimesReplicas) {
   EXPECT_EQ(config.DataParallelSize(6), 3);
   EXPECT_EQ(config.CheckPipelineWorld(5).code(),
             absl::StatusCode::kInvalidArgument);
+  // HSDP within each stage: its shard groups divide the stage's ranks.
+  config.strategy = "hsdp";
+  EXPECT_TRUE(config.Validate().ok());
+  EXPECT_TRUE(config.CheckPipelineWorld(8).ok());
+  config.shard_group_size = 2;
+  EXPECT_TRUE(config.CheckPipelineWorld(8).ok());
+  EXPECT_EQ(config.CheckPipelineWorld(6).message(),
+            "shard_group_size: got 2; must divide the 3 ranks of each "
+            "pipeline stage (world_size 6 / 2 stages)");
 }
 
 }  // namespace

@@ -24,10 +24,35 @@ constexpr int64_t kGradientTag = 2;
 constexpr int64_t kEvalTag = 3;
 constexpr int64_t kExportTag = 4;
 
-DeviceMesh MakeMesh(int64_t world, int64_t stages) {
-  // Checked by the factory: stages >= 1 divides world.
-  return *DeviceMesh::Create(
-      {{MeshDim::kPipeline, stages}, {MeshDim::kReplicate, world / stages}});
+// `pipeline` with an hsdp shard group size resolved over the stage's ranks
+// (0 for the other strategies).
+PipelineOptions Resolved(PipelineOptions pipeline,
+                         const StrategyOptions& options) {
+  const StrategyKind* kind = FindStrategyKind(pipeline.data_parallel);
+  if (kind == nullptr || kind->layout != StateLayout::kShardedInGroups) {
+    pipeline.shard_group_size = 0;
+  } else {
+    pipeline.shard_group_size = ResolveShardGroupSize(
+        pipeline.shard_group_size,
+        options.world_size / std::max<int64_t>(1, pipeline.stages),
+        options.ranks_per_node);
+  }
+  return pipeline;
+}
+
+// Stages x the stage's ranks; with hsdp, those as groups x shards.
+DeviceMesh MakeMesh(int64_t world, const PipelineOptions& pipeline) {
+  // Checked by the factory: stages >= 1 divides world; Setup refuses shard
+  // groups that do not divide a stage.
+  const int64_t per_stage = world / pipeline.stages;
+  const int64_t g = pipeline.shard_group_size;
+  if (g > 0 && per_stage % g == 0) {
+    return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
+                                {MeshDim::kReplicate, per_stage / g},
+                                {MeshDim::kShard, g}});
+  }
+  return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
+                              {MeshDim::kReplicate, per_stage}});
 }
 
 // Whether global parameter `name` belongs to blocks [first, end).
@@ -53,19 +78,20 @@ PipelineStrategy::PipelineStrategy(const StrategyOptions& options,
                                    PipelineOptions pipeline)
     : options_(options),
       world_(world),
-      pipeline_(std::move(pipeline)),
-      mesh_(MakeMesh(options.world_size, pipeline_.stages)) {
+      pipeline_(Resolved(std::move(pipeline), options)),
+      mesh_(MakeMesh(options.world_size, pipeline_)) {
   stage_ = mesh_.Coordinate(options_.rank, MeshDim::kPipeline);
 }
 
 PipelineStrategy::~PipelineStrategy() = default;
 
+// Stages are the mesh's outermost blocks of ranks.
 int64_t PipelineStrategy::data_parallel_rank() const {
-  return mesh_.Coordinate(options_.rank, MeshDim::kReplicate);
+  return options_.rank % data_parallel_size();
 }
 
 int64_t PipelineStrategy::data_parallel_size() const {
-  return mesh_.SizeOf(MeshDim::kReplicate);
+  return options_.world_size / pipeline_.stages;
 }
 
 void PipelineStrategy::Check(std::unique_ptr<CommWork> work, const char* what) {
@@ -88,12 +114,24 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   if (!partition.ok()) return partition.status();
   partition_ = std::move(*partition);
 
-  // Groups, made by every rank in the same order: its replica's stages, its
-  // stage's replicas, and (first and last stage) the tied weight's pair.
+  const StrategyKind* kind = FindStrategyKind(pipeline_.data_parallel);
+  const int64_t g = pipeline_.shard_group_size;
+  if (g > 0 && data_parallel_size() % g != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hsdp: the shard group size ", g, " must divide the ",
+                     data_parallel_size(), " ranks of each pipeline stage"));
+  }
+  // Groups, made by every rank in the same order: its replica's stages, the
+  // ranks of its stage it replicates or shards with (hsdp: its shard group,
+  // then the same shard's other groups), and (first and last stage) the
+  // tied weight's pair.
   const std::vector<int64_t> pipe =
       mesh_.GroupOf(options_.rank, MeshDim::kPipeline);
-  const std::vector<int64_t> replicas =
-      mesh_.GroupOf(options_.rank, MeshDim::kReplicate);
+  const std::vector<int64_t> replicas = mesh_.GroupOf(
+      options_.rank, g > 1 ? MeshDim::kShard : MeshDim::kReplicate);
+  const std::vector<int64_t> across =
+      g > 1 ? mesh_.GroupOf(options_.rank, MeshDim::kReplicate)
+            : std::vector<int64_t>{};
   absl::StatusOr<std::unique_ptr<Communicator>> group =
       world_->NewGroup(absl::StrCat("pipeline-", FormatRanks(pipe)), pipe);
   if (!group.ok()) return group.status();
@@ -103,6 +141,12 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
                              replicas);
     if (!group.ok()) return group.status();
     replicas_ = std::move(*group);
+  }
+  if (across.size() > 1) {
+    group = world_->NewGroup(absl::StrCat("shard-groups-", FormatRanks(across)),
+                             across);
+    if (!group.ok()) return group.status();
+    across_groups_ = std::move(*group);
   }
   if (pipeline_.stages > 1 && (first() || last())) {
     const std::vector<int64_t> ends = {pipe.front(), pipe.back()};
@@ -125,9 +169,10 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
       p.set_requires_grad(false);
     }
   }
-  const StrategyKind* kind = FindStrategyKind(pipeline_.data_parallel);
+  // Sharded over the stage's ranks (fsdp) or a shard group of 2 or more
+  // (hsdp); otherwise replicated.
   if (replicas_ != nullptr && kind != nullptr &&
-      kind->layout == StateLayout::kSharded) {
+      (kind->layout == StateLayout::kSharded || g > 1)) {
     if (absl::Status s = ShardStage(); !s.ok()) return s;
   } else {
     optimizer_ = std::make_unique<AdamW>(
@@ -142,9 +187,13 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
         "stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
         FormatRanks(ranks), " (", DescribeStage(partition_[s]), ")"));
   }
+  const std::string groups = g > 0 && data_parallel_size() > 1
+                                 ? absl::StrCat(" (", data_parallel_size() / g,
+                                                " shard groups of ", g, ")")
+                                 : "";
   layout_ = absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
                          pipeline_.data_parallel, " ", data_parallel_size(),
-                         ", ", PipelineScheduleName(pipeline_.schedule),
+                         groups, ", ", PipelineScheduleName(pipeline_.schedule),
                          " with ", pipeline_.micro_batches,
                          " micro-batch(es): ", absl::StrJoin(stages, ", "));
   return absl::OkStatus();
@@ -192,6 +241,17 @@ absl::Status PipelineStrategy::ShardStage() {
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("pipeline x fsdp: setup: ", e.what_without_backtrace()));
+  }
+  if (across_groups_ != nullptr) {
+    // Every shard group starts from the first group's shards.
+    for (const auto& unit : units_) {
+      if (absl::Status s = across_groups_->Broadcast(unit->shard(), 0)->Wait();
+          !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("pipeline x hsdp: broadcast of unit ",
+                                         unit->name(), ": ", s.message()));
+      }
+    }
   }
   // The units hold the values now; the parameters' storage is freed.
   owned_.clear();
@@ -350,6 +410,7 @@ void PipelineStrategy::SynchronizeGradients() {
     // The mean over the stage's replicas lands in each rank's shard; wte's
     // two copies are sharded alike, so their shards sum pairwise.
     ReduceScatterAndFreeUnits();
+    AverageAcrossGroups();
     if (tied_ != nullptr) {
       Check(tied_->AllReduce(wte_unit_->shard_grad()), "all_reduce (tied wte)");
     }
@@ -375,6 +436,19 @@ void PipelineStrategy::SynchronizeGradients() {
     const int64_t n = p.numel();
     p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
     offset += n;
+  }
+}
+
+void PipelineStrategy::AverageAcrossGroups() {
+  if (across_groups_ == nullptr) return;
+  std::vector<std::unique_ptr<CommWork>> works;
+  for (auto& unit : units_) {
+    works.push_back(across_groups_->AllReduce(unit->shard_grad()));
+  }
+  const double groups = static_cast<double>(across_groups_->world_size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Check(std::move(works[u]), "all_reduce (across shard groups)");
+    units_[u]->shard_grad().div_(groups);
   }
 }
 
@@ -429,7 +503,9 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
   }
   torch::Tensor sum =
       SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  // Replicas hold the same gradients, shards different parts of them.
+  // Replicas hold the same gradients, shards different parts of them; hsdp's
+  // groups hold the same shards, counted in the first group only.
+  if (across_groups_ != nullptr && across_groups_->rank() != 0) sum.zero_();
   Communicator& over = sharded() ? *world_ : *pipe_;
   Check(over.AllReduce(sum), "all_reduce (gradient norm)");
   const double norm = std::sqrt(sum.item<double>());
@@ -521,17 +597,32 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
       slices.push_back(std::move(slice));
     }
   }
-  // Sharded: each rank holds its own part of every unit.
+  // Sharded: each rank holds its own part of every unit; hsdp's groups
+  // hold the same parts, and group r saves the r-th of even pieces of each.
+  const int64_t groups =
+      across_groups_ == nullptr ? 1 : across_groups_->world_size();
+  const int64_t group = across_groups_ == nullptr ? 0 : across_groups_->rank();
+  auto add = [&](std::string name, const std::vector<int64_t>& shape,
+                 int64_t offset, const torch::Tensor& data) {
+    if (!to_save || groups == 1) {
+      slices.push_back({std::move(name), shape, offset, data});
+      return;
+    }
+    const int64_t n = data.numel();
+    const int64_t begin = n * group / groups;
+    const int64_t end = n * (group + 1) / groups;
+    if (begin == end) return;
+    slices.push_back({std::move(name), shape, offset + begin,
+                      data.narrow(0, begin, end - begin)});
+  };
   for (auto& unit : units_) {
     if (to_save && unit.get() == wte_unit_ && !first()) continue;
     ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
                                  const torch::Tensor& piece) {
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-      slices.push_back({"model." + p.name, p.shape, offset, piece});
-      slices.push_back(
-          {"optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1)});
-      slices.push_back(
-          {"optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1)});
+      add("model." + p.name, p.shape, offset, piece);
+      add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
+      add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
     });
   }
   return slices;
@@ -613,11 +704,13 @@ int64_t PipelineStrategy::ModelStateBytes() const {
 
 CommStats PipelineStrategy::TakeCommStats() {
   CommStats total = world_->TakeStats();
-  for (Communicator* c : {pipe_.get(), replicas_.get(), tied_.get()}) {
+  for (Communicator* c :
+       {pipe_.get(), replicas_.get(), across_groups_.get(), tied_.get()}) {
     if (c == nullptr) continue;
     const CommStats part = c->TakeStats();
     total.seconds += part.seconds;
     total.bytes += part.bytes;
+    if (c == across_groups_.get()) total.inter_group_bytes += part.bytes;
   }
   total.p2p_bytes = std::exchange(p2p_bytes_, 0);
   total.pipeline_bubble_seconds = std::exchange(bubble_seconds_, 0.0);

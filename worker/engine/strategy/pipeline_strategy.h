@@ -31,6 +31,13 @@
 // pipelined FSDP is run elsewhere: gathering per micro-batch would repeat
 // every all-gather M times); their gradients are then reduce-scattered
 // (mean over the replicas) into the shards and the full buffers freed.
+//
+// With HSDP, the stage's D ranks are D / G shard groups of G consecutive
+// ranks (the mesh's replicate x shard dimensions): each group shards the
+// stage as FSDP does, and after the reduce-scatter the ranks holding the
+// same shard in the stage's groups average it (one all-reduce per unit), so
+// only that traffic crosses groups. A shard group of one rank replicates the
+// stage, as DDP does.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
@@ -52,8 +59,12 @@ struct PipelineOptions {
   int64_t micro_batches = 1;   // per trainer micro-batch; must divide its rows
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int64_t seq_len = 1024;  // for the balanced cut's costs
-  // The data-parallel part's name ("single": one replica, "ddp", "fsdp").
+  // The data-parallel part's name ("single": one replica, "ddp", "fsdp",
+  // "hsdp").
   std::string data_parallel = "single";
+  // hsdp: ranks per shard group, dividing the stage's ranks (0: the default
+  // of DefaultShardGroupSize over the stage's ranks).
+  int64_t shard_group_size = 0;
 };
 
 class PipelineStrategy final : public Strategy {
@@ -118,6 +129,8 @@ class PipelineStrategy final : public Strategy {
   // their gradients reduce-scattered into the shards and the units freed.
   absl::Status ShardStage();
   bool sharded() const { return !units_.empty(); }
+  // hsdp: every unit's shard gradient averaged over the stage's groups.
+  void AverageAcrossGroups();
   void GatherUnits();
   void ReduceScatterAndFreeUnits();
   // Rank 0 receives the other stages' tensors and writes the model; the
@@ -139,10 +152,14 @@ class PipelineStrategy final : public Strategy {
   int64_t stage_ = 0;
   std::vector<PipelineStage> partition_;
   std::string layout_;
-  // The same replica's stages (rank = stage), its stage's replicas, and the
-  // first and last stage of the replica (wte's group; first/last only).
+  // The same replica's stages (rank = stage); the ranks of its stage it
+  // averages gradients with (ddp) or shards the stage over (fsdp; hsdp: its
+  // shard group); hsdp: the ranks holding the same shard in the stage's
+  // other shard groups; the first and last stage of the replica (wte's
+  // group; first/last only). Null where the group would be this rank alone.
   std::unique_ptr<Communicator> pipe_;
   std::unique_ptr<Communicator> replicas_;
+  std::unique_ptr<Communicator> across_groups_;
   std::unique_ptr<Communicator> tied_;
   Gpt2 model_{nullptr};
   // This stage's parameters (replicated) or their units (sharded); wte's

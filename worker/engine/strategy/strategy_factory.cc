@@ -73,29 +73,20 @@ const std::map<std::string, Factory>& Factories() {
 }
 
 // Pipeline stages x the data-parallel part config.strategy names (single:
-// one replica; ddp, fsdp: world / stages replicas or shards of each stage).
+// one replica; ddp, fsdp, hsdp: world / stages ranks per stage that
+// replicate it, shard it, or shard it within groups).
 absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm) {
-  const int64_t stages = config.pipeline_stages;
-  const StrategyKind* kind = FindStrategyKind(config.strategy);
-  if (kind == nullptr || !ComposesWithPipelineStages(*kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy ", config.strategy, " with pipeline_stages ", stages,
-        ": pipeline stages compose with ", PipelineStrategyNameList()));
-  }
-  if (options.world_size % stages != 0 ||
-      (config.strategy == "single" && options.world_size != stages)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline_stages: ", stages, " stages x ", config.strategy,
-                     " cannot be laid out on ", options.world_size, " ranks"));
+  if (absl::Status s = config.CheckPipelineWorld(options.world_size); !s.ok()) {
+    return s;
   }
   if (comm == nullptr) {
     return absl::InvalidArgumentError(
         "pipeline_stages: a pipeline needs a communicator");
   }
   PipelineOptions pipeline;
-  pipeline.stages = stages;
+  pipeline.stages = config.pipeline_stages;
   if (!config.pipeline_split.empty()) {
     absl::StatusOr<std::vector<int64_t>> split =
         ParsePipelineSplit(config.pipeline_split);
@@ -109,6 +100,12 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
   pipeline.micro_batches = config.micro_batches;
   pipeline.seq_len = config.seq_len;
   pipeline.data_parallel = config.strategy;
+  if (FindStrategyKind(config.strategy)->layout ==
+      StateLayout::kShardedInGroups) {
+    pipeline.shard_group_size = ResolveShardGroupSize(
+        config.shard_group_size, config.DataParallelSize(options.world_size),
+        options.ranks_per_node);
+  }
   return std::unique_ptr<Strategy>(
       std::make_unique<PipelineStrategy>(options, comm, std::move(pipeline)));
 }

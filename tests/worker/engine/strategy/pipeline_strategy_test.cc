@@ -110,10 +110,20 @@ TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
       EXPECT_GT(comm.pipeline_bubble_seconds, 0) << "rank " << r;
     }
   }
+  // Only HSDP's averaging of shards crosses its shard groups.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const CommStats& comm : ranks[r].step_comm) {
+      if (c.data_parallel == "hsdp") {
+        EXPECT_GT(comm.inter_group_bytes, 0) << "rank " << r;
+      } else {
+        EXPECT_EQ(comm.inter_group_bytes, 0) << "rank " << r;
+      }
+    }
+  }
   // A stage holds its blocks only: less state than the whole model (the
   // last stage of two, 57% of it here); sharded over two ranks, under half.
   EXPECT_LT(ranks.back().state_bytes, single.state_bytes);
-  if (c.data_parallel == "fsdp") {
+  if (!c.data_parallel.empty()) {
     EXPECT_LT(ranks.back().state_bytes, single.state_bytes / 2);
   }
 }
@@ -131,7 +141,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{3, 1, PipelineSchedule::kOneFOneB, 1, 2, 0, {1, 3}},
         // Each stage sharded over its two ranks.
         Case{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp"},
-        Case{2, 2, PipelineSchedule::kGpipe, 2, 2, 1, {}, "fsdp"}),
+        Case{2, 2, PipelineSchedule::kGpipe, 2, 2, 1, {}, "fsdp"},
+        // Each stage's four ranks: two shard groups of two.
+        Case{2, 4, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "hsdp"},
+        Case{2, 4, PipelineSchedule::kGpipe, 2, 2, 1, {}, "hsdp"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.Name();
     });
@@ -153,11 +166,27 @@ TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
             "stage 0 = ranks 0,1 (blocks 0-1, embeddings), stage 1 = ranks "
             "2,3 (blocks 2-3, head)");
   EXPECT_EQ(stages, (std::vector<int64_t>{0, 0, 1, 1}));
+
+  std::vector<std::string> hsdp(8);
+  RunRanks(8, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy =
+        Maker({2, 4, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "hsdp"})(rank, 8,
+                                                                        &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 1)).ok());
+    hsdp[rank] = strategy->layout();
+    EXPECT_EQ(strategy->data_parallel_size(), 4);
+    EXPECT_EQ(strategy->data_parallel_rank(), rank % 4);
+  });
+  EXPECT_EQ(hsdp[5],
+            "mesh: 2 pipeline stages x hsdp 4 (2 shard groups of 2), 1f1b "
+            "with 2 micro-batch(es): stage 0 = ranks 0-3 (blocks 0-1, "
+            "embeddings), stage 1 = ranks 4-7 (blocks 2-3, head)");
 }
 
 TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
-  // Train PP 2 x FSDP 2 for two steps, save; load at single, at PP 4 and at
-  // PP 2 x FSDP 2, saving again after each: every tensor equal to the bit.
+  // Train PP 2 x FSDP 2 for two steps, save; load at single, at PP 4, at
+  // PP 2 x FSDP 2 and at PP 2 x HSDP 4, saving again after each: every
+  // tensor equal to the bit.
   const std::string dir = test::ScratchDir("pipeline_ckpt");
   const torch::Tensor batches = test::MakeBatches(2, 16, kSeqLen, kVocab);
   const Case pp2_fsdp2{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp"};
@@ -222,11 +251,21 @@ TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
     strategy->Barrier();
     ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/c").ok());
   });
+  const Case pp2_hsdp4{2, 4, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "hsdp"};
+  RunRanks(8, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Maker(pp2_hsdp4)(rank, 8, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 97)).ok());
+    ASSERT_TRUE(strategy->LoadCheckpoint(dir + "/c").ok());
+    expect_as_single(*strategy);
+    std::filesystem::create_directories(dir + "/d");
+    strategy->Barrier();
+    ASSERT_TRUE(strategy->SaveCheckpoint(dir + "/d").ok());
+  });
   RunRanks(1, [&](int64_t, Communicator&) {
     std::unique_ptr<Strategy> single =
         test::FactoryMaker("single")(0, 1, nullptr);
     ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 5)).ok());
-    ASSERT_TRUE(single->LoadCheckpoint(dir + "/c").ok());
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/d").ok());
     expect_as_single(*single);
   });
   std::filesystem::remove_all(dir);
