@@ -69,11 +69,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  const int64_t hs = c / n_head_;
+  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t hs = x.size(2) / n_head_;
+  // Tensor parallel: this rank's heads, and its share of C.
+  const int64_t heads = tp_ == nullptr ? n_head_ : n_head_ / tp_->size();
+  const int64_t c = heads * hs;
+  const torch::Tensor in = tp_ == nullptr ? x : tp_->Enter(x);
   // One copy lays q, k and v out head-major: [3, B, nh, T, hs].
-  const torch::Tensor qkv = c_attn_(Flatten(x))
-                                .view({b, t, 3, n_head_, hs})
+  const torch::Tensor qkv = c_attn_(Flatten(in))
+                                .view({b, t, 3, heads, hs})
                                 .permute({2, 0, 3, 1, 4})
                                 .contiguous();
   torch::Tensor y;  // [B, nh, T, hs]
@@ -81,18 +85,22 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
                                        /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
-  const torch::Tensor q = qkv[0].view({b * n_head_, t, hs});
-  const torch::Tensor k = qkv[1].view({b * n_head_, t, hs});
-  const torch::Tensor v = qkv[2].view({b * n_head_, t, hs});
+  const torch::Tensor q = qkv[0].view({b * heads, t, hs});
+  const torch::Tensor k = qkv[1].view({b * heads, t, hs});
+  const torch::Tensor v = qkv[2].view({b * heads, t, hs});
   // The mask is added by the matrix product itself (beta = 1), so the scores
   // are written once before the softmax.
   const torch::Tensor scores =
       at::baddbmm(mask_->Get(t, x), q, k.transpose(1, 2), /*beta=*/1.0,
                   /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));
-  y = at::bmm(at::softmax(scores, -1), v).view({b, n_head_, t, hs});
+  y = at::bmm(at::softmax(scores, -1), v).view({b, heads, t, hs});
 #endif
   y = y.permute({0, 2, 1, 3}).reshape({b * t, c});
-  return c_proj_(y).view({b, t, c});
+  if (tp_ == nullptr) return c_proj_(y).view({b, t, c});
+  // Row-parallel: the partial products summed over the group, then the bias
+  // once.
+  return (tp_->Leave(at::linear(y, c_proj_->weight)) + c_proj_->bias)
+      .view(x.sizes());
 }
 
 MlpImpl::MlpImpl(const Gpt2Config& config) {
@@ -102,8 +110,89 @@ MlpImpl::MlpImpl(const Gpt2Config& config) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  if (tp_ != nullptr) {
+    const torch::Tensor h = at::gelu(c_fc_(Flatten(tp_->Enter(x))), "tanh");
+    return (tp_->Leave(at::linear(h, c_proj_->weight)) + c_proj_->bias)
+        .view(x.sizes());
+  }
   const torch::Tensor h = at::gelu(c_fc_(Flatten(x)), "tanh");
   return c_proj_(h).view(x.sizes());
+}
+
+namespace {
+
+// Which of Megatron's splits a parameter takes, by its name's ending.
+enum class TpSplit { kWhole, kRows, kQkvRows, kColumns };
+
+TpSplit TensorParallelSplit(const std::string& name) {
+  if (absl::EndsWith(name, "attn.c_attn.weight") ||
+      absl::EndsWith(name, "attn.c_attn.bias")) {
+    return TpSplit::kQkvRows;
+  }
+  if (absl::EndsWith(name, "mlp.c_fc.weight") ||
+      absl::EndsWith(name, "mlp.c_fc.bias")) {
+    return TpSplit::kRows;
+  }
+  if (absl::EndsWith(name, "attn.c_proj.weight") ||
+      absl::EndsWith(name, "mlp.c_proj.weight")) {
+    return TpSplit::kColumns;
+  }
+  return TpSplit::kWhole;
+}
+
+}  // namespace
+
+std::vector<FlatRun> TensorParallelRuns(const std::string& name,
+                                        const std::vector<int64_t>& global,
+                                        int64_t rank, int64_t size) {
+  int64_t numel = 1;
+  for (int64_t d : global) numel *= d;
+  const int64_t row = global.size() > 1 ? numel / global[0] : 1;  // elements
+  std::vector<FlatRun> runs;
+  switch (TensorParallelSplit(name)) {
+    case TpSplit::kWhole:
+      runs.push_back({0, numel});
+      break;
+    case TpSplit::kRows: {
+      const int64_t rows = global[0] / size;
+      runs.push_back({rank * rows * row, rows * row});
+      break;
+    }
+    case TpSplit::kQkvRows: {
+      const int64_t part = global[0] / 3;  // C rows each of q, k, v
+      const int64_t rows = part / size;
+      for (int64_t p = 0; p < 3; ++p) {
+        runs.push_back({(p * part + rank * rows) * row, rows * row});
+      }
+      break;
+    }
+    case TpSplit::kColumns: {
+      const int64_t columns = global[1] / size;
+      for (int64_t i = 0; i < global[0]; ++i) {
+        runs.push_back({i * global[1] + rank * columns, columns});
+      }
+      break;
+    }
+  }
+  return runs;
+}
+
+std::vector<int64_t> TensorParallelShape(const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         int64_t size) {
+  std::vector<int64_t> local = global;
+  switch (TensorParallelSplit(name)) {
+    case TpSplit::kWhole:
+      break;
+    case TpSplit::kRows:
+    case TpSplit::kQkvRows:
+      local[0] /= size;
+      break;
+    case TpSplit::kColumns:
+      local[1] /= size;
+      break;
+  }
+  return local;
 }
 
 BlockImpl::BlockImpl(const Gpt2Config& config,
@@ -479,6 +568,39 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
       hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight, vocab_size,
       targets.reshape({-1}), chunk_bytes, grad_mode && hidden.requires_grad(),
       grad_mode && weight.requires_grad());
+}
+
+absl::Status Gpt2Impl::ShardForTensorParallel(TensorParallelOps* tp) {
+  const int64_t size = tp->size();
+  if (size < 1 || config_.n_head % size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor_parallel: ", size,
+                     " ranks do not divide the model's ", config_.n_head,
+                     " attention heads (each rank runs whole heads, and "
+                     "1/T of the MLP's ",
+                     4 * config_.n_embd, " hidden units)"));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    if (!absl::StartsWith(item.key(), "h.")) continue;
+    torch::Tensor& p = item.value();
+    const std::vector<int64_t> global = p.sizes().vec();
+    const std::vector<FlatRun> runs =
+        TensorParallelRuns(item.key(), global, tp->rank(), size);
+    if (runs.size() == 1 && runs[0].length == p.numel()) continue;
+    const torch::Tensor flat = p.detach().reshape({-1});
+    std::vector<torch::Tensor> pieces;
+    for (const FlatRun& run : runs) {
+      pieces.push_back(flat.narrow(0, run.offset, run.length));
+    }
+    p.set_data(
+        torch::cat(pieces).view(TensorParallelShape(item.key(), global, size)));
+  }
+  for (Block& block : blocks_) {
+    block->attn()->set_tensor_parallel(tp);
+    block->mlp()->set_tensor_parallel(tp);
+  }
+  return absl::OkStatus();
 }
 
 std::map<std::string, torch::Tensor*> Gpt2Impl::MemberTensors() {

@@ -66,6 +66,44 @@ class CausalMask {
   torch::Tensor mask_;  // [block_size, block_size]
 };
 
+// Megatron-LM's two operators of a tensor-parallel group of T ranks, for a
+// model whose attention and MLP hold 1/T of each weight
+// (Gpt2Impl::ShardForTensorParallel). The strategy that owns the group
+// implements them over its communicator.
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  // f, entering a column-parallel layer: x as is; in backward, its gradient
+  // summed over the group.
+  virtual torch::Tensor Enter(const torch::Tensor& x) = 0;
+  // g, leaving a row-parallel layer: x summed over the group; in backward,
+  // the gradient as is.
+  virtual torch::Tensor Leave(const torch::Tensor& x) = 0;
+};
+
+// A contiguous run of a parameter's elements, flattened row-major.
+struct FlatRun {
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// How tensor-parallel rank `rank` of `size` holds the global parameter
+// `name` of shape `global` (Megatron's split): the runs of the flattened
+// global tensor that, concatenated, are its local tensor flattened; and the
+// local shape. attn.c_attn (C -> 3C) and mlp.c_fc (C -> 4C) are
+// column-parallel: the rank holds its rows of the weight and bias, c_attn's
+// by heads (its rows of each of q, k and v). attn.c_proj and mlp.c_proj are
+// row-parallel: its columns of the weight; their biases, the LayerNorms and
+// the embeddings are whole on every rank (one run).
+std::vector<FlatRun> TensorParallelRuns(const std::string& name,
+                                        const std::vector<int64_t>& global,
+                                        int64_t rank, int64_t size);
+std::vector<int64_t> TensorParallelShape(const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         int64_t size);
+
 // Multi-head causal self-attention: [B,T,C] -> [B,T,C].
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -75,11 +113,14 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear& c_attn() { return c_attn_; }  // C -> 3C: q, k, v
   torch::nn::Linear& c_proj() { return c_proj_; }  // C -> C, residual
+  // Runs n_head / T heads through `tp` (the weights already sliced).
+  void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
 
  private:
   const int64_t n_head_;
   const int64_t n_embd_;
   std::shared_ptr<CausalMask> mask_;
+  TensorParallelOps* tp_ = nullptr;
   torch::nn::Linear c_attn_{nullptr};
   torch::nn::Linear c_proj_{nullptr};
 };
@@ -93,8 +134,11 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear& c_fc() { return c_fc_; }      // C -> 4C
   torch::nn::Linear& c_proj() { return c_proj_; }  // 4C -> C, residual
+  // Runs 4C / T hidden units through `tp` (the weights already sliced).
+  void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
 
  private:
+  TensorParallelOps* tp_ = nullptr;
   torch::nn::Linear c_fc_{nullptr};
   torch::nn::Linear c_proj_{nullptr};
 };
@@ -178,6 +222,13 @@ class Gpt2Impl : public torch::nn::Module {
   Block& block(int64_t i) { return blocks_.at(static_cast<size_t>(i)); }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   torch::nn::LayerNorm& ln_f() { return ln_f_; }
+
+  // Tensor parallelism: every block's attention and MLP parameters replaced
+  // by rank tp->rank()'s slices of them (TensorParallelRuns) and run through
+  // `tp`, which must outlive the model's use. The LayerNorms, the row-parallel
+  // biases and the embeddings stay whole. InvalidArgument, naming the
+  // numbers, when T does not divide the heads (hence C and 4C).
+  absl::Status ShardForTensorParallel(TensorParallelOps* tp);
 
   // The weight and bias members each module's forward() reads, by parameter
   // name ("h.0.attn.c_attn.weight"). Usually the parameters themselves;

@@ -1,0 +1,205 @@
+// TensorParallelStrategy against SingleDeviceStrategy: every block's heads and
+// MLP units split over T ranks (threads joined by the in-process
+// Communicator), Megatron's f and g all-reducing between them, must train as
+// one device does on the same batches; its checkpoints hold global tensors.
+#include "worker/engine/strategy/tensor_parallel_strategy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/fakes/in_process_communicator.h"
+#include "tests/test_util.h"
+#include "tests/worker/engine/strategy/strategy_harness.h"
+
+namespace shardtrain {
+namespace {
+
+// Four heads, so four ranks can each run one; 4C = 256 MLP units.
+constexpr char kSpec[] =
+    "custom:n_layer=2,n_head=4,n_embd=64,block_size=32,vocab_size=500";
+constexpr int64_t kSeqLen = 32;
+constexpr int64_t kVocab = 500;
+constexpr int64_t kSteps = 6;
+constexpr double kLr = 1e-4;  // as pipeline_strategy_test: weights in lr units
+
+std::unique_ptr<Strategy> MakeTp(int64_t rank, int64_t world,
+                                 Communicator* comm) {
+  StrategyOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  return std::make_unique<TensorParallelStrategy>(options, comm);
+}
+
+struct Case {
+  int64_t ranks;
+  int64_t checkpointing;  // recompute every N-th block (0: none)
+  int64_t accumulation;
+};
+
+class TensorParallelEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
+  const Case c = GetParam();
+  const torch::Tensor batches = test::MakeBatches(kSteps, 8, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, kSteps, c.accumulation, kLr);
+  loop.activation_checkpointing = c.checkpointing;
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  const std::vector<test::TrainResult> ranks =
+      test::TrainRanks(kSpec, /*seed=*/7, batches, c.ranks, loop, MakeTp);
+  // The partial products summed over the ranks round differently from one
+  // product; nothing else may differ.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    test::ExpectSameTraining(
+        single, ranks[r], {1e-6, 1e-5},
+        absl::StrCat("tp", c.ranks, "_ckpt", c.checkpointing, " rank ", r));
+  }
+  // Each rank holds 1/T of every attention and MLP matrix: less state than
+  // the whole model, by at least (1 - 1/T) of the blocks' matrices.
+  const int64_t block_matrices = 2 * 12 * 64 * 64 * 4;  // bytes, 2 blocks
+  EXPECT_LE(ranks[0].state_bytes,
+            single.state_bytes - 4 * block_matrices * (c.ranks - 1) / c.ranks);
+  // Two all-reduces forward and two backward per block and micro-batch
+  // move activations between the ranks.
+  for (const CommStats& comm : ranks[0].step_comm) EXPECT_GT(comm.bytes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelEquivalenceTest,
+                         ::testing::Values(Case{2, 0, 1}, Case{4, 0, 1},
+                                           Case{2, 1, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return absl::StrCat("tp", info.param.ranks, "_ckpt",
+                                               info.param.checkpointing,
+                                               "_accum",
+                                               info.param.accumulation);
+                         });
+
+// Each slice a rank holds, by name and offset into the flattened tensor.
+std::map<std::pair<std::string, int64_t>, torch::Tensor> States(Strategy& s) {
+  std::map<std::pair<std::string, int64_t>, torch::Tensor> out;
+  for (const StateSlice& slice : s.StateSlices(/*to_save=*/false)) {
+    out[{slice.name, slice.offset}] = slice.data.clone();
+  }
+  return out;
+}
+
+TEST(TensorParallelStrategyTest, WholeTensorsStayEqualOnEveryRank) {
+  // LayerNorms, row-parallel biases and the embeddings are not reduced:
+  // their gradients agree because f makes them, so after training every
+  // rank's copy is the same to the bit.
+  const torch::Tensor batches = test::MakeBatches(3, 4, kSeqLen, kVocab);
+  std::vector<std::map<std::string, torch::Tensor>> whole(2);
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 3)).ok());
+    test::TrainResult result;
+    test::TrainLoop loop = test::MakeLoop(0, 3, 1, 1e-3);
+    test::Train(*strategy, batches, rank, 2, loop, &result);
+    for (const auto& [key, tensor] : States(*strategy)) {
+      if (key.second == 0 && tensor.numel() > 0 &&
+          !absl::StrContains(key.first, "c_attn") &&
+          !absl::StrContains(key.first, "c_fc") &&
+          !absl::EndsWith(key.first, "c_proj.weight")) {
+        whole[rank][key.first] = tensor;
+      }
+    }
+  });
+  ASSERT_GT(whole[0].size(), 10u);
+  EXPECT_EQ(whole[0].count("model.wte.weight"), 1u);
+  EXPECT_EQ(whole[0].count("model.h.1.attn.c_proj.bias"), 1u);
+  for (const auto& [name, tensor] : whole[0]) {
+    EXPECT_TRUE(torch::equal(tensor, whole[1].at(name))) << name;
+  }
+}
+
+TEST(TensorParallelStrategyTest, ACheckpointLoadsAtOneDeviceAndBackBitForBit) {
+  const std::string dir = test::ScratchDir("tensor_parallel_ckpt");
+  const torch::Tensor batches = test::MakeBatches(2, 4, kSeqLen, kVocab);
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 3)).ok());
+    test::TrainResult result;
+    test::Train(*strategy, batches, rank, 2, test::MakeLoop(0, 2, 1, kLr),
+                &result);
+    std::filesystem::create_directories(dir + "/a");
+    strategy->Barrier();
+    const absl::Status saved = strategy->SaveCheckpoint(dir + "/a");
+    ASSERT_TRUE(saved.ok()) << saved;
+  });
+  std::map<std::string, torch::Tensor> at_single;
+  RunRanks(1, [&](int64_t, Communicator&) {
+    std::unique_ptr<Strategy> single =
+        test::FactoryMaker("single")(0, 1, nullptr);
+    ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 99)).ok());
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/a").ok());
+    for (const auto& [key, tensor] : States(*single)) {
+      at_single[key.first] = tensor;
+    }
+    EXPECT_EQ(single->optimizer_steps(), 2);
+  });
+  ASSERT_FALSE(at_single.empty());
+  // At TP 4 every slice equals that part of the single-device state; saved
+  // again and loaded at one device, every tensor is the same.
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 4, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 98)).ok());
+    ASSERT_TRUE(strategy->LoadCheckpoint(dir + "/a").ok());
+    for (const auto& [key, piece] : States(*strategy)) {
+      const auto& [name, offset] = key;
+      EXPECT_TRUE(torch::equal(
+          piece.view(-1),
+          at_single.at(name).view(-1).narrow(0, offset, piece.numel())))
+          << name << " at " << offset;
+    }
+    std::filesystem::create_directories(dir + "/b");
+    strategy->Barrier();
+    const absl::Status saved = strategy->SaveCheckpoint(dir + "/b");
+    ASSERT_TRUE(saved.ok()) << saved;
+  });
+  RunRanks(1, [&](int64_t, Communicator&) {
+    std::unique_ptr<Strategy> single =
+        test::FactoryMaker("single")(0, 1, nullptr);
+    ASSERT_TRUE(single->Setup(test::MakeModel(kSpec, 5)).ok());
+    ASSERT_TRUE(single->LoadCheckpoint(dir + "/b").ok());
+    for (const auto& [key, tensor] : States(*single)) {
+      EXPECT_TRUE(torch::equal(tensor, at_single.at(key.first))) << key.first;
+    }
+  });
+}
+
+TEST(TensorParallelStrategyTest, RanksThatDoNotDivideTheHeadsAreRefused) {
+  std::vector<std::string> errors(3);
+  RunRanks(3, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 3, &comm);
+    const absl::Status s = strategy->Setup(test::MakeModel(kSpec, 1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    errors[rank] = std::string(s.message());
+  });
+  EXPECT_EQ(errors[0],
+            "tensor_parallel: 3 ranks do not divide the model's 4 attention "
+            "heads (each rank runs whole heads, and 1/T of the MLP's 256 "
+            "hidden units)");
+}
+
+TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
+  std::vector<std::string> layouts(2);
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 1)).ok());
+    layouts[rank] = strategy->layout();
+  });
+  EXPECT_EQ(layouts[1],
+            "mesh: tensor parallel 2: ranks 0,1 each run 2 of 4 heads and 128 "
+            "of 256 MLP units of every block");
+}
+
+}  // namespace
+}  // namespace shardtrain

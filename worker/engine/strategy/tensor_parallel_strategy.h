@@ -1,0 +1,80 @@
+// TensorParallelStrategy: model parallelism within every layer (Megatron-LM's
+// tensor parallelism). The world's T ranks are one tensor-parallel group:
+// each runs n_head / T of every block's attention heads and 4C / T of its MLP
+// hidden units, holding those rows (column-parallel c_attn and c_fc) or
+// columns (row-parallel c_proj) of the weights (Gpt2Impl::ShardForTensor
+// Parallel). Per block and step, one all-reduce of the [B, T, C] activations
+// forward after each row-parallel layer (g) and one of their gradients
+// backward before each column-parallel layer (f), as Megatron's operators
+// do; every rank sees the same batch.
+//
+// What stays whole on every rank: the LayerNorms, the row-parallel layers'
+// biases (added once, after the sum) and the embeddings with the tied head.
+// Their inputs and the gradients reaching them are the same on every rank
+// (f's all-reduce makes them so), so their gradients agree without any
+// reduction and the ranks' copies stay equal bit for bit (checked by the
+// tests); sequence parallelism, which splits them, is not built.
+//
+// Checkpoints hold every tensor by its global name and shape: a rank writes
+// the runs of the global tensor its slices are (TensorParallelRuns), the
+// whole tensors rank 0 alone; so a TP checkpoint loads at any other layout
+// and back. Export gathers the slices on rank 0.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_STRATEGY_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_STRATEGY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/strategy/strategy.h"
+
+namespace shardtrain {
+
+class TensorParallelStrategy final : public Strategy {
+ public:
+  // `world` (all T ranks, the tensor-parallel group) must outlive the
+  // strategy.
+  TensorParallelStrategy(const StrategyOptions& options, Communicator* world);
+  ~TensorParallelStrategy() override;
+
+  std::string name() const override { return "single"; }
+  int64_t rank() const override { return options_.rank; }
+  int64_t world_size() const override { return options_.world_size; }
+  std::string layout() const override;
+  // One data-parallel replica: every rank sees the same batch.
+  int64_t data_parallel_rank() const override { return 0; }
+  int64_t data_parallel_size() const override { return 1; }
+
+  absl::Status Setup(Gpt2 model) override;
+  torch::Tensor ForwardBackward(const torch::Tensor& inputs,
+                                const torch::Tensor& targets, double loss_scale,
+                                bool sync) override;
+  double ClipGradNorm(double max_norm) override;
+  void OptimizerStep(double lr) override;
+  torch::Tensor ForwardLoss(const torch::Tensor& inputs,
+                            const torch::Tensor& targets) override;
+  double AllReduceMean(double value) override;
+  void Barrier() override;
+  std::vector<StateSlice> StateSlices(bool to_save) override;
+  int64_t optimizer_steps() const override;
+  void set_optimizer_steps(int64_t steps) override;
+  absl::Status ExportModel(const std::string& path) override;
+  int64_t ModelStateBytes() const override;
+  CommStats TakeCommStats() override;
+
+ private:
+  class Ops;  // Megatron's f and g over world_
+
+  const StrategyOptions options_;
+  Communicator* const world_;
+  std::unique_ptr<Ops> ops_;
+  Gpt2 model_{nullptr};
+  // Every parameter's global shape, by name.
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::unique_ptr<AdamW> optimizer_;
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_STRATEGY_H_
