@@ -345,7 +345,7 @@ int RunPlan(const PlanOptions& options) {
   // stages, of its data-parallel replicas).
   const int64_t stages = base.pipeline_stages;
   const int64_t replicas = base.DataParallelSize(options.world_size);
-  if (absl::Status s = base.CheckPipelineWorld(options.world_size); !s.ok()) {
+  if (absl::Status s = base.CheckMeshWorld(options.world_size); !s.ok()) {
     ReportFailure(s);
     return kExitUsage;
   }

@@ -149,6 +149,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (s.has_pipeline_split()) c.pipeline_split = s.pipeline_split();
   if (s.has_micro_batches()) c.micro_batches = s.micro_batches();
   if (s.has_pipeline_schedule()) c.pipeline_schedule = s.pipeline_schedule();
+  if (s.has_tensor_parallel()) c.tensor_parallel = s.tensor_parallel();
 
   const v1::TrainerOptions& t = spec.trainer();
   if (t.has_batch_size()) c.batch_size = t.batch_size();
@@ -198,17 +199,16 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
   // Without pipeline stages a strategy that is not distributed runs on one
-  // rank; with S stages on S (CheckPipelineWorld, after Validate has checked
+  // rank; with S stages on S (CheckMeshWorld, after Validate has checked
   // pipeline_stages itself).
-  if (kind != nullptr && !kind->distributed && c.pipeline_stages == 1 &&
+  if (kind != nullptr && !kind->distributed && c.ModelParallelSize() == 1 &&
       spec.world_size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: got ", spec.world_size(), "; strategy ", kind->name,
         " trains on one device (use ddp, fsdp or hsdp)"));
   }
   if (absl::Status status = c.Validate(); !status.ok()) return status;
-  if (absl::Status status = c.CheckPipelineWorld(spec.world_size());
-      !status.ok()) {
+  if (absl::Status status = c.CheckMeshWorld(spec.world_size()); !status.ok()) {
     return status;
   }
   if (min_world > 0 && c.pipeline_stages > 1) {
@@ -216,6 +216,13 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         "elastic.min_world_size: got ", min_world,
         "; an elastic job continues on fewer ranks, which a job with ",
         c.pipeline_stages, " pipeline stages does not support yet"));
+  }
+  if (min_world > 0 && c.tensor_parallel > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elastic.min_world_size: got ", min_world,
+        "; an elastic job continues on fewer ranks, which a job with "
+        "tensor_parallel ",
+        c.tensor_parallel, " does not support yet"));
   }
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
       c.shard_group_size > 0 && spec.world_size() % c.shard_group_size != 0) {
@@ -245,6 +252,7 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   s->set_pipeline_split(c.pipeline_split);
   s->set_micro_batches(c.micro_batches);
   s->set_pipeline_schedule(c.pipeline_schedule);
+  s->set_tensor_parallel(c.tensor_parallel);
   v1::TrainerOptions* t = spec.mutable_trainer();
   t->set_batch_size(c.batch_size);
   t->set_seq_len(c.seq_len);

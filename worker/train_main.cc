@@ -75,7 +75,7 @@ int Main(int argc, char** argv) {
   }
   // Pipeline stages need their ranks: S, or a multiple of S with ddp.
   if (std::getenv("RANK") == nullptr) {
-    if (absl::Status s = config.CheckPipelineWorld(
+    if (absl::Status s = config.CheckMeshWorld(
             int64_t{launch.nproc} * launch.nnodes, "--nproc x --nnodes");
         !s.ok()) {
       std::cerr << "shardtrain-train: " << s.message() << "\n";
@@ -93,7 +93,7 @@ int Main(int argc, char** argv) {
     std::cerr << "shardtrain-train: " << env.status().message() << "\n";
     return 2;
   }
-  if (absl::Status s = config.CheckPipelineWorld(env->world_size, "WORLD_SIZE");
+  if (absl::Status s = config.CheckMeshWorld(env->world_size, "WORLD_SIZE");
       !s.ok()) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;

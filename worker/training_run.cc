@@ -36,7 +36,8 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
   const StrategyKind* kind = FindStrategyKind(config.strategy);
   // Ranks talk when the strategy is distributed or the model is cut into
   // pipeline stages (single x stages: one replica over several ranks).
-  if (kind != nullptr && (kind->distributed || config.pipeline_stages > 1)) {
+  if (kind != nullptr &&
+      (kind->distributed || config.ModelParallelSize() > 1)) {
     auto c10d = C10dCommunicator::Create(
         env, std::chrono::seconds(config.comm_timeout), device);
     if (!c10d.ok()) {

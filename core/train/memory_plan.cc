@@ -252,7 +252,7 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
   // within groups (hsdp).
   const StrategyKind* kind = FindStrategyKind(config.strategy);
   if (absl::Status s = config.ValidatePipeline(*model); !s.ok()) return s;
-  if (absl::Status s = config.CheckPipelineWorld(world_size); !s.ok()) {
+  if (absl::Status s = config.CheckMeshWorld(world_size); !s.ok()) {
     return s;
   }
   absl::StatusOr<int64_t> every =
@@ -482,6 +482,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
   if (kind == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
+  }
+  if (config.tensor_parallel > 1) {
+    return absl::UnimplementedError(
+        "tensor_parallel: the memory plan of tensor parallelism is not built "
+        "yet");
   }
   if (config.pipeline_stages > 1) {
     absl::StatusOr<std::vector<MemoryPlan>> stages =

@@ -135,7 +135,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(
 // gradients from the first backward to the reduce-scatter; with HSDP the
 // same over its shard group (the groups' all-reduce works in place).
 // InvalidArgument for what TrainConfig::ValidatePipeline or
-// CheckPipelineWorld refuses.
+// CheckMeshWorld refuses.
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size,
     AttentionKind attention = BuiltAttentionKind());

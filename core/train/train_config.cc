@@ -48,6 +48,7 @@ constexpr int64_t kMaxEpochs = int64_t{1} << 20;
 constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
 // As the job's world size: every stage needs a rank.
 constexpr int64_t kMaxPipelineStages = 1024;
+constexpr int64_t kMaxTensorParallel = 1024;
 constexpr int64_t kMaxMicroBatches = int64_t{1} << 16;
 
 }  // namespace
@@ -185,7 +186,36 @@ absl::Status TrainConfig::Validate() const {
       !every.ok()) {
     return every.status();
   }
-  return ValidatePipeline(*model_config);
+  if (absl::Status s = ValidatePipeline(*model_config); !s.ok()) return s;
+  return ValidateTensorParallel(*model_config);
+}
+
+absl::Status TrainConfig::ValidateTensorParallel(
+    const Gpt2Config& model_config) const {
+  if (tensor_parallel < 1 || tensor_parallel > kMaxTensorParallel) {
+    return FieldError("tensor_parallel", tensor_parallel,
+                      absl::StrCat("must be in [1, ", kMaxTensorParallel,
+                                   "] (1: no tensor parallelism)"));
+  }
+  if (tensor_parallel == 1) return absl::OkStatus();
+  if (model_config.n_head % tensor_parallel != 0) {
+    return FieldError(
+        "tensor_parallel", tensor_parallel,
+        absl::StrCat("must divide the model's ", model_config.n_head,
+                     " attention heads (each rank runs whole heads)"));
+  }
+  if (pipeline_stages > 1) {
+    return FieldError("tensor_parallel", tensor_parallel,
+                      absl::StrCat("with pipeline_stages ", pipeline_stages,
+                                   " is not supported yet"));
+  }
+  const StrategyKind* kind = FindStrategyKind(strategy);
+  if (kind != nullptr && kind->layout != StateLayout::kReplicated) {
+    return FieldError("tensor_parallel", tensor_parallel,
+                      absl::StrCat("composes with single and ddp; with ",
+                                   strategy, " it is not supported yet"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TrainConfig::ValidatePipeline(
@@ -239,8 +269,30 @@ absl::Status TrainConfig::ValidatePipeline(
   return absl::OkStatus();
 }
 
-absl::Status TrainConfig::CheckPipelineWorld(int64_t world_size,
-                                             absl::string_view field) const {
+absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
+                                         absl::string_view field) const {
+  if (tensor_parallel > 1) {
+    // Tensor parallelism (without stages, which ValidateTensorParallel
+    // refuses): replicas of tensor_parallel ranks.
+    if (world_size < tensor_parallel || world_size % tensor_parallel != 0) {
+      return FieldError(
+          field, world_size,
+          absl::StrCat("must be a multiple of tensor_parallel (",
+                       tensor_parallel,
+                       "): each data-parallel replica runs that many ranks"));
+    }
+    const StrategyKind* kind = FindStrategyKind(strategy);
+    if (kind != nullptr && !kind->distributed &&
+        world_size != tensor_parallel) {
+      return FieldError(
+          field, world_size,
+          absl::StrCat("strategy ", kind->name, " with tensor_parallel ",
+                       tensor_parallel, " runs on ", tensor_parallel,
+                       " ranks (use ddp for ", world_size / tensor_parallel,
+                       " data-parallel replicas)"));
+    }
+    return absl::OkStatus();
+  }
   if (pipeline_stages <= 1) return absl::OkStatus();
   if (world_size < pipeline_stages || world_size % pipeline_stages != 0) {
     return FieldError(
@@ -335,6 +387,7 @@ const std::map<std::string, Setter>& YamlSetters() {
       {"shard_group_size", Set(&TrainConfig::shard_group_size)},
       {"activation_checkpointing", Set(&TrainConfig::activation_checkpointing)},
       {"pipeline_stages", Set(&TrainConfig::pipeline_stages)},
+      {"tensor_parallel", Set(&TrainConfig::tensor_parallel)},
       {"pipeline_split",
        [](const YAML::Node& node, TrainConfig* config) {
          // "4,8" or a list [4, 8].

@@ -76,6 +76,13 @@ struct TrainConfig {
   int64_t micro_batches = 1;
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
 
+  // Tensor parallelism: every block's attention heads and MLP units split
+  // over this many ranks of each data-parallel replica (Megatron-LM's
+  // split); it must divide n_head. The world size is tensor_parallel x the
+  // data-parallel size; `strategy` names the data-parallel part (single or
+  // ddp). Not combined with pipeline stages yet.
+  int64_t tensor_parallel = 1;
+
   // Eval, checkpoints, output.
   int64_t eval_every = 0;  // 0 = only at the end when val.bin exists
   int64_t eval_steps = 20;
@@ -92,21 +99,30 @@ struct TrainConfig {
   // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split and
   // the stage partition of the model.
   absl::Status ValidatePipeline(const Gpt2Config& model_config) const;
+  // Validate's tensor-parallel part: tensor_parallel in range, dividing the
+  // model's heads, with a strategy it composes with.
+  absl::Status ValidateTensorParallel(const Gpt2Config& model_config) const;
 
-  // Checks that `world_size` ranks can run this config's pipeline stages: a
-  // multiple of pipeline_stages, and exactly pipeline_stages for a strategy
-  // that is not distributed, and HSDP shard groups (shard_group_size, when
-  // given) that divide a stage's ranks. Only for pipeline_stages > 1; without
-  // stages the callers keep their own one-device rule. InvalidArgument naming
-  // `field`
-  // ("world_size") and the numbers.
-  absl::Status CheckPipelineWorld(int64_t world_size,
-                                  absl::string_view field = "world_size") const;
+  // Checks that `world_size` ranks can run this config's model-parallel
+  // ranks (pipeline stages x tensor-parallel ranks, a data-parallel
+  // replica's): a multiple of them, exactly them for a strategy that is not
+  // distributed, and HSDP shard groups (shard_group_size, when given) that
+  // divide a stage's ranks. Only with stages or tensor parallelism; without,
+  // the callers keep their own one-device rule. InvalidArgument naming
+  // `field` ("world_size") and the numbers.
+  absl::Status CheckMeshWorld(int64_t world_size,
+                              absl::string_view field = "world_size") const;
 
+  // The ranks of one data-parallel replica: pipeline_stages x
+  // tensor_parallel.
+  int64_t ModelParallelSize() const {
+    return std::max<int64_t>(1, pipeline_stages) *
+           std::max<int64_t>(1, tensor_parallel);
+  }
   // The data-parallel size at `world_size` ranks: world_size /
-  // pipeline_stages.
+  // ModelParallelSize().
   int64_t DataParallelSize(int64_t world_size) const {
-    return world_size / std::max<int64_t>(1, pipeline_stages);
+    return world_size / ModelParallelSize();
   }
 
   // The CPU compute threads of one rank of `world_size` on this machine:

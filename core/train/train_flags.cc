@@ -83,6 +83,11 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "gpipe (all forwards, then all backwards) | 1f1b (one "
                  "forward, one backward: fewer activations held)");
+  app.add_option("--tensor-parallel,--tp", c.tensor_parallel,
+                 "tensor-parallel ranks: every block's attention heads and "
+                 "MLP units split over T ranks (T divides the heads); world "
+                 "size = T x the data-parallel size (--strategy single or "
+                 "ddp)");
   app.add_option("--comm-timeout", c.comm_timeout,
                  "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every,

@@ -36,6 +36,7 @@ _STRATEGY_FIELDS = {
     "activation_checkpointing": "activation_checkpointing",
     "comm_timeout": "comm_timeout_seconds",
     "pipeline_stages": "pipeline_stages",
+    "tensor_parallel": "tensor_parallel",
     "pipeline_split": "pipeline_split",
     "micro_batches": "micro_batches",
     "pipeline_schedule": "pipeline_schedule",

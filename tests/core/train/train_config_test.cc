@@ -141,7 +141,7 @@ TEST(TrainConfigTest, PipelineDefaultsAreNoPipeline) {
   EXPECT_EQ(config.DataParallelSize(4), 4);
   // Without stages any world passes here (the one-device rule of single is
   // the callers').
-  EXPECT_TRUE(config.CheckPipelineWorld(3).ok());
+  EXPECT_TRUE(config.CheckMeshWorld(3).ok());
 }
 
 TEST(TrainConfigTest, FlagsSetThePipelineFieldsAndPpIsPipelineStages) {
@@ -262,31 +262,65 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
 
 TEST(TrainConfigTest, PipelineWorldIsStagesTimesReplicas) {
   TrainConfig config = PipelineConfig();
-  EXPECT_TRUE(config.CheckPipelineWorld(2).ok());
-  EXPECT_EQ(config.CheckPipelineWorld(4).message(),
+  EXPECT_TRUE(config.CheckMeshWorld(2).ok());
+  EXPECT_EQ(config.CheckMeshWorld(4).message(),
             "world_size: got 4; strategy single with 2 pipeline stages runs "
             "on 2 ranks (use ddp for 2 data-parallel replicas per stage)");
-  EXPECT_EQ(config.CheckPipelineWorld(3).message(),
+  EXPECT_EQ(config.CheckMeshWorld(3).message(),
             "world_size: got 3; must be a multiple of pipeline_stages (2): "
             "each data-parallel replica runs one rank per stage");
-  EXPECT_EQ(config.CheckPipelineWorld(1, "WORLD_SIZE").message(),
+  EXPECT_EQ(config.CheckMeshWorld(1, "WORLD_SIZE").message(),
             "WORLD_SIZE: got 1; must be a multiple of pipeline_stages (2): "
             "each data-parallel replica runs one rank per stage");
   config.strategy = "ddp";
-  EXPECT_TRUE(config.CheckPipelineWorld(2).ok());
-  EXPECT_TRUE(config.CheckPipelineWorld(6).ok());
+  EXPECT_TRUE(config.CheckMeshWorld(2).ok());
+  EXPECT_TRUE(config.CheckMeshWorld(6).ok());
   EXPECT_EQ(config.DataParallelSize(6), 3);
-  EXPECT_EQ(config.CheckPipelineWorld(5).code(),
+  EXPECT_EQ(config.CheckMeshWorld(5).code(),
             absl::StatusCode::kInvalidArgument);
   // HSDP within each stage: its shard groups divide the stage's ranks.
   config.strategy = "hsdp";
   EXPECT_TRUE(config.Validate().ok());
-  EXPECT_TRUE(config.CheckPipelineWorld(8).ok());
+  EXPECT_TRUE(config.CheckMeshWorld(8).ok());
   config.shard_group_size = 2;
-  EXPECT_TRUE(config.CheckPipelineWorld(8).ok());
-  EXPECT_EQ(config.CheckPipelineWorld(6).message(),
+  EXPECT_TRUE(config.CheckMeshWorld(8).ok());
+  EXPECT_EQ(config.CheckMeshWorld(6).message(),
             "shard_group_size: got 2; must divide the 3 ranks of each "
             "pipeline stage (world_size 6 / 2 stages)");
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+TEST(TrainConfigTest, TensorParallelDividesTheHeadsAndTheWorld) {
+  TrainConfig config;
+  config.model = "custom:n_layer=2,n_head=4,n_embd=64";
+  config.data = "/data/brown";
+  config.tensor_parallel = 2;
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  EXPECT_TRUE(config.CheckMeshWorld(2).ok());
+  EXPECT_EQ(config.CheckMeshWorld(4).message(),
+            "world_size: got 4; strategy single with tensor_parallel 2 runs on "
+            "2 ranks (use ddp for 2 data-parallel replicas)");
+  config.strategy = "ddp";
+  EXPECT_TRUE(config.CheckMeshWorld(4).ok());
+  EXPECT_EQ(config.DataParallelSize(4), 2);
+  EXPECT_EQ(config.CheckMeshWorld(3).message(),
+            "world_size: got 3; must be a multiple of tensor_parallel (2): "
+            "each data-parallel replica runs that many ranks");
+  config.tensor_parallel = 3;
+  EXPECT_EQ(config.Validate().message(),
+            "tensor_parallel: got 3; must divide the model's 4 attention heads "
+            "(each rank runs whole heads)");
+  config.tensor_parallel = 2;
+  config.strategy = "fsdp";
+  EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
+  config.strategy = "ddp";
+  config.pipeline_stages = 2;
+  EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

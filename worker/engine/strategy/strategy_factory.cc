@@ -9,6 +9,7 @@
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/pipeline_strategy.h"
 #include "worker/engine/strategy/single_device_strategy.h"
+#include "worker/engine/strategy/tensor_parallel_strategy.h"
 
 namespace shardtrain {
 
@@ -78,7 +79,7 @@ const std::map<std::string, Factory>& Factories() {
 absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm) {
-  if (absl::Status s = config.CheckPipelineWorld(options.world_size); !s.ok()) {
+  if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
     return s;
   }
   if (comm == nullptr) {
@@ -126,6 +127,19 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
   if (config.pipeline_stages > 1) return CreatePipeline(config, options, comm);
+  if (config.tensor_parallel > 1) {
+    if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
+      return s;
+    }
+    if (kind->layout != StateLayout::kReplicated || comm == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor_parallel: ", config.tensor_parallel,
+          " composes with single and ddp over a communicator; got ",
+          config.strategy));
+    }
+    return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
+        options, comm, config.tensor_parallel));
+  }
   if (!kind->distributed && options.world_size != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("strategy: ", kind->name,

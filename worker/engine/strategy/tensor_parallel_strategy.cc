@@ -3,10 +3,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/train/device_mesh.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
@@ -79,20 +81,44 @@ class TensorParallelStrategy::Ops final : public TensorParallelOps {
 };
 
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
-                                               Communicator* world)
-    : options_(options), world_(world) {}
+                                               Communicator* world,
+                                               int64_t tensor_parallel)
+    : options_(options),
+      world_(world),
+      tensor_parallel_(std::max<int64_t>(1, tensor_parallel)) {}
 
 TensorParallelStrategy::~TensorParallelStrategy() = default;
+
+// The mesh is replicas x tensor ranks, the tensor ranks innermost.
+int64_t TensorParallelStrategy::data_parallel_rank() const {
+  return options_.rank / tensor_parallel_;
+}
+
+int64_t TensorParallelStrategy::data_parallel_size() const {
+  return options_.world_size / tensor_parallel_;
+}
+
+std::string TensorParallelStrategy::name() const {
+  return data_parallel_size() > 1 ? "ddp" : "single";
+}
 
 std::string TensorParallelStrategy::layout() const {
   if (model_.is_empty()) return "";
   const Gpt2Config& config = model_->config();
-  const int64_t t = options_.world_size;
-  std::vector<int64_t> ranks;
-  for (int64_t r = 0; r < t; ++r) ranks.push_back(r);
-  return absl::StrCat("mesh: tensor parallel ", t, ": ranks ",
-                      FormatRanks(ranks), " each run ", config.n_head / t,
-                      " of ", config.n_head, " heads and ",
+  const int64_t t = tensor_parallel_;
+  std::vector<std::string> groups;
+  for (int64_t d = 0; d < data_parallel_size(); ++d) {
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < t; ++r) ranks.push_back(d * t + r);
+    groups.push_back(FormatRanks(ranks));
+  }
+  const std::string replicas =
+      data_parallel_size() > 1
+          ? absl::StrCat("ddp ", data_parallel_size(), " x ")
+          : "";
+  return absl::StrCat("mesh: ", replicas, "tensor parallel ", t, ": ranks ",
+                      absl::StrJoin(groups, " | "), " each run ",
+                      config.n_head / t, " of ", config.n_head, " heads and ",
                       4 * config.n_embd / t, " of ", 4 * config.n_embd,
                       " MLP units of every block");
 }
@@ -102,6 +128,31 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
       world_->world_size() != options_.world_size) {
     return absl::InvalidArgumentError(
         "tensor parallel: needs a communicator over the options' ranks");
+  }
+  if (options_.world_size % tensor_parallel_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel: ", tensor_parallel_, " does not divide the world of ",
+        options_.world_size, " ranks"));
+  }
+  // Groups: the replica's tensor ranks, then the same slice's replicas.
+  const DeviceMesh mesh =
+      *DeviceMesh::Create({{MeshDim::kReplicate, data_parallel_size()},
+                           {MeshDim::kTensor, tensor_parallel_}});
+  tensor_ = world_;
+  if (data_parallel_size() > 1) {
+    const std::vector<int64_t> tensor =
+        mesh.GroupOf(options_.rank, MeshDim::kTensor);
+    const std::vector<int64_t> replicas =
+        mesh.GroupOf(options_.rank, MeshDim::kReplicate);
+    absl::StatusOr<std::unique_ptr<Communicator>> group =
+        world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
+    if (!group.ok()) return group.status();
+    own_tensor_ = std::move(*group);
+    tensor_ = own_tensor_.get();
+    group = world_->NewGroup(absl::StrCat("replicas-", FormatRanks(replicas)),
+                             replicas);
+    if (!group.ok()) return group.status();
+    replicas_ = std::move(*group);
   }
   model_ = std::move(model);
   try {
@@ -118,7 +169,7 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));
   }
-  ops_ = std::make_unique<Ops>(world_);
+  ops_ = std::make_unique<Ops>(tensor_);
   if (absl::Status s = model_->ShardForTensorParallel(ops_.get()); !s.ok()) {
     return s;
   }
@@ -130,29 +181,50 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
 
 torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
-    double loss_scale, bool /*sync*/) {
+    double loss_scale, bool sync) {
   torch::Tensor loss;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
     loss = model_->ForwardLoss(inputs, targets);
   }
   (loss * loss_scale).backward();
+  if (sync) AverageOverReplicas();
   return loss.detach();
+}
+
+void TensorParallelStrategy::AverageOverReplicas() {
+  if (replicas_ == nullptr) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params = model_->parameters();
+  std::vector<torch::Tensor> grads;
+  for (torch::Tensor& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().view({-1}));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  SumOver(*replicas_, flat, "all_reduce (gradients over the replicas)");
+  flat.div_(static_cast<double>(data_parallel_size()));
+  int64_t offset = 0;
+  for (torch::Tensor& p : params) {
+    const int64_t n = p.numel();
+    p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
+    offset += n;
+  }
 }
 
 double TensorParallelStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
-  // Slices differ between the ranks, whole tensors do not: those are
-  // counted on rank 0 only.
+  // Slices differ between a replica's ranks, whole tensors do not: those
+  // are counted on its first rank only. Replicas hold the same gradients.
   std::vector<torch::Tensor> grads;
   for (const auto& item : model_->named_parameters()) {
     const bool whole = item.value().sizes().vec() == shapes_.at(item.key());
-    if (whole && options_.rank != 0) continue;
+    if (whole && tensor_->rank() != 0) continue;
     grads.push_back(item.value().grad());
   }
   torch::Tensor sum =
       SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  SumOver(*world_, sum, "all_reduce (gradient norm)");
+  SumOver(*tensor_, sum, "all_reduce (gradient norm)");
   const double norm = std::sqrt(sum.item<double>());
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
@@ -188,16 +260,18 @@ void TensorParallelStrategy::Barrier() {
 
 std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
-  const int64_t t = options_.world_size;
+  const int64_t t = tensor_parallel_;
+  // Replicas hold the same state: the first one writes it.
+  if (to_save && data_parallel_rank() != 0) return slices;
   for (const auto& item : model_->named_parameters()) {
     const std::string& name = item.key();
     const std::vector<int64_t>& global = shapes_.at(name);
     const torch::Tensor& p = item.value();
     const std::vector<FlatRun> runs =
-        TensorParallelRuns(name, global, options_.rank, t);
+        TensorParallelRuns(name, global, tensor_->rank(), t);
     const bool whole = p.sizes().vec() == global;
-    // Whole tensors are the same on every rank: rank 0 writes them.
-    if (whole && to_save && options_.rank != 0) continue;
+    // Whole tensors are the same on every rank: the first writes them.
+    if (whole && to_save && tensor_->rank() != 0) continue;
     const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
     const std::pair<const char*, torch::Tensor> parts[] = {
         {"model.", p.detach().view(-1)},
@@ -224,9 +298,9 @@ void TensorParallelStrategy::set_optimizer_steps(int64_t steps) {
 }
 
 absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
-  // Each sliced tensor's slices gathered on every rank (all the same size),
-  // put back in place on rank 0, which writes the whole model.
-  const int64_t t = options_.world_size;
+  // Each sliced tensor's slices gathered on every rank of a replica (all the
+  // same size), put back in place on rank 0, which writes the whole model.
+  const int64_t t = tensor_parallel_;
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
   absl::Status status = absl::OkStatus();
@@ -239,7 +313,7 @@ absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
           member->detach().to(torch::kFloat).reshape({-1});
       torch::Tensor gathered =
           torch::empty({t * local.numel()}, local.options());
-      ThrowIfFailed(world_->AllGather(gathered, local)->Wait(),
+      ThrowIfFailed(tensor_->AllGather(gathered, local)->Wait(),
                     "tensor parallel", "all_gather (export)");
       if (options_.rank != 0) continue;
       torch::Tensor full = torch::empty(global, local.options());
@@ -274,7 +348,14 @@ int64_t TensorParallelStrategy::ModelStateBytes() const {
 }
 
 CommStats TensorParallelStrategy::TakeCommStats() {
-  return world_->TakeStats();
+  CommStats total = world_->TakeStats();
+  for (Communicator* c : {own_tensor_.get(), replicas_.get()}) {
+    if (c == nullptr) continue;
+    const CommStats part = c->TakeStats();
+    total.seconds += part.seconds;
+    total.bytes += part.bytes;
+  }
+  return total;
 }
 
 }  // namespace shardtrain

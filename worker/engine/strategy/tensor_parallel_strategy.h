@@ -1,12 +1,16 @@
 // TensorParallelStrategy: model parallelism within every layer (Megatron-LM's
-// tensor parallelism). The world's T ranks are one tensor-parallel group:
-// each runs n_head / T of every block's attention heads and 4C / T of its MLP
+// tensor parallelism). The world is a mesh of D data-parallel replicas x T
+// tensor-parallel ranks (core/train/device_mesh.h: the T ranks of a replica
+// are neighbours, on one node where they can be). Within a replica each rank
+// runs n_head / T of every block's attention heads and 4C / T of its MLP
 // hidden units, holding those rows (column-parallel c_attn and c_fc) or
 // columns (row-parallel c_proj) of the weights (Gpt2Impl::ShardForTensor
 // Parallel). Per block and step, one all-reduce of the [B, T, C] activations
 // forward after each row-parallel layer (g) and one of their gradients
 // backward before each column-parallel layer (f), as Megatron's operators
-// do; every rank sees the same batch.
+// do; a replica's ranks see the same batch. With D > 1 (DDP), each rank's
+// gradients are then averaged with the ranks holding the same slices in the
+// other replicas (one coalesced all-reduce per step, as DDP without overlap).
 //
 // What stays whole on every rank: the LayerNorms, the row-parallel layers'
 // biases (added once, after the sum) and the embeddings with the tied head.
@@ -33,18 +37,20 @@ namespace shardtrain {
 
 class TensorParallelStrategy final : public Strategy {
  public:
-  // `world` (all T ranks, the tensor-parallel group) must outlive the
-  // strategy.
-  TensorParallelStrategy(const StrategyOptions& options, Communicator* world);
+  // `world` (all D x T ranks) must outlive the strategy; `tensor_parallel`
+  // (T) must divide its size.
+  TensorParallelStrategy(const StrategyOptions& options, Communicator* world,
+                         int64_t tensor_parallel);
   ~TensorParallelStrategy() override;
 
-  std::string name() const override { return "single"; }
+  // The data-parallel part: "single" (one replica) or "ddp".
+  std::string name() const override;
   int64_t rank() const override { return options_.rank; }
   int64_t world_size() const override { return options_.world_size; }
   std::string layout() const override;
-  // One data-parallel replica: every rank sees the same batch.
-  int64_t data_parallel_rank() const override { return 0; }
-  int64_t data_parallel_size() const override { return 1; }
+  // The replica this rank belongs to; its T ranks see the same batch.
+  int64_t data_parallel_rank() const override;
+  int64_t data_parallel_size() const override;
 
   absl::Status Setup(Gpt2 model) override;
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
@@ -64,10 +70,19 @@ class TensorParallelStrategy final : public Strategy {
   CommStats TakeCommStats() override;
 
  private:
-  class Ops;  // Megatron's f and g over world_
+  class Ops;  // Megatron's f and g over tensor_
+
+  // The gradients averaged over the replicas (D > 1).
+  void AverageOverReplicas();
 
   const StrategyOptions options_;
   Communicator* const world_;
+  const int64_t tensor_parallel_;
+  // The replica's T ranks (world_ itself when D = 1) and, with D > 1, the
+  // ranks holding the same slices in the other replicas.
+  std::unique_ptr<Communicator> own_tensor_;
+  Communicator* tensor_ = nullptr;
+  std::unique_ptr<Communicator> replicas_;
   std::unique_ptr<Ops> ops_;
   Gpt2 model_{nullptr};
   // Every parameter's global shape, by name.

@@ -30,18 +30,28 @@ constexpr int64_t kVocab = 500;
 constexpr int64_t kSteps = 6;
 constexpr double kLr = 1e-4;  // as pipeline_strategy_test: weights in lr units
 
+// T tensor-parallel ranks per replica (T = world unless given).
+test::StrategyMaker Tp(int64_t tensor_parallel = 0) {
+  return [tensor_parallel](int64_t rank, int64_t world,
+                           Communicator* comm) -> std::unique_ptr<Strategy> {
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    return std::make_unique<TensorParallelStrategy>(
+        options, comm, tensor_parallel > 0 ? tensor_parallel : world);
+  };
+}
+
 std::unique_ptr<Strategy> MakeTp(int64_t rank, int64_t world,
                                  Communicator* comm) {
-  StrategyOptions options;
-  options.rank = rank;
-  options.world_size = world;
-  return std::make_unique<TensorParallelStrategy>(options, comm);
+  return Tp()(rank, world, comm);
 }
 
 struct Case {
-  int64_t ranks;
+  int64_t ranks;          // tensor-parallel ranks per replica
   int64_t checkpointing;  // recompute every N-th block (0: none)
   int64_t accumulation;
+  int64_t replicas = 1;  // DDP over them
 };
 
 class TensorParallelEquivalenceTest : public ::testing::TestWithParam<Case> {};
@@ -53,14 +63,15 @@ TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
   loop.activation_checkpointing = c.checkpointing;
   const test::TrainResult single =
       test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
-  const std::vector<test::TrainResult> ranks =
-      test::TrainRanks(kSpec, /*seed=*/7, batches, c.ranks, loop, MakeTp);
+  const std::vector<test::TrainResult> ranks = test::TrainRanks(
+      kSpec, /*seed=*/7, batches, c.ranks * c.replicas, loop, Tp(c.ranks));
   // The partial products summed over the ranks round differently from one
   // product; nothing else may differ.
   for (size_t r = 0; r < ranks.size(); ++r) {
     test::ExpectSameTraining(
         single, ranks[r], {1e-6, 1e-5},
-        absl::StrCat("tp", c.ranks, "_ckpt", c.checkpointing, " rank ", r));
+        absl::StrCat("ddp", c.replicas, "xtp", c.ranks, "_ckpt",
+                     c.checkpointing, " rank ", r));
   }
   // Each rank holds 1/T of every attention and MLP matrix: less state than
   // the whole model, by at least (1 - 1/T) of the blocks' matrices.
@@ -74,9 +85,11 @@ TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelEquivalenceTest,
                          ::testing::Values(Case{2, 0, 1}, Case{4, 0, 1},
-                                           Case{2, 1, 2}),
+                                           Case{2, 1, 2},
+                                           Case{2, 0, 2, /*replicas=*/2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return absl::StrCat("tp", info.param.ranks, "_ckpt",
+                           return absl::StrCat("ddp", info.param.replicas,
+                                               "xtp", info.param.ranks, "_ckpt",
                                                info.param.checkpointing,
                                                "_accum",
                                                info.param.accumulation);
@@ -199,6 +212,19 @@ TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
   EXPECT_EQ(layouts[1],
             "mesh: tensor parallel 2: ranks 0,1 each run 2 of 4 heads and 128 "
             "of 256 MLP units of every block");
+  std::vector<std::string> meshes(4);
+  std::vector<int64_t> replicas(4);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = Tp(2)(rank, 4, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 1)).ok());
+    meshes[rank] = strategy->layout();
+    replicas[rank] = strategy->data_parallel_rank();
+    EXPECT_EQ(strategy->name(), "ddp");
+  });
+  EXPECT_EQ(meshes[0],
+            "mesh: ddp 2 x tensor parallel 2: ranks 0,1 | 2,3 each run 2 of 4 "
+            "heads and 128 of 256 MLP units of every block");
+  EXPECT_EQ(replicas, (std::vector<int64_t>{0, 0, 1, 1}));
 }
 
 }  // namespace
