@@ -130,7 +130,7 @@ TpSplit TensorParallelSplit(const std::string& name) {
     return TpSplit::kQkvRows;
   }
   if (absl::EndsWith(name, "mlp.c_fc.weight") ||
-      absl::EndsWith(name, "mlp.c_fc.bias")) {
+      absl::EndsWith(name, "mlp.c_fc.bias") || name == "wte.weight") {
     return TpSplit::kRows;
   }
   if (absl::EndsWith(name, "attn.c_proj.weight") ||
@@ -232,12 +232,22 @@ torch::Tensor Gpt2Impl::Embed(const torch::Tensor& idx) {
   const int64_t t = idx.size(1);
   TORCH_CHECK(t >= 1 && t <= config_.block_size, "Gpt2: sequence length ", t,
               " must be in [1, block_size = ", config_.block_size, "]");
+  CheckWholeVocabulary("Embed");
   // Positions are the first T rows of wpe, broadcast over the batch: no
   // arange tensor and no gather.
   return wte_(idx) + wpe_->weight.narrow(0, 0, t);
 }
 
+void Gpt2Impl::CheckWholeVocabulary(const char* what) const {
+  TORCH_CHECK(wte_->weight.size(0) == config_.padded_vocab_size, "Gpt2::",
+              what, ": wte holds ", wte_->weight.size(0), " of ",
+              config_.padded_vocab_size,
+              " rows (tensor parallel): the strategy's vocabulary-parallel "
+              "embedding and head take the place of Embed and Head");
+}
+
 torch::Tensor Gpt2Impl::Head(const torch::Tensor& x) {
+  CheckWholeVocabulary("Head");
   const torch::Tensor vocab_rows =
       wte_->weight.narrow(0, 0, config_.vocab_size);  // contiguous view
   const torch::Tensor logits = at::linear(Flatten(ln_f_(x)), vocab_rows);
@@ -246,6 +256,7 @@ torch::Tensor Gpt2Impl::Head(const torch::Tensor& x) {
 
 torch::Tensor Gpt2Impl::HeadLoss(const torch::Tensor& x,
                                  const torch::Tensor& targets) {
+  CheckWholeVocabulary("HeadLoss");
   return LmHeadLoss(ln_f_(x), wte_->weight, config_.vocab_size, targets);
 }
 
@@ -580,9 +591,14 @@ absl::Status Gpt2Impl::ShardForTensorParallel(TensorParallelOps* tp) {
                      "1/T of the MLP's ",
                      4 * config_.n_embd, " hidden units)"));
   }
+  if (config_.padded_vocab_size % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel: ", size, " ranks do not divide the model's ",
+        config_.padded_vocab_size,
+        " padded vocabulary rows (each rank holds 1/T of the embedding)"));
+  }
   torch::NoGradGuard no_grad;
   for (auto& item : named_parameters()) {
-    if (!absl::StartsWith(item.key(), "h.")) continue;
     torch::Tensor& p = item.value();
     const std::vector<int64_t> global = p.sizes().vec();
     const std::vector<FlatRun> runs =

@@ -95,8 +95,9 @@ struct FlatRun {
 // local shape. attn.c_attn (C -> 3C) and mlp.c_fc (C -> 4C) are
 // column-parallel: the rank holds its rows of the weight and bias, c_attn's
 // by heads (its rows of each of q, k and v). attn.c_proj and mlp.c_proj are
-// row-parallel: its columns of the weight; their biases, the LayerNorms and
-// the embeddings are whole on every rank (one run).
+// row-parallel: its columns of the weight. wte is vocabulary-parallel: the
+// rank holds its 1/T of the rows. The row-parallel biases, the LayerNorms and
+// wpe are whole on every rank (one run).
 std::vector<FlatRun> TensorParallelRuns(const std::string& name,
                                         const std::vector<int64_t>& global,
                                         int64_t rank, int64_t size);
@@ -223,11 +224,14 @@ class Gpt2Impl : public torch::nn::Module {
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   torch::nn::LayerNorm& ln_f() { return ln_f_; }
 
-  // Tensor parallelism: every block's attention and MLP parameters replaced
-  // by rank tp->rank()'s slices of them (TensorParallelRuns) and run through
-  // `tp`, which must outlive the model's use. The LayerNorms, the row-parallel
-  // biases and the embeddings stay whole. InvalidArgument, naming the
-  // numbers, when T does not divide the heads (hence C and 4C).
+  // Tensor parallelism: every block's attention and MLP parameters and wte's
+  // rows replaced by rank tp->rank()'s slices of them (TensorParallelRuns),
+  // the blocks run through `tp`, which must outlive the model's use. The
+  // LayerNorms, the row-parallel biases and wpe stay whole. Embed, Head,
+  // HeadLoss, ForwardLoss and forward() then throw: the strategy runs the
+  // vocabulary-parallel embedding and head (strategy/vocab_parallel.h).
+  // InvalidArgument, naming the numbers, when T does not divide the heads
+  // (hence C and 4C) or the padded vocabulary.
   absl::Status ShardForTensorParallel(TensorParallelOps* tp);
 
   // The weight and bias members each module's forward() reads, by parameter
@@ -244,6 +248,9 @@ class Gpt2Impl : public torch::nn::Module {
   std::vector<Block> blocks_;  // The same modules as h_, typed.
   torch::nn::LayerNorm ln_f_{nullptr};
   int64_t checkpoint_every_ = 0;
+
+  // Throws (naming `what`) when wte holds a tensor-parallel slice.
+  void CheckWholeVocabulary(const char* what) const;
 };
 TORCH_MODULE(Gpt2);
 

@@ -13,6 +13,7 @@
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
+#include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
 namespace {
@@ -120,7 +121,9 @@ std::string TensorParallelStrategy::layout() const {
                       absl::StrJoin(groups, " | "), " each run ",
                       config.n_head / t, " of ", config.n_head, " heads and ",
                       4 * config.n_embd / t, " of ", 4 * config.n_embd,
-                      " MLP units of every block");
+                      " MLP units of every block and ",
+                      config.padded_vocab_size / t, " of ",
+                      config.padded_vocab_size, " vocabulary rows");
 }
 
 absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
@@ -173,6 +176,27 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
   if (absl::Status s = model_->ShardForTensorParallel(ops_.get()); !s.ok()) {
     return s;
   }
+  try {
+    // The vocabulary-parallel embedding and head add wte's gradient into
+    // its .grad() themselves: it must exist before the first step.
+    torch::Tensor& wte = model_->wte()->weight;
+    wte.mutable_grad() = torch::zeros_like(wte);
+    vocab_.comm = tensor_;
+    vocab_.weight = wte.detach();
+    vocab_.grad = wte.grad();
+    vocab_.row_begin = tensor_->rank() * wte.size(0);
+    vocab_.vocab_size = model_->config().vocab_size;
+    vocab_.compute_dtype =
+        options_.device.is_cuda() && options_.precision == "bf16"
+            ? torch::kBFloat16
+            : torch::kFloat;
+    vocab_.shared_batch = true;
+    vocab_.anchor = torch::zeros(
+        {}, torch::TensorOptions().device(options_.device).requires_grad(true));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));
+  }
   optimizer_ = std::make_unique<AdamW>(
       WeightDecayGroups(model_->parameters(), options_.weight_decay),
       options_.adamw);
@@ -182,14 +206,26 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
 torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
     double loss_scale, bool sync) {
-  torch::Tensor loss;
-  {
-    ScopedAutocast autocast(options_.device, options_.precision);
-    loss = model_->ForwardLoss(inputs, targets);
-  }
+  const torch::Tensor loss = Forward(inputs, targets, loss_scale);
   (loss * loss_scale).backward();
   if (sync) AverageOverReplicas();
   return loss.detach();
+}
+
+torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
+                                              const torch::Tensor& targets,
+                                              double grad_scale) {
+  TORCH_CHECK(optimizer_ != nullptr, "tensor parallel: Setup() must come first");
+  TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
+                  inputs.size(1) <= model_->config().block_size,
+              "tensor parallel: inputs must be [B,T] with 1 <= T <= "
+              "block_size = ",
+              model_->config().block_size, ", got ", inputs.sizes());
+  ScopedAutocast autocast(options_.device, options_.precision);
+  torch::Tensor x = VocabParallelEmbedding(inputs, vocab_) +
+                    model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+  for (int64_t i = 0; i < model_->num_blocks(); ++i) x = model_->RunBlock(i, x);
+  return VocabParallelLoss(model_->ln_f()(x), targets, vocab_, grad_scale);
 }
 
 void TensorParallelStrategy::AverageOverReplicas() {
@@ -245,8 +281,7 @@ void TensorParallelStrategy::OptimizerStep(double lr) {
 torch::Tensor TensorParallelStrategy::ForwardLoss(
     const torch::Tensor& inputs, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
-  ScopedAutocast autocast(options_.device, options_.precision);
-  return model_->ForwardLoss(inputs, targets);
+  return Forward(inputs, targets, /*grad_scale=*/0.0);
 }
 
 double TensorParallelStrategy::AllReduceMean(double value) {

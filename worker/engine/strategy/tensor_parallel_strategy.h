@@ -12,8 +12,14 @@
 // gradients are then averaged with the ranks holding the same slices in the
 // other replicas (one coalesced all-reduce per step, as DDP without overlap).
 //
+// The tied embedding and head are vocabulary-parallel (strategy/vocab_
+// parallel.h with shared_batch): each rank holds 1/T of wte's rows, looks up
+// the ids it owns (one all-reduce sums the lookups) and scores its columns
+// of the vocabulary (the softmax statistics are all-gathered, the hidden
+// states' gradient all-reduced); the logits are never whole on any rank.
+//
 // What stays whole on every rank: the LayerNorms, the row-parallel layers'
-// biases (added once, after the sum) and the embeddings with the tied head.
+// biases (added once, after the sum) and wpe.
 // Their inputs and the gradients reaching them are the same on every rank
 // (f's all-reduce makes them so), so their gradients agree without any
 // reduction and the ranks' copies stay equal bit for bit (checked by the
@@ -32,6 +38,7 @@
 #include <vector>
 
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
 
@@ -72,6 +79,11 @@ class TensorParallelStrategy final : public Strategy {
  private:
   class Ops;  // Megatron's f and g over tensor_
 
+  // The mean loss of the replica's batch: the vocabulary-parallel embedding,
+  // the blocks, the vocabulary-parallel head. When training, wte's gradient
+  // is added in forward with grad_scale, which backward must then use.
+  torch::Tensor Forward(const torch::Tensor& inputs,
+                        const torch::Tensor& targets, double grad_scale);
   // The gradients averaged over the replicas (D > 1).
   void AverageOverReplicas();
 
@@ -88,6 +100,7 @@ class TensorParallelStrategy final : public Strategy {
   // Every parameter's global shape, by name.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
+  VocabShard vocab_;  // this rank's rows of wte
 };
 
 }  // namespace shardtrain

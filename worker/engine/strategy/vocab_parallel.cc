@@ -32,6 +32,11 @@ torch::Tensor AllGather(Communicator& comm, const torch::Tensor& local,
   return output;
 }
 
+// In place: `tensor` summed over the ranks.
+void AllReduce(Communicator& comm, torch::Tensor& tensor, const char* what) {
+  Check(comm.AllReduce(tensor)->Wait(), what);
+}
+
 // Rank r receives the sum over ranks of rows [r*n, (r+1)*n) of `all`.
 torch::Tensor ReduceScatter(Communicator& comm, const torch::Tensor& all,
                             const char* what) {
@@ -57,8 +62,10 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     const int64_t rows = shard->weight.size(0);
     const int64_t c = shard->weight.size(1);
     const torch::Tensor all_ids =
-        AllGather(comm, ids.reshape({-1}), "all-gather of the token ids")
-            .reshape({-1});
+        shard->shared_batch
+            ? ids.reshape({-1})
+            : AllGather(comm, ids.reshape({-1}), "all-gather of the token ids")
+                  .reshape({-1});
     const torch::Tensor local = all_ids - shard->row_begin;
     const torch::Tensor mine = local.ge(0).logical_and(local.lt(rows));
     // Every rank's tokens looked up in this rank's rows, zero where another
@@ -67,8 +74,13 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
         at::embedding(shard->weight, local.clamp(0, rows - 1))
             .to(shard->compute_dtype);
     looked_up.mul_(mine.unsqueeze(1).to(looked_up.scalar_type()));
-    const torch::Tensor out =
-        ReduceScatter(comm, looked_up, "reduce-scatter of the embeddings");
+    torch::Tensor out;
+    if (shard->shared_batch) {
+      out = looked_up;
+      AllReduce(comm, out, "all-reduce of the embeddings");
+    } else {
+      out = ReduceScatter(comm, looked_up, "reduce-scatter of the embeddings");
+    }
     ctx->saved_data["shard"] = reinterpret_cast<int64_t>(shard);
     ctx->save_for_backward({local, mine});
     std::vector<int64_t> shape = ids.sizes().vec();
@@ -84,14 +96,19 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     Communicator& comm = *shard.comm;
     const torch::Tensor grad =
         grad_outputs[0].reshape({-1, shard.weight.size(1)}).to(torch::kFloat);
-    const torch::Tensor all_grads =
-        AllGather(comm, grad, "all-gather of the embedding gradient")
-            .reshape({-1, grad.size(1)});
     const torch::Tensor index = mine.nonzero().squeeze(1);
     torch::NoGradGuard no_grad;
-    shard.grad.index_add_(0, local.index_select(0, index),
-                          all_grads.index_select(0, index).mul_(
-                              1.0 / static_cast<double>(comm.world_size())));
+    if (shard.shared_batch) {
+      shard.grad.index_add_(0, local.index_select(0, index),
+                            grad.index_select(0, index));
+    } else {
+      const torch::Tensor all_grads =
+          AllGather(comm, grad, "all-gather of the embedding gradient")
+              .reshape({-1, grad.size(1)});
+      shard.grad.index_add_(0, local.index_select(0, index),
+                            all_grads.index_select(0, index).mul_(
+                                1.0 / static_cast<double>(comm.world_size())));
+    }
     return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -103,17 +120,22 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
                                const torch::Tensor& targets,
                                const VocabShard* shard, double grad_scale) {
     Communicator& comm = *shard->comm;
-    const int64_t world = comm.world_size();
+    // The batches scored together: every rank's, or the one they share.
+    const bool shared = shard->shared_batch;
+    const int64_t world = shared ? 1 : comm.world_size();
     const int64_t c = hidden.size(-1);
     const int64_t n = targets.numel();
     const bool want_grad = hidden.requires_grad();
     const torch::Tensor x_all =
-        AllGather(comm, hidden.reshape({-1, c}).to(torch::kFloat),
-                  "all-gather of the hidden states")
-            .reshape({-1, c});
+        shared ? hidden.reshape({-1, c}).to(torch::kFloat).contiguous()
+               : AllGather(comm, hidden.reshape({-1, c}).to(torch::kFloat),
+                           "all-gather of the hidden states")
+                     .reshape({-1, c});
     const torch::Tensor t_all =
-        AllGather(comm, targets.reshape({-1}), "all-gather of the targets")
-            .reshape({-1});
+        shared ? targets.reshape({-1})
+               : AllGather(comm, targets.reshape({-1}),
+                           "all-gather of the targets")
+                     .reshape({-1});
     // This rank's scored rows: the padding rows of wte never enter the
     // softmax (a rank could own padding only).
     const int64_t scored = std::clamp<int64_t>(
@@ -196,11 +218,17 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
     ctx->saved_data["shard"] = reinterpret_cast<int64_t>(shard);
     ctx->saved_data["grad_scale"] = grad_scale;
     if (want_grad) {
-      const torch::Tensor dx = ReduceScatter(
-          comm, dx_all, "reduce-scatter of the hidden states' gradient");
+      torch::Tensor dx;
+      if (shared) {
+        dx = dx_all;
+        AllReduce(comm, dx, "all-reduce of the hidden states' gradient");
+      } else {
+        dx = ReduceScatter(comm, dx_all,
+                           "reduce-scatter of the hidden states' gradient");
+      }
       ctx->save_for_backward({dx.view(hidden.sizes())});
     }
-    return loss_all.narrow(0, comm.rank() * n, n).mean();
+    return loss_all.narrow(0, shared ? 0 : comm.rank() * n, n).mean();
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {

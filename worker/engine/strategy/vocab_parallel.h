@@ -21,6 +21,13 @@
 //              hidden states' gradient (a partial sum over columns) is
 //              reduce-scattered to the token's rank.
 //
+// Under tensor parallelism (shared_batch) the ranks of the group see the same
+// tokens, so nothing is gathered: the embedding's partial lookups are summed
+// by one all-reduce and its backward adds the (equal) output gradient of the
+// rank's ids into its rows; the head scores the rank's columns for the
+// group's tokens and one all-reduce sums the hidden states' gradient. Only
+// the softmax statistics are all-gathered, as before.
+//
 // Per step and rank this moves O(world * tokens * C) activations instead of
 // O(V * C) weights twice (gather for forward and backward) plus their
 // reduce-scatter: less traffic while the global batch has fewer tokens than
@@ -56,6 +63,10 @@ struct VocabShard {
   torch::ScalarType compute_dtype = torch::kFloat;
   // Logits per chunk of the head: LmHeadChunkBytes() of the device when 0.
   int64_t chunk_bytes = 0;
+  // Every rank of `comm` holds the same batch (tensor parallelism): the
+  // tokens are not gathered, and each rank's loss and gradients are those of
+  // the whole batch (no 1 / world).
+  bool shared_batch = false;
   // A leaf that requires grad: ties the embedding's output into the graph so
   // that its backward runs (the shard itself is not an autograd leaf).
   torch::Tensor anchor;
@@ -64,7 +75,8 @@ struct VocabShard {
 // wte(ids): ids [B, T] int64 in [0, vocab_size), the same shape on every
 // rank; returns [B, T, C] in the compute dtype. Backward adds
 // (1 / world) * sum over ranks of each rank's output gradient, by row, into
-// shard.grad (the mean over ranks, as FSDP's reduce-scatter).
+// shard.grad (the mean over ranks, as FSDP's reduce-scatter); with
+// shared_batch, the output gradient itself (the same on every rank).
 torch::Tensor VocabParallelEmbedding(const torch::Tensor& ids,
                                      const VocabShard& shard);
 
@@ -72,7 +84,8 @@ torch::Tensor VocabParallelEmbedding(const torch::Tensor& ids,
 // [B, T, C] (after ln_f), targets [B, T]; the same shapes on every rank.
 // When hidden requires grad, forward adds (grad_scale / world) times the
 // gradient of every rank's mean loss with respect to this rank's rows into
-// shard.grad, and the caller must backpropagate exactly grad_scale into the
+// shard.grad (with shared_batch: grad_scale times that of the one batch's
+// mean loss), and the caller must backpropagate exactly grad_scale into the
 // returned loss (checked).
 torch::Tensor VocabParallelLoss(const torch::Tensor& hidden,
                                 const torch::Tensor& targets,

@@ -73,11 +73,15 @@ TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
         absl::StrCat("ddp", c.replicas, "xtp", c.ranks, "_ckpt",
                      c.checkpointing, " rank ", r));
   }
-  // Each rank holds 1/T of every attention and MLP matrix: less state than
-  // the whole model, by at least (1 - 1/T) of the blocks' matrices.
-  const int64_t block_matrices = 2 * 12 * 64 * 64 * 4;  // bytes, 2 blocks
-  EXPECT_LE(ranks[0].state_bytes,
-            single.state_bytes - 4 * block_matrices * (c.ranks - 1) / c.ranks);
+  // Each rank holds 1/T of every attention and MLP matrix, of their
+  // column-parallel biases and of wte's rows; only wpe, the LayerNorms and
+  // the row-parallel biases are whole: parameters, gradients and AdamW's two
+  // moments are the model's state over T plus (1 - 1/T) of those.
+  const int64_t whole_floats = 32 * 64 + 2 * (4 * 64 + 2 * 64) + 2 * 64;
+  const int64_t whole_bytes = 4 * 4 * whole_floats;  // param, grad, 2 moments
+  EXPECT_EQ(ranks[0].state_bytes,
+            single.state_bytes / c.ranks +
+                whole_bytes * (c.ranks - 1) / c.ranks);
   // Two all-reduces forward and two backward per block and micro-batch
   // move activations between the ranks.
   for (const CommStats& comm : ranks[0].step_comm) EXPECT_GT(comm.bytes, 0);
@@ -105,7 +109,7 @@ std::map<std::pair<std::string, int64_t>, torch::Tensor> States(Strategy& s) {
 }
 
 TEST(TensorParallelStrategyTest, WholeTensorsStayEqualOnEveryRank) {
-  // LayerNorms, row-parallel biases and the embeddings are not reduced:
+  // LayerNorms, row-parallel biases and wpe are not reduced:
   // their gradients agree because f makes them, so after training every
   // rank's copy is the same to the bit.
   const torch::Tensor batches = test::MakeBatches(3, 4, kSeqLen, kVocab);
@@ -120,13 +124,14 @@ TEST(TensorParallelStrategyTest, WholeTensorsStayEqualOnEveryRank) {
       if (key.second == 0 && tensor.numel() > 0 &&
           !absl::StrContains(key.first, "c_attn") &&
           !absl::StrContains(key.first, "c_fc") &&
+          !absl::StrContains(key.first, "wte") &&
           !absl::EndsWith(key.first, "c_proj.weight")) {
         whole[rank][key.first] = tensor;
       }
     }
   });
   ASSERT_GT(whole[0].size(), 10u);
-  EXPECT_EQ(whole[0].count("model.wte.weight"), 1u);
+  EXPECT_EQ(whole[0].count("model.wpe.weight"), 1u);
   EXPECT_EQ(whole[0].count("model.h.1.attn.c_proj.bias"), 1u);
   for (const auto& [name, tensor] : whole[0]) {
     EXPECT_TRUE(torch::equal(tensor, whole[1].at(name))) << name;
@@ -200,6 +205,19 @@ TEST(TensorParallelStrategyTest, RanksThatDoNotDivideTheHeadsAreRefused) {
             "tensor_parallel: 3 ranks do not divide the model's 4 attention "
             "heads (each rank runs whole heads, and 1/T of the MLP's 256 "
             "hidden units)");
+  // The vocabulary rows too: each rank holds 1/T of the embedding.
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 2, &comm);
+    const absl::Status s = strategy->Setup(test::MakeModel(
+        "custom:n_layer=1,n_head=4,n_embd=64,block_size=32,vocab_size=500,"
+        "padded_vocab_size=501",
+        1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    errors[rank] = std::string(s.message());
+  });
+  EXPECT_EQ(errors[0],
+            "tensor_parallel: 2 ranks do not divide the model's 501 padded "
+            "vocabulary rows (each rank holds 1/T of the embedding)");
 }
 
 TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
@@ -211,7 +229,7 @@ TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
   });
   EXPECT_EQ(layouts[1],
             "mesh: tensor parallel 2: ranks 0,1 each run 2 of 4 heads and 128 "
-            "of 256 MLP units of every block");
+            "of 256 MLP units of every block and 256 of 512 vocabulary rows");
   std::vector<std::string> meshes(4);
   std::vector<int64_t> replicas(4);
   RunRanks(4, [&](int64_t rank, Communicator& comm) {
@@ -223,7 +241,8 @@ TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
   });
   EXPECT_EQ(meshes[0],
             "mesh: ddp 2 x tensor parallel 2: ranks 0,1 | 2,3 each run 2 of 4 "
-            "heads and 128 of 256 MLP units of every block");
+            "heads and 128 of 256 MLP units of every block and 256 of 512 "
+            "vocabulary rows");
   EXPECT_EQ(replicas, (std::vector<int64_t>{0, 0, 1, 1}));
 }
 
