@@ -122,6 +122,7 @@ nlohmann::json PlanJson(const MemoryPlan& plan) {
   if (plan.shard_group_size > 0) {
     out["shard_group_size"] = plan.shard_group_size;
   }
+  if (plan.tensor_parallel > 1) out["tensor_parallel"] = plan.tensor_parallel;
   if (plan.pipeline_stages > 1) {
     out["pipeline_stages"] = plan.pipeline_stages;
     out["stage"] = plan.stage;
@@ -335,10 +336,12 @@ int RunPlan(const PlanOptions& options) {
   }
   if (!options.strategy.empty() && base.pipeline_stages == 1 &&
       !FindStrategyKind(options.strategy)->distributed &&
-      options.world_size != 1) {
+      options.world_size != base.ModelParallelSize()) {
     ReportFailure(absl::StrCat(
-        "strategy ", options.strategy,
-        " runs at world size 1 (omit --strategy to compare all strategies)"));
+        "strategy ", options.strategy, " runs at world size ",
+        base.ModelParallelSize(),
+        base.tensor_parallel > 1 ? " (its tensor-parallel ranks)" : "",
+        " (omit --strategy to compare all strategies)"));
     return kExitUsage;
   }
   // Without --strategy, compare's default study at this world size (with
@@ -349,9 +352,19 @@ int RunPlan(const PlanOptions& options) {
     ReportFailure(s);
     return kExitUsage;
   }
-  const std::vector<std::string> strategies =
+  std::vector<std::string> strategies =
       options.strategy.empty() ? StudyStrategyNames(replicas)
                                : std::vector<std::string>{options.strategy};
+  if (base.tensor_parallel > 1 && options.strategy.empty()) {
+    // Tensor parallelism composes with the replicated strategies.
+    strategies.erase(
+        std::remove_if(strategies.begin(), strategies.end(),
+                       [](const std::string& name) {
+                         return FindStrategyKind(name)->layout !=
+                                StateLayout::kReplicated;
+                       }),
+        strategies.end());
+  }
 
   // Every plan, one per pipeline stage with stages; each with its batch.
   std::vector<std::vector<MemoryPlan>> plans;
@@ -364,7 +377,7 @@ int RunPlan(const PlanOptions& options) {
       // As `shardtrain compare`: strong scaling gives single-device the
       // global batch, weak scaling the per-device one.
       if (options.scaling == "strong") config.batch_size *= replicas;
-      world = stages;
+      world = base.ModelParallelSize();
     }
     absl::StatusOr<std::vector<MemoryPlan>> stage_plans;
     if (stages > 1) {
@@ -416,11 +429,14 @@ int RunPlan(const PlanOptions& options) {
   std::vector<MemoryPlan> columns;
   for (size_t i = 0; i < plans.size(); ++i) {
     for (const MemoryPlan& plan : plans[i]) {
-      const std::string name =
+      std::string name =
           plan.shard_group_size > 0
               ? absl::StrFormat("%s (groups of %d)", plan.strategy,
                                 plan.shard_group_size)
               : plan.strategy;
+      if (plan.tensor_parallel > 1) {
+        absl::StrAppend(&name, " x tp ", plan.tensor_parallel);
+      }
       header.push_back(
           stages > 1 ? absl::StrFormat("%s stage %d: %s (world %d, batch %d)",
                                        name, plan.stage, plan.stage_layers,
@@ -527,6 +543,10 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--pipeline-stages,--pp", c.pipeline_stages,
                    "pipeline stages (world size = stages x replicas): each "
                    "stage planned")
+      ->capture_default_str();
+  plan->add_option("--tensor-parallel,--tp", c.tensor_parallel,
+                   "tensor-parallel ranks per replica (world size = stages x "
+                   "replicas x tp): each rank holds 1/tp of every layer")
       ->capture_default_str();
   plan->add_option("--micro-batches", c.micro_batches,
                    "pipeline: micro-batches per --batch-size")

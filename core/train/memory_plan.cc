@@ -238,6 +238,82 @@ int64_t BlockBackwardBytes(const Shapes& s) {
 
 }  // namespace
 
+// A rank of D replicas x T tensor-parallel ranks (strategy/tensor_parallel_
+// strategy.h): 1/T of every block's matrices and column-parallel biases and
+// of wte's rows, the rest whole.
+//
+// Its activations per token and block: the LayerNorms' statistics and
+// outputs, the residual after attention and the block's output are whole
+// (4 + 4C); qkv, the heads' attention state, the merged heads, c_fc's
+// output and its GELU are 1/T (12C / T and the heads' part). The
+// vocabulary-parallel embedding keeps each token's local row and whether it
+// is the rank's (9 bytes); the head scores one chunk of the rank's rows at
+// a time and holds the hidden states' whole gradient (all-reduced in place).
+// With D > 1 the step has a second moment: the gradients averaged over the
+// replicas in one flat buffer, after the activations are freed.
+absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
+                                              const Gpt2Config& model,
+                                              int64_t world_size,
+                                              AttentionKind attention) {
+  const int64_t t = config.tensor_parallel;
+  if (absl::Status s = config.ValidateTensorParallel(model); !s.ok()) return s;
+  if (absl::Status s = config.CheckMeshWorld(world_size); !s.ok()) return s;
+  absl::StatusOr<int64_t> every =
+      ActivationCheckpointEvery(config.activation_checkpointing);
+  if (!every.ok()) return every.status();
+  if (*every > 0) {
+    return absl::UnimplementedError(
+        "the memory plan of tensor parallelism with activation checkpointing "
+        "is not built");
+  }
+  const Shapes s =
+      ModelShapes(model, config.seq_len, config.batch_size * config.seq_len);
+  const int64_t c = s.c;
+  const int64_t wte_rows = s.padded_vocab / t;
+  const int64_t local_params =
+      s.layers * (12 * c * c + 7 * c) / t + s.layers * 6 * c + wte_rows * c +
+      s.root_params;
+  const bool cuda = config.device.rfind("cuda", 0) == 0;
+  const bool bf16 = cuda && config.precision == "bf16";
+  const int64_t eb = bf16 ? 2 : 4;
+  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
+                                       ? s.heads / t * s.seq
+                                       : (c + s.heads) / t;
+  const int64_t block_per_token =
+      eb * (4 * c + 12 * c / t) + 4 * (4 + attention_floats);
+  const int64_t ids_and_mask =
+      IdsAndMaskBytes(s.tokens, attention, model.block_size);
+
+  MemoryPlan plan;
+  plan.strategy = config.strategy;
+  plan.world_size = world_size;
+  plan.tensor_parallel = t;
+  plan.parameters = 4 * local_params;
+  plan.gradients = 4 * local_params;
+  plan.optimizer_state = 8 * local_params;
+  if (bf16) plan.gathered_units = 2 * s.layers * 12 * c * c / t;
+  plan.activations =
+      s.tokens * (s.layers * block_per_token + eb * c + eb * c + 4 * 2 + 9) +
+      ids_and_mask;
+  const int64_t chunk_budget =
+      HeadChunkBytes(cuda, config.ThreadsPerRank(world_size));
+  const int64_t rows =
+      std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (wte_rows * 4)));
+  plan.logits = rows * wte_rows * (bf16 ? 6 : 4) + 4 * s.tokens;
+  if (bf16) plan.logits += 2 * wte_rows * c + 2 * s.tokens * c;
+  plan.communication = 4 * s.tokens * c;  // the hidden states' gradient
+  // The replicas' average: every gradient copied into one flat buffer.
+  const int64_t all_reduce = 4 * local_params + ids_and_mask;
+  if (world_size / t > 1 &&
+      all_reduce > plan.activations + plan.logits + plan.communication) {
+    plan.peak_moment = MemoryPlan::Moment::kGradientAllReduce;
+    plan.activations = ids_and_mask;
+    plan.logits = 0;
+    plan.communication = 4 * local_params;
+  }
+  return plan;
+}
+
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size, AttentionKind attention) {
   absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
@@ -484,9 +560,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
   if (config.tensor_parallel > 1) {
-    return absl::UnimplementedError(
-        "tensor_parallel: the memory plan of tensor parallelism is not built "
-        "yet");
+    return PlanTensorParallel(config, *model, world_size, attention);
   }
   if (config.pipeline_stages > 1) {
     absl::StatusOr<std::vector<MemoryPlan>> stages =

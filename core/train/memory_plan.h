@@ -58,6 +58,7 @@ struct MemoryPlan {
   std::string stage_layers;
   int64_t micro_batches_in_flight = 0;
   int64_t shard_group_size = 0;   // HSDP's G; 0 for the others
+  int64_t tensor_parallel = 1;    // T: the rank holds 1/T of each layer
   int64_t recomputed_blocks = 0;  // activation checkpointing
   int64_t parameters = 0;
   int64_t gradients = 0;

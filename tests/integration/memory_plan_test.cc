@@ -78,7 +78,7 @@ class MemoryPlanTest : public testing::Test {
         std::hash<std::string>()(config.model), "_", config.strategy, "_",
         world, "_", config.activation_checkpointing, "_pp",
         config.pipeline_stages, "_", config.micro_batches, "_",
-        config.pipeline_schedule);
+        config.pipeline_schedule, "_tp", config.tensor_parallel);
     const fs::path out = *dir_ / name;
     std::string command =
         std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train --model " +
@@ -92,6 +92,9 @@ class MemoryPlanTest : public testing::Test {
         std::to_string(config.shard_group_size) +
         " --max-steps 2 --eval-steps 1 --out " + out.string();
     if (world > 1) command += " --nproc " + std::to_string(world);
+    if (config.tensor_parallel > 1) {
+      command += absl::StrCat(" --tensor-parallel ", config.tensor_parallel);
+    }
     if (config.pipeline_stages > 1) {
       command +=
           absl::StrCat(" --pipeline-stages ", config.pipeline_stages,
@@ -148,6 +151,86 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Tiny) {
 
 TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
   CheckModel("gpt2-mini", 2, 64);
+}
+
+// Tensor parallelism: each rank holds 1/T of every layer and of wte's rows,
+// and 1/T of the activations inside the blocks; with replicas, DDP over
+// them. The plan of each mesh against the largest peak any rank measured.
+TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfTensorParallelMeshes) {
+  struct Case {
+    const char* model;
+    const char* strategy;
+    int64_t tensor_parallel;
+    int64_t world;
+    int64_t batch;
+    int64_t seq;
+  };
+  for (const Case& c : {Case{"gpt2-tiny", "single", 2, 2, 4, 64},
+                        Case{"gpt2-mini", "single", 4, 4, 8, 128},
+                        Case{"gpt2-mini", "ddp", 2, 4, 8, 128}}) {
+    TrainConfig config;
+    config.model = c.model;
+    config.strategy = c.strategy;
+    config.tensor_parallel = c.tensor_parallel;
+    config.batch_size = c.batch;
+    config.seq_len = c.seq;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, c.world);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->tensor_parallel, c.tensor_parallel);
+    const int64_t measured = MemoryPlanTest::MeasuredPeak(config, c.world);
+    const double error =
+        static_cast<double>(plan->total() - measured) / measured;
+    std::printf(
+        "%s %s x tp %ld world %ld: predicted %.2f MiB, measured %.2f MiB "
+        "(%+.2f%%)\n",
+        c.model, c.strategy, static_cast<long>(c.tensor_parallel),
+        static_cast<long>(c.world), plan->total() / 1048576.0,
+        measured / 1048576.0, 100 * error);
+    EXPECT_LE(std::abs(error), kTolerance) << c.model << " tp" << c.world;
+  }
+}
+
+// The state a tensor-parallel rank keeps: the model's over T but for the
+// tensors every rank holds whole (wpe, the LayerNorms, the row-parallel
+// biases), so TP 2 keeps about half of what a DDP rank does.
+TEST(MemoryPlanTensorParallelTest, EachRankKeepsItsShareOfTheState) {
+  for (const char* model : {"gpt2-tiny", "gpt2-mini", "gpt2"}) {
+    TrainConfig config;
+    config.model = model;
+    config.strategy = "ddp";
+    const absl::StatusOr<MemoryPlan> ddp = PlanMemory(config, 2);
+    config.strategy = "single";
+    config.tensor_parallel = 2;
+    const absl::StatusOr<MemoryPlan> tp = PlanMemory(config, 2);
+    ASSERT_TRUE(ddp.ok() && tp.ok()) << ddp.status() << tp.status();
+    const Gpt2Config shapes = *ParseModelSpec(model);
+    const int64_t c = shapes.n_embd;
+    const int64_t whole = shapes.block_size * c + 2 * c + shapes.n_layer * 6 * c;
+    const int64_t state = tp->parameters + tp->gradients + tp->optimizer_state;
+    EXPECT_EQ(state, (ddp->parameters + ddp->gradients + ddp->optimizer_state) /
+                             2 +
+                         16 * whole / 2)
+        << model;
+    const double ratio =
+        static_cast<double>(state) /
+        (ddp->parameters + ddp->gradients + ddp->optimizer_state);
+    std::printf("%s: tp 2 keeps %.3f of a ddp rank's state\n", model, ratio);
+    EXPECT_LT(ratio, 0.52) << model;
+  }
+  // Refused: tensor ranks that do not divide the heads or the world, and
+  // activation checkpointing, which the plan does not cover.
+  TrainConfig config;
+  config.model = "gpt2-tiny";
+  config.tensor_parallel = 3;
+  EXPECT_EQ(PlanMemory(config, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config.tensor_parallel = 2;
+  config.strategy = "ddp";
+  EXPECT_EQ(PlanMemory(config, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config.activation_checkpointing = "all";
+  EXPECT_EQ(PlanMemory(config, 4).status().code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 // Activation checkpointing and HSDP. A model whose attention is large
@@ -679,6 +762,45 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
                        "/bin/shardtrain plan --strategy single --world-size 2");
   EXPECT_EQ(single.exit_code, 2);
   EXPECT_NE(single.err.find("world size 1"), std::string::npos) << single.err;
+
+  // --tp: the replicated strategies, each rank with 1/T of every layer.
+  const test::CommandResult tp = test::RunCommand(
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain plan --model gpt2-mini --world-size 4 --tp 2 "
+      "--batch-size 2 --seq-len 64 -o json");
+  ASSERT_EQ(tp.exit_code, 0) << tp.err;
+  const nlohmann::json tp_out = nlohmann::json::parse(tp.out);
+  ASSERT_EQ(tp_out["plans"].size(), 2u) << tp.out;
+  EXPECT_EQ(tp_out["plans"][0]["strategy"], "single");
+  EXPECT_EQ(tp_out["plans"][0]["world_size"], 2);  // its two tensor ranks
+  EXPECT_EQ(tp_out["plans"][0]["batch_size"], 4);  // strong scaling
+  EXPECT_EQ(tp_out["plans"][1]["strategy"], "ddp");
+  for (const nlohmann::json& plan : tp_out["plans"]) {
+    EXPECT_EQ(plan["tensor_parallel"], 2);
+    TrainConfig config;
+    config.model = "gpt2-mini";
+    config.strategy = plan["strategy"];
+    config.tensor_parallel = 2;
+    config.batch_size = plan["batch_size"];
+    config.seq_len = 64;
+    const absl::StatusOr<MemoryPlan> expected =
+        PlanMemory(config, plan["world_size"]);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(plan["total_bytes_per_rank"], expected->total());
+  }
+  const test::CommandResult tp_table = test::RunCommand(
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain plan --model gpt2-mini --world-size 2 --tp 2 "
+      "--strategy single");
+  ASSERT_EQ(tp_table.exit_code, 0) << tp_table.err;
+  EXPECT_NE(tp_table.out.find("single x tp 2 (world 2"), std::string::npos)
+      << tp_table.out;
+  const test::CommandResult tp_bad = test::RunCommand(
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/bin/shardtrain plan --model gpt2-mini --world-size 3 --tp 3");
+  EXPECT_EQ(tp_bad.exit_code, 2);
+  EXPECT_NE(tp_bad.err.find("4 attention heads"), std::string::npos)
+      << tp_bad.err;
 }
 
 // With --pp, plan prints each stage: the JSON's stages are the library's,
