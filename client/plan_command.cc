@@ -357,13 +357,12 @@ int RunPlan(const PlanOptions& options) {
                                : std::vector<std::string>{options.strategy};
   if (base.tensor_parallel > 1 && options.strategy.empty()) {
     // Tensor parallelism composes with the replicated strategies.
-    strategies.erase(
-        std::remove_if(strategies.begin(), strategies.end(),
-                       [](const std::string& name) {
-                         return FindStrategyKind(name)->layout !=
-                                StateLayout::kReplicated;
-                       }),
-        strategies.end());
+    strategies.erase(std::remove_if(strategies.begin(), strategies.end(),
+                                    [](const std::string& name) {
+                                      return FindStrategyKind(name)->layout !=
+                                             StateLayout::kReplicated;
+                                    }),
+                     strategies.end());
   }
 
   // Every plan, one per pipeline stage with stages; each with its batch.

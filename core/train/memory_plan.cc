@@ -270,9 +270,8 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
       ModelShapes(model, config.seq_len, config.batch_size * config.seq_len);
   const int64_t c = s.c;
   const int64_t wte_rows = s.padded_vocab / t;
-  const int64_t local_params =
-      s.layers * (12 * c * c + 7 * c) / t + s.layers * 6 * c + wte_rows * c +
-      s.root_params;
+  const int64_t local_params = s.layers * (12 * c * c + 7 * c) / t +
+                               s.layers * 6 * c + wte_rows * c + s.root_params;
   const bool cuda = config.device.rfind("cuda", 0) == 0;
   const bool bf16 = cuda && config.precision == "bf16";
   const int64_t eb = bf16 ? 2 : 4;

@@ -205,11 +205,12 @@ TEST(MemoryPlanTensorParallelTest, EachRankKeepsItsShareOfTheState) {
     ASSERT_TRUE(ddp.ok() && tp.ok()) << ddp.status() << tp.status();
     const Gpt2Config shapes = *ParseModelSpec(model);
     const int64_t c = shapes.n_embd;
-    const int64_t whole = shapes.block_size * c + 2 * c + shapes.n_layer * 6 * c;
+    const int64_t whole =
+        shapes.block_size * c + 2 * c + shapes.n_layer * 6 * c;
     const int64_t state = tp->parameters + tp->gradients + tp->optimizer_state;
-    EXPECT_EQ(state, (ddp->parameters + ddp->gradients + ddp->optimizer_state) /
-                             2 +
-                         16 * whole / 2)
+    EXPECT_EQ(state,
+              (ddp->parameters + ddp->gradients + ddp->optimizer_state) / 2 +
+                  16 * whole / 2)
         << model;
     const double ratio =
         static_cast<double>(state) /

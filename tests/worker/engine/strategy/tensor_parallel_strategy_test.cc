@@ -79,9 +79,8 @@ TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
   // moments are the model's state over T plus (1 - 1/T) of those.
   const int64_t whole_floats = 32 * 64 + 2 * (4 * 64 + 2 * 64) + 2 * 64;
   const int64_t whole_bytes = 4 * 4 * whole_floats;  // param, grad, 2 moments
-  EXPECT_EQ(ranks[0].state_bytes,
-            single.state_bytes / c.ranks +
-                whole_bytes * (c.ranks - 1) / c.ranks);
+  EXPECT_EQ(ranks[0].state_bytes, single.state_bytes / c.ranks +
+                                      whole_bytes * (c.ranks - 1) / c.ranks);
   // Two all-reduces forward and two backward per block and micro-batch
   // move activations between the ranks.
   for (const CommStats& comm : ranks[0].step_comm) EXPECT_GT(comm.bytes, 0);
