@@ -239,8 +239,8 @@ torch::Tensor Gpt2Impl::Embed(const torch::Tensor& idx) {
 }
 
 void Gpt2Impl::CheckWholeVocabulary(const char* what) const {
-  TORCH_CHECK(wte_->weight.size(0) == config_.padded_vocab_size, "Gpt2::",
-              what, ": wte holds ", wte_->weight.size(0), " of ",
+  TORCH_CHECK(wte_->weight.size(0) == config_.padded_vocab_size, "Gpt2::", what,
+              ": wte holds ", wte_->weight.size(0), " of ",
               config_.padded_vocab_size,
               " rows (tensor parallel): the strategy's vocabulary-parallel "
               "embedding and head take the place of Embed and Head");

@@ -215,7 +215,8 @@ torch::Tensor TensorParallelStrategy::ForwardBackward(
 torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
                                               const torch::Tensor& targets,
                                               double grad_scale) {
-  TORCH_CHECK(optimizer_ != nullptr, "tensor parallel: Setup() must come first");
+  TORCH_CHECK(optimizer_ != nullptr,
+              "tensor parallel: Setup() must come first");
   TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
                   inputs.size(1) <= model_->config().block_size,
               "tensor parallel: inputs must be [B,T] with 1 <= T <= "

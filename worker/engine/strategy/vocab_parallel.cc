@@ -131,11 +131,10 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
                : AllGather(comm, hidden.reshape({-1, c}).to(torch::kFloat),
                            "all-gather of the hidden states")
                      .reshape({-1, c});
-    const torch::Tensor t_all =
-        shared ? targets.reshape({-1})
-               : AllGather(comm, targets.reshape({-1}),
-                           "all-gather of the targets")
-                     .reshape({-1});
+    const torch::Tensor t_all = shared ? targets.reshape({-1})
+                                       : AllGather(comm, targets.reshape({-1}),
+                                                   "all-gather of the targets")
+                                             .reshape({-1});
     // This rank's scored rows: the padding rows of wte never enter the
     // softmax (a rank could own padding only).
     const int64_t scored = std::clamp<int64_t>(
