@@ -26,13 +26,6 @@
 namespace shardtrain::cli {
 namespace {
 
-std::string SelfDir() {
-  std::error_code ec;
-  return std::filesystem::read_symlink("/proc/self/exe", ec)
-      .parent_path()
-      .string();
-}
-
 struct DaemonFlags {
   std::string state_dir;
   std::string listen = "127.0.0.1:50551";
@@ -61,7 +54,7 @@ int RunDaemon(const DaemonFlags& flags) {
       return kExitOk;
     }
   }
-  std::vector<std::string> args = {SelfDir() + "/shardtraind",
+  std::vector<std::string> args = {SiblingProgram("shardtraind"),
                                    "--state-dir",
                                    state_dir,
                                    "--listen",

@@ -12,9 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "common/subprocess.h"
 #include "core/model/gpt2_config.h"
 #include "core/train/memory_plan.h"
+#include "core/train/mesh_search.h"
 #include "core/train/step_metrics.h"
+#include "core/train/step_time_plan.h"
 #include "core/train/strategy_kinds.h"
 #include "core/train/train_config.h"
 #include "nlohmann/json.hpp"
@@ -32,56 +35,8 @@ struct PlanOptions {
   bool fit = false;
   int64_t devices = 0;  // 0: --world-size
   std::string memory_per_device;
+  int64_t global_batch = 0;  // 0: each mesh's largest batch
 };
-
-// One row of --fit: a strategy or a pipeline mesh, with or without
-// activation checkpointing.
-struct FitRow {
-  std::string strategy;  // with stages, the data-parallel part
-  std::string mesh;      // a study entry ("pp2xddp2"); empty without stages
-  int64_t stages = 1;
-  int64_t micro_batches = 1;
-  std::string checkpointing;  // "none" | "all"
-  int64_t world = 1;          // devices the strategy uses
-  int64_t replicas = 1;       // of the model: world / stages
-  int64_t shard_group_size = 0;
-  int64_t batch = 0;  // largest per replica and micro-step; 0: nothing fits
-  int64_t peak = 0;   // at `batch`, or at its smallest when nothing fits
-  std::string name() const { return mesh.empty() ? strategy : mesh; }
-};
-
-// The pipeline meshes --fit weighs on `devices`: S stages (the stages asked
-// for, else 2, 4, 8, ... up to the model's blocks) x D = devices / S
-// ranks per stage, single for one and the distributed strategies a study
-// at D ranks includes for more (only `strategy`'s, when given), each step's
-// batch cut into --micro-batches (when more than 1) or S micro-batches.
-std::vector<FitRow> PipelineFitRows(const TrainConfig& base, int64_t devices,
-                                    const std::string& strategy) {
-  std::vector<FitRow> rows;
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
-  if (!model.ok()) return rows;
-  for (int64_t stages = 2; stages <= std::min(devices, model->n_layer);
-       stages *= 2) {
-    if (base.pipeline_stages > 1 && stages != base.pipeline_stages) continue;
-    if (devices % stages != 0) continue;
-    const int64_t replicas = devices / stages;
-    for (const std::string& name : StudyStrategyNames(replicas)) {
-      if (FindStrategyKind(name)->distributed != (replicas > 1)) continue;
-      if (!strategy.empty() && strategy != name) continue;
-      FitRow row;
-      row.stages = stages;
-      row.world = devices;
-      row.replicas = replicas;
-      row.strategy = name;
-      row.mesh = replicas == 1
-                     ? absl::StrCat("pp", stages)
-                     : absl::StrCat("pp", stages, "x", name, replicas);
-      row.micro_batches = base.micro_batches > 1 ? base.micro_batches : stages;
-      rows.push_back(row);
-    }
-  }
-  return rows;
-}
 
 // The fewest devices (doubling from `devices`, at most 4096) on which FSDP
 // with activation checkpointing fits one sequence per device; 0 if none.
@@ -132,6 +87,30 @@ nlohmann::json PlanJson(const MemoryPlan& plan) {
   return out;
 }
 
+// This host's rates for the step-time model: the cache's, or measured now
+// by `shardtrain-train --calibrate` beside this program (once; seconds).
+// An error says why the times are left out.
+absl::StatusOr<HostRates> RatesFor(const TrainConfig& base) {
+  const std::string device = base.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  absl::StatusOr<HostRates> rates = LoadHostRates(device, base.model);
+  if (rates.ok() || !absl::IsNotFound(rates.status())) return rates;
+  std::cerr << "measuring this host once for step times "
+               "(shardtrain-train --calibrate --model "
+            << base.model << ") ...\n";
+  absl::StatusOr<CommandResult> run =
+      RunCommand({SiblingProgram("shardtrain-train"), "--calibrate", "--model",
+                  base.model, "--seq-len", absl::StrCat(base.seq_len),
+                  "--batch-size", "4", "--device", base.device},
+                 {}, 600);
+  if (!run.ok()) return run.status();
+  if (!run->ok()) {
+    return absl::InternalError(absl::StrCat(
+        "shardtrain-train --calibrate failed (",
+        DescribeExit(run->exit_code, run->signal), "): ", run->err));
+  }
+  return LoadHostRates(device, base.model);
+}
+
 int RunFit(const PlanOptions& options, const TrainConfig& base) {
   const int64_t devices =
       options.devices > 0 ? options.devices : options.world_size;
@@ -145,69 +124,50 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
         absl::StrCat("--memory-per-device: ", budget.status().message()));
     return kExitUsage;
   }
-  std::vector<std::string> strategies =
-      options.strategy.empty() ? StrategyNames()
-                               : std::vector<std::string>{options.strategy};
-  // The meshes: each strategy over every device (single on one), then the
-  // pipeline meshes.
-  std::vector<FitRow> meshes;
-  for (const std::string& strategy : strategies) {
-    const bool distributed = FindStrategyKind(strategy)->distributed;
-    if (distributed && devices < 2) continue;
-    // As in the plan without --fit: a strategy below its study minimum is
-    // another row's (HSDP below 4 devices is FSDP or DDP).
-    if (options.strategy.empty() &&
-        devices < FindStrategyKind(strategy)->min_study_world) {
-      continue;
-    }
-    if (base.pipeline_stages > 1) continue;  // only the meshes asked for
-    FitRow row;
-    row.strategy = strategy;
-    row.world = distributed ? devices : 1;
-    row.replicas = row.world;
-    meshes.push_back(row);
+  MeshSearchOptions search;
+  search.devices = devices;
+  search.budget = PlannableBytes(*budget);
+  search.global_batch = options.global_batch;
+  search.strategy = options.strategy;
+  search.single_too = options.strategy.empty() || options.strategy == "single";
+  // One strategy asked for: its plain rows, unless stages or tensor ranks
+  // are asked for too (then only those meshes).
+  search.model_parallel = options.strategy.empty() ||
+                          base.pipeline_stages > 1 || base.tensor_parallel > 1;
+  search.pipeline_stages = base.pipeline_stages;
+  search.tensor_parallel = base.tensor_parallel;
+  if (search.pipeline_stages > 1 || search.tensor_parallel > 1) {
+    search.single_too = false;
   }
-  // The meshes unless one strategy alone is asked for (without --pp).
-  if (options.strategy.empty() || base.pipeline_stages > 1) {
-    for (const FitRow& row : PipelineFitRows(base, devices, options.strategy)) {
-      meshes.push_back(row);
+  std::string no_times;
+  absl::StatusOr<HostRates> rates = RatesFor(base);
+  if (!rates.ok()) no_times = std::string(rates.status().message());
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(base, search, rates.ok() ? &*rates : nullptr);
+  if (!ranked.ok()) return ReportFailure(ranked.status());
+  const std::vector<MeshCandidate>& rows = *ranked;
+  auto replicas = [](const MeshCandidate& c) {
+    return c.config.DataParallelSize(c.world_size);
+  };
+  auto batch = [](const MeshCandidate& c) {
+    return c.fits ? c.config.batch_size : 0;
+  };
+  // The most sequences per optimizer step over all devices.
+  const MeshCandidate* most = nullptr;
+  const MeshCandidate* least = nullptr;  // the smallest need, when none fits
+  for (const MeshCandidate& row : rows) {
+    if (row.fits && (most == nullptr || batch(row) * replicas(row) >
+                                            batch(*most) * replicas(*most))) {
+      most = &row;
     }
-  }
-  std::vector<FitRow> rows;
-  for (const FitRow& mesh : meshes) {
-    for (const char* checkpointing : {"none", "all"}) {
-      TrainConfig config = base;
-      config.strategy = mesh.strategy;
-      config.pipeline_stages = mesh.stages;
-      config.micro_batches = mesh.micro_batches;
-      config.activation_checkpointing = checkpointing;
-      FitRow row = mesh;
-      row.checkpointing = checkpointing;
-      absl::StatusOr<int64_t> batch =
-          LargestFittingBatch(config, row.world, PlannableBytes(*budget));
-      if (!batch.ok()) return ReportFailure(batch.status());
-      row.batch = *batch;
-      config.batch_size = std::max<int64_t>(mesh.micro_batches, *batch);
-      absl::StatusOr<MemoryPlan> plan = PlanMemory(config, row.world);
-      if (!plan.ok()) return ReportFailure(plan.status());
-      row.peak = plan->total();
-      row.shard_group_size = plan->shard_group_size;
-      rows.push_back(row);
+    if (least == nullptr || row.memory.total() < least->memory.total()) {
+      least = &row;
     }
   }
-  // The answer: the most sequences per optimizer step over all devices.
-  const FitRow* best = nullptr;
-  const FitRow* least = nullptr;  // the smallest need, when nothing fits
-  for (const FitRow& row : rows) {
-    if (row.batch > 0 &&
-        (best == nullptr ||
-         row.batch * row.replicas > best->batch * best->replicas)) {
-      best = &row;
-    }
-    if (least == nullptr || row.peak < least->peak) least = &row;
-  }
+  const MeshCandidate* fastest =
+      rates.ok() && !rows.empty() && rows[0].fits ? &rows[0] : nullptr;
   std::vector<std::string> advice;
-  if (best == nullptr) {
+  if (most == nullptr) {
     if (int64_t n = DevicesThatFit(base, devices, *budget); n > 0) {
       advice.push_back(
           absl::StrCat("FSDP with activation checkpointing fits "
@@ -227,6 +187,7 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
     }
     if (advice.empty()) advice.push_back("a smaller model");
   }
+  const std::string why = rates.ok() ? WhyFirstWins(rows) : "";
 
   if (options.format == "json" || options.format == "yaml") {
     nlohmann::json out = {{"model", base.model},
@@ -236,30 +197,62 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
                           {"devices", devices},
                           {"memory_per_device_bytes", *budget},
                           {"fits", nlohmann::json::array()}};
-    for (const FitRow& row : rows) {
-      nlohmann::json j = {{"strategy", row.strategy},
-                          {"activation_checkpointing", row.checkpointing},
-                          {"world_size", row.world},
-                          {"batch_size", row.batch},
-                          {"global_batch", row.batch * row.replicas},
-                          {"peak_bytes_per_device", row.peak}};
-      if (row.shard_group_size > 0) {
-        j["shard_group_size"] = row.shard_group_size;
+    for (const MeshCandidate& row : rows) {
+      const TrainConfig& c = row.config;
+      nlohmann::json j = {
+          {"strategy", c.strategy},
+          {"activation_checkpointing", c.activation_checkpointing},
+          {"world_size", row.world_size},
+          {"batch_size", batch(row)},
+          {"grad_accum", c.grad_accum},
+          {"global_batch", batch(row) * c.grad_accum * replicas(row)},
+          {"peak_bytes_per_device", row.memory.total()}};
+      if (row.memory.shard_group_size > 0) {
+        j["shard_group_size"] = row.memory.shard_group_size;
       }
-      if (row.stages > 1) {
-        j["mesh"] = row.mesh;
-        j["pipeline_stages"] = row.stages;
-        j["micro_batches"] = row.micro_batches;
+      if (c.pipeline_stages > 1 || c.tensor_parallel > 1) {
+        j["mesh"] =
+            row.time.mesh.empty() ? MeshName(c, row.world_size) : row.time.mesh;
+      }
+      if (c.pipeline_stages > 1) {
+        j["pipeline_stages"] = c.pipeline_stages;
+        j["micro_batches"] = c.micro_batches;
+      }
+      if (c.tensor_parallel > 1) j["tensor_parallel"] = c.tensor_parallel;
+      if (rates.ok() && row.fits) {
+        j["predicted_step_seconds"] = row.time.step_seconds;
+        j["predicted_tokens_per_second"] = row.time.tokens_per_second;
+        j["predicted_bottleneck"] = row.time.Bottleneck();
       }
       out["fits"].push_back(j);
     }
-    if (best != nullptr) {
-      out["best"] = {{"strategy", best->strategy},
-                     {"activation_checkpointing", best->checkpointing},
-                     {"batch_size", best->batch}};
-      if (best->stages > 1) out["best"]["mesh"] = best->mesh;
+    if (most != nullptr) {
+      out["best"] = {
+          {"strategy", most->config.strategy},
+          {"activation_checkpointing", most->config.activation_checkpointing},
+          {"batch_size", batch(*most)}};
+      if (most->config.ModelParallelSize() > 1) {
+        out["best"]["mesh"] = MeshName(most->config, most->world_size);
+      }
     } else {
       out["advice"] = advice;
+    }
+    if (fastest != nullptr) {
+      out["fastest"] = {
+          {"mesh", fastest->name},
+          {"strategy", fastest->config.strategy},
+          {"pipeline_stages", fastest->config.pipeline_stages},
+          {"tensor_parallel", fastest->config.tensor_parallel},
+          {"activation_checkpointing",
+           fastest->config.activation_checkpointing},
+          {"batch_size", fastest->config.batch_size},
+          {"predicted_tokens_per_second", fastest->time.tokens_per_second},
+          {"why", why}};
+    }
+    if (rates.ok()) {
+      out["rates"] = nlohmann::json::parse(rates->ToJson());
+    } else {
+      out["no_times"] = no_times;
     }
     std::cout << (options.format == "json" ? out.dump(2) + "\n"
                                            : JsonToYaml(out.dump()));
@@ -267,54 +260,95 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   }
 
   std::vector<std::vector<std::string>> table;
-  for (const FitRow& row : rows) {
+  for (const MeshCandidate& row : rows) {
+    const TrainConfig& c = row.config;
     std::vector<std::string> notes;
-    if (row.stages > 1) {
-      notes.push_back(absl::StrCat(row.micro_batches, " micro-batches"));
+    if (c.pipeline_stages > 1) {
+      notes.push_back(absl::StrCat(c.micro_batches, " micro-batches"));
     }
-    if (row.shard_group_size > 0) {
-      notes.push_back(absl::StrCat("groups of ", row.shard_group_size));
+    if (row.memory.shard_group_size > 0) {
+      notes.push_back(absl::StrCat("groups of ", row.memory.shard_group_size));
     }
-    std::string name = row.name();
+    std::string name =
+        c.ModelParallelSize() > 1 ? MeshName(c, row.world_size) : c.strategy;
     if (!notes.empty()) {
       absl::StrAppend(&name, " (", absl::StrJoin(notes, ", "), ")");
     }
-    table.push_back(
-        {name, row.checkpointing == "all" ? "all blocks" : "none",
-         absl::StrCat(row.world),
-         row.batch > 0 ? absl::StrCat(row.batch) : "does not fit",
-         row.batch > 0 ? absl::StrCat(row.batch * row.replicas) : "-",
-         absl::StrCat(FormatBytes(row.peak),
-                      row.batch > 0
-                          ? ""
-                          : absl::StrCat(" at batch ", row.micro_batches))});
+    std::vector<std::string> cells = {
+        name,
+        c.activation_checkpointing == "all" ? "all blocks" : "none",
+        absl::StrCat(row.world_size),
+        row.fits ? absl::StrCat(batch(row),
+                                c.grad_accum > 1
+                                    ? absl::StrCat(" x accum ", c.grad_accum)
+                                    : "")
+                 : "does not fit",
+        row.fits ? absl::StrCat(batch(row) * c.grad_accum * replicas(row))
+                 : "-",
+        absl::StrCat(FormatBytes(row.memory.total()),
+                     row.fits ? "" : absl::StrCat(" at batch ", c.batch_size))};
+    if (rates.ok()) {
+      cells.push_back(row.fits ? FormatDuration(row.time.step_seconds) : "-");
+      cells.push_back(row.fits ? FormatThousands(static_cast<int64_t>(
+                                     row.time.tokens_per_second))
+                               : "-");
+      cells.push_back(row.fits ? row.time.Bottleneck() : "-");
+    }
+    table.push_back(cells);
+  }
+  std::vector<std::string> header = {"mesh",
+                                     "activation ckpt",
+                                     "devices",
+                                     "batch per device",
+                                     "sequences per step",
+                                     "peak per device"};
+  if (rates.ok()) {
+    for (const char* h :
+         {"step (predicted)", "tokens/s (predicted)", "bottleneck"}) {
+      header.push_back(h);
+    }
   }
   std::cout << absl::StrFormat(
                    "largest batch per device whose planned peak is within 98%% "
                    "of %s (the plan's accuracy), on %d devices: %s, seq %d, %s "
-                   "on %s\n",
+                   "on %s%s\n",
                    FormatBytes(*budget), devices, base.model, base.seq_len,
-                   base.precision, base.device)
-            << FormatTable({"strategy", "activation ckpt", "devices",
-                            "batch per device", "sequences per step",
-                            "peak per device"},
-                           table);
-  if (best != nullptr) {
+                   base.precision, base.device,
+                   rates.ok() ? ", fastest first" : "")
+            << FormatTable(header, table);
+  if (most != nullptr) {
     std::cout << absl::StrFormat(
         "\nmost per step: %s%s, batch %d per %s (%d sequences per step)\n",
-        best->name(),
-        best->checkpointing == "all" ? " with activation checkpointing" : "",
-        best->batch, best->stages > 1 ? "replica" : "device",
-        best->batch * best->replicas);
+        MeshName(most->config, most->world_size),
+        most->config.activation_checkpointing == "all"
+            ? " with activation checkpointing"
+            : "",
+        batch(*most),
+        most->config.ModelParallelSize() > 1 ? "replica" : "device",
+        batch(*most) * replicas(*most));
   } else {
     std::cout << absl::StrFormat(
         "\nnothing fits: the least memory is %s%s at batch %d, %s per device "
         "(%s over 98%% of it)\nto fit: %s\n",
-        least->name(),
-        least->checkpointing == "all" ? " with activation checkpointing" : "",
-        least->micro_batches, FormatBytes(least->peak),
-        FormatBytes(least->peak - PlannableBytes(*budget)),
+        MeshName(least->config, least->world_size),
+        least->config.activation_checkpointing == "all"
+            ? " with activation checkpointing"
+            : "",
+        least->config.batch_size, FormatBytes(least->memory.total()),
+        FormatBytes(least->memory.total() - PlannableBytes(*budget)),
         absl::StrJoin(advice, "; or "));
+  }
+  if (fastest != nullptr) {
+    std::cout << absl::StrFormat(
+        "fastest (predicted): %s, batch %d per %s, %s tokens/s\nwhy: %s\n"
+        "rates: %s, measured %s on %s (%s)\n",
+        fastest->name, fastest->config.batch_size,
+        fastest->config.ModelParallelSize() > 1 ? "replica" : "device",
+        FormatThousands(static_cast<int64_t>(fastest->time.tokens_per_second)),
+        why, rates->device, rates->measured_at, rates->compute_model,
+        HostRatesCachePath());
+  } else if (!rates.ok()) {
+    std::cout << "step times left out: " << no_times << "\n";
   }
   return kExitOk;
 }
@@ -508,7 +542,7 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
       "optimizer state, gathered units, activations, logits, communication) "
       "for single, DDP, FSDP and HSDP, and per stage of a pipeline (--pp), "
       "before launching (local, no daemon needed); --fit: the largest batch "
-      "that fits a device");
+      "that fits a device for every mesh, ranked by predicted tokens/s");
   TrainConfig& c = options->config;
   plan->add_option("--model", c.model, "preset or custom:...")
       ->capture_default_str();
@@ -555,13 +589,22 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--pipeline-split", c.pipeline_split,
                    "pipeline: blocks where stages 1, 2, ... start");
   plan->add_flag("--fit", options->fit,
-                 "answer what fits: for each strategy, with and without "
+                 "answer what fits and what is fastest: for each strategy, "
+                 "pipeline and tensor-parallel mesh, with and without "
                  "activation checkpointing, the largest batch per device "
-                 "within --memory-per-device");
+                 "within --memory-per-device and its predicted step time "
+                 "(this host's rates, measured once by shardtrain-train "
+                 "--calibrate), fastest first");
   plan->add_option("--devices", options->devices,
                    "--fit: devices to use (default: --world-size)");
   plan->add_option("--memory-per-device", options->memory_per_device,
                    "--fit: memory of one device, e.g. 80GiB");
+  plan->add_option("--global-batch", options->global_batch,
+                   "--fit: sequences per optimizer step, the same for every "
+                   "mesh (each replica's share in the largest micro-batch "
+                   "that fits, accumulated); default: each mesh's largest "
+                   "batch")
+      ->check(CLI::PositiveNumber);
   plan->add_option("--scaling", options->scaling,
                    "strong: single-device gets world x batch (as compare); "
                    "weak: the per-rank batch")

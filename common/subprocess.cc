@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -113,6 +114,13 @@ void CloseAll(std::initializer_list<int> fds) {
 }
 
 }  // namespace
+
+std::string SiblingProgram(const std::string& name) {
+  std::error_code ec;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (self.parent_path() / name).string();
+}
 
 std::string DescribeExit(int exit_code, int signal) {
   if (signal > 0) {

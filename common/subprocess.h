@@ -67,6 +67,11 @@ absl::StatusOr<CommandResult> RunCommand(
     const std::vector<std::pair<std::string, std::string>>& env,
     double timeout_seconds);
 
+// `name` in the directory of this process's executable: the path of a
+// sibling program (shardtraind beside shardtrain, shardtrain-worker beside
+// shardtraind).
+std::string SiblingProgram(const std::string& name);
+
 // How a process ended, as people read it: "exit code 3" or "signal KILL".
 std::string DescribeExit(int exit_code, int signal);
 

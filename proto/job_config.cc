@@ -299,6 +299,7 @@ v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
   p.set_comm_seconds(m.comm_seconds);
   p.set_comm_bytes(m.comm_bytes);
   p.set_comm_inter_group_bytes(m.comm_inter_group_bytes);
+  p.set_comm_tensor_parallel_bytes(m.comm_tensor_parallel_bytes);
   if (m.pipeline_stage >= 0) {
     p.set_pipeline_stage(static_cast<int32_t>(m.pipeline_stage));
     p.set_pipeline_bubble_seconds(m.pipeline_bubble_seconds);
@@ -328,6 +329,7 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   m.comm_seconds = p.comm_seconds();
   m.comm_bytes = p.comm_bytes();
   m.comm_inter_group_bytes = p.comm_inter_group_bytes();
+  m.comm_tensor_parallel_bytes = p.comm_tensor_parallel_bytes();
   m.pipeline_stage = p.has_pipeline_stage() ? p.pipeline_stage() : -1;
   m.pipeline_bubble_seconds = p.pipeline_bubble_seconds();
   m.p2p_bytes = p.p2p_bytes();

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
 #include "common/small_file.h"
+#include "common/subprocess.h"
 #include "server/backends.h"
 #include "server/dataset_locator.h"
 #include "server/grpc_status.h"
@@ -28,13 +29,6 @@ namespace shardtrain {
 namespace {
 
 constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
-
-std::string DefaultWorkerBinary() {
-  std::error_code ec;
-  const std::filesystem::path self =
-      std::filesystem::read_symlink("/proc/self/exe", ec);
-  return (self.parent_path() / "shardtrain-worker").string();
-}
 
 // Locks state-dir/LOCK for this process's lifetime.
 absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
@@ -135,7 +129,7 @@ absl::Status PrepareStateDir(CoordinatorOptions& options) {
                      " private (chmod 700): ", std::strerror(errno)));
   }
   if (options.worker_binary.empty())
-    options.worker_binary = DefaultWorkerBinary();
+    options.worker_binary = SiblingProgram("shardtrain-worker");
   if (access(options.worker_binary.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--worker-binary: '", options.worker_binary, "' is not executable"));

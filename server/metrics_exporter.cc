@@ -173,6 +173,13 @@ void MetricsExporter::RegisterStepMetrics() {
                "Of those, bytes sent between HSDP's shard groups (its "
                "replicas' all-reduce, usually between nodes)")
            .Register(r);
+  comm_tensor_parallel_bytes_ =
+      &BuildCounter()
+           .Name("shardtrain_comm_tensor_parallel_bytes_total")
+           .Help(
+               "Of those, bytes sent within the rank's tensor-parallel group "
+               "(the activations' all-reduces)")
+           .Register(r);
   pipeline_bubble_ = gauge(
       "shardtrain_pipeline_bubble_seconds",
       "Seconds the rank's pipeline stage waited on its neighbours' "
@@ -314,6 +321,7 @@ MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
   s.comm_seconds = &comm_seconds_->Add(labels);
   s.comm_bytes = &comm_bytes_->Add(labels);
   s.comm_inter_group_bytes = &comm_inter_group_bytes_->Add(labels);
+  s.comm_tensor_parallel_bytes = &comm_tensor_parallel_bytes_->Add(labels);
   s.step_duration = &step_duration_->Add(labels, StepBuckets());
   s.last_heartbeat = absl::Now();
   return job.ranks.emplace(rank, s).first->second;
@@ -348,6 +356,8 @@ void MetricsExporter::OnSteps(const v1::Job& job,
     s.comm_bytes->Increment(static_cast<double>(m.comm_bytes()));
     s.comm_inter_group_bytes->Increment(
         static_cast<double>(m.comm_inter_group_bytes()));
+    s.comm_tensor_parallel_bytes->Increment(
+        static_cast<double>(m.comm_tensor_parallel_bytes()));
     if (m.has_pipeline_stage()) {
       if (s.pipeline_bubble == nullptr) {
         const prometheus::Labels labels = {
@@ -394,6 +404,7 @@ void MetricsExporter::RemoveJobSeries(JobSeries& job) {
     comm_seconds_->Remove(s.comm_seconds);
     comm_bytes_->Remove(s.comm_bytes);
     comm_inter_group_bytes_->Remove(s.comm_inter_group_bytes);
+    comm_tensor_parallel_bytes_->Remove(s.comm_tensor_parallel_bytes);
     if (s.pipeline_bubble != nullptr) {
       pipeline_bubble_->Remove(s.pipeline_bubble);
       p2p_bytes_->Remove(s.p2p_bytes);

@@ -89,6 +89,7 @@ class MetricsExporter : public JobObserver {
     prometheus::Counter* comm_seconds;
     prometheus::Counter* comm_bytes;
     prometheus::Counter* comm_inter_group_bytes;
+    prometheus::Counter* comm_tensor_parallel_bytes;
     // With pipeline stages (labelled with the stage), from the first step.
     prometheus::Gauge* pipeline_bubble = nullptr;
     prometheus::Counter* p2p_bytes = nullptr;
@@ -146,6 +147,7 @@ class MetricsExporter : public JobObserver {
   prometheus::Family<prometheus::Counter>* comm_seconds_;
   prometheus::Family<prometheus::Counter>* comm_bytes_;
   prometheus::Family<prometheus::Counter>* comm_inter_group_bytes_;
+  prometheus::Family<prometheus::Counter>* comm_tensor_parallel_bytes_;
   prometheus::Family<prometheus::Gauge>* pipeline_bubble_;
   prometheus::Family<prometheus::Counter>* p2p_bytes_;
   prometheus::Family<prometheus::Histogram>* step_duration_;

@@ -4,6 +4,7 @@
 // can start it too.
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -13,6 +14,8 @@
 #include "common/exit_codes.h"
 #include "core/train/train_config.h"
 #include "core/train/train_flags.h"
+#include "worker/auto_mesh.h"
+#include "worker/calibration.h"
 #include "worker/engine/support/cpu_threads.h"
 #include "worker/local_launcher.h"
 #include "worker/training_run.h"
@@ -63,12 +66,57 @@ int Main(int argc, char** argv) {
                  "rendezvous port (0: a free one on one host, 29500 across "
                  "hosts)")
       ->check(CLI::Range(0, 65535));
+  bool calibrate = false;
+  app.add_flag("--calibrate", calibrate,
+               "measure this host once for `shardtrain plan`'s step times: "
+               "training FLOP/s of one thread on --model (at --batch-size x "
+               "--seq-len), AdamW, and the all-reduce between --nproc ranks "
+               "(default 2); cached in ~/.cache/shardtrain/host_rates.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return ReportParseError(app, e, "shardtrain-train");
   }
 
+  if (calibrate) {
+    if (config.data.empty()) config.data = "-";  // reads no data
+    if (app.count("--nproc") == 0 && launch.nnodes == 1) launch.nproc = 2;
+  }
+  // --strategy auto: the launcher picks the mesh and hands it to its ranks;
+  // a rank started by another launcher picks it alone (the same choice
+  // from the same cached rates).
+  AutoChoice auto_choice;
+  const bool is_rank = std::getenv("RANK") != nullptr;
+  if (config.strategy == "auto" && !calibrate) {
+    const char* handed = std::getenv(kAutoMeshVariable);
+    if (is_rank && handed != nullptr) {
+      if (absl::Status s = ApplyYamlTrainConfig(handed, &config); !s.ok()) {
+        std::cerr << "shardtrain-train: " << kAutoMeshVariable << ": "
+                  << s.message() << "\n";
+        return 2;
+      }
+    } else {
+      int64_t world = int64_t{launch.nproc} * launch.nnodes;
+      int64_t per_host = launch.nproc;
+      if (is_rank) {
+        absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
+        if (env.ok()) {
+          world = env->world_size;
+          per_host = env->local_world_size > 0 ? env->local_world_size : world;
+        }
+      }
+      std::ostringstream quiet;
+      const bool speak = !is_rank || std::getenv("RANK") == std::string("0");
+      if (absl::Status s =
+              ResolveAutoStrategy(&config, world, per_host, !is_rank,
+                                  speak ? std::cout : quiet, &auto_choice);
+          !s.ok()) {
+        std::cerr << "shardtrain-train: " << s.message() << "\n";
+        return 2;
+      }
+      ::setenv(kAutoMeshVariable, MeshFieldsYaml(config).c_str(), 1);
+    }
+  }
   if (absl::Status s = config.Validate(); !s.ok()) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
@@ -86,12 +134,22 @@ int Main(int argc, char** argv) {
   // line and wait for them. The ranks have RANK set and go on to train.
   if ((launch.nproc > 1 || launch.nnodes > 1) &&
       std::getenv("RANK") == nullptr) {
-    return RunLocalRanks(std::move(launch), argc, argv);
+    const int code = RunLocalRanks(std::move(launch), argc, argv);
+    if (code == 0) ReportAutoOutcome(auto_choice, config, std::cout);
+    return code;
   }
   absl::StatusOr<DistEnv> env = DistEnvFromEnvironment();
   if (!env.ok()) {
     std::cerr << "shardtrain-train: " << env.status().message() << "\n";
     return 2;
+  }
+  if (calibrate) {
+    absl::Status s = RunCalibrationRank(config, *env, &std::cout);
+    if (!s.ok()) {
+      std::cerr << "shardtrain-train: " << s.message() << "\n";
+      return ExitCodeFor(s);
+    }
+    return 0;
   }
   if (absl::Status s = config.CheckMeshWorld(env->world_size, "WORLD_SIZE");
       !s.ok()) {
@@ -103,6 +161,8 @@ int Main(int argc, char** argv) {
     std::cerr << "shardtrain-train: " << run.message() << "\n";
     return ExitCodeFor(run);
   }
+  // A run of one process that chose its mesh itself.
+  if (env->rank == 0) ReportAutoOutcome(auto_choice, config, std::cout);
   return 0;
 }
 

@@ -116,6 +116,7 @@ std::string StepMetrics::ToJson() const {
       {"comm_seconds", comm_seconds},
       {"comm_bytes", comm_bytes},
       {"comm_inter_group_bytes", comm_inter_group_bytes},
+      {"comm_tensor_parallel_bytes", comm_tensor_parallel_bytes},
   };
   if (pipeline_stage >= 0) {
     j["pipeline_stage"] = pipeline_stage;
@@ -148,6 +149,8 @@ absl::StatusOr<StepMetrics> StepMetrics::FromJson(const std::string& line) {
     m.comm_seconds = j.value("comm_seconds", 0.0);
     m.comm_bytes = j.value("comm_bytes", int64_t{0});
     m.comm_inter_group_bytes = j.value("comm_inter_group_bytes", int64_t{0});
+    m.comm_tensor_parallel_bytes =
+        j.value("comm_tensor_parallel_bytes", int64_t{0});
     m.pipeline_stage = j.value("pipeline_stage", int64_t{-1});
     m.pipeline_bubble_seconds = j.value("pipeline_bubble_seconds", 0.0);
     m.p2p_bytes = j.value("p2p_bytes", int64_t{0});

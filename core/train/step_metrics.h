@@ -33,6 +33,9 @@ struct StepMetrics {
   // Of comm_bytes, those between HSDP's shard groups (its replicas'
   // all-reduce; usually between nodes). 0 for the other strategies.
   int64_t comm_inter_group_bytes = 0;
+  // Of comm_bytes, those within the rank's tensor-parallel group (the
+  // activations' all-reduces and the vocabulary-parallel head). 0 without.
+  int64_t comm_tensor_parallel_bytes = 0;
   // With pipeline stages: the rank's stage, the seconds it waited on its
   // neighbours' activations and gradients this step (its share of the
   // pipeline bubble), and the bytes it sent them point-to-point. Stage -1

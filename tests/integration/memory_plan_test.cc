@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/data/token_file.h"
 #include "core/train/step_metrics.h"
+#include "core/train/step_time_plan.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 
@@ -589,18 +590,34 @@ TEST_F(MemoryPlanTest, AMemoryCapBelowThePeakFailsOutOfMemory) {
 // mesh) under the memory given: the library's LargestFittingBatch, and the
 // most sequences per step named.
 TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
-  const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
-                           "/bin/shardtrain plan --fit --model gpt2-mini "
-                           "--seq-len 128 --devices 4 ";
+  // Rates of a made-up host, so that the plan measures nothing here.
+  const std::string cache = (*dir_ / "cache").string();
+  ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  HostRates rates;
+  rates.cores = 2;
+  rates.flops_per_thread = 2e10;
+  rates.compute_model = "gpt2-mini";
+  rates.optimizer_seconds_per_parameter = 2e-9;
+  rates.intra_node = {1e-4, 1e9};
+  ASSERT_TRUE(SaveHostRates(rates).ok());
+  ::unsetenv("XDG_CACHE_HOME");
+  const std::string bin = "XDG_CACHE_HOME=" + cache + " " +
+                          std::string(SHARDTRAIN_BINARY_DIR) +
+                          "/bin/shardtrain plan --fit --model gpt2-mini "
+                          "--seq-len 128 --devices ";
+  const std::string plan = bin + "4 ";
   const test::CommandResult r =
       test::RunCommand(plan + "--memory-per-device 512MiB -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
-  // 4 strategies and 3 meshes (pp2xddp2, pp2xfsdp2, pp4: gpt2-mini has 4
-  // blocks), with and without.
-  ASSERT_EQ(out["fits"].size(), 14u);
+  // 4 strategies and 3 pipeline meshes (pp2xddp2, pp2xfsdp2, pp4: gpt2-mini
+  // has 4 blocks), with and without activation checkpointing; 2
+  // tensor-parallel meshes (ddp2xtp2, tp4: 4 heads), without (the plan of
+  // TP with checkpointing is not modelled).
+  ASSERT_EQ(out["fits"].size(), 16u) << out.dump();
   int64_t most = 0;
   std::vector<std::string> meshes;
+  double previous = 1e300;
   for (const nlohmann::json& row : out["fits"]) {
     TrainConfig config;
     config.model = "gpt2-mini";
@@ -608,13 +625,20 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
     config.strategy = row["strategy"];
     config.activation_checkpointing = row["activation_checkpointing"];
     const int64_t world = row["world_size"];
+    if (row["batch_size"] > 0) {  // ranked by the predicted speed
+      const double tps = row["predicted_tokens_per_second"];
+      EXPECT_LE(tps, previous) << row.dump();
+      previous = tps;
+    }
     if (row.contains("mesh")) {
-      config.pipeline_stages = row["pipeline_stages"];
-      config.micro_batches = row["micro_batches"];
+      config.pipeline_stages = row.value("pipeline_stages", int64_t{1});
+      config.micro_batches = row.value("micro_batches", int64_t{1});
+      config.tensor_parallel = row.value("tensor_parallel", int64_t{1});
       EXPECT_EQ(world, 4);
       EXPECT_EQ(row["batch_size"].get<int64_t>() % config.micro_batches, 0);
-      EXPECT_EQ(row["global_batch"].get<int64_t>(),
-                row["batch_size"].get<int64_t>() * 4 / config.pipeline_stages);
+      EXPECT_EQ(
+          row["global_batch"].get<int64_t>(),
+          row["batch_size"].get<int64_t>() * 4 / config.ModelParallelSize());
       meshes.push_back(row["mesh"]);
     } else {
       EXPECT_EQ(world, config.strategy == "single" ? 1 : 4);
@@ -625,9 +649,12 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
         << row.dump();
     most = std::max<int64_t>(most, row["global_batch"]);
   }
-  EXPECT_EQ(meshes,
-            (std::vector<std::string>{"pp2xddp2", "pp2xddp2", "pp2xfsdp2",
-                                      "pp2xfsdp2", "pp4", "pp4"}));
+  std::sort(meshes.begin(), meshes.end());
+  EXPECT_EQ(meshes, (std::vector<std::string>{
+                        "ddp2xtp2", "pp2xddp2", "pp2xddp2", "pp2xfsdp2",
+                        "pp2xfsdp2", "pp4", "pp4", "tp4"}));
+  ASSERT_TRUE(out.contains("fastest")) << r.out;
+  EXPECT_FALSE(out["fastest"]["why"].get<std::string>().empty());
   ASSERT_TRUE(out.contains("best")) << r.out;
   // A sharded strategy: FSDP over all 4 holds the least model state, HSDP
   // (groups of 2) gathers half as many hidden states at its head, and which
@@ -653,24 +680,20 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
       << bad.err;
 
   // Below 4 devices HSDP would be FSDP or DDP: left out unless asked for.
-  const std::string two = std::string(SHARDTRAIN_BINARY_DIR) +
-                          "/bin/shardtrain plan --fit --model gpt2-mini "
-                          "--seq-len 128 --devices 2 --memory-per-device "
-                          "512MiB -o json";
+  const std::string two = bin + "2 --memory-per-device 512MiB -o json";
   const test::CommandResult all_two = test::RunCommand(two);
   ASSERT_EQ(all_two.exit_code, 0) << all_two.err;
   const nlohmann::json fits = nlohmann::json::parse(all_two.out)["fits"];
-  EXPECT_EQ(fits.size(), 8u) << all_two.out;  // single, ddp, fsdp and pp2
+  // single, ddp, fsdp and pp2, with and without; tp2 without.
+  EXPECT_EQ(fits.size(), 9u) << all_two.out;
   for (const nlohmann::json& row : fits) EXPECT_NE(row["strategy"], "hsdp");
   const test::CommandResult asked = test::RunCommand(two + " --strategy hsdp");
   ASSERT_EQ(asked.exit_code, 0) << asked.err;
   EXPECT_EQ(nlohmann::json::parse(asked.out)["fits"].size(), 2u);
 
   // From four ranks per stage the meshes include HSDP within each stage.
-  const test::CommandResult eight = test::RunCommand(
-      std::string(SHARDTRAIN_BINARY_DIR) +
-      "/bin/shardtrain plan --fit --model gpt2-mini --seq-len 128 --devices 8 "
-      "--memory-per-device 512MiB -o json");
+  const test::CommandResult eight =
+      test::RunCommand(bin + "8 --memory-per-device 512MiB -o json");
   ASSERT_EQ(eight.exit_code, 0) << eight.err;
   const nlohmann::json eight_fits = nlohmann::json::parse(eight.out)["fits"];
   std::vector<std::string> at_eight;
@@ -683,9 +706,10 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
       EXPECT_EQ(row["shard_group_size"], 2) << row.dump();
     }
   }
-  EXPECT_EQ(at_eight,
-            (std::vector<std::string>{"pp2xddp4", "pp2xfsdp4", "pp2xhsdp4",
-                                      "pp4xddp2", "pp4xfsdp2"}));
+  std::sort(at_eight.begin(), at_eight.end());
+  EXPECT_EQ(at_eight, (std::vector<std::string>{
+                          "ddp2xtp4", "ddp4xtp2", "pp2xddp4", "pp2xfsdp4",
+                          "pp2xhsdp4", "pp4xddp2", "pp4xfsdp2"}));
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one

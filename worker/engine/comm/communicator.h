@@ -44,6 +44,9 @@ struct CommStats {
   // between shard groups (usually between nodes). A communicator's own
   // TakeStats() leaves it 0; the strategy that owns the groups fills it.
   int64_t inter_group_bytes = 0;
+  // Of `bytes`, those sent within a tensor-parallel group (Megatron's
+  // activation all-reduces), filled by the strategy that owns the group.
+  int64_t tensor_parallel_bytes = 0;
   // A pipeline stage's point-to-point traffic, filled by the strategy: the
   // bytes it sent its neighbours and the seconds it waited on them.
   int64_t p2p_bytes = 0;

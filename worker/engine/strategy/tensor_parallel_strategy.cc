@@ -141,17 +141,18 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
   const DeviceMesh mesh =
       *DeviceMesh::Create({{MeshDim::kReplicate, data_parallel_size()},
                            {MeshDim::kTensor, tensor_parallel_}});
-  tensor_ = world_;
+  // The tensor group is its own even when it is the world, so that its
+  // traffic is counted apart.
+  const std::vector<int64_t> tensor =
+      mesh.GroupOf(options_.rank, MeshDim::kTensor);
+  absl::StatusOr<std::unique_ptr<Communicator>> group =
+      world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
+  if (!group.ok()) return group.status();
+  own_tensor_ = std::move(*group);
+  tensor_ = own_tensor_.get();
   if (data_parallel_size() > 1) {
-    const std::vector<int64_t> tensor =
-        mesh.GroupOf(options_.rank, MeshDim::kTensor);
     const std::vector<int64_t> replicas =
         mesh.GroupOf(options_.rank, MeshDim::kReplicate);
-    absl::StatusOr<std::unique_ptr<Communicator>> group =
-        world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
-    if (!group.ok()) return group.status();
-    own_tensor_ = std::move(*group);
-    tensor_ = own_tensor_.get();
     group = world_->NewGroup(absl::StrCat("replicas-", FormatRanks(replicas)),
                              replicas);
     if (!group.ok()) return group.status();
@@ -390,6 +391,7 @@ CommStats TensorParallelStrategy::TakeCommStats() {
     const CommStats part = c->TakeStats();
     total.seconds += part.seconds;
     total.bytes += part.bytes;
+    if (c == own_tensor_.get()) total.tensor_parallel_bytes += part.bytes;
   }
   return total;
 }

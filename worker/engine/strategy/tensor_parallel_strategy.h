@@ -90,8 +90,9 @@ class TensorParallelStrategy final : public Strategy {
   const StrategyOptions options_;
   Communicator* const world_;
   const int64_t tensor_parallel_;
-  // The replica's T ranks (world_ itself when D = 1) and, with D > 1, the
-  // ranks holding the same slices in the other replicas.
+  // The replica's T ranks (a group of its own even when D = 1, so that its
+  // traffic is counted apart) and, with D > 1, the ranks holding the same
+  // slices in the other replicas.
   std::unique_ptr<Communicator> own_tensor_;
   Communicator* tensor_ = nullptr;
   std::unique_ptr<Communicator> replicas_;

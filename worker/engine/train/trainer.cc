@@ -351,6 +351,7 @@ StepMetrics Trainer::TrainStep(int64_t step) {
   m.comm_seconds = comm.seconds;
   m.comm_bytes = comm.bytes;
   m.comm_inter_group_bytes = comm.inter_group_bytes;
+  m.comm_tensor_parallel_bytes = comm.tensor_parallel_bytes;
   m.pipeline_stage = strategy_->pipeline_stage();
   m.pipeline_bubble_seconds = comm.pipeline_bubble_seconds;
   m.p2p_bytes = comm.p2p_bytes;

@@ -83,7 +83,19 @@ TEST_P(TensorParallelEquivalenceTest, TrainsAsOneDeviceDoes) {
                                       whole_bytes * (c.ranks - 1) / c.ranks);
   // Two all-reduces forward and two backward per block and micro-batch
   // move activations between the ranks.
-  for (const CommStats& comm : ranks[0].step_comm) EXPECT_GT(comm.bytes, 0);
+  // They are counted apart from the replicas' gradient all-reduce (and the
+  // world's metrics): all of a step's bytes but those.
+  for (const CommStats& comm : ranks[0].step_comm) {
+    EXPECT_GT(comm.bytes, 0);
+    EXPECT_GT(comm.tensor_parallel_bytes, 0);
+    EXPECT_LE(comm.tensor_parallel_bytes, comm.bytes);
+    if (c.replicas > 1) {
+      // The replicas average every gradient of the rank's slice: more than
+      // the slice's parameters in bytes.
+      EXPECT_GT(comm.bytes - comm.tensor_parallel_bytes,
+                ranks[0].state_bytes / 4 / 4);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelEquivalenceTest,

@@ -1,0 +1,263 @@
+#include "core/train/mesh_search.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/model/gpt2_config.h"
+#include "core/train/step_metrics.h"
+#include "core/train/strategy_kinds.h"
+
+namespace shardtrain {
+namespace {
+
+struct Mesh {
+  std::string strategy;  // the data-parallel part
+  int64_t stages = 1;
+  int64_t tensor_parallel = 1;
+  int64_t world = 1;
+};
+
+std::vector<Mesh> Meshes(const Gpt2Config& model,
+                         const MeshSearchOptions& options) {
+  const int64_t n = options.devices;
+  std::vector<Mesh> meshes;
+  if (n == 1 || options.single_too) meshes.push_back({"single", 1, 1, 1});
+  if (n == 1) return meshes;
+  // The data-parallel strategies at `d` ranks: a study's, or the one asked
+  // for wherever it runs.
+  auto data_parallel = [&](int64_t d) {
+    std::vector<std::string> names;
+    if (!options.strategy.empty()) {
+      const StrategyKind* kind = FindStrategyKind(options.strategy);
+      if (kind != nullptr && kind->distributed == (d > 1)) {
+        names.push_back(options.strategy);
+      }
+      return names;
+    }
+    for (const std::string& name : StudyStrategyNames(d)) {
+      if (FindStrategyKind(name)->distributed == (d > 1)) {
+        names.push_back(name);
+      }
+    }
+    return names;
+  };
+  const bool only_stages = options.pipeline_stages > 1;
+  const bool only_tensor = options.tensor_parallel > 1;
+  if (!only_stages && !only_tensor) {
+    for (const std::string& name : data_parallel(n)) {
+      meshes.push_back({name, 1, 1, n});
+    }
+  }
+  if (!options.model_parallel) return meshes;
+  for (int64_t s = 2; s <= std::min(n, model.n_layer) && !only_tensor; s *= 2) {
+    if (n % s != 0 || (only_stages && s != options.pipeline_stages)) continue;
+    for (const std::string& name : data_parallel(n / s)) {
+      meshes.push_back({name, s, 1, n});
+    }
+  }
+  // Tensor parallelism composes with one replica or DDP's.
+  for (int64_t t = 2; t <= n && !only_stages; t *= 2) {
+    if (n % t != 0 || model.n_head % t != 0 ||
+        model.padded_vocab_size % t != 0 ||
+        (only_tensor && t != options.tensor_parallel)) {
+      continue;
+    }
+    const std::string name = n / t == 1 ? "single" : "ddp";
+    if (options.strategy.empty() || options.strategy == name) {
+      meshes.push_back({name, 1, t, n});
+    }
+  }
+  return meshes;
+}
+
+bool Fits(const MemoryPlan& plan, int64_t budget) {
+  return budget <= 0 || plan.total() <= budget;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
+    const TrainConfig& base, const MeshSearchOptions& options,
+    const HostRates* rates) {
+  if (rates != nullptr) {
+    if (absl::Status s = rates->Check(); !s.ok()) return s;
+  }
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
+  if (!model.ok()) return model.status();
+  if (options.devices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: ", options.devices, " (at least 1)"));
+  }
+  const int64_t per_host =
+      options.ranks_per_host > 0 ? options.ranks_per_host : options.devices;
+  std::vector<MeshCandidate> out;
+  for (const Mesh& mesh : Meshes(*model, options)) {
+    for (const char* checkpointing : {"none", "all"}) {
+      if (!options.checkpointing && std::string(checkpointing) == "all") {
+        continue;
+      }
+      MeshCandidate c;
+      c.world_size = mesh.world;
+      c.config = base;
+      TrainConfig& config = c.config;
+      config.strategy = mesh.strategy;
+      config.pipeline_stages = mesh.stages;
+      config.tensor_parallel = mesh.tensor_parallel;
+      config.micro_batches =
+          mesh.stages > 1
+              ? (base.micro_batches > 1 ? base.micro_batches : mesh.stages)
+              : 1;
+      config.activation_checkpointing = checkpointing;
+      if (mesh.strategy != "hsdp") config.shard_group_size = 0;
+      const int64_t data = config.DataParallelSize(mesh.world);
+      // The batches to try, largest first, each a multiple of the
+      // micro-batches: a share of the global batch that divides it, or (no
+      // global batch) the largest that fits.
+      std::vector<std::pair<int64_t, int64_t>> tries;  // (batch, accum)
+      if (options.global_batch > 0) {
+        if (options.global_batch % data != 0) continue;
+        const int64_t share = options.global_batch / data;
+        for (int64_t b = share; b >= 1; --b) {
+          if (share % b == 0 && b % config.micro_batches == 0) {
+            tries.emplace_back(b, share / b);
+          }
+        }
+      } else if (options.budget > 0) {
+        config.grad_accum = 1;
+        absl::StatusOr<int64_t> largest =
+            LargestFittingBatch(config, mesh.world, options.budget);
+        if (!largest.ok()) continue;  // a mesh the plan cannot model
+        tries.emplace_back(std::max(*largest, config.micro_batches), 1);
+      } else {
+        tries.emplace_back(base.batch_size,
+                           std::max<int64_t>(1, base.grad_accum));
+      }
+      if (tries.empty()) continue;
+      bool planned = false;
+      for (const auto& [batch, accum] : tries) {
+        config.batch_size = batch;
+        config.grad_accum = accum;
+        absl::StatusOr<MemoryPlan> plan = PlanMemory(config, mesh.world);
+        if (!plan.ok()) break;  // e.g. TP with checkpointing: not planned
+        planned = true;
+        c.memory = *plan;
+        if (Fits(*plan, options.budget)) {
+          c.fits = true;
+          break;
+        }
+      }
+      if (!planned) continue;
+      c.name = MeshName(config, mesh.world);
+      if (std::string(checkpointing) == "all")
+        absl::StrAppend(&c.name, " +ckpt");
+      if (rates != nullptr) {
+        absl::StatusOr<StepTimePlan> time =
+            PlanStepTime(config, mesh.world, per_host, *rates);
+        if (!time.ok()) continue;
+        c.time = *time;
+      }
+      out.push_back(std::move(c));
+    }
+  }
+  if (rates == nullptr) return out;
+  std::stable_sort(out.begin(), out.end(),
+                   [](const MeshCandidate& a, const MeshCandidate& b) {
+                     if (a.fits != b.fits) return a.fits;
+                     if (a.fits) {
+                       return a.time.tokens_per_second >
+                              b.time.tokens_per_second;
+                     }
+                     return a.memory.total() < b.memory.total();
+                   });
+  return out;
+}
+
+std::string WhyFirstWins(const std::vector<MeshCandidate>& ranked) {
+  if (ranked.empty() || !ranked[0].fits) return "";
+  const MeshCandidate& a = ranked[0];
+  if (ranked.size() < 2 || !ranked[1].fits) {
+    return absl::StrCat(a.name, " is the only mesh that fits");
+  }
+  const MeshCandidate& b = ranked[1];
+  // The part of the step where the runner-up loses most.
+  struct Part {
+    std::string name;
+    double a, b;
+  };
+  auto traffic = [](const StepTimePlan& p) { return p.exposed_comm_seconds; };
+  std::vector<Part> parts = {
+      {"compute", a.time.compute_seconds, b.time.compute_seconds},
+      {"AdamW and dense gradients", a.time.optimizer_seconds,
+       b.time.optimizer_seconds},
+      {"the pipeline bubble", a.time.bubble_seconds, b.time.bubble_seconds},
+      {"collectives", traffic(a.time), traffic(b.time)}};
+  const Part* worst = &parts[0];
+  for (const Part& p : parts) {
+    if (p.b - p.a > worst->b - worst->a) worst = &p;
+  }
+  const double ratio = a.time.tokens_per_second / b.time.tokens_per_second;
+  if (ratio < 1.02) {
+    return absl::StrFormat(
+        "%s and %s are predicted within %.1f%% of each other (%s vs %s per "
+        "step), closer than the model can tell apart: measure both "
+        "(shardtrain compare)",
+        a.name, b.name, 100 * (ratio - 1), FormatDuration(a.time.step_seconds),
+        FormatDuration(b.time.step_seconds));
+  }
+  std::string why = absl::StrFormat(
+      "%s predicts %.2fx the tokens/s of %s (%s vs %s per step): %s takes "
+      "%s of %s's step and %s of %s's",
+      a.name, ratio, b.name, FormatDuration(a.time.step_seconds),
+      FormatDuration(b.time.step_seconds), worst->name,
+      FormatDuration(worst->b), b.name, FormatDuration(worst->a), a.name);
+  if (worst->name == "collectives") {
+    absl::StrAppend(&why, " (", b.name, " moves ",
+                    FormatBytes(b.time.counted_bytes()), " per step, ", a.name,
+                    " ", FormatBytes(a.time.counted_bytes()), ")");
+  }
+  return why;
+}
+
+absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
+    const TrainConfig& config, int64_t world_size, int64_t ranks_per_host,
+    const HostRates& rates) {
+  MeshSearchOptions search;
+  search.devices = world_size;
+  search.ranks_per_host = ranks_per_host;
+  search.budget = config.memory_cap > 0 ? PlannableBytes(config.memory_cap) : 0;
+  search.global_batch =
+      config.batch_size * std::max<int64_t>(1, config.grad_accum) * world_size;
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(config, search, &rates);
+  if (!ranked.ok()) return ranked.status();
+  if (ranked->empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("strategy auto: no mesh of ", world_size,
+                     " ranks can share a global "
+                     "batch of ",
+                     search.global_batch, " sequences"));
+  }
+  if (!ranked->front().fits) {
+    const MeshCandidate& least = ranked->front();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "strategy auto: no mesh of ", world_size, " ranks fits memory_cap ",
+        FormatBytes(config.memory_cap), " (98% of it planned); the least is ",
+        least.name, " at ", FormatBytes(least.memory.total()), " per rank, ",
+        "batch ", least.config.batch_size));
+  }
+  return ranked;
+}
+
+std::string MeshFieldsYaml(const TrainConfig& c) {
+  return absl::StrCat(
+      "{strategy: ", c.strategy, ", pipeline-stages: ", c.pipeline_stages,
+      ", tensor-parallel: ", c.tensor_parallel,
+      ", micro-batches: ", c.micro_batches,
+      ", activation-checkpointing: ", c.activation_checkpointing,
+      ", batch-size: ", c.batch_size, ", grad-accum: ", c.grad_accum,
+      ", shard-group-size: ", c.shard_group_size, "}");
+}
+
+}  // namespace shardtrain

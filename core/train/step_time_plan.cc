@@ -1,0 +1,537 @@
+#include "core/train/step_time_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+#include "core/model/gpt2_config.h"
+#include "core/train/pipeline_plan.h"
+#include "core/train/strategy_kinds.h"
+#include "nlohmann/json.hpp"
+
+namespace shardtrain {
+namespace {
+
+constexpr int64_t kFloatBytes = 4;
+constexpr int64_t kIdBytes = 8;  // token ids travel as int64
+
+// One kind of collective a rank issues `calls` times in a step, over a group
+// of `ranks`, each carrying `bytes` (the full tensor: an all-reduce's, an
+// all-gather's output, a reduce-scatter's input; a send's message).
+enum class Op { kAllReduce, kAllGather, kReduceScatter, kSend };
+
+struct Traffic {
+  int64_t calls = 0;
+  int64_t counted = 0;
+  int64_t wire = 0;
+  int64_t latency_steps = 0;
+
+  void Add(Op op, int64_t ranks, int64_t calls_, double bytes_each) {
+    if (ranks <= 1 && op != Op::kSend) return;
+    const double n = static_cast<double>(ranks);
+    const double b = bytes_each * static_cast<double>(calls_);
+    calls += calls_;
+    switch (op) {
+      case Op::kAllReduce:  // ring: reduce-scatter then all-gather
+        counted += static_cast<int64_t>(b);
+        wire += static_cast<int64_t>(2 * (n - 1) / n * b);
+        latency_steps += calls_ * 2 * (ranks - 1);
+        break;
+      case Op::kAllGather:  // the rank's input is 1/n of the output
+        counted += static_cast<int64_t>(b / n);
+        wire += static_cast<int64_t>((n - 1) / n * b);
+        latency_steps += calls_ * (ranks - 1);
+        break;
+      case Op::kReduceScatter:
+        counted += static_cast<int64_t>(b);
+        wire += static_cast<int64_t>((n - 1) / n * b);
+        latency_steps += calls_ * (ranks - 1);
+        break;
+      case Op::kSend:
+        counted += static_cast<int64_t>(b);
+        wire += static_cast<int64_t>(b);
+        latency_steps += calls_;
+        break;
+    }
+  }
+};
+
+MeshTraffic Finish(const std::string& dimension, int64_t ranks,
+                   const Traffic& t, const LinkRates& link, double slowdown) {
+  MeshTraffic out;
+  out.dimension = dimension;
+  out.ranks = ranks;
+  out.calls = t.calls;
+  out.counted_bytes = t.counted;
+  out.wire_bytes = t.wire;
+  out.seconds = (static_cast<double>(t.latency_steps) * link.latency_seconds +
+                 static_cast<double>(t.wire) / link.bytes_per_second) *
+                slowdown;
+  return out;
+}
+
+int64_t BlockParameters(const Gpt2Config& m) {
+  return 12 * m.n_embd * m.n_embd + 13 * m.n_embd;
+}
+
+// What tensor parallelism keeps whole on every rank of the group: wpe, the
+// LayerNorms and the row-parallel layers' biases; their gradients are
+// all-reduced over the group once per step.
+int64_t TensorParallelReplicated(const Gpt2Config& m) {
+  return m.block_size * m.n_embd + m.n_layer * 6 * m.n_embd + 2 * m.n_embd;
+}
+
+// FSDP over `ranks` of units of `unit_params` each (the blocks), the root
+// (`root_params`, gathered once and kept) and the vocabulary-parallel wte
+// over the same ranks, for one micro-step of `tokens` per rank; reduce the
+// gradients when `reduce`.
+void AddFsdp(Traffic* t, int64_t ranks, int64_t blocks, int64_t block_params,
+             int64_t root_params, bool reshard, bool reduce, int64_t tokens,
+             int64_t c, int64_t head_chunks, bool embeddings, bool head) {
+  const double block_bytes = static_cast<double>(block_params * kFloatBytes);
+  const double root_bytes = static_cast<double>(root_params * kFloatBytes);
+  const int64_t gathers = blocks * (reshard ? 2 : 1);
+  t->Add(Op::kAllGather, ranks, gathers, block_bytes);
+  t->Add(Op::kAllGather, ranks, 1, root_bytes);
+  if (reduce) {
+    t->Add(Op::kReduceScatter, ranks, blocks, block_bytes);
+    t->Add(Op::kReduceScatter, ranks, 1, root_bytes);
+  }
+  const double n = static_cast<double>(ranks);
+  const double rows = static_cast<double>(tokens) * n;  // every rank's
+  const double hidden = rows * static_cast<double>(c * kFloatBytes);
+  if (embeddings) {
+    t->Add(Op::kAllGather, ranks, 1, rows * kIdBytes);  // token ids
+    t->Add(Op::kReduceScatter, ranks, 1, hidden);       // the lookups
+    t->Add(Op::kAllGather, ranks, 1, hidden);           // their gradient
+  }
+  if (head) {
+    t->Add(Op::kAllGather, ranks, 1, hidden);           // hidden states
+    t->Add(Op::kAllGather, ranks, 1, rows * kIdBytes);  // targets
+    t->Add(Op::kAllGather, ranks, head_chunks,
+           3.0 * rows * kFloatBytes / static_cast<double>(head_chunks));
+    t->Add(Op::kReduceScatter, ranks, 1, hidden);  // their gradient
+  }
+}
+
+}  // namespace
+
+absl::Status HostRates::Check() const {
+  auto missing = [&](const char* what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host rates for ", device, " lack ", what,
+                     "; measure them with `shardtrain-train --calibrate`"));
+  };
+  if (cores < 1) return missing("the core count");
+  if (!(flops_per_thread > 0)) return missing("the compute rate");
+  if (!(optimizer_seconds_per_parameter > 0)) return missing("AdamW's rate");
+  if (!intra_node.known() || intra_node.latency_seconds < 0) {
+    return missing("the collectives' latency and bandwidth");
+  }
+  return absl::OkStatus();
+}
+
+std::string HostRates::ToJson() const {
+  nlohmann::json j = {
+      {"device", device},
+      {"cores", cores},
+      {"flops_per_thread", flops_per_thread},
+      {"compute_model", compute_model},
+      {"gradient_seconds_per_parameter", gradient_seconds_per_parameter},
+      {"optimizer_seconds_per_parameter", optimizer_seconds_per_parameter},
+      {"intra_node",
+       {{"latency_seconds", intra_node.latency_seconds},
+        {"bytes_per_second", intra_node.bytes_per_second}}},
+      {"measured_at", measured_at}};
+  if (inter_node.known()) {
+    j["inter_node"] = {{"latency_seconds", inter_node.latency_seconds},
+                       {"bytes_per_second", inter_node.bytes_per_second}};
+  }
+  return j.dump();
+}
+
+absl::StatusOr<HostRates> HostRates::FromJson(const std::string& text) {
+  nlohmann::json j =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError("host rates: not a JSON object");
+  }
+  try {
+    HostRates r;
+    r.device = j.value("device", std::string("cpu"));
+    r.cores = j.value("cores", int64_t{1});
+    r.flops_per_thread = j.value("flops_per_thread", 0.0);
+    r.compute_model = j.value("compute_model", std::string());
+    r.gradient_seconds_per_parameter =
+        j.value("gradient_seconds_per_parameter", 0.0);
+    r.optimizer_seconds_per_parameter =
+        j.value("optimizer_seconds_per_parameter", 0.0);
+    r.measured_at = j.value("measured_at", std::string());
+    for (auto [key, link] : {std::pair{"intra_node", &r.intra_node},
+                             std::pair{"inter_node", &r.inter_node}}) {
+      if (!j.contains(key)) continue;
+      link->latency_seconds = j[key].value("latency_seconds", 0.0);
+      link->bytes_per_second = j[key].value("bytes_per_second", 0.0);
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host rates: a field has the wrong type (", e.what(), ")"));
+  }
+}
+
+std::string HostRatesCachePath() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir =
+      xdg != nullptr && *xdg != '\0'
+          ? std::filesystem::path(xdg)
+          : std::filesystem::path(home != nullptr ? home : "/tmp") / ".cache";
+  return (dir / "shardtrain" / "host_rates.json").string();
+}
+
+namespace {
+
+nlohmann::json ReadCache() {
+  std::ifstream in(HostRatesCachePath());
+  if (!in) return nlohmann::json::object();
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json cache = nlohmann::json::parse(text.str(), nullptr,
+                                               /*allow_exceptions=*/false);
+  return cache.is_object() ? cache : nlohmann::json::object();
+}
+
+}  // namespace
+
+absl::StatusOr<HostRates> LoadHostRates(const std::string& device,
+                                        const std::string& model) {
+  const nlohmann::json cache = ReadCache();
+  if (!cache.contains(device) || !cache[device].is_object() ||
+      cache[device].empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no measured rates for ", device, " in ", HostRatesCachePath(),
+        "; `shardtrain-train --calibrate` measures them"));
+  }
+  const nlohmann::json& models = cache[device];
+  const nlohmann::json& entry =
+      models.contains(model) ? models[model] : models.begin().value();
+  absl::StatusOr<HostRates> rates = HostRates::FromJson(entry.dump());
+  if (!rates.ok()) return rates.status();
+  if (absl::Status s = rates->Check(); !s.ok()) return s;
+  return rates;
+}
+
+absl::Status SaveHostRates(const HostRates& rates) {
+  nlohmann::json cache = ReadCache();
+  cache[rates.device][rates.compute_model] =
+      nlohmann::json::parse(rates.ToJson());
+  const std::filesystem::path path(HostRatesCachePath());
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  return WriteFileAtomically(path.string(), cache.dump(2) + "\n");
+}
+
+int64_t StepTimePlan::counted_bytes() const {
+  int64_t total = 0;
+  for (const MeshTraffic& t : traffic) total += t.counted_bytes;
+  return total;
+}
+
+std::string StepTimePlan::Bottleneck() const {
+  std::string name = "compute";
+  double most = compute_seconds;
+  if (optimizer_seconds > most) {
+    most = optimizer_seconds;
+    name = "AdamW and dense gradients";
+  }
+  if (bubble_seconds > most) {
+    most = bubble_seconds;
+    name = "the pipeline bubble";
+  }
+  for (const MeshTraffic& t : traffic) {
+    if (t.seconds > most) {
+      most = t.seconds;
+      name = t.dimension + " traffic";
+    }
+  }
+  return name;
+}
+
+std::string MeshName(const TrainConfig& config, int64_t world_size) {
+  const int64_t data = config.DataParallelSize(world_size);
+  std::string name;
+  if (config.pipeline_stages > 1) {
+    name = absl::StrCat("pp", config.pipeline_stages);
+  }
+  if (data > 1 || (name.empty() && config.tensor_parallel <= 1)) {
+    absl::StrAppend(&name, name.empty() ? "" : "x", config.strategy,
+                    data > 1 ? absl::StrCat(data) : "");
+  }
+  if (config.tensor_parallel > 1) {
+    absl::StrAppend(&name, name.empty() ? "" : "x", "tp",
+                    config.tensor_parallel);
+  }
+  return name;
+}
+
+absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
+                                          int64_t world_size,
+                                          int64_t ranks_per_host,
+                                          const HostRates& rates) {
+  if (absl::Status s = rates.Check(); !s.ok()) return s;
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  if (!model.ok()) return model.status();
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy: unknown '", config.strategy, "'"));
+  }
+  if (config.ModelParallelSize() > 1) {
+    if (absl::Status s = config.CheckMeshWorld(world_size); !s.ok()) return s;
+  } else if (!kind->distributed && world_size != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", config.strategy, " runs on one rank, not ",
+                     world_size));
+  }
+  const int64_t stages = std::max<int64_t>(1, config.pipeline_stages);
+  const int64_t tp = std::max<int64_t>(1, config.tensor_parallel);
+  const int64_t data = config.DataParallelSize(world_size);
+  const int64_t micro =
+      stages > 1 ? std::max<int64_t>(1, config.micro_batches) : 1;
+  const int64_t c = model->n_embd;
+  const int64_t accum = std::max<int64_t>(1, config.grad_accum);
+  // Tokens a rank (a replica's ranks, together) computes per micro-step.
+  const int64_t tokens = config.batch_size * config.seq_len;
+  absl::StatusOr<int64_t> every =
+      ActivationCheckpointEvery(config.activation_checkpointing);
+  if (!every.ok()) return every.status();
+
+  StepTimePlan plan;
+  plan.mesh = MeshName(config, world_size);
+  plan.world_size = world_size;
+  plan.data_parallel = data;
+  plan.tensor_parallel = tp;
+  plan.pipeline_stages = stages;
+  plan.micro_batches = micro;
+  plan.tokens_per_step = tokens * accum * data;
+
+  // Compute: the slowest stage's forward (3x with the backward, once more
+  // for recomputed blocks), 1/T of it under tensor parallelism.
+  absl::StatusOr<std::vector<PipelineStage>> cut =
+      PartitionPipeline(*model, config.seq_len, stages,
+                        config.pipeline_split.empty()
+                            ? std::vector<int64_t>{}
+                            : *ParsePipelineSplit(config.pipeline_split));
+  if (!cut.ok()) return cut.status();
+  const double block_flops = BlockForwardFlopsPerToken(*model, config.seq_len);
+  double stage_flops = 0;  // per token, the slowest stage
+  double all_stage_flops = 0;
+  const PipelineStage* slowest = &cut->front();
+  for (const PipelineStage& stage : *cut) {
+    int64_t recomputed = 0;
+    for (int64_t b = stage.first_block; b < stage.end_block; ++b) {
+      if (*every > 0 && (b + 1) % *every == 0) ++recomputed;
+    }
+    const double flops = 3 * stage.flops_per_token +
+                         static_cast<double>(recomputed) * block_flops;
+    all_stage_flops += flops;
+    if (flops > stage_flops) {
+      stage_flops = flops;
+      slowest = &stage;
+    }
+  }
+
+  // The rank's rate: its threads, or its share of the host's cores. A
+  // stage faster than the slowest waits (blocked, off the cores) for the
+  // rest of the step: the cores are shared by the ranks' busy time, the
+  // stages' work over the slowest's.
+  const bool gpu = config.device.rfind("cuda", 0) == 0;
+  const int64_t host_ranks =
+      std::max<int64_t>(1, std::min(ranks_per_host, world_size));
+  plan.threads_per_rank = gpu ? 1 : config.ThreadsPerRank(host_ranks);
+  double share = 1.0;
+  if (!gpu) {
+    const double busy = static_cast<double>(host_ranks) * all_stage_flops /
+                        (static_cast<double>(stages) * stage_flops);
+    share =
+        std::min(1.0, static_cast<double>(rates.cores) /
+                          (busy * static_cast<double>(plan.threads_per_rank)));
+  }
+  const double rate = rates.flops_per_thread *
+                      static_cast<double>(plan.threads_per_rank) * share;
+  // Contention slows what runs on the cores: collectives on CPU too.
+  const double slowdown = gpu ? 1.0 : 1.0 / share;
+
+  const double step_flops = stage_flops * static_cast<double>(tokens * accum) /
+                            static_cast<double>(tp);
+  plan.compute_seconds = step_flops / rate;
+  if (stages > 1) {
+    // A step's M x accum micro-batches flow through the stages once: the
+    // slowest stage sets the pace, and the others' time on one micro-batch
+    // fills and drains the pipe (t = (M - 1) t_max + sum of t_s).
+    plan.bubble_seconds = (all_stage_flops - stage_flops) *
+                          static_cast<double>(tokens) /
+                          static_cast<double>(micro * tp) / rate;
+  }
+
+  // Parameters the rank keeps and updates (the slowest stage's).
+  const int64_t blocks = slowest->end_block - slowest->first_block;
+  const int64_t block_params = BlockParameters(*model);
+  const int64_t wte = model->padded_vocab_size * c;
+  const int64_t root =
+      (stages == 1 || slowest->embeddings ? model->block_size * c : 0) +
+      (slowest->head ? 2 * c : 0);
+  const bool has_wte = slowest->embeddings || slowest->head;
+  int64_t kept = blocks * block_params + root + (has_wte ? wte : 0);
+  if (tp > 1) {
+    const int64_t replicated = TensorParallelReplicated(*model);
+    kept = (kept - replicated) / tp + replicated;
+  }
+  const std::string& dp = config.strategy;
+  const bool fsdp = dp == "fsdp" || dp == "hsdp";
+  int64_t shard_ranks = 1;
+  if (fsdp && data > 1) {
+    shard_ranks = dp == "hsdp" && config.shard_group_size > 0
+                      ? config.shard_group_size
+                  : dp == "hsdp" ? std::min(data, host_ranks)
+                                 : data;
+  }
+  // AdamW updates the rank's shard; the gradients are made whole for the
+  // gathered units (all but FSDP's vocabulary-parallel wte, which has only
+  // its rows').
+  const int64_t sharded_wte =
+      fsdp && stages == 1 && shard_ranks > 1 ? wte / tp : 0;
+  const int64_t gradient_params =
+      kept - sharded_wte + sharded_wte / shard_ranks;
+  plan.optimizer_seconds = (static_cast<double>(kept / shard_ranks) *
+                                rates.optimizer_seconds_per_parameter +
+                            static_cast<double>(gradient_params) *
+                                rates.gradient_seconds_per_parameter) /
+                           (static_cast<double>(plan.threads_per_rank) * share);
+
+  // Traffic, per dimension.
+  const LinkRates& intra = rates.intra_node;
+  const LinkRates& inter =
+      rates.inter_node.known() ? rates.inter_node : rates.intra_node;
+  // A group whose ranks span hosts runs at the slower link.
+  auto link_for = [&](int64_t stride, int64_t ranks) -> const LinkRates& {
+    return stride * ranks > ranks_per_host ? inter : intra;
+  };
+  const int64_t act_bytes =
+      tokens * c * (config.precision == "bf16" && gpu ? 2 : kFloatBytes);
+  const int64_t head_chunks = 1;
+
+  if (data > 1) {
+    Traffic t;
+    const int64_t dp_stride = tp;  // data ranks lie outside the tensor ones
+    if (dp == "ddp") {
+      const double bytes = static_cast<double>(kept * kFloatBytes);
+      const double bucket = std::max(1.0, config.bucket_mb * 1024 * 1024);
+      const int64_t buckets =
+          std::max<int64_t>(1, static_cast<int64_t>(std::ceil(bytes / bucket)));
+      t.Add(Op::kAllReduce, data, buckets, bytes / buckets);
+      plan.traffic.push_back(Finish("data-parallel", data, t,
+                                    link_for(dp_stride, data), slowdown));
+    } else if (fsdp) {
+      if (stages > 1) {
+        // Within a stage every unit, wte too, is gathered once per step
+        // and its gradient reduce-scattered once.
+        const double stage_bytes = static_cast<double>(
+            (blocks * block_params + root + (has_wte ? wte / tp : 0)) *
+            kFloatBytes);
+        const int64_t units = blocks + 1 + (has_wte ? 1 : 0);
+        t.Add(Op::kAllGather, shard_ranks, units, stage_bytes / units);
+        t.Add(Op::kReduceScatter, shard_ranks, units, stage_bytes / units);
+      } else {
+        for (int64_t a = 0; a < accum; ++a) {
+          const bool reduce = !config.fsdp_no_sync || a + 1 == accum;
+          AddFsdp(&t, shard_ranks, blocks, block_params, root,
+                  config.reshard_after_forward, reduce, tokens, c, head_chunks,
+                  /*embeddings=*/true, /*head=*/true);
+        }
+      }
+      t.Add(Op::kAllReduce, shard_ranks, 1, kFloatBytes);  // grad norm
+      plan.traffic.push_back(
+          Finish(shard_ranks == data ? "data-parallel" : "shard-group",
+                 shard_ranks, t, link_for(dp_stride, shard_ranks), slowdown));
+      if (shard_ranks < data) {
+        Traffic across;
+        const int64_t replicas = data / shard_ranks;
+        across.Add(Op::kAllReduce, replicas, blocks + 2,
+                   static_cast<double>(kept * kFloatBytes) /
+                       static_cast<double>(shard_ranks * (blocks + 2)));
+        plan.traffic.push_back(
+            Finish("replica", replicas, across,
+                   link_for(dp_stride * shard_ranks, replicas), slowdown));
+      }
+    }
+  }
+  if (tp > 1) {
+    Traffic t;
+    const int64_t recomputed =
+        *every > 0 ? (slowest->end_block - slowest->first_block) / *every : 0;
+    const double act = static_cast<double>(act_bytes);
+    for (int64_t a = 0; a < accum; ++a) {
+      // Megatron's g forward and f backward, per attention and MLP.
+      t.Add(Op::kAllReduce, tp, 4 * blocks + 2 * recomputed, act);
+      if (slowest->embeddings || stages == 1) {
+        t.Add(Op::kAllReduce, tp, 1, act);  // the embeddings' lookups
+      }
+      if (slowest->head || stages == 1) {
+        t.Add(Op::kAllGather, tp, head_chunks,
+              3.0 * static_cast<double>(tp * tokens * kFloatBytes) /
+                  static_cast<double>(head_chunks));
+        t.Add(Op::kAllReduce, tp, 1,
+              static_cast<double>(tokens * c * kFloatBytes));  // head's dx
+      }
+    }
+    t.Add(Op::kAllReduce, tp, 1,
+          static_cast<double>(TensorParallelReplicated(*model) * kFloatBytes));
+    plan.traffic.push_back(
+        Finish("tensor-parallel", tp, t, link_for(1, tp), slowdown));
+  }
+  if (stages > 1) {
+    Traffic t;
+    const int64_t stride = tp * data;
+    // Activations forward and their gradients backward, per micro-batch,
+    // for a middle stage both ways; the tied wte between the end stages.
+    const int64_t directions =
+        (slowest->embeddings ? 0 : 1) + (slowest->head ? 0 : 1);
+    t.Add(Op::kSend, 2, micro * accum * directions,
+          static_cast<double>(act_bytes) / static_cast<double>(micro));
+    if (has_wte) {
+      t.Add(Op::kAllReduce, 2, 1,
+            static_cast<double>(wte / tp * kFloatBytes /
+                                (fsdp ? shard_ranks : 1)));
+    }
+    plan.traffic.push_back(
+        Finish("pipeline", stages, t, link_for(stride, stages), slowdown));
+  }
+
+  double comm = 0;
+  for (const MeshTraffic& t : plan.traffic) {
+    if (gpu && (t.dimension == "data-parallel" || t.dimension == "replica" ||
+                t.dimension == "shard-group")) {
+      // NCCL overlaps it with the backward but for its last part.
+      const double backward = plan.compute_seconds * 2 / 3;
+      comm += std::max(t.seconds - backward,
+                       t.seconds / std::max<int64_t>(1, t.calls));
+    } else {
+      comm += t.seconds;
+    }
+  }
+  plan.exposed_comm_seconds = comm;
+  plan.step_seconds = plan.compute_seconds + plan.bubble_seconds +
+                      plan.optimizer_seconds + plan.exposed_comm_seconds;
+  plan.tokens_per_second =
+      static_cast<double>(plan.tokens_per_step) / plan.step_seconds;
+  return plan;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,408 @@
+#include "core/train/step_time_plan.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/model/gpt2_config.h"
+#include "core/train/memory_plan.h"
+#include "core/train/mesh_search.h"
+#include "core/train/train_config.h"
+
+namespace shardtrain {
+namespace {
+
+// A host of `cores` whose thread computes 10 GFLOP/s, AdamW at 10 ns per
+// parameter, links at 1 GB/s and 50 us.
+HostRates Rates(int64_t cores = 4) {
+  HostRates r;
+  r.cores = cores;
+  r.flops_per_thread = 1e10;
+  r.compute_model = "gpt2-tiny";
+  r.optimizer_seconds_per_parameter = 1e-8;
+  r.intra_node = {50e-6, 1e9};
+  return r;
+}
+
+TrainConfig Config(const std::string& strategy, int64_t threads = 1) {
+  TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.strategy = strategy;
+  c.batch_size = 8;
+  c.seq_len = 128;
+  c.threads = threads;
+  return c;
+}
+
+StepTimePlan Plan(const TrainConfig& c, int64_t world,
+                  HostRates rates = Rates(), int64_t per_host = 64) {
+  absl::StatusOr<StepTimePlan> p = PlanStepTime(c, world, per_host, rates);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : StepTimePlan{};
+}
+
+const MeshTraffic* Find(const StepTimePlan& p, const std::string& dim) {
+  for (const MeshTraffic& t : p.traffic) {
+    if (t.dimension == dim) return &t;
+  }
+  return nullptr;
+}
+
+TEST(StepTimePlanTest, NamesMeshesAsTheStudyDoes) {
+  TrainConfig c = Config("single");
+  EXPECT_EQ(MeshName(c, 1), "single");
+  c.strategy = "fsdp";
+  EXPECT_EQ(MeshName(c, 4), "fsdp4");
+  c.strategy = "single";
+  c.tensor_parallel = 2;
+  EXPECT_EQ(MeshName(c, 2), "tp2");
+  c.strategy = "ddp";
+  EXPECT_EQ(MeshName(c, 4), "ddp2xtp2");
+  c.tensor_parallel = 1;
+  c.pipeline_stages = 2;
+  EXPECT_EQ(MeshName(c, 4), "pp2xddp2");
+  c.strategy = "single";
+  EXPECT_EQ(MeshName(c, 2), "pp2");
+}
+
+TEST(StepTimePlanTest, DdpAllReducesEveryGradientOncePerStep) {
+  const Gpt2Config model = *ParseModelSpec("gpt2-tiny");
+  TrainConfig c = Config("ddp");
+  c.grad_accum = 3;  // accumulation steps reduce nothing
+  const StepTimePlan p = Plan(c, 4);
+  ASSERT_EQ(p.traffic.size(), 1u);
+  const MeshTraffic& t = p.traffic[0];
+  EXPECT_EQ(t.dimension, "data-parallel");
+  EXPECT_EQ(t.ranks, 4);
+  // Every parameter's fp32 gradient; the ring sends 2(N-1)/N of it.
+  EXPECT_NEAR(static_cast<double>(t.counted_bytes),
+              static_cast<double>(model.NumParameters() * 4), 64);
+  EXPECT_NEAR(static_cast<double>(t.wire_bytes),
+              1.5 * static_cast<double>(model.NumParameters() * 4), 64);
+  // 26 MB in 25 MiB buckets: two all-reduces.
+  EXPECT_EQ(t.calls, 2);
+  EXPECT_EQ(p.tokens_per_step, 8 * 128 * 3 * 4);
+}
+
+TEST(StepTimePlanTest, FsdpMovesLessThanDdpWhenTheVocabularyDominates) {
+  // gpt2-tiny's wte is 94% of it: FSDP's vocabulary-parallel head moves
+  // hidden states instead of wte's gradient.
+  const StepTimePlan ddp = Plan(Config("ddp"), 2);
+  const StepTimePlan fsdp = Plan(Config("fsdp"), 2);
+  EXPECT_LT(fsdp.counted_bytes(), ddp.counted_bytes() / 4);
+  EXPECT_LT(fsdp.step_seconds, ddp.step_seconds);
+  // FSDP keeps and updates half the parameters.
+  EXPECT_NEAR(fsdp.optimizer_seconds, ddp.optimizer_seconds / 2,
+              ddp.optimizer_seconds * 0.01);
+  // Same FLOPs per rank.
+  EXPECT_DOUBLE_EQ(fsdp.compute_seconds, ddp.compute_seconds);
+}
+
+TEST(StepTimePlanTest, DataParallelRanksSplitTheComputeOfOneDevice) {
+  HostRates free_links = Rates(8);
+  free_links.intra_node = {0, 1e30};
+  const StepTimePlan single = Plan(Config("single", 1), 1, free_links);
+  TrainConfig ddp = Config("ddp", 1);
+  ddp.batch_size = 2;  // the same global batch over 4 ranks
+  const StepTimePlan four = Plan(ddp, 4, free_links);
+  EXPECT_EQ(four.tokens_per_step, single.tokens_per_step);
+  EXPECT_NEAR(four.compute_seconds, single.compute_seconds / 4, 1e-12);
+  // Single's compute: the model's training FLOPs over the rate.
+  const Gpt2Config model = *ParseModelSpec("gpt2-tiny");
+  const double flops =
+      8.0 * 128 *
+      (3 * (model.n_layer * (24.0 * 128 * 128 + 4.0 * 128 * 128) +
+            2.0 * model.padded_vocab_size * 128));
+  EXPECT_NEAR(single.compute_seconds, flops / 1e10, 1e-9);
+  EXPECT_GT(four.tokens_per_second, 3 * single.tokens_per_second);
+}
+
+TEST(StepTimePlanTest, RanksBeyondTheCoresShareThem) {
+  TrainConfig c = Config("fsdp", 1);
+  const StepTimePlan two = Plan(c, 2, Rates(2));
+  const StepTimePlan four = Plan(c, 4, Rates(2));
+  // Four one-thread ranks on two cores run at half speed each.
+  EXPECT_NEAR(four.compute_seconds, 2 * two.compute_seconds, 1e-12);
+  c.threads = 2;  // two threads per rank on two cores: the same
+  EXPECT_NEAR(Plan(c, 2, Rates(2)).compute_seconds, two.compute_seconds, 1e-12);
+}
+
+TEST(StepTimePlanTest, TensorParallelismSplitsComputeAndMovesActivations) {
+  TrainConfig c = Config("single");
+  const StepTimePlan one = Plan(c, 1);
+  c.tensor_parallel = 2;
+  const StepTimePlan tp = Plan(c, 2);
+  EXPECT_NEAR(tp.compute_seconds, one.compute_seconds / 2, 1e-12);
+  EXPECT_EQ(tp.tokens_per_step, one.tokens_per_step);  // one shared batch
+  const MeshTraffic* t = Find(tp, "tensor-parallel");
+  ASSERT_NE(t, nullptr);
+  // Per block four all-reduces of [B*T, C] fp32, plus the embeddings' and
+  // the head's input gradient: 2 blocks -> 10 activations.
+  const double act = 8.0 * 128 * 128 * 4;
+  EXPECT_GE(t->counted_bytes, static_cast<int64_t>(10 * act));
+  EXPECT_LT(t->counted_bytes, static_cast<int64_t>(10 * act + 2e6));
+  // Recomputing every block repeats its two forward all-reduces.
+  c.activation_checkpointing = "all";
+  const MeshTraffic* r = Find(Plan(c, 2), "tensor-parallel");
+  ASSERT_NE(r, nullptr);
+  EXPECT_NEAR(static_cast<double>(r->counted_bytes - t->counted_bytes), 4 * act,
+              1);
+}
+
+TEST(StepTimePlanTest, PipelineBubbleShrinksWithMicroBatches) {
+  TrainConfig c = Config("single");
+  c.model = "gpt2-mini";
+  c.pipeline_stages = 2;
+  c.micro_batches = 1;
+  const StepTimePlan m1 = Plan(c, 2);
+  c.micro_batches = 4;
+  const StepTimePlan m4 = Plan(c, 2);
+  // The other stage's time on one micro-batch: a quarter of it at M = 4.
+  // gpt2-mini's head outweighs its blocks, so the last stage (block 3 and
+  // the head) is the slowest and stage 0 (blocks 0-2) fills the pipe.
+  EXPECT_NEAR(m4.bubble_seconds, m1.bubble_seconds / 4, 1e-12);
+  EXPECT_NEAR(m4.compute_seconds, m1.compute_seconds, 1e-12);
+  const Gpt2Config model = *ParseModelSpec("gpt2-mini");
+  const double block = 24.0 * 256 * 256 + 4.0 * 128 * 256;
+  EXPECT_NEAR(m1.bubble_seconds, 3 * 3 * block * 8 * 128 / 1e10, 1e-9);
+  EXPECT_NEAR(
+      m1.compute_seconds,
+      3 * (block + 2.0 * model.padded_vocab_size * 256) * 8 * 128 / 1e10, 1e-9);
+  EXPECT_LT(m4.step_seconds, m1.step_seconds);
+  const MeshTraffic* t = Find(m4, "pipeline");
+  ASSERT_NE(t, nullptr);
+  // The last stage holds the head (the slowest, with gpt2-mini's 50k
+  // vocabulary): it sends the gradients back, and all-reduces the tied wte
+  // with stage 0.
+  const double grads = 8.0 * 128 * 256 * 4;
+  const double wte = 50304.0 * 256 * 4;
+  EXPECT_NEAR(static_cast<double>(t->counted_bytes), grads + wte, 8);
+  EXPECT_EQ(m4.Bottleneck(), "compute");
+}
+
+TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
+  HostRates slow = Rates();
+  slow.intra_node = {1e-3, 1e6};  // 1 MB/s
+  const StepTimePlan ddp = Plan(Config("ddp"), 2, slow);
+  EXPECT_EQ(ddp.Bottleneck(), "data-parallel traffic");
+  EXPECT_GT(ddp.exposed_comm_seconds, ddp.compute_seconds);
+}
+
+TEST(StepTimePlanTest, GroupsAcrossHostsUseTheInterNodeLink) {
+  HostRates r = Rates();
+  r.inter_node = {1e-3, 1e8};
+  TrainConfig c = Config("ddp");
+  const StepTimePlan one_host = Plan(c, 4, r, /*per_host=*/4);
+  const StepTimePlan two_hosts = Plan(c, 4, r, /*per_host=*/2);
+  EXPECT_GT(two_hosts.traffic[0].seconds, 5 * one_host.traffic[0].seconds);
+  // HSDP keeps the shard groups on a host; only the replicas cross.
+  c.strategy = "hsdp";
+  const StepTimePlan hsdp = Plan(c, 4, r, /*per_host=*/2);
+  ASSERT_EQ(hsdp.traffic.size(), 2u);
+  EXPECT_EQ(hsdp.traffic[0].dimension, "shard-group");
+  EXPECT_EQ(hsdp.traffic[1].dimension, "replica");
+  EXPECT_LT(hsdp.step_seconds, two_hosts.step_seconds);
+}
+
+TEST(StepTimePlanTest, RefusesMissingRatesAndMeshesThatDoNotFit) {
+  HostRates none;
+  absl::StatusOr<StepTimePlan> p = PlanStepTime(Config("ddp"), 2, 2, none);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("--calibrate"), std::string::npos);
+  TrainConfig c = Config("single");
+  c.tensor_parallel = 2;
+  p = PlanStepTime(c, 3, 3, Rates());
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("3"), std::string::npos);
+  p = PlanStepTime(Config("single"), 2, 2, Rates());
+  EXPECT_FALSE(p.ok());
+}
+
+TEST(StepTimePlanTest, RatesRoundTripThroughTheCache) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("step_time_plan_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  EXPECT_EQ(HostRatesCachePath(),
+            (dir / "shardtrain/host_rates.json").string());
+  absl::StatusOr<HostRates> missing = LoadHostRates("cpu", "gpt2-tiny");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+
+  HostRates tiny = Rates();
+  tiny.measured_at = "2026-12-04 05:00 UTC";
+  ASSERT_TRUE(SaveHostRates(tiny).ok());
+  HostRates mini = Rates();
+  mini.compute_model = "gpt2-mini";
+  mini.flops_per_thread = 2e10;
+  ASSERT_TRUE(SaveHostRates(mini).ok());
+
+  absl::StatusOr<HostRates> got = LoadHostRates("cpu", "gpt2-mini");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->flops_per_thread, 2e10);
+  got = LoadHostRates("cpu", "gpt2-tiny");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->measured_at, "2026-12-04 05:00 UTC");
+  EXPECT_EQ(got->intra_node.bytes_per_second, 1e9);
+  // Another model's rates stand in, naming their model.
+  got = LoadHostRates("cpu", "gpt2");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->compute_model.empty());
+  EXPECT_EQ(LoadHostRates("NVIDIA H200", "gpt2").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+std::vector<std::string> Names(const std::vector<MeshCandidate>& ranked) {
+  std::vector<std::string> names;
+  for (const MeshCandidate& c : ranked) names.push_back(c.name);
+  return names;
+}
+
+TEST(MeshSearchTest, WeighsEveryMeshOfTheDevicesFastestFirst) {
+  TrainConfig base = Config("ddp", 1);
+  MeshSearchOptions options;
+  options.devices = 4;
+  options.global_batch = 16;
+  const HostRates rates = Rates(4);
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  std::vector<std::string> names = Names(*ranked);
+  std::sort(names.begin(), names.end());
+  // gpt2-tiny: 2 blocks (pp2 only), 4 heads (tp2, tp4); TP without
+  // checkpointing (not planned with it).
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "ddp2xtp2", "ddp4", "ddp4 +ckpt", "fsdp4", "fsdp4 +ckpt",
+                       "hsdp4", "hsdp4 +ckpt", "pp2xddp2", "pp2xddp2 +ckpt",
+                       "pp2xfsdp2", "pp2xfsdp2 +ckpt", "tp4"}));
+  double previous = 1e300;
+  for (const MeshCandidate& c : *ranked) {
+    EXPECT_TRUE(c.fits);  // no budget
+    EXPECT_LE(c.time.tokens_per_second, previous) << c.name;
+    previous = c.time.tokens_per_second;
+    // Every mesh trains the same 16 sequences per step.
+    EXPECT_EQ(c.config.batch_size * c.config.grad_accum *
+                  c.config.DataParallelSize(c.world_size),
+              16)
+        << c.name;
+    EXPECT_EQ(c.time.tokens_per_step, 16 * 128) << c.name;
+  }
+  // Only DDP's meshes when asked for.
+  options.strategy = "ddp";
+  ranked = SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok());
+  names = Names(*ranked);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ddp2xtp2", "ddp4", "ddp4 +ckpt",
+                                             "pp2xddp2", "pp2xddp2 +ckpt"}));
+}
+
+TEST(MeshSearchTest, ABudgetLeavesOutWhatDoesNotFitAndAccumulates) {
+  TrainConfig base = Config("ddp", 1);
+  base.batch_size = 8;
+  TrainConfig one = base;
+  one.batch_size = 1;
+  one.activation_checkpointing = "all";
+  // Below DDP at one sequence per rank, recomputing every block: no DDP
+  // fits, sharded meshes do.
+  const int64_t ddp_at_one = PlanMemory(one, 2)->total();
+  MeshSearchOptions options;
+  options.devices = 2;
+  options.global_batch = 16;
+  options.budget = ddp_at_one - 1;
+  const HostRates rates = Rates(2);
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  bool seen_misfit = false;
+  for (const MeshCandidate& c : *ranked) {
+    if (!c.fits) seen_misfit = true;
+    EXPECT_FALSE(c.fits && seen_misfit) << "fitting after a misfit: " << c.name;
+    if (c.name.rfind("ddp2", 0) == 0) {
+      EXPECT_FALSE(c.fits) << c.name;
+    }
+    if (c.fits) {
+      EXPECT_LE(c.memory.total(), options.budget) << c.name;
+    }
+  }
+  ASSERT_TRUE(ranked->front().fits);
+  // With room, DDP fits by accumulating smaller micro-batches.
+  TrainConfig plain = one;
+  plain.activation_checkpointing = "none";
+  options.budget = PlanMemory(plain, 2)->total() + (int64_t{1} << 20);
+  ranked = SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok());
+  for (const MeshCandidate& c : *ranked) {
+    if (c.name != "ddp2") continue;
+    EXPECT_TRUE(c.fits);
+    EXPECT_EQ(c.config.batch_size, 1);
+    EXPECT_EQ(c.config.grad_accum, 8);
+  }
+}
+
+TEST(MeshSearchTest, AutoRefusesWhenNothingFitsAndHandsItsChoiceOn) {
+  TrainConfig config = Config("auto", 1);
+  config.memory_cap = int64_t{1} << 20;
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      RankMeshesForAuto(config, 2, 2, Rates(2));
+  ASSERT_FALSE(ranked.ok());
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ranked.status().message().find(
+                "no mesh of 2 ranks fits memory_cap 1.0 MiB"),
+            std::string::npos)
+      << ranked.status();
+
+  config.memory_cap = 0;
+  ranked = RankMeshesForAuto(config, 4, 4, Rates(4));
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  const TrainConfig& chosen = ranked->front().config;
+  // The ranks rebuild the same config from the launcher's YAML.
+  TrainConfig rebuilt = Config("auto", 1);
+  rebuilt.data = "data";
+  ASSERT_TRUE(ApplyYamlTrainConfig(MeshFieldsYaml(chosen), &rebuilt).ok());
+  EXPECT_EQ(rebuilt.strategy, chosen.strategy);
+  EXPECT_EQ(rebuilt.pipeline_stages, chosen.pipeline_stages);
+  EXPECT_EQ(rebuilt.tensor_parallel, chosen.tensor_parallel);
+  EXPECT_EQ(rebuilt.micro_batches, chosen.micro_batches);
+  EXPECT_EQ(rebuilt.activation_checkpointing, chosen.activation_checkpointing);
+  EXPECT_EQ(rebuilt.batch_size, chosen.batch_size);
+  EXPECT_EQ(rebuilt.grad_accum, chosen.grad_accum);
+  EXPECT_TRUE(rebuilt.Validate().ok());
+}
+
+TEST(MeshSearchTest, SaysWhyTheFirstWins) {
+  // Slow links: DDP's all-reduce of wte's gradient loses to FSDP.
+  HostRates slow = Rates(2);
+  slow.intra_node = {1e-4, 1e8};
+  MeshSearchOptions options;
+  options.devices = 2;
+  options.global_batch = 16;
+  options.model_parallel = false;
+  options.checkpointing = false;
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(Config("ddp", 1), options, &slow);
+  ASSERT_TRUE(ranked.ok());
+  ASSERT_EQ(Names(*ranked), (std::vector<std::string>{"fsdp2", "ddp2"}));
+  const std::string why = WhyFirstWins(*ranked);
+  EXPECT_EQ(why.rfind("fsdp2 predicts ", 0), 0u) << why;
+  EXPECT_NE(why.find("collectives"), std::string::npos) << why;
+  EXPECT_NE(why.find("ddp2 moves "), std::string::npos) << why;
+  // Within 2%: said to be a tie.
+  std::vector<MeshCandidate> tie = *ranked;
+  tie[1].time = tie[0].time;
+  tie[1].time.tokens_per_second *= 0.99;
+  EXPECT_NE(WhyFirstWins(tie).find("within 1.0% of each other"),
+            std::string::npos)
+      << WhyFirstWins(tie);
+  tie.resize(1);
+  EXPECT_EQ(WhyFirstWins(tie), "fsdp2 is the only mesh that fits");
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,26 @@
+// `shardtrain-train --calibrate`: measures what the step-time model
+// (core/train/step_time_plan.h) needs of this host, once, and caches it
+// (HostRatesCachePath): the training FLOP/s of one compute thread on the
+// model asked for (forward and backward of whole steps, the best of a few),
+// AdamW's seconds per parameter, and the latency and bandwidth of an
+// all-reduce between this host's ranks (over Gloo on CPU, NCCL on GPUs).
+#ifndef SHARDTRAIN_WORKER_CALIBRATION_H_
+#define SHARDTRAIN_WORKER_CALIBRATION_H_
+
+#include <ostream>
+
+#include "absl/status/status.h"
+#include "common/dist_env.h"
+#include "core/train/train_config.h"
+
+namespace shardtrain {
+
+// One rank's part: every rank measures the all-reduce; rank 0 also measures
+// compute and AdamW (alone, the others waiting) and saves the rates, printing
+// them to `log`. Needs two ranks or more (WORLD_SIZE), all on this host.
+absl::Status RunCalibrationRank(const TrainConfig& config, const DistEnv& env,
+                                std::ostream* log);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_CALIBRATION_H_
