@@ -94,14 +94,11 @@ absl::StatusOr<HostRates> RatesFor(const TrainConfig& base) {
   const std::string device = base.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
   absl::StatusOr<HostRates> rates = LoadHostRates(device, base.model);
   if (rates.ok() || !absl::IsNotFound(rates.status())) return rates;
-  std::cerr << "measuring this host once for step times "
-               "(shardtrain-train --calibrate --model "
-            << base.model << ") ...\n";
-  absl::StatusOr<CommandResult> run =
-      RunCommand({SiblingProgram("shardtrain-train"), "--calibrate", "--model",
-                  base.model, "--seq-len", absl::StrCat(base.seq_len),
-                  "--batch-size", "4", "--device", base.device},
-                 {}, 600);
+  std::vector<std::string> argv = CalibrationArguments(base);
+  std::cerr << "measuring this host once for step times (shardtrain-train "
+            << absl::StrJoin(argv, " ") << ") ...\n";
+  argv.insert(argv.begin(), SiblingProgram("shardtrain-train"));
+  absl::StatusOr<CommandResult> run = RunCommand(argv, {}, 600);
   if (!run.ok()) return run.status();
   if (!run->ok()) {
     return absl::InternalError(absl::StrCat(
@@ -146,6 +143,25 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
       SearchMeshes(base, search, rates.ok() ? &*rates : nullptr);
   if (!ranked.ok()) return ReportFailure(ranked.status());
   const std::vector<MeshCandidate>& rows = *ranked;
+  if (rows.empty()) {
+    ReportFailure(absl::StrCat(
+        "no mesh of ", devices, " devices to weigh for ", base.model,
+        options.strategy.empty() ? "" : " with --strategy " + options.strategy,
+        base.pipeline_stages > 1
+            ? absl::StrCat(" in ", base.pipeline_stages, " stages")
+            : "",
+        base.tensor_parallel > 1
+            ? absl::StrCat(" over ", base.tensor_parallel, " tensor ranks")
+            : "",
+        options.global_batch > 0
+            ? absl::StrCat(" sharing ", options.global_batch,
+                           " sequences per step")
+            : "",
+        " (stages must divide the devices and not exceed the blocks, tensor "
+        "ranks divide the devices, heads and vocabulary, the data-parallel "
+        "size the global batch)"));
+    return kExitUsage;
+  }
   auto replicas = [](const MeshCandidate& c) {
     return c.config.DataParallelSize(c.world_size);
   };
@@ -156,8 +172,10 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   const MeshCandidate* most = nullptr;
   const MeshCandidate* least = nullptr;  // the smallest need, when none fits
   for (const MeshCandidate& row : rows) {
-    if (row.fits && (most == nullptr || batch(row) * replicas(row) >
-                                            batch(*most) * replicas(*most))) {
+    if (row.fits &&
+        (most == nullptr ||
+         batch(row) * row.config.grad_accum * replicas(row) >
+             batch(*most) * most->config.grad_accum * replicas(*most))) {
       most = &row;
     }
     if (least == nullptr || row.memory.total() < least->memory.total()) {
@@ -230,7 +248,8 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
       out["best"] = {
           {"strategy", most->config.strategy},
           {"activation_checkpointing", most->config.activation_checkpointing},
-          {"batch_size", batch(*most)}};
+          {"batch_size", batch(*most)},
+          {"grad_accum", most->config.grad_accum}};
       if (most->config.ModelParallelSize() > 1) {
         out["best"]["mesh"] = MeshName(most->config, most->world_size);
       }
@@ -325,7 +344,7 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
             : "",
         batch(*most),
         most->config.ModelParallelSize() > 1 ? "replica" : "device",
-        batch(*most) * replicas(*most));
+        batch(*most) * most->config.grad_accum * replicas(*most));
   } else {
     std::cout << absl::StrFormat(
         "\nnothing fits: the least memory is %s%s at batch %d, %s per device "

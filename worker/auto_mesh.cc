@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/subprocess.h"
 #include "core/train/step_metrics.h"
@@ -26,13 +27,11 @@ absl::StatusOr<HostRates> Rates(const TrainConfig& config, bool may_calibrate,
   if (rates.ok() || !absl::IsNotFound(rates.status()) || !may_calibrate) {
     return rates;
   }
-  log << "auto: measuring this host once (shardtrain-train --calibrate --model "
-      << config.model << ")" << std::endl;
-  absl::StatusOr<CommandResult> run =
-      RunCommand({"/proc/self/exe", "--calibrate", "--model", config.model,
-                  "--seq-len", absl::StrCat(config.seq_len), "--batch-size",
-                  "4", "--device", config.device},
-                 {}, 600);
+  std::vector<std::string> argv = CalibrationArguments(config);
+  log << "auto: measuring this host once (shardtrain-train "
+      << absl::StrJoin(argv, " ") << ")" << std::endl;
+  argv.insert(argv.begin(), "/proc/self/exe");
+  absl::StatusOr<CommandResult> run = RunCommand(argv, {}, 600);
   if (!run.ok()) return run.status();
   if (!run->ok()) {
     return absl::InternalError(absl::StrCat(
@@ -65,7 +64,8 @@ absl::Status ResolveAutoStrategy(TrainConfig* config, int64_t world_size,
                                  std::ostream& log, AutoChoice* choice) {
   absl::StatusOr<HostRates> rates = Rates(*config, may_calibrate, log);
   if (!rates.ok()) {
-    return absl::FailedPreconditionError(
+    return absl::Status(
+        rates.status().code(),
         absl::StrCat("strategy auto: ", rates.status().message()));
   }
   absl::StatusOr<std::vector<MeshCandidate>> ranked =

@@ -1,5 +1,6 @@
 #include "worker/calibration.h"
 
+#include <stdlib.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -69,10 +70,23 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
   const int64_t seq = std::min(base.seq_len, model_config->block_size);
   const int64_t batch = std::max<int64_t>(1, base.batch_size);
   constexpr int64_t kSteps = 6;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("shardtrain_calibrate_", ::getpid());
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::string pattern =
+      (std::filesystem::temp_directory_path(ec) / "shardtrain_calibrate_XXXXXX")
+          .string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("--calibrate: cannot make a folder ", pattern));
+  }
+  const std::filesystem::path dir = pattern;
+  // Removed whatever happens below.
+  struct Remove {
+    std::filesystem::path dir;
+    ~Remove() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } remove{dir};
   std::mt19937 rng(7);
   std::vector<uint16_t> tokens(
       static_cast<size_t>((kSteps + 2) * 2 * batch * (seq + 1) + 1));
@@ -106,8 +120,6 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
   };
   absl::StatusOr<double> t1 = wrote.ok() ? time_batch(batch) : wrote;
   absl::StatusOr<double> t2 = t1.ok() ? time_batch(2 * batch) : t1;
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   if (!t2.ok()) return t2.status();
   absl::StatusOr<std::vector<PipelineStage>> whole =
       PartitionPipeline(*model_config, seq, 1, {});

@@ -88,6 +88,19 @@ int Main(int argc, char** argv) {
   AutoChoice auto_choice;
   const bool is_rank = std::getenv("RANK") != nullptr;
   if (config.strategy == "auto" && !calibrate) {
+    // The rest of the command must hold whatever the mesh.
+    TrainConfig probe = config;
+    probe.strategy = "single";
+    if (absl::Status s = probe.Validate(); !s.ok()) {
+      std::cerr << "shardtrain-train: " << s.message() << "\n";
+      return 2;
+    }
+    if (launch.nnodes > 1) {
+      std::cerr << "shardtrain-train: --strategy auto runs on one host "
+                   "(--nnodes 1): each host would choose from its own rates; "
+                   "run `shardtrain plan --fit` and pass its mesh\n";
+      return 2;
+    }
     const char* handed = std::getenv(kAutoMeshVariable);
     if (is_rank && handed != nullptr) {
       if (absl::Status s = ApplyYamlTrainConfig(handed, &config); !s.ok()) {
@@ -112,7 +125,7 @@ int Main(int argc, char** argv) {
                                   speak ? std::cout : quiet, &auto_choice);
           !s.ok()) {
         std::cerr << "shardtrain-train: " << s.message() << "\n";
-        return 2;
+        return ExitCodeFor(s);
       }
       ::setenv(kAutoMeshVariable, MeshFieldsYaml(config).c_str(), 1);
     }

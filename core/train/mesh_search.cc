@@ -51,17 +51,31 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
     }
   }
   if (!options.model_parallel) return meshes;
-  for (int64_t s = 2; s <= std::min(n, model.n_layer) && !only_tensor; s *= 2) {
-    if (n % s != 0 || (only_stages && s != options.pipeline_stages)) continue;
+  // 2, 4, 8, ... stages, or the count asked for.
+  std::vector<int64_t> stage_counts;
+  if (only_stages) {
+    stage_counts.push_back(options.pipeline_stages);
+  } else if (!only_tensor) {
+    for (int64_t s = 2; s <= std::min(n, model.n_layer); s *= 2) {
+      stage_counts.push_back(s);
+    }
+  }
+  for (int64_t s : stage_counts) {
+    if (n % s != 0 || s > model.n_layer) continue;
     for (const std::string& name : data_parallel(n / s)) {
       meshes.push_back({name, s, 1, n});
     }
   }
   // Tensor parallelism composes with one replica or DDP's.
-  for (int64_t t = 2; t <= n && !only_stages; t *= 2) {
+  std::vector<int64_t> tensor_counts;
+  if (only_tensor) {
+    tensor_counts.push_back(options.tensor_parallel);
+  } else if (!only_stages) {
+    for (int64_t t = 2; t <= n; t *= 2) tensor_counts.push_back(t);
+  }
+  for (int64_t t : tensor_counts) {
     if (n % t != 0 || model.n_head % t != 0 ||
-        model.padded_vocab_size % t != 0 ||
-        (only_tensor && t != options.tensor_parallel)) {
+        model.padded_vocab_size % t != 0) {
       continue;
     }
     const std::string name = n / t == 1 ? "single" : "ddp";
@@ -74,6 +88,11 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
 
 bool Fits(const MemoryPlan& plan, int64_t budget) {
   return budget <= 0 || plan.total() <= budget;
+}
+
+// A budget given (> 0) stays a limit however small.
+int64_t Plannable(int64_t memory) {
+  return memory > 0 ? std::max<int64_t>(1, PlannableBytes(memory)) : 0;
 }
 
 }  // namespace
@@ -155,8 +174,9 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
       if (rates != nullptr) {
         absl::StatusOr<StepTimePlan> time =
             PlanStepTime(config, mesh.world, per_host, *rates);
-        if (!time.ok()) continue;
-        c.time = *time;
+        // A mesh the time model cannot price keeps its row, untimed (0
+        // tokens/s: ranked after the timed ones).
+        if (time.ok()) c.time = *time;
       }
       out.push_back(std::move(c));
     }
@@ -226,14 +246,14 @@ absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
   MeshSearchOptions search;
   search.devices = world_size;
   search.ranks_per_host = ranks_per_host;
-  search.budget = config.memory_cap > 0 ? PlannableBytes(config.memory_cap) : 0;
+  search.budget = Plannable(config.memory_cap);
   search.global_batch =
       config.batch_size * std::max<int64_t>(1, config.grad_accum) * world_size;
   absl::StatusOr<std::vector<MeshCandidate>> ranked =
       SearchMeshes(config, search, &rates);
   if (!ranked.ok()) return ranked.status();
   if (ranked->empty()) {
-    return absl::FailedPreconditionError(
+    return absl::InvalidArgumentError(
         absl::StrCat("strategy auto: no mesh of ", world_size,
                      " ranks can share a global "
                      "batch of ",
@@ -241,7 +261,7 @@ absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
   }
   if (!ranked->front().fits) {
     const MeshCandidate& least = ranked->front();
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "strategy auto: no mesh of ", world_size, " ranks fits memory_cap ",
         FormatBytes(config.memory_cap), " (98% of it planned); the least is ",
         least.name, " at ", FormatBytes(least.memory.total()), " per rank, ",

@@ -72,8 +72,8 @@ std::string WhyFirstWins(const std::vector<MeshCandidate>& ranked);
 // (`ranks_per_host` per host) for `config`'s model and global batch
 // (batch_size x grad_accum x world_size sequences per step) within
 // config.memory_cap per rank (the plan's 98%; no limit when 0), over
-// `rates`. FailedPrecondition naming the least memory any mesh needs when
-// none fits; SearchMeshes's errors.
+// `rates`. InvalidArgument naming the least memory any mesh needs when none
+// fits, or when no mesh can share the batch; SearchMeshes's errors.
 absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
     const TrainConfig& config, int64_t world_size, int64_t ranks_per_host,
     const HostRates& rates);

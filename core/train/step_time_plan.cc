@@ -237,6 +237,30 @@ absl::Status SaveHostRates(const HostRates& rates) {
   return WriteFileAtomically(path.string(), cache.dump(2) + "\n");
 }
 
+std::vector<std::string> CalibrationArguments(const TrainConfig& config) {
+  const bool gpu = config.device.rfind("cuda", 0) == 0;
+  const std::string largest = gpu ? "gpt2" : "gpt2-mini";
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  absl::StatusOr<Gpt2Config> cap = ParseModelSpec(largest);
+  const bool small =
+      model.ok() && cap.ok() && model->NumParameters() <= cap->NumParameters();
+  const int64_t seq =
+      std::min<int64_t>(256, small ? std::min(config.seq_len, model->block_size)
+                                   : config.seq_len);
+  // The rendezvous waits while rank 0 measures compute.
+  return {"--calibrate",
+          "--model",
+          small ? config.model : largest,
+          "--seq-len",
+          absl::StrCat(std::max<int64_t>(1, seq)),
+          "--batch-size",
+          gpu ? "8" : "4",
+          "--device",
+          config.device,
+          "--comm-timeout",
+          "1800"};
+}
+
 int64_t StepTimePlan::counted_bytes() const {
   int64_t total = 0;
   for (const MeshTraffic& t : traffic) total += t.counted_bytes;
@@ -323,11 +347,15 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
 
   // Compute: the slowest stage's forward (3x with the backward, once more
   // for recomputed blocks), 1/T of it under tensor parallelism.
+  std::vector<int64_t> split;
+  if (stages > 1 && !config.pipeline_split.empty()) {
+    absl::StatusOr<std::vector<int64_t>> parsed =
+        ParsePipelineSplit(config.pipeline_split);
+    if (!parsed.ok()) return parsed.status();
+    split = *std::move(parsed);
+  }
   absl::StatusOr<std::vector<PipelineStage>> cut =
-      PartitionPipeline(*model, config.seq_len, stages,
-                        config.pipeline_split.empty()
-                            ? std::vector<int64_t>{}
-                            : *ParsePipelineSplit(config.pipeline_split));
+      PartitionPipeline(*model, config.seq_len, stages, split);
   if (!cut.ok()) return cut.status();
   const double block_flops = BlockForwardFlopsPerToken(*model, config.seq_len);
   double stage_flops = 0;  // per token, the slowest stage
@@ -397,10 +425,11 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   const bool fsdp = dp == "fsdp" || dp == "hsdp";
   int64_t shard_ranks = 1;
   if (fsdp && data > 1) {
-    shard_ranks = dp == "hsdp" && config.shard_group_size > 0
-                      ? config.shard_group_size
-                  : dp == "hsdp" ? std::min(data, host_ranks)
-                                 : data;
+    // HSDP's groups as the engine forms them (the default: two replicas on
+    // one host).
+    shard_ranks = dp == "hsdp" ? ResolveShardGroupSize(config.shard_group_size,
+                                                       data, host_ranks)
+                               : data;
   }
   // AdamW updates the rank's shard; the gradients are made whole for the
   // gathered units (all but FSDP's vocabulary-parallel wte, which has only

@@ -90,6 +90,13 @@ absl::StatusOr<HostRates> LoadHostRates(const std::string& device,
 // Adds (or replaces) the entry for rates.device and rates.compute_model.
 absl::Status SaveHostRates(const HostRates& rates);
 
+// The `shardtrain-train --calibrate` command line (after the program) that
+// measures rates for `config`'s model on its device, in seconds rather than
+// minutes: the model itself when it is small (gpt2-mini on CPU, gpt2 on a
+// GPU, or smaller), else that one (LoadHostRates then stands it in), at
+// most 256 tokens per sequence.
+std::vector<std::string> CalibrationArguments(const TrainConfig& config);
+
 // One mesh dimension's traffic per rank and step.
 struct MeshTraffic {
   std::string dimension;  // "data-parallel", "tensor-parallel", "pipeline"

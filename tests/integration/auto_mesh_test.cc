@@ -121,6 +121,15 @@ TEST_F(AutoMeshTest, PlanFitRanksTheMeshesByPredictedSpeed) {
   EXPECT_NE(table.out.find("fastest (predicted): "), std::string::npos)
       << table.out;
   EXPECT_NE(table.out.find("tokens/s (predicted)"), std::string::npos);
+
+  // No mesh can share 6 sequences over 4 FSDP ranks: a usage error.
+  const test::CommandResult none = test::RunCommand(
+      Env() + Bin("shardtrain") +
+      " plan --fit --model gpt2-tiny --devices 4 --strategy fsdp "
+      "--global-batch 6 --memory-per-device 1GiB");
+  EXPECT_EQ(none.exit_code, 2) << none.out << none.err;
+  EXPECT_NE(none.err.find("no mesh of 4 devices"), std::string::npos)
+      << none.err;
 }
 
 // A cap DDP does not fit: auto trains a sharded or model-parallel mesh
@@ -181,6 +190,18 @@ TEST_F(AutoMeshTest, AutoTrainsTheFastestMeshThatFitsTheCap) {
   EXPECT_NE(none.err.find("no mesh of 2 ranks fits memory_cap 1.0 MiB"),
             std::string::npos)
       << none.err;
+  // The rest of the command is checked first; one host only.
+  const test::CommandResult split = test::RunCommand(
+      Env() + Bin("shardtrain-train") + " --strategy auto --nproc 2 " +
+      "--pipeline-split x --max-steps 1 --data " + *dir_ + "/data");
+  EXPECT_EQ(split.exit_code, 2) << split.err;
+  EXPECT_NE(split.err.find("--pipeline-split"), std::string::npos) << split.err;
+  const test::CommandResult nodes = test::RunCommand(
+      Env() + Bin("shardtrain-train") + " --strategy auto --nproc 1 " +
+      "--nnodes 2 --master-addr 127.0.0.1 --max-steps 1 --data " + *dir_ +
+      "/data");
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.err;
+  EXPECT_NE(nodes.err.find("runs on one host"), std::string::npos) << nodes.err;
 }
 
 }  // namespace

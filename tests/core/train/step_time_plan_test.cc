@@ -206,6 +206,12 @@ TEST(StepTimePlanTest, GroupsAcrossHostsUseTheInterNodeLink) {
   EXPECT_EQ(hsdp.traffic[0].dimension, "shard-group");
   EXPECT_EQ(hsdp.traffic[1].dimension, "replica");
   EXPECT_LT(hsdp.step_seconds, two_hosts.step_seconds);
+  // On one host HSDP's default groups are still two of two ranks, as the
+  // engine forms them.
+  const StepTimePlan one = Plan(c, 4, r, /*per_host=*/4);
+  ASSERT_EQ(one.traffic.size(), 2u);
+  EXPECT_EQ(one.traffic[0].ranks, 2);
+  EXPECT_EQ(one.traffic[1].ranks, 2);
 }
 
 TEST(StepTimePlanTest, RefusesMissingRatesAndMeshesThatDoNotFit) {
@@ -352,7 +358,7 @@ TEST(MeshSearchTest, AutoRefusesWhenNothingFitsAndHandsItsChoiceOn) {
   absl::StatusOr<std::vector<MeshCandidate>> ranked =
       RankMeshesForAuto(config, 2, 2, Rates(2));
   ASSERT_FALSE(ranked.ok());
-  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ranked.status().message().find(
                 "no mesh of 2 ranks fits memory_cap 1.0 MiB"),
             std::string::npos)
