@@ -236,12 +236,11 @@ void Close(Connection& c) {
   c.state = Connection::State::kClosed;
 }
 
-// Closes and removes the oldest connection in `state` (from `peer` when not
-// empty); false when there is none.
-bool CloseOldest(std::list<Connection>& connections, Connection::State state,
-                 const std::string& peer = "") {
+// Closes and removes the oldest connection in `state`; false when there is
+// none.
+bool CloseOldest(std::list<Connection>& connections, Connection::State state) {
   for (auto it = connections.begin(); it != connections.end(); ++it) {
-    if (it->state == state && (peer.empty() || it->peer == peer)) {
+    if (it->state == state) {
       Close(*it);
       connections.erase(it);
       return true;
@@ -418,6 +417,9 @@ class ConnectionLoop {
   void ReadRequest(Connection& c, Clock::time_point now);
   // Takes the connections waiting on the listening socket.
   void AcceptNew(Clock::time_point now);
+  // Closes `peer`'s oldest connection whose request head has still not
+  // arrived; one whose request has arrived is answered instead.
+  void EvictHalfOpen(const std::string& peer, Clock::time_point now);
   // Answers a request still unread at its deadline with 408; closes other
   // connections past theirs.
   void Expire(Clock::time_point now);
@@ -507,7 +509,22 @@ void ConnectionLoop::AcceptNew(Clock::time_point now) {
           return o.state == State::kReadingRequest && o.peer == peer_address;
         });
     if (half_open > options_.max_half_open_per_peer) {
-      CloseOldest(connections_, State::kReadingRequest, peer_address);
+      EvictHalfOpen(peer_address, now);
+    }
+  }
+}
+
+void ConnectionLoop::EvictHalfOpen(const std::string& peer,
+                                   Clock::time_point now) {
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    if (it->state != State::kReadingRequest || it->peer != peer) continue;
+    // Its request may have arrived since the last poll (a scraper accepted
+    // between its connect and its send): read before judging it idle.
+    ReadRequest(*it, now);
+    if (it->state == State::kReadingRequest) Close(*it);
+    if (it->state == State::kClosed) {
+      connections_.erase(it);
+      return;
     }
   }
 }
