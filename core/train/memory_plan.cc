@@ -301,6 +301,33 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   plan.logits = rows * wte_rows * (bf16 ? 6 : 4) + 4 * s.tokens;
   if (bf16) plan.logits += 2 * wte_rows * c + 2 * s.tokens * c;
   plan.communication = 4 * s.tokens * c;  // the hidden states' gradient
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (kind != nullptr && kind->layout == StateLayout::kSharded) {
+    // FSDP over the D replicas (TensorParallelStrategy::ShardOverReplicas):
+    // a unit per block, one for wte's rows, one for wpe and ln_f, each
+    // padded to a multiple of D; a rank keeps a shard of each, the units
+    // are whole within the step. At the head, wte's whole gradient buffer
+    // exists (made with the gather), the blocks' not yet; at the end of the
+    // backward every unit's full gradient does, reduce-scattered into a
+    // shard-sized output.
+    const int64_t d = world_size / t;
+    const int64_t block_local = (12 * c * c + 7 * c) / t + 6 * c;
+    const int64_t wte_local = RoundUp(wte_rows * c, d);
+    const int64_t others =
+        s.layers * RoundUp(block_local, d) + RoundUp(s.root_params, d);
+    const int64_t shard = (others + wte_local) / d;
+    plan.parameters = 4 * shard;
+    plan.gradients = 4 * shard + 4 * wte_rows * c;
+    plan.optimizer_state = 8 * shard;
+    plan.gathered_units = eb * others + 4 * wte_local;
+    MemoryPlan end = plan;
+    end.activations = ids_and_mask;
+    end.logits = 0;
+    end.gradients = 4 * shard + 4 * (others + wte_local);
+    end.communication = 4 * shard;
+    end.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
+    return end.total() > plan.total() ? end : plan;
+  }
   // The replicas' average: every gradient copied into one flat buffer.
   const int64_t all_reduce = 4 * local_params + ids_and_mask;
   if (world_size / t > 1 &&

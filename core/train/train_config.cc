@@ -210,9 +210,9 @@ absl::Status TrainConfig::ValidateTensorParallel(
                                    " is not supported yet"));
   }
   const StrategyKind* kind = FindStrategyKind(strategy);
-  if (kind != nullptr && kind->layout != StateLayout::kReplicated) {
+  if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
     return FieldError("tensor_parallel", tensor_parallel,
-                      absl::StrCat("composes with single and ddp; with ",
+                      absl::StrCat("composes with single, ddp and fsdp; with ",
                                    strategy, " it is not supported yet"));
   }
   return absl::OkStatus();
@@ -282,6 +282,16 @@ absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
                        "): each data-parallel replica runs that many ranks"));
     }
     const StrategyKind* kind = FindStrategyKind(strategy);
+    if (kind != nullptr && kind->layout == StateLayout::kSharded &&
+        world_size < 2 * tensor_parallel) {
+      return FieldError(
+          field, world_size,
+          absl::StrCat("strategy ", kind->name, " with tensor_parallel ",
+                       tensor_parallel,
+                       " shards each slice over the data-parallel replicas: "
+                       "it needs at least two (",
+                       2 * tensor_parallel, " ranks)"));
+    }
     if (kind != nullptr && !kind->distributed &&
         world_size != tensor_parallel) {
       return FieldError(

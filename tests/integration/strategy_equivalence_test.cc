@@ -276,6 +276,83 @@ TEST_F(StrategyEquivalenceTest, TensorParallelTrainsAsOneDeviceDoes) {
   ExpectSameTraining("ddp2_tp2", ddp2_tp2, "single_tp", single, 1e-6, 1e-5);
 }
 
+// TP 2 x FSDP 2 (torchtitan's 2-D mesh): each rank's slices sharded over the
+// two replicas that hold the same slices. It trains as one device does on
+// the same global batch of 8, holds about a quarter of a replica's state,
+// and its checkpoint is world-size-free: it resumes at FSDP 4 and at one
+// device, and FSDP 4's resumes at TP 2 x FSDP 2, each continuing the run.
+TEST_F(StrategyEquivalenceTest, TensorParallelComposesWithFsdp) {
+  const std::string lr = " --lr 1e-4";
+  TrainRun single = Train("single_tpfsdp",
+                          "--strategy single --batch-size 8" + Common() + lr);
+  const std::string mesh = "--strategy fsdp --tp 2 --nproc 4 ";
+  TrainRun tp_fsdp =
+      Train("fsdp2_tp2",
+            mesh + "--batch-size 4 --checkpoint-every 10" + Common() + lr);
+  ExpectSameTraining("fsdp2_tp2", tp_fsdp, "single_tpfsdp", single, 1e-6, 1e-5);
+  EXPECT_NE(tp_fsdp.output.find("mesh: fsdp 2 x tensor parallel 2: ranks "
+                                "0,1 | 2,3 each run 2 of 4 heads"),
+            std::string::npos)
+      << tp_fsdp.output;
+  // A quarter of a replica's parameters, gradients and moments, but for the
+  // tensors a TP rank keeps whole (then halved by FSDP) and the padding.
+  for (const int64_t rank : {0, 1, 2, 3}) {
+    EXPECT_LT(tp_fsdp.state_bytes.at(rank), single.state_bytes.at(0) * 0.26)
+        << "rank " << rank;
+  }
+  // Accumulating two micro-batches of 2 gathers once and reduces once.
+  TrainRun accumulated =
+      Train("fsdp2_tp2_accum",
+            mesh + "--batch-size 2 --grad-accum 2" + Common(4) + lr);
+  ExpectSameTraining("fsdp2_tp2_accum", accumulated, "fsdp2_tp2", tp_fsdp, 1e-6,
+                     1e-5);
+
+  // Steps 11-20 from the step-10 checkpoint of `from`, under `args`.
+  const auto resume = [&](const std::string& from, const TrainRun& full,
+                          const std::string& to, const std::string& args) {
+    const std::string name = from + "_to_" + to;
+    const std::string out = *dir_ + "/" + name;
+    fs::remove_all(out);
+    fs::copy(*dir_ + "/" + from, out, fs::copy_options::recursive);
+    for (const auto& entry : fs::directory_iterator(out + "/checkpoints")) {
+      if (entry.is_directory() &&
+          entry.path().filename().string() > "step_00000010") {
+        fs::remove_all(entry.path());
+      }
+    }
+    fs::remove(out + "/metrics.jsonl");
+    std::ofstream(out + "/checkpoints/latest") << "step_00000010\n";
+    const TrainRun resumed =
+        Train(name, args + Common() + lr + " --resume", /*keep=*/true);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    ASSERT_EQ(resumed.rank0.size(), 10u) << resumed.output;
+    double loss_diff = 0, norm_diff = 0;
+    for (size_t i = 0; i < 10; ++i) {
+      const StepMetrics& expected = full.rank0[10 + i];
+      const StepMetrics& got = resumed.rank0[i];
+      ASSERT_EQ(got.step, expected.step);
+      loss_diff = std::max(loss_diff,
+                           std::fabs(got.loss - expected.loss) / expected.loss);
+      norm_diff =
+          std::max(norm_diff, std::fabs(got.grad_norm - expected.grad_norm) /
+                                  expected.grad_norm);
+    }
+    std::printf("%s: steps 11-20 loss maxdiff %.3g, grad norm %.3g\n",
+                name.c_str(), loss_diff, norm_diff);
+    EXPECT_LT(loss_diff, 1e-6) << name;
+    EXPECT_LT(norm_diff, 1e-6) << name;
+  };
+  resume("fsdp2_tp2", tp_fsdp, "fsdp4",
+         "--strategy fsdp --nproc 4 --batch-size 2");
+  resume("fsdp2_tp2", tp_fsdp, "single", "--strategy single --batch-size 8");
+  TrainRun fsdp4 = Train("fsdp4_tp",
+                         "--strategy fsdp --nproc 4 --batch-size 2 "
+                         "--checkpoint-every 10" +
+                             Common() + lr);
+  ASSERT_EQ(fsdp4.exit_code, 0) << fsdp4.output;
+  resume("fsdp4_tp", fsdp4, "fsdp2_tp2", mesh + "--batch-size 4");
+}
+
 TEST_F(StrategyEquivalenceTest,
        AccumulationEqualsTheLargeBatchUnderEveryStrategy) {
   for (const std::string strategy : {"ddp", "fsdp"}) {

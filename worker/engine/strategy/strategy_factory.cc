@@ -131,14 +131,16 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
       return s;
     }
-    if (kind->layout != StateLayout::kReplicated || comm == nullptr) {
+    const bool sharded = kind->layout == StateLayout::kSharded;
+    if ((kind->layout != StateLayout::kReplicated && !sharded) ||
+        comm == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor_parallel: ", config.tensor_parallel,
-          " composes with single and ddp over a communicator; got ",
+          " composes with single, ddp and fsdp over a communicator; got ",
           config.strategy));
     }
     return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
-        options, comm, config.tensor_parallel));
+        options, comm, config.tensor_parallel, sharded));
   }
   if (!kind->distributed && options.world_size != 1) {
     return absl::InvalidArgumentError(

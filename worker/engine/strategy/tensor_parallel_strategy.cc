@@ -7,6 +7,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/train/device_mesh.h"
@@ -83,10 +84,12 @@ class TensorParallelStrategy::Ops final : public TensorParallelOps {
 
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
-                                               int64_t tensor_parallel)
+                                               int64_t tensor_parallel,
+                                               bool shard_over_replicas)
     : options_(options),
       world_(world),
-      tensor_parallel_(std::max<int64_t>(1, tensor_parallel)) {}
+      tensor_parallel_(std::max<int64_t>(1, tensor_parallel)),
+      shard_over_replicas_(shard_over_replicas) {}
 
 TensorParallelStrategy::~TensorParallelStrategy() = default;
 
@@ -100,6 +103,7 @@ int64_t TensorParallelStrategy::data_parallel_size() const {
 }
 
 std::string TensorParallelStrategy::name() const {
+  if (sharded()) return "fsdp";
   return data_parallel_size() > 1 ? "ddp" : "single";
 }
 
@@ -115,7 +119,7 @@ std::string TensorParallelStrategy::layout() const {
   }
   const std::string replicas =
       data_parallel_size() > 1
-          ? absl::StrCat("ddp ", data_parallel_size(), " x ")
+          ? absl::StrCat(name(), " ", data_parallel_size(), " x ")
           : "";
   return absl::StrCat("mesh: ", replicas, "tensor parallel ", t, ": ranks ",
                       absl::StrJoin(groups, " | "), " each run ",
@@ -136,6 +140,13 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor_parallel: ", tensor_parallel_, " does not divide the world of ",
         options_.world_size, " ranks"));
+  }
+  if (sharded() && data_parallel_size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel: fsdp shards each slice over the data-parallel "
+        "replicas, and a world of ",
+        options_.world_size, " ranks holds one replica of ", tensor_parallel_,
+        " (use single, or at least ", 2 * tensor_parallel_, " ranks)"));
   }
   // Groups: the replica's tensor ranks, then the same slice's replicas.
   const DeviceMesh mesh =
@@ -181,10 +192,12 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     // The vocabulary-parallel embedding and head add wte's gradient into
     // its .grad() themselves: it must exist before the first step.
     torch::Tensor& wte = model_->wte()->weight;
-    wte.mutable_grad() = torch::zeros_like(wte);
+    if (!sharded()) {
+      wte.mutable_grad() = torch::zeros_like(wte);
+      vocab_.weight = wte.detach();
+      vocab_.grad = wte.grad();
+    }
     vocab_.comm = tensor_;
-    vocab_.weight = wte.detach();
-    vocab_.grad = wte.grad();
     vocab_.row_begin = tensor_->rank() * wte.size(0);
     vocab_.vocab_size = model_->config().vocab_size;
     vocab_.compute_dtype =
@@ -198,18 +211,133 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));
   }
+  if (sharded()) return ShardOverReplicas();
   optimizer_ = std::make_unique<AdamW>(
       WeightDecayGroups(model_->parameters(), options_.weight_decay),
       options_.adamw);
   return absl::OkStatus();
 }
 
+absl::Status TensorParallelStrategy::ShardOverReplicas() {
+  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
+  // Units in the order their first parameter comes: wte alone, wpe and the
+  // LayerNorm outside the blocks together, one per block.
+  std::vector<std::string> names;
+  std::vector<std::vector<FsdpUnit::Source>> sources;
+  for (auto& item : model_->named_parameters()) {
+    const std::string& name = item.key();
+    const std::string unit = name == "wte.weight" ? "wte"
+                             : absl::StartsWith(name, "h.")
+                                 ? name.substr(0, name.find('.', 2))
+                                 : "root";
+    const auto member = members.find(name);
+    if (member == members.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor parallel x fsdp: parameter '", name,
+          "' is not the weight or bias of a Linear, LayerNorm or Embedding"));
+    }
+    const size_t u = static_cast<size_t>(
+        std::find(names.begin(), names.end(), unit) - names.begin());
+    if (u == names.size()) {
+      names.push_back(unit);
+      sources.emplace_back();
+    }
+    sources[u].push_back({name, item.value(), member->second});
+  }
+  const torch::ScalarType compute_dtype =
+      options_.device.is_cuda() && options_.precision == "bf16"
+          ? torch::kBFloat16
+          : torch::kFloat;
+  try {
+    for (size_t u = 0; u < names.size(); ++u) {
+      // wte's rows are read by the vocabulary-parallel paths in fp32.
+      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
+          names[u], std::move(sources[u]), replicas_.get(), options_.device,
+          names[u] == "wte" ? torch::kFloat : compute_dtype);
+      if (!unit.ok()) return unit.status();
+      if (names[u] == "wte") wte_unit_ = unit->get();
+      units_.push_back(std::move(*unit));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("tensor parallel x fsdp: setup: ",
+                                            e.what_without_backtrace()));
+  }
+  if (wte_unit_ == nullptr) {
+    return absl::InternalError("tensor parallel x fsdp: the model has no wte");
+  }
+  optimizer_ = std::make_unique<AdamW>(
+      ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
+  return absl::OkStatus();
+}
+
+void TensorParallelStrategy::GatherUnits() {
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->LaunchGather(), "tensor parallel x fsdp", "all_gather");
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->WaitGather(), "tensor parallel x fsdp", "all_gather");
+    unit->UseFullParams();
+  }
+  gathered_ = true;
+  // The vocabulary-parallel paths read wte's rows and add their gradient
+  // themselves: a view of the gathered buffer and a buffer of its own,
+  // handed to the unit before the reduce-scatter.
+  const FsdpUnit::Param& p = wte_unit_->params().front();
+  vocab_.weight =
+      wte_unit_->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
+  if (torch::GradMode::is_enabled()) {
+    vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
+  }
+}
+
+void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
+  if (!gathered_) return;
+  if (vocab_.grad.defined()) {
+    const FsdpUnit::Param& p = wte_unit_->params().front();
+    torch::Tensor flat = vocab_.grad.reshape({-1});
+    if (p.numel != wte_unit_->padded_numel()) {
+      flat = torch::zeros({wte_unit_->padded_numel()}, flat.options());
+      flat.narrow(0, p.offset, p.numel).copy_(vocab_.grad.reshape({-1}));
+    }
+    wte_unit_->full().mutable_grad() = flat;
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->LaunchReduceScatter(), "tensor parallel x fsdp",
+                  "reduce_scatter");
+  }
+  for (auto& unit : units_) {
+    ThrowIfFailed(unit->WaitReduceScatter(), "tensor parallel x fsdp",
+                  "reduce_scatter");
+  }
+  FreeUnits();
+}
+
+void TensorParallelStrategy::FreeUnits() {
+  for (auto& unit : units_) unit->Reshard();
+  vocab_.weight = torch::Tensor();
+  vocab_.grad = torch::Tensor();
+  gathered_ = false;
+}
+
+bool TensorParallelStrategy::Whole(const std::string& name,
+                                   const std::vector<int64_t>& local) const {
+  return local == shapes_.at(name);
+}
+
 torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
     double loss_scale, bool sync) {
+  if (sharded() && !gathered_) GatherUnits();
   const torch::Tensor loss = Forward(inputs, targets, loss_scale);
   (loss * loss_scale).backward();
-  if (sync) AverageOverReplicas();
+  if (sync) {
+    torch::NoGradGuard no_grad;
+    if (sharded()) {
+      ReduceScatterAndFreeUnits();
+    } else {
+      AverageOverReplicas();
+    }
+  }
   return loss.detach();
 }
 
@@ -254,15 +382,30 @@ double TensorParallelStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
   // Slices differ between a replica's ranks, whole tensors do not: those
   // are counted on its first rank only. Replicas hold the same gradients.
+  // Sharded, the replicas hold different parts of the slices: all of the
+  // world's ranks sum.
   std::vector<torch::Tensor> grads;
-  for (const auto& item : model_->named_parameters()) {
-    const bool whole = item.value().sizes().vec() == shapes_.at(item.key());
-    if (whole && tensor_->rank() != 0) continue;
-    grads.push_back(item.value().grad());
+  if (sharded()) {
+    for (auto& unit : units_) {
+      ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                   const torch::Tensor& piece) {
+        if (Whole(p.name, p.shape) && tensor_->rank() != 0) return;
+        grads.push_back(unit->shard_grad().narrow(
+            0, p.offset + offset - unit->shard_offset(), piece.numel()));
+      });
+    }
+  } else {
+    for (const auto& item : model_->named_parameters()) {
+      if (Whole(item.key(), item.value().sizes().vec()) &&
+          tensor_->rank() != 0) {
+        continue;
+      }
+      grads.push_back(item.value().grad());
+    }
   }
   torch::Tensor sum =
       SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  SumOver(*tensor_, sum, "all_reduce (gradient norm)");
+  SumOver(sharded() ? *world_ : *tensor_, sum, "all_reduce (gradient norm)");
   const double norm = std::sqrt(sum.item<double>());
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
@@ -270,6 +413,7 @@ double TensorParallelStrategy::ClipGradNorm(double max_norm) {
       for (const torch::Tensor& p : model_->parameters()) {
         if (p.grad().defined()) p.grad().mul_(coef);
       }
+      for (auto& unit : units_) unit->shard_grad().mul_(coef);
     }
   }
   return norm;
@@ -278,12 +422,18 @@ double TensorParallelStrategy::ClipGradNorm(double max_norm) {
 void TensorParallelStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   optimizer_->ZeroGrad();
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) unit->shard_grad().zero_();
 }
 
 torch::Tensor TensorParallelStrategy::ForwardLoss(
     const torch::Tensor& inputs, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
-  return Forward(inputs, targets, /*grad_scale=*/0.0);
+  if (!sharded() || gathered_) return Forward(inputs, targets, 0.0);
+  GatherUnits();
+  torch::Tensor loss = Forward(inputs, targets, /*grad_scale=*/0.0);
+  FreeUnits();
+  return loss;
 }
 
 double TensorParallelStrategy::AllReduceMean(double value) {
@@ -298,6 +448,40 @@ void TensorParallelStrategy::Barrier() {
 std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
   const int64_t t = tensor_parallel_;
+  if (sharded()) {
+    // Each rank holds a part of its slices' flattening: the runs of the
+    // global tensors that part covers. Whole tensors are the same on every
+    // rank of a replica: its first writes them.
+    for (auto& unit : units_) {
+      ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                   const torch::Tensor& piece) {
+        if (to_save && Whole(p.name, p.shape) && tensor_->rank() != 0) return;
+        const std::vector<int64_t>& global = shapes_.at(p.name);
+        const std::vector<FlatRun> runs =
+            TensorParallelRuns(p.name, global, tensor_->rank(), t);
+        const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
+        const std::pair<const char*, torch::Tensor> parts[] = {
+            {"model.", piece},
+            {"optim.exp_avg.", exp_avg.view(-1)},
+            {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
+        for (const auto& [prefix, data] : parts) {
+          const int64_t end = offset + data.numel();
+          int64_t at = 0;  // where the run starts in the flattened slice
+          for (const FlatRun& run : runs) {
+            const int64_t from = std::max(offset, at);
+            const int64_t to = std::min(end, at + run.length);
+            if (from < to) {
+              slices.push_back({prefix + p.name, global,
+                                run.offset + (from - at),
+                                data.narrow(0, from - offset, to - from)});
+            }
+            at += run.length;
+          }
+        }
+      });
+    }
+    return slices;
+  }
   // Replicas hold the same state: the first one writes it.
   if (to_save && data_parallel_rank() != 0) return slices;
   for (const auto& item : model_->named_parameters()) {
@@ -341,8 +525,16 @@ absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
   absl::Status status = absl::OkStatus();
+  // Sharded: each unit's master shards consolidated over the replicas first.
+  std::vector<torch::Tensor> flats;
   try {
     torch::NoGradGuard no_grad;
+    for (auto& unit : units_) {
+      absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
+      if (!flat.ok()) return flat.status();
+      unit->PointMembersAt(*flat);
+      flats.push_back(*std::move(flat));
+    }
     for (const auto& [name, global] : shapes_) {
       torch::Tensor* member = members.at(name);
       if (member->sizes().vec() == global) continue;
@@ -372,12 +564,15 @@ absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
         absl::StrCat("export: ", e.what_without_backtrace()));
   }
   for (auto& [member, value] : restore) *member = value;
+  for (auto& unit : units_) unit->Reshard();  // resets the members
   return status;
 }
 
 int64_t TensorParallelStrategy::ModelStateBytes() const {
   int64_t bytes = optimizer_->StateBytes();
+  for (const auto& unit : units_) bytes += unit->ShardBytes();
   for (const torch::Tensor& p : model_->parameters()) {
+    if (sharded()) break;  // their storage is the units'
     bytes += p.nbytes();
     if (p.grad().defined()) bytes += p.grad().nbytes();
   }

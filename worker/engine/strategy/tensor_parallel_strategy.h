@@ -25,6 +25,17 @@
 // reduction and the ranks' copies stay equal bit for bit (checked by the
 // tests); sequence parallelism, which splits them, is not built.
 //
+// With FSDP (TensorParallelStrategy's `shard_over_replicas`, strategy fsdp,
+// torchtitan's 2-D "FSDP + TP"), each rank's slices are sharded over the D
+// ranks that hold the same slices (the replicas group): FsdpUnits per
+// block, one for wpe and the LayerNorms, one for wte's rows. A rank keeps
+// 1/D of its slices' fp32 master weights, gradients and AdamW state: 1/(T D)
+// of a replica's. The units are gathered (all launched together, then
+// waited) before a step's first micro-step and freed after its gradients are
+// reduce-scattered (the mean over the replicas), as the sharded stages of a
+// pipeline do: one all-gather and one reduce-scatter of the slices a step,
+// no gradient all-reduce, and the slices whole only within the step.
+//
 // Checkpoints hold every tensor by its global name and shape: a rank writes
 // the runs of the global tensor its slices are (TensorParallelRuns), the
 // whole tensors rank 0 alone; so a TP checkpoint loads at any other layout
@@ -37,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
@@ -45,12 +57,14 @@ namespace shardtrain {
 class TensorParallelStrategy final : public Strategy {
  public:
   // `world` (all D x T ranks) must outlive the strategy; `tensor_parallel`
-  // (T) must divide its size.
+  // (T) must divide its size. `shard_over_replicas`: FSDP over the replicas
+  // (D >= 2) instead of DDP.
   TensorParallelStrategy(const StrategyOptions& options, Communicator* world,
-                         int64_t tensor_parallel);
+                         int64_t tensor_parallel,
+                         bool shard_over_replicas = false);
   ~TensorParallelStrategy() override;
 
-  // The data-parallel part: "single" (one replica) or "ddp".
+  // The data-parallel part: "single" (one replica), "ddp" or "fsdp".
   std::string name() const override;
   int64_t rank() const override { return options_.rank; }
   int64_t world_size() const override { return options_.world_size; }
@@ -86,10 +100,24 @@ class TensorParallelStrategy final : public Strategy {
                         const torch::Tensor& targets, double grad_scale);
   // The gradients averaged over the replicas (D > 1).
   void AverageOverReplicas();
+  // Sharded: the units into one FsdpUnit each (collective over replicas_).
+  absl::Status ShardOverReplicas();
+  // Sharded: every unit gathered and the modules (and vocab_) pointed at
+  // it; with grad mode on, wte's gradient buffer made.
+  void GatherUnits();
+  // Sharded: the gradients reduce-scattered into the shards (the mean over
+  // the replicas), the units freed.
+  void ReduceScatterAndFreeUnits();
+  // Sharded: the units freed without a reduction (after an evaluation).
+  void FreeUnits();
+  bool sharded() const { return shard_over_replicas_; }
+  // Whether the parameter `name` is whole on every rank of the group.
+  bool Whole(const std::string& name, const std::vector<int64_t>& local) const;
 
   const StrategyOptions options_;
   Communicator* const world_;
   const int64_t tensor_parallel_;
+  const bool shard_over_replicas_;
   // The replica's T ranks (a group of its own even when D = 1, so that its
   // traffic is counted apart) and, with D > 1, the ranks holding the same
   // slices in the other replicas.
@@ -102,6 +130,10 @@ class TensorParallelStrategy final : public Strategy {
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
   VocabShard vocab_;  // this rank's rows of wte
+  // Sharded: the units (wte's among them) and whether they are gathered.
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  FsdpUnit* wte_unit_ = nullptr;
+  bool gathered_ = false;
 };
 
 }  // namespace shardtrain

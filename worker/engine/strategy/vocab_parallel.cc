@@ -155,7 +155,9 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
     torch::Tensor loss_all = at::empty({world * n}, fp32_options);
     torch::Tensor dx_all;
     if (want_grad) dx_all = at::empty({world * n, c}, fp32_options);
-    torch::Tensor w_grad = shard->grad.narrow(0, 0, scored);
+    // Without a backward (evaluation) the shard may have no gradient.
+    torch::Tensor w_grad;
+    if (want_grad) w_grad = shard->grad.narrow(0, 0, scored);
     // Each token's loss is its rank's mean over n tokens.
     const double row_scale = 1.0 / static_cast<double>(n);
     const double w_grad_scale = grad_scale / static_cast<double>(world);
