@@ -66,7 +66,7 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
       meshes.push_back({name, s, 1, n});
     }
   }
-  // Tensor parallelism composes with one replica or DDP's.
+  // Tensor parallelism composes with one replica, DDP's or FSDP's.
   std::vector<int64_t> tensor_counts;
   if (only_tensor) {
     tensor_counts.push_back(options.tensor_parallel);
@@ -78,9 +78,11 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
         model.padded_vocab_size % t != 0) {
       continue;
     }
-    const std::string name = n / t == 1 ? "single" : "ddp";
-    if (options.strategy.empty() || options.strategy == name) {
-      meshes.push_back({name, 1, t, n});
+    for (const char* name : {"single", "ddp", "fsdp"}) {
+      if ((n / t == 1) != (std::string(name) == "single")) continue;
+      if (options.strategy.empty() || options.strategy == name) {
+        meshes.push_back({name, 1, t, n});
+      }
     }
   }
   return meshes;

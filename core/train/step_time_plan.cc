@@ -435,7 +435,7 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   // gathered units (all but FSDP's vocabulary-parallel wte, which has only
   // its rows').
   const int64_t sharded_wte =
-      fsdp && stages == 1 && shard_ranks > 1 ? wte / tp : 0;
+      fsdp && stages == 1 && tp == 1 && shard_ranks > 1 ? wte : 0;
   const int64_t gradient_params =
       kept - sharded_wte + sharded_wte / shard_ranks;
   plan.optimizer_seconds = (static_cast<double>(kept / shard_ranks) *
@@ -468,12 +468,11 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
       plan.traffic.push_back(Finish("data-parallel", data, t,
                                     link_for(dp_stride, data), slowdown));
     } else if (fsdp) {
-      if (stages > 1) {
-        // Within a stage every unit, wte too, is gathered once per step
-        // and its gradient reduce-scattered once.
-        const double stage_bytes = static_cast<double>(
-            (blocks * block_params + root + (has_wte ? wte / tp : 0)) *
-            kFloatBytes);
+      if (stages > 1 || tp > 1) {
+        // Within a stage (or of a tensor-parallel rank's slices) every
+        // unit, wte too, is gathered once per step and its gradient
+        // reduce-scattered once.
+        const double stage_bytes = static_cast<double>(kept * kFloatBytes);
         const int64_t units = blocks + 1 + (has_wte ? 1 : 0);
         t.Add(Op::kAllGather, shard_ranks, units, stage_bytes / units);
         t.Add(Op::kReduceScatter, shard_ranks, units, stage_bytes / units);

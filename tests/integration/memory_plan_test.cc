@@ -168,7 +168,8 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfTensorParallelMeshes) {
   };
   for (const Case& c : {Case{"gpt2-tiny", "single", 2, 2, 4, 64},
                         Case{"gpt2-mini", "single", 4, 4, 8, 128},
-                        Case{"gpt2-mini", "ddp", 2, 4, 8, 128}}) {
+                        Case{"gpt2-mini", "ddp", 2, 4, 8, 128},
+                        Case{"gpt2-mini", "fsdp", 2, 4, 8, 128}}) {
     TrainConfig config;
     config.model = c.model;
     config.strategy = c.strategy;
@@ -611,10 +612,10 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
   // 4 strategies and 3 pipeline meshes (pp2xddp2, pp2xfsdp2, pp4: gpt2-mini
-  // has 4 blocks), with and without activation checkpointing; 2
-  // tensor-parallel meshes (ddp2xtp2, tp4: 4 heads), without (the plan of
-  // TP with checkpointing is not modelled).
-  ASSERT_EQ(out["fits"].size(), 16u) << out.dump();
+  // has 4 blocks), with and without activation checkpointing; 3
+  // tensor-parallel meshes (ddp2xtp2, fsdp2xtp2, tp4: 4 heads), without (the
+  // plan of TP with checkpointing is not modelled).
+  ASSERT_EQ(out["fits"].size(), 17u) << out.dump();
   int64_t most = 0;
   std::vector<std::string> meshes;
   double previous = 1e300;
@@ -651,8 +652,8 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   }
   std::sort(meshes.begin(), meshes.end());
   EXPECT_EQ(meshes, (std::vector<std::string>{
-                        "ddp2xtp2", "pp2xddp2", "pp2xddp2", "pp2xfsdp2",
-                        "pp2xfsdp2", "pp4", "pp4", "tp4"}));
+                        "ddp2xtp2", "fsdp2xtp2", "pp2xddp2", "pp2xddp2",
+                        "pp2xfsdp2", "pp2xfsdp2", "pp4", "pp4", "tp4"}));
   ASSERT_TRUE(out.contains("fastest")) << r.out;
   EXPECT_FALSE(out["fastest"]["why"].get<std::string>().empty());
   ASSERT_TRUE(out.contains("best")) << r.out;
@@ -708,8 +709,9 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   }
   std::sort(at_eight.begin(), at_eight.end());
   EXPECT_EQ(at_eight, (std::vector<std::string>{
-                          "ddp2xtp4", "ddp4xtp2", "pp2xddp4", "pp2xfsdp4",
-                          "pp2xhsdp4", "pp4xddp2", "pp4xfsdp2"}));
+                          "ddp2xtp4", "ddp4xtp2", "fsdp2xtp4", "fsdp4xtp2",
+                          "pp2xddp4", "pp2xfsdp4", "pp2xhsdp4", "pp4xddp2",
+                          "pp4xfsdp2"}));
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one

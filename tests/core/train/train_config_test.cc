@@ -316,8 +316,19 @@ TEST(TrainConfigTest, TensorParallelDividesTheHeadsAndTheWorld) {
             "tensor_parallel: got 3; must divide the model's 4 attention heads "
             "(each rank runs whole heads)");
   config.tensor_parallel = 2;
+  // FSDP shards each slice over the replicas: two at least; HSDP's groups
+  // do not compose.
   config.strategy = "fsdp";
-  EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  EXPECT_TRUE(config.CheckMeshWorld(4).ok());
+  EXPECT_EQ(config.CheckMeshWorld(2).message(),
+            "world_size: got 2; strategy fsdp with tensor_parallel 2 shards "
+            "each slice over the data-parallel replicas: it needs at least "
+            "two (4 ranks)");
+  config.strategy = "hsdp";
+  EXPECT_EQ(config.Validate().message(),
+            "tensor_parallel: got 2; composes with single, ddp and fsdp; with "
+            "hsdp it is not supported yet");
   config.strategy = "ddp";
   config.pipeline_stages = 2;
   EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
