@@ -340,9 +340,29 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
       PlanPipelineStages(config, c.world);
   ASSERT_TRUE(plans.ok()) << plans.status();
   ASSERT_EQ(plans->size(), static_cast<size_t>(c.stages));
-  const std::map<int64_t, int64_t> peaks =
+  std::map<int64_t, int64_t> peaks =
       MemoryPlanTest::MeasuredPeaks(config, c.world);
   const int64_t replicas = c.world / c.stages;
+  // On LibTorch 2.6 under load, rank 0's first step sometimes measures
+  // exactly 8 MiB more than its replica's and than its own other runs (2
+  // of 16 runs with both cores busy; never on 1.13): a transient outside
+  // what the engine allocates for the step. A stage out of bounds is
+  // measured once more; a plan that is wrong stays out of bounds.
+  for (const MemoryPlan& plan : *plans) {
+    int64_t measured = 0;
+    for (const auto& [rank, bytes] : peaks) {
+      if (rank / replicas == plan.stage) measured = std::max(measured, bytes);
+    }
+    const double error =
+        static_cast<double>(plan.total() - measured) / measured;
+    if (std::abs(error) > kTolerance) {
+      std::printf("stage %ld measured %.2f MiB (%+.2f%%): measuring again\n",
+                  static_cast<long>(plan.stage), measured / 1048576.0,
+                  100 * error);
+      peaks = MemoryPlanTest::MeasuredPeaks(config, c.world);
+      break;
+    }
+  }
   for (const MemoryPlan& plan : *plans) {
     int64_t measured = 0;
     for (const auto& [rank, bytes] : peaks) {
@@ -708,10 +728,10 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
     }
   }
   std::sort(at_eight.begin(), at_eight.end());
-  EXPECT_EQ(at_eight, (std::vector<std::string>{
-                          "ddp2xtp4", "ddp4xtp2", "fsdp2xtp4", "fsdp4xtp2",
-                          "pp2xddp4", "pp2xfsdp4", "pp2xhsdp4", "pp4xddp2",
-                          "pp4xfsdp2"}));
+  EXPECT_EQ(at_eight,
+            (std::vector<std::string>{"ddp2xtp4", "ddp4xtp2", "fsdp2xtp4",
+                                      "fsdp4xtp2", "pp2xddp4", "pp2xfsdp4",
+                                      "pp2xhsdp4", "pp4xddp2", "pp4xfsdp2"}));
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
