@@ -258,6 +258,11 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   const int64_t t = config.tensor_parallel;
   if (absl::Status s = config.ValidateTensorParallel(model); !s.ok()) return s;
   if (absl::Status s = config.CheckMeshWorld(world_size); !s.ok()) return s;
+  if (config.pipeline_stages > 1) {
+    return absl::UnimplementedError(
+        "the memory plan of pipeline stages with tensor parallelism is not "
+        "built");
+  }
   absl::StatusOr<int64_t> every =
       ActivationCheckpointEvery(config.activation_checkpointing);
   if (!every.ok()) return every.status();
@@ -349,6 +354,11 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         "pipeline_stages: got ", config.pipeline_stages,
         "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
         "without)"));
+  }
+  if (config.tensor_parallel > 1) {
+    return absl::UnimplementedError(
+        "the memory plan of pipeline stages with tensor parallelism is not "
+        "built");
   }
   // A stage's ranks replicate it (single, ddp), shard it (fsdp) or shard it
   // within groups (hsdp).

@@ -204,12 +204,14 @@ absl::Status TrainConfig::ValidateTensorParallel(
         absl::StrCat("must divide the model's ", model_config.n_head,
                      " attention heads (each rank runs whole heads)"));
   }
-  if (pipeline_stages > 1) {
+  const StrategyKind* kind = FindStrategyKind(strategy);
+  if (pipeline_stages > 1 && kind != nullptr &&
+      kind->layout != StateLayout::kReplicated) {
     return FieldError("tensor_parallel", tensor_parallel,
                       absl::StrCat("with pipeline_stages ", pipeline_stages,
-                                   " is not supported yet"));
+                                   " composes with single and ddp; with ",
+                                   strategy, " it is not supported yet"));
   }
-  const StrategyKind* kind = FindStrategyKind(strategy);
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
     return FieldError("tensor_parallel", tensor_parallel,
                       absl::StrCat("composes with single, ddp and fsdp; with ",
@@ -272,14 +274,22 @@ absl::Status TrainConfig::ValidatePipeline(
 absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
                                          absl::string_view field) const {
   if (tensor_parallel > 1) {
-    // Tensor parallelism (without stages, which ValidateTensorParallel
-    // refuses): replicas of tensor_parallel ranks.
-    if (world_size < tensor_parallel || world_size % tensor_parallel != 0) {
+    // Tensor parallelism, within pipeline stages or not: replicas of
+    // ModelParallelSize() ranks.
+    const int64_t model_parallel = ModelParallelSize();
+    if (world_size < model_parallel || world_size % model_parallel != 0) {
       return FieldError(
           field, world_size,
-          absl::StrCat("must be a multiple of tensor_parallel (",
-                       tensor_parallel,
-                       "): each data-parallel replica runs that many ranks"));
+          pipeline_stages > 1
+              ? absl::StrCat("must be a multiple of pipeline_stages x "
+                             "tensor_parallel (",
+                             pipeline_stages, " x ", tensor_parallel, " = ",
+                             model_parallel,
+                             "): each data-parallel replica runs that many "
+                             "ranks")
+              : absl::StrCat(
+                    "must be a multiple of tensor_parallel (", tensor_parallel,
+                    "): each data-parallel replica runs that many ranks"));
     }
     const StrategyKind* kind = FindStrategyKind(strategy);
     if (kind != nullptr && kind->layout == StateLayout::kSharded &&
@@ -292,14 +302,17 @@ absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
                        "it needs at least two (",
                        2 * tensor_parallel, " ranks)"));
     }
-    if (kind != nullptr && !kind->distributed &&
-        world_size != tensor_parallel) {
+    if (kind != nullptr && !kind->distributed && world_size != model_parallel) {
       return FieldError(
           field, world_size,
-          absl::StrCat("strategy ", kind->name, " with tensor_parallel ",
-                       tensor_parallel, " runs on ", tensor_parallel,
-                       " ranks (use ddp for ", world_size / tensor_parallel,
-                       " data-parallel replicas)"));
+          absl::StrCat(
+              "strategy ", kind->name, " with tensor_parallel ",
+              tensor_parallel,
+              pipeline_stages > 1
+                  ? absl::StrCat(" and ", pipeline_stages, " pipeline stages")
+                  : "",
+              " runs on ", model_parallel, " ranks (use ddp for ",
+              world_size / model_parallel, " data-parallel replicas)"));
     }
     return absl::OkStatus();
   }

@@ -14,6 +14,7 @@
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
+#include "worker/engine/strategy/tensor_parallel_strategy.h"
 
 namespace shardtrain {
 namespace {
@@ -45,6 +46,12 @@ DeviceMesh MakeMesh(int64_t world, const PipelineOptions& pipeline) {
   // Checked by the factory: stages >= 1 divides world; Setup refuses shard
   // groups that do not divide a stage.
   const int64_t per_stage = world / pipeline.stages;
+  const int64_t t = std::max<int64_t>(1, pipeline.tensor_parallel);
+  if (t > 1 && per_stage % t == 0) {
+    return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
+                                {MeshDim::kReplicate, per_stage / t},
+                                {MeshDim::kTensor, t}});
+  }
   const int64_t g = pipeline.shard_group_size;
   if (g > 0 && per_stage % g == 0) {
     return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
@@ -87,11 +94,11 @@ PipelineStrategy::~PipelineStrategy() = default;
 
 // Stages are the mesh's outermost blocks of ranks.
 int64_t PipelineStrategy::data_parallel_rank() const {
-  return options_.rank % data_parallel_size();
+  return options_.rank / tensor_parallel() % data_parallel_size();
 }
 
 int64_t PipelineStrategy::data_parallel_size() const {
-  return options_.world_size / pipeline_.stages;
+  return options_.world_size / (pipeline_.stages * tensor_parallel());
 }
 
 void PipelineStrategy::Check(std::unique_ptr<CommWork> work, const char* what) {
@@ -116,6 +123,17 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
 
   const StrategyKind* kind = FindStrategyKind(pipeline_.data_parallel);
   const int64_t g = pipeline_.shard_group_size;
+  const int64_t t = tensor_parallel();
+  if (t > 1 &&
+      (options_.world_size % (pipeline_.stages * t) != 0 ||
+       (kind != nullptr && kind->layout != StateLayout::kReplicated))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline x tensor parallel: ", pipeline_.stages, " stages x ", t,
+        " tensor ranks with ", pipeline_.data_parallel, " over ",
+        options_.world_size,
+        " ranks: the world must be a multiple of stages x T, and the "
+        "stages replicated (single or ddp)"));
+  }
   if (g > 0 && data_parallel_size() % g != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("hsdp: the shard group size ", g, " must divide the ",
@@ -127,6 +145,9 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   // tied weight's pair.
   const std::vector<int64_t> pipe =
       mesh_.GroupOf(options_.rank, MeshDim::kPipeline);
+  const std::vector<int64_t> tensor =
+      t > 1 ? mesh_.GroupOf(options_.rank, MeshDim::kTensor)
+            : std::vector<int64_t>{};
   const std::vector<int64_t> replicas = mesh_.GroupOf(
       options_.rank, g > 1 ? MeshDim::kShard : MeshDim::kReplicate);
   const std::vector<int64_t> across =
@@ -148,6 +169,12 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
     if (!group.ok()) return group.status();
     across_groups_ = std::move(*group);
   }
+  if (t > 1) {
+    group =
+        world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
+    if (!group.ok()) return group.status();
+    tensor_ = std::move(*group);
+  }
   if (pipeline_.stages > 1 && (first() || last())) {
     const std::vector<int64_t> ends = {pipe.front(), pipe.back()};
     group = world_->NewGroup(absl::StrCat("tied-", FormatRanks(ends)), ends);
@@ -155,11 +182,22 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
     tied_ = std::move(*group);
   }
 
-  // Keep this stage's parameters on the device; free the others' storage.
   torch::NoGradGuard no_grad;
   for (auto& item : model_->named_parameters()) {
+    shapes_[item.key()] = item.value().sizes().vec();
+  }
+  if (t > 1) {
+    // Every stage's blocks split over the stage's tensor ranks (the whole
+    // model, then the others' stages freed below).
+    tensor_ops_ = MakeTensorParallelOps(tensor_.get());
+    if (absl::Status s = model_->ShardForTensorParallel(tensor_ops_.get());
+        !s.ok()) {
+      return s;
+    }
+  }
+  // Keep this stage's parameters on the device; free the others' storage.
+  for (auto& item : model_->named_parameters()) {
     torch::Tensor& p = item.value();
-    shapes_[item.key()] = p.sizes().vec();
     if (Owns(item.key())) {
       p.set_data(p.data().to(options_.device));
       owned_names_.push_back(item.key());
@@ -178,6 +216,14 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
     optimizer_ = std::make_unique<AdamW>(
         WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
   }
+  if (t > 1 && (first() || last())) {
+    try {
+      vocab_ = TensorParallelVocabShard(model_, tensor_.get(), options_);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat(
+          "pipeline x tensor parallel: setup: ", e.what_without_backtrace()));
+    }
+  }
 
   std::vector<std::string> stages;
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
@@ -191,11 +237,14 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
                                  ? absl::StrCat(" (", data_parallel_size() / g,
                                                 " shard groups of ", g, ")")
                                  : "";
-  layout_ = absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
-                         pipeline_.data_parallel, " ", data_parallel_size(),
-                         groups, ", ", PipelineScheduleName(pipeline_.schedule),
-                         " with ", pipeline_.micro_batches,
-                         " micro-batch(es): ", absl::StrJoin(stages, ", "));
+  const std::string tensor_ranks =
+      t > 1 ? absl::StrCat(" x tensor parallel ", t) : "";
+  layout_ =
+      absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
+                   pipeline_.data_parallel, " ", data_parallel_size(), groups,
+                   tensor_ranks, ", ", PipelineScheduleName(pipeline_.schedule),
+                   " with ", pipeline_.micro_batches,
+                   " micro-batch(es): ", absl::StrJoin(stages, ", "));
   return absl::OkStatus();
 }
 
@@ -330,7 +379,25 @@ void PipelineStrategy::Receive(torch::Tensor& tensor, int64_t stage,
           .count();
 }
 
-void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
+torch::Tensor PipelineStrategy::Embed(const torch::Tensor& inputs) {
+  if (tensor_ops_ == nullptr) return model_->Embed(inputs);
+  return VocabParallelEmbedding(inputs, vocab_) +
+         model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+}
+
+torch::Tensor PipelineStrategy::HeadLoss(const torch::Tensor& x,
+                                         const torch::Tensor& targets,
+                                         double scale) {
+  if (tensor_ops_ == nullptr) return model_->HeadLoss(x, targets);
+  return VocabParallelLoss(model_->ln_f()(x), targets, vocab_, scale);
+}
+
+bool PipelineStrategy::Whole(const std::string& name,
+                             const torch::Tensor& local) const {
+  return local.sizes().vec() == shapes_.at(name);
+}
+
+void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
   m.rows = batch.inputs.size(0);
   m.seq = batch.inputs.size(1);
   const PipelineStage& mine = partition_[stage_];
@@ -338,7 +405,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
   {
     ScopedAutocast autocast(options_.device, options_.precision);
     if (first()) {
-      x = model_->Embed(batch.inputs);
+      x = Embed(batch.inputs);
     } else {
       m.input = Activation(m.rows, m.seq);
       Receive(m.input, stage_ - 1, kActivationTag);
@@ -348,7 +415,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch) {
     for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
       x = model_->RunBlock(i, x);
     }
-    if (last()) m.loss = model_->HeadLoss(x, batch.targets);
+    if (last()) m.loss = HeadLoss(x, batch.targets, scale);
   }
   if (!last()) {
     m.output = x;
@@ -384,7 +451,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
        StageActions(pipeline_.schedule, pipeline_.stages, stage_, count)) {
     InFlight& m = in_flight[action.micro_batch];
     if (action.kind == PipelineAction::Kind::kForward) {
-      Forward(m, micro[action.micro_batch]);
+      Forward(m, micro[action.micro_batch], scale);
     } else {
       if (last()) loss_sum += m.loss.detach().to(torch::kDouble);
       Backward(m, scale);
@@ -495,6 +562,11 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < owned_.size(); ++i) {
     if (owned_names_[i] == "wte.weight" && !first()) continue;
+    // Tensor parallelism: whole tensors counted on the first tensor rank.
+    if (tensor_ != nullptr && tensor_->rank() != 0 &&
+        Whole(owned_names_[i], owned_[i])) {
+      continue;
+    }
     grads.push_back(owned_[i].grad());
   }
   for (auto& unit : units_) {
@@ -507,6 +579,9 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
   // groups hold the same shards, counted in the first group only.
   if (across_groups_ != nullptr && across_groups_->rank() != 0) sum.zero_();
   Communicator& over = sharded() ? *world_ : *pipe_;
+  if (tensor_ != nullptr) {
+    Check(tensor_->AllReduce(sum), "all_reduce (gradient norm, tensor)");
+  }
   Check(over.AllReduce(sum), "all_reduce (gradient norm)");
   const double norm = std::sqrt(sum.item<double>());
   if (max_norm > 0) {
@@ -537,7 +612,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
   {
     ScopedAutocast autocast(options_.device, options_.precision);
     if (first()) {
-      x = model_->Embed(inputs);
+      x = Embed(inputs);
     } else {
       x = Activation(inputs.size(0), inputs.size(1));
       Check(pipe_->Recv(x, stage_ - 1, kEvalTag), "recv");
@@ -550,7 +625,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
       {1}, torch::TensorOptions(options_.device).dtype(torch::kFloat));
   if (last()) {
     ScopedAutocast autocast(options_.device, options_.precision);
-    loss += model_->HeadLoss(x, targets).to(torch::kFloat);
+    loss += HeadLoss(x, targets, /*scale=*/0.0).to(torch::kFloat);
   } else {
     torch::Tensor sent = x.to(torch::kFloat).contiguous();
     Check(pipe_->Send(sent, stage_ + 1, kEvalTag), "send");
@@ -570,6 +645,35 @@ void PipelineStrategy::Barrier() {
 
 std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
+  if (tensor_ != nullptr) {
+    // Each rank holds the runs of the global tensors its slices are; the
+    // first replica writes them, whole tensors its first tensor rank.
+    if (to_save && data_parallel_rank() != 0) return slices;
+    const int64_t t = tensor_parallel();
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const std::string& name = owned_names_[i];
+      if (to_save && name == "wte.weight" && !first()) continue;
+      const torch::Tensor& p = owned_[i];
+      if (to_save && tensor_->rank() != 0 && Whole(name, p)) continue;
+      const std::vector<int64_t>& global = shapes_.at(name);
+      const std::vector<FlatRun> runs =
+          TensorParallelRuns(name, global, tensor_->rank(), t);
+      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
+      const std::pair<const char*, torch::Tensor> parts[] = {
+          {"model.", p.detach().view(-1)},
+          {"optim.exp_avg.", exp_avg.view(-1)},
+          {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
+      for (const auto& [prefix, data] : parts) {
+        int64_t at = 0;
+        for (const FlatRun& run : runs) {
+          slices.push_back({prefix + name, global, run.offset,
+                            data.narrow(0, at, run.length)});
+          at += run.length;
+        }
+      }
+    }
+    return slices;
+  }
   for (size_t i = 0; i < owned_.size(); ++i) {
     const std::string& name = owned_names_[i];
     // wte is written once, by stage 0; both copies load it.
@@ -651,13 +755,49 @@ absl::Status PipelineStrategy::ExportModel(const std::string& path) {
       unit->PointMembersAt(*flat);
       flats.push_back(*std::move(flat));
     }
-    if (data_parallel_rank() == 0) status = SendOrWriteModel(path);
+    std::vector<std::pair<torch::Tensor*, torch::Tensor>> sliced;
+    if (tensor_ != nullptr) sliced = GatherSlices();
+    if (data_parallel_rank() == 0 &&
+        (tensor_ == nullptr || tensor_->rank() == 0)) {
+      status = SendOrWriteModel(path);
+    }
+    for (auto& [member, value] : sliced) *member = value;
     for (auto& unit : units_) unit->Reshard();  // resets the members
   } catch (const c10::Error& e) {
     status = absl::InternalError(
         absl::StrCat("export: ", e.what_without_backtrace()));
   }
   return status;
+}
+
+std::vector<std::pair<torch::Tensor*, torch::Tensor>>
+PipelineStrategy::GatherSlices() {
+  const int64_t t = tensor_parallel();
+  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const std::string& name = owned_names_[i];
+    if (Whole(name, owned_[i])) continue;
+    const std::vector<int64_t>& global = shapes_.at(name);
+    const torch::Tensor local =
+        owned_[i].detach().to(torch::kFloat).reshape({-1});
+    torch::Tensor gathered = torch::empty({t * local.numel()}, local.options());
+    Check(tensor_->AllGather(gathered, local), "all_gather (export)");
+    torch::Tensor full = torch::empty(global, local.options());
+    torch::Tensor flat = full.view({-1});
+    for (int64_t r = 0; r < t; ++r) {
+      int64_t at = r * local.numel();
+      for (const FlatRun& run : TensorParallelRuns(name, global, r, t)) {
+        flat.narrow(0, run.offset, run.length)
+            .copy_(gathered.narrow(0, at, run.length));
+        at += run.length;
+      }
+    }
+    torch::Tensor* member = members.at(name);
+    restore.emplace_back(member, *member);
+    *member = full;
+  }
+  return restore;
 }
 
 absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
@@ -704,13 +844,14 @@ int64_t PipelineStrategy::ModelStateBytes() const {
 
 CommStats PipelineStrategy::TakeCommStats() {
   CommStats total = world_->TakeStats();
-  for (Communicator* c :
-       {pipe_.get(), replicas_.get(), across_groups_.get(), tied_.get()}) {
+  for (Communicator* c : {pipe_.get(), replicas_.get(), across_groups_.get(),
+                          tied_.get(), tensor_.get()}) {
     if (c == nullptr) continue;
     const CommStats part = c->TakeStats();
     total.seconds += part.seconds;
     total.bytes += part.bytes;
     if (c == across_groups_.get()) total.inter_group_bytes += part.bytes;
+    if (c == tensor_.get()) total.tensor_parallel_bytes += part.bytes;
   }
   total.p2p_bytes = std::exchange(p2p_bytes_, 0);
   total.pipeline_bubble_seconds = std::exchange(bubble_seconds_, 0.0);

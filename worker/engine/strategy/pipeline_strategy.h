@@ -38,18 +38,32 @@
 // same shard in the stage's groups average it (one all-reduce per unit), so
 // only that traffic crosses groups. A shard group of one rank replicates the
 // stage, as DDP does.
+//
+// With tensor parallelism (PipelineOptions::tensor_parallel T > 1, Megatron's
+// 3-D layout without the sharding), each replica of a stage is T ranks that
+// split its blocks as TensorParallelStrategy does (the mesh is stages x
+// replicas x tensor ranks, the tensor ranks innermost): the first stage's
+// embedding and the last stage's head are vocabulary-parallel over the T
+// ranks' rows of wte, the blocks run Megatron's f and g over the stage's
+// tensor group, and tensor rank t of a stage exchanges activations and their
+// gradients with tensor rank t of its neighbours (each holds them whole
+// after g). wte's tied gradient is summed between the end stages' ranks
+// holding the same rows; replicas average as with DDP. Stages under TP
+// replicate (single, ddp); FSDP within them is not built.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/train/device_mesh.h"
 #include "core/train/pipeline_plan.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
 
@@ -65,6 +79,8 @@ struct PipelineOptions {
   // hsdp: ranks per shard group, dividing the stage's ranks (0: the default
   // of DefaultShardGroupSize over the stage's ranks).
   int64_t shard_group_size = 0;
+  // Tensor-parallel ranks per stage replica (1: none).
+  int64_t tensor_parallel = 1;
 };
 
 class PipelineStrategy final : public Strategy {
@@ -119,7 +135,23 @@ class PipelineStrategy final : public Strategy {
   // Runs `micro` through the schedule, each loss's gradient scaled by
   // `scale`; returns this replica's mean loss, on every stage.
   torch::Tensor RunSchedule(const std::vector<Batch>& micro, double scale);
-  void Forward(InFlight& m, const Batch& batch);
+  // `scale`: the gradient scale the last stage's loss will be
+  // backpropagated with (the vocabulary-parallel head applies it in
+  // forward).
+  void Forward(InFlight& m, const Batch& batch, double scale);
+  // The first stage's embeddings and the last stage's loss, whole or
+  // vocabulary-parallel (tensor parallelism).
+  torch::Tensor Embed(const torch::Tensor& inputs);
+  torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets,
+                         double scale);
+  int64_t tensor_parallel() const { return pipeline_.tensor_parallel; }
+  // Tensor parallelism: whether the parameter `name` is whole on every rank
+  // of the stage's tensor group.
+  bool Whole(const std::string& name, const torch::Tensor& local) const;
+  // Tensor parallelism: each sliced parameter the stage owns gathered whole
+  // and its member pointed at it; the previous members returned for
+  // restoring. Collective over the tensor group.
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> GatherSlices();
   void Backward(InFlight& m, double scale);
   // Sum of wte's gradient between the first and last stage; the average of
   // every gradient over the stage's replicas.
@@ -158,6 +190,11 @@ class PipelineStrategy final : public Strategy {
   // other shard groups; the first and last stage of the replica (wte's
   // group; first/last only). Null where the group would be this rank alone.
   std::unique_ptr<Communicator> pipe_;
+  // Tensor parallelism: the stage replica's T ranks, f and g over them, and
+  // the vocabulary-parallel view of wte's rows (end stages).
+  std::unique_ptr<Communicator> tensor_;
+  std::unique_ptr<TensorParallelOps> tensor_ops_;
+  VocabShard vocab_;
   std::unique_ptr<Communicator> replicas_;
   std::unique_ptr<Communicator> across_groups_;
   std::unique_ptr<Communicator> tied_;

@@ -1,5 +1,6 @@
 #include "worker/engine/strategy/strategy_factory.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -101,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
   pipeline.micro_batches = config.micro_batches;
   pipeline.seq_len = config.seq_len;
   pipeline.data_parallel = config.strategy;
+  pipeline.tensor_parallel = std::max<int64_t>(1, config.tensor_parallel);
   if (FindStrategyKind(config.strategy)->layout ==
       StateLayout::kShardedInGroups) {
     pipeline.shard_group_size = ResolveShardGroupSize(

@@ -64,11 +64,9 @@ class LeaveFunction : public torch::autograd::Function<LeaveFunction> {
   }
 };
 
-}  // namespace
-
-class TensorParallelStrategy::Ops final : public TensorParallelOps {
+class GroupOps final : public TensorParallelOps {
  public:
-  explicit Ops(Communicator* comm) : comm_(comm) {}
+  explicit GroupOps(Communicator* comm) : comm_(comm) {}
   int64_t rank() const override { return comm_->rank(); }
   int64_t size() const override { return comm_->world_size(); }
   torch::Tensor Enter(const torch::Tensor& x) override {
@@ -81,6 +79,31 @@ class TensorParallelStrategy::Ops final : public TensorParallelOps {
  private:
   Communicator* const comm_;
 };
+
+}  // namespace
+
+std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group) {
+  return std::make_unique<GroupOps>(group);
+}
+
+VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
+                                    const StrategyOptions& options) {
+  VocabShard vocab;
+  torch::Tensor& wte = model->wte()->weight;
+  wte.mutable_grad() = torch::zeros_like(wte);
+  vocab.comm = group;
+  vocab.weight = wte.detach();
+  vocab.grad = wte.grad();
+  vocab.row_begin = group->rank() * wte.size(0);
+  vocab.vocab_size = model->config().vocab_size;
+  vocab.compute_dtype = options.device.is_cuda() && options.precision == "bf16"
+                            ? torch::kBFloat16
+                            : torch::kFloat;
+  vocab.shared_batch = true;
+  vocab.anchor = torch::zeros(
+      {}, torch::TensorOptions().device(options.device).requires_grad(true));
+  return vocab;
+}
 
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
@@ -184,29 +207,20 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));
   }
-  ops_ = std::make_unique<Ops>(tensor_);
+  ops_ = MakeTensorParallelOps(tensor_);
   if (absl::Status s = model_->ShardForTensorParallel(ops_.get()); !s.ok()) {
     return s;
   }
   try {
     // The vocabulary-parallel embedding and head add wte's gradient into
     // its .grad() themselves: it must exist before the first step.
-    torch::Tensor& wte = model_->wte()->weight;
-    if (!sharded()) {
-      wte.mutable_grad() = torch::zeros_like(wte);
-      vocab_.weight = wte.detach();
-      vocab_.grad = wte.grad();
+    vocab_ = TensorParallelVocabShard(model_, tensor_, options_);
+    if (sharded()) {
+      // The units keep wte's rows; its gradient is made within a step.
+      model_->wte()->weight.mutable_grad() = torch::Tensor();
+      vocab_.weight = torch::Tensor();
+      vocab_.grad = torch::Tensor();
     }
-    vocab_.comm = tensor_;
-    vocab_.row_begin = tensor_->rank() * wte.size(0);
-    vocab_.vocab_size = model_->config().vocab_size;
-    vocab_.compute_dtype =
-        options_.device.is_cuda() && options_.precision == "bf16"
-            ? torch::kBFloat16
-            : torch::kFloat;
-    vocab_.shared_batch = true;
-    vocab_.anchor = torch::zeros(
-        {}, torch::TensorOptions().device(options_.device).requires_grad(true));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));

@@ -54,6 +54,17 @@
 
 namespace shardtrain {
 
+// Megatron's f and g over `group` (the ranks of one tensor-parallel group,
+// which must outlive the result): for a model another strategy shards
+// (PipelineStrategy's stages under tensor parallelism).
+std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group);
+
+// The vocabulary-parallel view of a tensor-parallel rank's rows of wte (its
+// weight and a zeroed gradient it keeps): shared batch over `group`, the
+// products in bf16 for CUDA mixed precision. Throws c10::Error.
+VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
+                                    const StrategyOptions& options);
+
 class TensorParallelStrategy final : public Strategy {
  public:
   // `world` (all D x T ranks) must outlive the strategy; `tensor_parallel`
@@ -91,8 +102,6 @@ class TensorParallelStrategy final : public Strategy {
   CommStats TakeCommStats() override;
 
  private:
-  class Ops;  // Megatron's f and g over tensor_
-
   // The mean loss of the replica's batch: the vocabulary-parallel embedding,
   // the blocks, the vocabulary-parallel head. When training, wte's gradient
   // is added in forward with grad_scale, which backward must then use.
@@ -124,7 +133,7 @@ class TensorParallelStrategy final : public Strategy {
   std::unique_ptr<Communicator> own_tensor_;
   Communicator* tensor_ = nullptr;
   std::unique_ptr<Communicator> replicas_;
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<TensorParallelOps> ops_;  // f and g over tensor_
   Gpt2 model_{nullptr};
   // Every parameter's global shape, by name.
   std::map<std::string, std::vector<int64_t>> shapes_;
