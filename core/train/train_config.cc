@@ -205,13 +205,6 @@ absl::Status TrainConfig::ValidateTensorParallel(
                      " attention heads (each rank runs whole heads)"));
   }
   const StrategyKind* kind = FindStrategyKind(strategy);
-  if (pipeline_stages > 1 && kind != nullptr &&
-      kind->layout != StateLayout::kReplicated) {
-    return FieldError("tensor_parallel", tensor_parallel,
-                      absl::StrCat("with pipeline_stages ", pipeline_stages,
-                                   " composes with single and ddp; with ",
-                                   strategy, " it is not supported yet"));
-  }
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
     return FieldError("tensor_parallel", tensor_parallel,
                       absl::StrCat("composes with single, ddp and fsdp; with ",
@@ -293,14 +286,14 @@ absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
     }
     const StrategyKind* kind = FindStrategyKind(strategy);
     if (kind != nullptr && kind->layout == StateLayout::kSharded &&
-        world_size < 2 * tensor_parallel) {
+        world_size < 2 * model_parallel) {
       return FieldError(
           field, world_size,
           absl::StrCat("strategy ", kind->name, " with tensor_parallel ",
                        tensor_parallel,
                        " shards each slice over the data-parallel replicas: "
                        "it needs at least two (",
-                       2 * tensor_parallel, " ranks)"));
+                       2 * model_parallel, " ranks)"));
     }
     if (kind != nullptr && !kind->distributed && world_size != model_parallel) {
       return FieldError(

@@ -135,6 +135,44 @@ class StrategyEquivalenceTest : public testing::Test {
     EXPECT_LT(a.rank0.back().loss, a.rank0.front().loss - 0.2);
   }
 
+  // Steps 11-20 of a 20-step run (Common(), `lr`) from the step-10
+  // checkpoint of run `from`, under `args`: the same as `full`'s.
+  static void ExpectResumes(const std::string& from, const TrainRun& full,
+                            const std::string& to, const std::string& args,
+                            const std::string& lr) {
+    const std::string name = from + "_to_" + to;
+    const std::string out = *dir_ + "/" + name;
+    fs::remove_all(out);
+    fs::copy(*dir_ + "/" + from, out, fs::copy_options::recursive);
+    for (const auto& entry : fs::directory_iterator(out + "/checkpoints")) {
+      if (entry.is_directory() &&
+          entry.path().filename().string() > "step_00000010") {
+        fs::remove_all(entry.path());
+      }
+    }
+    fs::remove(out + "/metrics.jsonl");
+    std::ofstream(out + "/checkpoints/latest") << "step_00000010\n";
+    const TrainRun resumed =
+        Train(name, args + Common() + lr + " --resume", /*keep=*/true);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    ASSERT_EQ(resumed.rank0.size(), 10u) << resumed.output;
+    double loss_diff = 0, norm_diff = 0;
+    for (size_t i = 0; i < 10; ++i) {
+      const StepMetrics& expected = full.rank0[10 + i];
+      const StepMetrics& got = resumed.rank0[i];
+      ASSERT_EQ(got.step, expected.step);
+      loss_diff = std::max(loss_diff,
+                           std::fabs(got.loss - expected.loss) / expected.loss);
+      norm_diff =
+          std::max(norm_diff, std::fabs(got.grad_norm - expected.grad_norm) /
+                                  expected.grad_norm);
+    }
+    std::printf("%s: steps 11-20 loss maxdiff %.3g, grad norm %.3g\n",
+                name.c_str(), loss_diff, norm_diff);
+    EXPECT_LT(loss_diff, 1e-6) << name;
+    EXPECT_LT(norm_diff, 1e-6) << name;
+  }
+
   static std::string* dir_;
 };
 std::string* StrategyEquivalenceTest::dir_ = nullptr;
@@ -307,53 +345,21 @@ TEST_F(StrategyEquivalenceTest, TensorParallelComposesWithFsdp) {
   ExpectSameTraining("fsdp2_tp2_accum", accumulated, "fsdp2_tp2", tp_fsdp, 1e-6,
                      1e-5);
 
-  // Steps 11-20 from the step-10 checkpoint of `from`, under `args`.
-  const auto resume = [&](const std::string& from, const TrainRun& full,
-                          const std::string& to, const std::string& args) {
-    const std::string name = from + "_to_" + to;
-    const std::string out = *dir_ + "/" + name;
-    fs::remove_all(out);
-    fs::copy(*dir_ + "/" + from, out, fs::copy_options::recursive);
-    for (const auto& entry : fs::directory_iterator(out + "/checkpoints")) {
-      if (entry.is_directory() &&
-          entry.path().filename().string() > "step_00000010") {
-        fs::remove_all(entry.path());
-      }
-    }
-    fs::remove(out + "/metrics.jsonl");
-    std::ofstream(out + "/checkpoints/latest") << "step_00000010\n";
-    const TrainRun resumed =
-        Train(name, args + Common() + lr + " --resume", /*keep=*/true);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    ASSERT_EQ(resumed.rank0.size(), 10u) << resumed.output;
-    double loss_diff = 0, norm_diff = 0;
-    for (size_t i = 0; i < 10; ++i) {
-      const StepMetrics& expected = full.rank0[10 + i];
-      const StepMetrics& got = resumed.rank0[i];
-      ASSERT_EQ(got.step, expected.step);
-      loss_diff = std::max(loss_diff,
-                           std::fabs(got.loss - expected.loss) / expected.loss);
-      norm_diff =
-          std::max(norm_diff, std::fabs(got.grad_norm - expected.grad_norm) /
-                                  expected.grad_norm);
-    }
-    std::printf("%s: steps 11-20 loss maxdiff %.3g, grad norm %.3g\n",
-                name.c_str(), loss_diff, norm_diff);
-    EXPECT_LT(loss_diff, 1e-6) << name;
-    EXPECT_LT(norm_diff, 1e-6) << name;
-  };
-  resume("fsdp2_tp2", tp_fsdp, "fsdp4",
-         "--strategy fsdp --nproc 4 --batch-size 2");
-  resume("fsdp2_tp2", tp_fsdp, "single", "--strategy single --batch-size 8");
-  resume("fsdp2_tp2", tp_fsdp, "pp2_tp2",
-         "--strategy single --tp 2 --pipeline-stages 2 --micro-batches 2 "
-         "--nproc 4 --batch-size 8");
+  ExpectResumes("fsdp2_tp2", tp_fsdp, "fsdp4",
+                "--strategy fsdp --nproc 4 --batch-size 2", lr);
+  ExpectResumes("fsdp2_tp2", tp_fsdp, "single",
+                "--strategy single --batch-size 8", lr);
+  ExpectResumes(
+      "fsdp2_tp2", tp_fsdp, "pp2_tp2",
+      "--strategy single --tp 2 --pipeline-stages 2 --micro-batches 2 "
+      "--nproc 4 --batch-size 8",
+      lr);
   TrainRun fsdp4 = Train("fsdp4_tp",
                          "--strategy fsdp --nproc 4 --batch-size 2 "
                          "--checkpoint-every 10" +
                              Common() + lr);
   ASSERT_EQ(fsdp4.exit_code, 0) << fsdp4.output;
-  resume("fsdp4_tp", fsdp4, "fsdp2_tp2", mesh + "--batch-size 4");
+  ExpectResumes("fsdp4_tp", fsdp4, "fsdp2_tp2", mesh + "--batch-size 4", lr);
 }
 
 // PP 2 x TP 2: gpt2-tiny's two blocks in two stages, each split over two
@@ -386,6 +392,21 @@ TEST_F(StrategyEquivalenceTest, PipelineStagesComposeWithTensorParallelism) {
       Train("pp2_tp2_recomputed",
             mesh + " --activation-checkpointing all" + Common() + lr);
   ExpectSameTraining("pp2_tp2_recomputed", recomputed, "pp2_tp2", pp_tp, 0, 0);
+  // PP 2 x FSDP 2 x TP 2 (8 ranks): each stage's slices sharded over its
+  // two replicas; its checkpoint resumes at TP 2 alone.
+  TrainRun three_d =
+      Train("pp2_fsdp2_tp2",
+            "--strategy fsdp --tp 2 --pipeline-stages 2 --micro-batches 2 "
+            "--nproc 8 --batch-size 4 --checkpoint-every 10" +
+                Common() + lr);
+  ExpectSameTraining("pp2_fsdp2_tp2", three_d, "single_pptp", single, 1e-6,
+                     1e-5);
+  EXPECT_NE(three_d.output.find("mesh: 2 pipeline stages x fsdp 2 x tensor "
+                                "parallel 2"),
+            std::string::npos)
+      << three_d.output;
+  ExpectResumes("pp2_fsdp2_tp2", three_d, "tp2",
+                "--strategy single --tp 2 --nproc 2 --batch-size 8", lr);
 }
 
 TEST_F(StrategyEquivalenceTest,

@@ -126,13 +126,13 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   const int64_t t = tensor_parallel();
   if (t > 1 &&
       (options_.world_size % (pipeline_.stages * t) != 0 ||
-       (kind != nullptr && kind->layout != StateLayout::kReplicated))) {
+       (kind != nullptr && kind->layout == StateLayout::kShardedInGroups))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline x tensor parallel: ", pipeline_.stages, " stages x ", t,
         " tensor ranks with ", pipeline_.data_parallel, " over ",
         options_.world_size,
         " ranks: the world must be a multiple of stages x T, and the "
-        "stages replicated (single or ddp)"));
+        "stages single, ddp or fsdp"));
   }
   if (g > 0 && data_parallel_size() % g != 0) {
     return absl::InvalidArgumentError(
@@ -218,7 +218,8 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   }
   if (t > 1 && (first() || last())) {
     try {
-      vocab_ = TensorParallelVocabShard(model_, tensor_.get(), options_);
+      vocab_ = TensorParallelVocabShard(model_, tensor_.get(), options_,
+                                        /*rows_held=*/!sharded());
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat(
           "pipeline x tensor parallel: setup: ", e.what_without_backtrace()));
@@ -280,9 +281,11 @@ absl::Status PipelineStrategy::ShardStage() {
           : torch::kFloat;
   try {
     for (size_t u = 0; u < names.size(); ++u) {
-      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit =
-          FsdpUnit::Create(names[u], std::move(sources[u]), replicas_.get(),
-                           options_.device, compute_dtype);
+      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
+          names[u], std::move(sources[u]), replicas_.get(), options_.device,
+          // The vocabulary-parallel paths read wte in fp32.
+          names[u] == "wte" && tensor_parallel() > 1 ? torch::kFloat
+                                                     : compute_dtype);
       if (!unit.ok()) return unit.status();
       if (names[u] == "wte") wte_unit_ = unit->get();
       units_.push_back(std::move(*unit));
@@ -318,6 +321,18 @@ void PipelineStrategy::GatherUnits() {
     ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
     unit->UseFullParams();
   }
+  if (wte_unit_ != nullptr && tensor_ != nullptr) {
+    // The vocabulary-parallel paths read the gathered rows and add their
+    // gradient into a buffer of their own, handed to the unit before the
+    // reduce-scatter.
+    const FsdpUnit::Param& p = wte_unit_->params().front();
+    vocab_.weight =
+        wte_unit_->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
+    if (torch::GradMode::is_enabled()) {
+      vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
+    }
+    return;
+  }
   if (wte_unit_ == nullptr || !torch::GradMode::is_enabled()) return;
   // The LM head adds wte's gradient into the weight's .grad() itself, which
   // a view of the unit's buffer cannot take: wte is a leaf over the same
@@ -334,6 +349,15 @@ void PipelineStrategy::GatherUnits() {
 }
 
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
+  if (vocab_.grad.defined() && wte_unit_ != nullptr) {
+    const FsdpUnit::Param& p = wte_unit_->params().front();
+    torch::Tensor flat = vocab_.grad.reshape({-1});
+    if (p.numel != wte_unit_->padded_numel()) {
+      flat = torch::zeros({wte_unit_->padded_numel()}, flat.options());
+      flat.narrow(0, p.offset, p.numel).copy_(vocab_.grad.reshape({-1}));
+    }
+    wte_unit_->full().mutable_grad() = flat;
+  }
   if (wte_leaf_.defined()) {
     torch::Tensor grad = wte_leaf_.grad();
     if (grad.defined()) {
@@ -354,7 +378,15 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
   for (auto& unit : units_) {
     ThrowIfFailed(unit->WaitReduceScatter(), "pipeline x fsdp",
                   "reduce_scatter");
-    unit->Reshard();
+  }
+  FreeUnits();
+}
+
+void PipelineStrategy::FreeUnits() {
+  for (auto& unit : units_) unit->Reshard();
+  if (wte_unit_ != nullptr && tensor_ != nullptr) {
+    vocab_.weight = torch::Tensor();
+    vocab_.grad = torch::Tensor();
   }
 }
 
@@ -571,7 +603,17 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
   }
   for (auto& unit : units_) {
     if (unit.get() == wte_unit_ && !first()) continue;
-    grads.push_back(unit->shard_grad());
+    if (tensor_ == nullptr) {
+      grads.push_back(unit->shard_grad());
+      continue;
+    }
+    // Tensor parallelism: whole tensors counted on the first tensor rank.
+    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                 const torch::Tensor& piece) {
+      if (tensor_->rank() != 0 && p.shape == shapes_.at(p.name)) return;
+      grads.push_back(unit->shard_grad().narrow(
+          0, p.offset + offset - unit->shard_offset(), piece.numel()));
+    });
   }
   torch::Tensor sum =
       SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
@@ -579,7 +621,7 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
   // groups hold the same shards, counted in the first group only.
   if (across_groups_ != nullptr && across_groups_->rank() != 0) sum.zero_();
   Communicator& over = sharded() ? *world_ : *pipe_;
-  if (tensor_ != nullptr) {
+  if (tensor_ != nullptr && !sharded()) {  // sharded: the world sums
     Check(tensor_->AllReduce(sum), "all_reduce (gradient norm, tensor)");
   }
   Check(over.AllReduce(sum), "all_reduce (gradient norm)");
@@ -630,7 +672,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
     torch::Tensor sent = x.to(torch::kFloat).contiguous();
     Check(pipe_->Send(sent, stage_ + 1, kEvalTag), "send");
   }
-  for (auto& unit : units_) unit->Reshard();
+  FreeUnits();
   Check(pipe_->AllReduce(loss), "all_reduce (eval loss)");
   return loss.reshape({});
 }
@@ -645,7 +687,7 @@ void PipelineStrategy::Barrier() {
 
 std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
-  if (tensor_ != nullptr) {
+  if (tensor_ != nullptr && !sharded()) {
     // Each rank holds the runs of the global tensors its slices are; the
     // first replica writes them, whole tensors its first tensor rank.
     if (to_save && data_parallel_rank() != 0) return slices;
@@ -724,6 +766,33 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
     ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
                                  const torch::Tensor& piece) {
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
+      if (tensor_ != nullptr) {
+        // The piece's part of the slice's flattening, as global runs; whole
+        // tensors written by the first tensor rank.
+        const std::vector<int64_t>& global = shapes_.at(p.name);
+        if (to_save && tensor_->rank() != 0 && p.shape == global) return;
+        const std::vector<FlatRun> runs = TensorParallelRuns(
+            p.name, global, tensor_->rank(), tensor_parallel());
+        const std::pair<const char*, torch::Tensor> parts[] = {
+            {"model.", piece},
+            {"optim.exp_avg.", exp_avg.view(-1)},
+            {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
+        for (const auto& [prefix, data] : parts) {
+          const int64_t end = offset + data.numel();
+          int64_t at = 0;
+          for (const FlatRun& run : runs) {
+            const int64_t from = std::max(offset, at);
+            const int64_t to = std::min(end, at + run.length);
+            if (from < to) {
+              slices.push_back({prefix + p.name, global,
+                                run.offset + (from - at),
+                                data.narrow(0, from - offset, to - from)});
+            }
+            at += run.length;
+          }
+        }
+        return;
+      }
       add("model." + p.name, p.shape, offset, piece);
       add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
       add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
@@ -775,12 +844,13 @@ PipelineStrategy::GatherSlices() {
   const int64_t t = tensor_parallel();
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
-  for (size_t i = 0; i < owned_.size(); ++i) {
-    const std::string& name = owned_names_[i];
-    if (Whole(name, owned_[i])) continue;
-    const std::vector<int64_t>& global = shapes_.at(name);
+  // By the members: a sharded stage's point at its consolidated units.
+  for (const auto& [name, global] : shapes_) {
+    if (!Owns(name)) continue;
+    torch::Tensor* member = members.at(name);
+    if (Whole(name, *member)) continue;
     const torch::Tensor local =
-        owned_[i].detach().to(torch::kFloat).reshape({-1});
+        member->detach().to(torch::kFloat).reshape({-1});
     torch::Tensor gathered = torch::empty({t * local.numel()}, local.options());
     Check(tensor_->AllGather(gathered, local), "all_gather (export)");
     torch::Tensor full = torch::empty(global, local.options());
@@ -793,7 +863,6 @@ PipelineStrategy::GatherSlices() {
         at += run.length;
       }
     }
-    torch::Tensor* member = members.at(name);
     restore.emplace_back(member, *member);
     *member = full;
   }

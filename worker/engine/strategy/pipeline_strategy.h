@@ -48,8 +48,9 @@
 // tensor group, and tensor rank t of a stage exchanges activations and their
 // gradients with tensor rank t of its neighbours (each holds them whole
 // after g). wte's tied gradient is summed between the end stages' ranks
-// holding the same rows; replicas average as with DDP. Stages under TP
-// replicate (single, ddp); FSDP within them is not built.
+// holding the same rows; replicas average as with DDP, or shard the
+// stage's slices as FSDP within a stage does (PP x TP x FSDP); HSDP within
+// them is not built.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
@@ -165,6 +166,9 @@ class PipelineStrategy final : public Strategy {
   void AverageAcrossGroups();
   void GatherUnits();
   void ReduceScatterAndFreeUnits();
+  // The units freed (and the vocabulary-parallel view of wte's rows with
+  // them).
+  void FreeUnits();
   // Rank 0 receives the other stages' tensors and writes the model; the
   // other stages of replica 0 send theirs (ExportModel).
   absl::Status SendOrWriteModel(const std::string& path);

@@ -87,14 +87,18 @@ std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group) {
 }
 
 VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
-                                    const StrategyOptions& options) {
+                                    const StrategyOptions& options,
+                                    bool rows_held) {
   VocabShard vocab;
-  torch::Tensor& wte = model->wte()->weight;
-  wte.mutable_grad() = torch::zeros_like(wte);
+  if (rows_held) {
+    torch::Tensor& wte = model->wte()->weight;
+    wte.mutable_grad() = torch::zeros_like(wte);
+    vocab.weight = wte.detach();
+    vocab.grad = wte.grad();
+  }
   vocab.comm = group;
-  vocab.weight = wte.detach();
-  vocab.grad = wte.grad();
-  vocab.row_begin = group->rank() * wte.size(0);
+  vocab.row_begin =
+      group->rank() * (model->config().padded_vocab_size / group->world_size());
   vocab.vocab_size = model->config().vocab_size;
   vocab.compute_dtype = options.device.is_cuda() && options.precision == "bf16"
                             ? torch::kBFloat16
@@ -214,13 +218,10 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
   try {
     // The vocabulary-parallel embedding and head add wte's gradient into
     // its .grad() themselves: it must exist before the first step.
-    vocab_ = TensorParallelVocabShard(model_, tensor_, options_);
-    if (sharded()) {
-      // The units keep wte's rows; its gradient is made within a step.
-      model_->wte()->weight.mutable_grad() = torch::Tensor();
-      vocab_.weight = torch::Tensor();
-      vocab_.grad = torch::Tensor();
-    }
+    // Sharded, the units keep wte's rows; its gradient is made within a
+    // step.
+    vocab_ = TensorParallelVocabShard(model_, tensor_, options_,
+                                      /*rows_held=*/!sharded());
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));

@@ -59,11 +59,14 @@ namespace shardtrain {
 // (PipelineStrategy's stages under tensor parallelism).
 std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group);
 
-// The vocabulary-parallel view of a tensor-parallel rank's rows of wte (its
-// weight and a zeroed gradient it keeps): shared batch over `group`, the
-// products in bf16 for CUDA mixed precision. Throws c10::Error.
+// The vocabulary-parallel view of a tensor-parallel rank's rows of wte:
+// shared batch over `group`, the products in bf16 for CUDA mixed precision.
+// With `rows_held`, the view is of wte's weight and a zeroed gradient made
+// for it; without (the rows sharded in an FsdpUnit), weight and gradient
+// are left for the caller to point at the gathered rows. Throws c10::Error.
 VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
-                                    const StrategyOptions& options);
+                                    const StrategyOptions& options,
+                                    bool rows_held);
 
 class TensorParallelStrategy final : public Strategy {
  public:
