@@ -329,9 +329,28 @@ TEST(TrainConfigTest, TensorParallelDividesTheHeadsAndTheWorld) {
   EXPECT_EQ(config.Validate().message(),
             "tensor_parallel: got 2; composes with single, ddp and fsdp; with "
             "hsdp it is not supported yet");
+  // Within pipeline stages: replicas of stages x T ranks.
   config.strategy = "ddp";
   config.pipeline_stages = 2;
-  EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  EXPECT_EQ(config.ModelParallelSize(), 4);
+  EXPECT_TRUE(config.CheckMeshWorld(8).ok());
+  EXPECT_EQ(config.DataParallelSize(8), 2);
+  EXPECT_EQ(config.CheckMeshWorld(6).message(),
+            "world_size: got 6; must be a multiple of pipeline_stages x "
+            "tensor_parallel (2 x 2 = 4): each data-parallel replica runs that "
+            "many ranks");
+  config.strategy = "single";
+  EXPECT_EQ(config.CheckMeshWorld(8).message(),
+            "world_size: got 8; strategy single with tensor_parallel 2 and 2 "
+            "pipeline stages runs on 4 ranks (use ddp for 2 data-parallel "
+            "replicas)");
+  config.strategy = "fsdp";
+  EXPECT_TRUE(config.CheckMeshWorld(8).ok());
+  EXPECT_EQ(config.CheckMeshWorld(4).message(),
+            "world_size: got 4; strategy fsdp with tensor_parallel 2 shards "
+            "each slice over the data-parallel replicas: it needs at least "
+            "two (8 ranks)");
 }
 
 }  // namespace
