@@ -70,10 +70,15 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   struct Planned {
     StudyEntry entry;
     int64_t stages = 1;
+    int64_t tensor = 1;
     int64_t replicas = 1;
     int64_t batch = 0;
   };
-  const int64_t global_batch = base->trainer().batch_size() * (world / stages);
+  const int64_t base_tensor =
+      std::max<int64_t>(1, base->strategy().tensor_parallel());
+  const int64_t global_batch =
+      base->trainer().batch_size() *
+      std::max<int64_t>(1, world / (stages * base_tensor));
   std::vector<Planned> plan;
   for (const std::string& s : flags.strategies) {
     absl::StatusOr<StudyEntry> entry = ParseStudyEntry(s);
@@ -84,16 +89,27 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     Planned p;
     p.entry = *entry;
     p.stages = entry->pipeline_stages > 1 ? entry->pipeline_stages : stages;
+    p.tensor =
+        entry->tensor_parallel > 1 ? entry->tensor_parallel : base_tensor;
+    // The ranks of one replica: its stages x its tensor-parallel ranks.
+    const int64_t model_parallel = p.stages * p.tensor;
     const StrategyKind* kind = FindStrategyKind(entry->strategy);
     if (kind->distributed) {
-      p.replicas = entry->replicas > 0 ? entry->replicas : world / p.stages;
-      if (p.replicas < 2 || (entry->replicas == 0 && world % p.stages != 0)) {
+      p.replicas =
+          entry->replicas > 0 ? entry->replicas : world / model_parallel;
+      if (p.replicas < 2 ||
+          (entry->replicas == 0 && world % model_parallel != 0)) {
+        std::vector<std::string> parts;
+        if (p.stages > 1) parts.push_back(absl::StrCat(p.stages, " stages"));
+        if (p.tensor > 1) {
+          parts.push_back(absl::StrCat(p.tensor, " tensor-parallel ranks"));
+        }
         ReportFailure(absl::StrCat(
             "--world-size: got ", world, "; ", s, " needs at least ",
-            2 * p.stages, " ranks to compare",
-            p.stages > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
-                                        p.stages, " pipeline stages)")
-                         : ""));
+            2 * model_parallel, " ranks to compare",
+            model_parallel > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
+                                              absl::StrJoin(parts, " x "), ")")
+                               : ""));
         return kExitUsage;
       }
     }
@@ -124,11 +140,12 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     v1::JobSpec spec = *base;
     spec.mutable_strategy()->set_name(p.entry.strategy);
     spec.mutable_strategy()->set_pipeline_stages(p.stages);
+    spec.mutable_strategy()->set_tensor_parallel(p.tensor);
     if (p.stages == 1) {
       spec.mutable_strategy()->clear_micro_batches();
       spec.mutable_strategy()->clear_pipeline_split();
     }
-    const int ranks = static_cast<int>(p.stages * p.replicas);
+    const int ranks = static_cast<int>(p.stages * p.tensor * p.replicas);
     spec.set_world_size(ranks);
     spec.mutable_trainer()->set_batch_size(p.batch);
     if (budget > 0) {

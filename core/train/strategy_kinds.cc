@@ -3,9 +3,11 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace shardtrain {
 
@@ -61,8 +63,9 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--strategies: '", out.name, "' ", why, "; an entry is a strategy (",
         StrategyNameList(),
-        ") or a pipeline mesh: ppS (S stages) or ppSx<strategy>[D] (S stages "
-        "x D ranks per stage, e.g. pp2xddp2)"));
+        ") or a mesh: [ppS x] [<strategy>[D]] [x tpT] (S pipeline stages, D "
+        "data-parallel replicas, T tensor-parallel ranks, e.g. pp2xddp2, "
+        "ddp2xtp2, pp2xtp2)"));
   };
   const auto number = [](const std::string& text, int64_t* value) {
     return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
@@ -70,28 +73,44 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
     }) && absl::SimpleAtoi(text, value);
   };
   const std::string& name = out.name;
-  if (name.rfind("pp", 0) != 0) {
+  std::vector<std::string> parts = absl::StrSplit(name, 'x');
+  const bool staged = absl::StartsWith(parts.front(), "pp");
+  const bool tensor =
+      parts.size() > (staged ? 1u : 0u) && absl::StartsWith(parts.back(), "tp");
+  if (!staged && !tensor) {
     if (FindStrategyKind(name) == nullptr) return bad("is not one");
     out.strategy = name;
     return out;
   }
-  const size_t x = name.find('x');
-  if (!number(
-          name.substr(2, x == std::string::npos ? std::string::npos : x - 2),
-          &out.pipeline_stages) ||
-      out.pipeline_stages < 2) {
-    return bad("names no number of stages (2 or more) after pp");
+  if (staged) {
+    if (!number(parts.front().substr(2), &out.pipeline_stages) ||
+        out.pipeline_stages < 2) {
+      return bad("names no number of stages (2 or more) after pp");
+    }
+    parts.erase(parts.begin());
   }
-  if (x == std::string::npos) {
+  if (tensor) {
+    if (!number(parts.back().substr(2), &out.tensor_parallel) ||
+        out.tensor_parallel < 2) {
+      return bad(
+          "names no number of tensor-parallel ranks (2 or more) after "
+          "tp");
+    }
+    parts.pop_back();
+  }
+  if (parts.empty()) {
     out.strategy = "single";
     return out;
   }
-  std::string rest = name.substr(x + 1);
+  if (parts.size() > 1) return bad("names more than one strategy");
+  const std::string& rest = parts.front();
   size_t name_end = rest.size();
   while (name_end > 0 && absl::ascii_isdigit(rest[name_end - 1])) --name_end;
   out.strategy = rest.substr(0, name_end);
   const StrategyKind* kind = FindStrategyKind(out.strategy);
-  if (kind == nullptr) return bad("names no strategy after 'x'");
+  if (kind == nullptr) {
+    return bad(staged ? "names no strategy after 'x'" : "names no strategy");
+  }
   if (name_end < rest.size() &&
       (!number(rest.substr(name_end), &out.replicas) || out.replicas < 1)) {
     return bad("names no valid replica count");

@@ -53,15 +53,17 @@ std::vector<std::string> StudyStrategyNames(int64_t world);
 std::string StrategyFlagHelp();
 
 // One entry of a study (`shardtrain compare --strategies`): a strategy row
-// ("ddp"), or a pipeline mesh: "ppS" (S stages of one replica, strategy
-// single) or "ppSx<strategy>[D]" (S stages x D ranks per stage, which run
-// the data-parallel strategy over the stage: pp2xddp2, pp2xfsdp2, pp2xhsdp4;
-// D omitted: --world-size / S).
+// ("ddp"), or a mesh in the notation plan --fit prints: [ppS x]
+// [<strategy>[D]] [x tpT], the pipeline stages first, the tensor-parallel
+// ranks last, the data-parallel strategy over D replicas of the S x T ranks
+// between (single when omitted): pp2, pp2xddp2, pp2xhsdp4, tp2, ddp2xtp2,
+// fsdp2xtp2, pp2xtp2, pp2xfsdp2xtp2. D omitted: --world-size / (S x T).
 struct StudyEntry {
   std::string name;             // as written: the run's label, CSV and legend
   std::string strategy;         // the data-parallel part, a StrategyKinds() row
   int64_t pipeline_stages = 1;  // 1: none (the study's --pp, if any)
-  int64_t replicas = 0;         // ppSx<strategy>D's D; 0: from the world
+  int64_t replicas = 0;         // <strategy>D's D; 0: from the world
+  int64_t tensor_parallel = 1;  // 1: none (the study's --tp, if any)
 };
 // InvalidArgument naming --strategies, the entry and the notation.
 absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry);

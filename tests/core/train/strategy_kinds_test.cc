@@ -65,7 +65,8 @@ TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
     return std::string(ParseStudyEntry(entry).status().message());
   };
   EXPECT_EQ(message("zero3").substr(0, 32), "--strategies: 'zero3' is not one");
-  EXPECT_NE(message("zero3").find("ppSx<strategy>[D]"), std::string::npos);
+  EXPECT_NE(message("zero3").find("[ppS x] [<strategy>[D]] [x tpT]"),
+            std::string::npos);
   EXPECT_NE(message("pp").find("names no number of stages"), std::string::npos);
   EXPECT_NE(message("pp1").find("names no number of stages"),
             std::string::npos);
@@ -76,6 +77,36 @@ TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
             std::string::npos);
   EXPECT_NE(message("pp2xzz").find("names no strategy after 'x'"),
             std::string::npos);
+  EXPECT_NE(message("tp1").find("names no number of tensor-parallel ranks"),
+            std::string::npos);
+  EXPECT_NE(message("ddp2xtp0").find("names no number of tensor-parallel"),
+            std::string::npos);
+  EXPECT_NE(message("ddpxfsdpxtp2").find("names more than one strategy"),
+            std::string::npos);
+  EXPECT_NE(message("single2xtp2").find("gives single more than one replica"),
+            std::string::npos);
+}
+
+// Tensor parallelism's meshes are named as plan --fit names them: the
+// tensor-parallel ranks last.
+TEST(StudyEntryTest, TensorParallelMeshesTakeTheirRanksLast) {
+  struct Case {
+    const char* entry;
+    const char* strategy;
+    int64_t stages, replicas, tensor;
+  };
+  for (const Case& c :
+       {Case{"tp2", "single", 1, 0, 2}, Case{"ddp2xtp2", "ddp", 1, 2, 2},
+        Case{"fsdpxtp4", "fsdp", 1, 0, 4}, Case{"pp2xtp2", "single", 2, 0, 2},
+        Case{"pp2xfsdp2xtp2", "fsdp", 2, 2, 2}}) {
+    absl::StatusOr<StudyEntry> e = ParseStudyEntry(c.entry);
+    ASSERT_TRUE(e.ok()) << c.entry << ": " << e.status();
+    EXPECT_EQ(e->name, c.entry);
+    EXPECT_EQ(e->strategy, c.strategy) << c.entry;
+    EXPECT_EQ(e->pipeline_stages, c.stages) << c.entry;
+    EXPECT_EQ(e->replicas, c.replicas) << c.entry;
+    EXPECT_EQ(e->tensor_parallel, c.tensor) << c.entry;
+  }
 }
 
 }  // namespace
