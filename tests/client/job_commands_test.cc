@@ -394,23 +394,24 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
   }
 }
 
-// Pipeline meshes are study entries: "pp2" is single's data cut over two
-// stages, on the same global batch; its report row, CSV and losses stand
-// beside single's.
+// Model-parallel meshes are study entries: "pp2" is single's data cut over
+// two stages, "tp2" its every layer split over two ranks, on the same
+// global batch; their report rows, CSVs and losses stand beside single's.
 TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
   StartDaemon({});
   const std::string out = dir_ / "mesh";
   CommandResult compare = Cli(absl::StrCat(
-      "compare --strategies single,pp2 --world-size 2 --model gpt2-tiny "
+      "compare --strategies single,pp2,tp2 --world-size 2 --model gpt2-tiny "
       "--data brown --batch-size 2 --seq-len 64 --max-steps 3 --eval-steps 1 "
       "--micro-batches 2 --out ",
       out));
   ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
   EXPECT_TRUE(std::filesystem::exists(out + "/pp2.csv"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/tp2.csv"));
   grpc::ClientContext context;
   v1::ListJobsResponse jobs;
   ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
-  ASSERT_EQ(jobs.jobs_size(), 2);
+  ASSERT_EQ(jobs.jobs_size(), 3);
   std::map<std::string, std::vector<double>> losses;
   for (const v1::Job& job : jobs.jobs()) {
     const std::string entry = job.spec().labels().at("strategy");
@@ -421,6 +422,10 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
       EXPECT_EQ(job.spec().strategy().name(), "single");
       EXPECT_EQ(job.spec().strategy().pipeline_stages(), 2);
       EXPECT_EQ(job.spec().world_size(), 2);
+    } else if (entry == "tp2") {
+      EXPECT_EQ(job.spec().strategy().name(), "single");
+      EXPECT_EQ(job.spec().strategy().tensor_parallel(), 2);
+      EXPECT_EQ(job.spec().world_size(), 2);
     } else {
       EXPECT_EQ(job.spec().world_size(), 1);
     }
@@ -428,13 +433,16 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
       if (m.rank() == 0) losses[entry].push_back(m.loss());
     }
   }
-  ASSERT_EQ(losses["pp2"].size(), losses["single"].size());
-  for (size_t i = 0; i < losses["pp2"].size(); ++i) {
-    EXPECT_NEAR(losses["pp2"][i], losses["single"][i],
-                1e-6 * losses["single"][i])
-        << "step " << i + 1;
+  for (const char* entry : {"pp2", "tp2"}) {
+    ASSERT_EQ(losses[entry].size(), losses["single"].size()) << entry;
+    for (size_t i = 0; i < losses[entry].size(); ++i) {
+      EXPECT_NEAR(losses[entry][i], losses["single"][i],
+                  1e-6 * losses["single"][i])
+          << entry << " step " << i + 1;
+    }
   }
   EXPECT_THAT(compare.out, HasSubstr("| pp2 | 2 | 4 | 3 |"));
+  EXPECT_THAT(compare.out, HasSubstr("| tp2 | 2 | 4 | 3 |"));
   // A mesh naming no strategy is refused before anything runs.
   CommandResult bad =
       Cli("compare --strategies pp2xzero --world-size 4 --model gpt2-tiny "
