@@ -94,7 +94,13 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     // The ranks of one replica: its stages x its tensor-parallel ranks.
     const int64_t model_parallel = p.stages * p.tensor;
     const StrategyKind* kind = FindStrategyKind(entry->strategy);
-    if (kind->distributed) {
+    if (entry->strategy == kAutoStrategy) {
+      // The whole world, the mesh picked when the job starts: the global
+      // batch handed over as a DDP run of the world would have it.
+      p.stages = 1;
+      p.tensor = 1;
+      p.replicas = world;
+    } else if (kind->distributed) {
       p.replicas =
           entry->replicas > 0 ? entry->replicas : world / model_parallel;
       if (p.replicas < 2 ||
@@ -148,7 +154,10 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     const int ranks = static_cast<int>(p.stages * p.tensor * p.replicas);
     spec.set_world_size(ranks);
     spec.mutable_trainer()->set_batch_size(p.batch);
-    if (budget > 0) {
+    if (budget > 0 && p.entry.strategy == kAutoStrategy) {
+      // Auto picks the fastest mesh that fits the cap itself.
+      spec.mutable_trainer()->set_memory_cap_bytes(budget);
+    } else if (budget > 0) {
       // Each strategy at the largest batch its plan fits in the budget, run
       // under that cap: what the memory buys.
       absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "-");
@@ -200,6 +209,11 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
         });
         code != kExitOk) {
       return code;
+    }
+    if (const auto chosen = job.spec().labels().find("auto_mesh");
+        chosen != job.spec().labels().end()) {
+      std::cerr << strategy << " trained " << chosen->second
+                << " (the mesh predicted fastest; its log says why)\n";
     }
     if (int code = (*client)->Call([&](grpc::ClientContext* c) {
           return (*client)->jobs().GetJobMetrics(c, metrics, &steps);

@@ -197,6 +197,22 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         "elastic.min_world_size: an elastic job continues from its latest "
         "checkpoint; set trainer.checkpoint_every (--checkpoint-every)");
   }
+  if (c.strategy == kAutoStrategy) {
+    // The coordinator picks the mesh when the job starts (the ranks it then
+    // has, this host's measured rates): the rest must hold whatever it
+    // picks, and an elastic job would change the mesh under its
+    // checkpoints.
+    TrainConfig probe = c;
+    probe.strategy = "single";
+    if (absl::Status status = probe.Validate(); !status.ok()) return status;
+    if (min_world > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "elastic.min_world_size: got ", min_world,
+          "; strategy auto picks its mesh for the ranks a job starts with, "
+          "which an elastic job does not keep"));
+    }
+    return c;
+  }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
   // Without pipeline stages a strategy that is not distributed runs on one
   // rank; with S stages on S (CheckMeshWorld, after Validate has checked

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,8 @@
 #include "common/atomic_file.h"
 #include "core/data/builtin_dataset.h"
 #include "core/data/token_file.h"
+#include "core/train/auto_mesh.h"
+#include "core/train/strategy_kinds.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
 #include "server/attempt_supervisor.h"
@@ -107,6 +110,43 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
   }
   v1::JobSpec resolved = request.spec;
   resolved.set_data(*data);
+  // Strategy auto: the mesh predicted fastest for the ranks this attempt
+  // has, from this host's measured rates (measured now, once, by the
+  // shardtrain-train beside the worker when there are none); the ranks get
+  // a spec naming it, and their logs say why.
+  std::string auto_log;
+  if (request.spec.strategy().name() == kAutoStrategy) {
+    absl::StatusOr<TrainConfig> config =
+        TrainConfigFromJobSpec(request.spec, launch.job_dir);
+    if (!config.ok()) {
+      prepared.error = std::string(config.status().message());
+      return prepared;
+    }
+    const std::string calibrator =
+        (std::filesystem::path(launch.worker_binary).parent_path() /
+         "shardtrain-train")
+            .string();
+    std::ostringstream log;
+    AutoChoice choice;
+    if (absl::Status s =
+            ResolveAutoStrategy(&*config, launch.world_size, launch.world_size,
+                                calibrator, log, &choice);
+        !s.ok()) {
+      prepared.error = std::string(s.message());
+      return prepared;
+    }
+    v1::StrategyOptions* mesh = resolved.mutable_strategy();
+    mesh->set_name(config->strategy);
+    mesh->set_pipeline_stages(config->pipeline_stages);
+    mesh->set_micro_batches(config->micro_batches);
+    mesh->set_tensor_parallel(config->tensor_parallel);
+    mesh->set_activation_checkpointing(config->activation_checkpointing);
+    mesh->set_shard_group_size(config->shard_group_size);
+    resolved.mutable_trainer()->set_batch_size(config->batch_size);
+    resolved.mutable_trainer()->set_grad_accum(config->grad_accum);
+    prepared.auto_mesh = choice.ranked.front().name;
+    auto_log = log.str();
+  }
   if (launch.world_size != request.spec.world_size()) {
     // An elastic job continuing smaller: the same global batch, shared by
     // fewer ranks (each rank's checkpoint resume then finds it unchanged).
@@ -148,7 +188,8 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
         << launch.world_size << ", attempt " << request.attempt << ", "
         << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", request.started,
                             absl::UTCTimeZone())
-        << " ===\n";
+        << " ===\n"
+        << auto_log;
   }
   {
     // Cancelled (or the coordinator began to shut down) meanwhile: nothing
@@ -179,6 +220,9 @@ int AttemptSupervisor::RecordStartedRanks(JobEntry& entry,
   entry.attempt = prepared.attempt;
   if (prepared.train_tokens.has_value()) {
     job.set_train_tokens(*prepared.train_tokens);
+  }
+  if (!prepared.auto_mesh.empty()) {
+    (*job.mutable_spec()->mutable_labels())["auto_mesh"] = prepared.auto_mesh;
   }
   // Which ranks run: all of a started attempt; of one that failed to
   // start, those the launcher gave a pid (Launcher::Start).

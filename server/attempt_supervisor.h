@@ -71,6 +71,8 @@ class AttemptSupervisor {
     bool skipped = false;  // stopped before the launcher was asked
     Attempt attempt;       // what the launcher started (see Launcher::Start)
     std::optional<int64_t> train_tokens;
+    // Strategy auto: the mesh chosen for this attempt (MeshName).
+    std::string auto_mesh;
   };
   // An attempt due to be asked how its ranks are (outside the lock).
   struct Poll {

@@ -12,9 +12,9 @@
 #include "common/cli_usage.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "core/train/auto_mesh.h"
 #include "core/train/train_config.h"
 #include "core/train/train_flags.h"
-#include "worker/auto_mesh.h"
 #include "worker/calibration.h"
 #include "worker/engine/support/cpu_threads.h"
 #include "worker/local_launcher.h"
@@ -120,9 +120,9 @@ int Main(int argc, char** argv) {
       }
       std::ostringstream quiet;
       const bool speak = !is_rank || std::getenv("RANK") == std::string("0");
-      if (absl::Status s =
-              ResolveAutoStrategy(&config, world, per_host, !is_rank,
-                                  speak ? std::cout : quiet, &auto_choice);
+      if (absl::Status s = ResolveAutoStrategy(
+              &config, world, per_host, is_rank ? "" : "/proc/self/exe",
+              speak ? std::cout : quiet, &auto_choice);
           !s.ok()) {
         std::cerr << "shardtrain-train: " << s.message() << "\n";
         return ExitCodeFor(s);

@@ -78,6 +78,10 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
   const bool tensor =
       parts.size() > (staged ? 1u : 0u) && absl::StartsWith(parts.back(), "tp");
   if (!staged && !tensor) {
+    if (name == kAutoStrategy) {  // the mesh predicted fastest, chosen later
+      out.strategy = name;
+      return out;
+    }
     if (FindStrategyKind(name) == nullptr) return bad("is not one");
     out.strategy = name;
     return out;

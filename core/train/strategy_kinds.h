@@ -18,6 +18,10 @@
 
 namespace shardtrain {
 
+// The strategy name that asks for the mesh predicted fastest
+// (core/train/auto_mesh.h): resolved before any rank trains.
+inline constexpr char kAutoStrategy[] = "auto";
+
 // How a rank holds parameters, gradients and optimizer state.
 enum class StateLayout {
   kReplicated,       // all of it, on every rank (single, DDP)

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/train/memory_plan.h"
+#include "core/train/step_time_plan.h"
 #include "nlohmann/json.hpp"
 #include "proto/job_config.h"
 #include "tests/integration/daemon_harness.h"
@@ -450,6 +451,75 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
           out + "2");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("'pp2xzero' names no strategy after 'x'"));
+}
+
+// Strategy auto through the coordinator: it picks the mesh predicted
+// fastest when the job starts (rates of a made-up host here, so nothing is
+// measured), the ranks train it and their logs say why, and compare sets
+// auto beside DDP on the same global batch, the same losses.
+TEST_F(CliJobCommandsTest, CompareTakesAutoAndTheCoordinatorPicksTheMesh) {
+  const std::string cache = dir_ / "cache";
+  ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  HostRates rates;
+  rates.cores = 2;
+  rates.flops_per_thread = 2e10;
+  rates.compute_model = "gpt2-tiny";
+  rates.optimizer_seconds_per_parameter = 2e-9;
+  rates.intra_node = {1e-4, 1e9};
+  const absl::Status saved = SaveHostRates(rates);
+  ::unsetenv("XDG_CACHE_HOME");
+  ASSERT_TRUE(saved.ok()) << saved;
+  DaemonOptions options;
+  options.env = {{"XDG_CACHE_HOME", cache}};
+  StartDaemon(options);
+  const std::string out = dir_ / "auto";
+  CommandResult compare = Cli(absl::StrCat(
+      "compare --strategies ddp,auto --world-size 2 --model gpt2-tiny "
+      "--data brown --batch-size 2 --seq-len 64 --max-steps 3 --eval-steps 1 "
+      "--out ",
+      out));
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 2);
+  std::map<std::string, std::vector<double>> losses;
+  std::string auto_id, chosen;
+  for (const v1::Job& job : jobs.jobs()) {
+    const std::string entry = job.spec().labels().at("strategy");
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString();
+    EXPECT_EQ(job.spec().world_size(), 2) << entry;
+    if (entry == "auto") {
+      auto_id = job.id();
+      EXPECT_EQ(job.spec().strategy().name(), "auto");
+      ASSERT_TRUE(job.spec().labels().count("auto_mesh")) << job.DebugString();
+      chosen = job.spec().labels().at("auto_mesh");
+    }
+    for (const v1::StepMetrics& m : daemon_->Metrics(job.id())) {
+      if (m.rank() == 0) losses[entry].push_back(m.loss());
+    }
+  }
+  // A mesh of the two ranks, as plan --fit names them.
+  EXPECT_THAT((std::vector<std::string>{"ddp2", "fsdp2", "pp2", "tp2"}),
+              ::testing::Contains(chosen));
+  EXPECT_THAT(compare.err, HasSubstr("auto trained " + chosen));
+  ASSERT_EQ(losses["auto"].size(), losses["ddp"].size());
+  for (size_t i = 0; i < losses["auto"].size(); ++i) {
+    EXPECT_NEAR(losses["auto"][i], losses["ddp"][i], 1e-6 * losses["ddp"][i])
+        << "step " << i + 1;
+  }
+  const CommandResult logs = Cli("logs " + auto_id);
+  EXPECT_THAT(logs.out, HasSubstr("auto: chose " + chosen)) << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("meshes of 2 ranks weighed"));
+
+  // An elastic job would change ranks under the mesh chosen for them.
+  CommandResult elastic =
+      Cli("submit --strategy auto --world-size 2 --model gpt2-tiny --data "
+          "brown --max-steps 2 --checkpoint-every 1 --min-world-size 1");
+  EXPECT_EQ(elastic.exit_code, 2) << elastic.out;
+  EXPECT_THAT(elastic.err,
+              HasSubstr("strategy auto picks its mesh for the ranks a job "
+                        "starts with"));
 }
 
 // --memory-budget: every strategy and pipeline mesh at the largest batch

@@ -1,10 +1,11 @@
-// `shardtrain-train --strategy auto`: the launcher ranks every mesh of its
-// ranks by predicted step time (core/train/mesh_search.h, this host's
-// measured rates), trains the fastest that fits memory_cap, logs the choice
-// with its predicted numbers, and after the run sets them beside the
-// measured ones (and in <out>/auto_mesh.json). Torch-free.
-#ifndef SHARDTRAIN_WORKER_AUTO_MESH_H_
-#define SHARDTRAIN_WORKER_AUTO_MESH_H_
+// `--strategy auto` (shardtrain-train's launcher, and the coordinator when
+// a job starts): every mesh of the ranks ranked by predicted step time
+// (core/train/mesh_search.h, this host's measured rates), the fastest that
+// fits memory_cap trained, the choice logged with its predicted numbers,
+// and after a shardtrain-train run set beside the measured ones (and in
+// <out>/auto_mesh.json). Torch-free.
+#ifndef SHARDTRAIN_CORE_TRAIN_AUTO_MESH_H_
+#define SHARDTRAIN_CORE_TRAIN_AUTO_MESH_H_
 
 #include <cstdint>
 #include <ostream>
@@ -27,12 +28,13 @@ struct AutoChoice {
 
 // Replaces `config`'s strategy "auto" by the chosen mesh's fields, for a
 // run of `world_size` ranks, `ranks_per_host` per host. The rates come from
-// the cache; when it has none and `may_calibrate`, this program measures
-// them first (`--calibrate`, a few seconds to a minute). Prints the choice
-// and the runners-up to `log`. Errors: no rates, nothing fits
-// (RankMeshesForAuto), a model that does not parse.
+// the cache; when it has none and `calibrator` names a shardtrain-train
+// binary, it measures them first (`--calibrate`, a few seconds to a
+// minute). Prints the choice and the runners-up to `log`. Errors: no rates,
+// nothing fits (RankMeshesForAuto), a model that does not parse.
 absl::Status ResolveAutoStrategy(TrainConfig* config, int64_t world_size,
-                                 int64_t ranks_per_host, bool may_calibrate,
+                                 int64_t ranks_per_host,
+                                 const std::string& calibrator,
                                  std::ostream& log, AutoChoice* choice);
 
 // After the run: the median tokens/s of `config.out`/metrics.jsonl (steps
@@ -43,4 +45,4 @@ void ReportAutoOutcome(const AutoChoice& choice, const TrainConfig& config,
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_WORKER_AUTO_MESH_H_
+#endif  // SHARDTRAIN_CORE_TRAIN_AUTO_MESH_H_

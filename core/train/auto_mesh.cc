@@ -1,4 +1,4 @@
-#include "worker/auto_mesh.h"
+#include "core/train/auto_mesh.h"
 
 #include <algorithm>
 #include <fstream>
@@ -20,17 +20,18 @@ std::string RatesDevice(const TrainConfig& config) {
   return config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
 }
 
-absl::StatusOr<HostRates> Rates(const TrainConfig& config, bool may_calibrate,
+absl::StatusOr<HostRates> Rates(const TrainConfig& config,
+                                const std::string& calibrator,
                                 std::ostream& log) {
   absl::StatusOr<HostRates> rates =
       LoadHostRates(RatesDevice(config), config.model);
-  if (rates.ok() || !absl::IsNotFound(rates.status()) || !may_calibrate) {
+  if (rates.ok() || !absl::IsNotFound(rates.status()) || calibrator.empty()) {
     return rates;
   }
   std::vector<std::string> argv = CalibrationArguments(config);
   log << "auto: measuring this host once (shardtrain-train "
       << absl::StrJoin(argv, " ") << ")" << std::endl;
-  argv.insert(argv.begin(), "/proc/self/exe");
+  argv.insert(argv.begin(), calibrator);
   absl::StatusOr<CommandResult> run = RunCommand(argv, {}, 600);
   if (!run.ok()) return run.status();
   if (!run->ok()) {
@@ -60,9 +61,10 @@ std::string Describe(const MeshCandidate& c) {
 }  // namespace
 
 absl::Status ResolveAutoStrategy(TrainConfig* config, int64_t world_size,
-                                 int64_t ranks_per_host, bool may_calibrate,
+                                 int64_t ranks_per_host,
+                                 const std::string& calibrator,
                                  std::ostream& log, AutoChoice* choice) {
-  absl::StatusOr<HostRates> rates = Rates(*config, may_calibrate, log);
+  absl::StatusOr<HostRates> rates = Rates(*config, calibrator, log);
   if (!rates.ok()) {
     return absl::Status(
         rates.status().code(),
