@@ -385,10 +385,12 @@ class Client:
         as ``shardtrain compare`` runs them: distributed strategies on
         ``world_size`` ranks, single-device on one with the whole global
         batch (strong scaling), so the losses match step for step. An entry
-        may also be a pipeline mesh as ``shardtrain compare`` names it:
-        ``ppS`` (S stages of one replica) or ``ppSx<strategy>[D]`` (S stages
-        x D ranks per stage; without D, ``world_size / S``), each replica
-        given its share of the global batch. Returns one
+        may also be a mesh as ``shardtrain compare`` names it:
+        ``[ppS x] [<strategy>[D]] [x tpT]`` (S pipeline stages, D replicas,
+        T tensor-parallel ranks; without D, ``world_size / (S T)``: ``pp2``,
+        ``pp2xddp2``, ``tp2``, ``ddp2xtp2``), each replica given its share of
+        the global batch, or ``auto`` (the mesh the coordinator predicts
+        fastest for ``world_size`` ranks). Returns one
         :class:`StrategyResult` per entry; raises :class:`JobDidNotSucceed`
         if a run fails (a mesh the daemon refuses raises its error)."""
         study = kwargs.pop("name", None) or f"compare-{int(time.time())}"
@@ -398,16 +400,18 @@ class Client:
         # 8: TrainConfig's default batch per rank.
         per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
         for entry in strategies:
-            strategy, stages, ranks = _study_entry(entry, world_size)
+            strategy, stages, tensor, ranks = _study_entry(entry, world_size)
             one = job_pb2.JobSpec()
             one.CopyFrom(base)
             one.strategy.name = strategy
             if stages > 1:
                 one.strategy.pipeline_stages = stages
+            if tensor > 1:
+                one.strategy.tensor_parallel = tensor
             one.world_size = ranks
             # Every data-parallel replica its share of the global batch
             # (single-device: all of it).
-            one.trainer.batch_size = per_rank * world_size // max(1, ranks // stages)
+            one.trainer.batch_size = per_rank * world_size // max(1, ranks // (stages * tensor))
             one.name = f"{study}-{entry}"
             one.labels.update({**labels, "study": study, "strategy": entry})
             job = self.submit(one)
@@ -429,20 +433,24 @@ class Client:
         return results
 
 
-_MESH = re.compile(r"pp(\d+)(?:x([a-z]+)(\d*))?")
+_MESH = re.compile(r"(?:pp(\d+))?(?:x?([a-z]+?)(\d*))??(?:x?tp(\d+))?")
 
 
-def _study_entry(entry: str, world_size: int) -> Tuple[str, int, int]:
-    """(data-parallel strategy, pipeline stages, ranks) of a compare entry:
-    a strategy name, or a pipeline mesh ``ppS`` / ``ppSx<strategy>[D]``
+def _study_entry(entry: str, world_size: int) -> Tuple[str, int, int, int]:
+    """(data-parallel strategy, pipeline stages, tensor-parallel ranks, ranks)
+    of a compare entry: a strategy name, ``auto`` (the whole world, the mesh
+    the coordinator picks), or a mesh ``[ppS x] [<strategy>[D]] [x tpT]``
     (the daemon checks the numbers)."""
+    if entry == "auto":
+        return entry, 1, 1, world_size
     mesh = _MESH.fullmatch(entry)
-    if mesh is None:
-        return entry, 1, 1 if entry == "single" else world_size
-    stages = int(mesh.group(1))
+    if mesh is None or (mesh.group(1) is None and mesh.group(4) is None):
+        return entry, 1, 1, 1 if entry == "single" else world_size
+    stages = int(mesh.group(1) or 1)
+    tensor = int(mesh.group(4) or 1)
     strategy = mesh.group(2) or "single"
     if mesh.group(3):
-        per_stage = int(mesh.group(3))
+        replicas = int(mesh.group(3))
     else:
-        per_stage = 1 if strategy == "single" else max(1, world_size // max(1, stages))
-    return strategy, stages, stages * per_stage
+        replicas = 1 if strategy == "single" else max(1, world_size // max(1, stages * tensor))
+    return strategy, stages, tensor, stages * tensor * replicas

@@ -243,14 +243,18 @@ def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):
 
 def test_compare_takes_pipeline_meshes(client, data):
     # pp2: two stages of one replica on the global batch, as single-device;
-    # the same training step for step.
-    results = client.compare(data=data, strategies=("single", "pp2"), world_size=2,
+    # tp2: every layer split over two ranks, likewise; the same training
+    # step for step.
+    results = client.compare(data=data, strategies=("single", "pp2", "tp2"), world_size=2,
                              max_steps=3, **{**SMALL, "eval_every": 0})
-    assert [r.strategy for r in results] == ["single", "pp2"]
-    single, pp2 = results
+    assert [r.strategy for r in results] == ["single", "pp2", "tp2"]
+    single, pp2, tp2 = results
     assert (pp2.world_size, pp2.batch_size) == (2, 4)
     assert client.get(pp2.job_id).proto.spec.strategy.pipeline_stages == 2
     assert abs(single.final_loss - pp2.final_loss) <= 1e-5 * single.final_loss
+    assert (tp2.world_size, tp2.batch_size) == (2, 4)
+    assert client.get(tp2.job_id).proto.spec.strategy.tensor_parallel == 2
+    assert abs(single.final_loss - tp2.final_loss) <= 1e-5 * single.final_loss
     # A mesh naming no strategy is the daemon's error, naming it.
     with pytest.raises(Exception, match="zero"):
         client.compare(data=data, strategies=("pp2xzero",), world_size=2, max_steps=1)
