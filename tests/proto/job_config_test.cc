@@ -1,5 +1,6 @@
 #include "proto/job_config.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -185,6 +186,29 @@ TEST(JobConfigTest, WorldSizeIsPipelineStagesTimesTheDataParallelSize) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(config.status().message(), c.message);
   }
+}
+
+// Strategy auto is resolved when the job starts, for the ranks it then
+// has: the spec holds "auto" at any world size, the rest of it must hold
+// whatever mesh is picked, and it cannot be elastic.
+TEST(JobConfigTest, AutoIsKeptForTheCoordinatorToResolve) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_strategy()->set_name("auto");
+  spec.set_world_size(4);
+  absl::StatusOr<TrainConfig> c = TrainConfigFromJobSpec(spec, kOut);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->strategy, "auto");
+  spec.mutable_trainer()->set_batch_size(-1);
+  EXPECT_THAT(
+      std::string(TrainConfigFromJobSpec(spec, kOut).status().message()),
+      ::testing::HasSubstr("batch_size"));
+  spec.mutable_trainer()->set_batch_size(4);
+  spec.mutable_trainer()->set_checkpoint_every(10);
+  spec.mutable_elastic()->set_min_world_size(2);
+  EXPECT_THAT(
+      std::string(TrainConfigFromJobSpec(spec, kOut).status().message()),
+      ::testing::HasSubstr("strategy auto picks its mesh for the ranks "
+                           "a job starts with"));
 }
 
 TEST(JobConfigTest, InvalidSpecsNameTheField) {
