@@ -375,7 +375,8 @@ TEST_F(StrategyEquivalenceTest, PipelineStagesComposeWithTensorParallelism) {
   const std::string mesh =
       "--strategy single --tp 2 --pipeline-stages 2 --micro-batches 2 "
       "--nproc 4 --batch-size 8";
-  TrainRun pp_tp = Train("pp2_tp2", mesh + Common() + lr);
+  TrainRun pp_tp =
+      Train("pp2_tp2", mesh + " --checkpoint-every 10" + Common() + lr);
   ExpectSameTraining("pp2_tp2", pp_tp, "single_pptp", single, 1e-6, 1e-5);
   EXPECT_NE(pp_tp.output.find("mesh: 2 pipeline stages x single 1 x tensor "
                               "parallel 2, 1f1b with 2 micro-batch(es): stage "
@@ -392,6 +393,9 @@ TEST_F(StrategyEquivalenceTest, PipelineStagesComposeWithTensorParallelism) {
       Train("pp2_tp2_recomputed",
             mesh + " --activation-checkpointing all" + Common() + lr);
   ExpectSameTraining("pp2_tp2_recomputed", recomputed, "pp2_tp2", pp_tp, 0, 0);
+  // Its checkpoint (each rank the runs of its stage's slices) at one device.
+  ExpectResumes("pp2_tp2", pp_tp, "single", "--strategy single --batch-size 8",
+                lr);
   // PP 2 x FSDP 2 x TP 2 (8 ranks): each stage's slices sharded over its
   // two replicas; its checkpoint resumes at TP 2 alone.
   TrainRun three_d =
