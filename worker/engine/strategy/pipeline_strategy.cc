@@ -697,22 +697,12 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
       if (to_save && name == "wte.weight" && !first()) continue;
       const torch::Tensor& p = owned_[i];
       if (to_save && tensor_->rank() != 0 && Whole(name, p)) continue;
-      const std::vector<int64_t>& global = shapes_.at(name);
-      const std::vector<FlatRun> runs =
-          TensorParallelRuns(name, global, tensor_->rank(), t);
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-      const std::pair<const char*, torch::Tensor> parts[] = {
-          {"model.", p.detach().view(-1)},
-          {"optim.exp_avg.", exp_avg.view(-1)},
-          {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
-      for (const auto& [prefix, data] : parts) {
-        int64_t at = 0;
-        for (const FlatRun& run : runs) {
-          slices.push_back({prefix + name, global, run.offset,
-                            data.narrow(0, at, run.length)});
-          at += run.length;
-        }
-      }
+      AppendTensorParallelState(name, shapes_.at(name), tensor_->rank(), t, 0,
+                                {{"model.", p.detach().view(-1)},
+                                 {"optim.exp_avg.", exp_avg.view(-1)},
+                                 {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
+                                &slices);
     }
     return slices;
   }
@@ -771,26 +761,12 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
         // tensors written by the first tensor rank.
         const std::vector<int64_t>& global = shapes_.at(p.name);
         if (to_save && tensor_->rank() != 0 && p.shape == global) return;
-        const std::vector<FlatRun> runs = TensorParallelRuns(
-            p.name, global, tensor_->rank(), tensor_parallel());
-        const std::pair<const char*, torch::Tensor> parts[] = {
-            {"model.", piece},
-            {"optim.exp_avg.", exp_avg.view(-1)},
-            {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
-        for (const auto& [prefix, data] : parts) {
-          const int64_t end = offset + data.numel();
-          int64_t at = 0;
-          for (const FlatRun& run : runs) {
-            const int64_t from = std::max(offset, at);
-            const int64_t to = std::min(end, at + run.length);
-            if (from < to) {
-              slices.push_back({prefix + p.name, global,
-                                run.offset + (from - at),
-                                data.narrow(0, from - offset, to - from)});
-            }
-            at += run.length;
-          }
-        }
+        AppendTensorParallelState(p.name, global, tensor_->rank(),
+                                  tensor_parallel(), offset,
+                                  {{"model.", piece},
+                                   {"optim.exp_avg.", exp_avg.view(-1)},
+                                   {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
+                                  &slices);
         return;
       }
       add("model." + p.name, p.shape, offset, piece);
@@ -841,7 +817,6 @@ absl::Status PipelineStrategy::ExportModel(const std::string& path) {
 
 std::vector<std::pair<torch::Tensor*, torch::Tensor>>
 PipelineStrategy::GatherSlices() {
-  const int64_t t = tensor_parallel();
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
   // By the members: a sharded stage's point at its consolidated units.
@@ -849,20 +824,8 @@ PipelineStrategy::GatherSlices() {
     if (!Owns(name)) continue;
     torch::Tensor* member = members.at(name);
     if (Whole(name, *member)) continue;
-    const torch::Tensor local =
-        member->detach().to(torch::kFloat).reshape({-1});
-    torch::Tensor gathered = torch::empty({t * local.numel()}, local.options());
-    Check(tensor_->AllGather(gathered, local), "all_gather (export)");
-    torch::Tensor full = torch::empty(global, local.options());
-    torch::Tensor flat = full.view({-1});
-    for (int64_t r = 0; r < t; ++r) {
-      int64_t at = r * local.numel();
-      for (const FlatRun& run : TensorParallelRuns(name, global, r, t)) {
-        flat.narrow(0, run.offset, run.length)
-            .copy_(gathered.narrow(0, at, run.length));
-        at += run.length;
-      }
-    }
+    torch::Tensor full =
+        GatherTensorParallelSlices(*tensor_, name, global, *member);
     restore.emplace_back(member, *member);
     *member = full;
   }

@@ -109,6 +109,52 @@ VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
   return vocab;
 }
 
+void AppendTensorParallelState(
+    const std::string& name, const std::vector<int64_t>& global, int64_t rank,
+    int64_t size, int64_t offset,
+    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
+    std::vector<StateSlice>* slices) {
+  const std::vector<FlatRun> runs =
+      TensorParallelRuns(name, global, rank, size);
+  for (const auto& [prefix, data] : parts) {
+    const int64_t end = offset + data.numel();
+    int64_t at = 0;  // where the run starts in the flattened slice
+    for (const FlatRun& run : runs) {
+      const int64_t from = std::max(offset, at);
+      const int64_t to = std::min(end, at + run.length);
+      if (from < to) {
+        slices->push_back({prefix + name, global, run.offset + (from - at),
+                           data.narrow(0, from - offset, to - from)});
+      }
+      at += run.length;
+    }
+  }
+}
+
+torch::Tensor GatherTensorParallelSlices(Communicator& group,
+                                         const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         const torch::Tensor& local) {
+  const int64_t t = group.world_size();
+  const torch::Tensor flat_local =
+      local.detach().to(torch::kFloat).reshape({-1});
+  torch::Tensor gathered =
+      torch::empty({t * flat_local.numel()}, flat_local.options());
+  ThrowIfFailed(group.AllGather(gathered, flat_local)->Wait(),
+                "tensor parallel", "all_gather (export)");
+  torch::Tensor full = torch::empty(global, flat_local.options());
+  torch::Tensor flat = full.view({-1});
+  for (int64_t r = 0; r < t; ++r) {
+    int64_t at = r * flat_local.numel();
+    for (const FlatRun& run : TensorParallelRuns(name, global, r, t)) {
+      flat.narrow(0, run.offset, run.length)
+          .copy_(gathered.narrow(0, at, run.length));
+      at += run.length;
+    }
+  }
+  return full;
+}
+
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
                                                int64_t tensor_parallel,
@@ -471,28 +517,13 @@ std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
       ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
                                    const torch::Tensor& piece) {
         if (to_save && Whole(p.name, p.shape) && tensor_->rank() != 0) return;
-        const std::vector<int64_t>& global = shapes_.at(p.name);
-        const std::vector<FlatRun> runs =
-            TensorParallelRuns(p.name, global, tensor_->rank(), t);
         const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-        const std::pair<const char*, torch::Tensor> parts[] = {
-            {"model.", piece},
-            {"optim.exp_avg.", exp_avg.view(-1)},
-            {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
-        for (const auto& [prefix, data] : parts) {
-          const int64_t end = offset + data.numel();
-          int64_t at = 0;  // where the run starts in the flattened slice
-          for (const FlatRun& run : runs) {
-            const int64_t from = std::max(offset, at);
-            const int64_t to = std::min(end, at + run.length);
-            if (from < to) {
-              slices.push_back({prefix + p.name, global,
-                                run.offset + (from - at),
-                                data.narrow(0, from - offset, to - from)});
-            }
-            at += run.length;
-          }
-        }
+        AppendTensorParallelState(p.name, shapes_.at(p.name), tensor_->rank(),
+                                  t, offset,
+                                  {{"model.", piece},
+                                   {"optim.exp_avg.", exp_avg.view(-1)},
+                                   {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
+                                  &slices);
       });
     }
     return slices;
@@ -503,24 +534,15 @@ std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
     const std::string& name = item.key();
     const std::vector<int64_t>& global = shapes_.at(name);
     const torch::Tensor& p = item.value();
-    const std::vector<FlatRun> runs =
-        TensorParallelRuns(name, global, tensor_->rank(), t);
     const bool whole = p.sizes().vec() == global;
     // Whole tensors are the same on every rank: the first writes them.
     if (whole && to_save && tensor_->rank() != 0) continue;
     const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-    const std::pair<const char*, torch::Tensor> parts[] = {
-        {"model.", p.detach().view(-1)},
-        {"optim.exp_avg.", exp_avg.view(-1)},
-        {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
-    for (const auto& [prefix, data] : parts) {
-      int64_t at = 0;
-      for (const FlatRun& run : runs) {
-        slices.push_back({prefix + name, global, run.offset,
-                          data.narrow(0, at, run.length)});
-        at += run.length;
-      }
-    }
+    AppendTensorParallelState(name, global, tensor_->rank(), t, 0,
+                              {{"model.", p.detach().view(-1)},
+                               {"optim.exp_avg.", exp_avg.view(-1)},
+                               {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
+                              &slices);
   }
   return slices;
 }
@@ -536,7 +558,6 @@ void TensorParallelStrategy::set_optimizer_steps(int64_t steps) {
 absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
   // Each sliced tensor's slices gathered on every rank of a replica (all the
   // same size), put back in place on rank 0, which writes the whole model.
-  const int64_t t = tensor_parallel_;
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
   absl::Status status = absl::OkStatus();
@@ -553,23 +574,9 @@ absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
     for (const auto& [name, global] : shapes_) {
       torch::Tensor* member = members.at(name);
       if (member->sizes().vec() == global) continue;
-      const torch::Tensor local =
-          member->detach().to(torch::kFloat).reshape({-1});
-      torch::Tensor gathered =
-          torch::empty({t * local.numel()}, local.options());
-      ThrowIfFailed(tensor_->AllGather(gathered, local)->Wait(),
-                    "tensor parallel", "all_gather (export)");
+      torch::Tensor full =
+          GatherTensorParallelSlices(*tensor_, name, global, *member);
       if (options_.rank != 0) continue;
-      torch::Tensor full = torch::empty(global, local.options());
-      torch::Tensor flat = full.view({-1});
-      for (int64_t r = 0; r < t; ++r) {
-        int64_t at = r * local.numel();
-        for (const FlatRun& run : TensorParallelRuns(name, global, r, t)) {
-          flat.narrow(0, run.offset, run.length)
-              .copy_(gathered.narrow(0, at, run.length));
-          at += run.length;
-        }
-      }
       restore.emplace_back(member, *member);
       *member = full;
     }

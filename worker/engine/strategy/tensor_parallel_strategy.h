@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/engine/strategy/fsdp_unit.h"
@@ -67,6 +68,25 @@ std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group);
 VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
                                     const StrategyOptions& options,
                                     bool rows_held);
+
+// Appends to `slices` the state of elements [offset, offset + n) of
+// tensor-parallel rank `rank`'s (of `size`) flattened slice of the global
+// parameter `name`: for each of `parts` ({key prefix, n values}: the
+// parameter and its AdamW moments) the runs of the global tensor those
+// elements are.
+void AppendTensorParallelState(
+    const std::string& name, const std::vector<int64_t>& global, int64_t rank,
+    int64_t size, int64_t offset,
+    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
+    std::vector<StateSlice>* slices);
+
+// The whole global tensor `name` from every rank's slice `local` (the same
+// size on each): an all-gather over `group`, the slices put in place.
+// Collective; throws c10::Error.
+torch::Tensor GatherTensorParallelSlices(Communicator& group,
+                                         const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         const torch::Tensor& local);
 
 class TensorParallelStrategy final : public Strategy {
  public:
