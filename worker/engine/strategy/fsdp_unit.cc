@@ -5,8 +5,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain {
@@ -204,6 +207,16 @@ void FsdpUnit::HoldUnshardedGradient() {
   }
 }
 
+void FsdpUnit::SetParameterGradient(const torch::Tensor& grad) {
+  const Param& p = params_.front();
+  torch::Tensor flat = grad.reshape({-1});
+  if (p.numel != padded_numel_) {
+    flat = torch::zeros({padded_numel_}, grad.options());
+    flat.narrow(0, p.offset, p.numel).copy_(grad.reshape({-1}));
+  }
+  full_.mutable_grad() = flat;
+}
+
 absl::Status FsdpUnit::LaunchReduceScatter() {
   if (absl::Status s = WaitReduceScatter(); !s.ok()) return s;
   torch::Tensor grad = full_.grad();
@@ -263,6 +276,31 @@ std::vector<AdamW::Group> ShardWeightDecayGroups(
     }
   }
   return {decay, no_decay};
+}
+
+absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+    const std::map<std::string, torch::Tensor*>& members,
+    const std::string& who) {
+  std::vector<UnitSources> units;
+  for (const auto& [name, value] : parameters) {
+    const std::string unit = name == "wte.weight" ? "wte"
+                             : absl::StartsWith(name, "h.")
+                                 ? name.substr(0, name.find('.', 2))
+                                 : "root";
+    const auto member = members.find(name);
+    if (member == members.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": parameter '", name,
+          "' is not the weight or bias of a Linear, LayerNorm or Embedding"));
+    }
+    auto it =
+        std::find_if(units.begin(), units.end(),
+                     [&](const UnitSources& u) { return u.name == unit; });
+    if (it == units.end()) it = units.insert(units.end(), {unit, {}});
+    it->sources.push_back({name, value, member->second});
+  }
+  return units;
 }
 
 void ForEachShardPiece(

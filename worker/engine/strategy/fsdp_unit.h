@@ -21,8 +21,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,6 +108,11 @@ class FsdpUnit {
   // HoldUnshardedGradient() are reduced with it. Nothing happens when there
   // is neither.
   absl::Status LaunchReduceScatter();
+  // Hands the unit `grad`, the gradient of its only parameter (a
+  // parameter whose users add its gradient themselves, e.g. the
+  // vocabulary-parallel wte), as full()'s gradient, padded with zeros, for
+  // the next LaunchReduceScatter().
+  void SetParameterGradient(const torch::Tensor& grad);
   // Gradient accumulation without communication (FSDP's no_sync): adds
   // full().grad() into an fp32 full-size buffer kept until the next
   // LaunchReduceScatter() and frees the leaf's gradient.
@@ -175,6 +182,20 @@ class FsdpUnit {
 // matrices decay, of vectors do not.
 std::vector<AdamW::Group> ShardWeightDecayGroups(
     const std::vector<std::unique_ptr<FsdpUnit>>& units, double weight_decay);
+
+// A model's parameters (name, value) grouped into the units the strategies
+// shard: wte alone, each block's together ("h.N"), the rest (wpe, ln_f)
+// together ("root"), in the order each unit's first parameter comes. A
+// parameter that is not a module member in `members` is refused, `who`
+// naming the strategy.
+struct UnitSources {
+  std::string name;
+  std::vector<FsdpUnit::Source> sources;
+};
+absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+    const std::map<std::string, torch::Tensor*>& members,
+    const std::string& who);
 
 // Calls `visit(param, offset, piece)` for each parameter with elements in
 // this rank's shard of `unit`: `piece` is the shard's memory holding them

@@ -253,41 +253,26 @@ absl::Status PipelineStrategy::ShardStage() {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   // Units in the order their first parameter comes: wte alone, the stage's
   // other root tensors (wpe, ln_f) together, one per block.
-  std::vector<std::string> names;
-  std::vector<std::vector<FsdpUnit::Source>> sources;
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (size_t i = 0; i < owned_.size(); ++i) {
-    const std::string& name = owned_names_[i];
-    const std::string unit = name == "wte.weight" ? "wte"
-                             : absl::StartsWith(name, "h.")
-                                 ? name.substr(0, name.find('.', 2))
-                                 : "root";
-    const auto member = members.find(name);
-    if (member == members.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline x fsdp: parameter '", name,
-          "' is not the weight or bias of a Linear, LayerNorm or Embedding"));
-    }
-    const size_t u = static_cast<size_t>(
-        std::find(names.begin(), names.end(), unit) - names.begin());
-    if (u == names.size()) {
-      names.push_back(unit);
-      sources.emplace_back();
-    }
-    sources[u].push_back({name, owned_[i], member->second});
+    parameters.emplace_back(owned_names_[i], owned_[i]);
   }
+  absl::StatusOr<std::vector<UnitSources>> grouped =
+      GroupIntoUnits(parameters, members, "pipeline x fsdp");
+  if (!grouped.ok()) return grouped.status();
   const torch::ScalarType compute_dtype =
       options_.device.is_cuda() && options_.precision == "bf16"
           ? torch::kBFloat16
           : torch::kFloat;
   try {
-    for (size_t u = 0; u < names.size(); ++u) {
+    for (UnitSources& u : *grouped) {
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          names[u], std::move(sources[u]), replicas_.get(), options_.device,
+          u.name, std::move(u.sources), replicas_.get(), options_.device,
           // The vocabulary-parallel paths read wte in fp32.
-          names[u] == "wte" && tensor_parallel() > 1 ? torch::kFloat
-                                                     : compute_dtype);
+          u.name == "wte" && tensor_parallel() > 1 ? torch::kFloat
+                                                   : compute_dtype);
       if (!unit.ok()) return unit.status();
-      if (names[u] == "wte") wte_unit_ = unit->get();
+      if (u.name == "wte") wte_unit_ = unit->get();
       units_.push_back(std::move(*unit));
     }
   } catch (const c10::Error& e) {
@@ -350,25 +335,11 @@ void PipelineStrategy::GatherUnits() {
 
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
   if (vocab_.grad.defined() && wte_unit_ != nullptr) {
-    const FsdpUnit::Param& p = wte_unit_->params().front();
-    torch::Tensor flat = vocab_.grad.reshape({-1});
-    if (p.numel != wte_unit_->padded_numel()) {
-      flat = torch::zeros({wte_unit_->padded_numel()}, flat.options());
-      flat.narrow(0, p.offset, p.numel).copy_(vocab_.grad.reshape({-1}));
-    }
-    wte_unit_->full().mutable_grad() = flat;
+    wte_unit_->SetParameterGradient(vocab_.grad);
   }
   if (wte_leaf_.defined()) {
     torch::Tensor grad = wte_leaf_.grad();
-    if (grad.defined()) {
-      const FsdpUnit::Param& p = wte_unit_->params().front();
-      torch::Tensor flat = grad.reshape({-1});
-      if (p.numel != wte_unit_->padded_numel()) {
-        flat = torch::zeros({wte_unit_->padded_numel()}, grad.options());
-        flat.narrow(0, p.offset, p.numel).copy_(grad.reshape({-1}));
-      }
-      wte_unit_->full().mutable_grad() = flat;
-    }
+    if (grad.defined()) wte_unit_->SetParameterGradient(grad);
     wte_leaf_ = torch::Tensor();
   }
   for (auto& unit : units_) {

@@ -283,40 +283,25 @@ absl::Status TensorParallelStrategy::ShardOverReplicas() {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   // Units in the order their first parameter comes: wte alone, wpe and the
   // LayerNorm outside the blocks together, one per block.
-  std::vector<std::string> names;
-  std::vector<std::vector<FsdpUnit::Source>> sources;
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (auto& item : model_->named_parameters()) {
-    const std::string& name = item.key();
-    const std::string unit = name == "wte.weight" ? "wte"
-                             : absl::StartsWith(name, "h.")
-                                 ? name.substr(0, name.find('.', 2))
-                                 : "root";
-    const auto member = members.find(name);
-    if (member == members.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor parallel x fsdp: parameter '", name,
-          "' is not the weight or bias of a Linear, LayerNorm or Embedding"));
-    }
-    const size_t u = static_cast<size_t>(
-        std::find(names.begin(), names.end(), unit) - names.begin());
-    if (u == names.size()) {
-      names.push_back(unit);
-      sources.emplace_back();
-    }
-    sources[u].push_back({name, item.value(), member->second});
+    parameters.emplace_back(item.key(), item.value());
   }
+  absl::StatusOr<std::vector<UnitSources>> grouped =
+      GroupIntoUnits(parameters, members, "tensor parallel x fsdp");
+  if (!grouped.ok()) return grouped.status();
   const torch::ScalarType compute_dtype =
       options_.device.is_cuda() && options_.precision == "bf16"
           ? torch::kBFloat16
           : torch::kFloat;
   try {
-    for (size_t u = 0; u < names.size(); ++u) {
+    for (UnitSources& u : *grouped) {
       // wte's rows are read by the vocabulary-parallel paths in fp32.
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          names[u], std::move(sources[u]), replicas_.get(), options_.device,
-          names[u] == "wte" ? torch::kFloat : compute_dtype);
+          u.name, std::move(u.sources), replicas_.get(), options_.device,
+          u.name == "wte" ? torch::kFloat : compute_dtype);
       if (!unit.ok()) return unit.status();
-      if (names[u] == "wte") wte_unit_ = unit->get();
+      if (u.name == "wte") wte_unit_ = unit->get();
       units_.push_back(std::move(*unit));
     }
   } catch (const c10::Error& e) {
@@ -353,15 +338,7 @@ void TensorParallelStrategy::GatherUnits() {
 
 void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
   if (!gathered_) return;
-  if (vocab_.grad.defined()) {
-    const FsdpUnit::Param& p = wte_unit_->params().front();
-    torch::Tensor flat = vocab_.grad.reshape({-1});
-    if (p.numel != wte_unit_->padded_numel()) {
-      flat = torch::zeros({wte_unit_->padded_numel()}, flat.options());
-      flat.narrow(0, p.offset, p.numel).copy_(vocab_.grad.reshape({-1}));
-    }
-    wte_unit_->full().mutable_grad() = flat;
-  }
+  if (vocab_.grad.defined()) wte_unit_->SetParameterGradient(vocab_.grad);
   for (auto& unit : units_) {
     ThrowIfFailed(unit->LaunchReduceScatter(), "tensor parallel x fsdp",
                   "reduce_scatter");
