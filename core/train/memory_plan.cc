@@ -26,6 +26,10 @@ struct Shapes {
   bool embeddings = true;  // runs the embeddings (else receives its input)
   bool head = true;        // runs ln_f and the LM head
   int64_t tokens = 0;  // per rank per micro-step (pipeline: per micro-batch)
+  // T: a tensor-parallel rank holds 1/T of the heads, the hidden units and
+  // wte's rows (strategy/tensor_parallel_strategy.h); block_params and
+  // wte_params are then the rank's.
+  int64_t tensor_parallel = 1;
 };
 
 // Bytes per token autograd keeps for one transformer block, counted tensor
@@ -36,12 +40,17 @@ struct Shapes {
 //   log-sum-exp per head (C + heads) fused; the heads merged back, saved by
 //   c_proj (C); the residual after attention (C); c_fc's output and its GELU
 //   (4C + 4C); the block's output (C, the next block's input).
+// A tensor-parallel rank: the LayerNorms' statistics and outputs, the
+// residual after attention and the block's output are whole (4 + 4C); qkv,
+// the heads' attention state, the merged heads, c_fc's output and its GELU
+// are 1/T (12C / T and the heads' part).
 int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
                            AttentionKind attention) {
+  const int64_t t = s.tensor_parallel;
   const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
-                                       ? s.heads * s.seq
-                                       : s.c + s.heads;
-  return element_bytes * (16 * s.c) + 4 * (4 + attention_floats);
+                                       ? s.heads / t * s.seq
+                                       : (s.c + s.heads) / t;
+  return element_bytes * (4 * s.c + 12 * s.c / t) + 4 * (4 + attention_floats);
 }
 
 // The blocks [first_block, first_block + layers) that activation
@@ -59,9 +68,13 @@ int64_t RecomputedBlocks(const Shapes& s, int64_t every) {
 //
 // A recomputed block (activation checkpointing) keeps only its output (C,
 // fp32: the residual stream), which the next block saves as its input.
+// The vocabulary-parallel embedding (tensor parallelism) keeps each token's
+// local row and whether it is the rank's (9 bytes).
 int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
                         AttentionKind attention, int64_t recomputed_blocks) {
-  const int64_t input = s.embeddings ? element_bytes * s.c : 4 * s.c;
+  const int64_t input =
+      s.embeddings ? element_bytes * s.c + (s.tensor_parallel > 1 ? 9 : 0)
+                   : 4 * s.c;
   const int64_t per_token =
       (s.layers - recomputed_blocks) *
           BlockBytesPerToken(s, element_bytes, attention) +
@@ -82,13 +95,56 @@ int64_t IdsAndMaskBytes(int64_t tokens, AttentionKind attention,
 // The chunked head (model/gpt2.cc LmHeadLoss) over `s.tokens` rows: one
 // chunk of fp32 logits (and its bf16 product), wte's gradient computed in
 // forward, the hidden states' gradient and per-row losses.
+// Tensor parallelism's vocabulary-parallel head (strategy/vocab_parallel.cc)
+// scores one chunk of the rank's rows at a time and adds wte's gradient
+// into its leaf's (the persistent gradients); the hidden states' gradient
+// is whole (all-reduced in place).
 int64_t HeadLogitsBytes(const Shapes& s, int64_t chunk_budget, bool bf16) {
+  if (s.tensor_parallel > 1) {
+    const int64_t rows_held = s.padded_vocab / s.tensor_parallel;
+    const int64_t rows = std::min(
+        s.tokens, std::max<int64_t>(1, chunk_budget / (rows_held * 4)));
+    int64_t bytes = rows * rows_held * (bf16 ? 6 : 4) + 4 * s.tokens * s.c +
+                    4 * s.tokens;
+    if (bf16) bytes += 2 * rows_held * s.c + 2 * s.tokens * s.c;
+    return bytes;
+  }
   const int64_t rows =
       std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (s.vocab * 4)));
   int64_t bytes = rows * s.vocab * (bf16 ? 6 : 4) + 4 * s.wte_params +
                   4 * s.tokens * s.c + 4 * s.tokens;
   if (bf16) bytes += 2 * s.vocab * s.c;  // the cast head weight
   return bytes;
+}
+
+// The backward of the last recomputed block of a tensor-parallel rank, past
+// the activations saved before it: RecomputePeakActivationBytes's two
+// moments with the rank's 1/T of the heads and hidden units. Measured with
+// the tracking allocator (fp32, 4-block models of C 128 to 384 with 4 and 8
+// heads at T 2 and 4, 256 to 4096 tokens), exact to 0.1 C floats per token:
+//   the softmax's backward   4 * (3C + 4C / T + 2 + 3 x heads / T x seq)
+//                            per token (without the heads' terms: fused)
+//   the block's start        its rebuilt activations, and the larger of its
+//                            output and incoming gradient (2C floats per
+//                            token, whole) or its MLP's first gradients
+//                            (4C / T floats per token and c_fc's weight
+//                            gradient, 4C / T x C)
+int64_t TensorParallelRecomputeBytes(const Shapes& s, int64_t element_bytes,
+                                     AttentionKind attention,
+                                     int64_t held_at_softmax,
+                                     MemoryPlan::Moment* moment) {
+  const int64_t t = s.tensor_parallel;
+  const int64_t softmax =
+      s.tokens *
+      (4 * (3 * s.c + 4 * s.c / t + 2) + held_at_softmax +
+       (attention == AttentionKind::kMaskedSoftmax ? 12 * s.heads / t * s.seq
+                                                   : 0));
+  const int64_t block_start =
+      s.tokens * BlockBytesPerToken(s, element_bytes, attention) +
+      std::max(4 * 2 * s.c * s.tokens, 16 * s.c * (s.tokens + s.c) / t);
+  *moment = block_start > softmax ? MemoryPlan::Moment::kRecomputedBlockStart
+                                  : MemoryPlan::Moment::kRecomputedSoftmax;
+  return std::max(softmax, block_start);
 }
 
 // The backward of a recomputed block (activation checkpointing) runs its
@@ -123,6 +179,10 @@ int64_t RecomputePeakActivationBytes(const Shapes& s, int64_t element_bytes,
       ActivationBytes(s, element_bytes, attention, recomputed) -
       s.tokens * (after * per_token_block +
                   (s.head ? element_bytes * s.c + 4 * 2 : 0));
+  if (s.tensor_parallel > 1) {
+    return saved + TensorParallelRecomputeBytes(s, element_bytes, attention,
+                                                held_at_softmax, moment);
+  }
   // Two moments compete: the softmax's backward (above), and the start of
   // j's backward, with all of j's rebuilt activations alive and the first
   // gradients made (measured: 4.25 C floats per token more; gpt2-mini at
@@ -171,10 +231,10 @@ constexpr MomentNames kMomentNames[] = {
     {"the embeddings' backward", "embeddings' backward"},
     {"the replicas' gradient all-reduce", "gradient all-reduce"},
     {"the reduce-scatter of the stage's gradients", "reduce-scatter"},
+    {"the gradient norm", "gradient norm"},
 };
 static_assert(std::size(kMomentNames) ==
-              static_cast<size_t>(MemoryPlan::Moment::kGradientReduceScatter) +
-                  1);
+              static_cast<size_t>(MemoryPlan::Moment::kGradientNorm) + 1);
 
 }  // namespace
 
@@ -201,7 +261,8 @@ std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
           {"logits", logits},
           {"communication", communication},
           {"recomputation", recomputation},
-          {"backward", backward}};
+          {"backward", backward},
+          {"gradient_norm", gradient_norm}};
 }
 
 namespace {
@@ -222,6 +283,39 @@ Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
   return s;
 }
 
+// `s` as a rank of a tensor-parallel group of T holds it: 1/T of every
+// block's matrices and column-parallel biases (the LayerNorms and the
+// row-parallel biases whole, 6C) and of wte's rows.
+Shapes SliceForTensorParallel(Shapes s, int64_t t) {
+  if (t <= 1) return s;
+  s.tensor_parallel = t;
+  s.block_params = (12 * s.c * s.c + 7 * s.c) / t + 6 * s.c;
+  s.wte_params = s.padded_vocab / t * s.c;
+  return s;
+}
+
+// The gradient norm (strategy.cc SumOfSquares) runs after the backward,
+// with the activations freed but for the step's token ids: on CPU it sums
+// each gradient in double, one piece of up to 1 Mi elements at a time. The
+// larger of `plan` and that moment, `largest` the most elements of one
+// gradient tensor the rank holds.
+// `gradients`: the rank's gradients after they are synchronized.
+MemoryPlan WithGradientNorm(MemoryPlan plan, int64_t gradients,
+                            int64_t ids_and_mask, int64_t largest, bool cuda) {
+  if (cuda) return plan;
+  MemoryPlan norm = plan;
+  norm.gradients = gradients;
+  norm.gathered_units = 0;
+  norm.activations = ids_and_mask;
+  norm.logits = 0;
+  norm.communication = 0;
+  norm.recomputation = 0;
+  norm.backward = 0;
+  norm.gradient_norm = 8 * std::min<int64_t>(largest, int64_t{1} << 20);
+  norm.peak_moment = MemoryPlan::Moment::kGradientNorm;
+  return norm.total() > plan.total() ? norm : plan;
+}
+
 // The backward of a block that is not recomputed, past the activations it
 // saved and frees as it goes: the larger of two moments, an MLP weight's
 // gradient (4C x C floats, made before it is added to the parameter's) with
@@ -231,8 +325,13 @@ Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
 // gpt2-mini and of 4-block models of C 128 at T 64 and 128, 4 and 8 heads,
 // 64 to 256 tokens per micro-batch): exact but for the second moment, 0.2%
 // over.
+// A tensor-parallel rank's: the weight's gradient and the MLP's are 1/T,
+// as in its recomputed block (TensorParallelRecomputeBytes).
 int64_t BlockBackwardBytes(const Shapes& s) {
-  return 4 * (std::max(4 * s.c * s.c + 4 * s.c * s.tokens, 7 * s.c * s.tokens) +
+  const int64_t t = s.tensor_parallel;
+  return 4 * (std::max((4 * s.c * s.c + 4 * s.c * s.tokens) / t,
+                       (3 * s.c + 4 * s.c / t) * s.tokens -
+                           (t > 1 ? 2 * s.c * s.tokens : 0)) +
               s.c + 2);
 }
 
@@ -242,13 +341,8 @@ int64_t BlockBackwardBytes(const Shapes& s) {
 // strategy.h): 1/T of every block's matrices and column-parallel biases and
 // of wte's rows, the rest whole.
 //
-// Its activations per token and block: the LayerNorms' statistics and
-// outputs, the residual after attention and the block's output are whole
-// (4 + 4C); qkv, the heads' attention state, the merged heads, c_fc's
-// output and its GELU are 1/T (12C / T and the heads' part). The
-// vocabulary-parallel embedding keeps each token's local row and whether it
-// is the rank's (9 bytes); the head scores one chunk of the rank's rows at
-// a time and holds the hidden states' whole gradient (all-reduced in place).
+// Its activations: ActivationBytes, HeadLogitsBytes and
+// RecomputePeakActivationBytes of its slice (SliceForTensorParallel).
 // With D > 1 the step has a second moment: the gradients averaged over the
 // replicas in one flat buffer, after the activations are freed.
 absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
@@ -258,33 +352,20 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   const int64_t t = config.tensor_parallel;
   if (absl::Status s = config.ValidateTensorParallel(model); !s.ok()) return s;
   if (absl::Status s = config.CheckMeshWorld(world_size); !s.ok()) return s;
-  if (config.pipeline_stages > 1) {
-    return absl::UnimplementedError(
-        "the memory plan of pipeline stages with tensor parallelism is not "
-        "built");
-  }
   absl::StatusOr<int64_t> every =
       ActivationCheckpointEvery(config.activation_checkpointing);
   if (!every.ok()) return every.status();
-  if (*every > 0) {
-    return absl::UnimplementedError(
-        "the memory plan of tensor parallelism with activation checkpointing "
-        "is not built");
-  }
-  const Shapes s =
-      ModelShapes(model, config.seq_len, config.batch_size * config.seq_len);
+  const Shapes s = SliceForTensorParallel(
+      ModelShapes(model, config.seq_len, config.batch_size * config.seq_len),
+      t);
   const int64_t c = s.c;
+  const int64_t recomputed = RecomputedBlocks(s, *every);
   const int64_t wte_rows = s.padded_vocab / t;
-  const int64_t local_params = s.layers * (12 * c * c + 7 * c) / t +
-                               s.layers * 6 * c + wte_rows * c + s.root_params;
+  const int64_t local_params =
+      s.layers * s.block_params + s.wte_params + s.root_params;
   const bool cuda = config.device.rfind("cuda", 0) == 0;
   const bool bf16 = cuda && config.precision == "bf16";
   const int64_t eb = bf16 ? 2 : 4;
-  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
-                                       ? s.heads / t * s.seq
-                                       : (c + s.heads) / t;
-  const int64_t block_per_token =
-      eb * (4 * c + 12 * c / t) + 4 * (4 + attention_floats);
   const int64_t ids_and_mask =
       IdsAndMaskBytes(s.tokens, attention, model.block_size);
 
@@ -292,20 +373,31 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   plan.strategy = config.strategy;
   plan.world_size = world_size;
   plan.tensor_parallel = t;
+  plan.recomputed_blocks = recomputed;
   plan.parameters = 4 * local_params;
   plan.gradients = 4 * local_params;
   plan.optimizer_state = 8 * local_params;
   if (bf16) plan.gathered_units = 2 * s.layers * 12 * c * c / t;
   plan.activations =
-      s.tokens * (s.layers * block_per_token + eb * c + eb * c + 4 * 2 + 9) +
-      ids_and_mask;
-  const int64_t chunk_budget =
-      HeadChunkBytes(cuda, config.ThreadsPerRank(world_size));
-  const int64_t rows =
-      std::min(s.tokens, std::max<int64_t>(1, chunk_budget / (wte_rows * 4)));
-  plan.logits = rows * wte_rows * (bf16 ? 6 : 4) + 4 * s.tokens;
-  if (bf16) plan.logits += 2 * wte_rows * c + 2 * s.tokens * c;
-  plan.communication = 4 * s.tokens * c;  // the hidden states' gradient
+      ActivationBytes(s, eb, attention, recomputed) + ids_and_mask;
+  // The head's buffers; its gradient of the hidden states is all-reduced
+  // in place (communication).
+  plan.communication = 4 * s.tokens * c;
+  plan.logits =
+      HeadLogitsBytes(s, HeadChunkBytes(cuda, config.ThreadsPerRank(world_size)),
+                      bf16) -
+      plan.communication;
+  // Activation checkpointing: the backward of the last recomputed block,
+  // with the head's buffers and the blocks after it freed.
+  if (recomputed > 0) {
+    MemoryPlan::Moment moment;
+    const int64_t backward =
+        RecomputePeakActivationBytes(s, eb, attention, *every, &moment) +
+        ids_and_mask;
+    plan.recomputation = std::max<int64_t>(
+        0, backward - plan.activations - plan.logits - plan.communication);
+    if (plan.recomputation > 0) plan.peak_moment = moment;
+  }
   const StrategyKind* kind = FindStrategyKind(config.strategy);
   if (kind != nullptr && kind->layout == StateLayout::kSharded) {
     // FSDP over the D replicas (TensorParallelStrategy::ShardOverReplicas):
@@ -316,7 +408,7 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
     // backward every unit's full gradient does, reduce-scattered into a
     // shard-sized output.
     const int64_t d = world_size / t;
-    const int64_t block_local = (12 * c * c + 7 * c) / t + 6 * c;
+    const int64_t block_local = s.block_params;
     const int64_t wte_local = RoundUp(wte_rows * c, d);
     const int64_t others =
         s.layers * RoundUp(block_local, d) + RoundUp(s.root_params, d);
@@ -325,24 +417,44 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
     plan.gradients = 4 * shard + 4 * wte_rows * c;
     plan.optimizer_state = 8 * shard;
     plan.gathered_units = eb * others + 4 * wte_local;
+    if (plan.recomputation > 0) {
+      // In the last recomputed block's backward, its gradient (a unit's,
+      // whole) is made too.
+      plan.recomputation += 4 * RoundUp(block_local, d);
+    }
     MemoryPlan end = plan;
     end.activations = ids_and_mask;
     end.logits = 0;
+    end.recomputation = 0;
     end.gradients = 4 * shard + 4 * (others + wte_local);
+    // Launched together, every unit's shard-sized output; on CPU, Gloo's
+    // ring (comm/c10d_communicator.cc RingReduceScatter) also holds one
+    // (two beyond two ranks) buffers of the unit's shard it is reducing,
+    // at worst the largest unit's.
     end.communication = 4 * shard;
+    if (!cuda) {
+      end.communication += (d > 2 ? 2 : 1) * 4 *
+                           std::max(RoundUp(block_local, d), wte_local) / d;
+    }
     end.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
-    return end.total() > plan.total() ? end : plan;
+    // The norm sums each parameter's piece of a shard.
+    return WithGradientNorm(end.total() > plan.total() ? end : plan,
+                            4 * shard, ids_and_mask,
+                            std::max(4 * c * c / t, wte_local / d), cuda);
   }
   // The replicas' average: every gradient copied into one flat buffer.
   const int64_t all_reduce = 4 * local_params + ids_and_mask;
-  if (world_size / t > 1 &&
-      all_reduce > plan.activations + plan.logits + plan.communication) {
+  if (world_size / t > 1 && all_reduce > plan.activations + plan.logits +
+                                             plan.communication +
+                                             plan.recomputation) {
     plan.peak_moment = MemoryPlan::Moment::kGradientAllReduce;
     plan.activations = ids_and_mask;
     plan.logits = 0;
     plan.communication = 4 * local_params;
+    plan.recomputation = 0;
   }
-  return plan;
+  return WithGradientNorm(plan, plan.gradients, ids_and_mask,
+                          std::max(s.wte_params, 4 * c * c / t), cuda);
 }
 
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
@@ -354,11 +466,6 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         "pipeline_stages: got ", config.pipeline_stages,
         "; a pipeline plan needs at least 2 stages (PlanMemory plans one "
         "without)"));
-  }
-  if (config.tensor_parallel > 1) {
-    return absl::UnimplementedError(
-        "the memory plan of pipeline stages with tensor parallelism is not "
-        "built");
   }
   // A stage's ranks replicate it (single, ddp), shard it (fsdp) or shard it
   // within groups (hsdp).
@@ -396,9 +503,12 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
   const int64_t ids_and_mask =
       IdsAndMaskBytes(config.batch_size * config.seq_len * config.grad_accum,
                       attention, model->block_size);
-  const Shapes whole =
+  // With tensor parallelism, each rank of a stage holds 1/T of its layers.
+  const Shapes whole = SliceForTensorParallel(
       ModelShapes(*model, config.seq_len,
-                  config.batch_size / config.micro_batches * config.seq_len);
+                  config.batch_size / config.micro_batches * config.seq_len),
+      config.tensor_parallel);
+  const bool tensor_parallel = whole.tensor_parallel > 1;
   const int64_t t = whole.tokens;
   const int64_t activation = 4 * t * whole.c;  // one [rows, T, C] fp32 buffer
 
@@ -448,13 +558,16 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     base.stage = static_cast<int64_t>(index);
     base.stage_layers = DescribeStage(stage);
     base.recomputed_blocks = recomputed;
+    base.tensor_parallel = whole.tensor_parallel;
     if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
       base.shard_group_size = shards;
     }
     base.parameters = 4 * params;
     base.gradients = 4 * params;
     base.optimizer_state = 8 * params;
-    if (bf16) base.gathered_units = 2 * s.layers * 12 * s.c * s.c;
+    if (bf16) {
+      base.gathered_units = 2 * s.layers * 12 * s.c * s.c / s.tensor_parallel;
+    }
     if (sharded) {
       base.parameters = 4 * shard;
       base.gradients = 4 * shard;
@@ -464,18 +577,28 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     // The full gradients of a sharded stage exist from its first backward
     // of the step to the reduce-scatter; in the first backward of the head
     // stage, wte's is the gradient its head made in forward (already
-    // counted with the micro-batch), taken over by the leaf.
+    // counted with the micro-batch), taken over by the leaf. With tensor
+    // parallelism, the vocabulary-parallel paths add wte's into a buffer of
+    // their own, made with the gather: whole within the step.
+    const bool has_wte = s.embeddings || s.head;
     const int64_t wte_padded =
-        sharded && s.head ? RoundUp(s.wte_params, shards) : 0;
+        sharded && (tensor_parallel ? has_wte : s.head)
+            ? RoundUp(s.wte_params, shards)
+            : 0;
+    if (sharded && tensor_parallel && has_wte) {
+      base.gradients += 4 * s.wte_params;
+    }
     auto full_gradients = [&](int64_t backwards_done) {
-      return 4 * (full - (backwards_done == 0 ? wte_padded : 0));
+      return 4 * (full -
+                  (backwards_done == 0 || tensor_parallel ? wte_padded : 0));
     };
 
     // One micro-batch at the end of its forward, and held from then until
     // its backward: the head's ln_f output is freed, its gradients of the
     // hidden states and of wte (computed in forward) kept.
     const int64_t forwarded = ActivationBytes(s, eb, attention, recomputed);
-    const int64_t held_head = s.head ? 4 * t * s.c + 4 * s.wte_params : 0;
+    const int64_t held_head =
+        s.head ? 4 * t * s.c + (tensor_parallel ? 0 : 4 * s.wte_params) : 0;
     const int64_t held = forwarded - (s.head ? t * eb * s.c : 0);
     // The backward of one micro-batch, past what it holds: the gradient
     // received from the next stage, and the most of its last block's
@@ -487,8 +610,13 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
                                   s, eb, attention, *every, &recompute_moment) -
                               held;
     const bool top_recomputed = recomputed > 0 && stage.end_block % *every == 0;
+    // Tensor parallelism: the gradient's rows of this rank's tokens, added
+    // into wte's gradient in place.
     const int64_t embedding_backward =
-        s.embeddings ? 4 * s.wte_params + 4 * t * s.c - held : 0;
+        !s.embeddings ? 0
+        : tensor_parallel
+            ? 4 * t * s.c + 4 * t * s.c / s.tensor_parallel - held
+            : 4 * s.wte_params + 4 * t * s.c - held;
 
     // Sends are held until the step ends: a non-last stage's outputs (fp32:
     // the activation itself while its micro-batch is held) and a later
@@ -556,11 +684,19 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     }
     if (sharded) {
       // After the schedule, every unit's full gradient is reduce-scattered
-      // into a shard-sized output while the units are still gathered.
+      // into a shard-sized output while the units are still gathered; on
+      // CPU, Gloo's ring also holds one (two beyond two ranks) buffers of
+      // the shard it is reducing, at worst the largest unit's.
       MemoryPlan at = base;
       at.activations = ids_and_mask;
       at.gradients += full_gradients(done);
       at.communication = 4 * shard;
+      if (!cuda) {
+        const int64_t largest_unit =
+            std::max(RoundUp(s.block_params, shards),
+                     has_wte ? RoundUp(s.wte_params, shards) : 0);
+        at.communication += (shards > 2 ? 2 : 1) * 4 * largest_unit / shards;
+      }
       at.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
       consider(at);
     } else if (replicas > 1) {
@@ -572,7 +708,20 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       at.peak_moment = MemoryPlan::Moment::kGradientAllReduce;
       consider(at);
     }
-    plans.push_back(best);
+    // The norm sums whole gradients, or each unit's shard (with tensor
+    // parallelism, each parameter's piece of it); wte's on stage 0 only.
+    const bool norm_wte = s.embeddings;
+    const int64_t largest =
+        !sharded ? std::max(norm_wte ? s.wte_params : 0,
+                            4 * s.c * s.c / s.tensor_parallel)
+        : tensor_parallel
+            ? std::max(norm_wte ? s.wte_params / shards : 0,
+                       4 * s.c * s.c / s.tensor_parallel)
+            : std::max(RoundUp(s.block_params, shards),
+                       norm_wte ? RoundUp(s.wte_params, shards) : 0) /
+                  shards;
+    plans.push_back(WithGradientNorm(best, sharded ? 4 * shard : 4 * params,
+                                     ids_and_mask, largest, cuda));
   }
   return plans;
 }
@@ -647,7 +796,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
           std::max<int64_t>(0, backward - plan.activations - plan.logits);
       if (plan.recomputation > 0) plan.peak_moment = moment;
     }
-    return plan;
+    return WithGradientNorm(plan, plan.gradients, ids_and_mask, s.wte_params,
+                            cuda);
   }
 
   // FSDP: each unit's flat buffer padded to the world size (wte to whole
@@ -716,7 +866,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
         0, backward - plan.activations - plan.logits - plan.communication);
     if (plan.recomputation > 0) plan.peak_moment = moment;
   }
-  return plan;
+  // The norm sums each unit's shard.
+  return WithGradientNorm(
+      plan, 4 * shard, ids_and_mask,
+      std::max({wte_rows * s.c, block_padded / world_size,
+                root_padded / world_size}),
+      cuda);
 }
 
 absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,

@@ -20,6 +20,8 @@
 //   recomputation       activation checkpointing: how far the backward's
 //                       recomputation of a block goes past the forward's peak
 //   backward            a pipeline stage peaking in a backward
+//   gradient norm       on CPU, the norm's double-precision piece (the
+//                       step's peak when its activations are small)
 // Pipeline stages (PlanPipelineStages) differ from each other, so each is
 // planned alone: its own parameters, and its highest moment over its
 // schedule's actions (the end of a micro-batch's forward, the backward of
@@ -73,6 +75,10 @@ struct MemoryPlan {
   // A pipeline stage peaking in a backward: what that backward makes past
   // the activations it frees (the received gradient is communication).
   int64_t backward = 0;
+  // On CPU the gradient norm sums each gradient in double, one piece of up
+  // to 1 Mi elements at a time: an 8 MiB temporary at most, the peak of a
+  // step whose other moments hold less.
+  int64_t gradient_norm = 0;
 
   // When the step peaks: at the end of the forward (the LM head's last
   // chunk), or, with activation checkpointing, in the backward of the last
@@ -93,6 +99,7 @@ struct MemoryPlan {
     kEmbeddingBackward,
     kGradientAllReduce,
     kGradientReduceScatter,
+    kGradientNorm,
   };
   Moment peak_moment = Moment::kHead;
   // "the end of the forward (LM head)", ... for sentences and JSON; "LM

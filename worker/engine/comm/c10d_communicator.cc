@@ -432,6 +432,7 @@ class C10dWork final : public CommWork {
         }
       } else {
         work_->wait(shared_->timeout);
+        AwaitRelease();
       }
     } catch (...) {
       status_ = shared_->Failure(op_, ErrorText(std::current_exception()));
@@ -442,6 +443,20 @@ class C10dWork final : public CommWork {
   bool IsCompleted() override { return work_->isCompleted(); }
 
  private:
+  // Gloo's worker thread marks a work complete and only then drops its
+  // reference to it, and with it the work's tensors (and the flat buffer an
+  // all-gather copies through). Waiting for that here frees a tensor the
+  // caller lets go of next at once, not at a moment that depends on thread
+  // scheduling: the step's peak memory would (one tensor more, at random).
+  // Bounded: a reference kept elsewhere only costs the wait.
+  void AwaitRelease() {
+    const SteadyClock::time_point limit =
+        SteadyClock::now() + std::chrono::milliseconds(50);
+    while (work_.use_count() > 1 && SteadyClock::now() < limit) {
+      std::this_thread::yield();
+    }
+  }
+
   std::shared_ptr<Shared> shared_;
   const std::string op_;
   WorkPtr work_;
@@ -836,11 +851,15 @@ std::unique_ptr<CommWork> C10dCommunicator::ReduceScatter(
     return Done(absl::OkStatus());
   }
   auto completion = std::make_shared<Completion>();
-  side_thread_->Post([gloo = groups_->gloo, output, input, rank = rank_,
-                      world = world_size_, ring = ring_count_++,
-                      timeout = timeout_, completion] {
-    completion->Finish(
-        RingReduceScatter(*gloo, output, input, rank, world, ring, timeout));
+  side_thread_->Post([gloo = groups_->gloo, out = output, in = input,
+                      rank = rank_, world = world_size_, ring = ring_count_++,
+                      timeout = timeout_, completion]() mutable {
+    const std::string error =
+        RingReduceScatter(*gloo, out, in, rank, world, ring, timeout);
+    // Let go of the tensors before the waiter wakes (see AwaitRelease).
+    out = torch::Tensor();
+    in = torch::Tensor();
+    completion->Finish(error);
   });
   return std::make_unique<SideWork>(shared_, "reduce_scatter", completion);
 }
