@@ -51,37 +51,46 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
     }
   }
   if (!options.model_parallel) return meshes;
-  // 2, 4, 8, ... stages, or the count asked for.
-  std::vector<int64_t> stage_counts;
-  if (only_stages) {
-    stage_counts.push_back(options.pipeline_stages);
-  } else if (!only_tensor) {
-    for (int64_t s = 2; s <= std::min(n, model.n_layer); s *= 2) {
-      stage_counts.push_back(s);
+  // Stages and tensor ranks: 1, 2, 4, 8, ... or the count asked for.
+  auto counts = [&](int64_t asked, int64_t most) {
+    std::vector<int64_t> out;
+    if (asked > 1) {
+      out.push_back(asked);
+    } else {
+      for (int64_t k = 1; k <= most; k *= 2) out.push_back(k);
+    }
+    return out;
+  };
+  // Pipelines first, then tensor parallelism, then both (3-D meshes).
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // (stages, tensor)
+  for (int64_t s : counts(options.pipeline_stages, std::min(n, model.n_layer))) {
+    if (s > 1 && !only_tensor) shapes.emplace_back(s, 1);
+  }
+  for (int64_t t : counts(options.tensor_parallel, n)) {
+    if (t > 1 && !only_stages) shapes.emplace_back(1, t);
+  }
+  for (int64_t s : counts(options.pipeline_stages, std::min(n, model.n_layer))) {
+    for (int64_t t : counts(options.tensor_parallel, n)) {
+      if (s > 1 && t > 1) shapes.emplace_back(s, t);
     }
   }
-  for (int64_t s : stage_counts) {
-    if (n % s != 0 || s > model.n_layer) continue;
-    for (const std::string& name : data_parallel(n / s)) {
-      meshes.push_back({name, s, 1, n});
-    }
-  }
-  // Tensor parallelism composes with one replica, DDP's or FSDP's.
-  std::vector<int64_t> tensor_counts;
-  if (only_tensor) {
-    tensor_counts.push_back(options.tensor_parallel);
-  } else if (!only_stages) {
-    for (int64_t t = 2; t <= n; t *= 2) tensor_counts.push_back(t);
-  }
-  for (int64_t t : tensor_counts) {
-    if (n % t != 0 || model.n_head % t != 0 ||
+  for (const auto& [s, t] : shapes) {
+    if (n % (s * t) != 0 || s > model.n_layer || model.n_head % t != 0 ||
         model.padded_vocab_size % t != 0) {
       continue;
     }
+    const int64_t d = n / (s * t);
+    if (t == 1) {
+      for (const std::string& name : data_parallel(d)) {
+        meshes.push_back({name, s, 1, n});
+      }
+      continue;
+    }
+    // Tensor parallelism composes with one replica, DDP's or FSDP's.
     for (const char* name : {"single", "ddp", "fsdp"}) {
-      if ((n / t == 1) != (std::string(name) == "single")) continue;
+      if ((d == 1) != (std::string(name) == "single")) continue;
       if (options.strategy.empty() || options.strategy == name) {
-        meshes.push_back({name, 1, t, n});
+        meshes.push_back({name, s, t, n});
       }
     }
   }
@@ -161,7 +170,7 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
         config.batch_size = batch;
         config.grad_accum = accum;
         absl::StatusOr<MemoryPlan> plan = PlanMemory(config, mesh.world);
-        if (!plan.ok()) break;  // e.g. TP with checkpointing: not planned
+        if (!plan.ok()) break;  // a mesh the plan cannot model
         planned = true;
         c.memory = *plan;
         if (Fits(*plan, options.budget)) {
