@@ -104,8 +104,8 @@ int64_t HeadLogitsBytes(const Shapes& s, int64_t chunk_budget, bool bf16) {
     const int64_t rows_held = s.padded_vocab / s.tensor_parallel;
     const int64_t rows = std::min(
         s.tokens, std::max<int64_t>(1, chunk_budget / (rows_held * 4)));
-    int64_t bytes = rows * rows_held * (bf16 ? 6 : 4) + 4 * s.tokens * s.c +
-                    4 * s.tokens;
+    int64_t bytes =
+        rows * rows_held * (bf16 ? 6 : 4) + 4 * s.tokens * s.c + 4 * s.tokens;
     if (bf16) bytes += 2 * rows_held * s.c + 2 * s.tokens * s.c;
     return bytes;
   }
@@ -384,8 +384,8 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   // in place (communication).
   plan.communication = 4 * s.tokens * c;
   plan.logits =
-      HeadLogitsBytes(s, HeadChunkBytes(cuda, config.ThreadsPerRank(world_size)),
-                      bf16) -
+      HeadLogitsBytes(
+          s, HeadChunkBytes(cuda, config.ThreadsPerRank(world_size)), bf16) -
       plan.communication;
   // Activation checkpointing: the backward of the last recomputed block,
   // with the head's buffers and the blocks after it freed.
@@ -438,8 +438,8 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
     }
     end.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
     // The norm sums each parameter's piece of a shard.
-    return WithGradientNorm(end.total() > plan.total() ? end : plan,
-                            4 * shard, ids_and_mask,
+    return WithGradientNorm(end.total() > plan.total() ? end : plan, 4 * shard,
+                            ids_and_mask,
                             std::max(4 * c * c / t, wte_local / d), cuda);
   }
   // The replicas' average: every gradient copied into one flat buffer.
@@ -581,16 +581,15 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     // parallelism, the vocabulary-parallel paths add wte's into a buffer of
     // their own, made with the gather: whole within the step.
     const bool has_wte = s.embeddings || s.head;
-    const int64_t wte_padded =
-        sharded && (tensor_parallel ? has_wte : s.head)
-            ? RoundUp(s.wte_params, shards)
-            : 0;
+    const int64_t wte_padded = sharded && (tensor_parallel ? has_wte : s.head)
+                                   ? RoundUp(s.wte_params, shards)
+                                   : 0;
     if (sharded && tensor_parallel && has_wte) {
       base.gradients += 4 * s.wte_params;
     }
     auto full_gradients = [&](int64_t backwards_done) {
-      return 4 * (full -
-                  (backwards_done == 0 || tensor_parallel ? wte_padded : 0));
+      return 4 *
+             (full - (backwards_done == 0 || tensor_parallel ? wte_padded : 0));
     };
 
     // One micro-batch at the end of its forward, and held from then until
@@ -613,10 +612,9 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     // Tensor parallelism: the gradient's rows of this rank's tokens, added
     // into wte's gradient in place.
     const int64_t embedding_backward =
-        !s.embeddings ? 0
-        : tensor_parallel
-            ? 4 * t * s.c + 4 * t * s.c / s.tensor_parallel - held
-            : 4 * s.wte_params + 4 * t * s.c - held;
+        !s.embeddings     ? 0
+        : tensor_parallel ? 4 * t * s.c + 4 * t * s.c / s.tensor_parallel - held
+                          : 4 * s.wte_params + 4 * t * s.c - held;
 
     // Sends are held until the step ends: a non-last stage's outputs (fp32:
     // the activation itself while its micro-batch is held) and a later
@@ -867,11 +865,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
     if (plan.recomputation > 0) plan.peak_moment = moment;
   }
   // The norm sums each unit's shard.
-  return WithGradientNorm(
-      plan, 4 * shard, ids_and_mask,
-      std::max({wte_rows * s.c, block_padded / world_size,
-                root_padded / world_size}),
-      cuda);
+  return WithGradientNorm(plan, 4 * shard, ids_and_mask,
+                          std::max({wte_rows * s.c, block_padded / world_size,
+                                    root_padded / world_size}),
+                          cuda);
 }
 
 absl::StatusOr<int64_t> LargestFittingBatch(TrainConfig config,

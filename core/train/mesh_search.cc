@@ -63,13 +63,15 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
   };
   // Pipelines first, then tensor parallelism, then both (3-D meshes).
   std::vector<std::pair<int64_t, int64_t>> shapes;  // (stages, tensor)
-  for (int64_t s : counts(options.pipeline_stages, std::min(n, model.n_layer))) {
+  for (int64_t s :
+       counts(options.pipeline_stages, std::min(n, model.n_layer))) {
     if (s > 1 && !only_tensor) shapes.emplace_back(s, 1);
   }
   for (int64_t t : counts(options.tensor_parallel, n)) {
     if (t > 1 && !only_stages) shapes.emplace_back(1, t);
   }
-  for (int64_t s : counts(options.pipeline_stages, std::min(n, model.n_layer))) {
+  for (int64_t s :
+       counts(options.pipeline_stages, std::min(n, model.n_layer))) {
     for (int64_t t : counts(options.tensor_parallel, n)) {
       if (s > 1 && t > 1) shapes.emplace_back(s, t);
     }

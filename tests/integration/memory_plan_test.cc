@@ -176,15 +176,14 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfTensorParallelMeshes) {
       "custom:n_layer=4,n_head=4,n_embd=256,block_size=128,vocab_size=512";
   const char* long_sequences =
       "custom:n_layer=4,n_head=8,n_embd=128,block_size=512,vocab_size=512";
-  for (const Case& c :
-       {Case{"gpt2-tiny", "single", 2, 2, 4, 64},
-        Case{"gpt2-mini", "single", 4, 4, 8, 128},
-        Case{"gpt2-mini", "ddp", 2, 4, 8, 128},
-        Case{"gpt2-mini", "fsdp", 2, 4, 8, 128},
-        Case{"gpt2-mini", "single", 2, 2, 8, 128, "all"},
-        Case{small_head, "single", 2, 2, 16, 64, "all"},
-        Case{small_head, "fsdp", 2, 4, 16, 64, "all"},
-        Case{long_sequences, "single", 4, 4, 4, 512, "all"}}) {
+  for (const Case& c : {Case{"gpt2-tiny", "single", 2, 2, 4, 64},
+                        Case{"gpt2-mini", "single", 4, 4, 8, 128},
+                        Case{"gpt2-mini", "ddp", 2, 4, 8, 128},
+                        Case{"gpt2-mini", "fsdp", 2, 4, 8, 128},
+                        Case{"gpt2-mini", "single", 2, 2, 8, 128, "all"},
+                        Case{small_head, "single", 2, 2, 16, 64, "all"},
+                        Case{small_head, "fsdp", 2, 4, 16, 64, "all"},
+                        Case{long_sequences, "single", 4, 4, 4, 512, "all"}}) {
     TrainConfig config;
     config.model = c.model;
     config.strategy = c.strategy;
@@ -382,10 +381,10 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
         "%.2f MiB (%+.2f%%)\n",
         model.c_str(), static_cast<long>(c.stages), static_cast<long>(replicas),
         config.strategy.c_str(), static_cast<long>(c.tensor_parallel),
-        c.schedule, static_cast<long>(c.micro_batches),
-        c.checkpointing, static_cast<long>(plan.stage),
-        plan.stage_layers.c_str(), plan.total() / 1048576.0,
-        plan.PeakMomentName().c_str(), measured / 1048576.0, 100 * error);
+        c.schedule, static_cast<long>(c.micro_batches), c.checkpointing,
+        static_cast<long>(plan.stage), plan.stage_layers.c_str(),
+        plan.total() / 1048576.0, plan.PeakMomentName().c_str(),
+        measured / 1048576.0, 100 * error);
     EXPECT_LE(std::abs(error), kTolerance)
         << model << " pp" << c.stages << " tp" << c.tensor_parallel << " "
         << c.schedule << " " << c.checkpointing << " stage " << plan.stage;
@@ -695,11 +694,10 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
     most = std::max<int64_t>(most, row["global_batch"]);
   }
   std::sort(meshes.begin(), meshes.end());
-  EXPECT_EQ(meshes,
-            (std::vector<std::string>{
-                "ddp2xtp2", "ddp2xtp2", "fsdp2xtp2", "fsdp2xtp2", "pp2xddp2",
-                "pp2xddp2", "pp2xfsdp2", "pp2xfsdp2", "pp2xtp2", "pp2xtp2",
-                "pp4", "pp4", "tp4", "tp4"}));
+  EXPECT_EQ(meshes, (std::vector<std::string>{
+                        "ddp2xtp2", "ddp2xtp2", "fsdp2xtp2", "fsdp2xtp2",
+                        "pp2xddp2", "pp2xddp2", "pp2xfsdp2", "pp2xfsdp2",
+                        "pp2xtp2", "pp2xtp2", "pp4", "pp4", "tp4", "tp4"}));
   ASSERT_TRUE(out.contains("fastest")) << r.out;
   EXPECT_FALSE(out["fastest"]["why"].get<std::string>().empty());
   ASSERT_TRUE(out.contains("best")) << r.out;
@@ -757,9 +755,9 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   std::sort(at_eight.begin(), at_eight.end());
   EXPECT_EQ(at_eight,
             (std::vector<std::string>{
-                "ddp2xtp4", "ddp4xtp2", "fsdp2xtp4", "fsdp4xtp2", "pp2xddp2xtp2",
-                "pp2xddp4", "pp2xfsdp2xtp2", "pp2xfsdp4", "pp2xhsdp4",
-                "pp2xtp4", "pp4xddp2", "pp4xfsdp2", "pp4xtp2"}));
+                "ddp2xtp4", "ddp4xtp2", "fsdp2xtp4", "fsdp4xtp2",
+                "pp2xddp2xtp2", "pp2xddp4", "pp2xfsdp2xtp2", "pp2xfsdp4",
+                "pp2xhsdp4", "pp2xtp4", "pp4xddp2", "pp4xfsdp2", "pp4xtp2"}));
 }
 
 // The head's chunk follows the threads of a rank (HeadChunkBytes): one
