@@ -33,7 +33,8 @@ struct PlanOptions {
   std::string format = "table";
   // --fit: the largest batch per device that fits.
   bool fit = false;
-  int64_t devices = 0;  // 0: --world-size
+  int64_t devices = 0;           // 0: --world-size
+  int64_t devices_per_host = 0;  // 0: all on one host
   std::string memory_per_device;
   int64_t global_batch = 0;  // 0: each mesh's largest batch
 };
@@ -121,8 +122,15 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
         absl::StrCat("--memory-per-device: ", budget.status().message()));
     return kExitUsage;
   }
+  if (options.devices_per_host < 0 ||
+      (options.devices_per_host > 0 && devices % options.devices_per_host)) {
+    ReportFailure(absl::StrCat("--devices-per-host: ", options.devices_per_host,
+                               " does not divide the ", devices, " devices"));
+    return kExitUsage;
+  }
   MeshSearchOptions search;
   search.devices = devices;
+  search.ranks_per_host = options.devices_per_host;
   search.budget = PlannableBytes(*budget);
   search.global_batch = options.global_batch;
   search.strategy = options.strategy;
@@ -616,6 +624,10 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
                  "--calibrate), fastest first");
   plan->add_option("--devices", options->devices,
                    "--fit: devices to use (default: --world-size)");
+  plan->add_option("--devices-per-host", options->devices_per_host,
+                   "--fit: devices on each host (default: all on one); a "
+                   "group spanning hosts moves its bytes at the inter-node "
+                   "rates --calibrate measured across hosts");
   plan->add_option("--memory-per-device", options->memory_per_device,
                    "--fit: memory of one device, e.g. 80GiB");
   plan->add_option("--global-batch", options->global_batch,

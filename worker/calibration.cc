@@ -243,10 +243,62 @@ absl::Status RunCalibrationRank(const TrainConfig& config, const DistEnv& env,
         absl::StrCat("rank ", env.rank, ": ", comm.status().message()));
   }
   if (absl::Status s = (*comm)->Barrier(); !s.ok()) return s;
-  absl::StatusOr<LinkRates> link = MeasureAllReduce(**comm, device);
-  if (!link.ok()) return link.status();
-  rates.intra_node = *link;
+  // Ranks on several hosts (LOCAL_WORLD_SIZE below the world size, ranks
+  // numbered host by host, as torchrun and srun's block distribution do):
+  // the all-reduce among host 0's ranks is the intra-node link, the one
+  // between each host's first rank the inter-node link.
+  const int64_t per_host = env.local_world_size;
+  const bool hosts = per_host > 0 && per_host < env.world_size &&
+                     env.world_size % per_host == 0;
+  absl::StatusOr<LinkRates> link = absl::UnknownError("not measured");
+  absl::StatusOr<LinkRates> between = absl::UnknownError("not measured");
+  if (!hosts) {
+    link = MeasureAllReduce(**comm, device);
+    if (!link.ok()) return link.status();
+  } else {
+    if (per_host >= 2 && env.rank < per_host) {
+      std::vector<int64_t> members;
+      for (int64_t r = 0; r < per_host; ++r) members.push_back(r);
+      absl::StatusOr<std::unique_ptr<Communicator>> host =
+          (*comm)->NewGroup("calibrate-intra-node", members);
+      if (!host.ok()) return host.status();
+      link = MeasureAllReduce(**host, device);
+      if (!link.ok()) return link.status();
+    }
+    if (env.rank % per_host == 0) {
+      std::vector<int64_t> firsts;
+      for (int64_t r = 0; r < env.world_size; r += per_host) {
+        firsts.push_back(r);
+      }
+      absl::StatusOr<std::unique_ptr<Communicator>> across =
+          (*comm)->NewGroup("calibrate-inter-node", firsts);
+      if (!across.ok()) return across.status();
+      between = MeasureAllReduce(**across, device);
+      if (!between.ok()) return between.status();
+    }
+    if (absl::Status s = (*comm)->Barrier(); !s.ok()) return s;
+  }
   if (env.rank != 0) return absl::OkStatus();
+  // What this run could not measure stays as cached: the link between
+  // hosts after a calibration on one, the link within one after a
+  // calibration with one rank per host.
+  const absl::StatusOr<HostRates> cached =
+      LoadHostRates(rates.device, rates.compute_model);
+  if (between.ok()) {
+    rates.inter_node = *between;
+  } else if (cached.ok() && cached->compute_model == rates.compute_model) {
+    rates.inter_node = cached->inter_node;
+  }
+  if (link.ok()) {
+    rates.intra_node = *link;
+  } else if (cached.ok() && cached->compute_model == rates.compute_model) {
+    rates.intra_node = cached->intra_node;
+  } else {
+    return absl::FailedPreconditionError(
+        "--calibrate with one rank per host measures only the link between "
+        "hosts: run two ranks or more per host, or calibrate on one host "
+        "first");
+  }
   rates.measured_at = NowUtc();
   if (absl::Status s = SaveHostRates(rates); !s.ok()) return s;
   if (log != nullptr) {
@@ -258,10 +310,17 @@ absl::Status RunCalibrationRank(const TrainConfig& config, const DistEnv& env,
         rates.device, rates.cores, config.model, config.batch_size,
         2 * config.batch_size, config.seq_len, rates.flops_per_thread / 1e9,
         gpu ? "device" : "thread", rates.gradient_seconds_per_parameter * 1e9,
-        rates.optimizer_seconds_per_parameter * 1e9, env.world_size,
-        link->latency_seconds * 1e6,
-        FormatBytes(static_cast<int64_t>(link->bytes_per_second)),
+        rates.optimizer_seconds_per_parameter * 1e9,
+        hosts ? per_host : env.world_size,
+        rates.intra_node.latency_seconds * 1e6,
+        FormatBytes(static_cast<int64_t>(rates.intra_node.bytes_per_second)),
         HostRatesCachePath());
+    if (between.ok()) {
+      *log << absl::StrFormat(
+          "between %d hosts (one rank each): %.1f us + %s/s\n",
+          env.world_size / per_host, between->latency_seconds * 1e6,
+          FormatBytes(static_cast<int64_t>(between->bytes_per_second)));
+    }
   }
   return absl::OkStatus();
 }

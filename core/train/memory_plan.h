@@ -28,11 +28,15 @@
 // its last block or of the embeddings, the replicas' all-reduce), with the
 // activations of the micro-batches it holds then, the received buffers and
 // the sends held until the step ends (communication).
+// Tensor parallelism (PlanMemory with tensor_parallel > 1, and within
+// pipeline stages): the same tensors of a rank's slice, 1/T inside the
+// blocks and whole outside them, the head scoring the rank's rows of wte.
 // Checked against the tracking allocator's exact peak on CPU (fp32) within
 // 2% (tests/integration/memory_plan_test.cc): gpt2-tiny and gpt2-mini at
 // world sizes 1, 2 and 4, and every stage of gpt2-tiny in 2 stages and of
 // gpt2-mini in 2 and 4, GPipe and 1F1B, with and without activation
-// checkpointing, one replica and DDP. bf16 on CUDA is an estimate of the
+// checkpointing, one replica and DDP; TP 2 and 4 alone, with DDP and FSDP,
+// with activation checkpointing, and within pipeline stages. bf16 on CUDA is an estimate of the
 // same tensors at their autocast dtypes, not yet measured on a GPU.
 #ifndef SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 #define SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_

@@ -2,6 +2,8 @@
 // this host, `shardtrain plan --fit` ranks the meshes by it, and
 // `--strategy auto` trains the fastest that fits a memory cap.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/data/token_file.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_time_plan.h"
@@ -80,6 +83,105 @@ TEST_F(AutoMeshTest, CalibrateMeasuresAndCachesThisHost) {
                        " --calibrate --nproc 1 --nnodes 1 "
                        "--model gpt2-tiny");
   EXPECT_NE(one.exit_code, 0);
+}
+
+// Two hosts of two ranks (two launchers, as torchrun's --nnodes 2; here
+// both on this machine): the all-reduce between the hosts' first ranks is
+// cached as the inter-node link beside the intra-node one, and `plan --fit
+// --devices-per-host` prices a group spanning the hosts at it. A later
+// calibration on one host keeps it.
+// A loopback port nothing listens on now, for a rendezvous both launchers
+// are told in advance.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+TEST_F(AutoMeshTest, CalibrateAcrossHostsMeasuresTheLinkBetweenThem) {
+  const std::string cache = *dir_ + "/hosts-cache";
+  fs::create_directories(cache);
+  const std::string env = "XDG_CACHE_HOME=" + cache + " ";
+  const int port = FreePort();
+  auto node = [&](int rank) {
+    return env + Bin("shardtrain-train") +
+           absl::StrCat(
+               " --calibrate --model gpt2-tiny --batch-size 2 "
+               "--seq-len 64 --nnodes 2 --nproc 2 --master-addr localhost "
+               "--node-rank ",
+               rank, " --master-port ", port);
+  };
+  const test::CommandResult r =
+      test::RunCommand("{ " + node(1) + " > " + *dir_ + "/node1.log 2>&1 & " +
+                       node(0) + "; status=$?; wait; exit $status; }");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("between 2 hosts (one rank each)"),
+            std::string::npos)
+      << r.out << r.err;
+  ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  absl::StatusOr<HostRates> rates = LoadHostRates("cpu", "gpt2-tiny");
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  EXPECT_TRUE(rates->intra_node.known());
+  ASSERT_TRUE(rates->inter_node.known());
+  EXPECT_LT(rates->inter_node.latency_seconds, 1e-2);
+  EXPECT_GT(rates->inter_node.bytes_per_second, 1e7);
+
+  // A calibration on one host keeps the link between hosts.
+  const test::CommandResult one = test::RunCommand(
+      env + Bin("shardtrain-train") +
+      " --calibrate --model gpt2-tiny --batch-size 2 --seq-len 64");
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  absl::StatusOr<HostRates> again = LoadHostRates("cpu", "gpt2-tiny");
+  ::unsetenv("XDG_CACHE_HOME");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->inter_node.bytes_per_second,
+            rates->inter_node.bytes_per_second);
+
+  // plan --fit prices DDP over two hosts at the link between them: made
+  // slower than within one, the same mesh's predicted step grows.
+  HostRates slow = *again;
+  slow.inter_node.bytes_per_second = slow.intra_node.bytes_per_second / 100;
+  slow.inter_node.latency_seconds = slow.intra_node.latency_seconds * 100;
+  ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  ASSERT_TRUE(SaveHostRates(slow).ok());
+  ::unsetenv("XDG_CACHE_HOME");
+  auto ddp4_step = [&](const std::string& hosts) {
+    const test::CommandResult fit = test::RunCommand(
+        env + Bin("shardtrain") +
+        " plan --fit --model gpt2-tiny --seq-len 64 --devices 4 --strategy ddp "
+        "--global-batch 8 --memory-per-device 1GiB -o json" +
+        hosts);
+    EXPECT_EQ(fit.exit_code, 0) << fit.err;
+    const nlohmann::json out = nlohmann::json::parse(fit.out);
+    for (const nlohmann::json& row : out["fits"]) {
+      if (!row.contains("mesh") && row["activation_checkpointing"] == "none") {
+        return row["predicted_step_seconds"].get<double>();
+      }
+    }
+    ADD_FAILURE() << "no ddp4 row: " << fit.out;
+    return 0.0;
+  };
+  const double one_host = ddp4_step("");
+  const double two_hosts = ddp4_step(" --devices-per-host 2");
+  EXPECT_GT(one_host, 0);
+  EXPECT_GT(two_hosts, one_host * 1.05);
+  const test::CommandResult bad = test::RunCommand(
+      env + Bin("shardtrain") +
+      " plan --fit --model gpt2-tiny --devices 4 --devices-per-host 3 "
+      "--memory-per-device 1GiB");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--devices-per-host: 3 does not divide the 4"),
+            std::string::npos)
+      << bad.err;
 }
 
 TEST_F(AutoMeshTest, PlanFitRanksTheMeshesByPredictedSpeed) {
