@@ -36,8 +36,9 @@
 // world sizes 1, 2 and 4, and every stage of gpt2-tiny in 2 stages and of
 // gpt2-mini in 2 and 4, GPipe and 1F1B, with and without activation
 // checkpointing, one replica and DDP; TP 2 and 4 alone, with DDP and FSDP,
-// with activation checkpointing, and within pipeline stages. bf16 on CUDA is an estimate of the
-// same tensors at their autocast dtypes, not yet measured on a GPU.
+// with activation checkpointing, and within pipeline stages. bf16 on CUDA is an
+// estimate of the same tensors at their autocast dtypes, not yet measured on a
+// GPU.
 #ifndef SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 #define SHARDTRAIN_CORE_TRAIN_MEMORY_PLAN_H_
 
