@@ -88,10 +88,16 @@ int DaemonClient::Call(
 
 int DaemonClient::Report(const grpc::Status& status) const {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    std::cerr << "shardtrain: error: no shardtraind at " << address_ << " ("
-              << TerminalSafe(status.error_message())
-              << "); start one with `shardtrain daemon` or set "
-                 "SHARDTRAIN_ADDRESS"
+    // Where the address came from decides the advice.
+    const char* from_env = std::getenv("SHARDTRAIN_ADDRESS");
+    const bool set = from_env != nullptr && address_ == from_env;
+    std::cerr << "shardtrain: error: no shardtraind at " << address_
+              << (set ? " (SHARDTRAIN_ADDRESS)" : "") << " ("
+              << TerminalSafe(status.error_message()) << "); "
+              << (set ? "check SHARDTRAIN_ADDRESS, or start one with "
+                        "`shardtrain daemon`"
+                      : "start one with `shardtrain daemon` or set "
+                        "SHARDTRAIN_ADDRESS")
               << std::endl;
     return kExitUnreachable;
   }

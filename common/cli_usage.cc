@@ -10,25 +10,6 @@
 namespace shardtrain {
 namespace {
 
-// Edits between a and b: insertions, deletions, substitutions and swaps of
-// two neighbouring letters (the typo "lgos" is one swap from "logs").
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1,
-                                     std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
 // The subcommand the command line chose, deepest first reached.
 CLI::App* ChosenCommand(CLI::App& app) {
   CLI::App* command = &app;
@@ -51,6 +32,37 @@ std::vector<std::string> OptionNames(CLI::App* command) {
   return names;
 }
 
+// CLI11's "Could not convert: --lr = abc" as "--lr expects a number, got
+// 'abc'", from the option's declared type.
+std::string ConversionText(CLI::App* command, const std::string& what) {
+  constexpr absl::string_view kPrefix = "Could not convert: ";
+  const size_t equals = what.find(" = ");
+  if (!absl::StartsWith(what, kPrefix) || equals == std::string::npos) {
+    return what;
+  }
+  const std::string name = what.substr(kPrefix.size(), equals - kPrefix.size());
+  const std::string value = what.substr(equals + 3);
+  const CLI::Option* option = nullptr;
+  for (CLI::App* app = command; app != nullptr && option == nullptr;
+       app = app->get_parent()) {
+    option = app->get_option_no_throw(name);
+  }
+  std::string expected = "a value of its type";
+  if (option != nullptr) {
+    const std::string type = option->get_type_name();
+    if (absl::StrContains(type, "INT")) {
+      expected = "a whole number";
+    } else if (absl::StrContains(type, "FLOAT")) {
+      expected = "a number";
+    } else if (absl::StrContains(type, "BOOL")) {
+      expected = "true or false";
+    } else if (!type.empty()) {
+      expected = absl::StrCat("a ", type);
+    }
+  }
+  return absl::StrCat(name, " expects ", expected, ", got '", value, "'");
+}
+
 std::vector<std::string> CommandNames(CLI::App* command) {
   std::vector<std::string> names;
   for (const CLI::App* sub :
@@ -62,20 +74,6 @@ std::vector<std::string> CommandNames(CLI::App* command) {
 
 }  // namespace
 
-std::string NearestName(absl::string_view word,
-                        const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(1, word.size() / 3) + 1;
-  for (const std::string& name : names) {
-    const size_t d = EditDistance(word, name);
-    if (d < best_distance) {
-      best = name;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
 int ReportParseError(CLI::App& app, const CLI::ParseError& error,
                      absl::string_view program) {
   if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
@@ -84,6 +82,8 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& error,
   CLI::App* command = ChosenCommand(app);
   std::string what = error.what();
   std::string hint;
+  if (error.get_name() == "ConversionError")
+    what = ConversionText(command, what);
   // Words nothing took: a mistyped option, or a command that does not exist.
   const std::vector<std::string> unknown = app.remaining(/*recurse=*/true);
   if (!unknown.empty()) {

@@ -9,17 +9,12 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
+#include "common/nearest_name.h"
 
 namespace shardtrain {
 
 // The exit status of a usage error, in every program.
 inline constexpr int kUsageExitCode = 2;
-
-// The name in `names` closest to `word` by edit distance, when close enough
-// to be a typo of it (at most a third of its letters, and at least 1, off);
-// "" when none is.
-std::string NearestName(absl::string_view word,
-                        const std::vector<std::string>& names);
 
 // Handles what CLI11's parse threw: --help (and --version) printed with
 // status 0; anything else printed to stderr as

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/nearest_name.h"
 
 namespace shardtrain {
 namespace {
@@ -84,9 +85,11 @@ absl::StatusOr<Gpt2Config> Gpt2Config::FromPreset(std::string_view name) {
     config.n_embd = p.n_embd;
     return config;
   }
+  const std::string near = NearestName(ToAbsl(name), PresetNames());
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model preset \"", ToAbsl(name),
-      "\"; allowed: ", AllowedPresets(),
+      "unknown model preset \"", ToAbsl(name), "\"",
+      near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)"),
+      "; allowed: ", AllowedPresets(),
       ", or custom:n_layer=<int>,n_head=<int>,n_embd=<int>[,block_size=<int>]"
       "[,vocab_size=<int>][,padded_vocab_size=<int>]"));
 }

@@ -232,6 +232,27 @@ TEST_F(CliJobCommandsTest, ErrorsAreOneLineWithTheRightExitCode) {
       absl::StrCat(test::BinDir(), "/shardtrain list --address 127.0.0.1:1"));
   EXPECT_EQ(down.exit_code, 3);
   EXPECT_THAT(down.err, HasSubstr("start one with `shardtrain daemon`"));
+  // The address came from SHARDTRAIN_ADDRESS: that is what to check.
+  CommandResult from_env = test::RunCommand(absl::StrCat(
+      "SHARDTRAIN_ADDRESS=127.0.0.1:1 ", test::BinDir(), "/shardtrain list"));
+  EXPECT_EQ(from_env.exit_code, 3);
+  EXPECT_THAT(from_env.err,
+              HasSubstr("no shardtraind at 127.0.0.1:1 (SHARDTRAIN_ADDRESS)"));
+  EXPECT_THAT(from_env.err, HasSubstr("check SHARDTRAIN_ADDRESS"));
+  EXPECT_THAT(from_env.err, Not(HasSubstr("or set SHARDTRAIN_ADDRESS")));
+  // A value of the wrong kind names the kind; a mistyped preset its
+  // nearest name.
+  CommandResult lr = Cli(FakeJob("quick") + " --lr abc");
+  EXPECT_EQ(lr.exit_code, 2);
+  EXPECT_THAT(lr.err, HasSubstr("--lr expects a number, got 'abc'"));
+  CommandResult steps = Cli(FakeJob("quick") + " --world-size 1.5");
+  EXPECT_EQ(steps.exit_code, 2);
+  EXPECT_THAT(steps.err,
+              HasSubstr("--world-size expects a whole number, got '1.5'"));
+  CommandResult preset = test::RunCommand(
+      absl::StrCat(test::BinDir(), "/shardtrain plan --model gpt2-mni"));
+  EXPECT_EQ(preset.exit_code, 2);
+  EXPECT_THAT(preset.err, HasSubstr("(did you mean gpt2-mini?)"));
 }
 
 TEST_F(CliJobCommandsTest, TokenComesFromTheEnvironmentOrAFile) {

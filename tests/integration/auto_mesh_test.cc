@@ -2,8 +2,6 @@
 // this host, `shardtrain plan --fit` ranks the meshes by it, and
 // `--strategy auto` trains the fastest that fits a memory cap.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/free_port.h"
 #include "core/data/token_file.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_time_plan.h"
@@ -90,35 +89,19 @@ TEST_F(AutoMeshTest, CalibrateMeasuresAndCachesThisHost) {
 // cached as the inter-node link beside the intra-node one, and `plan --fit
 // --devices-per-host` prices a group spanning the hosts at it. A later
 // calibration on one host keeps it.
-// A loopback port nothing listens on now, for a rendezvous both launchers
-// are told in advance.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 TEST_F(AutoMeshTest, CalibrateAcrossHostsMeasuresTheLinkBetweenThem) {
   const std::string cache = *dir_ + "/hosts-cache";
   fs::create_directories(cache);
   const std::string env = "XDG_CACHE_HOME=" + cache + " ";
-  const int port = FreePort();
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
   auto node = [&](int rank) {
     return env + Bin("shardtrain-train") +
            absl::StrCat(
                " --calibrate --model gpt2-tiny --batch-size 2 "
                "--seq-len 64 --nnodes 2 --nproc 2 --master-addr localhost "
                "--node-rank ",
-               rank, " --master-port ", port);
+               rank, " --master-port ", *port);
   };
   const test::CommandResult r =
       test::RunCommand("{ " + node(1) + " > " + *dir_ + "/node1.log 2>&1 & " +
