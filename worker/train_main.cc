@@ -3,9 +3,11 @@
 // Reads torchrun's RANK / WORLD_SIZE variables, so torchrun-style launchers
 // can start it too.
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
 #include "core/train/auto_mesh.h"
+#include "core/train/strategy_kinds.h"
 #include "core/train/train_config.h"
 #include "core/train/train_flags.h"
 #include "worker/calibration.h"
@@ -22,6 +25,38 @@
 
 namespace shardtrain {
 namespace {
+
+// What every rank would refuse alike, said once, before any rank starts
+// (a usage error, exit 2): a data directory that is not there, a
+// one-device strategy over several ranks.
+absl::Status CheckBeforeLaunch(const TrainConfig& config, int64_t world) {
+  if (!config.data.empty() && !std::filesystem::is_directory(config.data)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: directory '", config.data,
+        "' does not exist (prepare one with `shardtrain data prepare`)"));
+  }
+  const StrategyKind* kind = FindStrategyKind(config.strategy);
+  if (config.ModelParallelSize() == 1 && kind != nullptr &&
+      !kind->distributed && world != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy: ", kind->name, " trains on one device, but --nproc x ",
+        "--nnodes is ", world, "; use a distributed strategy (--strategy ",
+        "ddp, fsdp or hsdp)"));
+  }
+  return absl::OkStatus();
+}
+
+// More ranks than cores on this host: each gets a slice of a core, so ranks
+// start and step slowly. Said before they start.
+void WarnIfOversubscribed(int64_t ranks, std::ostream& out) {
+  const int64_t cores = std::thread::hardware_concurrency();
+  if (cores < 1 || ranks <= cores) return;
+  out << "shardtrain-train: warning: " << ranks << " ranks on " << cores
+      << " cores: each rank gets about 1/" << (ranks + cores - 1) / cores
+      << " of a core, so the ranks take long to start and every step is "
+         "slow (one rank per core or fewer runs at full speed)"
+      << std::endl;
+}
 
 int Main(int argc, char** argv) {
   TrainConfig config;
@@ -143,10 +178,19 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (std::getenv("RANK") == nullptr && !calibrate) {
+    if (absl::Status s =
+            CheckBeforeLaunch(config, int64_t{launch.nproc} * launch.nnodes);
+        !s.ok()) {
+      std::cerr << "shardtrain-train: " << s.message() << "\n";
+      return 2;
+    }
+  }
   // --nproc N outside a distributed run: launch N ranks of this very command
   // line and wait for them. The ranks have RANK set and go on to train.
   if ((launch.nproc > 1 || launch.nnodes > 1) &&
       std::getenv("RANK") == nullptr) {
+    if (config.device == "cpu") WarnIfOversubscribed(launch.nproc, std::cerr);
     const int code = RunLocalRanks(std::move(launch), argc, argv);
     if (code == 0) ReportAutoOutcome(auto_choice, config, std::cout);
     return code;

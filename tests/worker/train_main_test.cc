@@ -1,6 +1,7 @@
 // shardtrain-train as a user meets it: flags, YAML, exit codes, messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -8,7 +9,9 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
 #include "core/data/token_file.h"
 #include "tests/test_util.h"
@@ -62,10 +65,10 @@ TEST_F(TrainMainTest, RunsTheFastestBlasKernelsTheCpuSupports) {
       "/bin/shardtrain-train --model gpt2-tiny --data " + Data() +
       " --batch-size 1 --seq-len 16 --max-steps 1 --eval-steps 1");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const size_t line = r.out.find("cpu: OpenBLAS ");
+  const size_t line = r.out.find(", OpenBLAS ");
   ASSERT_NE(line, std::string::npos) << r.out;
   const std::string core =
-      r.out.substr(line + 14, r.out.find(' ', line + 14) - line - 14);
+      r.out.substr(line + 11, r.out.find(' ', line + 11) - line - 11);
   // Either the type the flags allow, or one OpenBLAS detected by itself
   // that is at least as good (it never needed the re-exec).
   EXPECT_TRUE(core == expected || core == "SkylakeX" || core == "Cooperlake" ||
@@ -199,6 +202,32 @@ TEST_F(TrainMainTest, UsageErrorsExitTwoAndSuggestTheFlagMeant) {
       << help.output;
 }
 
+// More ranks than cores: said before the ranks start. The header names
+// the threads per rank and activation checkpointing.
+TEST_F(TrainMainTest, SaysWhatShapesTheRun) {
+  const int64_t cores = std::thread::hardware_concurrency();
+  Result crowded = RunTrain(absl::StrCat(
+      "--data ", Data(), " --strategy ddp --nproc ", cores + 1,
+      " --init-from /nonexistent/model.bin --out ", Out("crowded")));
+  EXPECT_NE(crowded.exit_code, 0);
+  EXPECT_NE(crowded.output.find(absl::StrCat("warning: ", cores + 1,
+                                             " ranks on ", cores, " cores")),
+            std::string::npos)
+      << crowded.output;
+  Result header = RunTrain("--data " + Data() +
+                           " --batch-size 1 --seq-len 16 --max-steps 1 "
+                           "--eval-steps 1 --threads 1 "
+                           "--activation-checkpointing every-2 --out " +
+                           Out("header"));
+  ASSERT_EQ(header.exit_code, 0) << header.output;
+  EXPECT_NE(header.output.find("cpu: 1 thread(s) per rank"), std::string::npos)
+      << header.output;
+  EXPECT_NE(header.output.find("activation checkpointing: every-2"),
+            std::string::npos)
+      << header.output;
+  EXPECT_EQ(header.output.find("warning:"), std::string::npos) << header.output;
+}
+
 TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
   struct Case {
     std::string args;
@@ -235,10 +264,21 @@ TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
   }
   const std::string out = Out("bad_data");
   Result missing = RunTrain("--data /nonexistent/dir --out " + out);
-  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.output.find("/nonexistent/dir"), std::string::npos)
       << missing.output;
   EXPECT_FALSE(fs::exists(out));
+  // What every rank would refuse is said once, before any rank starts.
+  for (const std::string& args :
+       {std::string("--data /nonexistent/dir --strategy ddp --nproc 2"),
+        "--data " + Data() + " --strategy single --nproc 2"}) {
+    Result once = RunTrain(args + " --out " + out);
+    EXPECT_EQ(once.exit_code, 2) << args << ": " << once.output;
+    EXPECT_EQ(std::count(once.output.begin(), once.output.end(), '\n'), 1)
+        << args << ": " << once.output;
+    EXPECT_EQ(once.output.find("[rank"), std::string::npos) << once.output;
+    EXPECT_FALSE(fs::exists(out));
+  }
 
   std::ofstream(Out("garbage.bin")) << "not a model";
   Result bad_init =

@@ -601,8 +601,18 @@ absl::Status Trainer::RunLoop() {
   if (const std::string layout = strategy_->layout(); !layout.empty()) {
     Log(absl::StrCat(strategy_->name(), ": ", layout));
   }
-  if (device_.is_cpu() && *BlasCoreName() != '\0') {
-    Log(absl::StrCat("cpu: OpenBLAS ", BlasCoreName(), " kernels"));
+  if (device_.is_cpu()) {
+    Log(absl::StrCat(
+        "cpu: ", at::get_num_threads(), " thread(s) per rank",
+        *BlasCoreName() != '\0'
+            ? absl::StrCat(", OpenBLAS ", BlasCoreName(), " kernels")
+            : ""));
+  }
+  if (config_.activation_checkpointing != "none") {
+    Log(absl::StrCat(
+        "activation checkpointing: ", config_.activation_checkpointing,
+        " (recomputed blocks keep only their input; their "
+        "forward runs again in backward)"));
   }
 
   const SteadyClock::time_point loop_start = SteadyClock::now();
