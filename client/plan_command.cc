@@ -313,7 +313,10 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
         row.fits ? absl::StrCat(batch(row) * c.grad_accum * replicas(row))
                  : "-",
         absl::StrCat(FormatBytes(row.memory.total()),
-                     row.fits ? "" : absl::StrCat(" at batch ", c.batch_size))};
+                     row.fits
+                         ? ""
+                         : absl::StrCat(" at batch ", c.batch_size, " (over ",
+                                        FormatBytes(search.budget), ")"))};
     if (rates.ok()) {
       cells.push_back(row.fits ? FormatDuration(row.time.step_seconds) : "-");
       cells.push_back(row.fits ? FormatThousands(static_cast<int64_t>(
@@ -556,6 +559,22 @@ int RunPlan(const PlanOptions& options) {
                                          base.micro_batches)
                        : "")
             << FormatTable(header, rows);
+  // A strategy a study leaves out at this size is named, not dropped.
+  if (options.strategy.empty()) {
+    for (const StrategyKind& kind : StrategyKinds()) {
+      if (std::find(strategies.begin(), strategies.end(), kind.name) ==
+              strategies.end() &&
+          replicas < kind.min_study_world &&
+          (base.tensor_parallel <= 1 ||
+           kind.layout == StateLayout::kReplicated)) {
+        std::cout << absl::StrFormat(
+            "%s is left out below %d ranks%s (at %d it would be ddp or "
+            "fsdp); --strategy %s plans it anyway\n",
+            kind.name, kind.min_study_world, stages > 1 ? " per stage" : "",
+            replicas, kind.name);
+      }
+    }
+  }
   return kExitOk;
 }
 

@@ -714,6 +714,9 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
       test::RunCommand(plan + "--memory-per-device 64MiB");
   ASSERT_EQ(none.exit_code, 0) << none.err;
   EXPECT_NE(none.out.find("nothing fits"), std::string::npos) << none.out;
+  // Each row's peak against the 98% of the device it was planned to.
+  EXPECT_NE(none.out.find("at batch 1 (over 62.7 MiB)"), std::string::npos)
+      << none.out;
   EXPECT_NE(none.out.find("to fit: FSDP with activation checkpointing fits "
                           "one sequence per device on "),
             std::string::npos)
@@ -824,6 +827,16 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
       "/bin/shardtrain plan --model gpt2-mini --world-size 2 -o json");
   ASSERT_EQ(two.exit_code, 0) << two.err;
   EXPECT_EQ(nlohmann::json::parse(two.out)["plans"].size(), 3u);
+  // The table says so.
+  const test::CommandResult two_table =
+      test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                       "/bin/shardtrain plan --model gpt2-mini --world-size 2");
+  ASSERT_EQ(two_table.exit_code, 0) << two_table.err;
+  EXPECT_NE(two_table.out.find("hsdp is left out below 4 ranks (at 2 it "
+                               "would be ddp or fsdp); --strategy hsdp plans "
+                               "it anyway"),
+            std::string::npos)
+      << two_table.out;
 
   const test::CommandResult bad =
       test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
