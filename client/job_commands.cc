@@ -9,15 +9,19 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "client/step_metrics_csv.h"
+#include "common/nearest_name.h"
 #include "common/small_file.h"
 #include "core/train/step_metrics.h"
+#include "core/train/train_config.h"
 #include "core/train/train_flags.h"
 #include "proto/job_config.h"
 #include "yaml-cpp/yaml.h"
@@ -47,10 +51,40 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
     return absl::InvalidArgumentError(absl::StrCat(
         "-f ", path, ": expected a mapping of flag names to values"));
   }
+  // Keys of the job itself, and shardtrain-train's that the daemon sets for
+  // every job (refused rather than ignored).
+  const std::vector<std::string> job_keys = {"labels",         "max_restarts",
+                                             "min_world_size", "name",
+                                             "priority",       "world_size"};
+  const std::vector<std::string> daemon_sets = {"eval_only", "log_every", "out",
+                                                "resume", "threads"};
+  std::vector<std::string> known = job_keys;
+  for (const std::string& key : YamlTrainConfigKeys()) {
+    if (std::find(daemon_sets.begin(), daemon_sets.end(), key) ==
+        daemon_sets.end()) {
+      known.push_back(key);
+    }
+  }
+  std::sort(known.begin(), known.end());
   YAML::Node trainer(YAML::NodeType::Map);
   try {
     for (auto it = root.begin(); it != root.end(); ++it) {
       std::string key = it->first.as<std::string>();
+      const std::string snake = absl::StrReplaceAll(key, {{"-", "_"}});
+      if (std::find(daemon_sets.begin(), daemon_sets.end(), snake) !=
+          daemon_sets.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "-f ", path, ": '", key,
+            "' is set by the daemon for every job (its output directory, "
+            "threads, resumption and logging); remove it"));
+      }
+      if (std::find(known.begin(), known.end(), snake) == known.end()) {
+        const std::string near = NearestName(snake, known);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "-f ", path, ": unknown key '", absl::CHexEscape(key), "'",
+            near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)"),
+            "; known keys: ", absl::StrJoin(known, ", ")));
+      }
       std::replace(key.begin(), key.end(), '_', '-');
       if (key == "name") {
         flags->name = it->second.as<std::string>();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/nearest_name.h"
 #include "common/small_file.h"
 #include "core/model/gpt2_config.h"
 #include "core/train/pipeline_plan.h"
@@ -464,9 +465,11 @@ absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
       for (const auto& [known_name, unused] : setters) {
         known.push_back(known_name);
       }
-      return absl::InvalidArgumentError(
-          absl::StrCat("config: unknown key '", absl::CHexEscape(name),
-                       "'; known keys: ", absl::StrJoin(known, ", ")));
+      const std::string near = NearestName(key, known);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: unknown key '", absl::CHexEscape(name), "'",
+          near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)"),
+          "; known keys: ", absl::StrJoin(known, ", ")));
     }
     try {
       it->second(entry.second, &updated);
@@ -478,6 +481,13 @@ absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
   }
   *config = updated;
   return absl::OkStatus();
+}
+
+std::vector<std::string> YamlTrainConfigKeys() {
+  std::vector<std::string> keys;
+  for (const auto& [key, unused] : YamlSetters()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 absl::Status LoadYamlTrainConfigFile(const std::string& path,

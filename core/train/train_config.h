@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -152,6 +153,8 @@ absl::StatusOr<int64_t> ActivationCheckpointEvery(absl::string_view value);
 
 absl::Status ApplyYamlTrainConfig(const std::string& yaml_text,
                                   TrainConfig* config);
+// The keys ApplyYamlTrainConfig takes (snake_case), sorted.
+std::vector<std::string> YamlTrainConfigKeys();
 absl::Status LoadYamlTrainConfigFile(const std::string& path,
                                      TrainConfig* config);
 

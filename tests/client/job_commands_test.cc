@@ -295,7 +295,18 @@ TEST_F(CliJobCommandsTest, SubmitReadsAJobFileAndFlagsWin) {
   test::WriteFile(dir_ / "bad.yaml", "model: gpt2-tiny\nbatch-sise: 3\n");
   CommandResult bad = Cli("submit -f " + (dir_ / "bad.yaml"));
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("batch-sise"));
+  EXPECT_THAT(bad.err, HasSubstr("unknown key 'batch-sise' (did you mean "
+                                 "batch_size?)"));
+  // The known keys are the job's and the trainer's a job can set.
+  EXPECT_THAT(bad.err, HasSubstr("world_size"));
+  EXPECT_THAT(bad.err, HasSubstr("priority"));
+  EXPECT_THAT(bad.err, HasSubstr("labels"));
+  EXPECT_THAT(bad.err, Not(HasSubstr(", threads")));
+  // What the daemon sets for every job is refused, not ignored.
+  test::WriteFile(dir_ / "out.yaml", "model: gpt2-tiny\nout: /tmp/mine\n");
+  CommandResult out = Cli("submit -f " + (dir_ / "out.yaml"));
+  EXPECT_EQ(out.exit_code, 2);
+  EXPECT_THAT(out.err, HasSubstr("'out' is set by the daemon for every job"));
 }
 
 TEST_F(CliJobCommandsTest,
