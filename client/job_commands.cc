@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -120,6 +121,36 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
   return absl::OkStatus();
 }
 
+// What a job's output directory holds: the files there when this host sees
+// the directory (the local daemon's), none for a job that never started.
+std::string Outputs(const v1::Job& job) {
+  if (job.start_time_unix_ms() == 0) return "none (the job never started)";
+  const std::filesystem::path dir(job.output_dir());
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::StrCat(job.output_dir(), " (on the daemon's host)");
+  }
+  std::vector<std::string> present;
+  for (const char* file : {"model.bin", "metrics.jsonl"}) {
+    if (std::filesystem::exists(dir / file, ec)) present.push_back(file);
+  }
+  if (!std::filesystem::is_empty(dir / "checkpoints", ec) && !ec) {
+    present.push_back("checkpoints/");
+  }
+  int logs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "rank-") && absl::EndsWith(name, ".log")) {
+      ++logs;
+    }
+  }
+  if (logs > 0) present.push_back(logs == 1 ? "rank-0.log" : "rank-N.log");
+  return absl::StrCat(
+      job.output_dir(),
+      present.empty() ? " (empty)"
+                      : absl::StrCat(" (", absl::StrJoin(present, ", "), ")"));
+}
+
 std::string Strategy(const v1::Job& job) {
   const int64_t stages = job.spec().strategy().pipeline_stages();
   return absl::StrCat(
@@ -163,11 +194,7 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
     const StepMetrics m = StepMetricsFromProto(job.last_step());
     rows.push_back({"last step", m.FormatLine()});
   }
-  if (!job.output_dir().empty()) {
-    rows.push_back({"outputs", absl::StrCat(job.output_dir(),
-                                            " (model.bin, checkpoints/, "
-                                            "metrics.jsonl, rank-N.log)")});
-  }
+  if (!job.output_dir().empty()) rows.push_back({"outputs", Outputs(job)});
   std::vector<std::string> labels;
   for (const auto& [k, v] : job.spec().labels()) labels.push_back(k + "=" + v);
   std::sort(labels.begin(), labels.end());
@@ -288,9 +315,7 @@ std::string RunSummary(const v1::Job& job, double val_loss) {
     summary += "\n";
   }
   if (!job.output_dir().empty()) {
-    summary += absl::StrFormat(
-        "  outputs: %s (model.bin, checkpoints/, metrics.jsonl)\n",
-        job.output_dir());
+    summary += absl::StrFormat("  outputs: %s\n", Outputs(job));
   }
   return summary;
 }

@@ -99,7 +99,8 @@ TEST_F(CliJobCommandsTest, WatchOnATerminalDrawsAProgressBar) {
   // It ends with a summary: how the run ended and where its outputs are.
   const std::string outputs = dir_ / "state/jobs/job-000002";
   EXPECT_THAT(plain.out, HasSubstr("  40 steps, final loss 0.2500"));
-  EXPECT_THAT(plain.out, HasSubstr("  outputs: " + outputs + " (model.bin"));
+  // The fake worker writes only the ranks' logs: nothing else is claimed.
+  EXPECT_THAT(plain.out, HasSubstr("  outputs: " + outputs + " (rank-N.log)"));
   EXPECT_THAT(Cli("get job-000002").out, HasSubstr("outputs      " + outputs));
 }
 
@@ -212,6 +213,23 @@ TEST_F(CliJobCommandsTest, CancelStopsARunningJob) {
   CommandResult again = Cli("cancel job-000001");
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.err, HasSubstr("already ended (CANCELLED)"));
+  // Its outputs are what its directory holds: no checkpoint was written.
+  CommandResult get = Cli("get job-000001");
+  EXPECT_THAT(get.out, HasSubstr("outputs"));
+  EXPECT_THAT(get.out, Not(HasSubstr("checkpoints/"))) << get.out;
+  // A job cancelled in the queue never had outputs.
+  ASSERT_EQ(Cli(FakeJob("hold")).exit_code, 0);
+  // Both of the daemon's 2 slots, while the job above holds one.
+  ASSERT_EQ(Cli(FakeJob("hold", 2)).exit_code, 0);
+  CommandResult queued = Cli("cancel job-000003");
+  EXPECT_EQ(queued.exit_code, 0) << queued.err;
+  EXPECT_EQ(daemon_->WaitFor("job-000003", test::IsTerminal, absl::Seconds(30))
+                .state(),
+            v1::CANCELLED);
+  CommandResult never = Cli("get job-000003");
+  EXPECT_THAT(never.out, HasSubstr("none (the job never started)"))
+      << never.out;
+  EXPECT_EQ(Cli("cancel job-000002").exit_code, 0);
 }
 
 TEST_F(CliJobCommandsTest, ErrorsAreOneLineWithTheRightExitCode) {
