@@ -364,7 +364,8 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
     out +=
         "<p class=\"note\">The loss curves coincide (the strategies trained "
         "the same): each strategy is drawn with its own dash pattern and "
-        "width, widest first, so that every one shows.</p>\n";
+        "width, the widest first and each narrower one on top of it, so that "
+        "every one shows.</p>\n";
   }
   for (const char* id : {"chart-loss", "chart-loss-time", "chart-grad-norm",
                          "chart-throughput", "chart-memory"}) {

@@ -18,12 +18,21 @@
     try { fn(); } catch (e) { window.reportErrors.push(String(e)); }
   }
   // Strategies that trained the same draw the same curve: each gets its own
-  // dash pattern and width (the first widest), so one never hides another.
+  // dash pattern and width, the first widest and drawn first, each later
+  // one narrower and on top (Chart.js draws the lowest `order` last), so
+  // every one shows: the wider below around the narrower, and through its
+  // dashes' gaps.
   const dashes = [[], [10, 6], [3, 4], [14, 4, 3, 4], [6, 3], [2, 2]];
   function lineStyle(i) {
     return {borderDash: dashes[i % dashes.length],
-            borderWidth: Math.max(1.5, 4 - 1.2 * i)};
+            borderWidth: Math.max(1.5, 5 - 1.5 * i), order: -i};
   }
+  // Legend swatches as short lines in each dataset's width and dashes; the
+  // legend keeps the strategies' order, not the drawing order.
+  const legend = {
+    labels: {usePointStyle: true, pointStyle: 'line', pointStyleWidth: 36,
+             sort: function (a, b) { return a.datasetIndex - b.datasetIndex; }},
+  };
   function faint(colour) { return colour + '40'; }  // 25% opaque
   let data = {strategies: []};
   guarded(function () {
@@ -48,7 +57,7 @@
       datasets.push({
         label: s.label + ' (val)', data: points,
         borderColor: colour, backgroundColor: colour,
-        borderDash: [6, 4], pointRadius: 3, borderWidth: 2,
+        borderDash: [6, 4], pointRadius: 3, borderWidth: 2, order: -i,
       });
     });
     charts[id] = new Chart(document.getElementById(id), {
@@ -56,7 +65,7 @@
       data: {datasets: datasets},
       options: {
         animation: false, responsive: true, maintainAspectRatio: false,
-        plugins: {title: {display: true, text: title}},
+        plugins: {title: {display: true, text: title}, legend: legend},
         scales: {
           x: {type: 'linear', title: {display: true,
               text: x === 'step' ? 'step' : 'training time (s)'}},
@@ -78,7 +87,7 @@
         data: steps.map(function (p) {
           return {x: p.step, y: p.tokens_per_second};
         }),
-        showLine: false, pointRadius: 2,
+        showLine: false, pointRadius: 2, order: -i,
         borderColor: faint(colour), backgroundColor: faint(colour),
       });
       const span = 5;
@@ -99,7 +108,8 @@
           data: {datasets: datasets},
           options: {
             animation: false, responsive: true, maintainAspectRatio: false,
-            plugins: {title: {display: true, text: 'Throughput (all ranks)'}},
+            plugins: {title: {display: true, text: 'Throughput (all ranks)'},
+                      legend: legend},
             scales: {
               x: {type: 'linear', title: {display: true, text: 'step'}},
               y: {title: {display: true, text: 'tokens/s'}},
@@ -164,7 +174,8 @@
       result.page_width = document.body.clientWidth;
     });
     chartIds.forEach(function (id) {
-      const entry = {painted_pixels: 0, data_points: 0, styles: []};
+      const entry = {painted_pixels: 0, data_points: 0, styles: [],
+                     colour_pixels: {}};
       result.canvases[id] = entry;
       guarded(function () {
         const canvas = document.getElementById(id);
@@ -173,6 +184,36 @@
         for (let i = 3; i < pixels.length; i += 4) {
           if (pixels[i] !== 0) ++entry.painted_pixels;
         }
+        // How many pixels of the plot area (the legend's swatches left out)
+        // show each strategy's colour, nearly opaque: a curve hidden under
+        // another has none.
+        const chart = charts[id];
+        if (!chart || id === 'chart-memory') return;
+        const area = chart.chartArea;
+        const ratio = canvas.width / canvas.clientWidth;
+        const x0 = Math.floor(area.left * ratio);
+        const x1 = Math.ceil(area.right * ratio);
+        const y0 = Math.floor(area.top * ratio);
+        const y1 = Math.ceil(area.bottom * ratio);
+        data.strategies.forEach(function (s, k) {
+          const hex = palette[k % palette.length];
+          const rgb = [1, 3, 5].map(function (o) {
+            return parseInt(hex.substr(o, 2), 16);
+          });
+          let count = 0;
+          for (let y = y0; y < y1; ++y) {
+            for (let x = x0; x < x1; ++x) {
+              const p = 4 * (y * canvas.width + x);
+              if (pixels[p + 3] > 200 &&
+                  Math.abs(pixels[p] - rgb[0]) < 24 &&
+                  Math.abs(pixels[p + 1] - rgb[1]) < 24 &&
+                  Math.abs(pixels[p + 2] - rgb[2]) < 24) {
+                ++count;
+              }
+            }
+          }
+          entry.colour_pixels[s.label] = count;
+        });
       });
       if (!charts[id]) return;
       charts[id].data.datasets.forEach(function (d) {

@@ -565,10 +565,19 @@ TEST(WriteCompareReportTest, HtmlDrawsEveryChartInHeadlessChromium) {
   options.title = "render check";
   ASSERT_TRUE(std::filesystem::exists(ChartJsPath()))
       << ChartJsPath() << " is missing; run scripts/setup";
-  // The losses coincide: the case where curves could hide each other.
-  ASSERT_TRUE(
-      WriteCompareReport(TenStepRuns(/*same_loss=*/true), options, tmp / "out")
-          .ok());
+  // The losses coincide: the case where curves could hide each other. Three
+  // strategies, as the demo's study: single on one rank beside the two.
+  std::vector<StrategyRun> runs = TenStepRuns(/*same_loss=*/true);
+  StrategyRun single = runs[0];
+  single.strategy = "single";
+  single.job_id = "job-single";
+  single.world_size = 1;
+  single.steps.erase(
+      std::remove_if(single.steps.begin(), single.steps.end(),
+                     [](const v1::StepMetrics& m) { return m.rank() != 0; }),
+      single.steps.end());
+  runs.push_back(single);
+  ASSERT_TRUE(WriteCompareReport(runs, options, tmp / "out").ok());
   const std::string url = "file://" + (tmp / "out/report.html");
   // Its own profile, so parallel tests do not share a locked one; as root
   // Chromium refuses to start without --no-sandbox.
@@ -595,21 +604,32 @@ TEST(WriteCompareReportTest, HtmlDrawsEveryChartInHeadlessChromium) {
     EXPECT_GT(result["canvases"][id]["painted_pixels"].get<int64_t>(), 1000);
     EXPECT_GT(result["canvases"][id]["data_points"].get<int64_t>(), 0);
   }
-  // Loss: 2 x 10 train + 2 x 2 val; memory: 2 ranks x 2 strategies.
-  EXPECT_EQ(result["canvases"]["chart-loss"]["data_points"], 24);
-  EXPECT_EQ(result["canvases"]["chart-loss-time"]["data_points"], 24);
-  EXPECT_EQ(result["canvases"]["chart-memory"]["data_points"], 4);
+  // Loss: 3 x 10 train + 3 x 2 val; memory: 2 + 2 + 1 ranks.
+  EXPECT_EQ(result["canvases"]["chart-loss"]["data_points"], 36);
+  EXPECT_EQ(result["canvases"]["chart-loss-time"]["data_points"], 36);
+  EXPECT_EQ(result["canvases"]["chart-memory"]["data_points"], 5);
   // Coinciding curves stay distinguishable: DDP solid and widest, FSDP
-  // dashed and thinner.
+  // dashed and thinner, single dotted and thinnest.
   const nlohmann::json& styles = result["canvases"]["chart-loss"]["styles"];
-  ASSERT_GE(styles.size(), 3u) << check;
+  ASSERT_GE(styles.size(), 5u) << check;
   EXPECT_EQ(styles[0]["label"], "DDP");
   EXPECT_EQ(styles[0]["dash"], "");
   EXPECT_EQ(styles[2]["label"], "FSDP");
   EXPECT_EQ(styles[2]["dash"], "10,6");
   EXPECT_LT(styles[2]["width"].get<double>(), styles[0]["width"].get<double>());
+  // And every one of them can be seen: each strategy's colour is on the
+  // plot of every line chart (where one curve hid the others, only its
+  // colour was).
+  for (const char* id : {"chart-loss", "chart-loss-time", "chart-grad-norm",
+                         "chart-throughput"}) {
+    const nlohmann::json& seen = result["canvases"][id]["colour_pixels"];
+    ASSERT_EQ(seen.size(), 3u) << id << ": " << check;
+    for (const auto& [label, pixels] : seen.items()) {
+      EXPECT_GT(pixels.get<int64_t>(), 100) << id << ": " << label << " hidden";
+    }
+  }
   // Throughput: 9 steps after warm-up, each faint and as a running mean.
-  EXPECT_EQ(result["canvases"]["chart-throughput"]["data_points"], 2 * 2 * 9);
+  EXPECT_EQ(result["canvases"]["chart-throughput"]["data_points"], 3 * 2 * 9);
   // The table fits the page.
   EXPECT_LE(result["table_width"].get<int64_t>(),
             result["page_width"].get<int64_t>())
