@@ -275,8 +275,9 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
                            const CompareOptions& options) {
   std::string out = absl::StrCat(
       "# ", options.title.empty() ? "Strategy comparison" : options.title,
-      "\n\n", ScalingExplanation(options.scaling), "\n\n## Summary\n\n",
-      FormatSummaryTable(summaries), "\n## Findings\n\n");
+      "\n\n", ScalingExplanation(options.scaling),
+      options.conditions.empty() ? "" : absl::StrCat(" ", options.conditions),
+      "\n\n## Summary\n\n", FormatSummaryTable(summaries), "\n## Findings\n\n");
   const std::vector<std::string> findings = Findings(summaries);
   if (findings.empty()) out += "No steps were recorded to compare.\n";
   for (const std::string& f : findings) absl::StrAppend(&out, "- ", f, "\n");
@@ -348,8 +349,12 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
       "window.onerror = function (message) {\n"
       "  window.reportErrors.push(String(message));\n};</script>\n",
       "</head>\n<body>\n<h1>", EscapeHtml(title), "</h1>\n<p>",
-      EscapeHtml(ScalingExplanation(options.scaling)), "</p>\n",
-      "<h2>Summary</h2>\n", HtmlTable(summaries), "<h2>Findings</h2>\n<ul>\n");
+      EscapeHtml(ScalingExplanation(options.scaling)),
+      options.conditions.empty()
+          ? ""
+          : absl::StrCat(" ", EscapeHtml(options.conditions)),
+      "</p>\n", "<h2>Summary</h2>\n", HtmlTable(summaries),
+      "<h2>Findings</h2>\n<ul>\n");
   for (const std::string& f : Findings(summaries)) {
     absl::StrAppend(&out, "<li>", EscapeHtml(f), "</li>\n");
   }

@@ -62,6 +62,9 @@ struct CompareOptions {
   std::string scaling = "strong";  // strong | weak (shown in the report)
   std::string title;               // e.g. "gpt2-tiny on brown, world size 2"
   std::string subject;  // for the recommendation: "gpt2-tiny at 2 ranks"
+  // The conditions every run shared (threads per rank ...), one sentence
+  // under the scaling's in the report's header; "" for none.
+  std::string conditions;
   // Where chart.js's dist/chart.umd.js is read from; empty: the assets dir
   // that scripts/setup fills (AssetsDir()/node_modules/chart.js/...).
   std::string chart_js_path;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -139,6 +140,14 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   const std::string study =
       absl::StrCat("compare-", absl::ToUnixSeconds(absl::Now()));
 
+  // Every run at the threads per rank of the study's largest job, so that
+  // per-rank speed and memory compare at equal threads (single-device would
+  // otherwise get all the cores: the LM head's chunk, and its peak memory,
+  // grows with the threads).
+  int64_t largest = 1;
+  for (const Planned& p : plan) {
+    largest = std::max<int64_t>(largest, p.stages * p.tensor * p.replicas);
+  }
   std::vector<StrategyRun> runs;
   for (size_t i = 0; i < plan.size(); ++i) {
     const Planned& p = plan[i];
@@ -154,6 +163,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     const int ranks = static_cast<int>(p.stages * p.tensor * p.replicas);
     spec.set_world_size(ranks);
     spec.mutable_trainer()->set_batch_size(p.batch);
+    spec.mutable_trainer()->set_threads_as_ranks(static_cast<int>(largest));
     if (budget > 0 && p.entry.strategy == kAutoStrategy) {
       // Auto picks the fastest mesh that fits the cap itself.
       spec.mutable_trainer()->set_memory_cap_bytes(budget);
@@ -236,6 +246,10 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     if (absl::StatusOr<TrainConfig> config =
             TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
         config.ok()) {
+      // At the threads the daemon gave it (its host taken to be this one).
+      config->threads = std::max<int64_t>(
+          1,
+          static_cast<int64_t>(std::thread::hardware_concurrency()) / largest);
       if (absl::StatusOr<MemoryPlan> plan = PlanMemory(*config, ranks);
           plan.ok()) {
         run.predicted_peak_bytes_per_rank = plan->total();
@@ -246,6 +260,11 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
 
   CompareOptions options;
   options.scaling = flags.scaling;
+  options.conditions = absl::StrCat(
+      "Equal threads: on CPU slots every rank, single-device included, "
+      "computes with the threads of a ",
+      largest, "-rank job (the daemon host's cores / ", largest,
+      "), so per-rank speed and memory compare at the same threads.");
   options.title = absl::StrCat(
       base->model(), " on ",
       base->data() == "brown" ? "the Brown Corpus" : base->data(), ", ",

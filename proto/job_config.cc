@@ -192,6 +192,12 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         "elastic.min_world_size: got ", min_world, "; must be in [0, ",
         spec.world_size(), "] (0: not elastic; else at most world_size)"));
   }
+  if (spec.trainer().threads_as_ranks() < 0 ||
+      spec.trainer().threads_as_ranks() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer.threads_as_ranks: got ", spec.trainer().threads_as_ranks(),
+        "; must be in [0, ", kMaxWorldSize, "] (0: the job's world_size)"));
+  }
   if (min_world > 0 && c.checkpoint_every <= 0) {
     return absl::InvalidArgumentError(
         "elastic.min_world_size: an elastic job continues from its latest "

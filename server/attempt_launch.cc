@@ -70,7 +70,11 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch.world_size = world;
   launch.cpu = cpu;
   launch.devices = devices;
-  launch.threads_per_rank = std::max(1, table_->options.cpu_cores / world);
+  // A study's jobs may ask for the threads of a larger job, so that every
+  // strategy runs at the same threads per rank.
+  launch.threads_per_rank =
+      std::max(1, table_->options.cpu_cores /
+                      std::max(world, job.spec().trainer().threads_as_ranks()));
   launch.resume = job.restarts() > 0;
   launch.coordinator_address = worker_address_;
   launch.secret = entry.stored.secret;

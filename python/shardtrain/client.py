@@ -399,8 +399,11 @@ class Client:
         results = Comparison()
         # 8: TrainConfig's default batch per rank.
         per_rank = base.trainer.batch_size if base.trainer.HasField("batch_size") else 8
-        for entry in strategies:
-            strategy, stages, tensor, ranks = _study_entry(entry, world_size)
+        entries = [(entry, *_study_entry(entry, world_size)) for entry in strategies]
+        # Every run at the threads per rank of the study's largest job, as
+        # `shardtrain compare` does: per-rank speed and memory at equal threads.
+        largest = max([1] + [ranks for *_, ranks in entries])
+        for entry, strategy, stages, tensor, ranks in entries:
             one = job_pb2.JobSpec()
             one.CopyFrom(base)
             one.strategy.name = strategy
@@ -412,6 +415,7 @@ class Client:
             # Every data-parallel replica its share of the global batch
             # (single-device: all of it).
             one.trainer.batch_size = per_rank * world_size // max(1, ranks // (stages * tensor))
+            one.trainer.threads_as_ranks = largest
             one.name = f"{study}-{entry}"
             one.labels.update({**labels, "study": study, "strategy": entry})
             job = self.submit(one)

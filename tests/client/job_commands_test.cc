@@ -412,8 +412,15 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
   v1::ListJobsResponse jobs;
   ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
   ASSERT_EQ(jobs.jobs_size(), 3);
+  // Every run at the threads per rank of the study's largest job (2 ranks),
+  // single-device included; the report says so.
+  EXPECT_THAT(test::ReadFile(out + "/report.md"),
+              HasSubstr("Equal threads: on CPU slots every rank, "
+                        "single-device included, computes with the threads "
+                        "of a 2-rank job"));
   for (const v1::Job& job : jobs.jobs()) {
     const std::string strategy = job.spec().strategy().name();
+    EXPECT_EQ(job.spec().trainer().threads_as_ranks(), 2) << strategy;
     std::ifstream csv(out + "/" + strategy + ".csv");
     std::string line;
     std::getline(csv, line);  // header

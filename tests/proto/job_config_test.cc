@@ -231,6 +231,8 @@ TEST(JobConfigTest, InvalidSpecsNameTheField) {
          s.set_world_size(2);
        }},
       {"max_restarts", [](v1::JobSpec& s) { s.set_max_restarts(-1); }},
+      {"threads_as_ranks",
+       [](v1::JobSpec& s) { s.mutable_trainer()->set_threads_as_ranks(-2); }},
       {"pipeline_stages",
        [](v1::JobSpec& s) { s.mutable_strategy()->set_pipeline_stages(0); }},
       {"micro_batches",

@@ -239,6 +239,10 @@ def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):
         assert list(results.to_frame().index) == ["single", "ddp"]
     studies = {j.proto.spec.labels["study"] for j in client.list(labels={"strategy": "ddp"})}
     assert len(studies) == 1
+    # Both at the threads per rank of the 2-rank job.
+    for entry in ("single", "ddp"):
+        jobs = client.list(labels={"strategy": entry})
+        assert {j.proto.spec.trainer.threads_as_ranks for j in jobs} == {2}
 
 
 def test_compare_takes_pipeline_meshes(client, data):

@@ -67,6 +67,16 @@ TEST_F(JobManagerTest,
   }
   EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"),
             launcher_.Env(pids[1], "MASTER_PORT"));
+  // A job asking for the threads of a 2-rank job (a study's equal
+  // threads): one rank, half the cores.
+  v1::JobSpec one = Spec(1);
+  one.mutable_trainer()->set_threads_as_ranks(2);
+  std::string single;
+  const std::vector<int> alone = StartRunning(one, &single);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_THAT(
+      launcher_.process(alone[0]).spec.argv,
+      testing::IsSupersetOf(std::vector<std::string>{"--threads", "4"}));
   EXPECT_EQ(launcher_.process(pids[1]).spec.process_group, pids[0]);
 }
 
