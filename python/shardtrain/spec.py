@@ -48,7 +48,8 @@ _TRAINER_FIELDS = {
         "batch_size", "seq_len", "grad_accum", "max_steps", "epochs", "lr",
         "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
         "eps", "grad_clip", "seed", "precision", "eval_every", "eval_steps",
-        "checkpoint_every", "shuffle", "peak_flops", "init_from")
+        "checkpoint_every", "shuffle", "peak_flops", "init_from",
+        "threads_as_ranks")
 }
 _TRAINER_FIELDS["memory_cap"] = "memory_cap_bytes"
 # Keys handled on their own.
