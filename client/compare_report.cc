@@ -119,6 +119,11 @@ std::string DisplayName(const std::string& strategy) {
   return kind != nullptr ? kind->display_name : strategy;
 }
 
+std::string Cores(double cores) {
+  return absl::StrFormat("%.1f %s", cores,
+                         std::abs(cores - 1) < 0.05 ? "core" : "cores");
+}
+
 std::string Capitalised(std::string text) {
   if (!text.empty()) text[0] = absl::ascii_toupper(text[0]);
   return text;
@@ -150,6 +155,46 @@ std::string EscapeScriptText(const std::string& text) {
       continue;
     }
     out.push_back(text[i]);
+  }
+  return out;
+}
+
+// The header's sentence on the host while the runs trained: how many runs
+// each strategy had, and the most other processes used during any of them.
+std::string RunConditions(const std::vector<StrategyRun>& runs) {
+  size_t most_runs = 1;
+  double worst = -1;
+  int cores = 0;
+  for (const StrategyRun& run : runs) {
+    most_runs = std::max(most_runs, 1 + run.repeats.size());
+    std::vector<const HostLoad*> loads = {&run.host_load};
+    for (const RepeatRun& r : run.repeats) loads.push_back(&r.host_load);
+    for (const HostLoad* load : loads) {
+      if (!load->measured) continue;
+      worst = std::max(worst, load->other_cores_mean);
+      cores = load->cores;
+    }
+  }
+  std::string out =
+      most_runs > 1
+          ? absl::StrFormat(
+                "Each strategy ran %d times, the strategies' runs "
+                "interleaved; throughput intervals are the run-to-run "
+                "spread.",
+                most_runs)
+          : "Each strategy ran once, one after another; throughput intervals "
+            "are the step-to-step spread of that run (--repeat N interleaves "
+            "N runs of each for a run-to-run interval).";
+  if (worst < 0) {
+    absl::StrAppend(&out,
+                    " Host load was not measured (the coordinator runs on "
+                    "another host): only a drift of step time shows a "
+                    "disturbed run.");
+  } else {
+    absl::StrAppend(&out, absl::StrFormat(
+                              " Other processes on the host used at most %s "
+                              "of its %d on average during any run.",
+                              Cores(worst), cores));
   }
   return out;
 }
@@ -245,6 +290,11 @@ std::string HtmlTable(const std::vector<StrategySummary>& rows) {
 // Files
 // ---------------------------------------------------------------------------
 
+// The CSV of repeat `i` (0: the second run): ddp.run2.csv, ...
+std::string RepeatCsvName(const std::string& strategy, size_t i) {
+  return absl::StrCat(strategy, ".run", i + 2, ".csv");
+}
+
 absl::StatusOr<std::string> ReadChartJs(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
@@ -277,6 +327,7 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
       "# ", options.title.empty() ? "Strategy comparison" : options.title,
       "\n\n", ScalingExplanation(options.scaling),
       options.conditions.empty() ? "" : absl::StrCat(" ", options.conditions),
+      " ", RunConditions(runs),
       "\n\n## Summary\n\n", FormatSummaryTable(summaries), "\n## Findings\n\n");
   const std::vector<std::string> findings = Findings(summaries);
   if (findings.empty()) out += "No steps were recorded to compare.\n";
@@ -289,6 +340,10 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
   for (const StrategyRun& run : runs) {
     absl::StrAppend(&out, "- `", run.strategy, ".csv`: every rank's steps of ",
                     "job `", run.job_id, "`\n");
+    for (size_t i = 0; i < run.repeats.size(); ++i) {
+      absl::StrAppend(&out, "- `", RepeatCsvName(run.strategy, i), "`: run ",
+                      i + 2, ", job `", run.repeats[i].job_id, "`\n");
+    }
   }
   out += "- `report.html`: the table, findings and charts in one file\n";
   return out;
@@ -353,7 +408,7 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
       options.conditions.empty()
           ? ""
           : absl::StrCat(" ", EscapeHtml(options.conditions)),
-      "</p>\n", "<h2>Summary</h2>\n", HtmlTable(summaries),
+      " ", EscapeHtml(RunConditions(runs)), "</p>\n", "<h2>Summary</h2>\n", HtmlTable(summaries),
       "<h2>Findings</h2>\n<ul>\n");
   for (const std::string& f : Findings(summaries)) {
     absl::StrAppend(&out, "<li>", EscapeHtml(f), "</li>\n");
@@ -381,7 +436,13 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
   for (const StrategyRun& run : runs) {
     absl::StrAppend(&out, "<li>", EscapeHtml(DisplayName(run.strategy)),
                     ": job <code>", EscapeHtml(run.job_id), "</code>, ",
-                    EscapeHtml(run.strategy), ".csv</li>\n");
+                    EscapeHtml(run.strategy), ".csv");
+    for (size_t i = 0; i < run.repeats.size(); ++i) {
+      absl::StrAppend(&out, "; run ", i + 2, ": job <code>",
+                      EscapeHtml(run.repeats[i].job_id), "</code>, ",
+                      EscapeHtml(RepeatCsvName(run.strategy, i)));
+    }
+    out += "</li>\n";
   }
   absl::StrAppend(&out, "</ul>\n<pre id=\"render-check\"></pre>\n",
                   "<script type=\"application/json\" id=\"report-data\">", json,
@@ -391,7 +452,60 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
   return out;
 }
 
+// Rank 0's tokens/s at each step after the first (all of one step).
+std::vector<double> TimedThroughput(const std::vector<v1::StepMetrics>& steps) {
+  std::vector<double> rank0;
+  for (const v1::StepMetrics& m : Deduplicated(steps)) {
+    if (m.rank() == 0) rank0.push_back(m.tokens_per_second());
+  }
+  if (rank0.size() >= 2) rank0.erase(rank0.begin());
+  return rank0;
+}
+
+// Appends what disturbed run `index` of `runs` (1-based): other processes
+// on the host, a drift of its step time.
+void NoteDisturbances(int index, size_t runs, const HostLoad& load,
+                      const std::vector<double>& timed,
+                      std::vector<std::string>* out) {
+  const std::string which =
+      runs > 1 ? absl::StrFormat("run %d of %d", index, runs) : "its run";
+  if (Disturbs(load)) {
+    out->push_back(absl::StrFormat(
+        "other processes used %s of the host's %d on average during %s "
+        "(up to %s)",
+        Cores(load.other_cores_mean), load.cores, which,
+        Cores(load.other_cores_peak)));
+  }
+  double first = 0, second = 0;
+  if (ThroughputDrifts(timed, &first, &second)) {
+    out->push_back(absl::StrFormat(
+        "its throughput drifted from %s to %s tokens/s between the first and "
+        "second half of %s",
+        FormatThousands(std::llround(first)),
+        FormatThousands(std::llround(second)), which));
+  }
+}
+
 }  // namespace
+
+bool ThroughputDrifts(const std::vector<double>& values, double* first_half,
+                      double* second_half) {
+  // Too few steps for two halves with a spread each.
+  if (values.size() < 6) return false;
+  const size_t half = values.size() / 2;
+  const std::vector<double> a(values.begin(), values.begin() + half);
+  const std::vector<double> b(values.end() - half, values.end());
+  const double mean_a = Mean(a), mean_b = Mean(b);
+  const double ca = ConfidenceHalfWidth95(a), cb = ConfidenceHalfWidth95(b);
+  const double gap = std::abs(mean_a - mean_b);
+  const bool drifts = gap > std::sqrt(ca * ca + cb * cb) &&
+                      gap > 0.2 * std::max(mean_a, mean_b);
+  if (drifts) {
+    *first_half = mean_a;
+    *second_half = mean_b;
+  }
+  return drifts;
+}
 
 // Rank 0 speaks for the job on loss, time, throughput, gradient norm and MFU
 // (they are global or identical on every rank); memory differs by rank under
@@ -411,6 +525,12 @@ StrategySummary Summarise(const StrategyRun& run) {
     summary.peak_memory_bytes_per_rank =
         std::max(summary.peak_memory_bytes_per_rank, m.memory_peak_bytes());
     if (m.rank() == 0) rank0.push_back(m);
+  }
+  for (const RepeatRun& repeat : run.repeats) {
+    for (const v1::StepMetrics& m : repeat.steps) {
+      summary.peak_memory_bytes_per_rank =
+          std::max(summary.peak_memory_bytes_per_rank, m.memory_peak_bytes());
+    }
   }
   if (rank0.empty()) return summary;
 
@@ -436,6 +556,25 @@ StrategySummary Summarise(const StrategyRun& run) {
   summary.tokens_per_second_std = StdDev(tokens_per_second);
   summary.tokens_per_second_ci95 = ConfidenceHalfWidth95(tokens_per_second);
   summary.timed_steps = static_cast<int64_t>(tokens_per_second.size());
+
+  // Each run's throughput and what disturbed it. With repeats, the interval
+  // is the run-to-run spread of the runs' means: what a rerun would give.
+  std::vector<double> run_means = {summary.tokens_per_second_mean};
+  NoteDisturbances(1, 1 + run.repeats.size(), run.host_load,
+                   tokens_per_second, &summary.disturbances);
+  for (size_t i = 0; i < run.repeats.size(); ++i) {
+    const std::vector<double> timed = TimedThroughput(run.repeats[i].steps);
+    if (timed.empty()) continue;
+    run_means.push_back(Mean(timed));
+    NoteDisturbances(static_cast<int>(i + 2), 1 + run.repeats.size(),
+                     run.repeats[i].host_load, timed, &summary.disturbances);
+  }
+  summary.runs = static_cast<int>(run_means.size());
+  if (summary.runs >= 2) {
+    summary.tokens_per_second_mean = Mean(run_means);
+    summary.tokens_per_second_std = StdDev(run_means);
+    summary.tokens_per_second_ci95 = ConfidenceHalfWidth95(run_means);
+  }
   summary.mfu_mean = Mean(mfu);
   summary.grad_norm_mean = Mean(grad_norms);
   summary.grad_norm_std = StdDev(grad_norms);
@@ -493,7 +632,8 @@ Ratio ThroughputRatio(const StrategySummary& a, const StrategySummary& b) {
     return r;
   }
   r.value = a.tokens_per_second_mean / b.tokens_per_second_mean;
-  r.known = a.timed_steps >= 2 && b.timed_steps >= 2;
+  r.known = (a.runs >= 2 || a.timed_steps >= 2) &&
+            (b.runs >= 2 || b.timed_steps >= 2);
   const double ea = a.tokens_per_second_ci95 / a.tokens_per_second_mean;
   const double eb = b.tokens_per_second_ci95 / b.tokens_per_second_mean;
   r.uncertainty = r.value * std::sqrt(ea * ea + eb * eb);
@@ -574,6 +714,23 @@ std::string NameList(const std::vector<const StrategySummary*>& rows) {
                       " and ", names.back());
 }
 
+// Whether another process or a drift disturbed any run: then no speed
+// difference is called beyond noise and no strategy is named fastest.
+bool SpeedDisturbed(const std::vector<const StrategySummary*>& ran) {
+  for (const StrategySummary* row : ran) {
+    if (!row->disturbances.empty()) return true;
+  }
+  return false;
+}
+
+// Where the throughput intervals come from.
+std::string SpreadSource(const std::vector<const StrategySummary*>& ran) {
+  int runs = 1;
+  for (const StrategySummary* row : ran) runs = std::max(runs, row->runs);
+  return runs >= 2 ? absl::StrFormat("the spread of %d interleaved runs", runs)
+                   : "the step-to-step spread";
+}
+
 std::string RatioText(const Ratio& r) {
   return r.known ? absl::StrFormat("%.2f× ± %.2f", r.value, r.uncertainty)
                  : absl::StrFormat("%.2f×", r.value);
@@ -626,6 +783,7 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
   // Memory (exact: the tracking allocator) and throughput (with its
   // uncertainty) against the baseline.
   const std::string base = DisplayName(baseline->strategy);
+  const bool disturbed = SpeedDisturbed(ran);
   for (const StrategySummary* row : ran) {
     if (row == baseline) continue;
     std::vector<std::string> clauses;
@@ -641,7 +799,8 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
       clauses.push_back(absl::StrFormat(
           "%sthroughput %s %s's (%s)", clauses.empty() ? "" : "its ",
           RatioText(r), base,
-          !r.known           ? "too few steps to tell from run-to-run noise"
+          disturbed          ? "the runs were disturbed: not compared"
+          : !r.known         ? "too few steps to tell from run-to-run noise"
           : !r.Significant() ? "within run-to-run noise"
           : r.value > 1      ? "faster beyond run-to-run noise"
                              : "slower beyond run-to-run noise"));
@@ -651,8 +810,20 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
                                     " ", absl::StrJoin(clauses, "; "), "."));
   }
 
-  // The fastest, when it is so beyond noise.
-  if (ran.size() >= 2) {
+  // The fastest, when it is so beyond noise and nothing disturbed the runs.
+  if (ran.size() >= 2 && disturbed) {
+    std::vector<std::string> what;
+    for (const StrategySummary* row : ran) {
+      for (const std::string& d : row->disturbances) {
+        what.push_back(absl::StrCat(DisplayName(row->strategy), ": ", d));
+      }
+    }
+    findings.push_back(absl::StrCat(
+        "Speed findings are disturbed, so no strategy is named fastest (",
+        absl::StrJoin(what, "; "),
+        "). Rerun on an idle host, or with --repeat 3 to interleave the "
+        "strategies' runs."));
+  } else if (ran.size() >= 2) {
     std::vector<const StrategySummary*> by_speed = ran;
     std::sort(by_speed.begin(), by_speed.end(),
               [](const StrategySummary* a, const StrategySummary* b) {
@@ -672,15 +843,16 @@ std::vector<std::string> Findings(const std::vector<StrategySummary>& rows) {
     } else if (tied.size() == 1) {
       findings.push_back(absl::StrFormat(
           "%s was the fastest beyond run-to-run noise, at %s ± %s tokens/s "
-          "(95%% confidence from the step-to-step spread).",
+          "(95%% confidence from %s).",
           Capitalised(DisplayName(by_speed[0]->strategy)),
           FormatThousands(std::llround(by_speed[0]->tokens_per_second_mean)),
-          FormatThousands(std::llround(by_speed[0]->tokens_per_second_ci95))));
+          FormatThousands(std::llround(by_speed[0]->tokens_per_second_ci95)),
+          SpreadSource(ran)));
     } else {
       findings.push_back(absl::StrFormat(
           "%s were equally fast within run-to-run noise (95%% confidence "
-          "from the step-to-step spread).",
-          Capitalised(NameList(tied))));
+          "from %s).",
+          Capitalised(NameList(tied)), SpreadSource(ran)));
     }
   }
 
@@ -735,6 +907,13 @@ std::string Recommendation(const std::vector<StrategySummary>& rows,
                      static_cast<double>(b->peak_memory_bytes_per_rank)
                : 0.0;
   };
+  if (SpeedDisturbed(ran)) {
+    return absl::StrFormat(
+        "%sspeed not compared, the runs were disturbed (see the findings); "
+        "on memory, %s needs the least per rank (%s).",
+        lead, DisplayName(leanest->strategy),
+        FormatBytes(leanest->peak_memory_bytes_per_rank));
+  }
   if (!known) {
     return absl::StrFormat(
         "%stoo few steps to compare speed (run 10 or more); on memory, %s "
@@ -817,6 +996,11 @@ absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
         WriteWholeFile(out_dir + "/" + run.strategy + ".csv",
                        StepMetricsCsv(Deduplicated(run.steps)));
     if (!status.ok()) return status;
+    for (size_t i = 0; i < run.repeats.size(); ++i) {
+      status = WriteWholeFile(out_dir + "/" + RepeatCsvName(run.strategy, i),
+                              StepMetricsCsv(Deduplicated(run.repeats[i].steps)));
+      if (!status.ok()) return status;
+    }
   }
   absl::Status status = WriteWholeFile(
       out_dir + "/report.md", ReportMarkdown(runs, summaries, options));

@@ -13,11 +13,21 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/host_load.h"
 #include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain::cli {
 
-// One strategy's job, as stored by the coordinator.
+// One more run of a strategy's job (--repeat), as stored by the coordinator.
+struct RepeatRun {
+  std::string job_id;
+  std::vector<v1::StepMetrics> steps;
+  double wall_seconds = 0;
+  HostLoad host_load;
+};
+
+// One strategy's job, as stored by the coordinator: its first run, and the
+// runs repeated after it (interleaved with the other strategies' runs).
 struct StrategyRun {
   std::string strategy;  // "single", "ddp", "fsdp"
   std::string job_id;
@@ -30,6 +40,8 @@ struct StrategyRun {
   int64_t train_tokens = 0;            // tokens in train.bin (one epoch)
   // `shardtrain plan`'s prediction of the peak per rank; 0 when unknown.
   int64_t predicted_peak_bytes_per_rank = 0;
+  HostLoad host_load;  // other processes on the host while it ran
+  std::vector<RepeatRun> repeats;
 };
 
 // One row of the table; all figures computed from StrategyRun::steps.
@@ -42,12 +54,20 @@ struct StrategySummary {
   double final_train_loss = 0;       // rank 0's last step
   double final_val_loss = -1;        // last eval, < 0 when none
   std::map<int64_t, double> losses;  // rank 0's train loss by step
-  double tokens_per_second_mean = 0;  // rank 0, steps after the first
+  // Rank 0, steps after the first; with repeats, the mean of the runs'
+  // means.
+  double tokens_per_second_mean = 0;
   double tokens_per_second_std = 0;
-  // Half-width of the 95% confidence interval of the mean (Student's t over
-  // the timed steps' spread); 0 with fewer than two timed steps.
+  // Half-width of the 95% confidence interval of the mean (Student's t):
+  // over the runs' means when there are several runs, else over the timed
+  // steps' spread; 0 with fewer than two of either.
   double tokens_per_second_ci95 = 0;
-  int64_t timed_steps = 0;  // steps behind the throughput figures
+  int64_t timed_steps = 0;  // steps behind the throughput figures (run 1)
+  int runs = 1;             // the first and its repeats
+  // What makes this strategy's speed unsafe to compare, one clause each
+  // (another process's CPU use on the host, step time drifting within a
+  // run); empty when nothing was seen.
+  std::vector<std::string> disturbances;
   double step_seconds_p50 = 0;
   double step_seconds_p95 = 0;
   int64_t peak_memory_bytes_per_rank = 0;     // max over ranks and steps
@@ -74,6 +94,12 @@ StrategySummary Summarise(const StrategyRun& run);
 
 // The summary table as GitHub markdown (also what `compare` prints).
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
+
+// Whether the tokens/s of `values` (one run's timed steps, in order) drift:
+// the means of the first and second half differ by more than their 95%
+// intervals allow and by more than 20%. Fills the halves' means when so.
+bool ThroughputDrifts(const std::vector<double>& values, double* first_half,
+                      double* second_half);
 
 // Findings computed from the rows, one sentence per line: whether the
 // strategies trained the same (loss curves step by step), each one's memory

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -16,6 +18,7 @@
 #include "client/compare_report.h"
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
+#include "client/host_load.h"
 #include "client/job_commands.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
@@ -33,7 +36,79 @@ struct CompareFlags {
   std::string out;
   std::string scaling = "strong";
   std::string memory_budget;  // --memory-budget: per-rank cap, e.g. 512MiB
+  int repeat = 1;             // runs of each strategy, interleaved
 };
+
+// Whether the coordinator at `address` runs on this host, where the CLI can
+// see what else uses its CPUs.
+bool IsLocalAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) return true;
+  std::string host = address;
+  if (absl::StartsWith(host, "dns:///")) host = host.substr(7);
+  if (absl::StartsWith(host, "ipv4:")) host = host.substr(5);
+  if (absl::StartsWith(host, "ipv6:")) host = host.substr(5);
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (host.find(':') != host.rfind(':')) {
+    // A bare IPv6 address.
+  } else {
+    host = host.substr(0, host.find(':'));
+  }
+  return host == "localhost" || host == "::1" || host == "0.0.0.0" ||
+         absl::StartsWith(host, "127.");
+}
+
+// One run of one strategy's job, followed to its end.
+struct FinishedRun {
+  v1::Job job;
+  std::vector<v1::StepMetrics> steps;
+  HostLoad host_load;
+};
+
+// Submits `spec`, follows it to its end (sampling the host's load when the
+// coordinator is local) and fetches its steps. Returns the exit code; `out`
+// is filled when it is kExitOk.
+int RunOnce(DaemonClient& client, const v1::JobSpec& spec, bool sample_load,
+            const std::string& strategy, FinishedRun* out) {
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  if (int code = client.Call([&](grpc::ClientContext* c) {
+        return client.jobs().SubmitJob(c, request, &job);
+      });
+      code != kExitOk) {
+    return code;
+  }
+  std::optional<HostLoadSampler> sampler;
+  if (sample_load) sampler.emplace(job.id(), absl::Seconds(1));
+  if (int code = FollowJob(client, job.id(), terminal, std::cerr);
+      code != kExitOk) {
+    std::cerr << "shardtrain: error: " << strategy << " run " << job.id()
+              << " did not succeed; the study stops here\n";
+    return code;
+  }
+  if (sampler) out->host_load = sampler->Stop();
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  if (int code = client.Call([&](grpc::ClientContext* c) {
+        return client.jobs().GetJob(c, get, &out->job);
+      });
+      code != kExitOk) {
+    return code;
+  }
+  v1::GetJobMetricsRequest metrics;
+  metrics.set_job_id(job.id());
+  v1::GetJobMetricsResponse steps;
+  if (int code = client.Call([&](grpc::ClientContext* c) {
+        return client.jobs().GetJobMetrics(c, metrics, &steps);
+      });
+      code != kExitOk) {
+    return code;
+  }
+  out->steps.assign(steps.steps().begin(), steps.steps().end());
+  return kExitOk;
+}
 
 int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<v1::JobSpec> base = flags.job.ToSpec();
@@ -136,7 +211,6 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<std::unique_ptr<DaemonClient>> client =
       DaemonClient::Connect(connection);
   if (!client.ok()) return ReportFailure(client.status());
-  const bool terminal = isatty(STDERR_FILENO) != 0;
   const std::string study =
       absl::StrCat("compare-", absl::ToUnixSeconds(absl::Now()));
 
@@ -148,7 +222,15 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   for (const Planned& p : plan) {
     largest = std::max<int64_t>(largest, p.stages * p.tensor * p.replicas);
   }
-  std::vector<StrategyRun> runs;
+  // Every job's spec first (a budget may leave a strategy out), then the
+  // runs: round after round, each strategy once per round, so that what
+  // changes on the host over time falls on every strategy alike.
+  struct Prepared {
+    std::string strategy;
+    v1::JobSpec spec;
+    int ranks = 1;
+  };
+  std::vector<Prepared> jobs;
   for (size_t i = 0; i < plan.size(); ++i) {
     const Planned& p = plan[i];
     const std::string& strategy = p.entry.name;
@@ -176,86 +258,84 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
           LargestFittingBatch(*config, ranks, PlannableBytes(budget));
       if (!batch.ok()) return ReportFailure(batch.status());
       if (*batch == 0) {
-        std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": "
-                  << strategy << " does not fit one sequence per rank"
-                  << " in " << FormatBytes(budget) << "; skipped ==\n";
+        std::cerr << "\n== " << strategy << " does not fit one sequence per "
+                  << "rank in " << FormatBytes(budget) << "; skipped ==\n";
         continue;
       }
       spec.mutable_trainer()->set_batch_size(*batch);
       spec.mutable_trainer()->set_memory_cap_bytes(budget);
     }
-    spec.set_name(absl::StrCat(flags.job.name.empty() ? study : flags.job.name,
-                               "-", strategy));
     (*spec.mutable_labels())["study"] =
         flags.job.name.empty() ? study : flags.job.name;
     (*spec.mutable_labels())["strategy"] = strategy;
+    jobs.push_back({strategy, std::move(spec), ranks});
+  }
 
-    std::cerr << "\n== " << i + 1 << "/" << flags.strategies.size() << ": "
-              << strategy << " on " << ranks
-              << (ranks == 1 ? " device" : " devices") << ", batch "
-              << spec.trainer().batch_size() << " per rank ==\n";
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    v1::Job job;
-    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
-          return (*client)->jobs().SubmitJob(c, request, &job);
-        });
-        code != kExitOk) {
-      return code;
-    }
-    if (int code = FollowJob(**client, job.id(), terminal, std::cerr);
-        code != kExitOk) {
-      std::cerr << "shardtrain: error: " << strategy << " run " << job.id()
-                << " did not succeed; the study stops here\n";
-      return code;
-    }
-    v1::GetJobRequest get;
-    get.set_job_id(job.id());
-    v1::GetJobMetricsRequest metrics;
-    metrics.set_job_id(job.id());
-    v1::GetJobMetricsResponse steps;
-    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
-          return (*client)->jobs().GetJob(c, get, &job);
-        });
-        code != kExitOk) {
-      return code;
-    }
-    if (const auto chosen = job.spec().labels().find("auto_mesh");
-        chosen != job.spec().labels().end()) {
-      std::cerr << strategy << " trained " << chosen->second
-                << " (the mesh predicted fastest; its log says why)\n";
-    }
-    if (int code = (*client)->Call([&](grpc::ClientContext* c) {
-          return (*client)->jobs().GetJobMetrics(c, metrics, &steps);
-        });
-        code != kExitOk) {
-      return code;
-    }
-    StrategyRun run;
-    run.strategy = strategy;
-    run.job_id = job.id();
-    run.world_size = ranks;
-    run.batch_size = spec.trainer().batch_size();
-    run.grad_accum = spec.trainer().grad_accum();
-    run.seq_len = spec.trainer().seq_len();
-    run.steps.assign(steps.steps().begin(), steps.steps().end());
-    run.wall_seconds =
-        (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
-    run.train_tokens = job.train_tokens();  // read by the daemon at launch
-    // The stored spec: the daemon filled in its device kind.
-    if (absl::StatusOr<TrainConfig> config =
-            TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
-        config.ok()) {
-      // At the threads the daemon gave it (its host taken to be this one).
-      config->threads = std::max<int64_t>(
-          1,
-          static_cast<int64_t>(std::thread::hardware_concurrency()) / largest);
-      if (absl::StatusOr<MemoryPlan> plan = PlanMemory(*config, ranks);
-          plan.ok()) {
-        run.predicted_peak_bytes_per_rank = plan->total();
+  const bool sample_load = IsLocalAddress((*client)->address());
+  std::vector<StrategyRun> runs(jobs.size());
+  const size_t total = jobs.size() * static_cast<size_t>(flags.repeat);
+  for (int round = 0; round < flags.repeat; ++round) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Prepared& prepared = jobs[i];
+      v1::JobSpec spec = prepared.spec;
+      spec.set_name(absl::StrCat(
+          flags.job.name.empty() ? study : flags.job.name, "-",
+          prepared.strategy,
+          flags.repeat > 1 ? absl::StrCat("-run", round + 1) : ""));
+      std::cerr << "\n== " << round * jobs.size() + i + 1 << "/" << total
+                << ": " << prepared.strategy
+                << (flags.repeat > 1
+                        ? absl::StrCat(" (run ", round + 1, " of ",
+                                       flags.repeat, ")")
+                        : "")
+                << " on " << prepared.ranks
+                << (prepared.ranks == 1 ? " device" : " devices") << ", batch "
+                << spec.trainer().batch_size() << " per rank ==\n";
+      FinishedRun finished;
+      if (int code = RunOnce(**client, spec, sample_load, prepared.strategy,
+                             &finished);
+          code != kExitOk) {
+        return code;
+      }
+      const v1::Job& job = finished.job;
+      if (const auto chosen = job.spec().labels().find("auto_mesh");
+          chosen != job.spec().labels().end()) {
+        std::cerr << prepared.strategy << " trained " << chosen->second
+                  << " (the mesh predicted fastest; its log says why)\n";
+      }
+      const double wall =
+          (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
+      StrategyRun& run = runs[i];
+      if (round > 0) {
+        run.repeats.push_back({job.id(), std::move(finished.steps), wall,
+                               finished.host_load});
+        continue;
+      }
+      run.strategy = prepared.strategy;
+      run.job_id = job.id();
+      run.world_size = prepared.ranks;
+      run.batch_size = spec.trainer().batch_size();
+      run.grad_accum = spec.trainer().grad_accum();
+      run.seq_len = spec.trainer().seq_len();
+      run.steps = std::move(finished.steps);
+      run.wall_seconds = wall;
+      run.host_load = finished.host_load;
+      run.train_tokens = job.train_tokens();  // read by the daemon at launch
+      // The stored spec: the daemon filled in its device kind.
+      if (absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(
+              job.has_spec() ? job.spec() : spec, "-");
+          config.ok()) {
+        // At the threads the daemon gave it (its host taken to be this one).
+        config->threads = std::max<int64_t>(
+            1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
+                   largest);
+        if (absl::StatusOr<MemoryPlan> plan =
+                PlanMemory(*config, prepared.ranks);
+            plan.ok()) {
+          run.predicted_peak_bytes_per_rank = plan->total();
+        }
       }
     }
-    runs.push_back(std::move(run));
   }
 
   CompareOptions options;
@@ -328,6 +408,11 @@ void AddCompareCommand(CLI::App* app, int* exit_code, int argc, char** argv) {
                   "strong: same global batch for every strategy; weak: same "
                   "batch per device")
       ->check(CLI::IsMember({"strong", "weak"}))
+      ->capture_default_str();
+  cmd->add_option("--repeat", flags->repeat,
+                  "runs of each strategy, interleaved (round after round), "
+                  "for a run-to-run throughput interval")
+      ->check(CLI::Range(1, 20))
       ->capture_default_str();
   AddConnectionFlags(cmd, connection.get());
   cmd->callback([flags, connection, exit_code] {

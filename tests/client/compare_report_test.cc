@@ -648,5 +648,185 @@ TEST(WriteCompareReportTest, HtmlDrawsEveryChartInHeadlessChromium) {
   EXPECT_GT(std::filesystem::file_size(png), 10000u);
 }
 
+// ---------------------------------------------------------------------------
+// Noise and interference
+// ---------------------------------------------------------------------------
+
+HostLoad Load(double other_mean, double other_peak) {
+  HostLoad load;
+  load.measured = true;
+  load.cores = 2;
+  load.seconds = 60;
+  load.other_cores_mean = other_mean;
+  load.other_cores_peak = other_peak;
+  load.job_cores_mean = 2 - other_mean;
+  return load;
+}
+
+TEST(DisturbsTest, OtherUseFromATenthOfTheCoresDisturbs) {
+  EXPECT_FALSE(Disturbs(Load(0.05, 0.3)));
+  EXPECT_FALSE(Disturbs(Load(0.19, 1.0)));
+  EXPECT_TRUE(Disturbs(Load(0.2, 0.4)));
+  HostLoad unmeasured = Load(1.5, 2.0);
+  unmeasured.measured = false;
+  EXPECT_FALSE(Disturbs(unmeasured));
+  HostLoad big = Load(1.0, 1.0);
+  big.cores = 64;  // a tenth of 64 cores is 6.4
+  EXPECT_FALSE(Disturbs(big));
+  big.other_cores_mean = 6.4;
+  EXPECT_TRUE(Disturbs(big));
+}
+
+TEST(ThroughputDriftsTest, AStepDownMidRunDriftsSteadyNoiseDoesNot) {
+  double first = 0, second = 0;
+  // Steady at 1,500 ± 5%.
+  EXPECT_FALSE(ThroughputDrifts(
+      {1500, 1430, 1560, 1480, 1520, 1440, 1570, 1500, 1460, 1530}, &first,
+      &second));
+  // 10% slower in the second half, clearly beyond the spread, but within
+  // what a long run's warm caches and evaluation pauses move.
+  EXPECT_FALSE(ThroughputDrifts({1500, 1500, 1501, 1499, 1350, 1350, 1351,
+                                 1349},
+                                &first, &second));
+  // A CPU hog started mid-run: 1,500 -> 500.
+  EXPECT_TRUE(ThroughputDrifts(
+      {1500, 1480, 1520, 1490, 1510, 520, 480, 510, 500, 490}, &first,
+      &second));
+  EXPECT_NEAR(first, 1500, 1);
+  EXPECT_NEAR(second, 500, 1);
+  // Noisy halves far apart in mean but within their spread: no claim.
+  EXPECT_FALSE(ThroughputDrifts({500, 2500, 500, 2500, 500, 2500}, &first,
+                                &second));
+  // Too few steps for two halves with a spread each.
+  EXPECT_FALSE(ThroughputDrifts({1500, 1500, 500, 500}, &first, &second));
+}
+
+// DDP clearly faster than FSDP, as TenStepRuns has them.
+TEST(FindingsTest, AHostLoadDuringARunWithholdsTheSpeedVerdict) {
+  std::vector<StrategyRun> runs = TenStepRuns(/*same_loss=*/true);
+  runs[0].host_load = Load(0.04, 0.2);
+  runs[1].host_load = Load(0.9, 1.0);  // a hog took a core from FSDP
+  std::vector<StrategySummary> rows;
+  for (const StrategyRun& run : runs) rows.push_back(Summarise(run));
+  ASSERT_THAT(rows[1].disturbances,
+              ElementsAre("other processes used 0.9 cores of the host's 2 on "
+                          "average during its run (up to 1.0 core)"));
+  EXPECT_THAT(rows[0].disturbances, SizeIs(0));
+
+  const std::vector<std::string> findings = Findings(rows);
+  EXPECT_THAT(findings, Contains(HasSubstr(
+                            "DDP's (the runs were disturbed: not compared)")));
+  EXPECT_THAT(findings,
+              Contains("Speed findings are disturbed, so no strategy is "
+                       "named fastest (FSDP: other processes used 0.9 cores "
+                       "of the host's 2 on average during its run (up to 1.0 "
+                       "core)). Rerun on an idle host, or with --repeat 3 to "
+                       "interleave the strategies' runs."));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("beyond run-to-run noise"))));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("was the fastest"))));
+  EXPECT_EQ(Recommendation(rows, "gpt2-tiny at 2 ranks"),
+            "Recommendation for gpt2-tiny at 2 ranks: speed not compared, the "
+            "runs were disturbed (see the findings); on memory, FSDP needs "
+            "the least per rank (61.0 MiB).");
+
+  // The same runs undisturbed name DDP the fastest.
+  runs[1].host_load = Load(0.04, 0.2);
+  rows.clear();
+  for (const StrategyRun& run : runs) rows.push_back(Summarise(run));
+  EXPECT_THAT(Findings(rows),
+              Contains(HasSubstr("DDP was the fastest beyond run-to-run")));
+}
+
+TEST(FindingsTest, AThroughputDriftWithinARunWithholdsTheSpeedVerdict) {
+  std::vector<StrategyRun> runs = TenStepRuns(/*same_loss=*/true);
+  // No host load measured (a remote coordinator); DDP's steps 6-10 ran at a
+  // third of the speed of steps 2-5.
+  for (v1::StepMetrics& m : runs[0].steps) {
+    if (m.rank() == 0 && m.step() >= 6) {
+      m.set_tokens_per_second(m.tokens_per_second() / 3);
+    }
+  }
+  // Halves of the 9 timed steps (4 each): steps 2-5 at 1,020..1,050 (mean
+  // 1,035), steps 7-10 at 1,070..1,100 / 3 (mean 361.7).
+  std::vector<StrategySummary> rows;
+  for (const StrategyRun& run : runs) rows.push_back(Summarise(run));
+  ASSERT_THAT(rows[0].disturbances, SizeIs(1));
+  EXPECT_THAT(rows[0].disturbances[0],
+              HasSubstr("its throughput drifted from 1,035 to 362 tokens/s "
+                        "between the first and second half of its run"));
+  EXPECT_THAT(Findings(rows),
+              Contains(HasSubstr("Speed findings are disturbed")));
+  EXPECT_THAT(Recommendation(rows, ""),
+              HasSubstr("speed not compared, the runs were disturbed"));
+}
+
+TEST(SummariseTest, RepeatsGiveARunToRunIntervalOverTheRunsMeans) {
+  std::vector<StrategyRun> runs = TenStepRuns(/*same_loss=*/true);
+  // Two more runs of each: DDP's at 900 and 1,200 tokens/s, every step alike
+  // (so each run's own spread is 0); run 3 of FSDP peaks higher.
+  for (StrategyRun& run : runs) {
+    for (double tps : {900.0, 1200.0}) {
+      RepeatRun repeat;
+      repeat.job_id = absl::StrCat(run.job_id, "-", tps);
+      for (int step = 1; step <= 10; ++step) {
+        repeat.steps.push_back(
+            Step(0, step,
+                 StepValues().TokensPerSecond(tps).PeakBytes(
+                     (tps > 1000 && run.strategy == "fsdp" ? 70 : 10) *
+                     kMiB)));
+      }
+      repeat.host_load = Load(0.01, 0.1);
+      run.repeats.push_back(repeat);
+    }
+  }
+  const StrategySummary ddp = Summarise(runs[0]);
+  EXPECT_EQ(ddp.runs, 3);
+  // Run 1: 1,020..1,100 after its first step, mean 1,060.
+  const double mean = (1060.0 + 900 + 1200) / 3;
+  EXPECT_NEAR(ddp.tokens_per_second_mean, mean, 1e-9);
+  const double sd = std::sqrt((std::pow(1060 - mean, 2) +
+                               std::pow(900 - mean, 2) +
+                               std::pow(1200 - mean, 2)) /
+                              2);
+  EXPECT_NEAR(ddp.tokens_per_second_ci95, 4.303 * sd / std::sqrt(3.0), 1e-6);
+  EXPECT_EQ(ddp.timed_steps, 9);
+  EXPECT_EQ(Summarise(runs[1]).peak_memory_bytes_per_rank, 70 * kMiB);
+  EXPECT_THAT(ddp.disturbances, SizeIs(0));
+
+  std::vector<StrategySummary> rows = {ddp, Summarise(runs[1])};
+  EXPECT_THAT(Findings(rows),
+              Contains(HasSubstr("(95% confidence from the spread of 3 "
+                                 "interleaved runs)")));
+
+  TempDir tmp;
+  CompareOptions options;
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "/* fake chart.js */");
+  ASSERT_TRUE(WriteCompareReport(runs, options, tmp / "report").ok());
+  const std::string md = ReadFile(tmp / "report/report.md");
+  EXPECT_THAT(md, HasSubstr("Each strategy ran 3 times, the strategies' runs "
+                            "interleaved"));
+  EXPECT_THAT(md, HasSubstr("Other processes on the host used at most 0.0 "
+                            "cores of its 2 on average during any run."));
+  EXPECT_THAT(md, HasSubstr("`ddp.run3.csv`: run 3, job `job-ddp-1200`"));
+  const std::vector<std::string> lines = absl::StrSplit(
+      ReadFile(tmp / "report/fsdp.run2.csv"), '\n', absl::SkipEmpty());
+  EXPECT_THAT(lines, SizeIs(1 + 10));
+}
+
+TEST(WriteCompareReportTest, SaysWhenTheHostLoadWasNotMeasured) {
+  TempDir tmp;
+  CompareOptions options;
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "/* fake chart.js */");
+  ASSERT_TRUE(WriteCompareReport(TenStepRuns(), options, tmp / "r").ok());
+  for (const char* file : {"report.md", "report.html"}) {
+    const std::string text = ReadFile(tmp / "r" + std::string("/") + file);
+    EXPECT_THAT(text, HasSubstr("Each strategy ran once, one after another"))
+        << file;
+    EXPECT_THAT(text, HasSubstr("Host load was not measured")) << file;
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::cli
