@@ -191,8 +191,8 @@ std::string RunConditions(const std::vector<StrategyRun>& runs) {
                     "another host): only a drift of step time shows a "
                     "disturbed run.");
   } else {
-    absl::StrAppend(&out, absl::StrFormat(
-                              " Other processes on the host used at most %s "
+    absl::StrAppend(
+        &out, absl::StrFormat(" Other processes on the host used at most %s "
                               "of its %d on average during any run.",
                               Cores(worst), cores));
   }
@@ -327,8 +327,8 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
       "# ", options.title.empty() ? "Strategy comparison" : options.title,
       "\n\n", ScalingExplanation(options.scaling),
       options.conditions.empty() ? "" : absl::StrCat(" ", options.conditions),
-      " ", RunConditions(runs),
-      "\n\n## Summary\n\n", FormatSummaryTable(summaries), "\n## Findings\n\n");
+      " ", RunConditions(runs), "\n\n## Summary\n\n",
+      FormatSummaryTable(summaries), "\n## Findings\n\n");
   const std::vector<std::string> findings = Findings(summaries);
   if (findings.empty()) out += "No steps were recorded to compare.\n";
   for (const std::string& f : findings) absl::StrAppend(&out, "- ", f, "\n");
@@ -408,8 +408,8 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
       options.conditions.empty()
           ? ""
           : absl::StrCat(" ", EscapeHtml(options.conditions)),
-      " ", EscapeHtml(RunConditions(runs)), "</p>\n", "<h2>Summary</h2>\n", HtmlTable(summaries),
-      "<h2>Findings</h2>\n<ul>\n");
+      " ", EscapeHtml(RunConditions(runs)), "</p>\n", "<h2>Summary</h2>\n",
+      HtmlTable(summaries), "<h2>Findings</h2>\n<ul>\n");
   for (const std::string& f : Findings(summaries)) {
     absl::StrAppend(&out, "<li>", EscapeHtml(f), "</li>\n");
   }
@@ -560,8 +560,8 @@ StrategySummary Summarise(const StrategyRun& run) {
   // Each run's throughput and what disturbed it. With repeats, the interval
   // is the run-to-run spread of the runs' means: what a rerun would give.
   std::vector<double> run_means = {summary.tokens_per_second_mean};
-  NoteDisturbances(1, 1 + run.repeats.size(), run.host_load,
-                   tokens_per_second, &summary.disturbances);
+  NoteDisturbances(1, 1 + run.repeats.size(), run.host_load, tokens_per_second,
+                   &summary.disturbances);
   for (size_t i = 0; i < run.repeats.size(); ++i) {
     const std::vector<double> timed = TimedThroughput(run.repeats[i].steps);
     if (timed.empty()) continue;
@@ -997,8 +997,9 @@ absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
                        StepMetricsCsv(Deduplicated(run.steps)));
     if (!status.ok()) return status;
     for (size_t i = 0; i < run.repeats.size(); ++i) {
-      status = WriteWholeFile(out_dir + "/" + RepeatCsvName(run.strategy, i),
-                              StepMetricsCsv(Deduplicated(run.repeats[i].steps)));
+      status =
+          WriteWholeFile(out_dir + "/" + RepeatCsvName(run.strategy, i),
+                         StepMetricsCsv(Deduplicated(run.repeats[i].steps)));
       if (!status.ok()) return status;
     }
   }

@@ -126,9 +126,9 @@ HostLoad HostLoadSampler::Stop() {
 
 void HostLoadSampler::Run() {
   const int self = static_cast<int>(getpid());
-  std::map<int, bool> ours;            // pid -> runs the job (decided once)
-  std::map<int, int64_t> job_ticks;    // the job's processes, last sample
-  bool saw_job = false;  // a process of the job ran on this host
+  std::map<int, bool> ours;          // pid -> runs the job (decided once)
+  std::map<int, int64_t> job_ticks;  // the job's processes, last sample
+  bool saw_job = false;              // a process of the job ran on this host
   CpuTicks previous = ReadCpuTicks();
   if (!previous.ok) return;
   auto job_total = [&](bool first) {
@@ -145,7 +145,8 @@ void HostLoadSampler::Run() {
       if (ticks < 0) continue;
       now[pid] = ticks;
       auto before = job_ticks.find(pid);
-      if (!first) delta += ticks - (before != job_ticks.end() ? before->second : 0);
+      if (!first)
+        delta += ticks - (before != job_ticks.end() ? before->second : 0);
     }
     job_ticks = std::move(now);
     return std::max<int64_t>(0, delta);
@@ -182,7 +183,8 @@ void HostLoadSampler::Run() {
     load_.job_cores_mean = job_core_ticks / elapsed_ticks;
     // A short last period (the stop) is too coarse to count as a peak.
     if (!stopping) {
-      load_.other_cores_peak = std::max(load_.other_cores_peak, other / elapsed);
+      load_.other_cores_peak =
+          std::max(load_.other_cores_peak, other / elapsed);
     }
   }
 }

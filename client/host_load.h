@@ -20,11 +20,11 @@ namespace shardtrain::cli {
 // busy the whole time). Hypervisor steal counts as other use.
 struct HostLoad {
   bool measured = false;
-  int cores = 0;                 // online CPUs
-  double seconds = 0;            // time sampled
-  double other_cores_mean = 0;   // over the whole run
-  double other_cores_peak = 0;   // the busiest sampling period
-  double job_cores_mean = 0;     // the job's own processes
+  int cores = 0;                // online CPUs
+  double seconds = 0;           // time sampled
+  double other_cores_mean = 0;  // over the whole run
+  double other_cores_peak = 0;  // the busiest sampling period
+  double job_cores_mean = 0;    // the job's own processes
 };
 
 // Other use at or above this share of the host's cores (and at least a fifth

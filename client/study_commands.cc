@@ -284,10 +284,9 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
           flags.repeat > 1 ? absl::StrCat("-run", round + 1) : ""));
       std::cerr << "\n== " << round * jobs.size() + i + 1 << "/" << total
                 << ": " << prepared.strategy
-                << (flags.repeat > 1
-                        ? absl::StrCat(" (run ", round + 1, " of ",
-                                       flags.repeat, ")")
-                        : "")
+                << (flags.repeat > 1 ? absl::StrCat(" (run ", round + 1, " of ",
+                                                    flags.repeat, ")")
+                                     : "")
                 << " on " << prepared.ranks
                 << (prepared.ranks == 1 ? " device" : " devices") << ", batch "
                 << spec.trainer().batch_size() << " per rank ==\n";
@@ -307,8 +306,8 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
           (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
       StrategyRun& run = runs[i];
       if (round > 0) {
-        run.repeats.push_back({job.id(), std::move(finished.steps), wall,
-                               finished.host_load});
+        run.repeats.push_back(
+            {job.id(), std::move(finished.steps), wall, finished.host_load});
         continue;
       }
       run.strategy = prepared.strategy;
@@ -322,8 +321,8 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
       run.host_load = finished.host_load;
       run.train_tokens = job.train_tokens();  // read by the daemon at launch
       // The stored spec: the daemon filled in its device kind.
-      if (absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(
-              job.has_spec() ? job.spec() : spec, "-");
+      if (absl::StatusOr<TrainConfig> config =
+              TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
           config.ok()) {
         // At the threads the daemon gave it (its host taken to be this one).
         config->threads = std::max<int64_t>(

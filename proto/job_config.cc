@@ -219,16 +219,8 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
     }
     return c;
   }
-  const StrategyKind* kind = FindStrategyKind(c.strategy);
-  // Without pipeline stages a strategy that is not distributed runs on one
-  // rank; with S stages on S (CheckMeshWorld, after Validate has checked
-  // pipeline_stages itself).
-  if (kind != nullptr && !kind->distributed && c.ModelParallelSize() == 1 &&
-      spec.world_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size: got ", spec.world_size(), "; strategy ", kind->name,
-        " trains on one device (use ddp, fsdp or hsdp)"));
-  }
+  // The world the mesh needs (one rank for a strategy that is not
+  // distributed), after Validate has checked the mesh's own fields.
   if (absl::Status status = c.Validate(); !status.ok()) return status;
   if (absl::Status status = c.CheckMeshWorld(spec.world_size()); !status.ok()) {
     return status;
@@ -246,6 +238,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
         "tensor_parallel ",
         c.tensor_parallel, " does not support yet"));
   }
+  const StrategyKind* kind = FindStrategyKind(c.strategy);
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
       c.shard_group_size > 0 && spec.world_size() % c.shard_group_size != 0) {
     return absl::InvalidArgumentError(

@@ -89,6 +89,88 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch_requests_.push_back(std::move(request));
 }
 
+namespace {
+
+// Strategy auto: the mesh predicted fastest for the ranks this attempt has,
+// from this host's measured rates (measured now, once, by the
+// shardtrain-train beside the worker when there are none). `resolved` gets
+// the mesh; the ranks' logs get `log`, which says why.
+absl::Status ResolveAutoMesh(const v1::JobSpec& spec, const RankLaunch& launch,
+                             v1::JobSpec* resolved, std::string* mesh_name,
+                             std::string* log_text) {
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(spec, launch.job_dir);
+  if (!config.ok()) return config.status();
+  const std::string calibrator =
+      (std::filesystem::path(launch.worker_binary).parent_path() /
+       "shardtrain-train")
+          .string();
+  std::ostringstream log;
+  AutoChoice choice;
+  if (absl::Status s =
+          ResolveAutoStrategy(&*config, launch.world_size, launch.world_size,
+                              calibrator, log, &choice);
+      !s.ok()) {
+    return s;
+  }
+  v1::StrategyOptions* mesh = resolved->mutable_strategy();
+  mesh->set_name(config->strategy);
+  mesh->set_pipeline_stages(config->pipeline_stages);
+  mesh->set_micro_batches(config->micro_batches);
+  mesh->set_tensor_parallel(config->tensor_parallel);
+  mesh->set_activation_checkpointing(config->activation_checkpointing);
+  mesh->set_shard_group_size(config->shard_group_size);
+  resolved->mutable_trainer()->set_batch_size(config->batch_size);
+  resolved->mutable_trainer()->set_grad_accum(config->grad_accum);
+  *mesh_name = choice.ranked.front().name;
+  *log_text = log.str();
+  return absl::OkStatus();
+}
+
+// An elastic job continuing smaller: the same global batch, shared by fewer
+// ranks (each rank's checkpoint resume then finds it unchanged).
+absl::Status ShareGlobalBatch(const v1::JobSpec& spec, const RankLaunch& launch,
+                              v1::JobSpec* resolved) {
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(spec, launch.job_dir);
+  if (!config.ok()) return config.status();
+  const int64_t global = static_cast<int64_t>(spec.world_size()) *
+                         config->batch_size * config->grad_accum;
+  absl::StatusOr<BatchSplit> split =
+      SplitGlobalBatch(global, launch.world_size, config->batch_size);
+  if (!split.ok()) return split.status();
+  resolved->mutable_trainer()->set_batch_size(split->batch);
+  resolved->mutable_trainer()->set_grad_accum(split->accum);
+  return absl::OkStatus();
+}
+
+// The attempt's spec.json (what its ranks train) and a header line in each
+// rank's log, followed by `log_text`.
+absl::Status WriteAttemptFiles(const RankLaunch& launch, int attempt,
+                               absl::Time started, const v1::JobSpec& resolved,
+                               const std::string& log_text) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
+  if (absl::Status s = WriteFileAtomically(launch.spec_path, json); !s.ok()) {
+    return s;
+  }
+  for (int r = 0; r < launch.world_size; ++r) {
+    std::ofstream log(launch.log_paths[r], std::ios::app);
+    log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
+        << launch.world_size << ", attempt " << attempt << ", "
+        << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", started,
+                            absl::UTCTimeZone())
+        << " ===\n"
+        << log_text;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
     const LaunchRequest& request) {
   PreparedLaunch prepared;
@@ -114,86 +196,28 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
   }
   v1::JobSpec resolved = request.spec;
   resolved.set_data(*data);
-  // Strategy auto: the mesh predicted fastest for the ranks this attempt
-  // has, from this host's measured rates (measured now, once, by the
-  // shardtrain-train beside the worker when there are none); the ranks get
-  // a spec naming it, and their logs say why.
   std::string auto_log;
+  absl::Status status = absl::OkStatus();
   if (request.spec.strategy().name() == kAutoStrategy) {
-    absl::StatusOr<TrainConfig> config =
-        TrainConfigFromJobSpec(request.spec, launch.job_dir);
-    if (!config.ok()) {
-      prepared.error = std::string(config.status().message());
-      return prepared;
-    }
-    const std::string calibrator =
-        (std::filesystem::path(launch.worker_binary).parent_path() /
-         "shardtrain-train")
-            .string();
-    std::ostringstream log;
-    AutoChoice choice;
-    if (absl::Status s =
-            ResolveAutoStrategy(&*config, launch.world_size, launch.world_size,
-                                calibrator, log, &choice);
-        !s.ok()) {
-      prepared.error = std::string(s.message());
-      return prepared;
-    }
-    v1::StrategyOptions* mesh = resolved.mutable_strategy();
-    mesh->set_name(config->strategy);
-    mesh->set_pipeline_stages(config->pipeline_stages);
-    mesh->set_micro_batches(config->micro_batches);
-    mesh->set_tensor_parallel(config->tensor_parallel);
-    mesh->set_activation_checkpointing(config->activation_checkpointing);
-    mesh->set_shard_group_size(config->shard_group_size);
-    resolved.mutable_trainer()->set_batch_size(config->batch_size);
-    resolved.mutable_trainer()->set_grad_accum(config->grad_accum);
-    prepared.auto_mesh = choice.ranked.front().name;
-    auto_log = log.str();
+    status = ResolveAutoMesh(request.spec, launch, &resolved,
+                             &prepared.auto_mesh, &auto_log);
   }
-  if (launch.world_size != request.spec.world_size()) {
-    // An elastic job continuing smaller: the same global batch, shared by
-    // fewer ranks (each rank's checkpoint resume then finds it unchanged).
-    absl::StatusOr<TrainConfig> config =
-        TrainConfigFromJobSpec(request.spec, launch.job_dir);
-    if (!config.ok()) {
-      prepared.error = std::string(config.status().message());
-      return prepared;
-    }
-    const int64_t global = static_cast<int64_t>(request.spec.world_size()) *
-                           config->batch_size * config->grad_accum;
-    absl::StatusOr<BatchSplit> split =
-        SplitGlobalBatch(global, launch.world_size, config->batch_size);
-    if (!split.ok()) {
-      prepared.error = std::string(split.status().message());
-      return prepared;
-    }
-    resolved.mutable_trainer()->set_batch_size(split->batch);
-    resolved.mutable_trainer()->set_grad_accum(split->accum);
+  if (status.ok() && launch.world_size != request.spec.world_size()) {
+    status = ShareGlobalBatch(request.spec, launch, &resolved);
   }
-  // The header only: the ranks read (and validate) the tokens themselves.
-  if (absl::StatusOr<int64_t> tokens =
-          ReadTokenFileHeader(*data + "/train.bin");
-      tokens.ok()) {
-    prepared.train_tokens = *tokens;
+  if (status.ok()) {
+    // The header only: the ranks read (and validate) the tokens themselves.
+    if (absl::StatusOr<int64_t> tokens =
+            ReadTokenFileHeader(*data + "/train.bin");
+        tokens.ok()) {
+      prepared.train_tokens = *tokens;
+    }
+    status = WriteAttemptFiles(launch, request.attempt, request.started,
+                               resolved, auto_log);
   }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.add_whitespace = true;
-  print.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(resolved, &json, print);
-  if (absl::Status s = WriteFileAtomically(launch.spec_path, json); !s.ok()) {
-    prepared.error = std::string(s.message());
+  if (!status.ok()) {
+    prepared.error = std::string(status.message());
     return prepared;
-  }
-  for (int r = 0; r < launch.world_size; ++r) {
-    std::ofstream log(launch.log_paths[r], std::ios::app);
-    log << "=== shardtraind: " << launch.job_id << " rank " << r << " of "
-        << launch.world_size << ", attempt " << request.attempt << ", "
-        << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", request.started,
-                            absl::UTCTimeZone())
-        << " ===\n"
-        << auto_log;
   }
   {
     // Cancelled (or the coordinator began to shut down) meanwhile: nothing

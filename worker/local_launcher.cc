@@ -109,6 +109,7 @@ class PrefixedStream {
 
   int fd() const { return fd_; }
   bool open() const { return fd_ >= 0; }
+  bool forwarded() const { return forwarded_; }  // any line so far
 
   // Reads what is available without blocking; at end of file forwards the
   // last partial line and closes.
@@ -140,6 +141,7 @@ class PrefixedStream {
       *sink_ << prefix_;
       sink_->write(pending_.data() + start, end + 1 - start);
       start = end + 1;
+      forwarded_ = true;
     }
     if (start > 0) {
       pending_.erase(0, start);
@@ -155,6 +157,7 @@ class PrefixedStream {
   std::string prefix_;
   std::ostream* sink_;
   std::string pending_;
+  bool forwarded_ = false;
 };
 
 struct Child {
@@ -299,6 +302,10 @@ absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
   bool stopping = false;
   bool killed = false;
   SteadyClock::time_point kill_at;
+  const SteadyClock::time_point started = SteadyClock::now();
+  // Until a rank prints its first line, say now and then that they run.
+  bool heard = false;
+  SteadyClock::time_point progress_at = started + options_.progress_every;
   auto begin_stop = [&] {
     if (stopping) return;
     stopping = true;
@@ -343,13 +350,37 @@ absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
         polled.push_back(&stream);
       }
     }
-    int timeout_ms = -1;
-    if (stopping && !killed) {
-      timeout_ms = static_cast<int>(std::max<int64_t>(
+    for (const Child& c : children) {
+      for (const PrefixedStream& stream : c.streams) {
+        heard |= stream.forwarded();
+      }
+    }
+    if (!heard && !stopping && SteadyClock::now() >= progress_at) {
+      int running = 0;
+      for (const Child& c : children) running += c.running ? 1 : 0;
+      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                               SteadyClock::now() - started)
+                               .count();
+      err_ << kReport << running << " of " << options_.nproc
+           << " ranks running for " << seconds
+           << " s, none has printed yet (loading and joining the process "
+              "group)"
+           << std::endl;
+      progress_at += options_.progress_every;
+    }
+    auto ms_until = [](SteadyClock::time_point at) {
+      return static_cast<int>(std::max<int64_t>(
           0, std::chrono::duration_cast<std::chrono::milliseconds>(
-                 kill_at - SteadyClock::now())
+                 at - SteadyClock::now())
                      .count() +
                  1));
+    };
+    int timeout_ms = -1;
+    if (stopping && !killed) timeout_ms = ms_until(kill_at);
+    if (!heard && !stopping) {
+      const int progress_ms = ms_until(progress_at);
+      timeout_ms =
+          timeout_ms < 0 ? progress_ms : std::min(timeout_ms, progress_ms);
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       err_ << kReport << ErrnoText("poll") << std::endl;

@@ -36,6 +36,9 @@ struct LocalLaunchOptions {
   int master_port = 0;  // 0: a free port, found by binding port 0
   // Between SIGTERM and SIGKILL when stopping ranks.
   std::chrono::milliseconds grace{5000};
+  // While no rank has printed a line, a progress line this often: many
+  // ranks on few cores load and join their process group slowly.
+  std::chrono::milliseconds progress_every{10000};
 };
 
 // How one rank ended.

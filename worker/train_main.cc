@@ -29,23 +29,6 @@ namespace {
 // What every rank would refuse alike, said once, before any rank starts
 // (a usage error, exit 2): a data directory that is not there, a
 // one-device strategy over several ranks.
-absl::Status CheckBeforeLaunch(const TrainConfig& config, int64_t world) {
-  if (!config.data.empty() && !std::filesystem::is_directory(config.data)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data: directory '", config.data,
-        "' does not exist (prepare one with `shardtrain data prepare`)"));
-  }
-  const StrategyKind* kind = FindStrategyKind(config.strategy);
-  if (config.ModelParallelSize() == 1 && kind != nullptr &&
-      !kind->distributed && world != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy: ", kind->name, " trains on one device, but --nproc x ",
-        "--nnodes is ", world, "; use a distributed strategy (--strategy ",
-        "ddp, fsdp or hsdp)"));
-  }
-  return absl::OkStatus();
-}
-
 // More ranks than cores on this host: each gets a slice of a core, so ranks
 // start and step slowly. Said before they start.
 void WarnIfOversubscribed(int64_t ranks, std::ostream& out) {
@@ -169,19 +152,14 @@ int Main(int argc, char** argv) {
     std::cerr << "shardtrain-train: " << s.message() << "\n";
     return 2;
   }
-  // Pipeline stages need their ranks: S, or a multiple of S with ddp.
-  if (std::getenv("RANK") == nullptr) {
-    if (absl::Status s = config.CheckMeshWorld(
-            int64_t{launch.nproc} * launch.nnodes, "--nproc x --nnodes");
-        !s.ok()) {
-      std::cerr << "shardtrain-train: " << s.message() << "\n";
-      return 2;
-    }
-  }
+  // What every rank would refuse is said once, before any starts: the
+  // ranks the mesh needs (one for single; S, or a multiple of S with ddp,
+  // for S stages) and the data directory. Calibration trains nothing.
   if (std::getenv("RANK") == nullptr && !calibrate) {
-    if (absl::Status s =
-            CheckBeforeLaunch(config, int64_t{launch.nproc} * launch.nnodes);
-        !s.ok()) {
+    absl::Status s = config.CheckMeshWorld(
+        int64_t{launch.nproc} * launch.nnodes, "--nproc x --nnodes");
+    if (s.ok()) s = config.CheckDataDirectory();
+    if (!s.ok()) {
       std::cerr << "shardtrain-train: " << s.message() << "\n";
       return 2;
     }

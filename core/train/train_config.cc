@@ -1,6 +1,7 @@
 #include "core/train/train_config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <thread>
@@ -310,7 +311,17 @@ absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
     }
     return absl::OkStatus();
   }
-  if (pipeline_stages <= 1) return absl::OkStatus();
+  if (pipeline_stages <= 1) {
+    // Without a mesh a strategy that is not distributed runs on one rank.
+    const StrategyKind* kind = FindStrategyKind(strategy);
+    if (kind != nullptr && !kind->distributed && world_size != 1) {
+      return FieldError(field, world_size,
+                        absl::StrCat("strategy ", kind->name,
+                                     " trains on one device (use ddp, fsdp "
+                                     "or hsdp)"));
+    }
+    return absl::OkStatus();
+  }
   if (world_size < pipeline_stages || world_size % pipeline_stages != 0) {
     return FieldError(
         field, world_size,
@@ -337,6 +348,16 @@ absl::Status TrainConfig::CheckMeshWorld(int64_t world_size,
                      " / ", pipeline_stages, " stages)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status TrainConfig::CheckDataDirectory() const {
+  std::error_code ec;
+  if (data.empty() || std::filesystem::is_directory(data, ec)) {
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "data: directory '", data,
+      "' does not exist (prepare one with `shardtrain data prepare`)"));
 }
 
 absl::StatusOr<int64_t> ActivationCheckpointEvery(absl::string_view value) {

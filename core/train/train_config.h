@@ -108,11 +108,16 @@ struct TrainConfig {
   // ranks (pipeline stages x tensor-parallel ranks, a data-parallel
   // replica's): a multiple of them, exactly them for a strategy that is not
   // distributed, and HSDP shard groups (shard_group_size, when given) that
-  // divide a stage's ranks. Only with stages or tensor parallelism; without,
-  // the callers keep their own one-device rule. InvalidArgument naming
-  // `field` ("world_size") and the numbers.
+  // divide a stage's ranks; without stages or tensor parallelism, one rank
+  // for a strategy that is not distributed. InvalidArgument naming `field`
+  // ("world_size") and the numbers.
   absl::Status CheckMeshWorld(int64_t world_size,
                               absl::string_view field = "world_size") const;
+
+  // NotFound naming `data` when it is set and not a directory (the one
+  // filesystem check before training: the launcher makes it once for all
+  // ranks, each rank again before it opens the token files).
+  absl::Status CheckDataDirectory() const;
 
   // The ranks of one data-parallel replica: pipeline_stages x
   // tensor_parallel.

@@ -685,18 +685,17 @@ TEST(ThroughputDriftsTest, AStepDownMidRunDriftsSteadyNoiseDoesNot) {
       &second));
   // 10% slower in the second half, clearly beyond the spread, but within
   // what a long run's warm caches and evaluation pauses move.
-  EXPECT_FALSE(ThroughputDrifts({1500, 1500, 1501, 1499, 1350, 1350, 1351,
-                                 1349},
-                                &first, &second));
+  EXPECT_FALSE(ThroughputDrifts(
+      {1500, 1500, 1501, 1499, 1350, 1350, 1351, 1349}, &first, &second));
   // A CPU hog started mid-run: 1,500 -> 500.
-  EXPECT_TRUE(ThroughputDrifts(
-      {1500, 1480, 1520, 1490, 1510, 520, 480, 510, 500, 490}, &first,
-      &second));
+  EXPECT_TRUE(
+      ThroughputDrifts({1500, 1480, 1520, 1490, 1510, 520, 480, 510, 500, 490},
+                       &first, &second));
   EXPECT_NEAR(first, 1500, 1);
   EXPECT_NEAR(second, 500, 1);
   // Noisy halves far apart in mean but within their spread: no claim.
-  EXPECT_FALSE(ThroughputDrifts({500, 2500, 500, 2500, 500, 2500}, &first,
-                                &second));
+  EXPECT_FALSE(
+      ThroughputDrifts({500, 2500, 500, 2500, 500, 2500}, &first, &second));
   // Too few steps for two halves with a spread each.
   EXPECT_FALSE(ThroughputDrifts({1500, 1500, 500, 500}, &first, &second));
 }
@@ -714,8 +713,9 @@ TEST(FindingsTest, AHostLoadDuringARunWithholdsTheSpeedVerdict) {
   EXPECT_THAT(rows[0].disturbances, SizeIs(0));
 
   const std::vector<std::string> findings = Findings(rows);
-  EXPECT_THAT(findings, Contains(HasSubstr(
-                            "DDP's (the runs were disturbed: not compared)")));
+  EXPECT_THAT(
+      findings,
+      Contains(HasSubstr("DDP's (the runs were disturbed: not compared)")));
   EXPECT_THAT(findings,
               Contains("Speed findings are disturbed, so no strategy is "
                        "named fastest (FSDP: other processes used 0.9 cores "
@@ -772,8 +772,7 @@ TEST(SummariseTest, RepeatsGiveARunToRunIntervalOverTheRunsMeans) {
         repeat.steps.push_back(
             Step(0, step,
                  StepValues().TokensPerSecond(tps).PeakBytes(
-                     (tps > 1000 && run.strategy == "fsdp" ? 70 : 10) *
-                     kMiB)));
+                     (tps > 1000 && run.strategy == "fsdp" ? 70 : 10) * kMiB)));
       }
       repeat.host_load = Load(0.01, 0.1);
       run.repeats.push_back(repeat);
@@ -784,10 +783,10 @@ TEST(SummariseTest, RepeatsGiveARunToRunIntervalOverTheRunsMeans) {
   // Run 1: 1,020..1,100 after its first step, mean 1,060.
   const double mean = (1060.0 + 900 + 1200) / 3;
   EXPECT_NEAR(ddp.tokens_per_second_mean, mean, 1e-9);
-  const double sd = std::sqrt((std::pow(1060 - mean, 2) +
-                               std::pow(900 - mean, 2) +
-                               std::pow(1200 - mean, 2)) /
-                              2);
+  const double sd =
+      std::sqrt((std::pow(1060 - mean, 2) + std::pow(900 - mean, 2) +
+                 std::pow(1200 - mean, 2)) /
+                2);
   EXPECT_NEAR(ddp.tokens_per_second_ci95, 4.303 * sd / std::sqrt(3.0), 1e-6);
   EXPECT_EQ(ddp.timed_steps, 9);
   EXPECT_EQ(Summarise(runs[1]).peak_memory_bytes_per_rank, 70 * kMiB);

@@ -64,7 +64,8 @@ TEST(HostLoadSamplerTest, CountsTheJobsProcessesApartFromOthers) {
 
   ASSERT_TRUE(load_a.measured);
   ASSERT_TRUE(load_b.measured);
-  EXPECT_EQ(load_a.cores, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(load_a.cores,
+            static_cast<int>(std::thread::hardware_concurrency()));
   EXPECT_NEAR(load_a.seconds, 2.0, 0.5);
   // Each spinner gets at least a good part of a core, even on a busy host.
   EXPECT_GT(load_a.job_cores_mean, 0.3);

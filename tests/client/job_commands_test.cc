@@ -3,11 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -450,6 +455,66 @@ TEST_F(CliJobCommandsTest, CompareRunsEveryStrategyAndReportsTheStoredNumbers) {
       EXPECT_NEAR(other, single, 1e-5 * single) << s << " step " << step;
     }
   }
+}
+
+// --repeat interleaves the strategies' runs, and a CPU hog on the host
+// while they train withholds the speed verdict: the report says the speed
+// findings are disturbed instead of naming a fastest strategy.
+TEST_F(CliJobCommandsTest,
+       CompareRepeatsInterleavedAndSaysWhenAHogDisturbedIt) {
+  StartDaemon({});
+  const std::string out = dir_ / "hogged";
+  // Spinners for a quarter of the host's cores (at least one), started
+  // before the study and killed after it.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<pid_t> hogs;
+  for (int i = 0; i < std::max(1, (cores + 3) / 4); ++i) {
+    char sh[] = "sh", c[] = "-c", loop[] = "while :; do :; done";
+    char* argv[] = {sh, c, loop, nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawnp(&pid, "sh", nullptr, nullptr, argv, environ), 0);
+    hogs.push_back(pid);
+  }
+  CommandResult compare =
+      Cli(absl::StrCat("compare --strategies single,ddp --world-size 2 "
+                       "--repeat 2 --model gpt2-tiny --data brown "
+                       "--batch-size 2 --seq-len 32 --max-steps 4 --out ",
+                       out));
+  for (pid_t pid : hogs) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  // Round after round: single, ddp, single, ddp.
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&context, {}, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 4);
+  std::vector<v1::Job> by_submission(jobs.jobs().begin(), jobs.jobs().end());
+  std::sort(by_submission.begin(), by_submission.end(),
+            [](const v1::Job& a, const v1::Job& b) {
+              return a.submit_time_unix_ms() < b.submit_time_unix_ms() ||
+                     (a.submit_time_unix_ms() == b.submit_time_unix_ms() &&
+                      a.id() < b.id());
+            });
+  std::vector<std::string> order;
+  for (const v1::Job& job : by_submission) {
+    order.push_back(job.spec().strategy().name());
+  }
+  EXPECT_THAT(order, ::testing::ElementsAre("single", "ddp", "single", "ddp"));
+  EXPECT_THAT(compare.err,
+              HasSubstr("== 3/4: single (run 2 of 2) on 1 device"));
+  for (const char* file : {"single.csv", "single.run2.csv", "ddp.run2.csv"}) {
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + file)) << file;
+  }
+  const std::string md = test::ReadFile(out + "/report.md");
+  EXPECT_THAT(md, HasSubstr("Each strategy ran 2 times"));
+  EXPECT_THAT(md, HasSubstr("Speed findings are disturbed, so no strategy is "
+                            "named fastest"));
+  EXPECT_THAT(md, HasSubstr("other processes used"));
+  EXPECT_THAT(md, Not(HasSubstr("was the fastest")));
+  EXPECT_THAT(compare.out, HasSubstr("speed not compared, the runs were "
+                                     "disturbed"));
 }
 
 // Model-parallel meshes are study entries: "pp2" is single's data cut over

@@ -154,6 +154,36 @@ TEST(LocalLauncherTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
   EXPECT_EQ(l.out, "[rank 0] a\n[rank 0] bc\n[rank 0] d\n");
 }
 
+// Ranks slow to start (many on few cores) are not silence: until one prints,
+// the launcher says how many run and for how long; after that, nothing.
+TEST(LocalLauncherTest, SaysTheRanksRunUntilOnePrints) {
+  LocalLaunchOptions options;
+  options.nproc = 2;
+  options.program = "/bin/sh";
+  options.argv = {"sh", "-c", "sleep 1.2; echo up; sleep 1"};
+  options.progress_every = std::chrono::milliseconds(500);
+  std::ostringstream out, err;
+  LocalLauncher launcher(options, out, err);
+  absl::StatusOr<LaunchResult> result = launcher.Run();
+
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_THAT(err.str(), HasSubstr("[launcher] 2 of 2 ranks running for "));
+  EXPECT_THAT(err.str(), HasSubstr(" s, none has printed yet (loading and "
+                                   "joining the process group)\n"));
+  // At 0.5 s and 1.0 s, maybe 1.5 s on a busy host; never after "up" (1.2 s
+  // and the last second of silence).
+  const std::string text = err.str();
+  size_t lines = 0;
+  for (size_t at = text.find("none has printed"); at != std::string::npos;
+       at = text.find("none has printed", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 2u);
+  EXPECT_LE(lines, 3u);
+  EXPECT_THAT(out.str(), HasSubstr("[rank 1] up\n"));
+}
+
 TEST(LocalLauncherTest, FailingRankStopsTheOthersAndIsReportedFirst) {
   Launched l = Launch(3,
                       "if [ \"$RANK\" = 1 ]; then echo bye; exit 3; fi; "

@@ -139,9 +139,29 @@ TEST(TrainConfigTest, PipelineDefaultsAreNoPipeline) {
   EXPECT_EQ(config.micro_batches, 1);
   EXPECT_EQ(config.pipeline_schedule, "1f1b");
   EXPECT_EQ(config.DataParallelSize(4), 4);
-  // Without stages any world passes here (the one-device rule of single is
-  // the callers').
-  EXPECT_TRUE(config.CheckMeshWorld(3).ok());
+  // Without stages a distributed strategy takes any world, single one rank.
+  EXPECT_TRUE(config.CheckMeshWorld(1).ok());
+  const absl::Status single = config.CheckMeshWorld(3, "--nproc x --nnodes");
+  EXPECT_EQ(single.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(single.message(),
+            "--nproc x --nnodes: got 3; strategy single trains on one device "
+            "(use ddp, fsdp or hsdp)");
+  TrainConfig ddp;
+  ddp.strategy = "ddp";
+  EXPECT_TRUE(ddp.CheckMeshWorld(3).ok());
+}
+
+TEST(TrainConfigTest, CheckDataDirectoryNamesAMissingDirectory) {
+  TrainConfig config;
+  EXPECT_TRUE(config.CheckDataDirectory().ok());  // no data: nothing to check
+  config.data = ::testing::TempDir();
+  EXPECT_TRUE(config.CheckDataDirectory().ok());
+  config.data = "/nonexistent/brown";
+  const absl::Status missing = config.CheckDataDirectory();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.message(),
+            "data: directory '/nonexistent/brown' does not exist (prepare one "
+            "with `shardtrain data prepare`)");
 }
 
 TEST(TrainConfigTest, FlagsSetThePipelineFieldsAndPpIsPipelineStages) {

@@ -144,11 +144,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
         options, comm, config.tensor_parallel, sharded));
   }
-  if (!kind->distributed && options.world_size != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("strategy: ", kind->name,
-                     " trains on one device, but the world size is ",
-                     options.world_size, "; use a distributed strategy"));
+  if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
+    return s;
   }
   if (kind->distributed && comm == nullptr) {
     return absl::InvalidArgumentError(

@@ -157,11 +157,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (!config.data.empty()) {
     const std::string train_path = config.data + "/train.bin";
     const std::string val_path = config.data + "/val.bin";
-    if (!fs::is_directory(config.data)) {
-      return absl::NotFoundError(absl::StrCat(
-          "data: directory '", config.data,
-          "' does not exist (prepare one with `shardtrain data prepare`)"));
-    }
+    if (absl::Status s = config.CheckDataDirectory(); !s.ok()) return s;
     if (!config.eval_only) {
       absl::StatusOr<TokenFile> train = TokenFile::Open(train_path);
       if (!train.ok()) return train.status();
