@@ -110,6 +110,163 @@ int RunOnce(DaemonClient& client, const v1::JobSpec& spec, bool sample_load,
   return kExitOk;
 }
 
+struct Planned {
+  StudyEntry entry;
+  int64_t stages = 1;
+  int64_t tensor = 1;
+  int64_t replicas = 1;
+  int64_t batch = 0;
+};
+
+struct Prepared {
+  std::string strategy;
+  v1::JobSpec spec;
+  int ranks = 1;
+};
+
+// Each entry as it runs: its mesh, ranks and batch per rank. Strong
+// scaling keeps the global batch of --batch-size x the study's replicas.
+// InvalidArgument (a usage error) names an entry the world cannot run.
+absl::StatusOr<std::vector<Planned>> PlanEntries(const CompareFlags& flags,
+                                                 const v1::JobSpec& base,
+                                                 int world, int stages) {
+  const int64_t base_tensor =
+      std::max<int64_t>(1, base.strategy().tensor_parallel());
+  const int64_t global_batch =
+      base.trainer().batch_size() *
+      std::max<int64_t>(1, world / (stages * base_tensor));
+  std::vector<Planned> plan;
+  for (const std::string& s : flags.strategies) {
+    absl::StatusOr<StudyEntry> entry = ParseStudyEntry(s);
+    if (!entry.ok()) return entry.status();
+    Planned p;
+    p.entry = *entry;
+    p.stages = entry->pipeline_stages > 1 ? entry->pipeline_stages : stages;
+    p.tensor =
+        entry->tensor_parallel > 1 ? entry->tensor_parallel : base_tensor;
+    // The ranks of one replica: its stages x its tensor-parallel ranks.
+    const int64_t model_parallel = p.stages * p.tensor;
+    const StrategyKind* kind = FindStrategyKind(entry->strategy);
+    if (entry->strategy == kAutoStrategy) {
+      // The whole world, the mesh picked when the job starts: the global
+      // batch handed over as a DDP run of the world would have it.
+      p.stages = 1;
+      p.tensor = 1;
+      p.replicas = world;
+    } else if (kind->distributed) {
+      p.replicas =
+          entry->replicas > 0 ? entry->replicas : world / model_parallel;
+      if (p.replicas < 2 ||
+          (entry->replicas == 0 && world % model_parallel != 0)) {
+        std::vector<std::string> parts;
+        if (p.stages > 1) parts.push_back(absl::StrCat(p.stages, " stages"));
+        if (p.tensor > 1) {
+          parts.push_back(absl::StrCat(p.tensor, " tensor-parallel ranks"));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--world-size: got ", world, "; ", s, " needs at least ",
+            2 * model_parallel, " ranks to compare",
+            model_parallel > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
+                                              absl::StrJoin(parts, " x "), ")")
+                               : ""));
+      }
+    }
+    p.batch = base.trainer().batch_size();
+    if (flags.scaling == "strong") {
+      if (global_batch % p.replicas != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--strategies: ", s, " runs ", p.replicas,
+                         " replicas, which cannot share the global batch of ",
+                         global_batch, " sequences equally"));
+      }
+      p.batch = global_batch / p.replicas;
+    }
+    plan.push_back(std::move(p));
+  }
+  return plan;
+}
+
+// Every entry's job spec, at `threads_as_ranks` and labelled with `study`;
+// under a memory budget each at the largest batch its plan fits (an entry
+// that fits none is left out, and said so).
+absl::StatusOr<std::vector<Prepared>> PrepareJobs(
+    const std::vector<Planned>& plan, const v1::JobSpec& base, int64_t budget,
+    int64_t largest, const std::string& study) {
+  std::vector<Prepared> jobs;
+  for (const Planned& p : plan) {
+    const std::string& strategy = p.entry.name;
+    v1::JobSpec spec = base;
+    spec.mutable_strategy()->set_name(p.entry.strategy);
+    spec.mutable_strategy()->set_pipeline_stages(p.stages);
+    spec.mutable_strategy()->set_tensor_parallel(p.tensor);
+    if (p.stages == 1) {
+      spec.mutable_strategy()->clear_micro_batches();
+      spec.mutable_strategy()->clear_pipeline_split();
+    }
+    const int ranks = static_cast<int>(p.stages * p.tensor * p.replicas);
+    spec.set_world_size(ranks);
+    spec.mutable_trainer()->set_batch_size(p.batch);
+    spec.mutable_trainer()->set_threads_as_ranks(static_cast<int>(largest));
+    if (budget > 0 && p.entry.strategy == kAutoStrategy) {
+      // Auto picks the fastest mesh that fits the cap itself.
+      spec.mutable_trainer()->set_memory_cap_bytes(budget);
+    } else if (budget > 0) {
+      // Each strategy at the largest batch its plan fits in the budget, run
+      // under that cap: what the memory buys.
+      absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "-");
+      if (!config.ok()) return config.status();
+      absl::StatusOr<int64_t> batch =
+          LargestFittingBatch(*config, ranks, PlannableBytes(budget));
+      if (!batch.ok()) return batch.status();
+      if (*batch == 0) {
+        std::cerr << "\n== " << strategy << " does not fit one sequence per "
+                  << "rank in " << FormatBytes(budget) << "; skipped ==\n";
+        continue;
+      }
+      spec.mutable_trainer()->set_batch_size(*batch);
+      spec.mutable_trainer()->set_memory_cap_bytes(budget);
+    }
+    (*spec.mutable_labels())["study"] = study;
+    (*spec.mutable_labels())["strategy"] = strategy;
+    jobs.push_back({strategy, std::move(spec), ranks});
+  }
+
+  return jobs;
+}
+
+// A strategy's first run as the report takes it: its job, steps and host
+// load, and `shardtrain plan`'s peak at the threads the daemon gave it.
+StrategyRun FirstRun(const Prepared& prepared, const v1::JobSpec& spec,
+                     FinishedRun finished, int64_t largest) {
+  const v1::Job& job = finished.job;
+  const double wall =
+      (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0;
+  StrategyRun run;
+  run.strategy = prepared.strategy;
+  run.job_id = job.id();
+  run.world_size = prepared.ranks;
+  run.batch_size = spec.trainer().batch_size();
+  run.grad_accum = spec.trainer().grad_accum();
+  run.seq_len = spec.trainer().seq_len();
+  run.steps = std::move(finished.steps);
+  run.wall_seconds = wall;
+  run.host_load = finished.host_load;
+  run.train_tokens = job.train_tokens();  // read by the daemon at launch
+  // The stored spec: the daemon filled in its device kind.
+  if (absl::StatusOr<TrainConfig> config =
+          TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
+      config.ok()) {
+    // At the threads the daemon gave it (its host taken to be this one).
+    config->threads = std::max<int64_t>(
+        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / largest);
+    if (absl::StatusOr<MemoryPlan> plan = PlanMemory(*config, prepared.ranks);
+        plan.ok()) {
+      run.predicted_peak_bytes_per_rank = plan->total();
+    }
+  }
+  return run;
+}
+
 int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<v1::JobSpec> base = flags.job.ToSpec();
   if (!base.ok()) {
@@ -141,72 +298,11 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
     budget = *bytes;
     flags.scaling = "budget";
   }
-  // Each entry as it runs: its mesh, ranks and batch per rank. Strong
-  // scaling keeps the global batch of --batch-size x the study's replicas.
-  struct Planned {
-    StudyEntry entry;
-    int64_t stages = 1;
-    int64_t tensor = 1;
-    int64_t replicas = 1;
-    int64_t batch = 0;
-  };
-  const int64_t base_tensor =
-      std::max<int64_t>(1, base->strategy().tensor_parallel());
-  const int64_t global_batch =
-      base->trainer().batch_size() *
-      std::max<int64_t>(1, world / (stages * base_tensor));
-  std::vector<Planned> plan;
-  for (const std::string& s : flags.strategies) {
-    absl::StatusOr<StudyEntry> entry = ParseStudyEntry(s);
-    if (!entry.ok()) {
-      ReportFailure(entry.status());
-      return kExitUsage;
-    }
-    Planned p;
-    p.entry = *entry;
-    p.stages = entry->pipeline_stages > 1 ? entry->pipeline_stages : stages;
-    p.tensor =
-        entry->tensor_parallel > 1 ? entry->tensor_parallel : base_tensor;
-    // The ranks of one replica: its stages x its tensor-parallel ranks.
-    const int64_t model_parallel = p.stages * p.tensor;
-    const StrategyKind* kind = FindStrategyKind(entry->strategy);
-    if (entry->strategy == kAutoStrategy) {
-      // The whole world, the mesh picked when the job starts: the global
-      // batch handed over as a DDP run of the world would have it.
-      p.stages = 1;
-      p.tensor = 1;
-      p.replicas = world;
-    } else if (kind->distributed) {
-      p.replicas =
-          entry->replicas > 0 ? entry->replicas : world / model_parallel;
-      if (p.replicas < 2 ||
-          (entry->replicas == 0 && world % model_parallel != 0)) {
-        std::vector<std::string> parts;
-        if (p.stages > 1) parts.push_back(absl::StrCat(p.stages, " stages"));
-        if (p.tensor > 1) {
-          parts.push_back(absl::StrCat(p.tensor, " tensor-parallel ranks"));
-        }
-        ReportFailure(absl::StrCat(
-            "--world-size: got ", world, "; ", s, " needs at least ",
-            2 * model_parallel, " ranks to compare",
-            model_parallel > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
-                                              absl::StrJoin(parts, " x "), ")")
-                               : ""));
-        return kExitUsage;
-      }
-    }
-    p.batch = base->trainer().batch_size();
-    if (flags.scaling == "strong") {
-      if (global_batch % p.replicas != 0) {
-        ReportFailure(
-            absl::StrCat("--strategies: ", s, " runs ", p.replicas,
-                         " replicas, which cannot share the global batch of ",
-                         global_batch, " sequences equally"));
-        return kExitUsage;
-      }
-      p.batch = global_batch / p.replicas;
-    }
-    plan.push_back(std::move(p));
+  absl::StatusOr<std::vector<Planned>> plan =
+      PlanEntries(flags, *base, world, stages);
+  if (!plan.ok()) {
+    ReportFailure(plan.status());
+    return kExitUsage;
   }
   absl::StatusOr<std::unique_ptr<DaemonClient>> client =
       DaemonClient::Connect(connection);
@@ -219,70 +315,28 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   // otherwise get all the cores: the LM head's chunk, and its peak memory,
   // grows with the threads).
   int64_t largest = 1;
-  for (const Planned& p : plan) {
+  for (const Planned& p : *plan) {
     largest = std::max<int64_t>(largest, p.stages * p.tensor * p.replicas);
   }
   // Every job's spec first (a budget may leave a strategy out), then the
   // runs: round after round, each strategy once per round, so that what
   // changes on the host over time falls on every strategy alike.
-  struct Prepared {
-    std::string strategy;
-    v1::JobSpec spec;
-    int ranks = 1;
-  };
-  std::vector<Prepared> jobs;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const Planned& p = plan[i];
-    const std::string& strategy = p.entry.name;
-    v1::JobSpec spec = *base;
-    spec.mutable_strategy()->set_name(p.entry.strategy);
-    spec.mutable_strategy()->set_pipeline_stages(p.stages);
-    spec.mutable_strategy()->set_tensor_parallel(p.tensor);
-    if (p.stages == 1) {
-      spec.mutable_strategy()->clear_micro_batches();
-      spec.mutable_strategy()->clear_pipeline_split();
-    }
-    const int ranks = static_cast<int>(p.stages * p.tensor * p.replicas);
-    spec.set_world_size(ranks);
-    spec.mutable_trainer()->set_batch_size(p.batch);
-    spec.mutable_trainer()->set_threads_as_ranks(static_cast<int>(largest));
-    if (budget > 0 && p.entry.strategy == kAutoStrategy) {
-      // Auto picks the fastest mesh that fits the cap itself.
-      spec.mutable_trainer()->set_memory_cap_bytes(budget);
-    } else if (budget > 0) {
-      // Each strategy at the largest batch its plan fits in the budget, run
-      // under that cap: what the memory buys.
-      absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "-");
-      if (!config.ok()) return ReportFailure(config.status());
-      absl::StatusOr<int64_t> batch =
-          LargestFittingBatch(*config, ranks, PlannableBytes(budget));
-      if (!batch.ok()) return ReportFailure(batch.status());
-      if (*batch == 0) {
-        std::cerr << "\n== " << strategy << " does not fit one sequence per "
-                  << "rank in " << FormatBytes(budget) << "; skipped ==\n";
-        continue;
-      }
-      spec.mutable_trainer()->set_batch_size(*batch);
-      spec.mutable_trainer()->set_memory_cap_bytes(budget);
-    }
-    (*spec.mutable_labels())["study"] =
-        flags.job.name.empty() ? study : flags.job.name;
-    (*spec.mutable_labels())["strategy"] = strategy;
-    jobs.push_back({strategy, std::move(spec), ranks});
-  }
-
+  const std::string study_name =
+      flags.job.name.empty() ? study : flags.job.name;
+  absl::StatusOr<std::vector<Prepared>> jobs =
+      PrepareJobs(*plan, *base, budget, largest, study_name);
+  if (!jobs.ok()) return ReportFailure(jobs.status());
   const bool sample_load = IsLocalAddress((*client)->address());
-  std::vector<StrategyRun> runs(jobs.size());
-  const size_t total = jobs.size() * static_cast<size_t>(flags.repeat);
+  std::vector<StrategyRun> runs(jobs->size());
+  const size_t total = jobs->size() * static_cast<size_t>(flags.repeat);
   for (int round = 0; round < flags.repeat; ++round) {
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const Prepared& prepared = jobs[i];
+    for (size_t i = 0; i < jobs->size(); ++i) {
+      const Prepared& prepared = (*jobs)[i];
       v1::JobSpec spec = prepared.spec;
       spec.set_name(absl::StrCat(
-          flags.job.name.empty() ? study : flags.job.name, "-",
-          prepared.strategy,
+          study_name, "-", prepared.strategy,
           flags.repeat > 1 ? absl::StrCat("-run", round + 1) : ""));
-      std::cerr << "\n== " << round * jobs.size() + i + 1 << "/" << total
+      std::cerr << "\n== " << round * jobs->size() + i + 1 << "/" << total
                 << ": " << prepared.strategy
                 << (flags.repeat > 1 ? absl::StrCat(" (run ", round + 1, " of ",
                                                     flags.repeat, ")")
@@ -310,30 +364,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
             {job.id(), std::move(finished.steps), wall, finished.host_load});
         continue;
       }
-      run.strategy = prepared.strategy;
-      run.job_id = job.id();
-      run.world_size = prepared.ranks;
-      run.batch_size = spec.trainer().batch_size();
-      run.grad_accum = spec.trainer().grad_accum();
-      run.seq_len = spec.trainer().seq_len();
-      run.steps = std::move(finished.steps);
-      run.wall_seconds = wall;
-      run.host_load = finished.host_load;
-      run.train_tokens = job.train_tokens();  // read by the daemon at launch
-      // The stored spec: the daemon filled in its device kind.
-      if (absl::StatusOr<TrainConfig> config =
-              TrainConfigFromJobSpec(job.has_spec() ? job.spec() : spec, "-");
-          config.ok()) {
-        // At the threads the daemon gave it (its host taken to be this one).
-        config->threads = std::max<int64_t>(
-            1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
-                   largest);
-        if (absl::StatusOr<MemoryPlan> plan =
-                PlanMemory(*config, prepared.ranks);
-            plan.ok()) {
-          run.predicted_peak_bytes_per_rank = plan->total();
-        }
-      }
+      run = FirstRun(prepared, spec, std::move(finished), largest);
     }
   }
 
