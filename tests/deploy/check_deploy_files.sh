@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Static checks of the deployment files, no containers started:
-#   - docker-compose validates deploy/docker-compose.yml (alone and with the
-#     TLS override) with deploy/.env;
+#   - docker-compose validates deploy/docker-compose.yml with deploy/.env,
+#     alone and with each override (GPU, CPU, TLS), and the CPU stack names
+#     no GPU;
 #   - promtool validates deploy/prometheus/prometheus.yml, and parses every
 #     dashboard expression (variables filled in) as a recording rule;
 #   - every dashboard is valid JSON, uses the provisioned data source, and
@@ -50,8 +51,29 @@ compose_config() {  # compose_config FILE...; docker-compose only warns about a 
 }
 check "deploy/docker-compose.yml with deploy/.env (docker-compose config)" \
   compose_config deploy/docker-compose.yml
-check "deploy/docker-compose.yml + docker-compose.tls.yml (docker-compose config)" \
-  compose_config deploy/docker-compose.yml deploy/docker-compose.tls.yml
+check "deploy/docker-compose.yml + docker-compose.gpu.yml (docker-compose config)" \
+  compose_config deploy/docker-compose.yml deploy/docker-compose.gpu.yml
+check "deploy/docker-compose.yml + docker-compose.cpu.yml (docker-compose config)" \
+  compose_config deploy/docker-compose.yml deploy/docker-compose.cpu.yml
+check "deploy/docker-compose.yml + docker-compose.gpu.yml + docker-compose.tls.yml (docker-compose config)" \
+  compose_config deploy/docker-compose.yml deploy/docker-compose.gpu.yml deploy/docker-compose.tls.yml
+check "deploy/docker-compose.yml + docker-compose.cpu.yml + docker-compose.tls.yml (docker-compose config)" \
+  compose_config deploy/docker-compose.yml deploy/docker-compose.cpu.yml deploy/docker-compose.tls.yml
+# The CPU stack reserves no GPU and runs no DCGM exporter; the GPU one does.
+cpu_free_of_gpus() {
+  local config
+  config=$(docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.cpu.yml \
+    --env-file deploy/.env config 2>/dev/null) || return 1
+  ! grep -qE 'nvidia|dcgm' <<<"$config"
+}
+check "the CPU stack (docker-compose.cpu.yml) names no GPU and no DCGM exporter" cpu_free_of_gpus
+gpu_has_gpus() {
+  local config
+  config=$(docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.gpu.yml \
+    --env-file deploy/.env config 2>/dev/null) || return 1
+  grep -q 'driver: nvidia' <<<"$config" && grep -q 'dcgm-exporter:' <<<"$config"
+}
+check "the GPU stack (docker-compose.gpu.yml) reserves GPUs and runs the DCGM exporter" gpu_has_gpus
 check "deploy/prometheus/prometheus.yml (promtool check config)" \
   promtool check config deploy/prometheus/prometheus.yml
 if grep -A12 'job_name: shardtraind' deploy/prometheus/prometheus.yml | grep -q 'honor_labels: true'; then
