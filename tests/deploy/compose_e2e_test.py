@@ -23,10 +23,12 @@ Prints each stage's wall time. Exits 77 (skipped) when this machine cannot
 run a Docker engine: not root, no dockerd (scripts/setup installs docker.io),
 or dockerd does not start.
 
-The engine this test starts runs with --iptables=false: it changes nothing in
-the host's firewall (a Docker engine's own rules drop forwarded traffic of
-other bridges, such as the Slurm test bed's), and the image builds use the
-host's network instead of NAT.
+The engine this test starts runs with --iptables=false --bridge=none: it
+changes nothing in the host's firewall (a Docker engine's own rules drop
+forwarded traffic of other bridges, such as the Slurm test bed's) and makes
+no default bridge; the image builds use the host's network instead of NAT.
+The test fails if the firewall, the bridge-netfilter switch or the host's
+bridges differ after the engine stopped.
 
   compose_e2e_test.py [--build-dir build] [--source-dir .]
 """
@@ -88,12 +90,33 @@ def run(command, timeout=600, check=True, env=None, cwd=None):
     return result
 
 
+def host_network_state():
+    """What an engine could change on the host: firewall rules and policies,
+    the bridge-netfilter switch, bridges."""
+    state = {}
+    for table in ("filter", "nat"):
+        if shutil.which("iptables"):
+            state[f"iptables -t {table}"] = run(["iptables", "-t", table, "-S"],
+                                                check=False).stdout
+    try:
+        with open("/proc/sys/net/bridge/bridge-nf-call-iptables") as f:
+            state["bridge-nf-call-iptables"] = f.read().strip()
+    except OSError:
+        state["bridge-nf-call-iptables"] = "absent"
+    state["bridges"] = run(["ip", "-o", "link", "show", "type", "bridge"],
+                           check=False).stdout
+    state["bridges"] = " ".join(sorted(
+        line.split(":")[1].strip() for line in state["bridges"].splitlines()))
+    return state
+
+
 class Engine:
     """A Docker engine: the one running, or one started here (stopped by stop())."""
 
     def __init__(self, tmp):
         self.tmp = tmp
         self.process = None
+        self.host_before = None
 
     def answers(self):
         return run(["docker", "info"], timeout=30, check=False).returncode == 0
@@ -106,9 +129,10 @@ class Engine:
             raise Skip("starting a Docker engine needs root")
         if not shutil.which("dockerd"):
             raise Skip("no dockerd (scripts/setup installs Debian's docker.io)")
+        self.host_before = host_network_state()
         log = open(os.path.join(self.tmp, "dockerd.log"), "w")
         self.process = subprocess.Popen(
-            ["dockerd", "--iptables=false", "--ip-masq=false",
+            ["dockerd", "--iptables=false", "--ip-masq=false", "--bridge=none",
              "--data-root", os.environ.get("SHARDTRAIN_DOCKER_ROOT", "/var/lib/docker"),
              "--pidfile", os.path.join(self.tmp, "dockerd.pid")],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=dpt.die_with_parent)
@@ -117,7 +141,7 @@ class Engine:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise Skip("dockerd did not start:\n" + dpt.tail(log.name, 15))
             time.sleep(0.5)
-        print("started dockerd (--iptables=false)")
+        print("started dockerd (--iptables=false --bridge=none)")
 
     def stop(self):
         if self.process is None:
@@ -128,6 +152,15 @@ class Engine:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        # The host as it was: firewall, bridge netfilter, no bridge left.
+        after = host_network_state()
+        changed = [key for key in after if after[key] != self.host_before.get(key)]
+        if changed:
+            raise dpt.TestFailure(
+                "the engine left the host changed: " + "; ".join(
+                    f"{key}: {self.host_before.get(key)!r} -> {after[key]!r}"
+                    for key in changed))
+        print("ok    the host's firewall and bridges are as they were")
 
 
 class Stack:
@@ -341,7 +374,11 @@ def main():
                 print(stack.compose("logs", "--tail", "40", check=False).stdout[-6000:])
             stack.compose("down", "-v", "--remove-orphans", check=False, timeout=180,
                           files=stack.files + ["docker-compose.tls.yml"])
-        engine.stop()
+        try:
+            engine.stop()
+        except dpt.TestFailure as error:
+            print(f"FAIL  {error}")
+            failed = True
         stages.summary()
     if failed:
         print(f"files kept in {tmp}")
