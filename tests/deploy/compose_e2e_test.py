@@ -91,22 +91,26 @@ def run(command, timeout=600, check=True, env=None, cwd=None):
 
 
 def host_network_state():
-    """What an engine could change on the host: firewall rules and policies,
-    the bridge-netfilter switch, bridges."""
+    """What a Docker engine would change on the host: the chains' policies and
+    its own chains and rules (DOCKER*), the bridge-netfilter switch, and its
+    bridges (docker0, br-*). Other tests' rules and bridges (the Slurm test
+    bed's, which may come and go meanwhile) are not compared."""
     state = {}
     for table in ("filter", "nat"):
         if shutil.which("iptables"):
-            state[f"iptables -t {table}"] = run(["iptables", "-t", table, "-S"],
-                                                check=False).stdout
+            rules = run(["iptables", "-t", table, "-S"], check=False).stdout
+            state[f"iptables -t {table}"] = "\n".join(
+                line for line in rules.splitlines()
+                if line.startswith("-P ") or "DOCKER" in line)
     try:
         with open("/proc/sys/net/bridge/bridge-nf-call-iptables") as f:
             state["bridge-nf-call-iptables"] = f.read().strip()
     except OSError:
         state["bridge-nf-call-iptables"] = "absent"
-    state["bridges"] = run(["ip", "-o", "link", "show", "type", "bridge"],
-                           check=False).stdout
+    links = run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
+    names = (line.split(":")[1].strip() for line in links.splitlines())
     state["bridges"] = " ".join(sorted(
-        line.split(":")[1].strip() for line in state["bridges"].splitlines()))
+        n for n in names if n == "docker0" or n.startswith("br-")))
     return state
 
 
