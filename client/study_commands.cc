@@ -20,6 +20,7 @@
 #include "client/exit_code.h"
 #include "client/host_load.h"
 #include "client/job_commands.h"
+#include "common/net_route.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
@@ -38,25 +39,6 @@ struct CompareFlags {
   std::string memory_budget;  // --memory-budget: per-rank cap, e.g. 512MiB
   int repeat = 1;             // runs of each strategy, interleaved
 };
-
-// Whether the coordinator at `address` runs on this host, where the CLI can
-// see what else uses its CPUs.
-bool IsLocalAddress(const std::string& address) {
-  if (absl::StartsWith(address, "unix:")) return true;
-  std::string host = address;
-  if (absl::StartsWith(host, "dns:///")) host = host.substr(7);
-  if (absl::StartsWith(host, "ipv4:")) host = host.substr(5);
-  if (absl::StartsWith(host, "ipv6:")) host = host.substr(5);
-  if (absl::StartsWith(host, "[")) {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (host.find(':') != host.rfind(':')) {
-    // A bare IPv6 address.
-  } else {
-    host = host.substr(0, host.find(':'));
-  }
-  return host == "localhost" || host == "::1" || host == "0.0.0.0" ||
-         absl::StartsWith(host, "127.");
-}
 
 // One run of one strategy's job, followed to its end.
 struct FinishedRun {
@@ -326,7 +308,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<std::vector<Prepared>> jobs =
       PrepareJobs(*plan, *base, budget, largest, study_name);
   if (!jobs.ok()) return ReportFailure(jobs.status());
-  const bool sample_load = IsLocalAddress((*client)->address());
+  const bool sample_load = IsThisHost((*client)->address());
   std::vector<StrategyRun> runs(jobs->size());
   const size_t total = jobs->size() * static_cast<size_t>(flags.repeat);
   for (int round = 0; round < flags.repeat; ++round) {

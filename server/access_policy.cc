@@ -19,52 +19,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/net_route.h"
 
 namespace shardtrain {
 namespace fs = std::filesystem;
-
-bool IsLoopbackListen(const std::string& listen) {
-  if (absl::StartsWith(listen, "unix:") ||
-      absl::StartsWith(listen, "unix-abstract:")) {
-    return true;
-  }
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos) return false;
-  std::string host = listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  }
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
-    return IN6_IS_ADDR_LOOPBACK(&v6);
-  }
-  // A name ("localhost" too: a hosts file may map it anywhere) is loopback
-  // when every address it resolves to is; gRPC binds them all.
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) {
-    return false;
-  }
-  bool loopback = found != nullptr;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-    } else if (a->ai_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
-      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
-    } else {
-      loopback = false;
-    }
-  }
-  freeaddrinfo(found);
-  return loopback;
-}
 
 namespace {
 
@@ -130,7 +88,7 @@ std::string PeerIdentity(const std::string& peer) {
 
 absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
                                 bool insecure) {
-  if (IsLoopbackListen(listen) || has_token || insecure) {
+  if (IsLoopbackAddress(listen) || has_token || insecure) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -142,7 +100,7 @@ absl::Status CheckListenAllowed(const std::string& listen, bool has_token,
 
 absl::Status CheckMetricsListenAllowed(const std::string& listen,
                                        bool metrics_public) {
-  if (listen.empty() || IsLoopbackListen(listen) || metrics_public) {
+  if (listen.empty() || IsLoopbackAddress(listen) || metrics_public) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(

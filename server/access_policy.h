@@ -32,9 +32,6 @@
 
 namespace shardtrain {
 
-// Whether a --listen address reaches this host only.
-bool IsLoopbackListen(const std::string& listen);
-
 // OK when `listen` is loopback, or a token is configured, or the operator
 // said --insecure; else FailedPrecondition naming the flags.
 // --metrics-listen beyond loopback only with --metrics-public: /metrics has
