@@ -163,6 +163,12 @@ class StrategyResult:
     peak_memory_bytes: int  # the largest of any rank and step
     tokens_per_second: float  # mean over the steps after the first
     grad_norm: float  # at the last step
+    # Every run's job with repeat > 1, in order (job_id is the first); the
+    # losses, norm and validation loss are the first run's.
+    job_ids: Tuple[str, ...] = ()
+    # Half-width of the 95% interval of tokens_per_second over the runs'
+    # means (Student's t); None for a single run.
+    tokens_per_second_ci95: Optional[float] = None
 
 
 class Comparison(list):
@@ -178,8 +184,10 @@ class Comparison(list):
         header = f"{'strategy':<8} {'ranks':>5} {'batch':>5} {'final loss':>10} {'peak/rank':>10} {'tokens/s':>9} {'norm':>6}"
         lines = [header]
         for r in self:
+            spread = f" ± {r.tokens_per_second_ci95:,.0f}" if r.tokens_per_second_ci95 is not None else ""
             lines.append(f"{r.strategy:<8} {r.world_size:>5} {r.batch_size:>5} {r.final_loss:>10.4f} "
-                         f"{r.peak_memory_bytes / 2**20:>6.1f} MiB {r.tokens_per_second:>9,.0f} {r.grad_norm:>6.3f}")
+                         f"{r.peak_memory_bytes / 2**20:>6.1f} MiB {r.tokens_per_second:>9,.0f} {r.grad_norm:>6.3f}"
+                         f"{spread}")
         return "\n".join(lines)
 
 
@@ -380,7 +388,7 @@ class Client:
 
     def compare(self, spec: Union[None, Mapping[str, Any], PathLike] = None,
                 strategies: Sequence[str] = ("single", "ddp", "fsdp"), world_size: int = 2,
-                **kwargs: Any) -> Comparison:
+                repeat: int = 1, **kwargs: Any) -> Comparison:
         """The same model and data under each strategy, one after the other,
         as ``shardtrain compare`` runs them: distributed strategies on
         ``world_size`` ranks, single-device on one with the whole global
@@ -390,9 +398,16 @@ class Client:
         T tensor-parallel ranks; without D, ``world_size / (S T)``: ``pp2``,
         ``pp2xddp2``, ``tp2``, ``ddp2xtp2``), each replica given its share of
         the global batch, or ``auto`` (the mesh the coordinator predicts
-        fastest for ``world_size`` ranks). Returns one
-        :class:`StrategyResult` per entry; raises :class:`JobDidNotSucceed`
-        if a run fails (a mesh the daemon refuses raises its error)."""
+        fastest for ``world_size`` ranks). ``repeat`` (1-20) runs every entry
+        that many times, round after round (single, ddp, single, ddp, ...) as
+        ``shardtrain compare --repeat`` does, so that whatever changes on the
+        host over time falls on every strategy alike; throughput is then the
+        mean of the runs' means with a 95% interval from their spread.
+        Returns one :class:`StrategyResult` per entry; raises
+        :class:`JobDidNotSucceed` if a run fails (a mesh the daemon refuses
+        raises its error)."""
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= 20:
+            raise ValueError(f"repeat must be an integer from 1 to 20, not {repeat!r}")
         study = kwargs.pop("name", None) or f"compare-{int(time.time())}"
         labels = dict(kwargs.pop("labels", {}) or {})
         base = build_spec(spec, **kwargs)
@@ -403,6 +418,7 @@ class Client:
         # Every run at the threads per rank of the study's largest job, as
         # `shardtrain compare` does: per-rank speed and memory at equal threads.
         largest = max([1] + [ranks for *_, ranks in entries])
+        specs = []
         for entry, strategy, stages, tensor, ranks in entries:
             one = job_pb2.JobSpec()
             one.CopyFrom(base)
@@ -418,23 +434,50 @@ class Client:
             one.trainer.threads_as_ranks = largest
             one.name = f"{study}-{entry}"
             one.labels.update({**labels, "study": study, "strategy": entry})
-            job = self.submit(one)
-            finished = self.wait(job.id)
-            if finished.state != "SUCCEEDED":
-                raise errors.JobDidNotSucceed(finished)
-            rows = self.metrics(job.id, as_frame=False)
-            rank0 = [r for r in rows if r["rank"] == 0]
-            timed = [r["tokens_per_second"] for r in rank0[1:]] or [r["tokens_per_second"] for r in rank0]
-            evaluated = [r["val_loss"] for r in rank0 if r["val_loss"] is not None]
+            specs.append((entry, one))
+        runs: Dict[str, List[Tuple[str, List[Dict[str, Any]]]]] = {entry: [] for entry, _ in specs}
+        for round_index in range(repeat):
+            for entry, one in specs:
+                if repeat > 1:
+                    one.name = f"{study}-{entry}-run{round_index + 1}"
+                job = self.submit(one)
+                finished = self.wait(job.id)
+                if finished.state != "SUCCEEDED":
+                    raise errors.JobDidNotSucceed(finished)
+                runs[entry].append((job.id, self.metrics(job.id, as_frame=False)))
+        for entry, one in specs:
+            rank0_of = [[r for r in rows if r["rank"] == 0] for _, rows in runs[entry]]
+            # Each run's mean over the steps after the first (warm-up).
+            means = []
+            for rank0 in rank0_of:
+                timed = [r["tokens_per_second"] for r in rank0[1:]] or [r["tokens_per_second"] for r in rank0]
+                means.append(statistics.fmean(timed) if timed else math.nan)
+            first = rank0_of[0]
+            evaluated = [r["val_loss"] for r in first if r["val_loss"] is not None]
             results.append(StrategyResult(
-                strategy=entry, job_id=job.id, world_size=one.world_size,
+                strategy=entry, job_id=runs[entry][0][0], world_size=one.world_size,
                 batch_size=one.trainer.batch_size,
-                final_loss=rank0[-1]["loss"] if rank0 else math.nan,
+                final_loss=first[-1]["loss"] if first else math.nan,
                 val_loss=evaluated[-1] if evaluated else None,
-                peak_memory_bytes=max((r["memory_peak_bytes"] for r in rows), default=0),
-                tokens_per_second=statistics.fmean(timed) if timed else math.nan,
-                grad_norm=rank0[-1]["grad_norm"] if rank0 else math.nan))
+                peak_memory_bytes=max((r["memory_peak_bytes"] for _, rows in runs[entry] for r in rows),
+                                      default=0),
+                tokens_per_second=statistics.fmean(means),
+                grad_norm=first[-1]["grad_norm"] if first else math.nan,
+                job_ids=tuple(job_id for job_id, _ in runs[entry]),
+                tokens_per_second_ci95=_t_interval(means)))
         return results
+
+
+# Student's t, two-sided 95%, for 1..19 degrees of freedom.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+        2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093)
+
+
+def _t_interval(means: Sequence[float]) -> Optional[float]:
+    """The 95% half-width of the mean of ``means`` (None for fewer than two)."""
+    if len(means) < 2:
+        return None
+    return _T95[min(len(means) - 1, len(_T95)) - 1] * statistics.stdev(means) / math.sqrt(len(means))
 
 
 _MESH = re.compile(r"(?:pp(\d+))?(?:x?([a-z]+?)(\d*))??(?:x?tp(\d+))?")

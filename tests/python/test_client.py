@@ -227,9 +227,26 @@ def test_a_token_gRPC_cannot_carry_is_refused_without_showing_it(tmp_path, capfd
 
 def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):
     results = client.compare(data=data, strategies=("single", "ddp"), world_size=2,
-                             max_steps=3, **{**SMALL, "eval_every": 0})
+                             repeat=2, max_steps=3, **{**SMALL, "eval_every": 0})
     assert [r.strategy for r in results] == ["single", "ddp"]
     single, ddp = results
+    # Two runs each, interleaved: single, ddp, single, ddp.
+    assert len(single.job_ids) == 2 and len(ddp.job_ids) == 2
+    assert single.job_id == single.job_ids[0]
+    order = sorted(single.job_ids + ddp.job_ids,
+                   key=lambda job_id: client.get(job_id).proto.start_time_unix_ms)
+    assert order == [single.job_ids[0], ddp.job_ids[0], single.job_ids[1], ddp.job_ids[1]]
+    assert client.get(ddp.job_ids[1]).name.endswith("-ddp-run2")
+    # The interval is Student's t over the two runs' means.
+    means = []
+    for job_id in ddp.job_ids:
+        rank0 = [r for r in client.metrics(job_id, as_frame=False) if r["rank"] == 0]
+        means.append(sum(r["tokens_per_second"] for r in rank0[1:]) / len(rank0[1:]))
+    assert ddp.tokens_per_second == pytest.approx(sum(means) / 2)
+    assert ddp.tokens_per_second_ci95 == pytest.approx(12.706 * abs(means[0] - means[1]) / 2)
+    assert " ± " in results.table()
+    with pytest.raises(ValueError, match="repeat"):
+        client.compare(data=data, strategies=("single",), repeat=0)
     assert (single.world_size, single.batch_size) == (1, 4)
     assert (ddp.world_size, ddp.batch_size) == (2, 2)
     assert abs(single.final_loss - ddp.final_loss) <= 1e-4 * single.final_loss
