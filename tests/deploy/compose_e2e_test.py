@@ -30,7 +30,12 @@ no default bridge; the image builds use the host's network instead of NAT.
 The test fails if the firewall, the bridge-netfilter switch or the host's
 bridges differ after the engine stopped.
 
-  compose_e2e_test.py [--build-dir build] [--source-dir .]
+  compose_e2e_test.py [--build-dir build] [--source-dir .] [--image NAME]
+
+--image runs the stack on a coordinator image built beforehand (e.g. by
+`docker-compose build` from source: deploy/Dockerfile.cpu, or the GPU image,
+which falls back to CPU slots without a GPU) instead of building one from
+this build's binaries; the host's CLI still comes from --build-dir.
 """
 
 import argparse
@@ -236,17 +241,24 @@ def wait_daemon(cli):
                   lambda: cli("list", check=False).returncode == 0, 90, interval_s=1)
 
 
-def build_images(source_dir, build_dir, tmp, stages):
+def build_images(source_dir, build_dir, tmp, stages, coordinator_image=None):
     stages.begin("base image (scripts/docker-base bookworm)")
     base = run([os.path.join(source_dir, "scripts", "docker-base"), "bookworm"],
                timeout=900).stdout.split()[-1]
-    stages.begin("images (prebuilt shardtraind, Debian's Prometheus)")
-    context = os.path.join(tmp, "image-context")
-    run([os.path.join(source_dir, "deploy", "stage-binaries"), build_dir, context])
-    images = {"shardtraind": "shardtrain-e2e:cpu", "prometheus": "shardtrain-e2e-prometheus:local"}
-    run(["docker", "build", "--network", "host", "-q", "-f",
-         os.path.join(source_dir, "deploy", "Dockerfile.prebuilt"),
-         "--build-arg", f"BASE_IMAGE={base}", "-t", images["shardtraind"], context], timeout=900)
+    images = {"shardtraind": coordinator_image or "shardtrain-e2e:cpu",
+              "prometheus": "shardtrain-e2e-prometheus:local"}
+    if coordinator_image:
+        stages.begin(f"images ({coordinator_image} as given, Debian's Prometheus)")
+        if run(["docker", "image", "inspect", coordinator_image], check=False).returncode != 0:
+            raise dpt.TestFailure(f"--image {coordinator_image}: no such image in this engine")
+    else:
+        stages.begin("images (prebuilt shardtraind, Debian's Prometheus)")
+        context = os.path.join(tmp, "image-context")
+        run([os.path.join(source_dir, "deploy", "stage-binaries"), build_dir, context])
+        run(["docker", "build", "--network", "host", "-q", "-f",
+             os.path.join(source_dir, "deploy", "Dockerfile.prebuilt"),
+             "--build-arg", f"BASE_IMAGE={base}", "-t", images["shardtraind"], context],
+            timeout=900)
     run(["docker", "build", "--network", "host", "-q", "-f",
          os.path.join(source_dir, "deploy", "prometheus", "Dockerfile"),
          "--build-arg", f"BASE_IMAGE={base}", "-t", images["prometheus"],
@@ -317,6 +329,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build-dir", default=os.path.join(here, "..", "..", "build"))
     parser.add_argument("--source-dir", default=os.path.join(here, "..", ".."))
+    parser.add_argument("--image", help="a coordinator image built beforehand")
     args = parser.parse_args()
     build_dir = os.path.abspath(args.build_dir)
     source_dir = os.path.abspath(args.source_dir)
@@ -329,7 +342,7 @@ def main():
     try:
         stages.begin("Docker engine")
         engine.start()
-        images = build_images(source_dir, build_dir, tmp, stages)
+        images = build_images(source_dir, build_dir, tmp, stages, args.image)
         stack = Stack(source_dir, tmp, images)
         cli = Cli(build_dir, stack)
 
