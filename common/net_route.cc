@@ -120,6 +120,16 @@ std::string HostOfAddress(const std::string& address) {
 
 bool IsLoopbackAddress(const std::string& address) {
   if (IsUnixSocket(address)) return true;
+  // An unbracketed IPv6 form is ambiguous: "::0:1" is the address ::1 to
+  // one reader and the wildcard "::0" on port 1 to another (the metrics
+  // server splits at the last colon). Not loopback, whichever is meant.
+  std::string bare = address;
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(bare, scheme)) bare = bare.substr(strlen(scheme));
+  }
+  if (!absl::StartsWith(bare, "[") && bare.find(':') != bare.rfind(':')) {
+    return false;
+  }
   const std::vector<sockaddr_storage> resolved =
       Resolve(HostOfAddress(address));
   if (resolved.empty()) return false;
@@ -132,7 +142,7 @@ bool IsLoopbackAddress(const std::string& address) {
 bool IsThisHost(const std::string& address) {
   if (IsUnixSocket(address)) return true;
   const std::string host = HostOfAddress(address);
-  if (host.empty()) return true;  // ":50551": the wildcard
+  if (host.empty()) return absl::StartsWith(address, ":");  // the wildcard
   const std::vector<sockaddr_storage> resolved = Resolve(host);
   std::vector<std::string> own;
   ifaddrs* list = nullptr;

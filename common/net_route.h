@@ -32,7 +32,8 @@ std::string HostOfAddress(const std::string& address);
 // Whether `address` reaches this host only: a unix socket, 127.0.0.0/8,
 // ::1, or a name whose every address is one of those ("localhost" too is
 // resolved: a hosts file may map it anywhere). The wildcard (0.0.0.0, ::,
-// ":port") is not loopback.
+// ":port") is not loopback, nor an unbracketed IPv6 form ("::1:9464" or
+// "::0:1": which part is the port depends on the reader); write "[::1]:9464".
 bool IsLoopbackAddress(const std::string& address);
 
 // Whether a client connecting to `address` reaches a server on this host:

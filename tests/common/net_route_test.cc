@@ -52,7 +52,9 @@ TEST(AddressTest, OnlyLoopbackAddressesCountAsLoopback) {
   for (const char* open :
        {"0.0.0.0:50551", "[::]:50551", ":50551", "10.0.0.5:50551",
         "myhost:50551", "50551", "128.0.0.1:1", "localhost.evil.com:1",
-        "127.anything.example:1", "127.0.0.1.evil.com:1"}) {
+        "127.anything.example:1", "127.0.0.1.evil.com:1",
+        // Unbracketed IPv6: "::0:1" is ::1 whole, or the wildcard on port 1.
+        "::0:1", "::1:9464", "::1", "ipv6:::1"}) {
     EXPECT_FALSE(IsLoopbackAddress(open)) << open;
   }
 }
@@ -74,7 +76,8 @@ TEST(AddressTest, ThisHostIsLoopbackTheWildcardOrAnAddressOfItsOwn) {
     EXPECT_TRUE(IsThisHost(own + ":50551")) << own;
   }
   for (const char* elsewhere :
-       {"192.0.2.1:50551", "[2001:db8::1]:50551", "no-such-host.invalid:1"}) {
+       {"192.0.2.1:50551", "[2001:db8::1]:50551", "no-such-host.invalid:1",
+        "[::1", "dns:///:1"}) {
     EXPECT_FALSE(IsThisHost(elsewhere)) << elsewhere;
   }
 }
