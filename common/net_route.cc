@@ -98,14 +98,21 @@ bool IsUnixSocket(const std::string& address) {
          absl::StartsWith(address, "unix-abstract:");
 }
 
+// `address` without a gRPC target scheme (dns:///, ipv4:, ipv6:).
+std::string WithoutScheme(const std::string& address) {
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(address, scheme)) {
+      return address.substr(strlen(scheme));
+    }
+  }
+  return address;
+}
+
 }  // namespace
 
 std::string HostOfAddress(const std::string& address) {
   if (IsUnixSocket(address)) return "";
-  std::string host = address;
-  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
-    if (absl::StartsWith(host, scheme)) host = host.substr(strlen(scheme));
-  }
+  std::string host = WithoutScheme(address);
   // gRPC's ipv4:/ipv6: targets may list several addresses: the first.
   host = host.substr(0, host.find(','));
   if (absl::StartsWith(host, "[")) {
@@ -123,10 +130,7 @@ bool IsLoopbackAddress(const std::string& address) {
   // An unbracketed IPv6 form is ambiguous: "::0:1" is the address ::1 to
   // one reader and the wildcard "::0" on port 1 to another (the metrics
   // server splits at the last colon). Not loopback, whichever is meant.
-  std::string bare = address;
-  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
-    if (absl::StartsWith(bare, scheme)) bare = bare.substr(strlen(scheme));
-  }
+  const std::string bare = WithoutScheme(address);
   if (!absl::StartsWith(bare, "[") && bare.find(':') != bare.rfind(':')) {
     return false;
   }

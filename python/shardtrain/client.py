@@ -163,8 +163,8 @@ class StrategyResult:
     peak_memory_bytes: int  # the largest of any rank and step
     tokens_per_second: float  # mean over the steps after the first
     grad_norm: float  # at the last step
-    # Every run's job with repeat > 1, in order (job_id is the first); the
-    # losses, norm and validation loss are the first run's.
+    # Every run's job, in order (job_id is the first; one with repeat=1);
+    # the losses, norm and validation loss are the first run's.
     job_ids: Tuple[str, ...] = ()
     # Half-width of the 95% interval of tokens_per_second over the runs'
     # means (Student's t); None for a single run.
