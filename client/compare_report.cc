@@ -23,6 +23,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/report_assets.h"  // generated: report/report.{js,css}
 #include "client/step_metrics_csv.h"
+#include "common/input_file.h"
 #include "core/data/asset_paths.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
@@ -296,19 +297,15 @@ std::string RepeatCsvName(const std::string& strategy, size_t i) {
 }
 
 absl::StatusOr<std::string> ReadChartJs(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  absl::StatusOr<std::string> text =
+      ReadOwnFile(path, int64_t{16} << 20, "chart.js");
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat(
         "chart.js not found at ", path,
         " (dist/chart.umd.js of the chart.js npm package); scripts/setup "
         "installs it"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot read ", path));
-  }
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
+  return text;
 }
 
 absl::Status WriteWholeFile(const std::string& path,

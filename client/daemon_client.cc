@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "common/input_file.h"
 #include "common/small_file.h"
 
 namespace shardtrain::cli {
@@ -38,8 +39,14 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   client->address_ = options.address;
   if (client->address_.empty()) client->address_ = Env("SHARDTRAIN_ADDRESS");
   if (client->address_.empty()) {
-    std::ifstream endpoint(DefaultStateDir() + "/endpoint");
-    std::getline(endpoint, client->address_);
+    // The local daemon's address, a line it wrote (read as every file of
+    // our own: a FIFO or a device there cannot stall the CLI).
+    absl::StatusOr<std::string> endpoint =
+        ReadOwnFile(DefaultStateDir() + "/endpoint", 4096, "the endpoint file");
+    if (endpoint.ok()) {
+      client->address_ = std::string(absl::StripAsciiWhitespace(
+          absl::string_view(*endpoint).substr(0, endpoint->find('\n'))));
+    }
   }
   if (client->address_.empty()) client->address_ = "127.0.0.1:50551";
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -20,11 +21,32 @@
 #include "absl/time/clock.h"
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
+#include "common/input_file.h"
 #include "common/state_dir.h"
 #include "common/subprocess.h"
 
 namespace shardtrain::cli {
 namespace {
+
+// The first line of a file the daemon wrote into its state directory, read
+// as every file of our own (a FIFO or a device there cannot stall the CLI);
+// "" when there is none.
+std::string OwnFileFirstLine(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadOwnFile(path, 1 << 16, path);
+  if (!text.ok()) return "";
+  return text->substr(0, text->find('\n'));
+}
+
+// The last non-empty line of a log the daemon wrote, from its last 64 KiB.
+std::string OwnFileLastLine(const std::string& path) {
+  absl::StatusOr<InputFile> file = InputFile::OpenOwn(path);
+  if (!file.ok()) return "";
+  const int64_t bytes = std::min<int64_t>(file->size(), 1 << 16);
+  std::string tail(static_cast<size_t>(bytes), '\0');
+  if (!file->ReadAt(file->size() - bytes, tail.data(), bytes).ok()) return "";
+  while (!tail.empty() && tail.back() == '\n') tail.pop_back();
+  return tail.substr(tail.rfind('\n') + 1);
+}
 
 struct DaemonFlags {
   std::string state_dir;
@@ -91,19 +113,16 @@ int RunDaemon(const DaemonFlags& flags) {
   const pid_t pid = started->pid;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline) {
-    std::ifstream endpoint(state_dir + "/endpoint");
-    std::string address;
-    if (std::getline(endpoint, address) && !address.empty()) {
+    const std::string address = OwnFileFirstLine(state_dir + "/endpoint");
+    if (!address.empty()) {
       std::cout << "shardtraind started at " << address << " (pid " << pid
                 << "; state in " << state_dir << ", log " << log << ")\n";
       return kExitOk;
     }
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
-      std::ifstream in(log);
-      std::string line, last;
-      while (std::getline(in, line)) last = line;
-      return ReportFailure(absl::StrCat("shardtraind exited: ", last));
+      return ReportFailure(
+          absl::StrCat("shardtraind exited: ", OwnFileLastLine(log)));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -111,6 +130,8 @@ int RunDaemon(const DaemonFlags& flags) {
       absl::StrCat("shardtraind did not start within 60 s; see ", log));
 }
 
+// The first line of a /proc file (whose size reads as 0, so not through
+// the bounded reader).
 std::string FirstLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;
@@ -178,8 +199,8 @@ int RunStatus(const LifecycleFlags& flags) {
     std::cout << "shardtraind is not running (state in " << state_dir << ")\n";
     return kExitUnreachable;
   }
-  const std::string address = FirstLine(state_dir + "/endpoint");
-  const std::string metrics = FirstLine(state_dir + "/metrics_endpoint");
+  const std::string address = OwnFileFirstLine(state_dir + "/endpoint");
+  const std::string metrics = OwnFileFirstLine(state_dir + "/metrics_endpoint");
   std::cout << "shardtraind is running: pid " << *pid << ", listening on "
             << (address.empty() ? "(starting)" : address);
   if (!metrics.empty()) std::cout << ", metrics on " << metrics;

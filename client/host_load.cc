@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -55,36 +56,32 @@ CpuTicks ReadCpuTicks() {
   return ticks;
 }
 
-// utime + stime of one process, in clock ticks; -1 when it is gone.
-int64_t ProcessTicks(int pid) {
+// One process's parent and CPU use (utime + stime, clock ticks).
+struct ProcessStat {
+  int parent = 0;
+  int64_t ticks = 0;
+};
+
+// From /proc/<pid>/stat; false when the process is gone.
+bool ReadProcessStat(int pid, ProcessStat* stat) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
   // The command name (field 2) is in parentheses and may hold anything:
   // the fields after it start at the last ')'.
   const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
+  if (close == std::string::npos) return false;
   std::vector<std::string> fields =
       absl::StrSplit(text.substr(close + 1), ' ', absl::SkipEmpty());
-  // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+  // fields[0] is field 3 (state): ppid is field 4, utime and stime 14, 15.
   int64_t utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[1], &stat->parent) ||
+      !absl::SimpleAtoi(fields[11], &utime) ||
       !absl::SimpleAtoi(fields[12], &stime)) {
-    return -1;
+    return false;
   }
-  return utime + stime;
-}
-
-// Whether `pid`'s command line holds the argument pair "--job-id <job_id>".
-bool RunsJob(int pid, const std::string& job_id) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  std::vector<std::string> args = absl::StrSplit(text, '\0');
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == "--job-id" && args[i + 1] == job_id) return true;
-  }
-  return false;
+  stat->ticks = utime + stime;
+  return true;
 }
 
 std::vector<int> Pids() {
@@ -106,8 +103,8 @@ bool Disturbs(const HostLoad& load) {
          load.other_cores_mean >= std::max(0.2, 0.1 * load.cores);
 }
 
-HostLoadSampler::HostLoadSampler(std::string job_id, absl::Duration period)
-    : job_id_(std::move(job_id)), period_(period) {
+HostLoadSampler::HostLoadSampler(JobPids job_pids, absl::Duration period)
+    : job_pids_(std::move(job_pids)), period_(period) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -126,27 +123,55 @@ HostLoad HostLoadSampler::Stop() {
 
 void HostLoadSampler::Run() {
   const int self = static_cast<int>(getpid());
-  std::map<int, bool> ours;          // pid -> runs the job (decided once)
   std::map<int, int64_t> job_ticks;  // the job's processes, last sample
+  std::vector<int> ranks;            // as last reported
   bool saw_job = false;              // a process of the job ran on this host
   CpuTicks previous = ReadCpuTicks();
   if (!previous.ok) return;
   auto job_total = [&](bool first) {
     // The job's CPU ticks since the last sample: a process seen before by
     // its difference, a new one (started since) by all it has used.
+    if (std::vector<int> reported = job_pids_(); !reported.empty()) {
+      ranks = std::move(reported);
+    }
+    std::map<int, ProcessStat> all;
+    for (int pid : Pids()) {
+      ProcessStat stat;
+      if (ReadProcessStat(pid, &stat)) all[pid] = stat;
+    }
+    // The ranks and everything descended from them, and this process (not
+    // its children: a study's ranks are the coordinator's).
+    const std::set<int> ours(ranks.begin(), ranks.end());
+    std::map<int, bool> decided;
+    const auto is_ours = [&](int pid) {
+      std::vector<int> chain;
+      bool result = false;
+      for (int p = pid; p > 1 && chain.size() < all.size();) {
+        if (ours.count(p) != 0) {
+          result = true;
+          break;
+        }
+        if (auto known = decided.find(p); known != decided.end()) {
+          result = known->second;
+          break;
+        }
+        chain.push_back(p);
+        auto it = all.find(p);
+        if (it == all.end()) break;
+        p = it->second.parent;
+      }
+      for (int p : chain) decided[p] = result;
+      return result;
+    };
     int64_t delta = 0;
     std::map<int, int64_t> now;
-    for (int pid : Pids()) {
-      auto [it, inserted] = ours.try_emplace(pid, false);
-      if (inserted) it->second = pid == self || RunsJob(pid, job_id_);
-      if (!it->second) continue;
+    for (const auto& [pid, stat] : all) {
+      if (pid != self && !is_ours(pid)) continue;
       if (pid != self) saw_job = true;
-      const int64_t ticks = ProcessTicks(pid);
-      if (ticks < 0) continue;
-      now[pid] = ticks;
+      now[pid] = stat.ticks;
       auto before = job_ticks.find(pid);
       if (!first)
-        delta += ticks - (before != job_ticks.end() ? before->second : 0);
+        delta += stat.ticks - (before != job_ticks.end() ? before->second : 0);
     }
     job_ticks = std::move(now);
     return std::max<int64_t>(0, delta);

@@ -8,9 +8,11 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -31,13 +33,19 @@ struct HostLoad {
 // of a core) disturbs a run: the job's ranks were not alone on the host.
 bool Disturbs(const HostLoad& load);
 
+// The job's rank processes as the coordinator reports them (GetJob's
+// worker_pids); asked once a sampling period, so a restarted attempt's new
+// ranks are followed. Empty when it cannot say.
+using JobPids = std::function<std::vector<int>()>;
+
 // Samples /proc/stat and every process's /proc/<pid>/stat on a background
-// thread. The job's own processes are those whose command line holds
-// "--job-id <job_id>" (the workers the coordinator starts), plus this
-// process; everything else is other use.
+// thread. The job's own processes are the ranks `job_pids` names and every
+// process descended from them (a rank's helpers), plus this process;
+// everything else is other use. Nothing a process says about itself (its
+// command line, its name) makes it the job's.
 class HostLoadSampler {
  public:
-  HostLoadSampler(std::string job_id, absl::Duration period);
+  HostLoadSampler(JobPids job_pids, absl::Duration period);
   ~HostLoadSampler();
   HostLoadSampler(const HostLoadSampler&) = delete;
   HostLoadSampler& operator=(const HostLoadSampler&) = delete;
@@ -50,7 +58,7 @@ class HostLoadSampler {
  private:
   void Run();
 
-  const std::string job_id_;
+  const JobPids job_pids_;
   const absl::Duration period_;
   std::mutex mu_;
   std::condition_variable wake_;

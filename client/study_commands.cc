@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -63,7 +65,24 @@ int RunOnce(DaemonClient& client, const v1::JobSpec& spec, bool sample_load,
     return code;
   }
   std::optional<HostLoadSampler> sampler;
-  if (sample_load) sampler.emplace(job.id(), absl::Seconds(1));
+  if (sample_load) {
+    // The ranks' pids from the coordinator itself: a process that only
+    // names the job in its arguments is not the job's.
+    sampler.emplace(
+        [&client, id = job.id()] {
+          v1::GetJobRequest get;
+          get.set_job_id(id);
+          v1::Job now;
+          std::unique_ptr<grpc::ClientContext> context = client.Context();
+          context->set_deadline(std::chrono::system_clock::now() +
+                                std::chrono::seconds(2));
+          if (!client.jobs().GetJob(context.get(), get, &now).ok())
+            return std::vector<int>{};
+          return std::vector<int>(now.worker_pids().begin(),
+                                  now.worker_pids().end());
+        },
+        absl::Seconds(1));
+  }
   if (int code = FollowJob(client, job.id(), terminal, std::cerr);
       code != kExitOk) {
     std::cerr << "shardtrain: error: " << strategy << " run " << job.id()

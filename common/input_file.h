@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +33,10 @@ class InputFile {
   // when it lies (or leads) outside the read roots or cannot be opened;
   // InvalidArgument when it is not a regular file.
   static absl::StatusOr<InputFile> Open(const std::string& path);
+  // The same, for a file of the process's own rather than one a job names
+  // (a cache under the user's home, the daemon's endpoint file): every
+  // guarantee above but the read roots.
+  static absl::StatusOr<InputFile> OpenOwn(const std::string& path);
 
   InputFile(InputFile&& other) noexcept;
   InputFile& operator=(InputFile&& other) noexcept;
@@ -56,6 +62,8 @@ class InputFile {
                                       const std::string& what) const;
 
  private:
+  static absl::StatusOr<InputFile> OpenWithin(
+      const std::string& path, const std::vector<std::string>& roots);
   InputFile(int fd, std::string path, int64_t size)
       : fd_(fd), path_(std::move(path)), size_(size) {}
 
@@ -68,6 +76,19 @@ class InputFile {
 absl::StatusOr<std::string> ReadInputFile(const std::string& path,
                                           int64_t max_bytes,
                                           const std::string& what);
+
+// InputFile::OpenOwn(path) then ReadAll(max_bytes, what).
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path,
+                                        int64_t max_bytes,
+                                        const std::string& what);
+
+// The deepest nesting of JSON brackets outside strings: checked before a
+// parse, so a hostile file (300,000 levels) cannot recurse a parser, or the
+// destruction of what it built, off the stack.
+int JsonNestingDepth(std::string_view text);
+// InvalidArgument naming `what` when `text` nests deeper than `max_depth`.
+absl::Status CheckJsonNesting(std::string_view text, int max_depth,
+                              const std::string& what);
 
 // What a stat mode is, for errors: "a FIFO", "a directory", "a character
 // device", "a socket", "a block device", "a regular file".

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -26,8 +27,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The uid owning the TCP socket whose local end is `local` ("0100007F:9C40",
-// the kernel's notation) in the table at `path`, or "" when none does.
+// The uid owning the open TCP socket whose local end is `local`
+// ("0100007F:9C40", the kernel's notation) in the table at `path`, or ""
+// when none does.
 std::string SocketOwner(const char* path, const std::string& local) {
   std::ifstream table(path);
   std::string line;
@@ -35,10 +37,11 @@ std::string SocketOwner(const char* path, const std::string& local) {
   while (std::getline(table, line)) {
     std::istringstream fields(line);
     std::string slot, local_address, remote, state, queues, timer, retransmits,
-        uid;
+        uid, timeout, inode;
     fields >> slot >> local_address >> remote >> state >> queues >> timer >>
-        retransmits >> uid;
-    if (local_address == local) return uid;
+        retransmits >> uid >> timeout >> inode;
+    // A socket no process holds (TIME_WAIT) is listed as uid 0, inode 0.
+    if (local_address == local && inode != "0") return uid;
   }
   return "";
 }
@@ -61,13 +64,20 @@ std::string PeerIdentity(const std::string& peer) {
   if (v6 && address.size() >= 2 && address.front() == '[') {
     address = address.substr(1, address.size() - 2);
   }
-  std::string owner;
+  // The loopback client's socket, as each table would list it: gRPC names a
+  // client that connected to 127.0.0.1 through an IPv6 socket
+  // (::ffff:127.0.0.1, listed in tcp6) as "ipv4:127.0.0.1", and one that
+  // connected through an IPv4 socket may be named in the mapped form.
+  std::vector<std::pair<const char*, std::string>> entries;
   if (!v6) {
     in_addr a{};
     if (inet_pton(AF_INET, address.c_str(), &a) != 1) return peer;
     if ((ntohl(a.s_addr) >> 24) != 127) return absl::StrCat("ipv4:", address);
-    owner = SocketOwner("/proc/net/tcp",
-                        absl::StrFormat("%08X:%04X", a.s_addr, port));
+    entries.push_back(
+        {"/proc/net/tcp", absl::StrFormat("%08X:%04X", a.s_addr, port)});
+    entries.push_back(
+        {"/proc/net/tcp6",
+         absl::StrFormat("0000000000000000FFFF0000%08X:%04X", a.s_addr, port)});
   } else {
     in6_addr a{};
     if (inet_pton(AF_INET6, address.c_str(), &a) != 1) return peer;
@@ -78,12 +88,22 @@ std::string PeerIdentity(const std::string& peer) {
     }
     uint32_t words[4];
     std::memcpy(words, a.s6_addr, sizeof(words));
-    owner = SocketOwner("/proc/net/tcp6",
-                        absl::StrFormat("%08X%08X%08X%08X:%04X", words[0],
-                                        words[1], words[2], words[3], port));
+    entries.push_back({"/proc/net/tcp6",
+                       absl::StrFormat("%08X%08X%08X%08X:%04X", words[0],
+                                       words[1], words[2], words[3], port)});
+    if (mapped_loopback) {
+      entries.push_back(
+          {"/proc/net/tcp", absl::StrFormat("%08X:%04X", words[3], port)});
+    }
   }
-  // Gone already, or another namespace: the connection stands for itself.
-  return owner.empty() ? peer : absl::StrCat("uid ", owner);
+  for (const auto& [table, local] : entries) {
+    const std::string owner = SocketOwner(table, local);
+    if (!owner.empty()) return absl::StrCat("uid ", owner);
+  }
+  // Gone already, or in another network namespace: still a local client,
+  // capped with every other one whose owner is unknown, never on its own
+  // (one cap per connection would let a client take every slot).
+  return kUnknownLocalPeer;
 }
 
 absl::Status CheckListenAllowed(const std::string& listen, bool has_token,

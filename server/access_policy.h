@@ -69,6 +69,10 @@ class PathRoots {
 // 127.0.0.1, so an address alone would let one user lock out the others. A
 // remote one is its address without the port ("ipv4:10.0.0.7"). Anything
 // else (a Unix socket, whose peer gRPC does not identify) is the peer string.
+// Every loopback form counts: 127.0.0.0/8, ::1 and IPv4-mapped IPv6, looked
+// up in both tables; a loopback peer whose owner is not found is
+// kUnknownLocalPeer, one peer shared by all such connections.
+inline constexpr char kUnknownLocalPeer[] = "local user unknown";
 std::string PeerIdentity(const std::string& peer);
 
 // Long-lived streams (WatchJob, StreamLogs follow) each hold a server thread.

@@ -80,7 +80,6 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch.secret = entry.stored.secret;
   launch.heartbeat_seconds =
       absl::ToDoubleSeconds(table_->options.heartbeat_interval);
-  launch.read_roots = absl::StrJoin(table_->options.path_roots.roots(), ":");
   if (job.spec().data() == kBuiltinDataset) {
     launch.prepare_data = kBuiltinDataset;
   }
@@ -90,6 +89,25 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
 }
 
 namespace {
+
+// The directories a job's ranks may read under --path-root: the roots, the
+// job's own directory (its checkpoints, read back on a resume and by the
+// rank that wrote them) and the built-in dataset the ranks prepare. The
+// rest of the state directory (other jobs, the database) stays out. Empty
+// without --path-root: reading is not restricted.
+std::string RankReadRoots(const PathRoots& roots, const std::string& job_dir,
+                          const std::string& builtin_data_dir) {
+  if (roots.roots().empty()) return "";
+  std::vector<std::string> result = roots.roots();
+  for (const std::string& own : {job_dir, builtin_data_dir}) {
+    if (own.empty()) continue;
+    std::error_code ec;
+    const std::filesystem::path canonical =
+        std::filesystem::weakly_canonical(std::filesystem::absolute(own), ec);
+    if (!ec) result.push_back(canonical.string());
+  }
+  return absl::StrJoin(result, ":");
+}
 
 // Strategy auto: the mesh predicted fastest for the ranks this attempt has,
 // from this host's measured rates (measured now, once, by the
@@ -174,7 +192,7 @@ absl::Status WriteAttemptFiles(const RankLaunch& launch, int attempt,
 AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
     const LaunchRequest& request) {
   PreparedLaunch prepared;
-  const RankLaunch& launch = request.launch;
+  RankLaunch launch = request.launch;
   std::error_code ec;
   std::filesystem::create_directories(launch.job_dir, ec);
   if (ec) {
@@ -196,6 +214,9 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
   }
   v1::JobSpec resolved = request.spec;
   resolved.set_data(*data);
+  launch.read_roots = RankReadRoots(
+      table_->options.path_roots, launch.job_dir,
+      request.spec.data() == kBuiltinDataset ? *data : std::string());
   std::string auto_log;
   absl::Status status = absl::OkStatus();
   if (request.spec.strategy().name() == kAutoStrategy) {

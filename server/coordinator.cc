@@ -24,11 +24,21 @@
 #include "server/backends.h"
 #include "server/dataset_locator.h"
 #include "server/grpc_status.h"
+#include "server/listener_probe.h"
 
 namespace shardtrain {
 namespace {
 
 constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
+// The listeners' self-check (Coordinator::SelfCheckLoop): a probe a second,
+// each given two seconds to be accepted and answered; three failures in a
+// row (a listener that stopped accepting for good, as gRPC's does after a
+// descriptor flood) serve anew.
+constexpr absl::Duration kSelfCheckInterval = absl::Seconds(1);
+constexpr absl::Duration kSelfCheckTimeout = absl::Seconds(2);
+constexpr int kFailuresBeforeRebuild = 3;
+// Connections that never complete the HTTP/2 handshake are dropped after it.
+constexpr absl::Duration kServerHandshakeTimeout = absl::Seconds(5);
 
 // Locks state-dir/LOCK for this process's lifetime.
 absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
@@ -358,6 +368,40 @@ absl::Status Coordinator::OpenStore() {
   return absl::OkStatus();
 }
 
+std::unique_ptr<grpc::Server> Coordinator::BuildServer(
+    const std::string& listen, const std::string& worker_listen,
+    int* public_port, int* worker_port) {
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  // A connection that has not completed the HTTP/2 handshake (a client that
+  // never sends the preface) gives its descriptor back within seconds.
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(kServerHandshakeTimeout)));
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(MakeMalformedRequestInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
+  builder.AddListeningPort(listen, credentials_, public_port);
+  builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
+                           worker_port);
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(cluster_service_.get());
+  builder.RegisterService(worker_service_.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server != nullptr) {
+    for (const char* service :
+         {"", "shardtrain.v1.JobService", "shardtrain.v1.ClusterService",
+          "shardtrain.v1.WorkerService"}) {
+      server->GetHealthCheckService()->SetServingStatus(service, true);
+    }
+  }
+  return server;
+}
+
 // Binds both listeners, builds the manager and the services over them, and
 // starts serving. The manager needs the workers' address before the server
 // runs, but the port of a TCP fallback is known only after BuildAndStart:
@@ -366,22 +410,9 @@ absl::Status Coordinator::Serve(
     const std::shared_ptr<grpc::ServerCredentials>& credentials,
     JobManagerOptions manager_options) {
   const std::string worker_listen = manager_options.worker_address;
+  credentials_ = credentials;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  {
-    std::vector<
-        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-        interceptors;
-    interceptors.push_back(MakeMalformedRequestInterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  }
-  int public_port = 0;
-  int worker_port = 0;
-  builder.AddListeningPort(options_.listen, credentials, &public_port);
-  builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
-                           &worker_port);
 
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(manager_options, store_.get(), &backend_->launcher(),
@@ -395,11 +426,11 @@ absl::Status Coordinator::Serve(
   cluster_service_ = std::make_unique<ClusterServiceImpl>(
       manager_.get(), authorizer_.get(), backend_.get(), options_.launcher);
   worker_service_ = std::make_unique<WorkerServiceImpl>(manager_.get());
-  builder.RegisterService(job_service_.get());
-  builder.RegisterService(cluster_service_.get());
-  builder.RegisterService(worker_service_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || public_port == 0 || worker_port == 0) {
+  int public_port = 0;
+  int worker_port = 0;
+  std::unique_ptr<grpc::Server> server =
+      BuildServer(options_.listen, worker_listen, &public_port, &worker_port);
+  if (server == nullptr || public_port == 0 || worker_port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "--listen: cannot listen on ", options_.listen,
         public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),
@@ -409,11 +440,13 @@ absl::Status Coordinator::Serve(
             ? ""
             : ", or the TLS certificate and key do not belong together"));
   }
+  worker_address_ = worker_listen;
   if (!absl::StartsWith(worker_listen, "unix:")) {
     // A TCP listener: tell the workers the port actually bound.
     const std::string worker_host =
         worker_listen.substr(0, worker_listen.rfind(':'));
-    manager_->set_worker_address(absl::StrCat(worker_host, ":", worker_port));
+    worker_address_ = absl::StrCat(worker_host, ":", worker_port);
+    manager_->set_worker_address(worker_address_);
   }
   if (absl::StartsWith(options_.listen, "unix:") ||
       absl::StartsWith(options_.listen, "unix-abstract:")) {
@@ -423,12 +456,56 @@ absl::Status Coordinator::Serve(
         options_.listen.substr(0, options_.listen.rfind(':'));
     address_ = absl::StrCat(host, ":", public_port);
   }
-  for (const char* service :
-       {"", "shardtrain.v1.JobService", "shardtrain.v1.ClusterService",
-        "shardtrain.v1.WorkerService"}) {
-    server_->GetHealthCheckService()->SetServingStatus(service, true);
+  {
+    absl::MutexLock lock(&server_mutex_);
+    server_ = std::move(server);
   }
+  self_check_ = std::thread([this] { SelfCheckLoop(); });
   return absl::OkStatus();
+}
+
+void Coordinator::SelfCheckLoop() {
+  int failures = 0;
+  while (!stop_self_check_.WaitForNotificationWithTimeout(kSelfCheckInterval)) {
+    absl::Status status = ProbeListener(address_, kSelfCheckTimeout);
+    if (status.ok()) status = ProbeListener(worker_address_, kSelfCheckTimeout);
+    if (status.ok()) {
+      failures = 0;
+      continue;
+    }
+    if (++failures < kFailuresBeforeRebuild) continue;
+    std::cerr << "shardtraind: self-check: " << status.message()
+              << "; serving anew on the same addresses" << std::endl;
+    if (RebuildServer()) {
+      failures = 0;
+      std::cerr << "shardtraind: serving anew on " << address_ << std::endl;
+    }
+  }
+}
+
+bool Coordinator::RebuildServer() {
+  absl::MutexLock lock(&server_mutex_);
+  if (shut_down_) return false;
+  if (server_ != nullptr) {
+    // Calls in flight end (streams see their context cancelled); the jobs,
+    // the manager and the store do not notice.
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
+  }
+  int public_port = 0;
+  int worker_port = 0;
+  std::unique_ptr<grpc::Server> server =
+      BuildServer(address_, worker_address_, &public_port, &worker_port);
+  if (server == nullptr || public_port == 0 || worker_port == 0) {
+    // Descriptors still short: the next self-check tries again.
+    std::cerr << "shardtraind: cannot listen on " << address_ << " and "
+              << worker_address_ << " yet; trying again" << std::endl;
+    return false;
+  }
+  server_ = std::move(server);
+  return true;
 }
 
 // The addresses clients find in the state directory (best effort: clients
@@ -444,6 +521,11 @@ void Coordinator::Publish() {
 
 void Coordinator::Shutdown() {
   if (shut_down_) return;
+  if (self_check_.joinable()) {
+    stop_self_check_.Notify();
+    self_check_.join();
+  }
+  absl::MutexLock lock(&server_mutex_);
   shut_down_ = true;
   // The exporter's refresh reads the manager: stop it first.
   if (exporter_ != nullptr) exporter_->StopRefresh();

@@ -14,9 +14,13 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/access_policy.h"
@@ -108,7 +112,19 @@ class Coordinator {
   absl::Status Serve(
       const std::shared_ptr<grpc::ServerCredentials>& credentials,
       JobManagerOptions manager_options);
+  // A server over the services on `listen` and `worker_listen`; the ports
+  // bound in *public_port and *worker_port (0: not bound).
+  std::unique_ptr<grpc::Server> BuildServer(const std::string& listen,
+                                            const std::string& worker_listen,
+                                            int* public_port, int* worker_port);
   void Publish();
+  // The self-check: every second, probe both listeners through their own
+  // addresses (server/listener_probe.h); after kFailuresBeforeRebuild
+  // probes in a row find one not accepting, serve anew on the same
+  // addresses. Jobs, the store and the manager are untouched: only calls in
+  // flight end (clients reconnect).
+  void SelfCheckLoop();
+  bool RebuildServer();
 
   const CoordinatorOptions options_;
   int lock_fd_ = -1;  // flock on state-dir/LOCK: one coordinator per state dir
@@ -124,8 +140,13 @@ class Coordinator {
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<ClusterServiceImpl> cluster_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+  std::string worker_address_;  // as bound (a TCP listener's port filled in)
+  absl::Mutex server_mutex_;    // replacing server_ vs. shutting it down
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mutex_);
   std::string address_;
+  absl::Notification stop_self_check_;
+  std::thread self_check_;
   bool shut_down_ = false;
 };
 

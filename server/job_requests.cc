@@ -212,7 +212,11 @@ absl::StatusOr<v1::Job> JobRequests::Get(const std::string& job_id) const {
   absl::MutexLock lock(&table_->mutex);
   const JobEntry* entry = table_->Find(job_id);
   if (entry == nullptr) return NoSuchJob(job_id);
-  return entry->stored.job;
+  v1::Job view = entry->stored.job;
+  if (!JobManager::IsTerminal(view.state())) {
+    for (int pid : entry->stored.worker_pids) view.add_worker_pids(pid);
+  }
+  return view;
 }
 
 absl::StatusOr<ListJobsPage> JobRequests::List(

@@ -1,6 +1,7 @@
 // shardtraind: the coordinator. Flags -> CoordinatorOptions -> Coordinator;
 // runs until SIGTERM or SIGINT, then shuts down gracefully.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -105,6 +106,14 @@ int Main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Every connection holds a descriptor: take the hard limit the operator
+  // allows rather than the soft default, so a flood needs many more.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+      files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   CoordinatorOptions options;
   options.state_dir = DefaultStateDir();

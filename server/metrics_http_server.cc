@@ -225,6 +225,7 @@ struct Connection {
   // Of the current state: then the connection is answered 408 (while the
   // request is read) or closed.
   Clock::time_point deadline;
+  Clock::time_point accepted;
   std::string request;
   std::string response;
   size_t written = 0;
@@ -236,11 +237,12 @@ void Close(Connection& c) {
   c.state = Connection::State::kClosed;
 }
 
-// Closes and removes the oldest connection in `state`; false when there is
-// none.
-bool CloseOldest(std::list<Connection>& connections, Connection::State state) {
+// Closes and removes the oldest connection in `state` accepted before
+// `before`; false when there is none.
+bool CloseOldest(std::list<Connection>& connections, Connection::State state,
+                 Clock::time_point before = Clock::time_point::max()) {
   for (auto it = connections.begin(); it != connections.end(); ++it) {
-    if (it->state == state) {
+    if (it->state == state && it->accepted <= before) {
       Close(*it);
       connections.erase(it);
       return true;
@@ -485,9 +487,11 @@ void ConnectionLoop::AcceptNew(Clock::time_point now) {
     Connection c;
     c.fd = fd;
     c.peer = PeerAddress(peer);
+    c.accepted = now;
     c.deadline = now + ToClock(options_.header_timeout);
     if (connections_.size() >= static_cast<size_t>(options_.max_connections) &&
-        !CloseOldest(connections_, State::kReadingRequest) &&
+        !CloseOldest(connections_, State::kReadingRequest,
+                     now - ToClock(options_.eviction_grace)) &&
         !CloseOldest(connections_, State::kDraining)) {
       close(fd);  // every connection is being answered: they go first
       continue;
@@ -516,8 +520,15 @@ void ConnectionLoop::AcceptNew(Clock::time_point now) {
 
 void ConnectionLoop::EvictHalfOpen(const std::string& peer,
                                    Clock::time_point now) {
+  // Within the grace a connection is not judged: with only young ones, the
+  // peer holds more for a moment (max_connections still bounds them all).
+  const Clock::time_point judged_before =
+      now - ToClock(options_.eviction_grace);
   for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-    if (it->state != State::kReadingRequest || it->peer != peer) continue;
+    if (it->state != State::kReadingRequest || it->peer != peer ||
+        it->accepted > judged_before) {
+      continue;
+    }
     // Its request may have arrived since the last poll (a scraper accepted
     // between its connect and its send): read before judging it idle.
     ReadRequest(*it, now);

@@ -17,6 +17,9 @@
 //   - at most max_connections are open: beyond that the oldest with
 //     incomplete headers is closed first, then the oldest answered one, and
 //     when every connection is being answered the new one is refused;
+//   - neither bound closes a connection within eviction_grace (a scraper
+//     accepted just before its request arrives, amid idle connections from
+//     its own address, is answered, not dropped);
 //   - a client that does not read its response within write_timeout is
 //     closed.
 // The collection and serialization run on the server thread; a scrape costs
@@ -46,6 +49,7 @@ class MetricsHttpServer {
   static constexpr size_t kMaxHeaderBytes = 8 * 1024;
   static constexpr int kMaxHalfOpenPerPeer = 16;
   static constexpr int kMaxConnections = 512;
+  static constexpr absl::Duration kEvictionGrace = absl::Milliseconds(250);
 
   struct Options {
     // From accept until the blank line that ends the request headers.
@@ -55,6 +59,12 @@ class MetricsHttpServer {
     size_t max_header_bytes = kMaxHeaderBytes;
     int max_half_open_per_peer = kMaxHalfOpenPerPeer;
     int max_connections = kMaxConnections;
+    // A connection this young is never closed to make room for others: a
+    // scraper sends its request right after it connects, but may be
+    // accepted a moment before the request arrives, amid a burst of idle
+    // connections from its own address. Past it, a request not yet sent
+    // marks the connection idle.
+    absl::Duration eviction_grace = kEvictionGrace;
   };
 
   // Binds `listen` ("host:port", as --metrics-listen takes it: an IPv4

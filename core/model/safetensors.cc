@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -30,31 +31,6 @@ std::string DtypeList() {
   std::vector<std::string> names;
   for (const auto& [name, size] : DtypeSizes()) names.push_back(name);
   return absl::StrJoin(names, ", ");
-}
-
-// The deepest nesting of brackets outside strings. A valid header nests three
-// deep ({"t": {"shape": [..]}}); the check keeps a hostile header from
-// recursing the JSON parser off the stack.
-int NestingDepth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 // A JSON number that is a non-negative integer below 2^62.
@@ -121,7 +97,7 @@ absl::Status ParseSafetensorsHeader(
     return absl::InvalidArgumentError(
         "the header does not start with '{'; not a safetensors file");
   }
-  if (NestingDepth(header) > 3) {
+  if (JsonNestingDepth(header) > 3) {
     return absl::InvalidArgumentError(
         "the header nests deeper than a safetensors header does");
   }

@@ -108,6 +108,19 @@ int64_t Plannable(int64_t memory) {
   return memory > 0 ? std::max<int64_t>(1, PlannableBytes(memory)) : 0;
 }
 
+// The divisors of n > 0, largest first, in O(sqrt(n)).
+std::vector<int64_t> DivisorsDescending(int64_t n) {
+  std::vector<int64_t> small, large;
+  for (int64_t k = 1; k * k <= n; ++k) {
+    if (n % k != 0) continue;
+    small.push_back(k);
+    if (k != n / k) large.push_back(n / k);
+  }
+  std::vector<int64_t> out(large.begin(), large.end());
+  out.insert(out.end(), small.rbegin(), small.rend());
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
@@ -118,9 +131,21 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
   }
   absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
   if (!model.ok()) return model.status();
-  if (options.devices < 1) {
+  if (options.devices < 1 || options.devices > kMaxSearchDevices) {
     return absl::InvalidArgumentError(
-        absl::StrCat("devices: ", options.devices, " (at least 1)"));
+        absl::StrCat("devices: ", options.devices, "; a search weighs 1 to ",
+                     kMaxSearchDevices, " devices"));
+  }
+  if (options.global_batch < 0 ||
+      options.global_batch > kMaxSearchGlobalBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global batch: ", options.global_batch,
+        " sequences; a search weighs up to ", kMaxSearchGlobalBatch));
+  }
+  if (base.micro_batches > kMaxSearchMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batches: ", base.micro_batches,
+                     "; a search weighs up to ", kMaxSearchMicroBatches));
   }
   const int64_t per_host =
       options.ranks_per_host > 0 ? options.ranks_per_host : options.devices;
@@ -151,10 +176,8 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
       if (options.global_batch > 0) {
         if (options.global_batch % data != 0) continue;
         const int64_t share = options.global_batch / data;
-        for (int64_t b = share; b >= 1; --b) {
-          if (share % b == 0 && b % config.micro_batches == 0) {
-            tries.emplace_back(b, share / b);
-          }
+        for (int64_t b : DivisorsDescending(share)) {
+          if (b % config.micro_batches == 0) tries.emplace_back(b, share / b);
         }
       } else if (options.budget > 0) {
         config.grad_accum = 1;

@@ -18,6 +18,13 @@
 
 namespace shardtrain {
 
+// What a search weighs at most, so that any input is answered (or refused
+// naming the bound) within a second: devices, sequences per optimizer step,
+// micro-batches per step.
+inline constexpr int64_t kMaxSearchDevices = int64_t{1} << 16;
+inline constexpr int64_t kMaxSearchGlobalBatch = int64_t{1} << 20;
+inline constexpr int64_t kMaxSearchMicroBatches = int64_t{1} << 12;
+
 struct MeshSearchOptions {
   int64_t devices = 1;         // every mesh uses all of them (single: one)
   int64_t ranks_per_host = 0;  // 0: all devices on one host

@@ -1,7 +1,9 @@
 #include "core/train/pipeline_plan.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -244,6 +246,247 @@ absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
           ? 1.0 - busy / (static_cast<double>(stages) * timeline.makespan)
           : 0.0;
   return timeline;
+}
+
+// --- Point-to-point order ---
+
+namespace {
+
+using OpKind = PipelineOp::Kind;
+using Payload = PipelineOp::Payload;
+
+PipelineOp Compute(OpKind kind, int64_t micro_batch) {
+  PipelineOp op;
+  op.kind = kind;
+  op.micro_batch = micro_batch;
+  return op;
+}
+
+PipelineOp Transfer(OpKind kind, Payload payload, int64_t micro_batch,
+                    int64_t peer) {
+  PipelineOp op;
+  op.kind = kind;
+  op.payload = payload;
+  op.micro_batch = micro_batch;
+  op.peer = peer;
+  return op;
+}
+
+const char* PayloadLetter(Payload payload) {
+  return payload == Payload::kActivation ? "a" : "g";
+}
+
+}  // namespace
+
+std::string DescribeOp(const PipelineOp& op) {
+  switch (op.kind) {
+    case OpKind::kForward:
+      return absl::StrCat("F", op.micro_batch);
+    case OpKind::kBackward:
+      return absl::StrCat("B", op.micro_batch);
+    case OpKind::kPostRecv:
+      return absl::StrCat("recv ", PayloadLetter(op.payload), op.micro_batch,
+                          " from ", op.peer);
+    case OpKind::kWaitRecv:
+      return absl::StrCat("wait ", PayloadLetter(op.payload), op.micro_batch);
+    case OpKind::kPostSend:
+      return absl::StrCat("send ", PayloadLetter(op.payload), op.micro_batch,
+                          " to ", op.peer);
+  }
+  return "?";
+}
+
+absl::StatusOr<std::vector<PipelineOp>> LowerStageActions(
+    PipelineSchedule schedule, int64_t stages, int64_t stage,
+    int64_t micro_batches) {
+  using Kind = PipelineAction::Kind;
+  std::vector<PipelineOp> ops;
+  // The pair with the upstream stage follows the upstream's order: an
+  // activation where it forwards, a gradient where it backwards.
+  std::vector<PipelineAction> upstream;
+  if (stage > 0) {
+    upstream = StageActions(schedule, stages, stage - 1, micro_batches);
+  }
+  size_t next_up = 0;  // the upstream's first transfer not yet posted here
+  std::vector<bool> activation_posted(micro_batches, false);
+  // Posts this end of the upstream pair's transfers up to and including
+  // `target` (a gradient: this stage's send of it).
+  const auto post_through = [&](Kind target, int64_t micro) -> absl::Status {
+    while (next_up < upstream.size()) {
+      const PipelineAction& a = upstream[next_up++];
+      if (a.kind == Kind::kForward) {
+        if (!activation_posted[a.micro_batch]) {
+          activation_posted[a.micro_batch] = true;
+          ops.push_back(Transfer(OpKind::kPostRecv, Payload::kActivation,
+                                 a.micro_batch, stage - 1));
+        }
+        if (target == Kind::kForward && a.micro_batch == micro) {
+          return absl::OkStatus();
+        }
+      } else if (target == Kind::kBackward && a.micro_batch == micro) {
+        ops.push_back(
+            Transfer(OpKind::kPostSend, Payload::kGradient, micro, stage - 1));
+        return absl::OkStatus();
+      } else {
+        return absl::InternalError(absl::StrCat(
+            PipelineScheduleName(schedule), ": stage ", stage - 1,
+            " waits for the gradient of micro-batch ", a.micro_batch,
+            " before stage ", stage, " has computed it"));
+      }
+    }
+    return absl::InternalError(absl::StrCat(
+        PipelineScheduleName(schedule), ": stage ", stage - 1,
+        " never posts what stage ", stage, " needs of micro-batch ", micro));
+  };
+  for (const PipelineAction& a :
+       StageActions(schedule, stages, stage, micro_batches)) {
+    const int64_t m = a.micro_batch;
+    if (a.kind == Kind::kForward) {
+      if (stage > 0) {
+        if (!activation_posted[m]) {
+          if (absl::Status s = post_through(Kind::kForward, m); !s.ok()) {
+            return s;
+          }
+        }
+        ops.push_back(
+            Transfer(OpKind::kWaitRecv, Payload::kActivation, m, stage - 1));
+      }
+      ops.push_back(Compute(OpKind::kForward, m));
+      if (stage + 1 < stages) {
+        ops.push_back(
+            Transfer(OpKind::kPostSend, Payload::kActivation, m, stage + 1));
+      }
+    } else {
+      if (stage + 1 < stages) {
+        ops.push_back(
+            Transfer(OpKind::kPostRecv, Payload::kGradient, m, stage + 1));
+        ops.push_back(
+            Transfer(OpKind::kWaitRecv, Payload::kGradient, m, stage + 1));
+      }
+      ops.push_back(Compute(OpKind::kBackward, m));
+      if (stage > 0) {
+        if (absl::Status s = post_through(Kind::kBackward, m); !s.ok()) {
+          return s;
+        }
+      }
+    }
+  }
+  return ops;
+}
+
+std::vector<PipelineOp> NaiveStageOps(PipelineSchedule schedule, int64_t stages,
+                                      int64_t stage, int64_t micro_batches) {
+  using Kind = PipelineAction::Kind;
+  std::vector<PipelineOp> ops;
+  for (const PipelineAction& a :
+       StageActions(schedule, stages, stage, micro_batches)) {
+    const bool forward = a.kind == Kind::kForward;
+    const Payload in = forward ? Payload::kActivation : Payload::kGradient;
+    const int64_t from = forward ? stage - 1 : stage + 1;
+    const int64_t to = forward ? stage + 1 : stage - 1;
+    if (from >= 0 && from < stages) {
+      ops.push_back(Transfer(OpKind::kPostRecv, in, a.micro_batch, from));
+      ops.push_back(Transfer(OpKind::kWaitRecv, in, a.micro_batch, from));
+    }
+    ops.push_back(
+        Compute(forward ? OpKind::kForward : OpKind::kBackward, a.micro_batch));
+    if (to >= 0 && to < stages) {
+      ops.push_back(Transfer(OpKind::kPostSend, in, a.micro_batch, to));
+    }
+  }
+  return ops;
+}
+
+absl::Status CheckPointToPointOrder(
+    const std::vector<std::vector<PipelineOp>>& stage_ops) {
+  const int64_t stages = static_cast<int64_t>(stage_ops.size());
+  struct Posted {
+    int64_t stage;
+    size_t index;  // into stage_ops[stage]
+  };
+  // queue[{a, b}]: what stage a posted toward b and is not yet complete, in
+  // posting order.
+  std::map<std::pair<int64_t, int64_t>, std::deque<Posted>> queue;
+  std::vector<std::vector<bool>> done(stages);
+  for (int64_t s = 0; s < stages; ++s)
+    done[s].assign(stage_ops[s].size(), false);
+  std::vector<size_t> pc(stages, 0);
+  const auto op_at = [&](const Posted& p) -> const PipelineOp& {
+    return stage_ops[p.stage][p.index];
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t s = 0; s < stages; ++s) {
+      while (pc[s] < stage_ops[s].size()) {
+        const PipelineOp& op = stage_ops[s][pc[s]];
+        if (op.kind == OpKind::kPostRecv || op.kind == OpKind::kPostSend) {
+          queue[{s, op.peer}].push_back({s, pc[s]});
+        } else if (op.kind == OpKind::kWaitRecv) {
+          bool complete = false;
+          for (size_t i = 0; i < pc[s]; ++i) {
+            const PipelineOp& posted = stage_ops[s][i];
+            if (posted.kind == OpKind::kPostRecv &&
+                posted.payload == op.payload &&
+                posted.micro_batch == op.micro_batch &&
+                posted.peer == op.peer) {
+              complete = done[s][i];
+            }
+          }
+          if (!complete) break;
+        }
+        ++pc[s];
+        progress = true;
+      }
+    }
+    for (auto& [pair, mine] : queue) {
+      if (pair.first > pair.second) continue;
+      std::deque<Posted>& theirs = queue[{pair.second, pair.first}];
+      while (!mine.empty() && !theirs.empty()) {
+        const PipelineOp& a = op_at(mine.front());
+        const PipelineOp& b = op_at(theirs.front());
+        if (a.kind == b.kind) break;  // two sends, or two receives, facing
+        if (a.payload != b.payload || a.micro_batch != b.micro_batch) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "stage ", pair.first, "'s ", DescribeOp(a),
+              " would be matched "
+              "with stage ",
+              pair.second, "'s ", DescribeOp(b),
+              " (NCCL pairs transfers by their order, not their tags)"));
+        }
+        done[mine.front().stage][mine.front().index] = true;
+        done[theirs.front().stage][theirs.front().index] = true;
+        mine.pop_front();
+        theirs.pop_front();
+        progress = true;
+      }
+    }
+  }
+  for (auto& [pair, mine] : queue) {
+    if (pair.first > pair.second) continue;
+    const std::deque<Posted>& theirs = queue[{pair.second, pair.first}];
+    if (!mine.empty() && !theirs.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", pair.first, " and stage ", pair.second,
+          " deadlock on NCCL: stage ", pair.first, "'s next transfer is ",
+          DescribeOp(op_at(mine.front())), " while stage ", pair.second,
+          "'s is ", DescribeOp(op_at(theirs.front())),
+          " (neither completes before the other end posts its match)"));
+    }
+  }
+  for (int64_t s = 0; s < stages; ++s) {
+    if (pc[s] < stage_ops[s].size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", s, " never gets past ", DescribeOp(stage_ops[s][pc[s]])));
+    }
+  }
+  for (const auto& [pair, mine] : queue) {
+    if (!mine.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", pair.first, "'s ", DescribeOp(op_at(mine.front())),
+          " is never matched by stage ", pair.second));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain

@@ -106,6 +106,69 @@ absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
                                                   double forward,
                                                   double backward);
 
+// --- Point-to-point order ---
+//
+// NCCL matches the transfers between two ranks by their order on that pair
+// (tags are ignored), runs one pair's transfers one after another, and a
+// send does not complete until its receive is posted (beyond what it can
+// buffer). So the two ends of a pair must post their transfers in the same
+// order, a send on one end matched by a receive on the other; two sends
+// facing each other never complete. Stage s's compute order (StageActions)
+// is not its neighbour's: under 1F1B stage 0 of 2 forwards twice before its
+// first backward while stage 1 alternates, so posting each transfer where
+// its compute needs it deadlocks at 12 MB activations. Lowering fixes the
+// order: on the pair (s-1, s), both ends follow the upstream stage's order
+// (an activation where it forwards, a gradient where it backwards); the
+// downstream stage posts the receive of an activation early (asynchronous,
+// before the gradient it sends next) where the upstream sends it earlier
+// than the downstream needs it.
+
+struct PipelineOp {
+  enum class Kind {
+    kForward,  // compute only: every transfer is an op of its own
+    kBackward,
+    kPostRecv,  // post an asynchronous receive (a buffer held until waited)
+    kWaitRecv,  // wait for a posted receive
+    kPostSend,  // post an asynchronous send (completed by the step's end)
+  };
+  enum class Payload { kActivation, kGradient };
+  Kind kind = Kind::kForward;
+  int64_t micro_batch = 0;
+  Payload payload = Payload::kActivation;  // transfers only
+  int64_t peer = 0;                        // transfers only: the other stage
+  bool operator==(const PipelineOp& other) const {
+    return kind == other.kind && micro_batch == other.micro_batch &&
+           (kind == Kind::kForward || kind == Kind::kBackward ||
+            (payload == other.payload && peer == other.peer));
+  }
+};
+
+// "F3", "B0", "recv a2 from 0", "wait a2", "send g1 to 2": for messages.
+std::string DescribeOp(const PipelineOp& op);
+
+// Stage `stage`'s compute (StageActions) with its transfers placed as above.
+// Internal when the schedule's stages disagree in a way no early receive
+// can reconcile (a stage would have to send a gradient before it has
+// computed it).
+absl::StatusOr<std::vector<PipelineOp>> LowerStageActions(
+    PipelineSchedule schedule, int64_t stages, int64_t stage,
+    int64_t micro_batches);
+
+// The transfers each stage posts in the order a stage would if it posted
+// each where its compute needs it (a receive at the start of the forward or
+// backward that needs it, waited at once; a send at the end of the one that
+// made it). Unsafe on NCCL for 1F1B; kept to show that it is.
+std::vector<PipelineOp> NaiveStageOps(PipelineSchedule schedule, int64_t stages,
+                                      int64_t stage, int64_t micro_batches);
+
+// Runs every stage's ops under NCCL's rule (per pair: in posting order, one
+// at a time, a send completes only with its receive; a wait blocks the
+// stage) with compute taking no time. OK when every op completes;
+// FailedPrecondition naming the stages and the ops that face each other
+// when they cannot.
+absl::Status CheckPointToPointOrder(
+    const std::vector<std::vector<PipelineOp>>& stage_ops);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_CORE_TRAIN_PIPELINE_PLAN_H_

@@ -5,10 +5,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "core/model/gpt2_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/strategy_kinds.h"
@@ -197,14 +199,37 @@ std::string HostRatesCachePath() {
 
 namespace {
 
+// The cache holds a few devices' rates: kilobytes, nested four deep.
+constexpr int64_t kMaxCacheBytes = 1 << 20;
+constexpr int kMaxCacheNesting = 8;
+
+// The cache as an object; empty when there is none. One that cannot be read
+// (a FIFO, a device, too large) or parsed (truncated, nested too deep) is
+// ignored with a warning, so its rates are measured again and it is
+// rewritten.
 nlohmann::json ReadCache() {
-  std::ifstream in(HostRatesCachePath());
-  if (!in) return nlohmann::json::object();
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json cache = nlohmann::json::parse(text.str(), nullptr,
-                                               /*allow_exceptions=*/false);
-  return cache.is_object() ? cache : nlohmann::json::object();
+  const std::string path = HostRatesCachePath();
+  absl::StatusOr<std::string> text =
+      ReadOwnFile(path, kMaxCacheBytes, "the calibration cache");
+  if (absl::IsNotFound(text.status())) return nlohmann::json::object();
+  absl::Status problem = text.status();
+  if (problem.ok()) {
+    problem = CheckJsonNesting(*text, kMaxCacheNesting, path);
+  }
+  nlohmann::json cache;
+  if (problem.ok()) {
+    cache = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!cache.is_object()) {
+      problem = absl::InvalidArgumentError(
+          absl::StrCat(path, " is not a JSON object"));
+    }
+  }
+  if (!problem.ok()) {
+    std::cerr << "shardtrain: warning: ignoring the calibration cache: "
+              << problem.message() << "; its rates are measured again\n";
+    return nlohmann::json::object();
+  }
+  return cache;
 }
 
 }  // namespace

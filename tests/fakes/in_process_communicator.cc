@@ -17,6 +17,34 @@ std::vector<torch::Tensor> SumOverRanks(const std::vector<torch::Tensor>& all) {
   return {sum};
 }
 
+// A transfer under kNcclOrder, completed when the other end matches it.
+class OrderedWork final : public CommWork {
+ public:
+  OrderedWork(InProcessGroup* group,
+              std::shared_ptr<InProcessGroup::OrderedTransfer> transfer,
+              std::string what)
+      : group_(group), transfer_(std::move(transfer)), what_(std::move(what)) {}
+  absl::Status Wait() override {
+    if (!group_->WaitOrdered(transfer_)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what_,
+                       " timed out: the other end never posted its match (NCCL "
+                       "pairs a pair's transfers in posting order)"));
+    }
+    if (!transfer_->error.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what_, ": ", transfer_->error));
+    }
+    return absl::OkStatus();
+  }
+  bool IsCompleted() override { return transfer_->done; }
+
+ private:
+  InProcessGroup* const group_;
+  const std::shared_ptr<InProcessGroup::OrderedTransfer> transfer_;
+  const std::string what_;
+};
+
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(InProcessGroup* group, int64_t rank)
@@ -53,12 +81,24 @@ class InProcessCommunicator final : public Communicator {
   std::unique_ptr<CommWork> Send(const torch::Tensor& tensor, int64_t dst,
                                  int64_t tag) override {
     stats_.bytes += tensor.nbytes();
+    if (group_->p2p() == PointToPoint::kNcclOrder) {
+      return std::make_unique<OrderedWork>(
+          group_,
+          group_->PostOrdered(rank_, dst, /*send=*/true,
+                              tensor.detach().clone()),
+          absl::StrCat("send to ", dst, " on rank ", rank_));
+    }
     group_->Post(rank_, dst, tag, tensor.detach().clone());
     return Ok();
   }
 
   std::unique_ptr<CommWork> Recv(torch::Tensor& tensor, int64_t src,
                                  int64_t tag) override {
+    if (group_->p2p() == PointToPoint::kNcclOrder) {
+      return std::make_unique<OrderedWork>(
+          group_, group_->PostOrdered(rank_, src, /*send=*/false, tensor),
+          absl::StrCat("recv from ", src, " on rank ", rank_));
+    }
     torch::Tensor received;
     if (!group_->Take(src, rank_, tag, &received)) return Timeout("recv");
     if (received.sizes() != tensor.sizes() ||
@@ -156,8 +196,52 @@ class InProcessCommunicator final : public Communicator {
 }  // namespace
 
 InProcessGroup::InProcessGroup(int64_t world_size,
-                               std::chrono::milliseconds timeout)
-    : world_size_(world_size), timeout_(timeout), contributions_(world_size) {}
+                               std::chrono::milliseconds timeout,
+                               PointToPoint p2p)
+    : world_size_(world_size),
+      timeout_(timeout),
+      contributions_(world_size),
+      p2p_(p2p) {}
+
+std::shared_ptr<InProcessGroup::OrderedTransfer> InProcessGroup::PostOrdered(
+    int64_t rank, int64_t peer, bool send, torch::Tensor tensor) {
+  auto transfer = std::make_shared<OrderedTransfer>();
+  transfer->send = send;
+  transfer->tensor = std::move(tensor);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ordered_[{rank, peer}].push_back(transfer);
+  ProgressPair(rank, peer);
+  cv_.notify_all();
+  return transfer;
+}
+
+void InProcessGroup::ProgressPair(int64_t a, int64_t b) {
+  auto& mine = ordered_[{a, b}];
+  auto& theirs = ordered_[{b, a}];
+  while (!mine.empty() && !theirs.empty() &&
+         mine.front()->send != theirs.front()->send) {
+    OrderedTransfer& send =
+        mine.front()->send ? *mine.front() : *theirs.front();
+    OrderedTransfer& recv =
+        mine.front()->send ? *theirs.front() : *mine.front();
+    if (send.tensor.sizes() != recv.tensor.sizes() ||
+        send.tensor.dtype() != recv.tensor.dtype()) {
+      send.error = recv.error =
+          "the tensors matched by order differ in shape or dtype";
+    } else {
+      recv.tensor.copy_(send.tensor);
+    }
+    send.done = recv.done = true;
+    mine.pop_front();
+    theirs.pop_front();
+  }
+}
+
+bool InProcessGroup::WaitOrdered(
+    const std::shared_ptr<OrderedTransfer>& transfer) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, timeout_, [&] { return transfer->done; });
+}
 
 std::unique_ptr<Communicator> InProcessGroup::ForRank(int64_t rank) {
   return std::make_unique<InProcessCommunicator>(this, rank);
@@ -166,7 +250,9 @@ std::unique_ptr<Communicator> InProcessGroup::ForRank(int64_t rank) {
 InProcessGroup* InProcessGroup::SubGroup(const std::string& key, int64_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::unique_ptr<InProcessGroup>& sub = sub_groups_[key];
-  if (sub == nullptr) sub = std::make_unique<InProcessGroup>(size, timeout_);
+  if (sub == nullptr) {
+    sub = std::make_unique<InProcessGroup>(size, timeout_, p2p_);
+  }
   return sub.get();
 }
 
@@ -231,9 +317,10 @@ void WarmUpLibTorchGlobals() {
 }
 
 void RunRanks(int64_t world_size,
-              const std::function<void(int64_t, Communicator&)>& fn) {
+              const std::function<void(int64_t, Communicator&)>& fn,
+              PointToPoint p2p, std::chrono::milliseconds timeout) {
   WarmUpLibTorchGlobals();
-  InProcessGroup group(world_size);
+  InProcessGroup group(world_size, timeout, p2p);
   std::vector<std::thread> threads;
   for (int64_t rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {

@@ -3,6 +3,17 @@
 // synchronously inside the call (every rank must issue the same collectives
 // in the same order, as with c10d); Wait() then returns OK. A rank that does
 // not arrive within `timeout` makes the others fail with DeadlineExceeded.
+//
+// Point-to-point has two behaviours:
+//   - kBuffered (Gloo's, in effect): a send never waits (its tensor goes to
+//     a mailbox per source, destination and tag); a receive takes the
+//     oldest one there with its tag.
+//   - kNcclOrder (NCCL's): tags are ignored; each pair of ranks runs its
+//     transfers in the order each end posted them, one at a time, and a
+//     send completes only when the other end's matching receive is posted
+//     (no buffering). Two ends whose next transfers are both sends (or both
+//     receives) never complete: Wait() times out, as NCCL hangs. A
+//     receive's buffer must stay alive until it is waited for.
 #ifndef SHARDTRAIN_TESTS_FAKES_IN_PROCESS_COMMUNICATOR_H_
 #define SHARDTRAIN_TESTS_FAKES_IN_PROCESS_COMMUNICATOR_H_
 
@@ -21,11 +32,14 @@
 
 namespace shardtrain {
 
+enum class PointToPoint { kBuffered, kNcclOrder };
+
 class InProcessGroup {
  public:
   explicit InProcessGroup(
       int64_t world_size,
-      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+      std::chrono::milliseconds timeout = std::chrono::seconds(60),
+      PointToPoint p2p = PointToPoint::kBuffered);
   // The communicator of `rank`; the group must outlive it.
   std::unique_ptr<Communicator> ForRank(int64_t rank);
 
@@ -50,7 +64,25 @@ class InProcessGroup {
   void Post(int64_t src, int64_t dst, int64_t tag, torch::Tensor tensor);
   bool Take(int64_t src, int64_t dst, int64_t tag, torch::Tensor* tensor);
 
+  PointToPoint p2p() const { return p2p_; }
+  // kNcclOrder: a transfer posted by `rank` toward `peer` (a send carries a
+  // copy of its tensor; a receive the caller's buffer, filled on matching).
+  struct OrderedTransfer {
+    bool send = false;
+    torch::Tensor tensor;
+    bool done = false;
+    std::string error;
+  };
+  std::shared_ptr<OrderedTransfer> PostOrdered(int64_t rank, int64_t peer,
+                                               bool send, torch::Tensor tensor);
+  // Waits until `transfer` completed; false on timeout.
+  bool WaitOrdered(const std::shared_ptr<OrderedTransfer>& transfer);
+
  private:
+  // Matches the heads of the pair's two queues while they face each other
+  // as a send and a receive. Under mutex_.
+  void ProgressPair(int64_t a, int64_t b);
+
   const int64_t world_size_;
   const std::chrono::milliseconds timeout_;
   std::mutex mutex_;
@@ -62,11 +94,18 @@ class InProcessGroup {
   std::map<std::string, std::unique_ptr<InProcessGroup>> sub_groups_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<torch::Tensor>>
       mailboxes_;
+  const PointToPoint p2p_;
+  // kNcclOrder: (rank, peer) -> what rank posted toward peer, not yet done.
+  std::map<std::pair<int64_t, int64_t>,
+           std::deque<std::shared_ptr<OrderedTransfer>>>
+      ordered_;
 };
 
 // Runs fn(rank, communicator) on world_size threads and joins them.
 void RunRanks(int64_t world_size,
-              const std::function<void(int64_t, Communicator&)>& fn);
+              const std::function<void(int64_t, Communicator&)>& fn,
+              PointToPoint p2p = PointToPoint::kBuffered,
+              std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace shardtrain
 

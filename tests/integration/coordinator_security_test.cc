@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -398,6 +400,129 @@ TEST_F(CoordinatorSecurityTest, OneClientHoldsAtMostMaxStreamsPerClient) {
   while (readers[1]->Read(&event)) {
   }
   readers[1]->Finish();
+}
+
+// On the default address, 127.0.0.1, gRPC's client connects through an IPv6
+// socket (the kernel lists it as ::ffff:127.0.0.1 in /proc/net/tcp6) and the
+// server names it "ipv4:127.0.0.1:P": the connections of one local user
+// still share the per-peer cap, however many they open.
+TEST_F(CoordinatorSecurityTest, OneLocalUsersConnectionsShareThePeerCap) {
+  DaemonOptions options;
+  ASSERT_EQ(options.listen, "127.0.0.1:0");
+  options.extra_flags = {"--max-streams-per-client", "2",
+                         "--max-streams-per-peer", "3"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::Job job;
+  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", dir_ / "allowed/data"), &job));
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+
+  // Three connections (a channel each, not sharing a subchannel).
+  std::vector<std::unique_ptr<v1::JobService::Stub>> stubs;
+  for (int c = 0; c < 3; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("shardtrain.test.connection", c);
+    stubs.push_back(v1::JobService::NewStub(grpc::CreateCustomChannel(
+        daemon->address(), grpc::InsecureChannelCredentials(), args)));
+  }
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::WatchJobEvent>>> readers;
+  const auto watch = [&](int c, grpc::Status* refused) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stubs[c]->WatchJob(contexts.back().get(), request));
+    v1::WatchJobEvent first;
+    if (readers.back()->Read(&first)) return true;
+    *refused = readers.back()->Finish();
+    readers.pop_back();
+    contexts.pop_back();
+    return false;
+  };
+  grpc::Status refused;
+  // Two on the first connection, one on the second: the user's three.
+  ASSERT_TRUE(watch(0, &refused)) << refused.error_message();
+  ASSERT_TRUE(watch(0, &refused)) << refused.error_message();
+  ASSERT_TRUE(watch(1, &refused)) << refused.error_message();
+  // A fourth on any connection, a fresh one included, is refused.
+  for (int c : {1, 2}) {
+    EXPECT_FALSE(watch(c, &refused)) << "connection " << c;
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(), HasSubstr("--max-streams-per-peer"));
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("uid ", ::getuid())));
+  }
+  for (size_t i = 0; i < readers.size(); ++i) {
+    contexts[i]->TryCancel();
+    v1::WatchJobEvent event;
+    while (readers[i]->Read(&event)) {
+    }
+    readers[i]->Finish();
+  }
+}
+
+// A flood of raw TCP connections (no token, no HTTP/2 preface) past the
+// daemon's descriptor limit once stopped gRPC's accept loop for good: after
+// the flood every call timed out until a restart. Now the self-check finds
+// the listener dead and serves anew: `list` answers within 10 s of the
+// flood's end, and the job stored before it is still there.
+TEST_F(CoordinatorSecurityTest, TheControlPlaneRecoversFromADescriptorFlood) {
+  DaemonOptions options;
+  options.max_open_files = 256;
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  v1::Job job;
+  ASSERT_GRPC_OK(
+      daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &job));
+
+  const std::string address = daemon->address();
+  const size_t colon = address.rfind(':');
+  sockaddr_in target{};
+  target.sin_family = AF_INET;
+  target.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &target.sin_addr);
+  std::vector<int> flood;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0) << "the test's own descriptors ran out at " << i;
+    // A full backlog drops the handshake: the socket is kept regardless.
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof(target));
+    flood.push_back(fd);
+  }
+  // Held long enough for the daemon to accept what it can and run out.
+  absl::SleepFor(absl::Seconds(4));
+  for (int fd : flood) ::close(fd);
+  const absl::Time flood_ended = absl::Now();
+
+  bool answered = false;
+  while (!answered && absl::Now() - flood_ended < absl::Seconds(10)) {
+    // A fresh connection each time, as a new `shardtrain list` makes.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto stub = v1::JobService::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(1));
+    v1::ListJobsResponse list;
+    const grpc::Status status = stub->ListJobs(&context, {}, &list);
+    answered = status.ok();
+    if (answered) {
+      ASSERT_EQ(list.jobs_size(), 1);
+      EXPECT_EQ(list.jobs(0).id(), job.id());
+    }
+  }
+  std::cout << "list answered "
+            << absl::FormatDuration(absl::Now() - flood_ended)
+            << " after the flood ended\n";
+  EXPECT_TRUE(answered) << daemon->log();
+  // The flood did stop the listener (the test would prove nothing else),
+  // and the daemon said what it did about it.
+  EXPECT_THAT(daemon->log(), HasSubstr("Too many open files"));
+  EXPECT_THAT(daemon->log(), HasSubstr("serving anew on"));
 }
 
 TEST_F(CoordinatorSecurityTest, OversizedRequestsAreRefusedAndNothingIsLost) {

@@ -205,9 +205,15 @@ TEST_F(CoordinatorTrainingTest, KilledWorkerFailsTheJobNamingTheRank) {
   EXPECT_TRUE(daemon->WorkerPids(job.id()).empty()) << "rank 0 left running";
 }
 
+// Under --path-root, as operators are told to run the daemon: the ranks
+// read back the checkpoints they wrote (their job's own directory is one of
+// their read roots) and a restart resumes from them.
 TEST_F(CoordinatorTrainingTest,
        KilledWorkerWithARestartResumesFromItsCheckpoint) {
-  auto daemon = StartDaemon({});
+  std::filesystem::create_directories(dir_ / "datasets");
+  DaemonOptions options;
+  options.extra_flags = {"--path-root", dir_ / "datasets"};
+  auto daemon = StartDaemon(options);
   // The uninterrupted run the resumed one must reproduce.
   v1::Job reference;
   ASSERT_GRPC_OK(daemon->Submit(TinySpec("ddp", 2, 12), &reference));

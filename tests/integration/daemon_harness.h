@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,6 +90,8 @@ struct DaemonOptions {
   std::string worker_binary;  // empty: the real shardtrain-worker
   std::vector<std::string> extra_flags;
   std::vector<std::pair<std::string, std::string>> env;
+  // The daemon's descriptor limit (soft and hard); 0: inherited.
+  int max_open_files = 0;
 };
 
 class Daemon {
@@ -137,6 +140,11 @@ class Daemon {
     for (const std::string& flag : options_.extra_flags) args.push_back(flag);
     pid_ = fork();
     if (pid_ == 0) {
+      if (options_.max_open_files > 0) {
+        const rlimit limit{static_cast<rlim_t>(options_.max_open_files),
+                           static_cast<rlim_t>(options_.max_open_files)};
+        setrlimit(RLIMIT_NOFILE, &limit);
+      }
       for (const auto& [key, value] : options_.env) {
         setenv(key.c_str(), value.c_str(), 1);
       }

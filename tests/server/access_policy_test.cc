@@ -182,5 +182,49 @@ TEST(PeerIdentityTest, ALoopbackConnectionIsItsUserARemoteOneItsAddress) {
             "unix:/run/shardtraind.sock");
 }
 
+// gRPC's clients reach 127.0.0.1 through IPv6 sockets: the kernel lists the
+// client in /proc/net/tcp6 as ::ffff:127.0.0.1 while gRPC names the peer
+// "ipv4:127.0.0.1:P". Found either way; a loopback peer nobody owns is one
+// shared peer, not a cap per connection.
+TEST(PeerIdentityTest, AnIpv4MappedLoopbackClientIsItsUser) {
+  const int server = ::socket(AF_INET6, SOCK_STREAM, 0);
+  ASSERT_GE(server, 0);
+  int off = 0;
+  ::setsockopt(server, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_any;
+  ASSERT_EQ(
+      ::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
+      0);
+  ASSERT_EQ(::listen(server, 1), 0);
+  socklen_t length = sizeof(address);
+  ::getsockname(server, reinterpret_cast<sockaddr*>(&address), &length);
+  const int client = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 target{};
+  target.sin6_family = AF_INET6;
+  target.sin6_port = address.sin6_port;
+  ASSERT_EQ(inet_pton(AF_INET6, "::ffff:127.0.0.1", &target.sin6_addr), 1);
+  ASSERT_EQ(
+      ::connect(client, reinterpret_cast<sockaddr*>(&target), sizeof(target)),
+      0);
+  sockaddr_in6 local{};
+  length = sizeof(local);
+  ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &length);
+  const int port = ntohs(local.sin6_port);
+  const std::string user = absl::StrCat("uid ", ::getuid());
+  EXPECT_EQ(PeerIdentity(absl::StrCat("ipv4:127.0.0.1:", port)), user);
+  EXPECT_EQ(PeerIdentity(absl::StrCat("ipv6:[::ffff:127.0.0.1]:", port)), user);
+  ::close(client);
+  ::close(server);
+
+  // No socket has these ports' local ends any more: one unknown local peer.
+  EXPECT_EQ(PeerIdentity(absl::StrCat("ipv4:127.0.0.1:", port)),
+            kUnknownLocalPeer);
+  EXPECT_EQ(PeerIdentity(absl::StrCat("ipv6:[::1]:", port)), kUnknownLocalPeer);
+  EXPECT_EQ(PeerIdentity(absl::StrCat("ipv6:[::ffff:127.0.0.2]:", port)),
+            kUnknownLocalPeer);
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -13,6 +13,7 @@
 #include <future>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "common/exit_codes.h"
 #include "server/dataset_locator.h"
 #include "tests/server/job_manager_fixture.h"
@@ -250,6 +251,46 @@ TEST_F(JobManagerTest, PathRootsResolveWhatAnInitFromDirectoryHolds) {
   job = manager_->Submit(spec);
   EXPECT_THAT(job.status().message(),
               HasSubstr("trainer.init_from (checkpoints/latest)"));
+}
+
+// Under --path-root a job reads back what it wrote: its own directory (the
+// checkpoints a resume loads) is one of its ranks' read roots on every
+// launch, the elastic relaunch included; the rest of the state directory
+// (other jobs, the database) is not.
+TEST_F(JobManagerTest, PathRootsLetAJobsRanksReadItsOwnDirectoryOnly) {
+  std::filesystem::create_directories(dir_ / "root");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({dir_ / "root"});
+  ASSERT_TRUE(roots.ok());
+  manager_.reset();
+  manager_ = NewManager(
+      [&](JobManagerOptions& options) { options.path_roots = *roots; });
+  std::string id;
+  // The built-in dataset, which the ranks prepare in the state directory
+  // (the fixture's resolver puts it in dir/data).
+  v1::JobSpec spec = ElasticSpec(4, 2);
+  spec.set_data("brown");
+  const std::vector<int> pids = StartRunning(spec, &id);
+  ASSERT_EQ(pids.size(), 4u);
+  const std::string state = std::filesystem::canonical(dir_.path()).string();
+  const auto expect_roots = [&](int pid) {
+    const std::vector<std::string> ranks_roots =
+        absl::StrSplit(launcher_.Env(pid, "SHARDTRAIN_PATH_ROOTS"), ':');
+    EXPECT_THAT(ranks_roots,
+                testing::UnorderedElementsAre(
+                    std::filesystem::canonical(dir_ / "root").string(),
+                    state + "/data", state + "/jobs/" + id))
+        << "pid " << pid;
+  };
+  for (int pid : pids) expect_roots(pid);
+
+  lost_devices_ = {3};
+  launcher_.Exit(pids[3], ExitStatus{-1, SIGKILL});
+  manager_->Tick();
+  manager_->Tick();
+  ASSERT_EQ(manager_->Get(id)->state(), v1::RESTARTING);
+  const std::vector<int> all = launcher_.spawned();
+  ASSERT_EQ(all.size(), 7u);
+  for (auto it = all.end() - 3; it != all.end(); ++it) expect_roots(*it);
 }
 
 // A FIFO train.bin was reported as "has no train.bin".

@@ -4,6 +4,8 @@
 
 #include <numeric>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace shardtrain {
@@ -207,6 +209,98 @@ TEST(PipelineScheduleTest, SchedulesAreNamedAndUnknownOnesRefused) {
   EXPECT_EQ(*ParsePipelineSchedule("gpipe"), PipelineSchedule::kGpipe);
   EXPECT_EQ(ParsePipelineSchedule("zb").status().message(),
             "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b");
+}
+
+// --- Point-to-point order ---
+
+std::vector<std::vector<PipelineOp>> Naive(PipelineSchedule schedule,
+                                           int64_t stages, int64_t micro) {
+  std::vector<std::vector<PipelineOp>> ops;
+  for (int64_t s = 0; s < stages; ++s) {
+    ops.push_back(NaiveStageOps(schedule, stages, s, micro));
+  }
+  return ops;
+}
+
+std::vector<std::vector<PipelineOp>> Lowered(PipelineSchedule schedule,
+                                             int64_t stages, int64_t micro) {
+  std::vector<std::vector<PipelineOp>> ops;
+  for (int64_t s = 0; s < stages; ++s) {
+    absl::StatusOr<std::vector<PipelineOp>> stage =
+        LowerStageActions(schedule, stages, s, micro);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    ops.push_back(stage.ok() ? *stage : std::vector<PipelineOp>{});
+  }
+  return ops;
+}
+
+// Posting each transfer where its compute needs it (the order the engine
+// once used) deadlocks 1F1B on NCCL: at S = 2, M = 2 stage 0 sends a0, a1
+// and then waits for g0 while stage 1 sends g0 before it receives a1. GPipe
+// happens to pair up.
+TEST(PipelineOrderTest, TheNaiveOneFOneBOrderDeadlocksOnNccl) {
+  const absl::Status naive =
+      CheckPointToPointOrder(Naive(PipelineSchedule::kOneFOneB, 2, 2));
+  EXPECT_EQ(naive.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(naive.message().find("stage 0's next transfer is send a1 to 1"),
+            std::string::npos)
+      << naive;
+  EXPECT_NE(naive.message().find("stage 1's is send g0 to 0"),
+            std::string::npos)
+      << naive;
+  EXPECT_TRUE(
+      CheckPointToPointOrder(Naive(PipelineSchedule::kGpipe, 2, 2)).ok());
+}
+
+// Lowered, every schedule completes under NCCL's rule for S in 2..4 and M
+// in 1..2S, and keeps the schedule's compute order.
+TEST(PipelineOrderTest, LoweredSchedulesCompleteOnNcclAndKeepTheirCompute) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
+    for (int64_t stages = 2; stages <= 4; ++stages) {
+      for (int64_t m = 1; m <= 2 * stages; ++m) {
+        SCOPED_TRACE(::testing::Message() << PipelineScheduleName(schedule)
+                                          << " S=" << stages << " M=" << m);
+        const auto ops = Lowered(schedule, stages, m);
+        EXPECT_TRUE(CheckPointToPointOrder(ops).ok())
+            << CheckPointToPointOrder(ops);
+        for (int64_t s = 0; s < stages; ++s) {
+          std::vector<PipelineAction> compute;
+          int64_t posted_early = 0;
+          for (const PipelineOp& op : ops[s]) {
+            if (op.kind == PipelineOp::Kind::kForward) {
+              compute.push_back({Kind::kForward, op.micro_batch});
+            } else if (op.kind == PipelineOp::Kind::kBackward) {
+              compute.push_back({Kind::kBackward, op.micro_batch});
+            }
+          }
+          EXPECT_EQ(compute, StageActions(schedule, stages, s, m));
+          // Each transfer once: an activation and a gradient per micro-batch
+          // on each side that has a neighbour.
+          for (const PipelineOp& op : ops[s]) {
+            posted_early += op.kind == PipelineOp::Kind::kPostRecv ||
+                            op.kind == PipelineOp::Kind::kPostSend;
+          }
+          EXPECT_EQ(posted_early, 2 * m * ((s > 0) + (s + 1 < stages)));
+        }
+      }
+    }
+  }
+}
+
+// The checker also catches a pair whose orders match in kind but not in
+// content: NCCL would hand one micro-batch's activation to another's
+// receive (same shapes, so nothing would fail, only the numbers).
+TEST(PipelineOrderTest, TransfersMatchedOutOfTurnAreNamed) {
+  auto ops = Naive(PipelineSchedule::kGpipe, 2, 2);
+  // Stage 1 posts its receive of a1 before that of a0.
+  ASSERT_EQ(DescribeOp(ops[1][0]), "recv a0 from 0");
+  ASSERT_EQ(DescribeOp(ops[1][3]), "recv a1 from 0");
+  std::swap(ops[1][0], ops[1][3]);
+  const absl::Status status = CheckPointToPointOrder(ops);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("would be matched"), std::string::npos)
+      << status;
 }
 
 }  // namespace

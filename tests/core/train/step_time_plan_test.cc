@@ -1,10 +1,14 @@
 #include "core/train/step_time_plan.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -264,6 +268,46 @@ TEST(StepTimePlanTest, RatesRoundTripThroughTheCache) {
   ::unsetenv("XDG_CACHE_HOME");
 }
 
+// A hostile or broken cache (nested 300,000 deep, a FIFO, a link to a
+// device, not JSON) is ignored with a warning, never a crash or a hang:
+// the rates are simply not known (and measured again).
+TEST(StepTimePlanTest, AnUnreadableCacheIsIgnoredNeverFatal) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("step_time_plan_hostile_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "shardtrain");
+  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  const std::string cache = HostRatesCachePath();
+  const auto write = [&](const std::string& text) {
+    std::filesystem::remove(cache);
+    std::ofstream(cache) << text;
+  };
+  write(std::string(300000, '[') + std::string(300000, ']'));
+  EXPECT_EQ(LoadHostRates("cpu", "gpt2-tiny").status().code(),
+            absl::StatusCode::kNotFound);
+  write("{\"cpu\": {\"gpt2-tiny\": ");  // truncated
+  EXPECT_EQ(LoadHostRates("cpu", "gpt2-tiny").status().code(),
+            absl::StatusCode::kNotFound);
+  write("{\"cpu\": {\"gpt2-tiny\": {\"cores\": \"two\"}}}");  // wrong type
+  EXPECT_FALSE(LoadHostRates("cpu", "gpt2-tiny").ok());
+  std::filesystem::remove(cache);
+  ASSERT_EQ(::mkfifo(cache.c_str(), 0600), 0);  // would block a plain open
+  EXPECT_EQ(LoadHostRates("cpu", "gpt2-tiny").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove(cache);
+  std::filesystem::create_symlink("/dev/zero", cache);  // endless
+  EXPECT_EQ(LoadHostRates("cpu", "gpt2-tiny").status().code(),
+            absl::StatusCode::kNotFound);
+  // Measured again, the cache is rewritten whole.
+  std::filesystem::remove(cache);
+  write("not json");
+  ASSERT_TRUE(SaveHostRates(Rates()).ok());
+  EXPECT_TRUE(LoadHostRates("cpu", "gpt2-tiny").ok());
+  std::filesystem::remove_all(dir);
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
 std::vector<std::string> Names(const std::vector<MeshCandidate>& ranked) {
   std::vector<std::string> names;
   for (const MeshCandidate& c : ranked) names.push_back(c.name);
@@ -383,6 +427,37 @@ TEST(MeshSearchTest, AutoRefusesWhenNothingFitsAndHandsItsChoiceOn) {
   EXPECT_EQ(rebuilt.batch_size, chosen.batch_size);
   EXPECT_EQ(rebuilt.grad_accum, chosen.grad_accum);
   EXPECT_TRUE(rebuilt.Validate().ok());
+}
+
+// Extreme sizes are refused naming the bound, not searched for minutes
+// (2^31-1 devices once took over 20 s, a global batch of 10^7 45 s).
+TEST(MeshSearchTest, ExtremeSizesAreRefusedNamingTheBound) {
+  const TrainConfig base = Config("ddp", 1);
+  const HostRates rates = Rates(2);
+  MeshSearchOptions options;
+  options.devices = 2147483647;
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(base, options, &rates);
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ranked.status().message()),
+              ::testing::HasSubstr("a search weighs 1 to 65536 devices"));
+  options.devices = 2;
+  options.global_batch = 10000000;
+  ranked = SearchMeshes(base, options, &rates);
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ranked.status().message()),
+              ::testing::HasSubstr("up to 1048576"));
+  // At the bounds, answered: every divisor of the share is still weighed.
+  options.global_batch = kMaxSearchGlobalBatch;
+  ranked = SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  ASSERT_FALSE(ranked->empty());
+  for (const MeshCandidate& c : *ranked) {
+    EXPECT_EQ(c.config.batch_size * c.config.grad_accum *
+                  c.config.DataParallelSize(c.world_size),
+              kMaxSearchGlobalBatch)
+        << c.name;
+  }
 }
 
 TEST(MeshSearchTest, SaysWhyTheFirstWins) {

@@ -73,9 +73,13 @@ bool InBlocks(const std::string& name, int64_t first, int64_t end) {
 
 // A micro-batch between its forward and its backward on this stage.
 struct PipelineStrategy::InFlight {
-  torch::Tensor input;   // received activation (requires grad); stage > 0
-  torch::Tensor output;  // sent activation; not the last stage
-  torch::Tensor loss;    // the last stage's (graph kept until backward)
+  torch::Tensor input;        // received activation (requires grad); stage > 0
+  torch::Tensor output;       // sent activation; not the last stage
+  torch::Tensor loss;         // the last stage's (graph kept until backward)
+  torch::Tensor output_grad;  // received gradient of `output`
+  // Posted receives of `input` and `output_grad`, until waited for.
+  std::unique_ptr<CommWork> input_recv;
+  std::unique_ptr<CommWork> output_grad_recv;
   int64_t rows = 0;
   int64_t seq = 0;
 };
@@ -373,10 +377,17 @@ void PipelineStrategy::PostSend(torch::Tensor tensor, int64_t stage,
   sends_.emplace_back(pipe_->Send(tensor, stage, tag), tensor);
 }
 
-void PipelineStrategy::Receive(torch::Tensor& tensor, int64_t stage,
-                               int64_t tag) {
+void PipelineStrategy::ReleaseCompletedSends() {
+  // In posting order: a pair's sends complete in that order.
+  while (!sends_.empty() && sends_.front().first->IsCompleted()) {
+    Check(std::move(sends_.front().first), "send");
+    sends_.pop_front();
+  }
+}
+
+void PipelineStrategy::WaitReceive(std::unique_ptr<CommWork>& work) {
   const auto start = std::chrono::steady_clock::now();
-  Check(pipe_->Recv(tensor, stage, tag), "recv");
+  Check(std::move(work), "recv");
   bubble_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -401,8 +412,6 @@ bool PipelineStrategy::Whole(const std::string& name,
 }
 
 void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
-  m.rows = batch.inputs.size(0);
-  m.seq = batch.inputs.size(1);
   const PipelineStage& mine = partition_[stage_];
   torch::Tensor x;
   {
@@ -410,8 +419,6 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
     if (first()) {
       x = Embed(batch.inputs);
     } else {
-      m.input = Activation(m.rows, m.seq);
-      Receive(m.input, stage_ - 1, kActivationTag);
       m.input.requires_grad_(true);
       x = m.input;
     }
@@ -420,46 +427,70 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
     }
     if (last()) m.loss = HeadLoss(x, batch.targets, scale);
   }
-  if (!last()) {
-    m.output = x;
-    PostSend(x.detach().to(torch::kFloat).contiguous(), stage_ + 1,
-             kActivationTag);
-  }
+  if (!last()) m.output = x;
 }
 
 void PipelineStrategy::Backward(InFlight& m, double scale) {
   if (last()) {
     (m.loss * scale).backward();
   } else {
-    torch::Tensor grad = Activation(m.rows, m.seq);
-    Receive(grad, stage_ + 1, kGradientTag);
-    m.output.backward(grad.to(m.output.scalar_type()));
+    m.output.backward(m.output_grad.to(m.output.scalar_type()));
   }
-  if (!first()) {
-    PostSend(m.input.grad().to(torch::kFloat).contiguous(), stage_ - 1,
-             kGradientTag);
-  }
-  m.input = torch::Tensor();
   m.output = torch::Tensor();
+  m.output_grad = torch::Tensor();
 }
 
 torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
                                             double scale) {
+  using Kind = PipelineOp::Kind;
+  using Payload = PipelineOp::Payload;
   const int64_t count = static_cast<int64_t>(micro.size());
   std::vector<InFlight> in_flight(micro.size());
   if (sharded()) GatherUnits();
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
-  for (const PipelineAction& action :
-       StageActions(pipeline_.schedule, pipeline_.stages, stage_, count)) {
-    InFlight& m = in_flight[action.micro_batch];
-    if (action.kind == PipelineAction::Kind::kForward) {
-      Forward(m, micro[action.micro_batch], scale);
-    } else {
-      if (last()) loss_sum += m.loss.detach().to(torch::kDouble);
-      Backward(m, scale);
-      m.loss = torch::Tensor();
+  // The compute order with every transfer placed so that each pair's two
+  // ends post them in the same order (core/train/pipeline_plan.h): safe
+  // where a send waits for its receive (NCCL).
+  absl::StatusOr<std::vector<PipelineOp>> ops =
+      LowerStageActions(pipeline_.schedule, pipeline_.stages, stage_, count);
+  TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
+  for (const PipelineOp& op : *ops) {
+    InFlight& m = in_flight[op.micro_batch];
+    const Batch& batch = micro[op.micro_batch];
+    const bool activation = op.payload == Payload::kActivation;
+    switch (op.kind) {
+      case Kind::kPostRecv: {
+        torch::Tensor& buffer = activation ? m.input : m.output_grad;
+        buffer = Activation(batch.inputs.size(0), batch.inputs.size(1));
+        (activation ? m.input_recv : m.output_grad_recv) = pipe_->Recv(
+            buffer, op.peer, activation ? kActivationTag : kGradientTag);
+        break;
+      }
+      case Kind::kWaitRecv:
+        WaitReceive(activation ? m.input_recv : m.output_grad_recv);
+        break;
+      case Kind::kForward:
+        Forward(m, batch, scale);
+        break;
+      case Kind::kBackward:
+        if (last()) loss_sum += m.loss.detach().to(torch::kDouble);
+        Backward(m, scale);
+        m.loss = torch::Tensor();
+        break;
+      case Kind::kPostSend:
+        if (activation) {
+          PostSend(m.output.detach().to(torch::kFloat).contiguous(), op.peer,
+                   kActivationTag);
+        } else {
+          PostSend(m.input.grad().to(torch::kFloat).contiguous(), op.peer,
+                   kGradientTag);
+          m.input = torch::Tensor();
+        }
+        break;
     }
+    // A send's buffer goes once its receive has taken it, not at the end.
+    ReleaseCompletedSends();
   }
   const auto drained = std::chrono::steady_clock::now();
   for (auto& [work, tensor] : sends_) Check(std::move(work), "send");

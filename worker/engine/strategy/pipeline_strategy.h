@@ -54,6 +54,7 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -174,10 +175,12 @@ class PipelineStrategy final : public Strategy {
   absl::Status SendOrWriteModel(const std::string& path);
   void Check(std::unique_ptr<CommWork> work, const char* what);
   // A training step's point-to-point traffic: `tensor` sent to stage
-  // `stage`, posted without waiting and counted; a receive into `tensor`
-  // from `stage`, the wait counted as bubble time.
+  // `stage`, posted without waiting and counted; the sends whose receives
+  // have taken them released; a posted receive waited for, the wait counted
+  // as bubble time.
   void PostSend(torch::Tensor tensor, int64_t stage, int64_t tag);
-  void Receive(torch::Tensor& tensor, int64_t stage, int64_t tag);
+  void ReleaseCompletedSends();
+  void WaitReceive(std::unique_ptr<CommWork>& work);
   // A [rows, T, C] float activation buffer on the device.
   torch::Tensor Activation(int64_t rows, int64_t seq) const;
 
@@ -214,7 +217,7 @@ class PipelineStrategy final : public Strategy {
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
   // Sends posted this step, waited at its end (tensors kept alive).
-  std::vector<std::pair<std::unique_ptr<CommWork>, torch::Tensor>> sends_;
+  std::deque<std::pair<std::unique_ptr<CommWork>, torch::Tensor>> sends_;
   // Since the last TakeCommStats(): point-to-point bytes sent and seconds
   // spent waiting on the neighbours in training steps.
   int64_t p2p_bytes_ = 0;

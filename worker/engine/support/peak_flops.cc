@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/support/cpu_threads.h"
 
@@ -103,19 +104,28 @@ double PeakFlops(const torch::Device& device, const std::string& precision,
       absl::StrCat("cpu_fp32_per_core", core.empty() ? "" : "_",
                    absl::AsciiStrToLower(core));
   const std::filesystem::path path = CacheFile();
+  // Read as every file of the process's own: regular, bounded, never
+  // blocking, its nesting checked before the parse. Anything else is
+  // measured again.
   nlohmann::json cache = nlohmann::json::object();
   {
-    std::ifstream in(path);
-    if (in) {
-      cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    absl::StatusOr<std::string> text =
+        ReadOwnFile(path.string(), 1 << 20, "the peak FLOPs cache");
+    if (text.ok() && CheckJsonNesting(*text, 8, path.string()).ok()) {
+      cache = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (!cache.is_object()) cache = nlohmann::json::object();
     }
   }
   double per_core = 0;
   int samples = 0;
   if (cache.contains(key) && cache[key].is_object()) {
-    per_core = cache[key].value("flops", 0.0);
-    samples = cache[key].value("samples", 0);
+    try {
+      per_core = cache[key].value("flops", 0.0);
+      samples = cache[key].value("samples", 0);
+    } catch (const nlohmann::json::exception&) {
+      per_core = 0;  // a field of the wrong type: measured again
+      samples = 0;
+    }
   }
   const int threads = std::max(1, cpu_threads);
   if (per_core > 0 && samples >= kSamples) return threads * per_core;

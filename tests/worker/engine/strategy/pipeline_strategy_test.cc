@@ -149,6 +149,77 @@ INSTANTIATE_TEST_SUITE_P(
       return info.param.Name();
     });
 
+// NCCL pairs the transfers of two ranks by their order and a send waits
+// for its receive: every schedule's transfers must be posted in an order
+// that completes under that rule (the in-process communicator's kNcclOrder),
+// for S stages and every M in 1..2S, alone and beside data-parallel and
+// tensor-parallel ranks; and it must still train as one device does. One
+// step each: the order is the point, the numbers are checked all the same.
+struct OrderCase {
+  int64_t stages;
+  int64_t replicas = 1;
+  std::string data_parallel = "single";
+  int64_t tensor_parallel = 1;
+};
+
+void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
+    for (int64_t m = 1; m <= 2 * c.stages; ++m) {
+      const std::string what = absl::StrCat(
+          "pp", c.stages, "x", c.data_parallel, c.replicas, "xtp",
+          c.tensor_parallel, " ", PipelineScheduleName(schedule), " m", m);
+      SCOPED_TRACE(what);
+      const torch::Tensor batches =
+          test::MakeBatches(1, 2 * m * c.replicas, kSeqLen, kVocab);
+      test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
+      const test::TrainResult single =
+          test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+      loop.whole_steps = true;
+      loop.point_to_point = PointToPoint::kNcclOrder;
+      const std::vector<test::TrainResult> ranks = test::TrainRanks(
+          kSpec, /*seed=*/7, batches, c.stages * c.replicas * c.tensor_parallel,
+          loop,
+          [&](int64_t rank, int64_t world,
+              Communicator* comm) -> std::unique_ptr<Strategy> {
+            StrategyOptions options;
+            options.rank = rank;
+            options.world_size = world;
+            PipelineOptions pipeline;
+            pipeline.stages = c.stages;
+            pipeline.micro_batches = m;
+            pipeline.schedule = schedule;
+            pipeline.seq_len = kSeqLen;
+            pipeline.data_parallel = c.data_parallel;
+            pipeline.tensor_parallel = c.tensor_parallel;
+            return std::make_unique<PipelineStrategy>(options, comm, pipeline);
+          });
+      ASSERT_EQ(ranks.front().losses.size(), 1u) << "the step did not end";
+      EXPECT_LE(test::RelDiff(ranks.front().losses[0], single.losses[0]), 1e-6);
+      EXPECT_LE(test::RelDiff(ranks.front().norms[0], single.norms[0]), 1e-5);
+    }
+  }
+}
+
+TEST(PipelineNcclOrderTest, TwoStages) {
+  ExpectEveryOrderCompletesUnderNccl({2});
+}
+TEST(PipelineNcclOrderTest, ThreeStages) {
+  ExpectEveryOrderCompletesUnderNccl({3});
+}
+TEST(PipelineNcclOrderTest, FourStages) {
+  ExpectEveryOrderCompletesUnderNccl({4});
+}
+TEST(PipelineNcclOrderTest, TwoStagesBesideDdp) {
+  ExpectEveryOrderCompletesUnderNccl({2, 2, "ddp"});
+}
+TEST(PipelineNcclOrderTest, TwoStagesBesideFsdp) {
+  ExpectEveryOrderCompletesUnderNccl({2, 2, "fsdp"});
+}
+TEST(PipelineNcclOrderTest, TwoStagesBesideTensorParallelism) {
+  ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2});
+}
+
 TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
   std::vector<std::string> layouts(4);
   std::vector<int64_t> stages(4);

@@ -150,18 +150,24 @@ std::vector<TrainResult> TrainRanks(const std::string& spec, uint64_t seed,
                                     const StrategyMaker& make) {
   const std::string dir = RunDir();
   std::vector<TrainResult> results(world);
-  RunRanks(world, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    std::unique_ptr<Strategy> strategy = make(rank, world, &comm);
-    ASSERT_NE(strategy, nullptr);
-    Gpt2 model = MakeModel(spec, seed);
-    model->set_activation_checkpointing(loop.activation_checkpointing);
-    const absl::Status setup = strategy->Setup(model);
-    ASSERT_TRUE(setup.ok()) << setup;
-    strategy->TakeCommStats();
-    Train(*strategy, batches, rank, world, loop, &results[rank]);
-    results[rank].params = FullParameters(*strategy, spec, dir);
-  });
+  RunRanks(
+      world,
+      [&](int64_t rank, Communicator& comm) {
+        torch::set_num_threads(1);
+        std::unique_ptr<Strategy> strategy = make(rank, world, &comm);
+        ASSERT_NE(strategy, nullptr);
+        Gpt2 model = MakeModel(spec, seed);
+        model->set_activation_checkpointing(loop.activation_checkpointing);
+        const absl::Status setup = strategy->Setup(model);
+        ASSERT_TRUE(setup.ok()) << setup;
+        strategy->TakeCommStats();
+        Train(*strategy, batches, rank, world, loop, &results[rank]);
+        results[rank].params = FullParameters(*strategy, spec, dir);
+      },
+      loop.point_to_point,
+      loop.point_to_point == PointToPoint::kNcclOrder
+          ? std::chrono::milliseconds(kNcclOrderTimeout)
+          : std::chrono::milliseconds(std::chrono::seconds(60)));
   std::filesystem::remove_all(dir);
   return results;
 }

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/strategy/strategy.h"
@@ -70,7 +72,13 @@ struct TrainLoop {
   // Hand each step's micro-batches to ForwardBackwardStep at once (as the
   // trainer does) instead of ForwardBackward one at a time.
   bool whole_steps = false;
+  // The in-process communicator's point-to-point behaviour (TrainRanks):
+  // kNcclOrder makes a transfer posted out of NCCL's order hang (and fail
+  // the run after kNcclOrderTimeout) instead of being buffered.
+  PointToPoint point_to_point = PointToPoint::kBuffered;
 };
+
+inline constexpr std::chrono::seconds kNcclOrderTimeout{30};
 
 // Steps [first_step, last_step) of `micro_steps` micro-batches at `lr`.
 TrainLoop MakeLoop(int64_t first_step, int64_t last_step, int64_t micro_steps,
