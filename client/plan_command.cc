@@ -144,6 +144,10 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   if (search.pipeline_stages > 1 || search.tensor_parallel > 1) {
     search.single_too = false;
   }
+  if (absl::Status s = CheckSearchBounds(base, search); !s.ok()) {
+    ReportFailure(s);
+    return kExitUsage;
+  }
   std::string no_times;
   absl::StatusOr<HostRates> rates = RatesFor(base);
   if (!rates.ok()) no_times = std::string(rates.status().message());

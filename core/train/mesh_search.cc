@@ -123,14 +123,8 @@ std::vector<int64_t> DivisorsDescending(int64_t n) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
-    const TrainConfig& base, const MeshSearchOptions& options,
-    const HostRates* rates) {
-  if (rates != nullptr) {
-    if (absl::Status s = rates->Check(); !s.ok()) return s;
-  }
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
-  if (!model.ok()) return model.status();
+absl::Status CheckSearchBounds(const TrainConfig& base,
+                               const MeshSearchOptions& options) {
   if (options.devices < 1 || options.devices > kMaxSearchDevices) {
     return absl::InvalidArgumentError(
         absl::StrCat("devices: ", options.devices, "; a search weighs 1 to ",
@@ -147,6 +141,18 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
         absl::StrCat("micro-batches: ", base.micro_batches,
                      "; a search weighs up to ", kMaxSearchMicroBatches));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
+    const TrainConfig& base, const MeshSearchOptions& options,
+    const HostRates* rates) {
+  if (rates != nullptr) {
+    if (absl::Status s = rates->Check(); !s.ok()) return s;
+  }
+  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
+  if (!model.ok()) return model.status();
+  if (absl::Status s = CheckSearchBounds(base, options); !s.ok()) return s;
   const int64_t per_host =
       options.ranks_per_host > 0 ? options.ranks_per_host : options.devices;
   std::vector<MeshCandidate> out;

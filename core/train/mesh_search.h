@@ -60,6 +60,12 @@ struct MeshCandidate {
   StepTimePlan time;  // predicted, when rates were given
 };
 
+// InvalidArgument naming the bound a search past kMaxSearch* would cross
+// (checked by SearchMeshes too; callers check first to refuse before any
+// calibration).
+absl::Status CheckSearchBounds(const TrainConfig& base,
+                               const MeshSearchOptions& options);
+
 // The candidates. With `rates`: those that fit first, fastest (most tokens
 // per second) first, then those that do not, least memory first; without
 // (nullptr), no time is predicted and they stay in the order the meshes are
