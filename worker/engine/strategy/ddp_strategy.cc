@@ -207,6 +207,10 @@ double DdpStrategy::AllReduceMean(double value) {
 
 void DdpStrategy::Barrier() { CheckCollective(comm_->Barrier(), "barrier"); }
 
+std::vector<StateSlice> DdpStrategy::GradientSlices() {
+  return local_.GradientSlices();
+}
+
 std::vector<StateSlice> DdpStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices = local_.StateSlices(to_save);
   if (!to_save) return slices;

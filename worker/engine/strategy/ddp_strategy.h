@@ -78,6 +78,7 @@ class DdpStrategy final : public Strategy {
   // Every rank holds every tensor; each saves 1/world of each (contiguous
   // ranges), and loads all of it.
   std::vector<StateSlice> StateSlices(bool to_save) override;
+  std::vector<StateSlice> GradientSlices() override;
   int64_t optimizer_steps() const override { return local_.optimizer_steps(); }
   void set_optimizer_steps(int64_t steps) override {
     local_.set_optimizer_steps(steps);

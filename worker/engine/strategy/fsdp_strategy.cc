@@ -447,6 +447,20 @@ std::vector<StateSlice> FsdpStrategy::StateSlices(bool to_save) {
   return slices;
 }
 
+std::vector<StateSlice> FsdpStrategy::GradientSlices() {
+  std::vector<StateSlice> slices;
+  for (const auto& unit : units_) {
+    ForEachShardPiece(
+        *unit,
+        [&](const FsdpUnit::Param& p, int64_t offset,
+            const torch::Tensor& piece) {
+          slices.push_back({"grad." + p.name, p.shape, offset, piece});
+        },
+        /*gradient=*/true);
+  }
+  return slices;
+}
+
 int64_t FsdpStrategy::optimizer_steps() const {
   return optimizer_->step_count();
 }

@@ -146,6 +146,7 @@ class FsdpStrategy final : public Strategy {
   // whole under FSDP (the shards do not overlap), and under HSDP each
   // replica of a shard writes an even share of it.
   std::vector<StateSlice> StateSlices(bool to_save) override;
+  std::vector<StateSlice> GradientSlices() override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   // Consolidates the fp32 master weights unit by unit; rank 0 writes llm.c's

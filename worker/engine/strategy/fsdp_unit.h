@@ -201,10 +201,12 @@ absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
 // this rank's shard of `unit`: `piece` is the shard's memory holding them
 // (what the optimizer updates), `offset` where they start in the flattened
 // parameter.
+// With `gradient`, `piece` is the same range of shard_grad().
 void ForEachShardPiece(
     FsdpUnit& unit,
     const std::function<void(const FsdpUnit::Param& param, int64_t offset,
-                             const torch::Tensor& piece)>& visit);
+                             const torch::Tensor& piece)>& visit,
+    bool gradient = false);
 
 }  // namespace shardtrain
 

@@ -687,6 +687,38 @@ void PipelineStrategy::Barrier() {
   ThrowIfFailed(world_->Barrier(), "pipeline", "barrier");
 }
 
+std::vector<StateSlice> PipelineStrategy::GradientSlices() {
+  std::vector<StateSlice> slices;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const std::string& name = owned_names_[i];
+    torch::Tensor& p = owned_[i];
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    if (tensor_ != nullptr) {
+      AppendTensorParallelState(name, shapes_.at(name), tensor_->rank(),
+                                tensor_parallel(), 0,
+                                {{"grad.", p.grad().view(-1)}}, &slices);
+    } else {
+      slices.push_back({"grad." + name, p.sizes().vec(), 0, p.grad().view(-1)});
+    }
+  }
+  for (auto& unit : units_) {
+    ForEachShardPiece(
+        *unit,
+        [&](const FsdpUnit::Param& p, int64_t offset,
+            const torch::Tensor& piece) {
+          if (tensor_ != nullptr) {
+            AppendTensorParallelState(p.name, shapes_.at(p.name),
+                                      tensor_->rank(), tensor_parallel(),
+                                      offset, {{"grad.", piece}}, &slices);
+          } else {
+            slices.push_back({"grad." + p.name, p.shape, offset, piece});
+          }
+        },
+        /*gradient=*/true);
+  }
+  return slices;
+}
+
 std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
   std::vector<StateSlice> slices;
   if (tensor_ != nullptr && !sharded()) {

@@ -114,6 +114,7 @@ class PipelineStrategy final : public Strategy {
   double AllReduceMean(double value) override;
   void Barrier() override;
   std::vector<StateSlice> StateSlices(bool to_save) override;
+  std::vector<StateSlice> GradientSlices() override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   // Every stage sends its tensors to rank 0, which writes the whole model.

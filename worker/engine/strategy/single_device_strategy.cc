@@ -79,6 +79,17 @@ std::vector<StateSlice> SingleDeviceStrategy::StateSlices(bool /*to_save*/) {
   return slices;
 }
 
+std::vector<StateSlice> SingleDeviceStrategy::GradientSlices() {
+  std::vector<StateSlice> slices;
+  for (const auto& item : model_->named_parameters()) {
+    torch::Tensor p = item.value();  // the same tensor: its grad is set
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    slices.push_back(
+        {"grad." + item.key(), p.sizes().vec(), 0, p.grad().view(-1)});
+  }
+  return slices;
+}
+
 int64_t SingleDeviceStrategy::optimizer_steps() const {
   return optimizer_->step_count();
 }

@@ -24,6 +24,7 @@ class SingleDeviceStrategy final : public Strategy {
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override { return value; }
   std::vector<StateSlice> StateSlices(bool to_save) override;
+  std::vector<StateSlice> GradientSlices() override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   absl::Status ExportModel(const std::string& path) override;

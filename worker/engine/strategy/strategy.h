@@ -115,6 +115,13 @@ class Strategy {
   // is written once: each rank writes an even share); otherwise everything
   // it holds, which a load fills.
   virtual std::vector<StateSlice> StateSlices(bool to_save) = 0;
+  // Every gradient this rank holds once a step's backward and its
+  // synchronisation are done, as ranges of global tensors ("grad.<param>",
+  // views of the memory the optimizer reads, zeros where none was made),
+  // so that any mesh's gradients can be put together and compared tensor by
+  // tensor with one device's. A rank holding a range another also holds
+  // (replicas) gives it too.
+  virtual std::vector<StateSlice> GradientSlices() = 0;
   // AdamW's step count (its bias correction).
   virtual int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(int64_t steps) = 0;

@@ -524,6 +524,33 @@ std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
   return slices;
 }
 
+std::vector<StateSlice> TensorParallelStrategy::GradientSlices() {
+  std::vector<StateSlice> slices;
+  const int64_t t = tensor_parallel_;
+  if (sharded()) {
+    for (auto& unit : units_) {
+      ForEachShardPiece(
+          *unit,
+          [&](const FsdpUnit::Param& p, int64_t offset,
+              const torch::Tensor& piece) {
+            AppendTensorParallelState(p.name, shapes_.at(p.name),
+                                      tensor_->rank(), t, offset,
+                                      {{"grad.", piece}}, &slices);
+          },
+          /*gradient=*/true);
+    }
+    return slices;
+  }
+  for (const auto& item : model_->named_parameters()) {
+    torch::Tensor p = item.value();  // the same tensor: its grad is set
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    AppendTensorParallelState(item.key(), shapes_.at(item.key()),
+                              tensor_->rank(), t, 0,
+                              {{"grad.", p.grad().view(-1)}}, &slices);
+  }
+  return slices;
+}
+
 int64_t TensorParallelStrategy::optimizer_steps() const {
   return optimizer_->step_count();
 }

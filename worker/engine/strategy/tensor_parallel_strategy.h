@@ -118,6 +118,7 @@ class TensorParallelStrategy final : public Strategy {
   double AllReduceMean(double value) override;
   void Barrier() override;
   std::vector<StateSlice> StateSlices(bool to_save) override;
+  std::vector<StateSlice> GradientSlices() override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   absl::Status ExportModel(const std::string& path) override;

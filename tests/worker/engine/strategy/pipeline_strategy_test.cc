@@ -128,6 +128,51 @@ TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
   }
 }
 
+// Every gradient, put together from the stages (and their shards), against
+// one device's tensor by tensor, at equal weights (lr 0; see
+// strategy_contract_test).
+TEST_P(PipelineEquivalenceTest, GradientsMatchOneDeviceTensorByTensor) {
+  const Case c = GetParam();
+  const torch::Tensor batches =
+      test::MakeBatches(2, 8 * c.replicas, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, 2, c.accumulation, /*lr=*/0);
+  loop.activation_checkpointing = c.checkpointing;
+  loop.record_gradients = true;
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  loop.whole_steps = true;
+  const std::vector<test::TrainResult> ranks = test::TrainRanks(
+      kSpec, /*seed=*/7, batches, c.stages * c.replicas, loop, Maker(c));
+  test::ExpectSameGradients(single, ranks, 5e-6, c.Name());
+}
+
+// A gradient doubled in one tensor of a sharded stage is caught by the
+// comparison above (the norm alone would blur it).
+TEST(PipelineStrategyTest, ADoubledGradientInOneTensorIsCaught) {
+  const Case c{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp"};
+  const std::string victim = "h.3.mlp.c_proj.weight";
+  const torch::Tensor batches = test::MakeBatches(1, 16, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, 1, 1, /*lr=*/0);
+  loop.record_gradients = true;
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  loop.whole_steps = true;
+  loop.tamper = [&](int64_t, Strategy& strategy) {
+    for (StateSlice& slice : strategy.GradientSlices()) {
+      if (slice.name == "grad." + victim) slice.data.mul_(2);
+    }
+  };
+  const std::vector<test::TrainResult> ranks =
+      test::TrainRanks(kSpec, /*seed=*/7, batches, 4, loop, Maker(c));
+  const std::map<std::string, double> diffs = test::GradientDiffs(
+      test::GlobalGradients({single}, 0), test::GlobalGradients(ranks, 0));
+  ASSERT_EQ(diffs.count(victim), 1u);
+  EXPECT_GT(diffs.at(victim), 0.5);
+  for (const auto& [name, diff] : diffs) {
+    if (name != victim) EXPECT_LE(diff, 5e-6) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Meshes, PipelineEquivalenceTest,
     ::testing::Values(

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <limits>
 
 #include "core/model/gpt2_config.h"
 #include "core/train/train_config.h"
@@ -79,6 +81,12 @@ void Train(Strategy& strategy, const torch::Tensor& batches, int64_t rank,
       result->step_comm.push_back(strategy.TakeCommStats());
     }
     if (loop.after_backward) loop.after_backward(step);
+    if (loop.tamper) loop.tamper(step, strategy);
+    if (loop.record_gradients) {
+      std::vector<StateSlice> slices = strategy.GradientSlices();
+      for (StateSlice& slice : slices) slice.data = slice.data.clone();
+      result->gradients.push_back(std::move(slices));
+    }
     result->norms.push_back(strategy.ClipGradNorm(loop.max_norm));
     result->state_bytes = strategy.ModelStateBytes();
     strategy.OptimizerStep(loop.lr);
@@ -170,6 +178,64 @@ std::vector<TrainResult> TrainRanks(const std::string& spec, uint64_t seed,
           : std::chrono::milliseconds(std::chrono::seconds(60)));
   std::filesystem::remove_all(dir);
   return results;
+}
+
+ParamMap GlobalGradients(const std::vector<TrainResult>& ranks, size_t step) {
+  ParamMap global;
+  for (const TrainResult& rank : ranks) {
+    if (step >= rank.gradients.size()) continue;
+    for (const StateSlice& slice : rank.gradients[step]) {
+      const std::string name = slice.name.substr(std::string("grad.").size());
+      auto [it, added] = global.try_emplace(name);
+      if (added) it->second = torch::zeros(slice.shape, torch::kDouble);
+      it->second.view(-1)
+          .narrow(0, slice.offset, slice.data.numel())
+          .copy_(slice.data.to(torch::kDouble).view(-1));
+    }
+  }
+  return global;
+}
+
+std::map<std::string, double> GradientDiffs(const ParamMap& reference,
+                                            const ParamMap& actual) {
+  std::map<std::string, double> diffs;
+  for (const auto& [name, expected] : reference) {
+    const auto other = actual.find(name);
+    if (other == actual.end()) {
+      diffs[name] = std::numeric_limits<double>::infinity();
+      continue;
+    }
+    const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
+    diffs[name] = (other->second.to(torch::kDouble) - expected)
+                      .abs()
+                      .max()
+                      .item<double>() /
+                  scale;
+  }
+  return diffs;
+}
+
+void ExpectSameGradients(const TrainResult& single,
+                         const std::vector<TrainResult>& ranks, double rel,
+                         const std::string& what) {
+  ASSERT_FALSE(single.gradients.empty()) << what << ": no gradients recorded";
+  double worst = 0;
+  std::string worst_name;
+  for (size_t step = 0; step < single.gradients.size(); ++step) {
+    const ParamMap reference = GlobalGradients({single}, step);
+    const ParamMap actual = GlobalGradients(ranks, step);
+    ASSERT_EQ(actual.size(), reference.size()) << what << " step " << step;
+    for (const auto& [name, diff] : GradientDiffs(reference, actual)) {
+      EXPECT_LE(diff, rel) << what << ": gradient of " << name << " at step "
+                           << step;
+      if (diff > worst) {
+        worst = diff;
+        worst_name = name;
+      }
+    }
+  }
+  std::cout << what << ": worst gradient difference " << worst << " ("
+            << worst_name << ", relative to its largest element)\n";
 }
 
 double RelDiff(double a, double b) {

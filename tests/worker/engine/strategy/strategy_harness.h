@@ -54,6 +54,9 @@ struct TrainResult {
   // With whole_steps: the communication of each step.
   std::vector<CommStats> step_comm;
   int64_t state_bytes = 0;  // ModelStateBytes() after the last step
+  // With record_gradients: GradientSlices() after each step's backward
+  // (copies), in step order.
+  std::vector<std::vector<StateSlice>> gradients;
 };
 
 // How a run trains: global batches [first_step, last_step), each step
@@ -76,6 +79,11 @@ struct TrainLoop {
   // kNcclOrder makes a transfer posted out of NCCL's order hang (and fail
   // the run after kNcclOrderTimeout) instead of being buffered.
   PointToPoint point_to_point = PointToPoint::kBuffered;
+  // Keep every step's gradients (TrainResult::gradients).
+  bool record_gradients = false;
+  // Called on each rank after a step's backward, before the gradients are
+  // recorded: a test that breaks one tensor's gradient on purpose.
+  std::function<void(int64_t step, Strategy& strategy)> tamper;
 };
 
 inline constexpr std::chrono::seconds kNcclOrderTimeout{30};
@@ -125,6 +133,20 @@ struct Tolerance {
 // prints the worst differences under `what`.
 void ExpectSameTraining(const TrainResult& expected, const TrainResult& actual,
                         const Tolerance& tolerance, const std::string& what);
+
+// Step `step`'s gradients of a run as whole global tensors by parameter
+// name, put together from every rank's slices.
+ParamMap GlobalGradients(const std::vector<TrainResult>& ranks, size_t step);
+
+// Per parameter: max |a - b| over max |b| (b: the reference).
+std::map<std::string, double> GradientDiffs(const ParamMap& reference,
+                                            const ParamMap& actual);
+
+// Every step's every gradient within `rel` of one device's, tensor by
+// tensor; prints the worst under `what`.
+void ExpectSameGradients(const TrainResult& single,
+                         const std::vector<TrainResult>& ranks, double rel,
+                         const std::string& what);
 
 double RelDiff(double a, double b);
 double MaxAbsDiff(const ParamMap& a, const ParamMap& b);
