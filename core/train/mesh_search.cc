@@ -1,6 +1,7 @@
 #include "core/train/mesh_search.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,79 @@ std::vector<int64_t> DivisorsDescending(int64_t n) {
   return out;
 }
 
+// Whether `a` ranks before `b`: fitting first, then faster, or (neither
+// fitting) smaller.
+bool Ahead(const MeshCandidate& a, const MeshCandidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.fits) return a.time.tokens_per_second > b.time.tokens_per_second;
+  return a.memory.total() < b.memory.total();
+}
+
+// `mesh` with `checkpointing` and `micro` micro-batches per step: its batch
+// (the largest of the tries that fits), memory and (with rates) predicted
+// step; none when no batch suits it or the plan cannot model it.
+std::optional<MeshCandidate> EvaluateMesh(const TrainConfig& base,
+                                          const MeshSearchOptions& options,
+                                          const HostRates* rates,
+                                          int64_t per_host, const Mesh& mesh,
+                                          const char* checkpointing,
+                                          int64_t micro) {
+  MeshCandidate c;
+  c.world_size = mesh.world;
+  c.config = base;
+  TrainConfig& config = c.config;
+  config.strategy = mesh.strategy;
+  config.pipeline_stages = mesh.stages;
+  config.tensor_parallel = mesh.tensor_parallel;
+  config.micro_batches = micro;
+  config.activation_checkpointing = checkpointing;
+  if (mesh.strategy != "hsdp") config.shard_group_size = 0;
+  const int64_t data = config.DataParallelSize(mesh.world);
+  // The batches to try, largest first, each a multiple of the
+  // micro-batches: a share of the global batch that divides it, or (no
+  // global batch) the largest that fits.
+  std::vector<std::pair<int64_t, int64_t>> tries;  // (batch, accum)
+  if (options.global_batch > 0) {
+    if (options.global_batch % data != 0) return std::nullopt;
+    const int64_t share = options.global_batch / data;
+    for (int64_t b : DivisorsDescending(share)) {
+      if (b % config.micro_batches == 0) tries.emplace_back(b, share / b);
+    }
+  } else if (options.budget > 0) {
+    config.grad_accum = 1;
+    absl::StatusOr<int64_t> largest =
+        LargestFittingBatch(config, mesh.world, options.budget);
+    if (!largest.ok()) return std::nullopt;  // a mesh the plan cannot model
+    tries.emplace_back(std::max(*largest, config.micro_batches), 1);
+  } else {
+    tries.emplace_back(base.batch_size, std::max<int64_t>(1, base.grad_accum));
+  }
+  bool planned = false;
+  for (const auto& [batch, accum] : tries) {
+    config.batch_size = batch;
+    config.grad_accum = accum;
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config, mesh.world);
+    if (!plan.ok()) break;  // a mesh the plan cannot model
+    planned = true;
+    c.memory = *plan;
+    if (Fits(*plan, options.budget)) {
+      c.fits = true;
+      break;
+    }
+  }
+  if (!planned) return std::nullopt;
+  c.name = MeshName(config, mesh.world);
+  if (std::string(checkpointing) == "all") absl::StrAppend(&c.name, " +ckpt");
+  if (rates != nullptr) {
+    absl::StatusOr<StepTimePlan> time =
+        PlanStepTime(config, mesh.world, per_host, *rates);
+    // A mesh the time model cannot price keeps its row, untimed (0
+    // tokens/s: ranked after the timed ones).
+    if (time.ok()) c.time = *time;
+  }
+  return c;
+}
+
 }  // namespace
 
 absl::Status CheckSearchBounds(const TrainConfig& base,
@@ -161,78 +235,32 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
       if (!options.checkpointing && std::string(checkpointing) == "all") {
         continue;
       }
-      MeshCandidate c;
-      c.world_size = mesh.world;
-      c.config = base;
-      TrainConfig& config = c.config;
-      config.strategy = mesh.strategy;
-      config.pipeline_stages = mesh.stages;
-      config.tensor_parallel = mesh.tensor_parallel;
-      config.micro_batches =
-          mesh.stages > 1
-              ? (base.micro_batches > 1 ? base.micro_batches : mesh.stages)
-              : 1;
-      config.activation_checkpointing = checkpointing;
-      if (mesh.strategy != "hsdp") config.shard_group_size = 0;
-      const int64_t data = config.DataParallelSize(mesh.world);
-      // The batches to try, largest first, each a multiple of the
-      // micro-batches: a share of the global batch that divides it, or (no
-      // global batch) the largest that fits.
-      std::vector<std::pair<int64_t, int64_t>> tries;  // (batch, accum)
-      if (options.global_batch > 0) {
-        if (options.global_batch % data != 0) continue;
-        const int64_t share = options.global_batch / data;
-        for (int64_t b : DivisorsDescending(share)) {
-          if (b % config.micro_batches == 0) tries.emplace_back(b, share / b);
-        }
-      } else if (options.budget > 0) {
-        config.grad_accum = 1;
-        absl::StatusOr<int64_t> largest =
-            LargestFittingBatch(config, mesh.world, options.budget);
-        if (!largest.ok()) continue;  // a mesh the plan cannot model
-        tries.emplace_back(std::max(*largest, config.micro_batches), 1);
-      } else {
-        tries.emplace_back(base.batch_size,
-                           std::max<int64_t>(1, base.grad_accum));
-      }
-      if (tries.empty()) continue;
-      bool planned = false;
-      for (const auto& [batch, accum] : tries) {
-        config.batch_size = batch;
-        config.grad_accum = accum;
-        absl::StatusOr<MemoryPlan> plan = PlanMemory(config, mesh.world);
-        if (!plan.ok()) break;  // a mesh the plan cannot model
-        planned = true;
-        c.memory = *plan;
-        if (Fits(*plan, options.budget)) {
-          c.fits = true;
-          break;
+      // A pipeline's micro-batches: as given, else (with rates to weigh
+      // them) S, 2S or 4S, the fastest kept: more shrink the bubble
+      // ((S-1)/(M+S-1)) and the micro-batches with it.
+      std::vector<int64_t> micro_counts = {1};
+      if (mesh.stages > 1) {
+        if (base.micro_batches > 1) {
+          micro_counts = {base.micro_batches};
+        } else if (rates != nullptr) {
+          micro_counts = {mesh.stages, 2 * mesh.stages, 4 * mesh.stages};
+        } else {
+          micro_counts = {mesh.stages};
         }
       }
-      if (!planned) continue;
-      c.name = MeshName(config, mesh.world);
-      if (std::string(checkpointing) == "all")
-        absl::StrAppend(&c.name, " +ckpt");
-      if (rates != nullptr) {
-        absl::StatusOr<StepTimePlan> time =
-            PlanStepTime(config, mesh.world, per_host, *rates);
-        // A mesh the time model cannot price keeps its row, untimed (0
-        // tokens/s: ranked after the timed ones).
-        if (time.ok()) c.time = *time;
+      std::optional<MeshCandidate> best;
+      for (int64_t micro : micro_counts) {
+        std::optional<MeshCandidate> c = EvaluateMesh(
+            base, options, rates, per_host, mesh, checkpointing, micro);
+        if (c.has_value() && (!best.has_value() || Ahead(*c, *best))) {
+          best = std::move(c);
+        }
       }
-      out.push_back(std::move(c));
+      if (best.has_value()) out.push_back(std::move(*best));
     }
   }
   if (rates == nullptr) return out;
-  std::stable_sort(out.begin(), out.end(),
-                   [](const MeshCandidate& a, const MeshCandidate& b) {
-                     if (a.fits != b.fits) return a.fits;
-                     if (a.fits) {
-                       return a.time.tokens_per_second >
-                              b.time.tokens_per_second;
-                     }
-                     return a.memory.total() < b.memory.total();
-                   });
+  std::stable_sort(out.begin(), out.end(), Ahead);
   return out;
 }
 

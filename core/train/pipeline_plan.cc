@@ -191,6 +191,21 @@ absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
                                                   double forward,
                                                   double backward) {
   using Kind = PipelineAction::Kind;
+  // The transfers the engine posts for this schedule must complete under
+  // NCCL's rule before any timing means anything.
+  std::vector<std::vector<PipelineOp>> lowered;
+  for (int64_t s = 0; s < stages; ++s) {
+    absl::StatusOr<std::vector<PipelineOp>> ops =
+        LowerStageActions(schedule, stages, s, micro_batches);
+    if (!ops.ok()) return ops.status();
+    lowered.push_back(*std::move(ops));
+  }
+  if (absl::Status s = CheckPointToPointOrder(lowered); !s.ok()) {
+    return absl::InternalError(absl::StrCat(
+        PipelineScheduleName(schedule), " with ", stages, " stages and ",
+        micro_batches,
+        " micro-batches: an unsafe transfer order: ", s.message()));
+  }
   const double unknown = -1;
   // end[kind][stage][micro-batch]: when that action ended (unknown: not yet).
   std::vector<std::vector<std::vector<double>>> end(

@@ -99,7 +99,9 @@ struct PipelineTimeline {
 // backward `backward` time units: a forward waits for the previous stage's
 // forward of its micro-batch, a backward for the next stage's backward of
 // it; sends do not block (the engine posts them asynchronously). Internal if
-// the stages' orders deadlock.
+// the stages' orders deadlock, or if the transfers the engine posts for the
+// schedule (LowerStageActions) would not complete under NCCL's rule
+// (CheckPointToPointOrder).
 absl::StatusOr<PipelineTimeline> SimulatePipeline(PipelineSchedule schedule,
                                                   int64_t stages,
                                                   int64_t micro_batches,

@@ -567,10 +567,15 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
         Finish("pipeline", stages, t, link_for(stride, stages), slowdown));
   }
 
+  // Only DDP, FSDP and HSDP alone reduce as the backward runs (buckets,
+  // per-unit reduce-scatters); composed with stages or tensor ranks, the
+  // engine reduces after the schedule, so nothing of it is hidden.
+  const bool overlapped = gpu && stages == 1 && tp == 1;
   double comm = 0;
   for (const MeshTraffic& t : plan.traffic) {
-    if (gpu && (t.dimension == "data-parallel" || t.dimension == "replica" ||
-                t.dimension == "shard-group")) {
+    if (overlapped &&
+        (t.dimension == "data-parallel" || t.dimension == "replica" ||
+         t.dimension == "shard-group")) {
       // NCCL overlaps it with the backward but for its last part.
       const double backward = plan.compute_seconds * 2 / 3;
       comm += std::max(t.seconds - backward,

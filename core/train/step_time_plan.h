@@ -27,8 +27,11 @@
 //                  S - 1 micro-batch times when the stages are even), 1F1B
 //                  and GPipe alike
 // On CPU (Gloo) collectives run on the cores that compute, so the parts add;
-// on GPUs (NCCL) data-parallel traffic overlaps the backward except its last
-// bucket, tensor-parallel traffic does not.
+// on GPUs (NCCL) the data-parallel traffic of DDP, FSDP or HSDP alone
+// overlaps the backward except its last bucket (the engine reduces buckets
+// as the backward runs); composed with pipeline stages or tensor ranks it
+// does not (the engine reduces after the schedule), nor does tensor-parallel
+// traffic.
 //
 // What it leaves out (each shows as error in bench/RESULTS.md §10): kernels
 // whose efficiency differs from the calibration's (the rate is measured on

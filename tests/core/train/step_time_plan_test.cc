@@ -196,6 +196,31 @@ TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
   EXPECT_GT(ddp.exposed_comm_seconds, ddp.compute_seconds);
 }
 
+// On GPUs DDP alone hides its reduction behind the backward (but its last
+// bucket); composed with pipeline stages or tensor ranks the engine reduces
+// after the schedule, and the plan credits nothing.
+TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
+  TrainConfig ddp = Config("ddp");
+  ddp.device = "cuda";
+  const StepTimePlan alone = Plan(ddp, 2);
+  const MeshTraffic* reduction = Find(alone, "data-parallel");
+  ASSERT_NE(reduction, nullptr);
+  EXPECT_LT(alone.exposed_comm_seconds, reduction->seconds);
+
+  TrainConfig piped = ddp;
+  piped.pipeline_stages = 2;
+  piped.micro_batches = 2;
+  TrainConfig sliced = ddp;
+  sliced.tensor_parallel = 2;
+  for (const TrainConfig& composed : {piped, sliced}) {
+    const StepTimePlan plan = Plan(composed, 4);
+    double traffic = 0;
+    for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;
+    EXPECT_NE(Find(plan, "data-parallel"), nullptr) << plan.mesh;
+    EXPECT_DOUBLE_EQ(plan.exposed_comm_seconds, traffic) << plan.mesh;
+  }
+}
+
 TEST(StepTimePlanTest, GroupsAcrossHostsUseTheInterNodeLink) {
   HostRates r = Rates();
   r.inter_node = {1e-3, 1e8};
@@ -458,6 +483,45 @@ TEST(MeshSearchTest, ExtremeSizesAreRefusedNamingTheBound) {
               kMaxSearchGlobalBatch)
         << c.name;
   }
+}
+
+// A pipeline's micro-batch count is searched (S, 2S, 4S; the fastest
+// predicted kept) unless it is given; more shrink the bubble.
+TEST(MeshSearchTest, APipelinesMicroBatchesAreSearchedUnlessGiven) {
+  const TrainConfig base = Config("ddp", 1);
+  const HostRates rates = Rates(2);
+  MeshSearchOptions options;
+  options.devices = 2;
+  options.global_batch = 16;
+  options.checkpointing = false;
+  const auto pp2 = [](const std::vector<MeshCandidate>& ranked) {
+    for (const MeshCandidate& c : ranked) {
+      if (c.name == "pp2") return c;
+    }
+    ADD_FAILURE() << "no pp2 row";
+    return MeshCandidate{};
+  };
+  absl::StatusOr<std::vector<MeshCandidate>> ranked =
+      SearchMeshes(base, options, &rates);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  const MeshCandidate searched = pp2(*ranked);
+  EXPECT_TRUE(searched.config.micro_batches == 2 ||
+              searched.config.micro_batches == 4 ||
+              searched.config.micro_batches == 8)
+      << searched.config.micro_batches;
+  for (int64_t m : {2, 4, 8}) {
+    TrainConfig fixed = searched.config;
+    fixed.micro_batches = m;
+    absl::StatusOr<StepTimePlan> plan = PlanStepTime(fixed, 2, 2, rates);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_GE(searched.time.tokens_per_second, plan->tokens_per_second)
+        << "M=" << m;
+  }
+  TrainConfig given = base;
+  given.micro_batches = 2;
+  ranked = SearchMeshes(given, options, &rates);
+  ASSERT_TRUE(ranked.ok());
+  EXPECT_EQ(pp2(*ranked).config.micro_batches, 2);
 }
 
 TEST(MeshSearchTest, SaysWhyTheFirstWins) {
