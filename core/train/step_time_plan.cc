@@ -567,17 +567,27 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
         Finish("pipeline", stages, t, link_for(stride, stages), slowdown));
   }
 
-  // Only DDP, FSDP and HSDP alone reduce as the backward runs (buckets,
-  // per-unit reduce-scatters); composed with stages or tensor ranks, the
-  // engine reduces after the schedule, so nothing of it is hidden.
-  const bool overlapped = gpu && stages == 1 && tp == 1;
+  // The backward time the data-parallel reduction can hide behind, where
+  // the engine overlaps it: DDP, FSDP and HSDP alone reduce as the whole
+  // backward runs (buckets, per-unit reduce-scatters); replicated pipeline
+  // stages during the step's last micro-batch's backward only; sharded
+  // stages and tensor-parallel meshes after the schedule (nothing hidden).
+  double hidden_behind = 0;
+  if (gpu && tp == 1) {
+    const double backward = plan.compute_seconds * 2 / 3;
+    if (stages == 1) {
+      hidden_behind = backward;
+    } else if (!fsdp) {
+      hidden_behind = backward / static_cast<double>(micro * accum);
+    }
+  }
   double comm = 0;
   for (const MeshTraffic& t : plan.traffic) {
-    if (overlapped &&
+    if (hidden_behind > 0 &&
         (t.dimension == "data-parallel" || t.dimension == "replica" ||
          t.dimension == "shard-group")) {
-      // NCCL overlaps it with the backward but for its last part.
-      const double backward = plan.compute_seconds * 2 / 3;
+      // NCCL overlaps it with that backward but for its last part.
+      const double backward = hidden_behind;
       comm += std::max(t.seconds - backward,
                        t.seconds / std::max<int64_t>(1, t.calls));
     } else {

@@ -29,9 +29,10 @@
 // On CPU (Gloo) collectives run on the cores that compute, so the parts add;
 // on GPUs (NCCL) the data-parallel traffic of DDP, FSDP or HSDP alone
 // overlaps the backward except its last bucket (the engine reduces buckets
-// as the backward runs); composed with pipeline stages or tensor ranks it
-// does not (the engine reduces after the schedule), nor does tensor-parallel
-// traffic.
+// as the backward runs); replicated pipeline stages overlap it with the
+// step's last micro-batch's backward only; sharded stages and
+// tensor-parallel meshes do not (the engine reduces after the schedule), nor
+// does tensor-parallel traffic.
 //
 // What it leaves out (each shows as error in bench/RESULTS.md §10): kernels
 // whose efficiency differs from the calibration's (the rate is measured on

@@ -197,8 +197,9 @@ TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
 }
 
 // On GPUs DDP alone hides its reduction behind the backward (but its last
-// bucket); composed with pipeline stages or tensor ranks the engine reduces
-// after the schedule, and the plan credits nothing.
+// bucket); replicated pipeline stages behind the last micro-batch's
+// backward only; sharded stages and tensor ranks reduce after the schedule,
+// and the plan credits nothing.
 TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
   TrainConfig ddp = Config("ddp");
   ddp.device = "cuda";
@@ -210,9 +211,17 @@ TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
   TrainConfig piped = ddp;
   piped.pipeline_stages = 2;
   piped.micro_batches = 2;
+  {
+    const StepTimePlan plan = Plan(piped, 4);
+    double traffic = 0;
+    for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;
+    EXPECT_LT(plan.exposed_comm_seconds, traffic);
+  }
   TrainConfig sliced = ddp;
   sliced.tensor_parallel = 2;
-  for (const TrainConfig& composed : {piped, sliced}) {
+  TrainConfig sharded_stages = piped;
+  sharded_stages.strategy = "fsdp";
+  for (const TrainConfig& composed : {sliced, sharded_stages}) {
     const StepTimePlan plan = Plan(composed, 4);
     double traffic = 0;
     for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;

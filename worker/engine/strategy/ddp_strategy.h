@@ -5,7 +5,7 @@
 //
 // The local math (forward, backward, clipping, AdamW, checkpoint files) is
 // SingleDeviceStrategy's, unchanged; this class adds what PyTorch's Reducer
-// does around it:
+// does around it (worker/engine/strategy/gradient_buckets.h):
 //   - Setup broadcasts every parameter (and buffer) from rank 0, so the
 //     replicas start identical even if the ranks built different models.
 //   - Parameters are packed into buckets of about `bucket_mb` MiB in reverse
@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/engine/strategy/distributed_helpers.h"
+#include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/single_device_strategy.h"
 #include "worker/engine/strategy/strategy.h"
 
@@ -43,10 +44,7 @@ class DdpStrategy final : public Strategy {
   // bucket) and when its backward pass returned. A launch earlier than
   // backward_end overlapped communication with computation; buckets whose
   // gradient hook never fired are launched after backward_end.
-  struct OverlapTrace {
-    std::vector<Clock::time_point> bucket_launch;
-    Clock::time_point backward_end;
-  };
+  using OverlapTrace = GradientBuckets::OverlapTrace;
 
   // `comm` must outlive this strategy; its rank and world size are used (not
   // options.rank / world_size, which should agree). Buckets hold at most
@@ -89,53 +87,21 @@ class DdpStrategy final : public Strategy {
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override { return comm_->TakeStats(); }
 
-  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  int64_t num_buckets() const {
+    return static_cast<int64_t>(BucketParameterIndices().size());
+  }
   // For each bucket, the indices into model->parameters() it holds, in the
   // order they sit in its buffer.
   std::vector<std::vector<int64_t>> BucketParameterIndices() const;
   OverlapTrace last_overlap_trace() const;
 
  private:
-  struct Bucket {
-    torch::Tensor flat;            // 1-D; each member's grad is a view of it
-    std::vector<int64_t> params;   // indices into params_
-    std::vector<int64_t> offsets;  // element offset of each member in flat
-    // Guarded by mutex_ while a sync backward runs:
-    int64_t pending = 0;             // members whose gradient is not ready yet
-    std::unique_ptr<CommWork> work;  // the in-flight AllReduce, if launched
-  };
-
-  void BuildBuckets();
-  absl::Status BroadcastFromRankZero();
-  // Makes every parameter's .grad() its view of the bucket buffer again if
-  // something replaced it, keeping the accumulated values.
-  void AttachGradViews();
-  void RegisterHooks();
-  // Called by the gradient-accumulator hook of params_[index].
-  void OnGradReady(int64_t index);
-  // Launches the consecutive complete buckets from next_launch_ on; with
-  // `force`, every bucket not launched yet.
-  void LaunchReadyBuckets(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-
   StrategyOptions options_;
   Communicator* const comm_;
   const int64_t bucket_bytes_;
   SingleDeviceStrategy local_;
-  std::vector<torch::Tensor> params_;  // model->parameters(), in order
-  std::vector<int64_t> bucket_of_param_;
-  std::vector<Bucket> buckets_;
-  // Hooks run on the autograd engine's thread while the caller is blocked in
-  // backward(); the mutex orders them with the caller (and with each other
-  // should a backend run them on several threads).
-  mutable absl::Mutex mutex_;
-  bool reducing_ ABSL_GUARDED_BY(mutex_) = false;  // inside a sync backward
-  std::vector<bool> param_ready_ ABSL_GUARDED_BY(mutex_);
-  size_t next_launch_ ABSL_GUARDED_BY(mutex_) = 0;
-  OverlapTrace trace_ ABSL_GUARDED_BY(mutex_);
-  // Gradient-ready hooks on params_ (holding their accumulators keeps the
-  // same node, and hook, in every graph built from the params). Declared
-  // last: removed first, before anything the hooks touch.
-  GradReadyHooks hooks_;
+  // The buckets over the model's parameters (Setup).
+  std::unique_ptr<GradientBuckets> buckets_;
 };
 
 }  // namespace shardtrain

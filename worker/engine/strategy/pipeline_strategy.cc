@@ -230,6 +230,18 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
     }
   }
 
+  // Replicated stages reduce over their replicas as the step's last
+  // backward runs (as DDP does). With tensor ranks the vocabulary-parallel
+  // head writes wte's gradient itself, outside autograd's accumulation; that
+  // layout keeps the reduction after the schedule.
+  if (replicas_ != nullptr && !sharded() && tensor_ == nullptr) {
+    replica_buckets_ = std::make_unique<GradientBuckets>(
+        owned_, replicas_.get(),
+        std::max<int64_t>(1, static_cast<int64_t>(std::llround(
+                                 pipeline_.bucket_mb * 1024 * 1024))),
+        "pipeline x ddp");
+  }
+
   std::vector<std::string> stages;
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
     const std::vector<int64_t> ranks = mesh_.RanksWithSameCoordinate(
@@ -441,7 +453,7 @@ void PipelineStrategy::Backward(InFlight& m, double scale) {
 }
 
 torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
-                                            double scale) {
+                                            double scale, bool reduce) {
   using Kind = PipelineOp::Kind;
   using Payload = PipelineOp::Payload;
   const int64_t count = static_cast<int64_t>(micro.size());
@@ -455,7 +467,20 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   absl::StatusOr<std::vector<PipelineOp>> ops =
       LowerStageActions(pipeline_.schedule, pipeline_.stages, stage_, count);
   TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
-  for (const PipelineOp& op : *ops) {
+  // A replicated stage's buckets reduce during the step's last backward.
+  size_t last_backward = ops->size();
+  for (size_t i = 0; i < ops->size(); ++i) {
+    if ((*ops)[i].kind == Kind::kBackward) last_backward = i;
+  }
+  if (replica_buckets_ != nullptr) {
+    replica_buckets_->AttachGradViews();
+    replica_buckets_->Arm(false);
+  }
+  for (size_t i = 0; i < ops->size(); ++i) {
+    const PipelineOp& op = (*ops)[i];
+    if (i == last_backward && reduce && replica_buckets_ != nullptr) {
+      replica_buckets_->Arm(true);
+    }
     InFlight& m = in_flight[op.micro_batch];
     const Batch& batch = micro[op.micro_batch];
     const bool activation = op.payload == Payload::kActivation;
@@ -517,13 +542,16 @@ void PipelineStrategy::SynchronizeGradients() {
     }
     return;
   }
+  // The buckets' all-reduces (launched during the last backward) end
+  // before wte's gradient is summed with its tied copy.
+  if (replica_buckets_ != nullptr) replica_buckets_->Finish();
   if (tied_ != nullptr) {
     torch::Tensor& wte = model_->wte()->weight;
     if (!wte.grad().defined()) wte.mutable_grad() = torch::zeros_like(wte);
     torch::Tensor grad = wte.grad();
     Check(tied_->AllReduce(grad), "all_reduce (tied wte)");
   }
-  if (replicas_ == nullptr) return;
+  if (replicas_ == nullptr || replica_buckets_ != nullptr) return;
   std::vector<torch::Tensor> grads;
   for (torch::Tensor& p : owned_) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -574,8 +602,8 @@ torch::Tensor PipelineStrategy::ForwardBackwardStep(
     micro.insert(micro.end(), pieces.begin(), pieces.end());
   }
   // All of the step's micro-batches in one schedule: one fill and one drain.
-  torch::Tensor loss =
-      RunSchedule(micro, 1.0 / static_cast<double>(micro.size()));
+  torch::Tensor loss = RunSchedule(
+      micro, 1.0 / static_cast<double>(micro.size()), /*reduce=*/true);
   SynchronizeGradients();
   return loss;
 }
@@ -585,7 +613,7 @@ torch::Tensor PipelineStrategy::ForwardBackward(const torch::Tensor& inputs,
                                                 double loss_scale, bool sync) {
   const std::vector<Batch> micro = Split({inputs, targets});
   torch::Tensor loss = RunSchedule(
-      micro, loss_scale / static_cast<double>(pipeline_.micro_batches));
+      micro, loss_scale / static_cast<double>(pipeline_.micro_batches), sync);
   if (sync) SynchronizeGradients();
   return loss;
 }

@@ -15,7 +15,9 @@
 //     copies take the same update and stay one parameter in value, and the
 //     training math is single-device's (Megatron's embedding group);
 //   - data parallelism: each stage's gradients are averaged over its D
-//     replicas (one coalesced all-reduce per stage, as DDP without overlap);
+//     replicas in DDP's buckets (GradientBuckets), launched as the step's
+//     last backward completes them, so the reduction overlaps it (with
+//     tensor ranks: one coalesced all-reduce after the schedule);
 //   - the gradient norm is summed over the stages (wte counted once).
 // Checkpoints hold every tensor by its global name (stage 0 writes wte, the
 // replicas of a stage an even share each), so they load at any mesh.
@@ -64,6 +66,7 @@
 #include "core/train/device_mesh.h"
 #include "core/train/pipeline_plan.h"
 #include "worker/engine/strategy/fsdp_unit.h"
+#include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
@@ -83,6 +86,8 @@ struct PipelineOptions {
   int64_t shard_group_size = 0;
   // Tensor-parallel ranks per stage replica (1: none).
   int64_t tensor_parallel = 1;
+  // Replicated stages: the gradient buckets' size (--bucket-mb).
+  double bucket_mb = 25;
 };
 
 class PipelineStrategy final : public Strategy {
@@ -122,6 +127,13 @@ class PipelineStrategy final : public Strategy {
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override;
 
+  // A replicated stage's last reduction: when each bucket launched against
+  // when the schedule ended (empty without replica buckets).
+  GradientBuckets::OverlapTrace replica_overlap_trace() const {
+    return replica_buckets_ != nullptr ? replica_buckets_->last_overlap_trace()
+                                       : GradientBuckets::OverlapTrace{};
+  }
+
   // The stage this rank runs and what it holds (after Setup).
   int64_t stage() const { return stage_; }
   const std::vector<PipelineStage>& stages() const { return partition_; }
@@ -136,8 +148,11 @@ class PipelineStrategy final : public Strategy {
   // `batch` cut into the pipeline's micro-batches.
   std::vector<Batch> Split(const Batch& batch) const;
   // Runs `micro` through the schedule, each loss's gradient scaled by
-  // `scale`; returns this replica's mean loss, on every stage.
-  torch::Tensor RunSchedule(const std::vector<Batch>& micro, double scale);
+  // `scale`; returns this replica's mean loss, on every stage. With
+  // `reduce`, a replicated stage's buckets start reducing over its replicas
+  // during the last backward (SynchronizeGradients finishes them).
+  torch::Tensor RunSchedule(const std::vector<Batch>& micro, double scale,
+                            bool reduce);
   // `scale`: the gradient scale the last stage's loss will be
   // backpropagated with (the vocabulary-parallel head applies it in
   // forward).
@@ -204,6 +219,9 @@ class PipelineStrategy final : public Strategy {
   std::unique_ptr<TensorParallelOps> tensor_ops_;
   VocabShard vocab_;
   std::unique_ptr<Communicator> replicas_;
+  // A replicated stage without tensor ranks: its gradients averaged over
+  // replicas_ as the step's last backward runs.
+  std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<Communicator> across_groups_;
   std::unique_ptr<Communicator> tied_;
   Gpt2 model_{nullptr};

@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
         "pipeline_stages: a pipeline needs a communicator");
   }
   PipelineOptions pipeline;
+  pipeline.bucket_mb = config.bucket_mb;
   pipeline.stages = config.pipeline_stages;
   if (!config.pipeline_split.empty()) {
     absl::StatusOr<std::vector<int64_t>> split =

@@ -265,6 +265,39 @@ TEST(PipelineNcclOrderTest, TwoStagesBesideTensorParallelism) {
   ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2});
 }
 
+// A replicated stage reduces over its replicas as DDP does: in buckets
+// launched as the step's last backward completes them, before the schedule
+// ends (they once waited for it: one all-reduce after the drain).
+TEST(PipelineStrategyTest, ReplicatedStagesReduceDuringTheLastBackward) {
+  const torch::Tensor batches = test::MakeBatches(1, 16, kSeqLen, kVocab);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = 4;
+    PipelineOptions pipeline;
+    pipeline.stages = 2;
+    pipeline.micro_batches = 2;
+    pipeline.seq_len = kSeqLen;
+    pipeline.data_parallel = "ddp";
+    pipeline.bucket_mb = 0.05;  // several buckets per stage
+    PipelineStrategy strategy(options, &comm, pipeline);
+    ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
+    test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
+    loop.whole_steps = true;
+    test::TrainResult result;
+    test::Train(strategy, batches, rank, 4, loop, &result);
+    const GradientBuckets::OverlapTrace trace =
+        strategy.replica_overlap_trace();
+    ASSERT_GE(trace.bucket_launch.size(), 3u) << "rank " << rank;
+    // The first bucket went while later ones were still being computed.
+    EXPECT_LT(trace.bucket_launch.front(), trace.bucket_launch.back())
+        << "rank " << rank;
+    EXPECT_LT(trace.bucket_launch.front(), trace.backward_end)
+        << "rank " << rank;
+  });
+}
+
 TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
   std::vector<std::string> layouts(4);
   std::vector<int64_t> stages(4);
