@@ -19,6 +19,9 @@
 namespace shardtrain {
 namespace {
 
+// Replicated slices' gradient buckets, as DDP's default (--bucket-mb 25).
+constexpr int64_t kReplicaBucketBytes = int64_t{25} << 20;
+
 using torch::autograd::AutogradContext;
 using tensor_list = torch::autograd::variable_list;
 
@@ -276,6 +279,12 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
   optimizer_ = std::make_unique<AdamW>(
       WeightDecayGroups(model_->parameters(), options_.weight_decay),
       options_.adamw);
+  if (replicas_ != nullptr) {
+    replica_buckets_ = std::make_unique<GradientBuckets>(
+        model_->parameters(), replicas_.get(), kReplicaBucketBytes,
+        "tensor parallel x ddp");
+    AttachGradViews();
+  }
   return absl::OkStatus();
 }
 
@@ -362,10 +371,21 @@ bool TensorParallelStrategy::Whole(const std::string& name,
   return local == shapes_.at(name);
 }
 
+void TensorParallelStrategy::AttachGradViews() {
+  replica_buckets_->AttachGradViews();
+  // The vocabulary-parallel embedding and head add into wte's gradient
+  // themselves (outside autograd's accumulation): into the bucket's view.
+  if (vocab_.grad.defined()) vocab_.grad = model_->wte()->weight.grad();
+}
+
 torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
     double loss_scale, bool sync) {
   if (sharded() && !gathered_) GatherUnits();
+  if (replica_buckets_ != nullptr) {
+    AttachGradViews();
+    replica_buckets_->Arm(sync);
+  }
   const torch::Tensor loss = Forward(inputs, targets, loss_scale);
   (loss * loss_scale).backward();
   if (sync) {
@@ -397,23 +417,7 @@ torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
 }
 
 void TensorParallelStrategy::AverageOverReplicas() {
-  if (replicas_ == nullptr) return;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> params = model_->parameters();
-  std::vector<torch::Tensor> grads;
-  for (torch::Tensor& p : params) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad().view({-1}));
-  }
-  torch::Tensor flat = torch::cat(grads);
-  SumOver(*replicas_, flat, "all_reduce (gradients over the replicas)");
-  flat.div_(static_cast<double>(data_parallel_size()));
-  int64_t offset = 0;
-  for (torch::Tensor& p : params) {
-    const int64_t n = p.numel();
-    p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
-    offset += n;
-  }
+  if (replica_buckets_ != nullptr) replica_buckets_->Finish();
 }
 
 double TensorParallelStrategy::ClipGradNorm(double max_norm) {

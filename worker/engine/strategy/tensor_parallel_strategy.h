@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "worker/engine/strategy/fsdp_unit.h"
+#include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
@@ -133,6 +134,9 @@ class TensorParallelStrategy final : public Strategy {
                         const torch::Tensor& targets, double grad_scale);
   // The gradients averaged over the replicas (D > 1).
   void AverageOverReplicas();
+  // replica_buckets_'s views made every parameter's .grad() again, and the
+  // vocabulary-parallel view of wte's gradient pointed at its view.
+  void AttachGradViews();
   // Sharded: the units into one FsdpUnit each (collective over replicas_).
   absl::Status ShardOverReplicas();
   // Sharded: every unit gathered and the modules (and vocab_) pointed at
@@ -157,6 +161,9 @@ class TensorParallelStrategy final : public Strategy {
   std::unique_ptr<Communicator> own_tensor_;
   Communicator* tensor_ = nullptr;
   std::unique_ptr<Communicator> replicas_;
+  // Replicated slices (DDP x TP): their gradients averaged over replicas_ in
+  // DDP's buckets, launched as the sync micro-step's backward completes them.
+  std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<TensorParallelOps> ops_;  // f and g over tensor_
   Gpt2 model_{nullptr};
   // Every parameter's global shape, by name.

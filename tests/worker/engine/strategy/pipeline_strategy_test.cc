@@ -264,6 +264,11 @@ TEST(PipelineNcclOrderTest, TwoStagesBesideFsdp) {
 TEST(PipelineNcclOrderTest, TwoStagesBesideTensorParallelism) {
   ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2});
 }
+// PP x DDP x TP: the replicas' buckets hold wte's gradient, which the
+// vocabulary-parallel head writes outside autograd.
+TEST(PipelineNcclOrderTest, TwoStagesBesideDdpAndTensorParallelism) {
+  ExpectEveryOrderCompletesUnderNccl({2, 2, "ddp", 2});
+}
 
 // A replicated stage reduces over its replicas as DDP does: in buckets
 // launched as the step's last backward completes them, before the schedule
