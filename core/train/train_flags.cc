@@ -55,7 +55,9 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
       },
       "cap each rank's tensor memory (e.g. 512MiB): past it the run fails "
       "out of memory, as on a device that size");
-  app.add_option("--bucket-mb", c.bucket_mb, "DDP gradient bucket size in MB");
+  app.add_option("--bucket-mb", c.bucket_mb,
+                 "DDP gradient bucket size in MB (also DDP replicas of "
+                 "pipeline stages and tensor-parallel slices)");
   app.add_option(
       "--reshard-after-forward", c.reshard_after_forward,
       "FSDP: free gathered parameters after forward (false: ZeRO-2-like)");

@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
           config.strategy));
     }
     return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
-        options, comm, config.tensor_parallel, sharded));
+        options, comm, config.tensor_parallel, sharded, config.bucket_mb));
   }
   if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
     return s;

@@ -19,9 +19,6 @@
 namespace shardtrain {
 namespace {
 
-// Replicated slices' gradient buckets, as DDP's default (--bucket-mb 25).
-constexpr int64_t kReplicaBucketBytes = int64_t{25} << 20;
-
 using torch::autograd::AutogradContext;
 using tensor_list = torch::autograd::variable_list;
 
@@ -161,11 +158,14 @@ torch::Tensor GatherTensorParallelSlices(Communicator& group,
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
                                                int64_t tensor_parallel,
-                                               bool shard_over_replicas)
+                                               bool shard_over_replicas,
+                                               double bucket_mb)
     : options_(options),
       world_(world),
       tensor_parallel_(std::max<int64_t>(1, tensor_parallel)),
-      shard_over_replicas_(shard_over_replicas) {}
+      shard_over_replicas_(shard_over_replicas),
+      bucket_bytes_(std::max<int64_t>(
+          1, static_cast<int64_t>(std::llround(bucket_mb * 1024 * 1024)))) {}
 
 TensorParallelStrategy::~TensorParallelStrategy() = default;
 
@@ -281,7 +281,7 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
       options_.adamw);
   if (replicas_ != nullptr) {
     replica_buckets_ = std::make_unique<GradientBuckets>(
-        model_->parameters(), replicas_.get(), kReplicaBucketBytes,
+        model_->parameters(), replicas_.get(), bucket_bytes_,
         "tensor parallel x ddp");
     AttachGradViews();
   }

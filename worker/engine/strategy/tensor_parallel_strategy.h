@@ -96,7 +96,8 @@ class TensorParallelStrategy final : public Strategy {
   // (D >= 2) instead of DDP.
   TensorParallelStrategy(const StrategyOptions& options, Communicator* world,
                          int64_t tensor_parallel,
-                         bool shard_over_replicas = false);
+                         bool shard_over_replicas = false,
+                         double bucket_mb = 25);
   ~TensorParallelStrategy() override;
 
   // The data-parallel part: "single" (one replica), "ddp" or "fsdp".
@@ -155,6 +156,7 @@ class TensorParallelStrategy final : public Strategy {
   Communicator* const world_;
   const int64_t tensor_parallel_;
   const bool shard_over_replicas_;
+  const int64_t bucket_bytes_;  // replicas' gradient buckets (--bucket-mb)
   // The replica's T ranks (a group of its own even when D = 1, so that its
   // traffic is counted apart) and, with D > 1, the ranks holding the same
   // slices in the other replicas.
