@@ -238,6 +238,28 @@ void ExpectSameGradients(const TrainResult& single,
             << worst_name << ", relative to its largest element)\n";
 }
 
+std::function<void(int64_t, Strategy&)> DoubleGradientOf(
+    const std::string& name) {
+  return [name](int64_t, Strategy& strategy) {
+    for (StateSlice& slice : strategy.GradientSlices()) {
+      if (slice.name == "grad." + name) slice.data.mul_(2);
+    }
+  };
+}
+
+void ExpectOnlyTamperedGradientDiffers(const TrainResult& single,
+                                       const std::vector<TrainResult>& ranks,
+                                       const std::string& tampered,
+                                       double rel) {
+  const std::map<std::string, double> diffs =
+      GradientDiffs(GlobalGradients({single}, 0), GlobalGradients(ranks, 0));
+  ASSERT_EQ(diffs.count(tampered), 1u) << tampered;
+  EXPECT_GT(diffs.at(tampered), 0.5) << "the doubled gradient went unnoticed";
+  for (const auto& [name, diff] : diffs) {
+    if (name != tampered) EXPECT_LE(diff, rel) << name;
+  }
+}
+
 double RelDiff(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-12);
 }

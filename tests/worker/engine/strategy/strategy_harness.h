@@ -148,6 +148,18 @@ void ExpectSameGradients(const TrainResult& single,
                          const std::vector<TrainResult>& ranks, double rel,
                          const std::string& what);
 
+// A TrainLoop::tamper that doubles the gradient of parameter `name` on
+// every rank (what a scale bug confined to one tensor would do).
+std::function<void(int64_t, Strategy&)> DoubleGradientOf(
+    const std::string& name);
+
+// Step 0's gradients of `ranks` against `single`'s: `tampered`'s off by more
+// than half its largest element, every other within `rel` — the tensor by
+// tensor check catches what the norm alone would blur.
+void ExpectOnlyTamperedGradientDiffers(const TrainResult& single,
+                                       const std::vector<TrainResult>& ranks,
+                                       const std::string& tampered, double rel);
+
 double RelDiff(double a, double b);
 double MaxAbsDiff(const ParamMap& a, const ParamMap& b);
 
