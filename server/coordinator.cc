@@ -16,12 +16,14 @@
 #include <iostream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
 #include "common/small_file.h"
 #include "common/subprocess.h"
 #include "server/backends.h"
+#include "server/connection_trimmer.h"
 #include "server/dataset_locator.h"
 #include "server/grpc_status.h"
 #include "server/listener_probe.h"
@@ -37,6 +39,7 @@ constexpr size_t kMaxUnixSocketPath = 107;  // sun_path minus the NUL
 constexpr absl::Duration kSelfCheckInterval = absl::Seconds(1);
 constexpr absl::Duration kSelfCheckTimeout = absl::Seconds(2);
 constexpr int kFailuresBeforeRebuild = 3;
+constexpr absl::Duration kTrimLogEvery = absl::Seconds(10);
 // Connections that never complete the HTTP/2 handshake are dropped after it.
 constexpr absl::Duration kServerHandshakeTimeout = absl::Seconds(5);
 
@@ -108,6 +111,11 @@ absl::Status ValidateOptions(const CoordinatorOptions& options,
       return absl::InvalidArgumentError(absl::StrCat(
           "--worker-listen: ", absl::StripPrefix(s.message(), "--listen: ")));
     }
+  }
+  if (options.max_connections_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-connections-per-peer must be >= 1; got ",
+                     options.max_connections_per_peer));
   }
   if (options.max_streams_per_client < 1 || options.max_streams_per_peer < 1 ||
       options.max_streams < 1 || options.max_message_bytes < 1024) {
@@ -466,7 +474,28 @@ absl::Status Coordinator::Serve(
 
 void Coordinator::SelfCheckLoop() {
   int failures = 0;
+  // A TCP --listen's port: its connections are bounded per peer.
+  int port = 0;
+  if (!absl::StartsWith(address_, "unix")) {
+    (void)absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port);
+  }
+  absl::Time last_trim_log = absl::InfinitePast();
+  int trimmed_unlogged = 0;
   while (!stop_self_check_.WaitForNotificationWithTimeout(kSelfCheckInterval)) {
+    if (port > 0) {
+      const TrimResult trim =
+          TrimConnectionsPerPeer(port, options_.max_connections_per_peer);
+      trimmed_unlogged += trim.shut_down;
+      // Said at most every 10 s: a peer that keeps trying costs no log.
+      if (trimmed_unlogged > 0 && absl::Now() - last_trim_log > kTrimLogEvery) {
+        std::cerr << "shardtraind: shut down " << trimmed_unlogged
+                  << " connection(s) beyond --max-connections-per-peer "
+                  << options_.max_connections_per_peer << " (the most from "
+                  << trim.busiest << ")" << std::endl;
+        trimmed_unlogged = 0;
+        last_trim_log = absl::Now();
+      }
+    }
     absl::Status status = ProbeListener(address_, kSelfCheckTimeout);
     if (status.ok()) status = ProbeListener(worker_address_, kSelfCheckTimeout);
     if (status.ok()) {

@@ -65,6 +65,9 @@ struct CoordinatorOptions {
   int max_streams_per_client = 64;  // per connection
   int max_streams_per_peer = 128;   // per local user or remote address
   int max_streams = 512;            // for the whole daemon
+  // Connections one peer may hold on --listen (the self-check shuts down
+  // the newest beyond it; server/connection_trimmer.h).
+  int max_connections_per_peer = 1024;
   // Largest request accepted (a JobSpec is a few KiB; a worker's progress
   // report a few hundred steps).
   int max_message_bytes = 4 << 20;

@@ -88,6 +88,12 @@ void AddCoordinatorFlags(CLI::App* app, CoordinatorOptions* options,
   app->add_option("--min-free-mb", options->min_free_mb,
                   "refuse submissions while the state dir has less free space")
       ->capture_default_str();
+  app->add_option("--max-connections-per-peer",
+                  options->max_connections_per_peer,
+                  "connections one client (a local user, or a remote "
+                  "address) may hold on --listen; the newest beyond it are "
+                  "shut down")
+      ->capture_default_str();
   app->add_option("--max-message-bytes", options->max_message_bytes,
                   "largest request accepted")
       ->capture_default_str();

@@ -343,8 +343,8 @@ int64_t BlockBackwardBytes(const Shapes& s) {
 //
 // Its activations: ActivationBytes, HeadLogitsBytes and
 // RecomputePeakActivationBytes of its slice (SliceForTensorParallel).
-// With D > 1 the step has a second moment: the gradients averaged over the
-// replicas in one flat buffer, after the activations are freed.
+// With D > 1 the gradients are averaged over the replicas in place, in
+// their own buckets: no further moment.
 absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
                                               const Gpt2Config& model,
                                               int64_t world_size,
@@ -442,17 +442,8 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
                             ids_and_mask,
                             std::max(4 * c * c / t, wte_local / d), cuda);
   }
-  // The replicas' average: every gradient copied into one flat buffer.
-  const int64_t all_reduce = 4 * local_params + ids_and_mask;
-  if (world_size / t > 1 && all_reduce > plan.activations + plan.logits +
-                                             plan.communication +
-                                             plan.recomputation) {
-    plan.peak_moment = MemoryPlan::Moment::kGradientAllReduce;
-    plan.activations = ids_and_mask;
-    plan.logits = 0;
-    plan.communication = 4 * local_params;
-    plan.recomputation = 0;
-  }
+  // The replicas average in place, in the gradients' own buckets
+  // (GradientBuckets): nothing more is held for it.
   return WithGradientNorm(plan, plan.gradients, ids_and_mask,
                           std::max(s.wte_params, 4 * c * c / t), cuda);
 }
@@ -697,9 +688,11 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       }
       at.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
       consider(at);
-    } else if (replicas > 1) {
-      // After the schedule, the stage's replicas average its gradients
-      // through one flat copy of them (PipelineStrategy's all-reduce).
+    }
+    // Replicas of a stage average in place, in the gradients' own buckets
+    // (GradientBuckets): nothing more is held for it; with tensor ranks,
+    // after the schedule through one flat copy of the gradients.
+    if (!sharded && replicas > 1 && tensor_parallel) {
       MemoryPlan at = base;
       at.activations = ids_and_mask;
       at.communication = 4 * params;

@@ -525,6 +525,57 @@ TEST_F(CoordinatorSecurityTest, TheControlPlaneRecoversFromADescriptorFlood) {
   EXPECT_THAT(daemon->log(), HasSubstr("serving anew on"));
 }
 
+// gRPC takes every connection it can: one client holding hundreds of idle
+// HTTP/2 connections would hold that many of the daemon's descriptors. The
+// self-check shuts down a peer's newest connections beyond
+// --max-connections-per-peer; the others, and the daemon, go on.
+TEST_F(CoordinatorSecurityTest, OnePeerHoldsAtMostMaxConnectionsPerPeer) {
+  DaemonOptions options;
+  options.extra_flags = {"--max-connections-per-peer", "8"};
+  auto daemon = NewDaemon(options);
+  std::string error;
+  ASSERT_TRUE(daemon->Start(&error)) << error;
+  // Connections that complete HTTP/2's handshake (the client preface and an
+  // empty SETTINGS frame), so that only the bound can end them.
+  const std::string preface =
+      std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+      std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
+  std::vector<int> held;
+  for (int i = 0; i < 30; ++i) {
+    const int fd = test::ConnectTcp(daemon->address());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, preface.data(), preface.size()),
+              static_cast<ssize_t>(preface.size()));
+    held.push_back(fd);
+  }
+  // Open: nothing more to read now; closed: end of stream or reset.
+  const auto still_open = [](int fd) {
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n > 0) continue;  // the server's SETTINGS and acknowledgements
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+  };
+  int open = 0;
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        open = 0;
+        for (int fd : held) open += still_open(fd) ? 1 : 0;
+        return open <= 8;
+      },
+      absl::Seconds(20)))
+      << open << " of 30 still open";
+  // The bound, not a purge: the oldest stay (the test's own channel and the
+  // daemon's probes are connections of this user too).
+  EXPECT_GE(open, 4);
+  EXPECT_THAT(daemon->log(), HasSubstr("beyond --max-connections-per-peer 8"));
+  for (int fd : held) ::close(fd);
+  grpc::ClientContext context;
+  v1::ListJobsResponse list;
+  ASSERT_GRPC_OK(daemon->jobs().ListJobs(&context, {}, &list));
+}
+
 TEST_F(CoordinatorSecurityTest, OversizedRequestsAreRefusedAndNothingIsLost) {
   DaemonOptions options;
   options.extra_flags = {"--max-message-bytes", "65536"};

@@ -231,8 +231,10 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   }
 
   // Replicated stages reduce over their replicas as the step's last
-  // backward runs (as DDP does).
-  if (replicas_ != nullptr && !sharded()) {
+  // backward runs (as DDP does). With tensor ranks (the vocabulary-parallel
+  // head writes wte's gradient itself) the stage reduces after the
+  // schedule, through one flat copy.
+  if (replicas_ != nullptr && !sharded() && tensor_ == nullptr) {
     replica_buckets_ = std::make_unique<GradientBuckets>(
         owned_, replicas_.get(),
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(
@@ -551,6 +553,21 @@ void PipelineStrategy::SynchronizeGradients() {
     if (!wte.grad().defined()) wte.mutable_grad() = torch::zeros_like(wte);
     torch::Tensor grad = wte.grad();
     Check(tied_->AllReduce(grad), "all_reduce (tied wte)");
+  }
+  if (replicas_ == nullptr || replica_buckets_ != nullptr) return;
+  std::vector<torch::Tensor> grads;
+  for (torch::Tensor& p : owned_) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().view({-1}));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  Check(replicas_->AllReduce(flat), "all_reduce (gradients)");
+  flat.div_(static_cast<double>(data_parallel_size()));
+  int64_t offset = 0;
+  for (torch::Tensor& p : owned_) {
+    const int64_t n = p.numel();
+    p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
+    offset += n;
   }
 }
 

@@ -16,7 +16,8 @@
 //     training math is single-device's (Megatron's embedding group);
 //   - data parallelism: each stage's gradients are averaged over its D
 //     replicas in DDP's buckets (GradientBuckets), launched as the step's
-//     last backward completes them, so the reduction overlaps it;
+//     last backward completes them, so the reduction overlaps it (with
+//     tensor ranks: one coalesced all-reduce after the schedule);
 //   - the gradient norm is summed over the stages (wte counted once).
 // Checkpoints hold every tensor by its global name (stage 0 writes wte, the
 // replicas of a stage an even share each), so they load at any mesh.
@@ -218,8 +219,8 @@ class PipelineStrategy final : public Strategy {
   std::unique_ptr<TensorParallelOps> tensor_ops_;
   VocabShard vocab_;
   std::unique_ptr<Communicator> replicas_;
-  // A replicated stage: its gradients averaged over replicas_ as the step's
-  // last backward runs.
+  // A replicated stage without tensor ranks: its gradients averaged over
+  // replicas_ as the step's last backward runs.
   std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<Communicator> across_groups_;
   std::unique_ptr<Communicator> tied_;
