@@ -478,12 +478,7 @@ TEST_F(CoordinatorSecurityTest, TheControlPlaneRecoversFromADescriptorFlood) {
       daemon->Submit(FakeSpec("quick", dir_ / "allowed/data"), &job));
 
   const std::string address = daemon->address();
-  const size_t colon = address.rfind(':');
-  sockaddr_in target{};
-  target.sin_family = AF_INET;
-  target.sin_port =
-      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &target.sin_addr);
+  sockaddr_in target = test::Ipv4SocketAddress(address);
   std::vector<int> flood;
   for (int i = 0; i < 300; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);

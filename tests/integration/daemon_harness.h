@@ -48,14 +48,20 @@ inline std::string FakeWorker() {
 }
 
 // The body of GET http://<address>/metrics ("" when unreachable).
-// A TCP connection to an IPv4 "host:port"; -1 when it cannot be made.
-inline int ConnectTcp(const std::string& address) {
+// The socket address of an IPv4 "host:port".
+inline sockaddr_in Ipv4SocketAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port =
       htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  return addr;
+}
+
+// A TCP connection to an IPv4 "host:port"; -1 when it cannot be made.
+inline int ConnectTcp(const std::string& address) {
+  sockaddr_in addr = Ipv4SocketAddress(address);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
