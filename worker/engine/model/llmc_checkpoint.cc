@@ -92,6 +92,11 @@ absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path) {
       });
 }
 
+absl::Status Gpt2Impl::ExportWeights(const std::string& path) {
+  Gpt2 self(std::static_pointer_cast<Gpt2Impl>(shared_from_this()));
+  return SaveLlmcCheckpoint(self, path);
+}
+
 absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
   absl::StatusOr<InputFile> file = InputFile::Open(path);
   if (!file.ok()) {

@@ -31,7 +31,7 @@ DdpStrategy::DdpStrategy(const StrategyOptions& options, Communicator* comm,
 
 DdpStrategy::~DdpStrategy() = default;
 
-absl::Status DdpStrategy::Setup(Gpt2 model) {
+absl::Status DdpStrategy::Setup(CausalLm model) {
   if (absl::Status s = local_.Setup(model); !s.ok()) return s;
   try {
     buckets_ = std::make_unique<GradientBuckets>(model->parameters(), comm_,

@@ -58,7 +58,7 @@ class DdpStrategy final : public Strategy {
 
   std::string name() const override { return "ddp"; }
   // Collective: every rank must call it. Errors: a failed broadcast.
-  absl::Status Setup(Gpt2 model) override;
+  absl::Status Setup(CausalLm model) override;
   // Collective when `sync` is true. A failed all-reduce throws c10::Error
   // (the interface has no Status here), naming the collective.
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,

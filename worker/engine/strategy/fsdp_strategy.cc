@@ -11,12 +11,9 @@
 #include <map>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 
@@ -29,18 +26,18 @@ void Check(const absl::Status& status) {
   ThrowIfFailed(status, "FSDP", "a collective");
 }
 
-// 1 + i for the parameters of block h.i, num_blocks + 1 for wte, 0 (the
-// root) for the others.
-int64_t UnitOf(const std::string& name, int64_t num_blocks) {
-  if (name == "wte.weight") return num_blocks + 1;
-  if (!absl::StartsWith(name, "h.")) return 0;
-  const size_t end = name.find('.', 2);
-  int64_t block = 0;
-  if (end == std::string::npos ||
-      !absl::SimpleAtoi(name.substr(2, end - 2), &block)) {
-    return 0;
+// 1 + i for the parameters of block i, num_blocks + 1 for the token
+// embedding, 0 (the root) for the others.
+int64_t UnitOf(const CausalLmImpl& model, const std::string& name) {
+  const ParamPlace place = model.PlaceOf(name);
+  switch (place.role) {
+    case ParamRole::kTokenEmbedding:
+      return model.num_blocks() + 1;
+    case ParamRole::kBlock:
+      return 1 + place.block;
+    default:
+      return 0;
   }
-  return 1 + block;
 }
 
 }  // namespace
@@ -97,7 +94,7 @@ absl::Status FsdpStrategy::FormGroups() {
 
 FsdpStrategy::~FsdpStrategy() = default;
 
-absl::Status FsdpStrategy::Setup(Gpt2 model) {
+absl::Status FsdpStrategy::Setup(CausalLm model) {
   if (world_ == nullptr) {
     return absl::InvalidArgumentError("fsdp: needs a communicator");
   }
@@ -121,7 +118,7 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     const std::map<std::string, torch::Tensor*> members =
         model_->MemberTensors();
     const int64_t num_blocks = model_->num_blocks();
-    wte_unit_ = num_blocks + 1;
+    embedding_unit_ = num_blocks + 1;
     std::vector<std::vector<FsdpUnit::Source>> sources(
         static_cast<size_t>(num_blocks + 2));
     for (const auto& item : model_->named_parameters()) {
@@ -132,7 +129,7 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
             "' is not the weight or bias of a Linear, LayerNorm or Embedding, "
             "the modules whose tensors FSDP can point at gathered views"));
       }
-      const int64_t u = UnitOf(item.key(), num_blocks);
+      const int64_t u = UnitOf(*model_, item.key());
       if (u >= static_cast<int64_t>(sources.size())) {
         return absl::InternalError(
             absl::StrCat("fsdp: parameter '", item.key(), "' has no unit"));
@@ -141,22 +138,22 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     }
     // One unit at a time: each frees its parameters once sharded, so Setup
     // needs the model plus one unit's flat copy at most.
-    const int64_t n_embd = model_->config().n_embd;
+    const int64_t n_embd = model_->dims().hidden_size;
     for (size_t u = 0; u < sources.size(); ++u) {
-      const bool wte = static_cast<int64_t>(u) == wte_unit_;
+      const bool embedding = static_cast<int64_t>(u) == embedding_unit_;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u == 0 ? "root"
-          : wte  ? "wte"
-                 : absl::StrCat("h.", u - 1),
+          u == 0      ? "root"
+          : embedding ? ModulePath(model_->token_embedding_name())
+                      : model_->BlockName(static_cast<int64_t>(u) - 1),
           std::move(sources[u]), shard_, options_.device, compute_dtype,
-          /*align=*/wte ? n_embd : 1);
+          /*align=*/embedding ? n_embd : 1);
       if (!unit.ok()) return unit.status();
       const int64_t index = static_cast<int64_t>(u);
       hooks_.Add((*unit)->full(), [this, index] { OnGradReady(index); });
       units_.push_back(std::move(*unit));
     }
-    FsdpUnit& wte = *units_[wte_unit_];
-    const int64_t rows = wte.shard_numel() / n_embd;
+    FsdpUnit& embedding = *units_[embedding_unit_];
+    const int64_t rows = embedding.shard_numel() / n_embd;
     if (replicate_ != nullptr) {
       // Every replica starts from replica 0's shards.
       for (const auto& unit : units_) {
@@ -170,10 +167,10 @@ absl::Status FsdpStrategy::Setup(Gpt2 model) {
     }
     replica_reduced_.assign(units_.size(), false);
     vocab_.comm = shard_;
-    vocab_.weight = wte.shard().view({rows, n_embd});
-    vocab_.grad = wte.shard_grad().view({rows, n_embd});
-    vocab_.row_begin = wte.shard_offset() / n_embd;
-    vocab_.vocab_size = model_->config().vocab_size;
+    vocab_.weight = embedding.shard().view({rows, n_embd});
+    vocab_.grad = embedding.shard_grad().view({rows, n_embd});
+    vocab_.row_begin = embedding.shard_offset() / n_embd;
+    vocab_.vocab_size = model_->dims().vocab_size;
     vocab_.compute_dtype = compute_dtype;
     vocab_.chunk_bytes = fsdp_.head_chunk_bytes;
     vocab_.anchor = torch::zeros(
@@ -218,16 +215,17 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
                                     double loss_scale) {
   TORCH_CHECK(!units_.empty(), "FSDP: Setup() must come first");
   TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
-                  inputs.size(1) <= model_->config().block_size,
-              "FSDP: inputs must be [B,T] with 1 <= T <= block_size = ",
-              model_->config().block_size, ", got ", inputs.sizes());
+                  inputs.size(1) <= model_->dims().max_seq_len,
+              "FSDP: inputs must be [B,T] with 1 <= T <= the model's longest "
+              "sequence, ",
+              model_->dims().max_seq_len, ", got ", inputs.sizes());
   const int64_t last = model_->num_blocks();  // units 1..last are the blocks
   LaunchGather(0);
   if (fsdp_.prefetch && last >= 1) LaunchGather(1);
-  Unshard(0);  // the root stays gathered: ln_f comes last
+  Unshard(0);  // the root stays gathered: the final norm comes last
   ScopedAutocast autocast(options_.device, options_.precision);
-  torch::Tensor x = VocabParallelEmbedding(inputs, vocab_) +
-                    model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+  torch::Tensor x =
+      model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
   for (int64_t u = 1; u <= last; ++u) {
     Unshard(u);
     if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
@@ -243,7 +241,7 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
     // after the head's, so freeing it would only buy a second all-gather.
     if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
   }
-  torch::Tensor loss = VocabParallelLoss(model_->ln_f()(x), targets, vocab_,
+  torch::Tensor loss = VocabParallelLoss(model_->FinalNorm(x), targets, vocab_,
                                          training ? loss_scale : 0.0);
   if (!training) Reshard(0);
   return loss;
@@ -497,7 +495,7 @@ absl::Status FsdpStrategy::ExportModel(const std::string& path) {
   }
   absl::Status status = absl::OkStatus();
   if (world_->rank() == 0) {
-    status = SaveLlmcCheckpoint(model_, path);
+    status = model_->ExportWeights(path);
     for (const auto& unit : units_) unit->Reshard();  // resets the members
   }
   return status;
@@ -516,7 +514,8 @@ int64_t FsdpStrategy::UnitBytes(int64_t unit) const {
 int64_t FsdpStrategy::LargestUnitBytes() const {
   int64_t largest = 0;
   for (int64_t u = 0; u < num_units(); ++u) {
-    if (u != wte_unit_) largest = std::max(largest, units_[u]->FullBytes());
+    if (u != embedding_unit_)
+      largest = std::max(largest, units_[u]->FullBytes());
   }
   return largest;
 }

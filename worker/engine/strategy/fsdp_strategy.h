@@ -1,22 +1,25 @@
 // FsdpStrategy: Fully Sharded Data Parallel (ZeRO-3) over our Communicator.
 //
-// Units: one per transformer block, a small root unit (wpe, ln_f) and the
-// tied embedding wte; each is an FsdpUnit, flattened, padded and sharded.
+// Units: one per block of the model (causal_lm.h), a small root unit (the
+// other inputs and the final norm) and the tied token embedding; each is an
+// FsdpUnit, flattened, padded and sharded.
 // A rank holds its shards of the parameters, the gradients and the AdamW
 // state — about 1/N of a replica's — plus, transiently, the full parameters
-// of the units being computed. wte is sharded by whole rows and never
+// of the units being computed. The token embedding is sharded by whole rows
+// and never
 // gathered: the embedding and the LM head + loss run vocabulary-parallel on
 // the rows (vocab_parallel.h), so no rank ever holds the full embedding or
 // its full gradient, nor the [tokens, vocab] logits.
 //
 // One training micro-step:
-//   forward   root gathered (kept until backward: the positions and ln_f);
+//   forward   root gathered (kept until backward: positions, final norm);
 //             the vocabulary-parallel embedding; for each block: wait for its
 //             all-gather, launch the next block's (prefetch), compute, free
 //             the full buffer (reshard after forward) unless
 //             reshard_after_forward is false. The last block is kept either
-//             way: its backward is the first. Then ln_f and the
-//             vocabulary-parallel loss, which also adds wte's gradient into
+//             way: its backward is the first. Then the final norm and
+//             the vocabulary-parallel loss, which adds the embedding's
+//             gradient into
 //             its shard.
 //   backward  a hook on each block's output fires just before that block's
 //             backward: re-gather it and launch the all-gather of the block
@@ -29,7 +32,8 @@
 // reduce-scatter per micro-step. With FsdpOptions::no_sync (PyTorch's
 // no_sync) the micro-steps with sync = false keep each unit's full gradient
 // (fp32, a replica's worth of the blocks and root) and reduce-scatter only on
-// the last: less communication, more memory. wte's gradient goes to its
+// the last: less communication, more memory. The embedding's gradient goes
+// to its
 // shard on every micro-step either way (its communication is in forward).
 //
 // HSDP (hybrid sharding, PyTorch's HYBRID_SHARD, a 2-D device mesh of
@@ -91,7 +95,8 @@ struct FsdpOptions {
 };
 
 // What the strategy did, in order, for tests and tracing. Units are numbered
-// 0 = root, 1 + i = block h.i, num_blocks + 1 = wte (which is never gathered).
+// 0 = root, 1 + i = block i, num_blocks + 1 = the token embedding (which is
+// never gathered).
 struct FsdpEvent {
   enum class Kind {
     kGatherLaunch,   // all-gather launched (full buffer allocated)
@@ -122,7 +127,7 @@ class FsdpStrategy final : public Strategy {
   std::string name() const override;
   // Shards `model` and frees its full parameters: afterwards the model's own
   // parameter tensors are empty; the strategy alone holds the weights.
-  absl::Status Setup(Gpt2 model) override;
+  absl::Status Setup(CausalLm model) override;
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
@@ -164,7 +169,8 @@ class FsdpStrategy final : public Strategy {
   // Bytes of unit `unit`'s full flat buffer (padded, compute dtype), the
   // memory a gather adds.
   int64_t UnitBytes(int64_t unit) const;
-  // The largest of the units that are ever gathered (all but wte).
+  // The largest of the units that are ever gathered (all but the token
+  // embedding's).
   int64_t LargestUnitBytes() const;
   // Called synchronously at every FsdpEvent (on the rank's thread, also from
   // inside backward). Empty to stop.
@@ -209,10 +215,10 @@ class FsdpStrategy final : public Strategy {
   std::unique_ptr<Communicator> own_replicate_;
   Communicator* shard_ = nullptr;      // the world, or this rank's shard group
   Communicator* replicate_ = nullptr;  // HSDP: this rank's replica group
-  Gpt2 model_{nullptr};
+  CausalLm model_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
-  int64_t wte_unit_ = -1;
-  VocabShard vocab_;  // views of the wte unit's shard
+  int64_t embedding_unit_ = -1;
+  VocabShard vocab_;  // views of the token embedding unit's shard
   bool sync_ = true;  // of the micro-step in progress
   std::unique_ptr<AdamW> optimizer_;
   // Units whose reduce-scatter is in flight, oldest first.

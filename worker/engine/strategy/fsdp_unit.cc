@@ -278,16 +278,23 @@ std::vector<AdamW::Group> ShardWeightDecayGroups(
   return {decay, no_decay};
 }
 
+std::string ModulePath(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
 absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
+    const CausalLmImpl& model,
     const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
     const std::map<std::string, torch::Tensor*>& members,
     const std::string& who) {
   std::vector<UnitSources> units;
   for (const auto& [name, value] : parameters) {
-    const std::string unit = name == "wte.weight" ? "wte"
-                             : absl::StartsWith(name, "h.")
-                                 ? name.substr(0, name.find('.', 2))
-                                 : "root";
+    const ParamPlace place = model.PlaceOf(name);
+    const std::string unit =
+        place.role == ParamRole::kTokenEmbedding ? ModulePath(name)
+        : place.role == ParamRole::kBlock        ? model.BlockName(place.block)
+                                                 : "root";
     const auto member = members.find(name);
     if (member == members.end()) {
       return absl::InvalidArgumentError(absl::StrCat(

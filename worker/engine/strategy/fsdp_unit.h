@@ -1,6 +1,7 @@
 // FsdpUnit: one FSDP (ZeRO-3) unit — a group of module parameters (one
-// transformer block, or the root's wte, wpe and ln_f) flattened into one
-// buffer, padded to a multiple of the world size and sharded over the ranks.
+// block of the model, or its token embedding, or its other inputs and final
+// norm) flattened into one buffer, padded to a multiple of the world size
+// and sharded over the ranks.
 //
 // What a rank holds for good: its shard of the flat parameters (fp32, the
 // optimizer's master copy), the shard of the gradient, and the optimizer state
@@ -30,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/comm/communicator.h"
+#include "worker/engine/model/causal_lm.h"
 #include "worker/engine/support/adamw.h"
 
 namespace shardtrain {
@@ -61,8 +63,8 @@ class FsdpUnit {
   // buffer is kept in `compute_dtype` (bf16 for mixed precision on CUDA), the
   // shard always in fp32. The padding makes the buffer a multiple of
   // world size * `align` elements, so with align = a row's length every
-  // shard is whole rows (the row-sharded wte). `comm` must outlive the unit.
-  // Collective.
+  // shard is whole rows (the row-sharded token embedding). `comm` must outlive
+  // the unit. Collective.
   static absl::StatusOr<std::unique_ptr<FsdpUnit>> Create(
       std::string name, std::vector<Source> sources, Communicator* comm,
       const torch::Device& device, torch::ScalarType compute_dtype,
@@ -110,8 +112,8 @@ class FsdpUnit {
   absl::Status LaunchReduceScatter();
   // Hands the unit `grad`, the gradient of its only parameter (a
   // parameter whose users add its gradient themselves, e.g. the
-  // vocabulary-parallel wte), as full()'s gradient, padded with zeros, for
-  // the next LaunchReduceScatter().
+  // vocabulary-parallel token embedding), as full()'s gradient, padded with
+  // zeros, for the next LaunchReduceScatter().
   void SetParameterGradient(const torch::Tensor& grad);
   // Gradient accumulation without communication (FSDP's no_sync): adds
   // full().grad() into an fp32 full-size buffer kept until the next
@@ -184,7 +186,8 @@ std::vector<AdamW::Group> ShardWeightDecayGroups(
     const std::vector<std::unique_ptr<FsdpUnit>>& units, double weight_decay);
 
 // A model's parameters (name, value) grouped into the units the strategies
-// shard: wte alone, each block's together ("h.N"), the rest (wpe, ln_f)
+// shard: the token embedding alone (named by its module, ModulePath), each
+// block's together (BlockName), the rest (other inputs, the final norm)
 // together ("root"), in the order each unit's first parameter comes. A
 // parameter that is not a module member in `members` is refused, `who`
 // naming the strategy.
@@ -193,9 +196,13 @@ struct UnitSources {
   std::vector<FsdpUnit::Source> sources;
 };
 absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
+    const CausalLmImpl& model,
     const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
     const std::map<std::string, torch::Tensor*>& members,
     const std::string& who);
+
+// The module path of parameter `name`: "embed" of "embed.weight".
+std::string ModulePath(const std::string& name);
 
 // Calls `visit(param, offset, piece)` for each parameter with elements in
 // this rank's shard of `unit`: `piece` is the shard's memory holding them

@@ -11,10 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/train/strategy_kinds.h"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
-#include "worker/engine/strategy/tensor_parallel_strategy.h"
+#include "worker/engine/strategy/tensor_parallel_layer.h"
 
 namespace shardtrain {
 namespace {
@@ -62,13 +61,6 @@ DeviceMesh MakeMesh(int64_t world, const PipelineOptions& pipeline) {
                               {MeshDim::kReplicate, per_stage}});
 }
 
-// Whether global parameter `name` belongs to blocks [first, end).
-bool InBlocks(const std::string& name, int64_t first, int64_t end) {
-  if (!absl::StartsWith(name, "h.")) return false;
-  const int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));
-  return block >= first && block < end;
-}
-
 }  // namespace
 
 // A micro-batch between its forward and its backward on this stage.
@@ -109,19 +101,30 @@ void PipelineStrategy::Check(std::unique_ptr<CommWork> work, const char* what) {
   ThrowIfFailed(work->Wait(), "pipeline", what);
 }
 
-bool PipelineStrategy::Owns(const std::string& name) const {
-  const PipelineStage& mine = partition_[stage_];
-  if (InBlocks(name, mine.first_block, mine.end_block)) return true;
-  if (name == "wte.weight") return mine.embeddings || mine.head;
-  if (absl::StartsWith(name, "wpe.")) return mine.embeddings;
-  if (absl::StartsWith(name, "ln_f.")) return mine.head;
+bool PipelineStrategy::Holds(int64_t stage, const std::string& name) const {
+  const PipelineStage& held = partition_[stage];
+  const ParamPlace place = model_->PlaceOf(name);
+  switch (place.role) {
+    case ParamRole::kBlock:
+      return place.block >= held.first_block && place.block < held.end_block;
+    case ParamRole::kTokenEmbedding:
+      return held.embeddings || held.head;
+    case ParamRole::kInput:
+      return held.embeddings;
+    case ParamRole::kOutput:
+      return held.head;
+  }
   return false;
 }
 
-absl::Status PipelineStrategy::Setup(Gpt2 model) {
+bool PipelineStrategy::IsTokenEmbedding(const std::string& name) const {
+  return model_->PlaceOf(name).role == ParamRole::kTokenEmbedding;
+}
+
+absl::Status PipelineStrategy::Setup(CausalLm model) {
   model_ = std::move(model);
-  absl::StatusOr<std::vector<PipelineStage>> partition = PartitionPipeline(
-      model_->config(), pipeline_.seq_len, pipeline_.stages, pipeline_.split);
+  absl::StatusOr<std::vector<PipelineStage>> partition = model_->PipelineCuts(
+      pipeline_.seq_len, pipeline_.stages, pipeline_.split);
   if (!partition.ok()) return partition.status();
   partition_ = std::move(*partition);
 
@@ -222,7 +225,7 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
   }
   if (t > 1 && (first() || last())) {
     try {
-      vocab_ = TensorParallelVocabShard(model_, tensor_.get(), options_,
+      vocab_ = TensorParallelVocabShard(*model_, tensor_.get(), options_,
                                         /*rows_held=*/!sharded());
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat(
@@ -232,7 +235,7 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
 
   // Replicated stages reduce over their replicas as the step's last
   // backward runs (as DDP does). With tensor ranks (the vocabulary-parallel
-  // head writes wte's gradient itself) the stage reduces after the
+  // head writes the embedding's gradient itself) the stage reduces after the
   // schedule, through one flat copy.
   if (replicas_ != nullptr && !sharded() && tensor_ == nullptr) {
     replica_buckets_ = std::make_unique<GradientBuckets>(
@@ -267,28 +270,31 @@ absl::Status PipelineStrategy::Setup(Gpt2 model) {
 
 absl::Status PipelineStrategy::ShardStage() {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  // Units in the order their first parameter comes: wte alone, the stage's
-  // other root tensors (wpe, ln_f) together, one per block.
+  // Units in the order their first parameter comes: the token embedding
+  // alone, the stage's other tensors outside the blocks together, one per
+  // block.
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (size_t i = 0; i < owned_.size(); ++i) {
     parameters.emplace_back(owned_names_[i], owned_[i]);
   }
   absl::StatusOr<std::vector<UnitSources>> grouped =
-      GroupIntoUnits(parameters, members, "pipeline x fsdp");
+      GroupIntoUnits(*model_, parameters, members, "pipeline x fsdp");
   if (!grouped.ok()) return grouped.status();
   const torch::ScalarType compute_dtype =
       options_.device.is_cuda() && options_.precision == "bf16"
           ? torch::kBFloat16
           : torch::kFloat;
   try {
+    const std::string embedding = ModulePath(model_->token_embedding_name());
     for (UnitSources& u : *grouped) {
+      const bool is_embedding = u.name == embedding;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
           u.name, std::move(u.sources), replicas_.get(), options_.device,
-          // The vocabulary-parallel paths read wte in fp32.
-          u.name == "wte" && tensor_parallel() > 1 ? torch::kFloat
-                                                   : compute_dtype);
+          // The vocabulary-parallel paths read the embedding in fp32.
+          is_embedding && tensor_parallel() > 1 ? torch::kFloat
+                                                : compute_dtype);
       if (!unit.ok()) return unit.status();
-      if (u.name == "wte") wte_unit_ = unit->get();
+      if (is_embedding) embedding_unit_ = unit->get();
       units_.push_back(std::move(*unit));
     }
   } catch (const c10::Error& e) {
@@ -322,41 +328,44 @@ void PipelineStrategy::GatherUnits() {
     ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
     unit->UseFullParams();
   }
-  if (wte_unit_ != nullptr && tensor_ != nullptr) {
+  if (embedding_unit_ != nullptr && tensor_ != nullptr) {
     // The vocabulary-parallel paths read the gathered rows and add their
     // gradient into a buffer of their own, handed to the unit before the
     // reduce-scatter.
-    const FsdpUnit::Param& p = wte_unit_->params().front();
-    vocab_.weight =
-        wte_unit_->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
+    const FsdpUnit::Param& p = embedding_unit_->params().front();
+    vocab_.weight = embedding_unit_->full()
+                        .detach()
+                        .narrow(0, p.offset, p.numel)
+                        .view(p.shape);
     if (torch::GradMode::is_enabled()) {
       vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
     }
     return;
   }
-  if (wte_unit_ == nullptr || !torch::GradMode::is_enabled()) return;
-  // The LM head adds wte's gradient into the weight's .grad() itself, which
-  // a view of the unit's buffer cannot take: wte is a leaf over the same
+  if (embedding_unit_ == nullptr || !torch::GradMode::is_enabled()) return;
+  // The LM head adds the embedding's gradient into the weight's .grad()
+  // itself, which a view of the unit's buffer cannot take: it is a leaf over
+  // the same
   // memory, its gradient handed to the unit before the reduce-scatter.
-  const FsdpUnit::Param& p = wte_unit_->params().front();
-  if (!wte_leaf_.defined()) {
-    wte_leaf_ = wte_unit_->full()
-                    .detach()
-                    .narrow(0, p.offset, p.numel)
-                    .view(p.shape)
-                    .requires_grad_(true);
+  const FsdpUnit::Param& p = embedding_unit_->params().front();
+  if (!embedding_leaf_.defined()) {
+    embedding_leaf_ = embedding_unit_->full()
+                          .detach()
+                          .narrow(0, p.offset, p.numel)
+                          .view(p.shape)
+                          .requires_grad_(true);
   }
-  *p.member = wte_leaf_;
+  *p.member = embedding_leaf_;
 }
 
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
-  if (vocab_.grad.defined() && wte_unit_ != nullptr) {
-    wte_unit_->SetParameterGradient(vocab_.grad);
+  if (vocab_.grad.defined() && embedding_unit_ != nullptr) {
+    embedding_unit_->SetParameterGradient(vocab_.grad);
   }
-  if (wte_leaf_.defined()) {
-    torch::Tensor grad = wte_leaf_.grad();
-    if (grad.defined()) wte_unit_->SetParameterGradient(grad);
-    wte_leaf_ = torch::Tensor();
+  if (embedding_leaf_.defined()) {
+    torch::Tensor grad = embedding_leaf_.grad();
+    if (grad.defined()) embedding_unit_->SetParameterGradient(grad);
+    embedding_leaf_ = torch::Tensor();
   }
   for (auto& unit : units_) {
     ThrowIfFailed(unit->LaunchReduceScatter(), "pipeline x fsdp",
@@ -371,7 +380,7 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
 
 void PipelineStrategy::FreeUnits() {
   for (auto& unit : units_) unit->Reshard();
-  if (wte_unit_ != nullptr && tensor_ != nullptr) {
+  if (embedding_unit_ != nullptr && tensor_ != nullptr) {
     vocab_.weight = torch::Tensor();
     vocab_.grad = torch::Tensor();
   }
@@ -379,7 +388,7 @@ void PipelineStrategy::FreeUnits() {
 
 torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
   return torch::empty(
-      {rows, seq, model_->config().n_embd},
+      {rows, seq, model_->dims().hidden_size},
       torch::TensorOptions(options_.device).dtype(torch::kFloat));
 }
 
@@ -407,15 +416,14 @@ void PipelineStrategy::WaitReceive(std::unique_ptr<CommWork>& work) {
 
 torch::Tensor PipelineStrategy::Embed(const torch::Tensor& inputs) {
   if (tensor_ops_ == nullptr) return model_->Embed(inputs);
-  return VocabParallelEmbedding(inputs, vocab_) +
-         model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+  return model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
 }
 
 torch::Tensor PipelineStrategy::HeadLoss(const torch::Tensor& x,
                                          const torch::Tensor& targets,
                                          double scale) {
   if (tensor_ops_ == nullptr) return model_->HeadLoss(x, targets);
-  return VocabParallelLoss(model_->ln_f()(x), targets, vocab_, scale);
+  return VocabParallelLoss(model_->FinalNorm(x), targets, vocab_, scale);
 }
 
 bool PipelineStrategy::Whole(const std::string& name,
@@ -475,8 +483,8 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   if (replica_buckets_ != nullptr) {
     replica_buckets_->AttachGradViews();
     // The vocabulary-parallel embedding and head (tensor ranks) add into
-    // wte's gradient themselves: into its bucket's view.
-    if (vocab_.grad.defined()) vocab_.grad = model_->wte()->weight.grad();
+    // the token embedding's gradient themselves: into its bucket's view.
+    if (vocab_.grad.defined()) vocab_.grad = model_->token_embedding().grad();
     replica_buckets_->Arm(false);
   }
   for (size_t i = 0; i < ops->size(); ++i) {
@@ -536,23 +544,27 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
 void PipelineStrategy::SynchronizeGradients() {
   torch::NoGradGuard no_grad;
   if (sharded()) {
-    // The mean over the stage's replicas lands in each rank's shard; wte's
-    // two copies are sharded alike, so their shards sum pairwise.
+    // The mean over the stage's replicas lands in each rank's shard; the
+    // tied embedding's two copies are sharded alike, so their shards sum
+    // pairwise.
     ReduceScatterAndFreeUnits();
     AverageAcrossGroups();
     if (tied_ != nullptr) {
-      Check(tied_->AllReduce(wte_unit_->shard_grad()), "all_reduce (tied wte)");
+      Check(tied_->AllReduce(embedding_unit_->shard_grad()),
+            "all_reduce (tied embedding)");
     }
     return;
   }
   // The buckets' all-reduces (launched during the last backward) end
-  // before wte's gradient is summed with its tied copy.
+  // before the embedding's gradient is summed with its tied copy.
   if (replica_buckets_ != nullptr) replica_buckets_->Finish();
   if (tied_ != nullptr) {
-    torch::Tensor& wte = model_->wte()->weight;
-    if (!wte.grad().defined()) wte.mutable_grad() = torch::zeros_like(wte);
-    torch::Tensor grad = wte.grad();
-    Check(tied_->AllReduce(grad), "all_reduce (tied wte)");
+    torch::Tensor& embedding = model_->token_embedding();
+    if (!embedding.grad().defined()) {
+      embedding.mutable_grad() = torch::zeros_like(embedding);
+    }
+    torch::Tensor grad = embedding.grad();
+    Check(tied_->AllReduce(grad), "all_reduce (tied embedding)");
   }
   if (replicas_ == nullptr || replica_buckets_ != nullptr) return;
   std::vector<torch::Tensor> grads;
@@ -623,10 +635,11 @@ torch::Tensor PipelineStrategy::ForwardBackward(const torch::Tensor& inputs,
 
 double PipelineStrategy::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
-  // wte's two copies hold one gradient: counted on stage 0 only.
+  // The tied embedding's two copies hold one gradient: counted on stage 0
+  // only.
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < owned_.size(); ++i) {
-    if (owned_names_[i] == "wte.weight" && !first()) continue;
+    if (IsTokenEmbedding(owned_names_[i]) && !first()) continue;
     // Tensor parallelism: whole tensors counted on the first tensor rank.
     if (tensor_ != nullptr && tensor_->rank() != 0 &&
         Whole(owned_names_[i], owned_[i])) {
@@ -635,7 +648,7 @@ double PipelineStrategy::ClipGradNorm(double max_norm) {
     grads.push_back(owned_[i].grad());
   }
   for (auto& unit : units_) {
-    if (unit.get() == wte_unit_ && !first()) continue;
+    if (unit.get() == embedding_unit_ && !first()) continue;
     if (tensor_ == nullptr) {
       grads.push_back(unit->shard_grad());
       continue;
@@ -725,8 +738,8 @@ std::vector<StateSlice> PipelineStrategy::GradientSlices() {
     torch::Tensor& p = owned_[i];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     if (tensor_ != nullptr) {
-      AppendTensorParallelState(name, shapes_.at(name), tensor_->rank(),
-                                tensor_parallel(), 0,
+      AppendTensorParallelState(*model_, name, shapes_.at(name),
+                                tensor_->rank(), tensor_parallel(), 0,
                                 {{"grad.", p.grad().view(-1)}}, &slices);
     } else {
       slices.push_back({"grad." + name, p.sizes().vec(), 0, p.grad().view(-1)});
@@ -738,7 +751,7 @@ std::vector<StateSlice> PipelineStrategy::GradientSlices() {
         [&](const FsdpUnit::Param& p, int64_t offset,
             const torch::Tensor& piece) {
           if (tensor_ != nullptr) {
-            AppendTensorParallelState(p.name, shapes_.at(p.name),
+            AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
                                       tensor_->rank(), tensor_parallel(),
                                       offset, {{"grad.", piece}}, &slices);
           } else {
@@ -759,11 +772,12 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
     const int64_t t = tensor_parallel();
     for (size_t i = 0; i < owned_.size(); ++i) {
       const std::string& name = owned_names_[i];
-      if (to_save && name == "wte.weight" && !first()) continue;
+      if (to_save && IsTokenEmbedding(name) && !first()) continue;
       const torch::Tensor& p = owned_[i];
       if (to_save && tensor_->rank() != 0 && Whole(name, p)) continue;
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-      AppendTensorParallelState(name, shapes_.at(name), tensor_->rank(), t, 0,
+      AppendTensorParallelState(*model_, name, shapes_.at(name),
+                                tensor_->rank(), t, 0,
                                 {{"model.", p.detach().view(-1)},
                                  {"optim.exp_avg.", exp_avg.view(-1)},
                                  {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
@@ -773,8 +787,8 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
   }
   for (size_t i = 0; i < owned_.size(); ++i) {
     const std::string& name = owned_names_[i];
-    // wte is written once, by stage 0; both copies load it.
-    if (to_save && name == "wte.weight" && !first()) continue;
+    // The tied embedding is written once, by stage 0; both copies load it.
+    if (to_save && IsTokenEmbedding(name) && !first()) continue;
     const torch::Tensor& p = owned_[i];
     const std::vector<int64_t> shape = p.sizes().vec();
     const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
@@ -817,7 +831,7 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
                       data.narrow(0, begin, end - begin)});
   };
   for (auto& unit : units_) {
-    if (to_save && unit.get() == wte_unit_ && !first()) continue;
+    if (to_save && unit.get() == embedding_unit_ && !first()) continue;
     ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
                                  const torch::Tensor& piece) {
       const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
@@ -826,7 +840,7 @@ std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
         // tensors written by the first tensor rank.
         const std::vector<int64_t>& global = shapes_.at(p.name);
         if (to_save && tensor_->rank() != 0 && p.shape == global) return;
-        AppendTensorParallelState(p.name, global, tensor_->rank(),
+        AppendTensorParallelState(*model_, p.name, global, tensor_->rank(),
                                   tensor_parallel(), offset,
                                   {{"model.", piece},
                                    {"optim.exp_avg.", exp_avg.view(-1)},
@@ -890,7 +904,7 @@ PipelineStrategy::GatherSlices() {
     torch::Tensor* member = members.at(name);
     if (Whole(name, *member)) continue;
     torch::Tensor full =
-        GatherTensorParallelSlices(*tensor_, name, global, *member);
+        GatherTensorParallelSlices(*model_, *tensor_, name, global, *member);
     restore.emplace_back(member, *member);
     *member = full;
   }
@@ -900,9 +914,10 @@ PipelineStrategy::GatherSlices() {
 absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
   if (!first()) {
-    // In name order, as stage 0 receives them; wte is stage 0's already.
+    // In name order, as stage 0 receives them; the tied embedding is stage
+    // 0's already.
     for (const auto& [name, shape] : shapes_) {
-      if (!Owns(name) || name == "wte.weight") continue;
+      if (!Owns(name) || IsTokenEmbedding(name)) continue;
       torch::Tensor sent =
           members.at(name)->detach().to(torch::kFloat).contiguous();
       Check(pipe_->Send(sent, 0, kExportTag), "send (export)");
@@ -912,10 +927,7 @@ absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
   for (int64_t s = 1; s < pipeline_.stages; ++s) {
     for (const auto& [name, shape] : shapes_) {
-      const PipelineStage& theirs = partition_[s];
-      const bool held = InBlocks(name, theirs.first_block, theirs.end_block) ||
-                        (theirs.head && absl::StartsWith(name, "ln_f."));
-      if (!held) continue;
+      if (!Holds(s, name) || IsTokenEmbedding(name)) continue;
       torch::Tensor received = torch::empty(
           shape, torch::TensorOptions(options_.device).dtype(torch::kFloat));
       Check(pipe_->Recv(received, s, kExportTag), "recv (export)");
@@ -924,7 +936,7 @@ absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
       *member = received;
     }
   }
-  const absl::Status status = SaveLlmcCheckpoint(model_, path);
+  const absl::Status status = model_->ExportWeights(path);
   for (auto& [member, value] : restore) *member = value;  // free them again
   return status;
 }

@@ -1,8 +1,8 @@
 // PipelineStrategy: model parallelism by layers. The world is a mesh of S
 // pipeline stages × D data-parallel replicas (core/train/device_mesh.h):
-// stage s holds a contiguous run of GPT-2's blocks (stage 0 also the
-// embeddings, the last stage the final LayerNorm and the tied LM head;
-// core/train/pipeline_plan.h cuts them), and the ranks of one stage are D
+// stage s holds a contiguous run of the model's blocks (stage 0 also the
+// embeddings, the last stage the final norm and the tied LM head; the
+// model's PipelineCuts place them), and the ranks of one stage are D
 // replicas of it that see different data.
 //
 // A step's micro-batches (the trainer's accumulation steps, each cut into
@@ -10,7 +10,7 @@
 // gives (GPipe or 1F1B): activations forward and their gradients backward,
 // point-to-point to the same replica's neighbouring stage, sends posted
 // asynchronously so no stage waits on its own send. Then, once per step:
-//   - the tied weight: wte is held by stage 0 (the embedding) and the last
+//   - the tied weight: the token embedding is held by stage 0 and the last
 //     stage (the head); their gradients are summed between the two, so both
 //     copies take the same update and stay one parameter in value, and the
 //     training math is single-device's (Megatron's embedding group);
@@ -18,15 +18,18 @@
 //     replicas in DDP's buckets (GradientBuckets), launched as the step's
 //     last backward completes them, so the reduction overlaps it (with
 //     tensor ranks: one coalesced all-reduce after the schedule);
-//   - the gradient norm is summed over the stages (wte counted once).
-// Checkpoints hold every tensor by its global name (stage 0 writes wte, the
+//   - the gradient norm is summed over the stages (the tied weight counted
+//     once).
+// Checkpoints hold every tensor by its global name (stage 0 writes the tied
+// weight, the
 // replicas of a stage an even share each), so they load at any mesh.
 //
 // With FSDP as the data-parallel part, a stage's D ranks shard it instead of
 // replicating it: each of the stage's blocks is an FsdpUnit over the stage's
-// replica group, and so are wte (alone, so that the first and last stage
-// shard it alike and sum their gradient shard by shard) and the stage's
-// other root tensors (wpe, ln_f). A rank keeps 1/D of its stage's
+// replica group, and so are the token embedding (alone, so that the first
+// and last stage shard it alike and sum their gradient shard by shard) and
+// the stage's other tensors outside the blocks. A rank keeps 1/D of its
+// stage's
 // parameters, gradients and AdamW state between steps. Within a step the
 // stage's units are gathered once, before the first micro-batch, and kept
 // until its last backward (FSDP without resharding after forward, as
@@ -46,10 +49,11 @@
 // split its blocks as TensorParallelStrategy does (the mesh is stages x
 // replicas x tensor ranks, the tensor ranks innermost): the first stage's
 // embedding and the last stage's head are vocabulary-parallel over the T
-// ranks' rows of wte, the blocks run Megatron's f and g over the stage's
+// ranks' rows of the token embedding, the blocks run Megatron's f and g over
+// the stage's
 // tensor group, and tensor rank t of a stage exchanges activations and their
 // gradients with tensor rank t of its neighbours (each holds them whole
-// after g). wte's tied gradient is summed between the end stages' ranks
+// after g). The tied gradient is summed between the end stages' ranks
 // holding the same rows; replicas average as with DDP, or shard the
 // stage's slices as FSDP within a stage does (PP x TP x FSDP); HSDP within
 // them is not built.
@@ -105,7 +109,7 @@ class PipelineStrategy final : public Strategy {
   int64_t data_parallel_size() const override;
   int64_t pipeline_stage() const override { return stage_; }
 
-  absl::Status Setup(Gpt2 model) override;
+  absl::Status Setup(CausalLm model) override;
   torch::Tensor ForwardBackwardStep(const std::vector<Batch>& batches) override;
   // One accumulation micro-batch through the whole pipeline (its own fill
   // and drain); gradients synchronised when `sync`.
@@ -144,7 +148,11 @@ class PipelineStrategy final : public Strategy {
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == pipeline_.stages; }
   // The parameters this stage holds, by global name.
-  bool Owns(const std::string& name) const;
+  bool Owns(const std::string& name) const { return Holds(stage_, name); }
+  // Whether stage `stage` holds global parameter `name` (its place in the
+  // model and the stage's cut).
+  bool Holds(int64_t stage, const std::string& name) const;
+  bool IsTokenEmbedding(const std::string& name) const;
   // `batch` cut into the pipeline's micro-batches.
   std::vector<Batch> Split(const Batch& batch) const;
   // Runs `micro` through the schedule, each loss's gradient scaled by
@@ -171,8 +179,8 @@ class PipelineStrategy final : public Strategy {
   // restoring. Collective over the tensor group.
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> GatherSlices();
   void Backward(InFlight& m, double scale);
-  // Sum of wte's gradient between the first and last stage; the average of
-  // every gradient over the stage's replicas.
+  // Sum of the token embedding's gradient between the first and last stage; the
+  // average of every gradient over the stage's replicas.
   void SynchronizeGradients();
   // FSDP within the stage: the stage's parameters made into units sharded
   // over its replicas (Setup); all units gathered for a step's computation;
@@ -183,7 +191,8 @@ class PipelineStrategy final : public Strategy {
   void AverageAcrossGroups();
   void GatherUnits();
   void ReduceScatterAndFreeUnits();
-  // The units freed (and the vocabulary-parallel view of wte's rows with
+  // The units freed (and the vocabulary-parallel view of the embedding's
+  // rows with
   // them).
   void FreeUnits();
   // Rank 0 receives the other stages' tensors and writes the model; the
@@ -210,11 +219,12 @@ class PipelineStrategy final : public Strategy {
   // The same replica's stages (rank = stage); the ranks of its stage it
   // averages gradients with (ddp) or shards the stage over (fsdp; hsdp: its
   // shard group); hsdp: the ranks holding the same shard in the stage's
-  // other shard groups; the first and last stage of the replica (wte's
-  // group; first/last only). Null where the group would be this rank alone.
+  // other shard groups; the first and last stage of the replica (the tied
+  // weight's group; first/last only). Null where the group would be this rank
+  // alone.
   std::unique_ptr<Communicator> pipe_;
   // Tensor parallelism: the stage replica's T ranks, f and g over them, and
-  // the vocabulary-parallel view of wte's rows (end stages).
+  // the vocabulary-parallel view of the embedding's rows (end stages).
   std::unique_ptr<Communicator> tensor_;
   std::unique_ptr<TensorParallelOps> tensor_ops_;
   VocabShard vocab_;
@@ -224,14 +234,15 @@ class PipelineStrategy final : public Strategy {
   std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<Communicator> across_groups_;
   std::unique_ptr<Communicator> tied_;
-  Gpt2 model_{nullptr};
-  // This stage's parameters (replicated) or their units (sharded); wte's
-  // unit is null unless the stage holds wte.
+  CausalLm model_;
+  // This stage's parameters (replicated) or their units (sharded); the token
+  // embedding's unit is null unless the stage holds it.
   std::vector<std::string> owned_names_;
   std::vector<torch::Tensor> owned_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
-  FsdpUnit* wte_unit_ = nullptr;
-  torch::Tensor wte_leaf_;  // wte while its unit is gathered for training
+  FsdpUnit* embedding_unit_ = nullptr;
+  // The token embedding while its unit is gathered for training.
+  torch::Tensor embedding_leaf_;
   // Every parameter's global shape, for export.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/support/tensor_file.h"
 
@@ -14,7 +13,7 @@ namespace shardtrain {
 SingleDeviceStrategy::SingleDeviceStrategy(const StrategyOptions& options)
     : options_(options) {}
 
-absl::Status SingleDeviceStrategy::Setup(Gpt2 model) {
+absl::Status SingleDeviceStrategy::Setup(CausalLm model) {
   model_ = std::move(model);
   model_->to(options_.device);
   optimizer_ = std::make_unique<AdamW>(
@@ -99,7 +98,7 @@ void SingleDeviceStrategy::set_optimizer_steps(int64_t steps) {
 }
 
 absl::Status SingleDeviceStrategy::ExportModel(const std::string& path) {
-  return SaveLlmcCheckpoint(model_, path);
+  return model_->ExportWeights(path);
 }
 
 int64_t SingleDeviceStrategy::ModelStateBytes() const {

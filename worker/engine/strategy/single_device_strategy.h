@@ -14,7 +14,7 @@ class SingleDeviceStrategy final : public Strategy {
   explicit SingleDeviceStrategy(const StrategyOptions& options);
 
   std::string name() const override { return "single"; }
-  absl::Status Setup(Gpt2 model) override;
+  absl::Status Setup(CausalLm model) override;
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
@@ -32,7 +32,7 @@ class SingleDeviceStrategy final : public Strategy {
 
  private:
   StrategyOptions options_;
-  Gpt2 model_{nullptr};
+  CausalLm model_;
   std::unique_ptr<AdamW> optimizer_;
 };
 

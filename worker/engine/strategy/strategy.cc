@@ -19,7 +19,7 @@ torch::Tensor SumOfSquares(const std::vector<torch::Tensor>& tensors,
       {}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   // On a GPU one multi-tensor norm per device and dtype (its tree reductions
   // are accurate). On CPU ATen's float norm accumulates in float, off by
-  // ~1e-4 relative over GPT-2's 6M-element embedding, which would make the
+  // ~1e-4 relative over a 6M-element embedding, which would make the
   // sharded and unsharded norms disagree: pieces of 1 Mi elements are summed
   // in double instead (an 8 MiB temporary).
   constexpr int64_t kPiece = int64_t{1} << 20;

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/comm/communicator.h"
-#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/causal_lm.h"
 #include "worker/engine/support/adamw.h"
 
 namespace shardtrain {
@@ -73,7 +73,7 @@ class Strategy {
 
   // Takes a model initialised identically on every rank, places it on the
   // device (and shards or replicates it) and builds the optimizer.
-  virtual absl::Status Setup(Gpt2 model) = 0;
+  virtual absl::Status Setup(CausalLm model) = 0;
 
   // A whole step's forward and backward: the gradient of the mean of the
   // micro-batches' mean losses, accumulated over `batches` (equal sizes)
@@ -154,8 +154,8 @@ class Strategy {
 torch::Tensor SumOfSquares(const std::vector<torch::Tensor>& tensors,
                            const torch::Device& device);
 
-// Parameters split as GPT-2 training does: matrices and embeddings decay,
-// biases and LayerNorm gains do not.
+// Parameters split as nanoGPT and Megatron train: matrices and embeddings
+// decay, biases and norm gains do not.
 std::vector<AdamW::Group> WeightDecayGroups(
     const std::vector<torch::Tensor>& params, double weight_decay);
 

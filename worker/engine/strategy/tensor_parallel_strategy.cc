@@ -11,149 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/train/device_mesh.h"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
-namespace {
-
-using torch::autograd::AutogradContext;
-using tensor_list = torch::autograd::variable_list;
-
-Communicator& CommOf(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(ctx->saved_data.at("comm").toInt());
-}
-
-// In place: `tensor` summed over `comm`.
-void SumOver(Communicator& comm, torch::Tensor& tensor, const char* what) {
-  ThrowIfFailed(comm.AllReduce(tensor)->Wait(), "tensor parallel", what);
-}
-
-// f: identity forward, the gradient summed over the group backward.
-class EnterFunction : public torch::autograd::Function<EnterFunction> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               Communicator* comm) {
-    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
-    return x;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    // A copy: autograd may hand the same gradient to another branch.
-    torch::Tensor grad = grad_outputs[0].clone(at::MemoryFormat::Contiguous);
-    SumOver(CommOf(ctx), grad, "all_reduce (f: input gradient)");
-    return {grad, torch::Tensor()};
-  }
-};
-
-// g: the partial products summed over the group forward, identity backward.
-class LeaveFunction : public torch::autograd::Function<LeaveFunction> {
- public:
-  static torch::Tensor forward(AutogradContext* /*ctx*/,
-                               const torch::Tensor& partial,
-                               Communicator* comm) {
-    torch::Tensor sum = partial.contiguous();
-    if (sum.data_ptr() == partial.data_ptr()) sum = partial.clone();
-    SumOver(*comm, sum, "all_reduce (g: output)");
-    return sum;
-  }
-  static tensor_list backward(AutogradContext* /*ctx*/,
-                              tensor_list grad_outputs) {
-    return {grad_outputs[0], torch::Tensor()};
-  }
-};
-
-class GroupOps final : public TensorParallelOps {
- public:
-  explicit GroupOps(Communicator* comm) : comm_(comm) {}
-  int64_t rank() const override { return comm_->rank(); }
-  int64_t size() const override { return comm_->world_size(); }
-  torch::Tensor Enter(const torch::Tensor& x) override {
-    return EnterFunction::apply(x, comm_);
-  }
-  torch::Tensor Leave(const torch::Tensor& x) override {
-    return LeaveFunction::apply(x, comm_);
-  }
-
- private:
-  Communicator* const comm_;
-};
-
-}  // namespace
-
-std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group) {
-  return std::make_unique<GroupOps>(group);
-}
-
-VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
-                                    const StrategyOptions& options,
-                                    bool rows_held) {
-  VocabShard vocab;
-  if (rows_held) {
-    torch::Tensor& wte = model->wte()->weight;
-    wte.mutable_grad() = torch::zeros_like(wte);
-    vocab.weight = wte.detach();
-    vocab.grad = wte.grad();
-  }
-  vocab.comm = group;
-  vocab.row_begin =
-      group->rank() * (model->config().padded_vocab_size / group->world_size());
-  vocab.vocab_size = model->config().vocab_size;
-  vocab.compute_dtype = options.device.is_cuda() && options.precision == "bf16"
-                            ? torch::kBFloat16
-                            : torch::kFloat;
-  vocab.shared_batch = true;
-  vocab.anchor = torch::zeros(
-      {}, torch::TensorOptions().device(options.device).requires_grad(true));
-  return vocab;
-}
-
-void AppendTensorParallelState(
-    const std::string& name, const std::vector<int64_t>& global, int64_t rank,
-    int64_t size, int64_t offset,
-    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
-    std::vector<StateSlice>* slices) {
-  const std::vector<FlatRun> runs =
-      TensorParallelRuns(name, global, rank, size);
-  for (const auto& [prefix, data] : parts) {
-    const int64_t end = offset + data.numel();
-    int64_t at = 0;  // where the run starts in the flattened slice
-    for (const FlatRun& run : runs) {
-      const int64_t from = std::max(offset, at);
-      const int64_t to = std::min(end, at + run.length);
-      if (from < to) {
-        slices->push_back({prefix + name, global, run.offset + (from - at),
-                           data.narrow(0, from - offset, to - from)});
-      }
-      at += run.length;
-    }
-  }
-}
-
-torch::Tensor GatherTensorParallelSlices(Communicator& group,
-                                         const std::string& name,
-                                         const std::vector<int64_t>& global,
-                                         const torch::Tensor& local) {
-  const int64_t t = group.world_size();
-  const torch::Tensor flat_local =
-      local.detach().to(torch::kFloat).reshape({-1});
-  torch::Tensor gathered =
-      torch::empty({t * flat_local.numel()}, flat_local.options());
-  ThrowIfFailed(group.AllGather(gathered, flat_local)->Wait(),
-                "tensor parallel", "all_gather (export)");
-  torch::Tensor full = torch::empty(global, flat_local.options());
-  torch::Tensor flat = full.view({-1});
-  for (int64_t r = 0; r < t; ++r) {
-    int64_t at = r * flat_local.numel();
-    for (const FlatRun& run : TensorParallelRuns(name, global, r, t)) {
-      flat.narrow(0, run.offset, run.length)
-          .copy_(gathered.narrow(0, at, run.length));
-      at += run.length;
-    }
-  }
-  return full;
-}
 
 TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
@@ -185,7 +47,6 @@ std::string TensorParallelStrategy::name() const {
 
 std::string TensorParallelStrategy::layout() const {
   if (model_.is_empty()) return "";
-  const Gpt2Config& config = model_->config();
   const int64_t t = tensor_parallel_;
   std::vector<std::string> groups;
   for (int64_t d = 0; d < data_parallel_size(); ++d) {
@@ -199,14 +60,10 @@ std::string TensorParallelStrategy::layout() const {
           : "";
   return absl::StrCat("mesh: ", replicas, "tensor parallel ", t, ": ranks ",
                       absl::StrJoin(groups, " | "), " each run ",
-                      config.n_head / t, " of ", config.n_head, " heads and ",
-                      4 * config.n_embd / t, " of ", 4 * config.n_embd,
-                      " MLP units of every block and ",
-                      config.padded_vocab_size / t, " of ",
-                      config.padded_vocab_size, " vocabulary rows");
+                      model_->DescribeTensorParallel(t));
 }
 
-absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
+absl::Status TensorParallelStrategy::Setup(CausalLm model) {
   if (world_ == nullptr || world_->rank() != options_.rank ||
       world_->world_size() != options_.world_size) {
     return absl::InvalidArgumentError(
@@ -265,11 +122,11 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
     return s;
   }
   try {
-    // The vocabulary-parallel embedding and head add wte's gradient into
-    // its .grad() themselves: it must exist before the first step.
-    // Sharded, the units keep wte's rows; its gradient is made within a
+    // The vocabulary-parallel embedding and head add the token embedding's
+    // gradient into its .grad() themselves: it must exist before the first
+    // step. Sharded, the units keep its rows; its gradient is made within a
     // step.
-    vocab_ = TensorParallelVocabShard(model_, tensor_, options_,
+    vocab_ = TensorParallelVocabShard(*model_, tensor_, options_,
                                       /*rows_held=*/!sharded());
   } catch (const c10::Error& e) {
     return absl::InternalError(
@@ -290,35 +147,39 @@ absl::Status TensorParallelStrategy::Setup(Gpt2 model) {
 
 absl::Status TensorParallelStrategy::ShardOverReplicas() {
   const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  // Units in the order their first parameter comes: wte alone, wpe and the
-  // LayerNorm outside the blocks together, one per block.
+  // Units in the order their first parameter comes: the token embedding
+  // alone, the other parameters outside the blocks together, one per block.
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (auto& item : model_->named_parameters()) {
     parameters.emplace_back(item.key(), item.value());
   }
   absl::StatusOr<std::vector<UnitSources>> grouped =
-      GroupIntoUnits(parameters, members, "tensor parallel x fsdp");
+      GroupIntoUnits(*model_, parameters, members, "tensor parallel x fsdp");
   if (!grouped.ok()) return grouped.status();
   const torch::ScalarType compute_dtype =
       options_.device.is_cuda() && options_.precision == "bf16"
           ? torch::kBFloat16
           : torch::kFloat;
   try {
+    const std::string embedding = ModulePath(model_->token_embedding_name());
     for (UnitSources& u : *grouped) {
-      // wte's rows are read by the vocabulary-parallel paths in fp32.
+      // The token embedding's rows are read by the vocabulary-parallel paths
+      // in fp32.
+      const bool is_embedding = u.name == embedding;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
           u.name, std::move(u.sources), replicas_.get(), options_.device,
-          u.name == "wte" ? torch::kFloat : compute_dtype);
+          is_embedding ? torch::kFloat : compute_dtype);
       if (!unit.ok()) return unit.status();
-      if (u.name == "wte") wte_unit_ = unit->get();
+      if (is_embedding) embedding_unit_ = unit->get();
       units_.push_back(std::move(*unit));
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("tensor parallel x fsdp: setup: ",
                                             e.what_without_backtrace()));
   }
-  if (wte_unit_ == nullptr) {
-    return absl::InternalError("tensor parallel x fsdp: the model has no wte");
+  if (embedding_unit_ == nullptr) {
+    return absl::InternalError(
+        "tensor parallel x fsdp: the model has no token embedding");
   }
   optimizer_ = std::make_unique<AdamW>(
       ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
@@ -334,12 +195,15 @@ void TensorParallelStrategy::GatherUnits() {
     unit->UseFullParams();
   }
   gathered_ = true;
-  // The vocabulary-parallel paths read wte's rows and add their gradient
+  // The vocabulary-parallel paths read the embedding's rows and add their
+  // gradient
   // themselves: a view of the gathered buffer and a buffer of its own,
   // handed to the unit before the reduce-scatter.
-  const FsdpUnit::Param& p = wte_unit_->params().front();
-  vocab_.weight =
-      wte_unit_->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
+  const FsdpUnit::Param& p = embedding_unit_->params().front();
+  vocab_.weight = embedding_unit_->full()
+                      .detach()
+                      .narrow(0, p.offset, p.numel)
+                      .view(p.shape);
   if (torch::GradMode::is_enabled()) {
     vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
   }
@@ -347,7 +211,7 @@ void TensorParallelStrategy::GatherUnits() {
 
 void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
   if (!gathered_) return;
-  if (vocab_.grad.defined()) wte_unit_->SetParameterGradient(vocab_.grad);
+  if (vocab_.grad.defined()) embedding_unit_->SetParameterGradient(vocab_.grad);
   for (auto& unit : units_) {
     ThrowIfFailed(unit->LaunchReduceScatter(), "tensor parallel x fsdp",
                   "reduce_scatter");
@@ -373,9 +237,10 @@ bool TensorParallelStrategy::Whole(const std::string& name,
 
 void TensorParallelStrategy::AttachGradViews() {
   replica_buckets_->AttachGradViews();
-  // The vocabulary-parallel embedding and head add into wte's gradient
+  // The vocabulary-parallel embedding and head add into the embedding's
+  // gradient
   // themselves (outside autograd's accumulation): into the bucket's view.
-  if (vocab_.grad.defined()) vocab_.grad = model_->wte()->weight.grad();
+  if (vocab_.grad.defined()) vocab_.grad = model_->token_embedding().grad();
 }
 
 torch::Tensor TensorParallelStrategy::ForwardBackward(
@@ -405,15 +270,15 @@ torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
   TORCH_CHECK(optimizer_ != nullptr,
               "tensor parallel: Setup() must come first");
   TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
-                  inputs.size(1) <= model_->config().block_size,
-              "tensor parallel: inputs must be [B,T] with 1 <= T <= "
-              "block_size = ",
-              model_->config().block_size, ", got ", inputs.sizes());
+                  inputs.size(1) <= model_->dims().max_seq_len,
+              "tensor parallel: inputs must be [B,T] with 1 <= T <= the "
+              "model's longest sequence, ",
+              model_->dims().max_seq_len, ", got ", inputs.sizes());
   ScopedAutocast autocast(options_.device, options_.precision);
-  torch::Tensor x = VocabParallelEmbedding(inputs, vocab_) +
-                    model_->wpe()->weight.narrow(0, 0, inputs.size(1));
+  torch::Tensor x =
+      model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
   for (int64_t i = 0; i < model_->num_blocks(); ++i) x = model_->RunBlock(i, x);
-  return VocabParallelLoss(model_->ln_f()(x), targets, vocab_, grad_scale);
+  return VocabParallelLoss(model_->FinalNorm(x), targets, vocab_, grad_scale);
 }
 
 void TensorParallelStrategy::AverageOverReplicas() {
@@ -499,8 +364,8 @@ std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
                                    const torch::Tensor& piece) {
         if (to_save && Whole(p.name, p.shape) && tensor_->rank() != 0) return;
         const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-        AppendTensorParallelState(p.name, shapes_.at(p.name), tensor_->rank(),
-                                  t, offset,
+        AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
+                                  tensor_->rank(), t, offset,
                                   {{"model.", piece},
                                    {"optim.exp_avg.", exp_avg.view(-1)},
                                    {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
@@ -519,7 +384,7 @@ std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
     // Whole tensors are the same on every rank: the first writes them.
     if (whole && to_save && tensor_->rank() != 0) continue;
     const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-    AppendTensorParallelState(name, global, tensor_->rank(), t, 0,
+    AppendTensorParallelState(*model_, name, global, tensor_->rank(), t, 0,
                               {{"model.", p.detach().view(-1)},
                                {"optim.exp_avg.", exp_avg.view(-1)},
                                {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
@@ -537,7 +402,7 @@ std::vector<StateSlice> TensorParallelStrategy::GradientSlices() {
           *unit,
           [&](const FsdpUnit::Param& p, int64_t offset,
               const torch::Tensor& piece) {
-            AppendTensorParallelState(p.name, shapes_.at(p.name),
+            AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
                                       tensor_->rank(), t, offset,
                                       {{"grad.", piece}}, &slices);
           },
@@ -548,7 +413,7 @@ std::vector<StateSlice> TensorParallelStrategy::GradientSlices() {
   for (const auto& item : model_->named_parameters()) {
     torch::Tensor p = item.value();  // the same tensor: its grad is set
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    AppendTensorParallelState(item.key(), shapes_.at(item.key()),
+    AppendTensorParallelState(*model_, item.key(), shapes_.at(item.key()),
                               tensor_->rank(), t, 0,
                               {{"grad.", p.grad().view(-1)}}, &slices);
   }
@@ -583,12 +448,12 @@ absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
       torch::Tensor* member = members.at(name);
       if (member->sizes().vec() == global) continue;
       torch::Tensor full =
-          GatherTensorParallelSlices(*tensor_, name, global, *member);
+          GatherTensorParallelSlices(*model_, *tensor_, name, global, *member);
       if (options_.rank != 0) continue;
       restore.emplace_back(member, *member);
       *member = full;
     }
-    if (options_.rank == 0) status = SaveLlmcCheckpoint(model_, path);
+    if (options_.rank == 0) status = model_->ExportWeights(path);
   } catch (const c10::Error& e) {
     status = absl::InternalError(
         absl::StrCat("export: ", e.what_without_backtrace()));

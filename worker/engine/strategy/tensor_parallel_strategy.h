@@ -2,24 +2,26 @@
 // tensor parallelism). The world is a mesh of D data-parallel replicas x T
 // tensor-parallel ranks (core/train/device_mesh.h: the T ranks of a replica
 // are neighbours, on one node where they can be). Within a replica each rank
-// runs n_head / T of every block's attention heads and 4C / T of its MLP
-// hidden units, holding those rows (column-parallel c_attn and c_fc) or
-// columns (row-parallel c_proj) of the weights (Gpt2Impl::ShardForTensor
-// Parallel). Per block and step, one all-reduce of the [B, T, C] activations
-// forward after each row-parallel layer (g) and one of their gradients
-// backward before each column-parallel layer (f), as Megatron's operators
-// do; a replica's ranks see the same batch. With D > 1 (DDP), each rank's
-// gradients are then averaged with the ranks holding the same slices in the
-// other replicas (one coalesced all-reduce per step, as DDP without overlap).
+// holds its slices of every block under the model's tensor-parallel plan
+// (CausalLmImpl::TensorParallelRuns; e.g. n_head / T of the attention
+// heads and 4C / T of the MLP's hidden units: rows of the column-parallel
+// layers, columns of the row-parallel ones). Per block and step, one
+// all-reduce of the [B, T, C] activations forward after each row-parallel
+// layer (g) and one of their gradients backward before each column-parallel
+// layer (f), as Megatron's operators do; a replica's ranks see the same
+// batch. With D > 1 (DDP), each rank's gradients are then averaged with the
+// ranks holding the same slices in the other replicas, in buckets launched as
+// backward produces them (gradient_buckets.h).
 //
 // The tied embedding and head are vocabulary-parallel (strategy/vocab_
-// parallel.h with shared_batch): each rank holds 1/T of wte's rows, looks up
-// the ids it owns (one all-reduce sums the lookups) and scores its columns
-// of the vocabulary (the softmax statistics are all-gathered, the hidden
-// states' gradient all-reduced); the logits are never whole on any rank.
+// parallel.h with shared_batch): each rank holds 1/T of the token
+// embedding's rows, looks up the ids it owns (one all-reduce sums the
+// lookups) and scores its columns of the vocabulary (the softmax statistics
+// are all-gathered, the hidden states' gradient all-reduced); the logits are
+// never whole on any rank.
 //
-// What stays whole on every rank: the LayerNorms, the row-parallel layers'
-// biases (added once, after the sum) and wpe.
+// What stays whole on every rank: what the plan does not split (norms, the
+// row-parallel layers' biases, added once after the sum, learned positions).
 // Their inputs and the gradients reaching them are the same on every rank
 // (f's all-reduce makes them so), so their gradients agree without any
 // reduction and the ranks' copies stay equal bit for bit (checked by the
@@ -28,7 +30,8 @@
 // With FSDP (TensorParallelStrategy's `shard_over_replicas`, strategy fsdp,
 // torchtitan's 2-D "FSDP + TP"), each rank's slices are sharded over the D
 // ranks that hold the same slices (the replicas group): FsdpUnits per
-// block, one for wpe and the LayerNorms, one for wte's rows. A rank keeps
+// block, one for the rest outside the blocks, one for the token embedding's
+// rows. A rank keeps
 // 1/D of its slices' fp32 master weights, gradients and AdamW state: 1/(T D)
 // of a replica's. The units are gathered (all launched together, then
 // waited) before a step's first micro-step and freed after its gradients are
@@ -52,42 +55,10 @@
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/tensor_parallel_layer.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
-
-// Megatron's f and g over `group` (the ranks of one tensor-parallel group,
-// which must outlive the result): for a model another strategy shards
-// (PipelineStrategy's stages under tensor parallelism).
-std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group);
-
-// The vocabulary-parallel view of a tensor-parallel rank's rows of wte:
-// shared batch over `group`, the products in bf16 for CUDA mixed precision.
-// With `rows_held`, the view is of wte's weight and a zeroed gradient made
-// for it; without (the rows sharded in an FsdpUnit), weight and gradient
-// are left for the caller to point at the gathered rows. Throws c10::Error.
-VocabShard TensorParallelVocabShard(Gpt2& model, Communicator* group,
-                                    const StrategyOptions& options,
-                                    bool rows_held);
-
-// Appends to `slices` the state of elements [offset, offset + n) of
-// tensor-parallel rank `rank`'s (of `size`) flattened slice of the global
-// parameter `name`: for each of `parts` ({key prefix, n values}: the
-// parameter and its AdamW moments) the runs of the global tensor those
-// elements are.
-void AppendTensorParallelState(
-    const std::string& name, const std::vector<int64_t>& global, int64_t rank,
-    int64_t size, int64_t offset,
-    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
-    std::vector<StateSlice>* slices);
-
-// The whole global tensor `name` from every rank's slice `local` (the same
-// size on each): an all-gather over `group`, the slices put in place.
-// Collective; throws c10::Error.
-torch::Tensor GatherTensorParallelSlices(Communicator& group,
-                                         const std::string& name,
-                                         const std::vector<int64_t>& global,
-                                         const torch::Tensor& local);
 
 class TensorParallelStrategy final : public Strategy {
  public:
@@ -109,7 +80,7 @@ class TensorParallelStrategy final : public Strategy {
   int64_t data_parallel_rank() const override;
   int64_t data_parallel_size() const override;
 
-  absl::Status Setup(Gpt2 model) override;
+  absl::Status Setup(CausalLm model) override;
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
@@ -129,19 +100,21 @@ class TensorParallelStrategy final : public Strategy {
 
  private:
   // The mean loss of the replica's batch: the vocabulary-parallel embedding,
-  // the blocks, the vocabulary-parallel head. When training, wte's gradient
-  // is added in forward with grad_scale, which backward must then use.
+  // the blocks, the vocabulary-parallel head. When training, the token
+  // embedding's gradient is added in forward with grad_scale, which backward
+  // must then use.
   torch::Tensor Forward(const torch::Tensor& inputs,
                         const torch::Tensor& targets, double grad_scale);
   // The gradients averaged over the replicas (D > 1).
   void AverageOverReplicas();
   // replica_buckets_'s views made every parameter's .grad() again, and the
-  // vocabulary-parallel view of wte's gradient pointed at its view.
+  // vocabulary-parallel view of the embedding's gradient pointed at its
+  // view.
   void AttachGradViews();
   // Sharded: the units into one FsdpUnit each (collective over replicas_).
   absl::Status ShardOverReplicas();
   // Sharded: every unit gathered and the modules (and vocab_) pointed at
-  // it; with grad mode on, wte's gradient buffer made.
+  // it; with grad mode on, the embedding's gradient buffer made.
   void GatherUnits();
   // Sharded: the gradients reduce-scattered into the shards (the mean over
   // the replicas), the units freed.
@@ -167,14 +140,15 @@ class TensorParallelStrategy final : public Strategy {
   // DDP's buckets, launched as the sync micro-step's backward completes them.
   std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<TensorParallelOps> ops_;  // f and g over tensor_
-  Gpt2 model_{nullptr};
+  CausalLm model_;
   // Every parameter's global shape, by name.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
-  VocabShard vocab_;  // this rank's rows of wte
-  // Sharded: the units (wte's among them) and whether they are gathered.
+  VocabShard vocab_;  // this rank's rows of the token embedding
+  // Sharded: the units (the embedding's among them) and whether they are
+  // gathered.
   std::vector<std::unique_ptr<FsdpUnit>> units_;
-  FsdpUnit* wte_unit_ = nullptr;
+  FsdpUnit* embedding_unit_ = nullptr;
   bool gathered_ = false;
 };
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "worker/engine/model/gpt2.h"
+#include "worker/engine/model/causal_lm.h"
 
 namespace shardtrain {
 namespace {
@@ -135,7 +135,7 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
                                        : AllGather(comm, targets.reshape({-1}),
                                                    "all-gather of the targets")
                                              .reshape({-1});
-    // This rank's scored rows: the padding rows of wte never enter the
+    // This rank's scored rows: the embedding's padding rows never enter the
     // softmax (a rank could own padding only).
     const int64_t scored = std::clamp<int64_t>(
         shard->vocab_size - shard->row_begin, 0, shard->weight.size(0));
@@ -235,10 +235,11 @@ class LossFunction : public torch::autograd::Function<LossFunction> {
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const double expected = ctx->saved_data.at("grad_scale").toDouble();
     const double got = grad_outputs[0].item<double>();
-    TORCH_CHECK(std::abs(got - expected) <= 1e-6 * std::abs(expected),
-                "vocab-parallel loss: backpropagated with scale ", got,
-                " but its wte gradient was applied in forward with scale ",
-                expected);
+    TORCH_CHECK(
+        std::abs(got - expected) <= 1e-6 * std::abs(expected),
+        "vocab-parallel loss: backpropagated with scale ", got,
+        " but its embedding gradient was applied in forward with scale ",
+        expected);
     TORCH_CHECK(!ctx->saved_data.count("done"),
                 "vocab-parallel loss: backward through the same graph twice");
     ctx->saved_data["done"] = true;

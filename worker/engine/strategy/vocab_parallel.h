@@ -1,11 +1,13 @@
-// Vocabulary-parallel embedding and LM-head loss over FSDP's row-sharded wte.
+// Vocabulary-parallel embedding and LM-head loss over FSDP's row-sharded
+// token embedding.
 //
-// GPT-2's tied embedding wte [V_pad, C] is most of a small model (80% of
-// gpt2-tiny). Gathered the ZeRO-3 way it costs every rank a full replica for
-// the embedding and the head, plus a full gradient in backward: FSDP would
-// then save little memory. Instead FSDP shards wte by rows (rank r owns rows
-// [r*R, (r+1)*R)) and never gathers it; each of its two uses goes to the rows
-// (as Megatron-LM's vocabulary-parallel embedding and cross-entropy do):
+// The tied token embedding [V_pad, C] is most of a small model (80% of the
+// smallest preset's parameters). Gathered the ZeRO-3 way it costs every rank a
+// full replica for the embedding and the head, plus a full gradient in
+// backward: FSDP would then save little memory. Instead FSDP shards it by rows
+// (rank r owns rows [r*R, (r+1)*R)) and never gathers it; each of its two uses
+// goes to the rows (as Megatron-LM's vocabulary-parallel embedding and
+// cross-entropy do):
 //
 //   embedding  the ids of all ranks are all-gathered; each rank looks up those
 //              that fall in its rows (zero elsewhere) and a reduce-scatter
@@ -51,8 +53,9 @@
 
 namespace shardtrain {
 
-// This rank's rows of wte and where they sit. The tensors are views of the
-// FSDP unit's flat shard and shard gradient; all must outlive their use.
+// This rank's rows of the token embedding and where they sit. The tensors are
+// views of the FSDP unit's flat shard and shard gradient; all must outlive
+// their use.
 struct VocabShard {
   Communicator* comm = nullptr;
   torch::Tensor weight;    // [R, C] fp32: rows [row_begin, row_begin + R)
@@ -72,7 +75,7 @@ struct VocabShard {
   torch::Tensor anchor;
 };
 
-// wte(ids): ids [B, T] int64 in [0, vocab_size), the same shape on every
+// embedding(ids): ids [B, T] int64 in [0, vocab_size), the same shape on every
 // rank; returns [B, T, C] in the compute dtype. Backward adds
 // (1 / world) * sum over ranks of each rank's output gradient, by row, into
 // shard.grad (the mean over ranks, as FSDP's reduce-scatter); with
@@ -81,8 +84,8 @@ torch::Tensor VocabParallelEmbedding(const torch::Tensor& ids,
                                      const VocabShard& shard);
 
 // Mean cross-entropy of the tied head over this rank's tokens: hidden
-// [B, T, C] (after ln_f), targets [B, T]; the same shapes on every rank.
-// When hidden requires grad, forward adds (grad_scale / world) times the
+// [B, T, C] (after the final norm), targets [B, T]; the same shapes on every
+// rank. When hidden requires grad, forward adds (grad_scale / world) times the
 // gradient of every rank's mean loss with respect to this rank's rows into
 // shard.grad (with shared_batch: grad_scale times that of the one batch's
 // mean loss), and the caller must backpropagate exactly grad_scale into the

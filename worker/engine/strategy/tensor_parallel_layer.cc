@@ -1,0 +1,152 @@
+#include "worker/engine/strategy/tensor_parallel_layer.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "worker/engine/strategy/distributed_helpers.h"
+
+namespace shardtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using tensor_list = torch::autograd::variable_list;
+
+Communicator& CommOf(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(ctx->saved_data.at("comm").toInt());
+}
+
+// In place: `tensor` summed over `comm`.
+void SumOver(Communicator& comm, torch::Tensor& tensor, const char* what) {
+  ThrowIfFailed(comm.AllReduce(tensor)->Wait(), "tensor parallel", what);
+}
+
+// f: identity forward, the gradient summed over the group backward.
+class EnterFunction : public torch::autograd::Function<EnterFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               Communicator* comm) {
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    return x;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    // A copy: autograd may hand the same gradient to another branch.
+    torch::Tensor grad = grad_outputs[0].clone(at::MemoryFormat::Contiguous);
+    SumOver(CommOf(ctx), grad, "all_reduce (f: input gradient)");
+    return {grad, torch::Tensor()};
+  }
+};
+
+// g: the partial products summed over the group forward, identity backward.
+class LeaveFunction : public torch::autograd::Function<LeaveFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* /*ctx*/,
+                               const torch::Tensor& partial,
+                               Communicator* comm) {
+    torch::Tensor sum = partial.contiguous();
+    if (sum.data_ptr() == partial.data_ptr()) sum = partial.clone();
+    SumOver(*comm, sum, "all_reduce (g: output)");
+    return sum;
+  }
+  static tensor_list backward(AutogradContext* /*ctx*/,
+                              tensor_list grad_outputs) {
+    return {grad_outputs[0], torch::Tensor()};
+  }
+};
+
+class GroupOps final : public TensorParallelOps {
+ public:
+  explicit GroupOps(Communicator* comm) : comm_(comm) {}
+  int64_t rank() const override { return comm_->rank(); }
+  int64_t size() const override { return comm_->world_size(); }
+  torch::Tensor Enter(const torch::Tensor& x) override {
+    return EnterFunction::apply(x, comm_);
+  }
+  torch::Tensor Leave(const torch::Tensor& x) override {
+    return LeaveFunction::apply(x, comm_);
+  }
+
+ private:
+  Communicator* const comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group) {
+  return std::make_unique<GroupOps>(group);
+}
+
+VocabShard TensorParallelVocabShard(CausalLmImpl& model, Communicator* group,
+                                    const StrategyOptions& options,
+                                    bool rows_held) {
+  VocabShard vocab;
+  if (rows_held) {
+    torch::Tensor& embedding = model.token_embedding();
+    embedding.mutable_grad() = torch::zeros_like(embedding);
+    vocab.weight = embedding.detach();
+    vocab.grad = embedding.grad();
+  }
+  vocab.comm = group;
+  vocab.row_begin =
+      group->rank() * (model.dims().padded_vocab_size / group->world_size());
+  vocab.vocab_size = model.dims().vocab_size;
+  vocab.compute_dtype = options.device.is_cuda() && options.precision == "bf16"
+                            ? torch::kBFloat16
+                            : torch::kFloat;
+  vocab.shared_batch = true;
+  vocab.anchor = torch::zeros(
+      {}, torch::TensorOptions().device(options.device).requires_grad(true));
+  return vocab;
+}
+
+void AppendTensorParallelState(
+    const CausalLmImpl& model, const std::string& name,
+    const std::vector<int64_t>& global, int64_t rank, int64_t size,
+    int64_t offset,
+    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
+    std::vector<StateSlice>* slices) {
+  const std::vector<FlatRun> runs =
+      model.TensorParallelRuns(name, global, rank, size);
+  for (const auto& [prefix, data] : parts) {
+    const int64_t end = offset + data.numel();
+    int64_t at = 0;  // where the run starts in the flattened slice
+    for (const FlatRun& run : runs) {
+      const int64_t from = std::max(offset, at);
+      const int64_t to = std::min(end, at + run.length);
+      if (from < to) {
+        slices->push_back({prefix + name, global, run.offset + (from - at),
+                           data.narrow(0, from - offset, to - from)});
+      }
+      at += run.length;
+    }
+  }
+}
+
+torch::Tensor GatherTensorParallelSlices(const CausalLmImpl& model,
+                                         Communicator& group,
+                                         const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         const torch::Tensor& local) {
+  const int64_t t = group.world_size();
+  const torch::Tensor flat_local =
+      local.detach().to(torch::kFloat).reshape({-1});
+  torch::Tensor gathered =
+      torch::empty({t * flat_local.numel()}, flat_local.options());
+  ThrowIfFailed(group.AllGather(gathered, flat_local)->Wait(),
+                "tensor parallel", "all_gather (export)");
+  torch::Tensor full = torch::empty(global, flat_local.options());
+  torch::Tensor flat = full.view({-1});
+  for (int64_t r = 0; r < t; ++r) {
+    int64_t at = r * flat_local.numel();
+    for (const FlatRun& run : model.TensorParallelRuns(name, global, r, t)) {
+      flat.narrow(0, run.offset, run.length)
+          .copy_(gathered.narrow(0, at, run.length));
+      at += run.length;
+    }
+  }
+  return full;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,61 @@
+// The tensor-parallel layer's parts, over any model's tensor-parallel plan
+// (causal_lm.h): Megatron's f and g over a group, the vocabulary-parallel
+// view of a rank's rows of the token embedding, and a rank's slices as
+// ranges of the global tensors (checkpoints, export). The tensor-parallel
+// strategy and the pipeline's tensor-parallel stages both apply it.
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_LAYER_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_LAYER_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/engine/comm/communicator.h"
+#include "worker/engine/model/causal_lm.h"
+#include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/vocab_parallel.h"
+
+namespace shardtrain {
+
+// Megatron's f and g over `group` (the ranks of one tensor-parallel group,
+// which must outlive the result).
+std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group);
+
+// The vocabulary-parallel view of a tensor-parallel rank's rows of the
+// token embedding:
+// shared batch over `group`, the products in bf16 for CUDA mixed precision.
+// With `rows_held`, the view is of the embedding's weight and a zeroed gradient
+// made for it; without (the rows sharded in an FsdpUnit), weight and gradient
+// are left for the caller to point at the gathered rows. Throws c10::Error.
+VocabShard TensorParallelVocabShard(CausalLmImpl& model, Communicator* group,
+                                    const StrategyOptions& options,
+                                    bool rows_held);
+
+// Appends to `slices` the state of elements [offset, offset + n) of
+// tensor-parallel rank `rank`'s (of `size`) flattened slice of the global
+// parameter `name` under `model`'s tensor-parallel plan: for each of `parts`
+// ({key prefix, n values}: the parameter and its AdamW moments) the runs of the
+// global tensor those elements are.
+void AppendTensorParallelState(
+    const CausalLmImpl& model, const std::string& name,
+    const std::vector<int64_t>& global, int64_t rank, int64_t size,
+    int64_t offset,
+    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
+    std::vector<StateSlice>* slices);
+
+// The whole global tensor `name` from every rank's slice `local` (the same
+// size on each): an all-gather over `group`, the slices put in place.
+// Collective; throws c10::Error.
+torch::Tensor GatherTensorParallelSlices(const CausalLmImpl& model,
+                                         Communicator& group,
+                                         const std::string& name,
+                                         const std::vector<int64_t>& global,
+                                         const torch::Tensor& local);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_LAYER_H_
