@@ -138,7 +138,7 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
     }
     // One unit at a time: each frees its parameters once sharded, so Setup
     // needs the model plus one unit's flat copy at most.
-    const int64_t n_embd = model_->dims().hidden_size;
+    const int64_t width = model_->dims().hidden_size;
     for (size_t u = 0; u < sources.size(); ++u) {
       const bool embedding = static_cast<int64_t>(u) == embedding_unit_;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
@@ -146,14 +146,14 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
           : embedding ? ModulePath(model_->token_embedding_name())
                       : model_->BlockName(static_cast<int64_t>(u) - 1),
           std::move(sources[u]), shard_, options_.device, compute_dtype,
-          /*align=*/embedding ? n_embd : 1);
+          /*align=*/embedding ? width : 1);
       if (!unit.ok()) return unit.status();
       const int64_t index = static_cast<int64_t>(u);
       hooks_.Add((*unit)->full(), [this, index] { OnGradReady(index); });
       units_.push_back(std::move(*unit));
     }
     FsdpUnit& embedding = *units_[embedding_unit_];
-    const int64_t rows = embedding.shard_numel() / n_embd;
+    const int64_t rows = embedding.shard_numel() / width;
     if (replicate_ != nullptr) {
       // Every replica starts from replica 0's shards.
       for (const auto& unit : units_) {
@@ -167,9 +167,9 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
     }
     replica_reduced_.assign(units_.size(), false);
     vocab_.comm = shard_;
-    vocab_.weight = embedding.shard().view({rows, n_embd});
-    vocab_.grad = embedding.shard_grad().view({rows, n_embd});
-    vocab_.row_begin = embedding.shard_offset() / n_embd;
+    vocab_.weight = embedding.shard().view({rows, width});
+    vocab_.grad = embedding.shard_grad().view({rows, width});
+    vocab_.row_begin = embedding.shard_offset() / width;
     vocab_.vocab_size = model_->dims().vocab_size;
     vocab_.compute_dtype = compute_dtype;
     vocab_.chunk_bytes = fsdp_.head_chunk_bytes;

@@ -3,7 +3,7 @@
 // tensor-parallel ranks (core/train/device_mesh.h: the T ranks of a replica
 // are neighbours, on one node where they can be). Within a replica each rank
 // holds its slices of every block under the model's tensor-parallel plan
-// (CausalLmImpl::TensorParallelRuns; e.g. n_head / T of the attention
+// (CausalLmImpl::TensorParallelRuns; e.g. 1/T of the attention
 // heads and 4C / T of the MLP's hidden units: rows of the column-parallel
 // layers, columns of the row-parallel ones). Per block and step, one
 // all-reduce of the [B, T, C] activations forward after each row-parallel

@@ -102,6 +102,67 @@ TEST(Gpt2Test, ForwardIsEmbedThenBlocksThenHead) {
   EXPECT_EQ(model->blocks()->size(), 2u);
 }
 
+// What the parallelisms see through the model interface (causal_lm.h): every
+// parameter's place, the pieces they run one at a time, the sizes.
+TEST(Gpt2Test, TheModelInterfacePlacesEveryParameterAndRunsThePieces) {
+  Gpt2 model(Tiny(), /*seed=*/7);
+  CausalLm lm = model;  // what a strategy holds
+  const ModelDims dims = lm->dims();
+  EXPECT_EQ(dims.vocab_size, 50257);
+  EXPECT_EQ(dims.padded_vocab_size, 50304);
+  EXPECT_EQ(dims.hidden_size, 128);
+  EXPECT_EQ(dims.max_seq_len, Tiny().block_size);
+  EXPECT_EQ(dims.num_blocks, 2);
+  EXPECT_EQ(lm->token_embedding_name(), "wte.weight");
+  EXPECT_TRUE(lm->token_embedding().is_same(model->wte()->weight));
+  EXPECT_EQ(lm->BlockName(1), "h.1");
+  int64_t blocks = 0, tokens = 0, inputs = 0, outputs = 0;
+  for (const auto& item : model->named_parameters()) {
+    const ParamPlace place = lm->PlaceOf(item.key());
+    switch (place.role) {
+      case ParamRole::kBlock:
+        ++blocks;
+        EXPECT_EQ(item.key().rfind(lm->BlockName(place.block) + ".", 0), 0u)
+            << item.key();
+        break;
+      case ParamRole::kTokenEmbedding:
+        ++tokens;
+        EXPECT_EQ(item.key(), "wte.weight");
+        break;
+      case ParamRole::kInput:
+        ++inputs;
+        EXPECT_EQ(item.key(), "wpe.weight");
+        break;
+      case ParamRole::kOutput:
+        ++outputs;
+        EXPECT_EQ(item.key().rfind("ln_f.", 0), 0u) << item.key();
+        break;
+    }
+  }
+  EXPECT_EQ(blocks, 2 * 12);  // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
+  EXPECT_EQ(tokens, 1);
+  EXPECT_EQ(inputs, 1);
+  EXPECT_EQ(outputs, 2);
+  // The pieces compose to the whole model.
+  const torch::Tensor idx = RandomTokens(2, 16, 3);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor embedded =
+      lm->FinishEmbedding(model->wte()->forward(idx));
+  EXPECT_TRUE(torch::equal(embedded, model->Embed(idx)));
+  torch::Tensor x = embedded;
+  for (int64_t i = 0; i < dims.num_blocks; ++i) x = lm->RunBlock(i, x);
+  EXPECT_TRUE(torch::equal(lm->FinalNorm(x), model->ln_f()(x)));
+  EXPECT_TRUE(torch::allclose(lm->HeadLoss(x, idx), lm->ForwardLoss(idx, idx)));
+  // Pipeline cuts come from the model's shapes.
+  absl::StatusOr<std::vector<PipelineStage>> cuts =
+      lm->PipelineCuts(/*seq_len=*/16, /*stages=*/2, {});
+  ASSERT_TRUE(cuts.ok()) << cuts.status();
+  ASSERT_EQ(cuts->size(), 2u);
+  EXPECT_TRUE((*cuts)[0].embeddings);
+  EXPECT_TRUE((*cuts)[1].head);
+  EXPECT_EQ((*cuts)[1].end_block, 2);
+}
+
 TEST(Gpt2Test, RejectsSequencesLongerThanBlockSizeAndNonInt64Tokens) {
   Gpt2 model(Tiny());
   torch::NoGradGuard no_grad;
