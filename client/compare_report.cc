@@ -515,7 +515,8 @@ StrategySummary Summarise(const StrategyRun& run) {
   summary.world_size = run.world_size;
   summary.batch_size = run.batch_size;
   summary.predicted_peak_bytes_per_rank = run.predicted_peak_bytes_per_rank;
-  summary.global_batch = run.batch_size * run.grad_accum * run.world_size;
+  summary.global_batch = run.batch_size * run.grad_accum *
+                         (run.replicas > 0 ? run.replicas : run.world_size);
 
   std::vector<v1::StepMetrics> rank0;
   for (const v1::StepMetrics& m : Deduplicated(run.steps)) {

@@ -29,10 +29,15 @@ struct RepeatRun {
 // One strategy's job, as stored by the coordinator: its first run, and the
 // runs repeated after it (interleaved with the other strategies' runs).
 struct StrategyRun {
-  std::string strategy;  // "single", "ddp", "fsdp"
+  // The entry's mesh: "single", "ddp", "pp2xfsdp2", "auto: tp4".
+  std::string strategy;
   std::string job_id;
   int world_size = 1;
-  int64_t batch_size = 0;  // per rank per micro-step
+  // Data-parallel replicas, which share the global batch (a replica's
+  // pipeline stages and tensor-parallel ranks see the same sequences); 0:
+  // world_size, every rank a replica.
+  int64_t replicas = 0;
+  int64_t batch_size = 0;  // per replica per micro-step
   int64_t grad_accum = 1;
   int64_t seq_len = 0;
   std::vector<v1::StepMetrics> steps;  // every rank's steps, any order

@@ -151,11 +151,18 @@ std::string Outputs(const v1::Job& job) {
                       : absl::StrCat(" (", absl::StrJoin(present, ", "), ")"));
 }
 
-std::string Strategy(const v1::Job& job) {
-  const int64_t stages = job.spec().strategy().pipeline_stages();
-  return absl::StrCat(
-      job.spec().strategy().name(), " x", job.spec().world_size(),
-      stages > 1 ? absl::StrCat(" (", stages, " pipeline stages)") : "");
+// The job's mesh as the daemon names it (JobMeshName at its running
+// attempt's world size).
+std::string Mesh(const v1::Job& job) {
+  return job.mesh().empty() ? JobMeshName(job.spec(), job.world_size())
+                            : job.mesh();
+}
+
+// "4 ranks": the running attempt's, else the spec's.
+std::string Ranks(const v1::Job& job) {
+  const int64_t n =
+      job.world_size() > 0 ? job.world_size() : job.spec().world_size();
+  return absl::StrCat(n, n == 1 ? " rank" : " ranks");
 }
 
 void PrintJobDetail(const v1::Job& job, std::ostream& out) {
@@ -166,7 +173,7 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
       {"reason", job.state_reason()},
       {"model", job.spec().model()},
       {"data", job.spec().data()},
-      {"strategy", Strategy(job)},
+      {"mesh", absl::StrCat(Mesh(job), " (", Ranks(job), ")")},
       {"device", v1::DeviceKind_Name(job.spec().device_kind())},
       {"priority", std::to_string(job.spec().priority())},
       {"restarts",
@@ -181,7 +188,9 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
                      ? absl::StrCat(" (elastic down to ",
                                     job.spec().elastic().min_world_size(), ")")
                      : "")},
-      {"submitted", FormatAge(job.submit_time_unix_ms()) + " ago"},
+      {"submitted", job.submit_time_unix_ms() > 0
+                        ? FormatAge(job.submit_time_unix_ms()) + " ago"
+                        : "-"},
   };
   if (job.start_time_unix_ms() > 0) {
     const int64_t end = job.end_time_unix_ms() > 0
@@ -339,7 +348,7 @@ int FollowJob(DaemonClient& client, const std::string& job_id, bool terminal,
   while (reader->Read(&event)) {
     if (event.has_job()) {
       const v1::Job& job = event.job();
-      out << job.id() << " (" << Strategy(job) << ", "
+      out << job.id() << " (" << Mesh(job) << ", "
           << TerminalSafe(job.spec().model()) << "): " << StateName(job.state())
           << (job.state_reason().empty()
                   ? ""
@@ -530,7 +539,7 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
     for (const v1::Job& job : all.jobs()) {
       rows.push_back(
           {job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-           StateName(job.state()), Strategy(job), job.spec().model(),
+           StateName(job.state()), Mesh(job), job.spec().model(),
            job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
                                               job.last_step().total_steps())
                                : "-",
@@ -539,8 +548,7 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
            FormatAge(job.submit_time_unix_ms())});
     }
     std::cout << FormatTable(
-        {"ID", "NAME", "STATE", "STRATEGY", "MODEL", "STEP", "LOSS", "AGE"},
-        rows);
+        {"ID", "NAME", "STATE", "MESH", "MODEL", "STEP", "LOSS", "AGE"}, rows);
   });
 }
 

@@ -153,7 +153,9 @@ std::string FormatAge(int64_t unix_ms) {
   if (unix_ms <= 0) return "-";
   const absl::Duration age = absl::Trunc(
       absl::Now() - absl::FromUnixMillis(unix_ms), absl::Seconds(1));
-  return absl::FormatDuration(std::max(age, absl::ZeroDuration()));
+  // absl writes a zero duration as a bare "0": every age carries its unit.
+  if (age < absl::Seconds(1)) return "0s";
+  return absl::FormatDuration(age);
 }
 
 }  // namespace shardtrain::cli

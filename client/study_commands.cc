@@ -123,6 +123,7 @@ struct Prepared {
   std::string strategy;
   v1::JobSpec spec;
   int ranks = 1;
+  int64_t replicas = 1;  // data-parallel: the global batch's sharers
 };
 
 // Each entry as it runs: its mesh, ranks and batch per rank. Strong
@@ -229,7 +230,7 @@ absl::StatusOr<std::vector<Prepared>> PrepareJobs(
     }
     (*spec.mutable_labels())["study"] = study;
     (*spec.mutable_labels())["strategy"] = strategy;
-    jobs.push_back({strategy, std::move(spec), ranks});
+    jobs.push_back({strategy, std::move(spec), ranks, p.replicas});
   }
 
   return jobs;
@@ -246,7 +247,29 @@ StrategyRun FirstRun(const Prepared& prepared, const v1::JobSpec& spec,
   run.strategy = prepared.strategy;
   run.job_id = job.id();
   run.world_size = prepared.ranks;
+  run.replicas = prepared.replicas;
   run.batch_size = spec.trainer().batch_size();
+  // Auto: the mesh the coordinator chose, at the batch per replica it gave
+  // it (the global batch stays the one handed over).
+  const auto chosen = job.spec().labels().find("auto_mesh");
+  if (prepared.spec.strategy().name() == kAutoStrategy &&
+      chosen != job.spec().labels().end()) {
+    if (absl::StatusOr<StudyEntry> mesh = ParseStudyEntry(chosen->second);
+        mesh.ok()) {
+      const int64_t model_parallel =
+          mesh->pipeline_stages * mesh->tensor_parallel;
+      const int64_t replicas =
+          mesh->replicas > 0
+              ? mesh->replicas
+              : std::max<int64_t>(1, run.world_size / model_parallel);
+      const int64_t global = run.batch_size * prepared.replicas;
+      if (global % replicas == 0) {
+        run.batch_size = global / replicas;
+        run.replicas = replicas;
+      }
+      run.strategy = absl::StrCat(kAutoStrategy, ": ", chosen->second);
+    }
+  }
   run.grad_accum = spec.trainer().grad_accum();
   run.seq_len = spec.trainer().seq_len();
   run.steps = std::move(finished.steps);

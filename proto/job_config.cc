@@ -1,5 +1,7 @@
 #include "proto/job_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/train/strategy_kinds.h"
 
@@ -350,6 +352,20 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   m.p2p_bytes = p.p2p_bytes();
   m.val_loss = p.has_val_loss() ? p.val_loss() : -1;
   return m;
+}
+
+std::string JobMeshName(const v1::JobSpec& spec, int64_t world_size) {
+  if (spec.strategy().name() == kAutoStrategy) {
+    const auto chosen = spec.labels().find("auto_mesh");
+    return chosen == spec.labels().end()
+               ? std::string(kAutoStrategy)
+               : absl::StrCat(kAutoStrategy, ": ", chosen->second);
+  }
+  TrainConfig c;
+  c.strategy = spec.strategy().name();
+  c.pipeline_stages = std::max<int64_t>(1, spec.strategy().pipeline_stages());
+  c.tensor_parallel = std::max<int64_t>(1, spec.strategy().tensor_parallel());
+  return MeshName(c, world_size > 0 ? world_size : spec.world_size());
 }
 
 }  // namespace shardtrain

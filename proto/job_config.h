@@ -24,6 +24,11 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
 // A JobSpec that converts back to `config` (every trainer field set).
 v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& config, int world_size);
 
+// The job's mesh (MeshName) at `world_size` ranks (the running attempt's;
+// 0: the spec's): "pp2xfsdp2xtp2". A job of strategy auto shows the mesh
+// chosen for it once there is one ("auto: tp4"), else "auto".
+std::string JobMeshName(const v1::JobSpec& spec, int64_t world_size = 0);
+
 // The engine's per-step metrics as the control plane carries them, and back.
 // val_loss < 0 in the engine means "no eval this step": unset in the proto.
 v1::StepMetrics StepMetricsToProto(const StepMetrics& m);

@@ -21,6 +21,13 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+
+// `job` as the daemon shows it: with its mesh (JobMeshName).
+v1::Job WithMesh(const v1::Job& job) {
+  v1::Job view = job;
+  view.set_mesh(JobMeshName(job.spec(), job.world_size()));
+  return view;
+}
 constexpr size_t kMaxSpecBytes = 64 * 1024;
 
 // The most directory entries of an init_from directory checked at submit
@@ -202,7 +209,7 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec) {
     return absl::InternalError(
         absl::StrCat("could not store the job: ", s.message()));
   }
-  v1::Job result = job;
+  v1::Job result = WithMesh(job);
   table_->Add(std::move(entry));
   if (table_->observer != nullptr) table_->observer->OnJobChanged(result);
   return result;
@@ -212,7 +219,7 @@ absl::StatusOr<v1::Job> JobRequests::Get(const std::string& job_id) const {
   absl::MutexLock lock(&table_->mutex);
   const JobEntry* entry = table_->Find(job_id);
   if (entry == nullptr) return NoSuchJob(job_id);
-  v1::Job view = entry->stored.job;
+  v1::Job view = WithMesh(entry->stored.job);
   if (!JobManager::IsTerminal(view.state())) {
     for (int pid : entry->stored.worker_pids) view.add_worker_pids(pid);
   }
@@ -258,7 +265,7 @@ absl::StatusOr<ListJobsPage> JobRequests::List(
           absl::StrCat(table_->jobs.at(page.jobs.back().id())->stored.seq);
       break;
     }
-    page.jobs.push_back(job);
+    page.jobs.push_back(WithMesh(job));
   }
   return page;
 }
@@ -339,7 +346,7 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobRequests::Watch(
   if (entry == nullptr) return NoSuchJob(job_id);
   auto watch = std::make_shared<JobWatch>();
   v1::WatchJobEvent first;
-  *first.mutable_job() = entry->stored.job;
+  *first.mutable_job() = WithMesh(entry->stored.job);
   watch->Push(std::move(first));
   if (JobManager::IsTerminal(entry->stored.job.state()) ||
       table_->shutting_down) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "proto/job_config.h"
 #include "server/nvml.h"
 
 namespace shardtrain {
@@ -246,6 +247,7 @@ void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
     JobSeries& series = series_[job.id()];
     if (series.state != v1::JOB_STATE_UNSPECIFIED) continue;
     series.strategy = job.spec().strategy().name();
+    series.mesh = JobMeshName(job.spec(), job.world_size());
     CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
     series.state = job.state();
     if (JobManager::IsTerminal(job.state())) {
@@ -270,6 +272,7 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   JobSeries& series = series_[job.id()];
   const v1::JobState before = series.state;
   series.strategy = job.spec().strategy().name();
+  series.mesh = JobMeshName(job.spec(), job.world_size());
   if (before == job.state()) return;
   if (before == v1::JOB_STATE_UNSPECIFIED && job.state() == v1::QUEUED) {
     submissions_->Increment();
@@ -286,8 +289,9 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   if (job.state() == v1::STARTING || job.state() == v1::RUNNING ||
       job.state() == v1::RESTARTING) {
     if (series.restarts == nullptr) {
-      series.restarts = &job_restarts_->Add(
-          {{"job", job.id()}, {"strategy", series.strategy}});
+      series.restarts = &job_restarts_->Add({{"job", job.id()},
+                                             {"strategy", series.strategy},
+                                             {"mesh", series.mesh}});
     }
     series.restarts->Set(job.restarts());
     series.ended = absl::InfiniteFuture();
@@ -304,6 +308,7 @@ MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
   if (it != job.ranks.end()) return it->second;
   const prometheus::Labels labels = {{"job", job_id},
                                      {"strategy", job.strategy},
+                                     {"mesh", job.mesh},
                                      {"rank", std::to_string(rank)}};
   RankSeries s;
   s.step = &step_->Add(labels);
@@ -331,7 +336,10 @@ void MetricsExporter::OnSteps(const v1::Job& job,
                               const std::vector<v1::StepMetrics>& steps) {
   absl::MutexLock lock(&mutex_);
   JobSeries& series = series_[job.id()];
-  if (series.strategy.empty()) series.strategy = job.spec().strategy().name();
+  if (series.strategy.empty()) {
+    series.strategy = job.spec().strategy().name();
+    series.mesh = JobMeshName(job.spec(), job.world_size());
+  }
   for (const v1::StepMetrics& m : steps) {
     RankSeries& s = Rank(job.id(), series, m.rank());
     s.step->Set(static_cast<double>(m.step()));
@@ -340,6 +348,7 @@ void MetricsExporter::OnSteps(const v1::Job& job,
       if (s.val_loss == nullptr) {
         s.val_loss = &val_loss_->Add({{"job", job.id()},
                                       {"strategy", series.strategy},
+                                      {"mesh", series.mesh},
                                       {"rank", std::to_string(m.rank())}});
       }
       s.val_loss->Set(m.val_loss());
@@ -363,6 +372,7 @@ void MetricsExporter::OnSteps(const v1::Job& job,
         const prometheus::Labels labels = {
             {"job", job.id()},
             {"strategy", series.strategy},
+            {"mesh", series.mesh},
             {"rank", std::to_string(m.rank())},
             {"stage", std::to_string(m.pipeline_stage())}};
         s.pipeline_bubble = &pipeline_bubble_->Add(labels);

@@ -98,6 +98,7 @@ class MetricsExporter : public JobObserver {
   };
   struct JobSeries {
     std::string strategy;
+    std::string mesh;  // JobMeshName at the attempt's world size
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
     prometheus::Gauge* restarts = nullptr;
     std::map<int, RankSeries> ranks;

@@ -147,12 +147,13 @@ void ReportAutoOutcome(const AutoChoice& choice, const TrainConfig& config,
                        {"tokens_per_second", measured},
                        {"steps", rates.size()}};
     log << absl::StrFormat(
-        "auto: %s measured %s tokens/s (median of %d steps, %s per step) "
-        "against %s predicted (%+.0f%%)\n",
-        chosen.name, FormatThousands(static_cast<int64_t>(measured)),
-        rates.size(), FormatDuration(step),
+        "auto: %s predicted %s tokens/s, measured %s (median of %d steps, "
+        "%s per step): %s\n",
+        chosen.name,
         FormatThousands(static_cast<int64_t>(chosen.time.tokens_per_second)),
-        100 * (chosen.time.tokens_per_second / measured - 1));
+        FormatThousands(static_cast<int64_t>(measured)), rates.size(),
+        FormatDuration(step),
+        MeasuredAgainstPrediction(chosen.time.tokens_per_second, measured));
   }
   (void)WriteFileAtomically(config.out + "/auto_mesh.json", out.dump(2) + "\n");
 }

@@ -558,6 +558,11 @@ int64_t TrainingInt(const nlohmann::json& training, const std::string& key,
   return training[key].get<int64_t>();
 }
 
+std::string WrittenByMesh(const nlohmann::json& written_by) {
+  const std::string mesh = TrainingString(written_by, "mesh", "");
+  return mesh.empty() ? TrainingString(written_by, "strategy") : mesh;
+}
+
 std::string TrainingString(const nlohmann::json& training,
                            const std::string& key,
                            const std::string& fallback) {

@@ -153,6 +153,11 @@ std::string TrainingString(const nlohmann::json& training,
                            const std::string& key,
                            const std::string& fallback = "?");
 
+// The mesh a checkpoint's `written_by` record names (MeshName:
+// "pp2xfsdp2"); a checkpoint from before meshes were recorded gives its
+// strategy.
+std::string WrittenByMesh(const nlohmann::json& written_by);
+
 // Parses and checks a checkpoint.json's text (`where` names it in errors).
 absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
     const std::string& text, const std::string& where);

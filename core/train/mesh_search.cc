@@ -1,6 +1,7 @@
 #include "core/train/mesh_search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -288,24 +289,52 @@ std::string WhyFirstWins(const std::vector<MeshCandidate>& ranked) {
     if (p.b - p.a > worst->b - worst->a) worst = &p;
   }
   const double ratio = a.time.tokens_per_second / b.time.tokens_per_second;
+  // Steps of different global batches are compared per 1,000 tokens.
+  const bool same_batch = a.time.tokens_per_step == b.time.tokens_per_step;
+  const auto per = [&](double seconds, const MeshCandidate& m) {
+    if (same_batch) return FormatDuration(seconds);
+    return absl::StrCat(
+        FormatDuration(seconds * 1000.0 /
+                       std::max<int64_t>(1, m.time.tokens_per_step)),
+        " per 1,000 tokens");
+  };
+  const std::string steps =
+      same_batch ? absl::StrFormat("%s vs %s per step",
+                                   FormatDuration(a.time.step_seconds),
+                                   FormatDuration(b.time.step_seconds))
+                 : absl::StrFormat(
+                       "%s tokens/s vs %s",
+                       FormatThousands(std::llround(a.time.tokens_per_second)),
+                       FormatThousands(std::llround(b.time.tokens_per_second)));
   if (ratio < 1.02) {
     return absl::StrFormat(
-        "%s and %s are predicted within %.1f%% of each other (%s vs %s per "
-        "step), closer than the model can tell apart: measure both "
-        "(shardtrain compare)",
-        a.name, b.name, 100 * (ratio - 1), FormatDuration(a.time.step_seconds),
-        FormatDuration(b.time.step_seconds));
+        "%s and %s are predicted within %.1f%% of each other (%s), closer "
+        "than the model can tell apart: measure both (shardtrain compare)",
+        a.name, b.name, 100 * (ratio - 1), steps);
   }
   std::string why = absl::StrFormat(
-      "%s predicts %.2fx the tokens/s of %s (%s vs %s per step): %s takes "
-      "%s of %s's step and %s of %s's",
-      a.name, ratio, b.name, FormatDuration(a.time.step_seconds),
-      FormatDuration(b.time.step_seconds), worst->name,
-      FormatDuration(worst->b), b.name, FormatDuration(worst->a), a.name);
+      "%s predicts %.2fx the tokens/s of %s (%s): %s takes %s of %s's step "
+      "and %s of %s's",
+      a.name, ratio, b.name, steps, worst->name, per(worst->b, b), b.name,
+      per(worst->a, a), a.name);
   if (worst->name == "collectives") {
     absl::StrAppend(&why, " (", b.name, " moves ",
                     FormatBytes(b.time.counted_bytes()), " per step, ", a.name,
                     " ", FormatBytes(a.time.counted_bytes()), ")");
+  }
+  // Where the model is known to err by more than the gap, say so.
+  const auto model_parallel = [](const MeshCandidate& m) {
+    return m.time.pipeline_stages > 1 || m.time.tensor_parallel > 1;
+  };
+  if (ratio < 1 + kComposedMeshModelError &&
+      (model_parallel(a) || model_parallel(b))) {
+    absl::StrAppend(
+        &why,
+        absl::StrFormat("; the step-time model has been off by up to %.0f%% on "
+                        "meshes with pipeline stages or tensor parallelism "
+                        "(bench/RESULTS.md), more than this gap: measure both "
+                        "(shardtrain compare)",
+                        100 * kComposedMeshModelError));
   }
   return why;
 }

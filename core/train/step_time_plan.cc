@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
 #include "core/model/gpt2_config.h"
@@ -312,23 +313,6 @@ std::string StepTimePlan::Bottleneck() const {
   return name;
 }
 
-std::string MeshName(const TrainConfig& config, int64_t world_size) {
-  const int64_t data = config.DataParallelSize(world_size);
-  std::string name;
-  if (config.pipeline_stages > 1) {
-    name = absl::StrCat("pp", config.pipeline_stages);
-  }
-  if (data > 1 || (name.empty() && config.tensor_parallel <= 1)) {
-    absl::StrAppend(&name, name.empty() ? "" : "x", config.strategy,
-                    data > 1 ? absl::StrCat(data) : "");
-  }
-  if (config.tensor_parallel > 1) {
-    absl::StrAppend(&name, name.empty() ? "" : "x", "tp",
-                    config.tensor_parallel);
-  }
-  return name;
-}
-
 absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
                                           int64_t world_size,
                                           int64_t ranks_per_host,
@@ -600,6 +584,14 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   plan.tokens_per_second =
       static_cast<double>(plan.tokens_per_step) / plan.step_seconds;
   return plan;
+}
+
+std::string MeasuredAgainstPrediction(double predicted, double measured) {
+  if (predicted <= 0) return "no prediction";
+  const double off = measured / predicted - 1;
+  if (std::abs(off) < 0.01) return "within 1% of the prediction";
+  return absl::StrFormat("%.0f%% %s the prediction", 100 * std::abs(off),
+                         off < 0 ? "below" : "above");
 }
 
 }  // namespace shardtrain

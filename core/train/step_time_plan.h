@@ -137,10 +137,6 @@ struct StepTimePlan {
   std::string Bottleneck() const;
 };
 
-// The mesh's name as the study writes it: "single", "ddp4", "fsdp2",
-// "hsdp4", "tp2", "ddp2xtp2", "pp2", "pp2xfsdp2".
-std::string MeshName(const TrainConfig& config, int64_t world_size);
-
 // The step of `config` (its strategy, batch, accumulation, seq_len,
 // precision, device, stages, micro-batches, tensor parallelism, activation
 // checkpointing, threads) at `world_size` ranks, `ranks_per_host` of them on
@@ -150,6 +146,15 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
                                           int64_t world_size,
                                           int64_t ranks_per_host,
                                           const HostRates& rates);
+
+// The largest error of the step-time model measured on meshes with
+// pipeline stages or tensor parallelism (bench/RESULTS.md §10): a gap
+// between two such meshes smaller than this is not a prediction to trust.
+inline constexpr double kComposedMeshModelError = 0.44;
+
+// A measured rate against its prediction, in words: "52% below the
+// prediction", "8% above the prediction", "within 1% of the prediction".
+std::string MeasuredAgainstPrediction(double predicted, double measured);
 
 }  // namespace shardtrain
 

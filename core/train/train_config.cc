@@ -538,4 +538,21 @@ absl::StatusOr<BatchSplit> SplitGlobalBatch(int64_t global, int64_t world,
   return BatchSplit{batch, share / batch};
 }
 
+std::string MeshName(const TrainConfig& config, int64_t world_size) {
+  const int64_t data = config.DataParallelSize(world_size);
+  std::string name;
+  if (config.pipeline_stages > 1) {
+    name = absl::StrCat("pp", config.pipeline_stages);
+  }
+  if (data > 1 || (name.empty() && config.tensor_parallel <= 1)) {
+    absl::StrAppend(&name, name.empty() ? "" : "x", config.strategy,
+                    data > 1 ? absl::StrCat(data) : "");
+  }
+  if (config.tensor_parallel > 1) {
+    absl::StrAppend(&name, name.empty() ? "" : "x", "tp",
+                    config.tensor_parallel);
+  }
+  return name;
+}
+
 }  // namespace shardtrain

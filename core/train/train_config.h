@@ -163,6 +163,13 @@ std::vector<std::string> YamlTrainConfigKeys();
 absl::Status LoadYamlTrainConfigFile(const std::string& path,
                                      TrainConfig* config);
 
+// A run's mesh in the notation `compare --strategies` takes and `plan`
+// prints, the one name every view gives a run: "single", "ddp4", "fsdp2",
+// "hsdp4", "tp2", "ddp2xtp2", "pp2", "pp2xfsdp2", "pp2xfsdp2xtp2" (the
+// pipeline stages first, the data-parallel strategy over its replicas, the
+// tensor-parallel ranks last).
+std::string MeshName(const TrainConfig& config, int64_t world_size);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_CORE_TRAIN_TRAIN_CONFIG_H_

@@ -92,6 +92,9 @@ class Job:
     strategy: str
     world_size: int
     restarts: int
+    # The whole mesh in compare's notation ("pp2xfsdp2", "tp2"; "auto: tp4"
+    # once auto has chosen), as the daemon names it.
+    mesh: str
     submitted: Optional[_dt.datetime]
     started: Optional[_dt.datetime]
     ended: Optional[_dt.datetime]
@@ -116,6 +119,7 @@ class Job:
             strategy=job.spec.strategy.name,
             world_size=job.world_size or job.spec.world_size,
             restarts=job.restarts,
+            mesh=job.mesh or job.spec.strategy.name,
             submitted=_time(job.submit_time_unix_ms),
             started=_time(job.start_time_unix_ms),
             ended=_time(job.end_time_unix_ms),

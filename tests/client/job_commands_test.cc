@@ -40,11 +40,12 @@ class CliJobCommandsTest : public ::testing::Test {
     std::string error;
     ASSERT_TRUE(daemon_->Start(&error)) << error;
   }
-  void StartFakeDaemon() {
+  void StartFakeDaemon(int cpu_slots = 2) {
     std::filesystem::create_directories(dir_ / "data");
     test::WriteFile(dir_ / "data/train.bin", "x");
     DaemonOptions options;
     options.worker_binary = test::FakeWorker();
+    options.cpu_slots = cpu_slots;
     StartDaemon(options);
   }
   // Runs `shardtrain ARGS` against the daemon.
@@ -118,7 +119,8 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   CommandResult list = Cli("list");
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_THAT(list.out, HasSubstr("ID"));
-  EXPECT_THAT(list.out, HasSubstr("job-000001  flood:3  SUCCEEDED  ddp x2"));
+  EXPECT_THAT(list.out, HasSubstr("MESH"));
+  EXPECT_THAT(list.out, HasSubstr("job-000001  flood:3  SUCCEEDED  ddp2"));
 
   CommandResult json = Cli("list -o json --label team=nlp");
   ASSERT_EQ(json.exit_code, 0) << json.err;
@@ -143,6 +145,8 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   CommandResult get = Cli("status job-000001");
   EXPECT_THAT(get.out, HasSubstr("state        SUCCEEDED"));
   EXPECT_THAT(get.out, HasSubstr("labels       team=nlp"));
+  EXPECT_THAT(get.out, HasSubstr("mesh         ddp2 (2 ranks)"));
+  EXPECT_THAT(get.out, Not(HasSubstr(" ago ago")));
 
   CommandResult csv = Cli("metrics job-000001 --csv");
   ASSERT_EQ(csv.exit_code, 0);
@@ -176,6 +180,33 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
 
 // `logs -f` into a pipe prints each line as it comes, not when the stream
 // ends (a block-buffered stdout held them until then).
+// The job views name a job's whole mesh, tensor and pipeline dimensions
+// included, in the notation compare takes.
+TEST_F(CliJobCommandsTest, ListGetAndWatchNameTheWholeMesh) {
+  StartFakeDaemon(/*cpu_slots=*/4);
+  const std::string base = absl::StrCat("submit --model gpt2-tiny --data ",
+                                        dir_ / "data", " --max-steps 1 -w");
+  ASSERT_EQ(
+      Cli(base + " --name tp --strategy fsdp --tp 2 --world-size 4").exit_code,
+      0);
+  ASSERT_EQ(
+      Cli(base + " --name pp --strategy ddp --pp 2 --world-size 4").exit_code,
+      0);
+  ASSERT_EQ(Cli(base + " --name tp1 --tp 2 --world-size 2").exit_code, 0);
+  const CommandResult list = Cli("list");
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_THAT(list.out, HasSubstr("job-000001  tp    SUCCEEDED  fsdp2xtp2"));
+  EXPECT_THAT(list.out, HasSubstr("job-000002  pp    SUCCEEDED  pp2xddp2"));
+  EXPECT_THAT(list.out, HasSubstr("job-000003  tp1   SUCCEEDED  tp2"));
+  EXPECT_THAT(Cli("get job-000001").out,
+              HasSubstr("mesh         fsdp2xtp2 (4 ranks)"));
+  EXPECT_THAT(Cli("get job-000003").out,
+              HasSubstr("mesh         tp2 (2 ranks)"));
+  const CommandResult watch = Cli("watch job-000002");
+  EXPECT_THAT(watch.out + watch.err,
+              HasSubstr("job-000002 (pp2xddp2, gpt2-tiny)"));
+}
+
 TEST_F(CliJobCommandsTest, FollowedLogsReachAPipeLineByLine) {
   StartFakeDaemon();
   ASSERT_EQ(Cli(FakeJob("hold")).exit_code, 0);

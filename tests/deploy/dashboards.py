@@ -30,6 +30,7 @@ DATASOURCE_PROVISIONING = "deploy/grafana/provisioning/datasources/prometheus.ym
 DEFAULT_VARIABLES = {
     "job": "job-000001",
     "strategy": "ddp",
+    "mesh": "ddp2",
     "rank": "0",
     "__rate_interval": "15s",
     "__interval": "5s",

@@ -289,7 +289,8 @@ def skip_reason(names, prometheus):
 
 
 def check_dashboards(prometheus, source_dir, job):
-    values = dict(dashboards.DEFAULT_VARIABLES, job=job, strategy="ddp", rank="0")
+    values = dict(dashboards.DEFAULT_VARIABLES, job=job, strategy="ddp", mesh="ddp2",
+                  rank="0")
     passed = failed = skipped = 0
     for query in dashboards.all_queries(dashboards.load_dashboards(source_dir)):
         expr = dashboards.substitute(dashboards.as_promql(query.expr), values)

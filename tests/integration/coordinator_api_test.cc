@@ -666,8 +666,8 @@ TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
       daemon->WaitFor(ok.id(), test::IsTerminal, absl::Seconds(30)).state(),
       v1::SUCCEEDED);
   const std::string text = daemon->ScrapeMetrics();
-  const std::string series =
-      absl::StrCat("{job=\"", ok.id(), "\",rank=\"1\",strategy=\"ddp\"}");
+  const std::string series = absl::StrCat(
+      "{job=\"", ok.id(), "\",mesh=\"ddp2\",rank=\"1\",strategy=\"ddp\"}");
   EXPECT_THAT(text, HasSubstr("shardtrain_build_info{version=\"0.1.0\"} 1"));
   EXPECT_THAT(text, HasSubstr("shardtrain_job_submissions_total 1"));
   EXPECT_THAT(text, HasSubstr("shardtrain_jobs{state=\"succeeded\"} 1"));
@@ -677,9 +677,10 @@ TEST_F(CoordinatorApiTest, PrometheusEndpointExportsJobsStepsAndFailures) {
   EXPECT_THAT(text,
               HasSubstr("shardtrain_train_loss" + series + " 2"));  // 10 / 5
   EXPECT_THAT(text, HasSubstr("shardtrain_tokens_total" + series + " 5120"));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat(
-                        "shardtrain_step_duration_seconds_count{job=\"",
-                        ok.id(), "\",rank=\"1\",strategy=\"ddp\"} 5")));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat(
+                  "shardtrain_step_duration_seconds_count{job=\"", ok.id(),
+                  "\",mesh=\"ddp2\",rank=\"1\",strategy=\"ddp\"} 5")));
   // The exposition is valid for Prometheus.
   const test::CommandResult check =
       test::RunCommand("promtool check metrics", text);
@@ -716,8 +717,8 @@ TEST_F(CoordinatorApiTest, PrometheusEndpointExportsPipelineStages) {
   const std::string text = daemon->ScrapeMetrics();
   for (const int rank : {0, 1}) {
     const std::string series =
-        absl::StrCat("{job=\"", job.id(), "\",rank=\"", rank, "\",stage=\"",
-                     rank, "\",strategy=\"ddp\"}");
+        absl::StrCat("{job=\"", job.id(), "\",mesh=\"ddp2\",rank=\"", rank,
+                     "\",stage=\"", rank, "\",strategy=\"ddp\"}");
     EXPECT_THAT(text, HasSubstr("shardtrain_pipeline_bubble_seconds" + series +
                                 " 0.005"));
     EXPECT_THAT(text,

@@ -586,8 +586,8 @@ TEST_F(StrategyEquivalenceTest, ACheckpointResumesAtAnyWorldSizeAndStrategy) {
   ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
   EXPECT_NE(inspect.out.find("step_00000012"), std::string::npos)
       << inspect.out;
-  EXPECT_NE(inspect.out.find("fsdp at world size 4 (batch 3 x accum 1 per "
-                             "rank)"),
+  EXPECT_NE(inspect.out.find("fsdp4 on 4 rank(s) (batch 3 x accum 1 per "
+                             "replica)"),
             std::string::npos)
       << inspect.out;
   EXPECT_NE(inspect.out.find("rank-00003.bin"), std::string::npos)

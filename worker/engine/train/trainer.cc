@@ -244,29 +244,31 @@ absl::Status Trainer::KeepCheckpointGlobalBatch() {
   const nlohmann::json& training = reader->metadata().training;
   // Data-parallel replicas share the global batch (a pipeline's stages of
   // one replica see the same sequences).
-  const int64_t world = strategy_->data_parallel_size();
-  const int64_t requested = world * config_.batch_size * config_.grad_accum;
+  const int64_t replicas = strategy_->data_parallel_size();
+  const int64_t requested = replicas * config_.batch_size * config_.grad_accum;
   const int64_t saved = TrainingInt(training, "global_batch", 0);
   if (saved <= 0 || saved == requested) return absl::OkStatus();
   absl::StatusOr<BatchSplit> split =
-      SplitGlobalBatch(saved, world, config_.batch_size);
+      SplitGlobalBatch(saved, replicas, config_.batch_size);
   if (!split.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "resume: checkpoint ", reader->dir(), " trains on ", saved,
-        " sequences per step, which ", world,
-        " ranks cannot share equally; resume at a world size that divides ",
+        " sequences per step, which ", replicas,
+        " data-parallel replicas cannot share equally; resume on a mesh whose "
+        "replicas divide ",
         saved));
   }
   const nlohmann::json written = training.contains("written_by")
                                      ? training["written_by"]
                                      : nlohmann::json::object();
+  const int64_t world = rank_info_.world_size;
   Log(absl::StrFormat(
-      "resume: %s was written by %s at world size %d (batch %d x accum %d "
-      "per rank); continuing at world size %d with batch %d x accum %d per "
-      "rank: the same %d sequences per step",
-      reader->dir(), TrainingString(written, "strategy"),
-      TrainingInt(written, "world_size"), TrainingInt(written, "batch_size"),
-      TrainingInt(written, "grad_accum"), world, split->batch, split->accum,
+      "resume: %s was written by %s on %d rank(s) (batch %d x accum %d per "
+      "replica); continuing on %s, %d rank(s) in %d replica(s), with batch %d "
+      "x accum %d per replica: the same %d sequences per step",
+      reader->dir(), WrittenByMesh(written), TrainingInt(written, "world_size"),
+      TrainingInt(written, "batch_size"), TrainingInt(written, "grad_accum"),
+      MeshName(config_, world), world, replicas, split->batch, split->accum,
       saved));
   config_.batch_size = split->batch;
   config_.grad_accum = split->accum;
@@ -414,6 +416,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
       {"model", model_config_.ToSpec()},
       {"written_by",
        {{"strategy", strategy_->name()},
+        {"mesh", MeshName(config_, rank_info_.world_size)},
         {"world_size", rank_info_.world_size},
         {"batch_size", config_.batch_size},
         {"grad_accum", config_.grad_accum}}},
