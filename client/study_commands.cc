@@ -126,9 +126,10 @@ struct Prepared {
   int64_t replicas = 1;  // data-parallel: the global batch's sharers
 };
 
-// Each entry as it runs: its mesh, ranks and batch per rank. Strong
+// Each entry as it runs: its mesh, ranks and batch per replica. Strong
 // scaling keeps the global batch of --batch-size x the study's replicas.
-// InvalidArgument (a usage error) names an entry the world cannot run.
+// InvalidArgument (a usage error) names every entry the world cannot run,
+// all at once.
 absl::StatusOr<std::vector<Planned>> PlanEntries(const CompareFlags& flags,
                                                  const v1::JobSpec& base,
                                                  int world, int stages) {
@@ -138,9 +139,13 @@ absl::StatusOr<std::vector<Planned>> PlanEntries(const CompareFlags& flags,
       base.trainer().batch_size() *
       std::max<int64_t>(1, world / (stages * base_tensor));
   std::vector<Planned> plan;
+  std::vector<std::string> problems;
   for (const std::string& s : flags.strategies) {
     absl::StatusOr<StudyEntry> entry = ParseStudyEntry(s);
-    if (!entry.ok()) return entry.status();
+    if (!entry.ok()) {
+      problems.push_back(std::string(entry.status().message()));
+      continue;
+    }
     Planned p;
     p.entry = *entry;
     p.stages = entry->pipeline_stages > 1 ? entry->pipeline_stages : stages;
@@ -165,27 +170,68 @@ absl::StatusOr<std::vector<Planned>> PlanEntries(const CompareFlags& flags,
         if (p.tensor > 1) {
           parts.push_back(absl::StrCat(p.tensor, " tensor-parallel ranks"));
         }
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--world-size: got ", world, "; ", s, " needs at least ",
-            2 * model_parallel, " ranks to compare",
+        problems.push_back(absl::StrCat(
+            s, " needs at least ", 2 * model_parallel, " ranks to compare",
             model_parallel > 1 ? absl::StrCat(" (2 data-parallel replicas of ",
                                               absl::StrJoin(parts, " x "), ")")
                                : ""));
+        continue;
       }
+    }
+    const int64_t ranks = p.stages * p.tensor * p.replicas;
+    if (ranks > world) {
+      problems.push_back(absl::StrCat(
+          s, " runs on ", ranks, " ranks, more than --world-size ", world));
+      continue;
     }
     p.batch = base.trainer().batch_size();
     if (flags.scaling == "strong") {
       if (global_batch % p.replicas != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--strategies: ", s, " runs ", p.replicas,
+        problems.push_back(
+            absl::StrCat(s, " runs ", p.replicas,
                          " replicas, which cannot share the global batch of ",
                          global_batch, " sequences equally"));
+        continue;
       }
       p.batch = global_batch / p.replicas;
     }
     plan.push_back(std::move(p));
   }
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--strategies at --world-size ", world, ": ",
+        absl::StrJoin(problems, "; "), ". Nothing was submitted."));
+  }
   return plan;
+}
+
+// Every prepared job checked as the daemon would check it, before any runs:
+// its configuration and mesh, and the daemon's devices. InvalidArgument
+// naming every entry at fault, all at once.
+absl::Status CheckPreparedJobs(const std::vector<Prepared>& jobs,
+                               int64_t daemon_devices) {
+  std::vector<std::string> problems;
+  for (const Prepared& job : jobs) {
+    if (job.spec.strategy().name() != kAutoStrategy) {
+      absl::StatusOr<TrainConfig> config =
+          TrainConfigFromJobSpec(job.spec, "-");
+      absl::Status s = config.status();
+      if (s.ok()) s = config->CheckMeshWorld(job.ranks);
+      if (!s.ok()) {
+        problems.push_back(absl::StrCat(job.strategy, ": ", s.message()));
+        continue;
+      }
+    }
+    if (daemon_devices > 0 && job.ranks > daemon_devices) {
+      problems.push_back(absl::StrCat(job.strategy, " needs ", job.ranks,
+                                      " devices; the daemon has ",
+                                      daemon_devices));
+    }
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--strategies: ", absl::StrJoin(problems, "; "),
+                   ". Nothing was submitted."));
 }
 
 // Every entry's job spec, at `threads_as_ranks` and labelled with `study`;
@@ -350,6 +396,19 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
   absl::StatusOr<std::vector<Prepared>> jobs =
       PrepareJobs(*plan, *base, budget, largest, study_name);
   if (!jobs.ok()) return ReportFailure(jobs.status());
+  // Every entry against the daemon's devices before the first run.
+  int64_t devices = 0;
+  {
+    auto context = (*client)->Context();
+    v1::Cluster cluster;
+    if ((*client)->cluster().GetCluster(context.get(), {}, &cluster).ok()) {
+      devices = cluster.devices_size();
+    }
+  }
+  if (absl::Status s = CheckPreparedJobs(*jobs, devices); !s.ok()) {
+    ReportFailure(s);
+    return kExitUsage;
+  }
   const bool sample_load = IsThisHost((*client)->address());
   std::vector<StrategyRun> runs(jobs->size());
   const size_t total = jobs->size() * static_cast<size_t>(flags.repeat);
@@ -367,7 +426,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
                                      : "")
                 << " on " << prepared.ranks
                 << (prepared.ranks == 1 ? " device" : " devices") << ", batch "
-                << spec.trainer().batch_size() << " per rank ==\n";
+                << spec.trainer().batch_size() << " per replica ==\n";
       FinishedRun finished;
       if (int code = RunOnce(**client, spec, sample_load, prepared.strategy,
                              &finished);

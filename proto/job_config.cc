@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/train/mesh_search.h"
 #include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
@@ -218,6 +219,13 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
           "elastic.min_world_size: got ", min_world,
           "; strategy auto picks its mesh for the ranks a job starts with, "
           "which an elastic job does not keep"));
+    }
+    // Nothing that fits the memory cap: refused now, not at the start.
+    if (c.memory_cap > 0) {
+      if (absl::Status status = CheckAutoCanFit(c, spec.world_size());
+          !status.ok()) {
+        return status;
+      }
     }
     return c;
   }

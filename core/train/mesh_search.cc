@@ -339,34 +339,68 @@ std::string WhyFirstWins(const std::vector<MeshCandidate>& ranked) {
   return why;
 }
 
-absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
-    const TrainConfig& config, int64_t world_size, int64_t ranks_per_host,
-    const HostRates& rates) {
+namespace {
+
+// Refused unless some candidate of `ranked` fits (or, empty, when no mesh
+// shares the batch), naming the least memory any needs.
+absl::Status AutoCandidatesFit(const std::vector<MeshCandidate>& ranked,
+                               const TrainConfig& config, int64_t world_size,
+                               int64_t global_batch) {
+  if (ranked.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy auto: no mesh of ", world_size,
+        " ranks can share a global batch of ", global_batch, " sequences"));
+  }
+  const MeshCandidate* least = nullptr;
+  for (const MeshCandidate& m : ranked) {
+    if (m.fits) return absl::OkStatus();
+    if (least == nullptr || m.memory.total() < least->memory.total()) {
+      least = &m;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "strategy auto: no mesh of ", world_size, " ranks fits memory_cap ",
+      FormatBytes(config.memory_cap), " (98% of it planned); the least is ",
+      least->name, " at ", FormatBytes(least->memory.total()), " per rank, ",
+      "batch ", least->config.batch_size));
+}
+
+MeshSearchOptions AutoSearch(const TrainConfig& config, int64_t world_size,
+                             int64_t ranks_per_host) {
   MeshSearchOptions search;
   search.devices = world_size;
   search.ranks_per_host = ranks_per_host;
   search.budget = Plannable(config.memory_cap);
   search.global_batch =
       config.batch_size * std::max<int64_t>(1, config.grad_accum) * world_size;
+  return search;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
+    const TrainConfig& config, int64_t world_size, int64_t ranks_per_host,
+    const HostRates& rates) {
+  const MeshSearchOptions search =
+      AutoSearch(config, world_size, ranks_per_host);
   absl::StatusOr<std::vector<MeshCandidate>> ranked =
       SearchMeshes(config, search, &rates);
   if (!ranked.ok()) return ranked.status();
-  if (ranked->empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("strategy auto: no mesh of ", world_size,
-                     " ranks can share a global "
-                     "batch of ",
-                     search.global_batch, " sequences"));
-  }
-  if (!ranked->front().fits) {
-    const MeshCandidate& least = ranked->front();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy auto: no mesh of ", world_size, " ranks fits memory_cap ",
-        FormatBytes(config.memory_cap), " (98% of it planned); the least is ",
-        least.name, " at ", FormatBytes(least.memory.total()), " per rank, ",
-        "batch ", least.config.batch_size));
+  if (absl::Status s =
+          AutoCandidatesFit(*ranked, config, world_size, search.global_batch);
+      !s.ok()) {
+    return s;
   }
   return ranked;
+}
+
+absl::Status CheckAutoCanFit(const TrainConfig& config, int64_t world_size) {
+  const MeshSearchOptions search = AutoSearch(config, world_size, 0);
+  if (absl::Status s = CheckSearchBounds(config, search); !s.ok()) return s;
+  absl::StatusOr<std::vector<MeshCandidate>> meshes =
+      SearchMeshes(config, search, nullptr);
+  if (!meshes.ok()) return meshes.status();
+  return AutoCandidatesFit(*meshes, config, world_size, search.global_batch);
 }
 
 std::string MeshFieldsYaml(const TrainConfig& c) {

@@ -91,6 +91,12 @@ absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
     const TrainConfig& config, int64_t world_size, int64_t ranks_per_host,
     const HostRates& rates);
 
+// What `--strategy auto` can be refused for before any rates are known (at
+// submit): no mesh of `world_size` ranks shares the global batch, or none
+// fits config.memory_cap; InvalidArgument naming the least memory any mesh
+// needs, as RankMeshesForAuto words it.
+absl::Status CheckAutoCanFit(const TrainConfig& config, int64_t world_size);
+
 // The mesh's fields as a YAML flow mapping ("{strategy: fsdp,
 // pipeline-stages: 1, ...}") that ApplyYamlTrainConfig sets on a config:
 // how a launcher hands its choice to its ranks.

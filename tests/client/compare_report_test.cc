@@ -176,6 +176,36 @@ TEST(SummariseTest, ComputesEveryFieldFromRankZeroAndMemoryFromAllRanks) {
   EXPECT_EQ(s.peak_memory_bytes_per_rank, 150 * kMiB);
 }
 
+// A mesh's global batch is shared by its data-parallel replicas only: a
+// pipeline's stages and the tensor-parallel ranks of a replica see the same
+// sequences. single (1 rank), ddp2 (2 replicas of 2), pp2 and tp2 (one
+// replica of 2 ranks) and pp2xddp2 (2 replicas of 2 stages) all train on
+// 8 sequences a step, and their same losses are the same training.
+TEST(SummariseTest, AMeshSharesItsGlobalBatchOverItsReplicasOnly) {
+  struct Entry {
+    const char* name;
+    int world;
+    int64_t replicas;
+    int64_t batch;
+  };
+  std::vector<StrategySummary> rows;
+  for (const Entry& e :
+       {Entry{"single", 1, 0, 8}, Entry{"ddp", 2, 0, 4}, Entry{"pp2", 2, 1, 8},
+        Entry{"tp2", 2, 1, 8}, Entry{"pp2xddp2", 4, 2, 4}}) {
+    StrategyRun run = FiveStepDdpRun();
+    run.strategy = e.name;
+    run.world_size = e.world;
+    run.replicas = e.replicas;
+    run.batch_size = e.batch;
+    run.grad_accum = 1;
+    rows.push_back(Summarise(run));
+    EXPECT_EQ(rows.back().global_batch, 8) << e.name;
+  }
+  const std::vector<std::string> findings = Findings(rows);
+  EXPECT_THAT(findings, Contains(HasSubstr("Same training")));
+  EXPECT_THAT(findings, Not(Contains(HasSubstr("not comparable"))));
+}
+
 TEST(SummariseTest, PercentilesAreNearestRankNotInterpolated) {
   StrategyRun run;
   run.strategy = "single";

@@ -604,6 +604,26 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
           out + "2");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("'pp2xzero' names no strategy after 'x'"));
+  // Every mistaken entry is named at once, before any job is submitted:
+  // pp3 needs three ranks, pp2xfsdp2 four.
+  CommandResult mistaken =
+      Cli("compare --strategies single,pp3,pp2xfsdp2 --world-size 2 "
+          "--model gpt2-tiny --data brown --out " +
+          out + "3");
+  EXPECT_EQ(mistaken.exit_code, 2) << mistaken.out;
+  EXPECT_THAT(mistaken.err,
+              HasSubstr("pp3 runs on 3 ranks, more than --world-size 2"));
+  EXPECT_THAT(mistaken.err,
+              HasSubstr("pp2xfsdp2 runs on 4 ranks, more than --world-size 2"));
+  EXPECT_THAT(mistaken.err, HasSubstr("Nothing was submitted"));
+  grpc::ClientContext after_context;
+  v1::ListJobsResponse after;
+  ASSERT_TRUE(daemon_->jobs().ListJobs(&after_context, {}, &after).ok());
+  EXPECT_EQ(after.jobs_size(), 3);  // the study's three, no more
+  // The runs of one global batch are the same training, step for step.
+  const std::string md = test::ReadFile(out + "/report.md");
+  EXPECT_THAT(md, Not(HasSubstr("not comparable")));
+  EXPECT_THAT(md, HasSubstr("training: the loss curves of"));
 }
 
 // Strategy auto through the coordinator: it picks the mesh predicted
@@ -656,6 +676,11 @@ TEST_F(CliJobCommandsTest, CompareTakesAutoAndTheCoordinatorPicksTheMesh) {
   EXPECT_THAT((std::vector<std::string>{"ddp2", "fsdp2", "pp2", "tp2"}),
               ::testing::Contains(chosen));
   EXPECT_THAT(compare.err, HasSubstr("auto trained " + chosen));
+  // The report's row and recommendation name the mesh auto trained, on
+  // DDP's global batch.
+  EXPECT_THAT(compare.out, HasSubstr("| auto: " + chosen + " | 2 |"));
+  const std::string md = test::ReadFile(out + "/report.md");
+  EXPECT_THAT(md, Not(HasSubstr("not comparable")));
   ASSERT_EQ(losses["auto"].size(), losses["ddp"].size());
   for (size_t i = 0; i < losses["auto"].size(); ++i) {
     EXPECT_NEAR(losses["auto"][i], losses["ddp"][i], 1e-6 * losses["ddp"][i])

@@ -211,6 +211,46 @@ TEST(JobConfigTest, AutoIsKeptForTheCoordinatorToResolve) {
                            "a job starts with"));
 }
 
+// Auto with a memory cap no mesh fits is refused at submit, naming the
+// least any mesh needs, not accepted to fail when it starts.
+TEST(JobConfigTest, AutoThatNothingFitsIsRefusedNamingTheLeastMemory) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_strategy()->set_name("auto");
+  spec.set_world_size(2);
+  spec.mutable_trainer()->set_memory_cap_bytes(1 << 20);  // 1 MiB
+  const absl::Status refused = TrainConfigFromJobSpec(spec, kOut).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("strategy auto: no mesh of 2 ranks fits "
+                                   "memory_cap 1.0 MiB"));
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("the least is "));
+  spec.mutable_trainer()->set_memory_cap_bytes(int64_t{8} << 30);
+  EXPECT_TRUE(TrainConfigFromJobSpec(spec, kOut).ok());
+}
+
+// Every view names a job's mesh the one way (MeshName): the tensor and
+// pipeline dimensions included, auto's choice once it has one.
+TEST(JobConfigTest, JobMeshNameNamesEveryDimension) {
+  v1::JobSpec spec = MinimalSpec();
+  EXPECT_EQ(JobMeshName(spec), "ddp2");
+  spec.mutable_strategy()->set_name("single");
+  spec.mutable_strategy()->set_tensor_parallel(2);
+  EXPECT_EQ(JobMeshName(spec), "tp2");
+  spec.mutable_strategy()->set_name("fsdp");
+  spec.set_world_size(4);
+  EXPECT_EQ(JobMeshName(spec), "fsdp2xtp2");
+  spec.mutable_strategy()->set_pipeline_stages(2);
+  spec.set_world_size(8);
+  EXPECT_EQ(JobMeshName(spec), "pp2xfsdp2xtp2");
+  spec.mutable_strategy()->set_tensor_parallel(1);
+  EXPECT_EQ(JobMeshName(spec, /*world_size=*/4), "pp2xfsdp2");
+  spec.mutable_strategy()->set_name("auto");
+  EXPECT_EQ(JobMeshName(spec), "auto");
+  (*spec.mutable_labels())["auto_mesh"] = "tp4";
+  EXPECT_EQ(JobMeshName(spec), "auto: tp4");
+}
+
 TEST(JobConfigTest, InvalidSpecsNameTheField) {
   struct Case {
     std::string field;
