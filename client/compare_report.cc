@@ -214,7 +214,7 @@ std::string ScalingExplanation(const std::string& scaling) {
   if (scaling == "budget") {
     return "Memory budget: every rank of every strategy has the same memory "
            "cap, and each strategy runs at the largest per-rank batch its "
-           "plan fits under it (the batch/rank column), so the table shows "
+           "plan fits under it (the batch/replica column), so the table shows "
            "what the memory a strategy saves buys: a larger batch, more "
            "tokens per step. Losses differ with the batch; compare them at "
            "equal tokens, not equal steps.";
@@ -230,9 +230,9 @@ std::string ScalingExplanation(const std::string& scaling) {
 // the CSVs and report.md's per-strategy lines keep the rest.
 const std::vector<std::string>& TableHeader() {
   static const auto* const kHeader =
-      new std::vector<std::string>{"strategy",
+      new std::vector<std::string>{"mesh",
                                    "world",
-                                   "batch/rank",
+                                   "batch/replica",
                                    "steps",
                                    "train loss",
                                    "val loss",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "client/checkpoint_commands.h"
 #include "client/daemon_command.h"
 #include "client/data_commands.h"
@@ -17,13 +18,17 @@
 #include "client/tokenize_command.h"
 #include "common/atomic_file.h"
 #include "common/cli_usage.h"
+#include "core/train/strategy_kinds.h"
 
 int main(int argc, char** argv) {
   namespace cli = shardtrain::cli;
   // An interrupted export or data preparation leaves no temporary file.
   shardtrain::RemoveTemporaryFilesOnInterrupt();
-  CLI::App app{"shardtrain: train GPT-2 with single-device, DDP or FSDP",
-               "shardtrain"};
+  const std::string about = absl::StrCat(
+      "shardtrain: train language models on a mesh of devices (",
+      shardtrain::StrategyDisplayNames(),
+      ", pipeline stages and tensor parallelism), and compare the meshes");
+  CLI::App app{about, "shardtrain"};
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();
   int exit_code = cli::kExitOk;

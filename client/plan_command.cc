@@ -392,7 +392,11 @@ int RunPlan(const PlanOptions& options) {
   base.data = "-";  // not needed to plan
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
   // The command line is wrong: usage errors (exit 2), as CLI11's own.
-  if (absl::Status s = base.Validate(); !s.ok()) {
+  // --fit weighs pipeline meshes itself: --micro-batches sets theirs without
+  // --pp.
+  TrainConfig checked = base;
+  if (options.fit && checked.pipeline_stages == 1) checked.micro_batches = 1;
+  if (absl::Status s = checked.Validate(); !s.ok()) {
     ReportFailure(s);
     return kExitUsage;
   }
@@ -424,11 +428,12 @@ int RunPlan(const PlanOptions& options) {
       options.strategy.empty() ? StudyStrategyNames(replicas)
                                : std::vector<std::string>{options.strategy};
   if (base.tensor_parallel > 1 && options.strategy.empty()) {
-    // Tensor parallelism composes with the replicated strategies.
+    // Tensor parallelism composes with the replicated strategies and FSDP
+    // (not HSDP's groups).
     strategies.erase(std::remove_if(strategies.begin(), strategies.end(),
                                     [](const std::string& name) {
-                                      return FindStrategyKind(name)->layout !=
-                                             StateLayout::kReplicated;
+                                      return FindStrategyKind(name)->layout ==
+                                             StateLayout::kShardedInGroups;
                                     }),
                      strategies.end());
   }
@@ -491,25 +496,29 @@ int RunPlan(const PlanOptions& options) {
     return kExitOk;
   }
 
-  // One column per plan: with stages, one per stage.
+  // One narrow column per plan (with stages, one per stage), named by its
+  // mesh; what each holds is said below the table.
   std::vector<std::string> header = {"per rank"};
   std::vector<MemoryPlan> columns;
+  std::vector<std::string> legend;
   for (size_t i = 0; i < plans.size(); ++i) {
     for (const MemoryPlan& plan : plans[i]) {
-      std::string name =
-          plan.shard_group_size > 0
-              ? absl::StrFormat("%s (groups of %d)", plan.strategy,
-                                plan.shard_group_size)
-              : plan.strategy;
-      if (plan.tensor_parallel > 1) {
-        absl::StrAppend(&name, " x tp ", plan.tensor_parallel);
+      TrainConfig shape = base;
+      shape.strategy = plan.strategy;
+      const std::string mesh = MeshName(shape, plan.world_size);
+      const std::string name =
+          stages > 1 ? absl::StrFormat("%s s%d", mesh, plan.stage) : mesh;
+      header.push_back(name);
+      std::vector<std::string> about;
+      if (stages > 1) about.push_back(plan.stage_layers);
+      if (plan.shard_group_size > 0) {
+        about.push_back(
+            absl::StrFormat("shard groups of %d", plan.shard_group_size));
       }
-      header.push_back(
-          stages > 1 ? absl::StrFormat("%s stage %d: %s (world %d, batch %d)",
-                                       name, plan.stage, plan.stage_layers,
-                                       plan.world_size, batches[i])
-                     : absl::StrFormat("%s (world %d, batch %d)", name,
-                                       plan.world_size, batches[i]));
+      about.push_back(absl::StrFormat("%d rank(s), batch %d per replica",
+                                      plan.world_size, batches[i]));
+      legend.push_back(
+          absl::StrCat("  ", name, ": ", absl::StrJoin(about, ", ")));
       columns.push_back(plan);
     }
   }
@@ -557,12 +566,13 @@ int RunPlan(const PlanOptions& options) {
                    "%s%s\n",
                    base.model, base.seq_len, base.precision, base.device,
                    stages > 1
-                       ? absl::StrFormat(", %d pipeline stages, %s with %d "
+                       ? absl::StrFormat(";\n%d pipeline stages, %s with %d "
                                          "micro-batch(es) per batch",
                                          stages, base.pipeline_schedule,
                                          base.micro_batches)
                        : "")
             << FormatTable(header, rows);
+  for (const std::string& line : legend) std::cout << line << "\n";
   // A strategy a study leaves out at this size is named, not dropped.
   if (options.strategy.empty()) {
     for (const StrategyKind& kind : StrategyKinds()) {
@@ -570,12 +580,15 @@ int RunPlan(const PlanOptions& options) {
               strategies.end() &&
           replicas < kind.min_study_world &&
           (base.tensor_parallel <= 1 ||
-           kind.layout == StateLayout::kReplicated)) {
+           kind.layout != StateLayout::kShardedInGroups)) {
         std::cout << absl::StrFormat(
-            "%s is left out below %d ranks%s (at %d it would be ddp or "
-            "fsdp); --strategy %s plans it anyway\n",
-            kind.name, kind.min_study_world, stages > 1 ? " per stage" : "",
-            replicas, kind.name);
+            "%s is left out below %d data-parallel replicas (here %d, where "
+            "it would be %s); --strategy %s plans it anyway\n",
+            kind.name, kind.min_study_world, replicas,
+            kind.layout == StateLayout::kShardedInGroups && replicas > 1
+                ? "ddp or fsdp"
+                : "single",
+            kind.name);
       }
     }
   }
@@ -588,11 +601,15 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   auto options = std::make_shared<PlanOptions>();
   CLI::App* plan = app->add_subcommand(
       "plan",
-      "Predict each rank's peak tensor memory by part (parameters, gradients, "
-      "optimizer state, gathered units, activations, logits, communication) "
-      "for single, DDP, FSDP and HSDP, and per stage of a pipeline (--pp), "
-      "before launching (local, no daemon needed); --fit: the largest batch "
-      "that fits a device for every mesh, ranked by predicted tokens/s");
+      absl::StrCat(
+          "Predict each rank's peak tensor memory by part (parameters, "
+          "gradients, optimizer state, gathered units, activations, logits, "
+          "communication) for ",
+          StrategyDisplayNames(),
+          ", with pipeline stages (--pp, each stage planned) and tensor "
+          "parallelism (--tp), before launching (local, no daemon needed); "
+          "--fit: the largest batch that fits a device for every mesh, "
+          "ranked by predicted tokens/s"));
   TrainConfig& c = options->config;
   plan->add_option("--model", c.model, "preset or custom:...")
       ->capture_default_str();

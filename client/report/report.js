@@ -25,12 +25,25 @@
   const dashes = [[], [10, 6], [3, 4], [14, 4, 3, 4], [6, 3], [2, 2]];
   function lineStyle(i) {
     return {borderDash: dashes[i % dashes.length],
-            borderWidth: Math.max(1.5, 5 - 1.5 * i), order: -i};
+            borderWidth: Math.max(1.5, 5 - 1.5 * i), order: -i,
+            pointStyle: 'line'};
   }
-  // Legend swatches as short lines in each dataset's width and dashes; the
-  // legend keeps the strategies' order, not the drawing order.
+  // Validation losses are markers, not lines: a shape of its own per
+  // strategy, the first largest and drawn first, so that coinciding
+  // evaluations stay visible around each other, and no marker's swatch
+  // looks like a training curve's.
+  const markers = ['circle', 'triangle', 'rect', 'rectRot', 'star',
+                   'crossRot'];
+  function markerStyle(i) {
+    return {pointStyle: markers[i % markers.length],
+            pointRadius: Math.max(3, 8 - 2 * i), showLine: false,
+            borderWidth: 2, order: -i};
+  }
+  // Legend swatches in each dataset's own style: short lines in a training
+  // curve's width and dashes, a validation series' marker; the legend keeps
+  // the strategies' order, not the drawing order.
   const legend = {
-    labels: {usePointStyle: true, pointStyle: 'line', pointStyleWidth: 36,
+    labels: {usePointStyle: true, pointStyleWidth: 36,
              sort: function (a, b) { return a.datasetIndex - b.datasetIndex; }},
   };
   function faint(colour) { return colour + '40'; }  // 25% opaque
@@ -54,11 +67,10 @@
       const points = s.steps.filter(function (p) { return extra in p; })
           .map(function (p) { return {x: p[x], y: p[extra]}; });
       if (points.length === 0) return;
-      datasets.push({
+      datasets.push(Object.assign({
         label: s.label + ' (val)', data: points,
-        borderColor: colour, backgroundColor: colour,
-        borderDash: [6, 4], pointRadius: 3, borderWidth: 2, order: -i,
-      });
+        borderColor: colour, backgroundColor: faint(colour),
+      }, markerStyle(i)));
     });
     charts[id] = new Chart(document.getElementById(id), {
       type: 'line',
@@ -219,7 +231,9 @@
       charts[id].data.datasets.forEach(function (d) {
         d.data.forEach(function (v) { if (v !== null) ++entry.data_points; });
         entry.styles.push({label: d.label, width: d.borderWidth,
-                           dash: (d.borderDash || []).join(',')});
+                           dash: (d.borderDash || []).join(','),
+                           point: d.pointStyle || '',
+                           line: d.showLine !== false});
       });
     });
     document.getElementById('render-check').textContent =

@@ -48,12 +48,27 @@ std::vector<std::string> StudyStrategyNames(int64_t world) {
   return names;
 }
 
-std::string StrategyFlagHelp() {
+std::string StrategyFlagHelp(bool with_auto) {
   std::vector<std::string> rows;
   for (const StrategyKind& kind : StrategyKinds()) {
     rows.push_back(absl::StrCat(kind.name, " (", kind.help, ")"));
   }
+  if (with_auto) {
+    rows.push_back(absl::StrCat(
+        kAutoStrategy,
+        " (the mesh predicted fastest for the ranks, picked at the start)"));
+  }
   return absl::StrJoin(rows, " | ");
+}
+
+std::string StrategyDisplayNames() {
+  std::vector<std::string> names;
+  for (const StrategyKind& kind : StrategyKinds()) {
+    names.push_back(kind.display_name);
+  }
+  if (names.size() <= 1) return absl::StrJoin(names, "");
+  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "),
+                      " and ", names.back());
 }
 
 absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {

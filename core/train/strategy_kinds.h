@@ -53,8 +53,12 @@ std::string StrategyNameList();
 std::vector<std::string> StrategyNames();
 // The names a study at `world` ranks includes (min_study_world).
 std::vector<std::string> StudyStrategyNames(int64_t world);
-// "single (one device) | ddp (...) | ...", for --strategy's help.
-std::string StrategyFlagHelp();
+// "single (one device) | ddp (...) | ...", for --strategy's help; with
+// `with_auto`, auto's row last (where a job or run takes it: submit,
+// shardtrain-train).
+std::string StrategyFlagHelp(bool with_auto = false);
+// "single, DDP, FSDP and HSDP": the display names, for help texts.
+std::string StrategyDisplayNames();
 
 // One entry of a study (`shardtrain compare --strategies`): a strategy row
 // ("ddp"), or a mesh in the notation plan --fit prints: [ppS x]

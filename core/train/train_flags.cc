@@ -35,7 +35,8 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--eps", c.eps, "AdamW epsilon");
   app.add_option("--grad-clip", c.grad_clip,
                  "max global grad norm (<= 0: off)");
-  app.add_option("--strategy", c.strategy, StrategyFlagHelp());
+  app.add_option("--strategy", c.strategy,
+                 StrategyFlagHelp(/*with_auto=*/true));
   app.add_option("--device", c.device, "cpu | cuda | cuda:N");
   app.add_option("--precision", c.precision, "fp32 | bf16 (CUDA)");
   app.add_option("--seed", c.seed, "seed for init and data order");
@@ -74,8 +75,9 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
                  "every-N (every N-th block)");
   app.add_option("--pipeline-stages,--pp", c.pipeline_stages,
                  "pipeline stages: the model's blocks cut into S contiguous "
-                 "stages, one rank each; world size = S x the data-parallel "
-                 "size (--strategy single or ddp)");
+                 "stages, one rank each per replica; world size = S x T x "
+                 "the data-parallel size (--strategy: its data-parallel "
+                 "part)");
   app.add_option("--pipeline-split", c.pipeline_split,
                  "blocks before which stages 1, 2, ... start, e.g. 4,8 "
                  "(empty: balanced by compute)");
@@ -88,8 +90,8 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--tensor-parallel,--tp", c.tensor_parallel,
                  "tensor-parallel ranks: every block's attention heads and "
                  "MLP units split over T ranks (T divides the heads); world "
-                 "size = T x the data-parallel size (--strategy single or "
-                 "ddp)");
+                 "size = S x T x the data-parallel size (--strategy single, "
+                 "ddp or fsdp)");
   app.add_option("--comm-timeout", c.comm_timeout,
                  "seconds before a collective fails");
   app.add_option("--eval-every", c.eval_every,

@@ -156,12 +156,12 @@ class LogLine:
 
 @dataclasses.dataclass(frozen=True)
 class StrategyResult:
-    """One strategy's run in :meth:`Client.compare`."""
+    """One entry's run in :meth:`Client.compare`."""
 
-    strategy: str
+    strategy: str  # the entry as given: "ddp", "pp2xfsdp2", "auto"
     job_id: str
     world_size: int
-    batch_size: int  # per rank
+    batch_size: int  # per data-parallel replica
     final_loss: float
     val_loss: Optional[float]
     peak_memory_bytes: int  # the largest of any rank and step
@@ -173,23 +173,30 @@ class StrategyResult:
     # Half-width of the 95% interval of tokens_per_second over the runs'
     # means (Student's t); None for a single run.
     tokens_per_second_ci95: Optional[float] = None
+    # The mesh that ran, as the daemon names it: the entry's, or for auto
+    # the one chosen ("auto: tp2").
+    mesh: str = ""
 
 
 class Comparison(list):
     """The runs of :meth:`Client.compare`, one :class:`StrategyResult` each."""
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame indexed by strategy (needs pandas)."""
+        """A pandas DataFrame indexed by the entry, which stays a column
+        too (``strategy``), with the mesh that ran (needs pandas)."""
         import pandas
 
-        return pandas.DataFrame([dataclasses.asdict(r) for r in self]).set_index("strategy")
+        return pandas.DataFrame([dataclasses.asdict(r) for r in self]).set_index(
+            "strategy", drop=False)
 
     def table(self) -> str:
-        header = f"{'strategy':<8} {'ranks':>5} {'batch':>5} {'final loss':>10} {'peak/rank':>10} {'tokens/s':>9} {'norm':>6}"
+        width = max([8] + [len(r.mesh or r.strategy) for r in self])
+        header = (f"{'mesh':<{width}} {'ranks':>5} {'batch':>5} {'final loss':>10} "
+                  f"{'peak/rank':>10} {'tokens/s':>9} {'norm':>6}")
         lines = [header]
         for r in self:
             spread = f" ± {r.tokens_per_second_ci95:,.0f}" if r.tokens_per_second_ci95 is not None else ""
-            lines.append(f"{r.strategy:<8} {r.world_size:>5} {r.batch_size:>5} {r.final_loss:>10.4f} "
+            lines.append(f"{r.mesh or r.strategy:<{width}} {r.world_size:>5} {r.batch_size:>5} {r.final_loss:>10.4f} "
                          f"{r.peak_memory_bytes / 2**20:>6.1f} MiB {r.tokens_per_second:>9,.0f} {r.grad_norm:>6.3f}"
                          f"{spread}")
         return "\n".join(lines)
@@ -440,6 +447,7 @@ class Client:
             one.labels.update({**labels, "study": study, "strategy": entry})
             specs.append((entry, one))
         runs: Dict[str, List[Tuple[str, List[Dict[str, Any]]]]] = {entry: [] for entry, _ in specs}
+        meshes: Dict[str, str] = {}
         for round_index in range(repeat):
             for entry, one in specs:
                 if repeat > 1:
@@ -448,6 +456,7 @@ class Client:
                 finished = self.wait(job.id)
                 if finished.state != "SUCCEEDED":
                     raise errors.JobDidNotSucceed(finished)
+                meshes.setdefault(entry, finished.mesh)
                 runs[entry].append((job.id, self.metrics(job.id, as_frame=False)))
         for entry, one in specs:
             rank0_of = [[r for r in rows if r["rank"] == 0] for _, rows in runs[entry]]
@@ -458,9 +467,18 @@ class Client:
                 means.append(statistics.fmean(timed) if timed else math.nan)
             first = rank0_of[0]
             evaluated = [r["val_loss"] for r in first if r["val_loss"] is not None]
+            mesh = meshes.get(entry) or entry
+            batch = one.trainer.batch_size
+            if mesh.startswith("auto: "):
+                # The mesh auto chose shares the global batch over its own
+                # replicas.
+                _, stages, tensor, ranks = _study_entry(mesh[len("auto: "):], world_size)
+                replicas = max(1, ranks // (stages * tensor))
+                if (batch * world_size) % replicas == 0:
+                    batch = batch * world_size // replicas
             results.append(StrategyResult(
                 strategy=entry, job_id=runs[entry][0][0], world_size=one.world_size,
-                batch_size=one.trainer.batch_size,
+                batch_size=batch, mesh=mesh,
                 final_loss=first[-1]["loss"] if first else math.nan,
                 val_loss=evaluated[-1] if evaluated else None,
                 peak_memory_bytes=max((r["memory_peak_bytes"] for _, rows in runs[entry] for r in rows),

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -291,7 +292,7 @@ TEST(FormatSummaryTableTest, HasHeaderAndOneFormattedRowPerStrategy) {
   ASSERT_THAT(lines, SizeIs(4));
   // Eleven columns: no extrapolated time per epoch.
   EXPECT_EQ(lines[0],
-            "| strategy | world | batch/rank | steps | train loss | val loss "
+            "| mesh | world | batch/replica | steps | train loss | val loss "
             "| tokens/s (95% CI) | step p50 | peak mem/rank (plan) | "
             "grad norm | MFU |");
   EXPECT_EQ(lines[1].substr(0, 9), "|---|---:");
@@ -465,7 +466,7 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
   const std::string md = ReadFile(out + "/report.md");
   EXPECT_THAT(md, HasSubstr("# gpt2-tiny on brown, world size 2"));
   EXPECT_THAT(md, HasSubstr("Strong scaling: the global batch is fixed"));
-  EXPECT_THAT(md, HasSubstr("| strategy | world | batch/rank | steps |"));
+  EXPECT_THAT(md, HasSubstr("| mesh | world | batch/replica | steps |"));
   EXPECT_THAT(md, HasSubstr("| ddp | 2 | 4 | 10 |"));
   EXPECT_THAT(md, HasSubstr("- FSDP peak memory per rank was 0.60× DDP's"));
   EXPECT_THAT(md, HasSubstr("`ddp.csv`"));
@@ -647,6 +648,20 @@ TEST(WriteCompareReportTest, HtmlDrawsEveryChartInHeadlessChromium) {
   EXPECT_EQ(styles[2]["label"], "FSDP");
   EXPECT_EQ(styles[2]["dash"], "10,6");
   EXPECT_LT(styles[2]["width"].get<double>(), styles[0]["width"].get<double>());
+  // Validation losses are markers, a shape per strategy, never a line that
+  // could pass for (or hide under) a training curve.
+  std::set<std::string> shapes;
+  for (const nlohmann::json& style : styles) {
+    const std::string label = style["label"];
+    if (label.size() < 6 || label.substr(label.size() - 6) != " (val)") {
+      EXPECT_EQ(style["point"], "line") << label;
+      continue;
+    }
+    EXPECT_FALSE(style["line"].get<bool>()) << label;
+    EXPECT_NE(style["point"], "line") << label;
+    shapes.insert(style["point"].get<std::string>());
+  }
+  EXPECT_EQ(shapes.size(), 3u) << check;
   // And every one of them can be seen: each strategy's colour is on the
   // plot of every line chart (where one curve hid the others, only its
   // colour was).

@@ -9,6 +9,10 @@
 #include <regex>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/train/strategy_kinds.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -19,6 +23,7 @@ namespace {
 
 using test::CommandResult;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // Runs shardtrain with `args` (shell words), `input` on stdin.
@@ -54,6 +59,39 @@ TEST(ShardtrainCliTest, HelpListsCommandsAndExitsZero) {
   EXPECT_EQ(result.exit_code, 0);
   EXPECT_THAT(result.out, HasSubstr("data"));
   EXPECT_THAT(result.out, HasSubstr("tokenize"));
+}
+
+// The help and the job-spec reference list what the strategy table holds:
+// every strategy (and auto where a job takes it), pipeline stages and
+// tensor parallelism, with the data-parallel parts each composes with.
+TEST(ShardtrainCliTest, HelpAndDocsNameEveryStrategyAndMeshDimension) {
+  const CommandResult top = Shardtrain("--help");
+  const CommandResult submit = Shardtrain("submit --help");
+  const CommandResult plan = Shardtrain("plan --help");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const std::string job_spec =
+      test::ReadFile(std::string(SHARDTRAIN_SOURCE_DIR) + "/docs/job-spec.md");
+  std::string name_row;
+  for (absl::string_view line : absl::StrSplit(job_spec, '\n')) {
+    if (absl::StartsWith(line, "| `strategy.name`")) {
+      name_row = std::string(line);
+    }
+  }
+  ASSERT_FALSE(name_row.empty());
+  for (const StrategyKind& kind : StrategyKinds()) {
+    EXPECT_THAT(top.out, HasSubstr(kind.display_name));
+    EXPECT_THAT(submit.out, HasSubstr(std::string(kind.name) + " ("));
+    EXPECT_THAT(plan.out, HasSubstr(std::string(kind.name) + " ("));
+    EXPECT_THAT(name_row, HasSubstr(absl::StrCat("`", kind.name, "`")));
+  }
+  EXPECT_THAT(top.out, HasSubstr("pipeline stages and tensor parallelism"));
+  EXPECT_THAT(submit.out, HasSubstr("auto ("));
+  EXPECT_THAT(name_row, HasSubstr("`auto`"));
+  EXPECT_THAT(plan.out, HasSubstr("--tensor-parallel"));
+  EXPECT_THAT(plan.out, HasSubstr("tensor parallelism (--tp)"));
+  // --pp and --tp name the data-parallel parts they compose with.
+  EXPECT_THAT(submit.out, Not(HasSubstr("(--strategy single or ddp)")));
 }
 
 TEST(ShardtrainCliTest, MissingOrUnknownCommandIsAUsageError) {

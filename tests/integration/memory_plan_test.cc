@@ -25,6 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/data/token_file.h"
 #include "core/train/step_metrics.h"
 #include "core/train/step_time_plan.h"
@@ -721,6 +722,21 @@ TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
   EXPECT_EQ(out["best"]["batch_size"].get<int64_t>() * 4 / model_parallel,
             most);
 
+  // --micro-batches without --pp sets the pipeline meshes' count, the rest
+  // keep one.
+  const test::CommandResult micro = test::RunCommand(
+      plan + "--memory-per-device 512MiB --micro-batches 4 -o json");
+  ASSERT_EQ(micro.exit_code, 0) << micro.err;
+  int pipelines = 0;
+  const nlohmann::json micro_out = nlohmann::json::parse(micro.out);
+  for (const nlohmann::json& row : micro_out["fits"]) {
+    if (row.contains("pipeline_stages")) {
+      EXPECT_EQ(row["micro_batches"], 4) << row.dump();
+      ++pipelines;
+    }
+  }
+  EXPECT_GT(pipelines, 0) << micro.out;
+
   // Nothing fits: the table says so and what would.
   const test::CommandResult none =
       test::RunCommand(plan + "--memory-per-device 64MiB");
@@ -844,9 +860,9 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
       test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
                        "/bin/shardtrain plan --model gpt2-mini --world-size 2");
   ASSERT_EQ(two_table.exit_code, 0) << two_table.err;
-  EXPECT_NE(two_table.out.find("hsdp is left out below 4 ranks (at 2 it "
-                               "would be ddp or fsdp); --strategy hsdp plans "
-                               "it anyway"),
+  EXPECT_NE(two_table.out.find("hsdp is left out below 4 data-parallel "
+                               "replicas (here 2, where it would be ddp or "
+                               "fsdp); --strategy hsdp plans it anyway"),
             std::string::npos)
       << two_table.out;
 
@@ -861,18 +877,20 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
   EXPECT_EQ(single.exit_code, 2);
   EXPECT_NE(single.err.find("world size 1"), std::string::npos) << single.err;
 
-  // --tp: the replicated strategies, each rank with 1/T of every layer.
+  // --tp: the strategies that compose with it (not HSDP's groups), each
+  // rank with 1/T of every layer.
   const test::CommandResult tp = test::RunCommand(
       std::string(SHARDTRAIN_BINARY_DIR) +
       "/bin/shardtrain plan --model gpt2-mini --world-size 4 --tp 2 "
       "--batch-size 2 --seq-len 64 -o json");
   ASSERT_EQ(tp.exit_code, 0) << tp.err;
   const nlohmann::json tp_out = nlohmann::json::parse(tp.out);
-  ASSERT_EQ(tp_out["plans"].size(), 2u) << tp.out;
+  ASSERT_EQ(tp_out["plans"].size(), 3u) << tp.out;
   EXPECT_EQ(tp_out["plans"][0]["strategy"], "single");
   EXPECT_EQ(tp_out["plans"][0]["world_size"], 2);  // its two tensor ranks
   EXPECT_EQ(tp_out["plans"][0]["batch_size"], 4);  // strong scaling
   EXPECT_EQ(tp_out["plans"][1]["strategy"], "ddp");
+  EXPECT_EQ(tp_out["plans"][2]["strategy"], "fsdp");  // FSDP x TP
   for (const nlohmann::json& plan : tp_out["plans"]) {
     EXPECT_EQ(plan["tensor_parallel"], 2);
     TrainConfig config;
@@ -891,7 +909,8 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
       "/bin/shardtrain plan --model gpt2-mini --world-size 2 --tp 2 "
       "--strategy single");
   ASSERT_EQ(tp_table.exit_code, 0) << tp_table.err;
-  EXPECT_NE(tp_table.out.find("single x tp 2 (world 2"), std::string::npos)
+  EXPECT_NE(tp_table.out.find("  tp2: 2 rank(s), batch 8 per replica"),
+            std::string::npos)
       << tp_table.out;
   const test::CommandResult tp_bad = test::RunCommand(
       std::string(SHARDTRAIN_BINARY_DIR) +
@@ -940,12 +959,17 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   }
   const test::CommandResult table = test::RunCommand(plan);
   ASSERT_EQ(table.exit_code, 0) << table.err;
-  EXPECT_NE(table.out.find("ddp stage 1: block 3, head (world 4, batch 4)"),
+  // Narrow columns named by mesh and stage, what each holds below.
+  EXPECT_NE(table.out.find("  pp2xddp2 s1: block 3, head, 4 rank(s), batch 4 "
+                           "per replica"),
             std::string::npos)
       << table.out;
+  for (absl::string_view line : absl::StrSplit(table.out, '\n')) {
+    EXPECT_LE(line.size(), 122u) << line;  // six columns
+  }
   EXPECT_NE(table.out.find("micro-batches held"), std::string::npos);
 
-  EXPECT_NE(table.out.find("fsdp stage 0: blocks 0-2, embeddings (world 4"),
+  EXPECT_NE(table.out.find("  pp2xfsdp2 s0: blocks 0-2, embeddings, 4 rank(s)"),
             std::string::npos)
       << table.out;
   // HSDP within each stage, at 8 ranks: two shard groups of two per stage.
@@ -954,7 +978,8 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   const test::CommandResult hsdp =
       test::RunCommand(hsdp_plan + " --strategy hsdp");
   ASSERT_EQ(hsdp.exit_code, 0) << hsdp.err;
-  EXPECT_NE(hsdp.out.find("hsdp (groups of 2) stage 0: blocks 0-2, embeddings"),
+  EXPECT_NE(hsdp.out.find("  pp2xhsdp4 s0: blocks 0-2, embeddings, shard "
+                          "groups of 2, 8 rank(s)"),
             std::string::npos)
       << hsdp.out;
 }

@@ -253,7 +253,9 @@ def test_compare_runs_each_strategy_on_the_same_global_batch(client, data):
     assert ddp.peak_memory_bytes > 0 and ddp.tokens_per_second > 0
     assert "ddp" in results.table()
     if _has_pandas():
-        assert list(results.to_frame().index) == ["single", "ddp"]
+        frame = results.to_frame()
+        assert list(frame.index) == ["single", "ddp"]
+        assert list(frame["strategy"]) == ["single", "ddp"]  # docs/python.md's example
     studies = {j.proto.spec.labels["study"] for j in client.list(labels={"strategy": "ddp"})}
     assert len(studies) == 1
     # Both at the threads per rank of the 2-rank job.
@@ -275,6 +277,10 @@ def test_compare_takes_pipeline_meshes(client, data):
     assert abs(single.final_loss - pp2.final_loss) <= 1e-5 * single.final_loss
     assert (tp2.world_size, tp2.batch_size) == (2, 4)
     assert client.get(tp2.job_id).proto.spec.strategy.tensor_parallel == 2
+    # Every row and job names its mesh, as the CLI's views do.
+    assert [r.mesh for r in results] == ["single", "pp2", "tp2"]
+    assert client.get(tp2.job_id).mesh == "tp2"
+    assert "tp2" in results.table().splitlines()[3]
     assert abs(single.final_loss - tp2.final_loss) <= 1e-5 * single.final_loss
     # A mesh naming no strategy is the daemon's error, naming it.
     with pytest.raises(Exception, match="zero"):

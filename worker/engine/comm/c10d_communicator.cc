@@ -647,8 +647,8 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
       options.rendezvous_timeout > std::chrono::milliseconds(0)
           ? options.rendezvous_timeout
           : timeout;
-  const SteadyClock::time_point deadline =
-      SteadyClock::now() + rendezvous_timeout;
+  const SteadyClock::time_point started = SteadyClock::now();
+  const SteadyClock::time_point deadline = started + rendezvous_timeout;
   absl::Status joined;
   if (env.rank != 0) {
     joined = WaitForStore(env.master_addr, env.master_port, deadline);
@@ -671,11 +671,14 @@ absl::StatusOr<std::unique_ptr<C10dCommunicator>> C10dCommunicator::Create(
     }
   }
   if (!joined.ok()) {
+    // How long it tried, not the timeout: a port taken fails at once.
+    const double tried =
+        std::chrono::duration<double>(SteadyClock::now() - started).count();
     const std::string message = absl::StrFormat(
         "rendezvous of rank %d of %d at %s (MASTER_ADDR:"
-        "MASTER_PORT) failed within %.1f s: %s",
-        env.rank, env.world_size, where, rendezvous_timeout.count() / 1000.0,
-        joined.message());
+        "MASTER_PORT) failed after %.1f s (timeout %.1f s): %s",
+        env.rank, env.world_size, where, tried,
+        rendezvous_timeout.count() / 1000.0, joined.message());
     // Rank 0 serves the store: a port taken by another process is worth
     // another try on a different one (the launcher's call).
     const std::string lower = absl::AsciiStrToLower(joined.message());

@@ -97,4 +97,12 @@ const char* SetCpuComputeThreads(int threads) {
   return "ATen";
 }
 
+int CpuComputeThreads() {
+  using GetThreads = int (*)();
+  static const auto openblas_threads = reinterpret_cast<GetThreads>(
+      dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return openblas_threads != nullptr ? openblas_threads()
+                                     : at::get_num_threads();
+}
+
 }  // namespace shardtrain

@@ -12,6 +12,10 @@ namespace shardtrain {
 // other BLAS: ATen gets `threads`. Returns a description for the log.
 const char* SetCpuComputeThreads(int threads);
 
+// The threads this process computes with on CPU (SetCpuComputeThreads's
+// `threads`): OpenBLAS's when it does the matrix products, else ATen's.
+int CpuComputeThreads();
+
 // The OpenBLAS core type this CPU's flags support ("SkylakeX" with AVX-512,
 // "Haswell" with AVX2 and FMA), or "" for none of them; `cpuinfo` is the text
 // of /proc/cpuinfo.

@@ -602,7 +602,7 @@ absl::Status Trainer::RunLoop() {
   }
   if (device_.is_cpu()) {
     Log(absl::StrCat(
-        "cpu: ", at::get_num_threads(), " thread(s) per rank",
+        "cpu: ", CpuComputeThreads(), " thread(s) per rank",
         *BlasCoreName() != '\0'
             ? absl::StrCat(", OpenBLAS ", BlasCoreName(), " kernels")
             : ""));
