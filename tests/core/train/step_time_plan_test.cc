@@ -561,5 +561,42 @@ TEST(MeshSearchTest, SaysWhyTheFirstWins) {
   EXPECT_EQ(WhyFirstWins(tie), "fsdp2 is the only mesh that fits");
 }
 
+// Meshes at different global batches (plan --fit: each at its largest)
+// are compared per token, never step time against step time; a gap
+// between meshes with model parallelism smaller than the model's measured
+// error there is said to be one.
+TEST(MeshSearchTest, WhyComparesPerTokenAcrossBatchesAndNamesTheModelsError) {
+  std::vector<MeshCandidate> ranked(2);
+  ranked[0].name = "tp2";
+  ranked[0].fits = true;
+  ranked[0].time.tensor_parallel = 2;
+  ranked[0].time.compute_seconds = 8;
+  ranked[0].time.step_seconds = 10;
+  ranked[0].time.tokens_per_step = 20000;
+  ranked[0].time.tokens_per_second = 2000;
+  ranked[1].name = "ddp2";
+  ranked[1].fits = true;
+  ranked[1].time.compute_seconds = 5;
+  ranked[1].time.step_seconds = 6;
+  ranked[1].time.tokens_per_step = 10000;
+  ranked[1].time.tokens_per_second = 1666.7;
+  const std::string why = WhyFirstWins(ranked);
+  EXPECT_NE(why.find("(2,000 tokens/s vs 1,667)"), std::string::npos) << why;
+  EXPECT_EQ(why.find("per step)"), std::string::npos) << why;
+  EXPECT_NE(why.find("per 1,000 tokens"), std::string::npos) << why;
+  EXPECT_NE(why.find("off by up to 44%"), std::string::npos) << why;
+  // Beyond the model's error, no such caveat.
+  ranked[1].time.tokens_per_second = 1000;
+  EXPECT_EQ(WhyFirstWins(ranked).find("off by up to"), std::string::npos);
+}
+
+TEST(StepTimePlanTest, MeasuredAgainstThePredictionInWords) {
+  EXPECT_EQ(MeasuredAgainstPrediction(1791, 861), "52% below the prediction");
+  EXPECT_EQ(MeasuredAgainstPrediction(866, 1132), "31% above the prediction");
+  EXPECT_EQ(MeasuredAgainstPrediction(1000, 1005),
+            "within 1% of the prediction");
+  EXPECT_EQ(MeasuredAgainstPrediction(0, 5), "no prediction");
+}
+
 }  // namespace
 }  // namespace shardtrain
