@@ -224,6 +224,9 @@ TEST_F(TrainMainTest, SaysWhatShapesTheRun) {
   // one), as --threads gave them.
   EXPECT_NE(header.output.find("cpu: 2 thread(s) per rank"), std::string::npos)
       << header.output;
+  // The log names the run's mesh as every view does.
+  EXPECT_NE(header.output.find("on mesh single (cpu x 1)"), std::string::npos)
+      << header.output;
   EXPECT_NE(header.output.find("activation checkpointing: every-2"),
             std::string::npos)
       << header.output;

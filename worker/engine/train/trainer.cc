@@ -590,12 +590,12 @@ absl::Status Trainer::RunLoop() {
     }
   }
   Log(absl::StrFormat(
-      "training %s (%s params) with %s on %s x %d | %d steps | batch %d x %d "
-      "x accum %d x %d replica(s) = %s tokens/step",
+      "training %s (%s params) on mesh %s (%s x %d) | %d steps | batch %d x "
+      "%d x accum %d x %d replica(s) = %s tokens/step",
       model_config_.name, FormatThousands(model_config_.NumParameters()),
-      strategy_->name(), config_.device, rank_info_.world_size, total_steps_,
-      config_.batch_size, config_.seq_len, config_.grad_accum,
-      strategy_->data_parallel_size(),
+      MeshName(config_, rank_info_.world_size), config_.device,
+      rank_info_.world_size, total_steps_, config_.batch_size, config_.seq_len,
+      config_.grad_accum, strategy_->data_parallel_size(),
       FormatThousands(sampler_->windows_per_step() * config_.seq_len)));
   if (const std::string layout = strategy_->layout(); !layout.empty()) {
     Log(absl::StrCat(strategy_->name(), ": ", layout));
