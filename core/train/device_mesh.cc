@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/train/strategy_kinds.h"
 
 namespace shardtrain {
 
@@ -113,6 +114,50 @@ std::string FormatRanks(const std::vector<int64_t>& ranks) {
       }) == ranks.end();
   if (contiguous) return absl::StrCat(ranks.front(), "-", ranks.back());
   return absl::StrJoin(ranks, ",");
+}
+
+absl::StatusOr<DeviceMesh> BuildRunMesh(const RunMeshShape& shape,
+                                        int64_t world_size,
+                                        int64_t ranks_per_node) {
+  const StrategyKind* kind = FindStrategyKind(shape.data_parallel);
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh: unknown data-parallel strategy '",
+                     shape.data_parallel, "'; allowed: ", StrategyNameList()));
+  }
+  const int64_t stages = std::max<int64_t>(1, shape.pipeline_stages);
+  const int64_t tensor = std::max<int64_t>(1, shape.tensor_parallel);
+  if (world_size < 1 || world_size % (stages * tensor) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh: ", world_size, " ranks are not a multiple of ", stages,
+        " pipeline stage(s) x ", tensor, " tensor-parallel rank(s)"));
+  }
+  const int64_t data = world_size / (stages * tensor);
+  std::vector<DeviceMesh::Dimension> dims = {{MeshDim::kPipeline, stages}};
+  if (!kind->distributed) {
+    if (data != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh: ", shape.data_parallel, " holds one replica, but ", world_size,
+          " ranks make ", data, " of ", stages * tensor));
+    }
+    dims.push_back({MeshDim::kReplicate, 1});
+  } else if (kind->layout == StateLayout::kReplicated) {
+    dims.push_back({MeshDim::kReplicate, data});
+  } else if (kind->layout == StateLayout::kSharded) {
+    dims.push_back({MeshDim::kShard, data});
+  } else {
+    const int64_t group =
+        ResolveShardGroupSize(shape.shard_group_size, data, ranks_per_node);
+    if (group < 1 || data % group != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hsdp: the shard group size ", group,
+                       " must divide the ", data, " data-parallel ranks"));
+    }
+    dims.push_back({MeshDim::kReplicate, data / group});
+    dims.push_back({MeshDim::kShard, group});
+  }
+  dims.push_back({MeshDim::kTensor, tensor});
+  return DeviceMesh::Create(std::move(dims));
 }
 
 }  // namespace shardtrain

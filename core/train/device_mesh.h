@@ -9,8 +9,12 @@
 //
 // Each dimension of size > 1 is one c10d sub-group per combination of the
 // other coordinates (`Groups`); every rank must create every group, in the
-// same order, even those it is not in (c10d's rule). Torch-free: the
-// planner, validation and the CLI read it as the engine does.
+// same order, even those it is not in (c10d's rule). Torch-free.
+//
+// A run's mesh is built in one place, BuildRunMesh, from the shape of its
+// parallelism (RunMeshShape: the configuration's, or a strategy's options in
+// tests); the engine's comm layer creates every group from it once
+// (worker/engine/comm/mesh_groups.h) and the strategies ask that for theirs.
 #ifndef SHARDTRAIN_CORE_TRAIN_DEVICE_MESH_H_
 #define SHARDTRAIN_CORE_TRAIN_DEVICE_MESH_H_
 
@@ -71,6 +75,28 @@ class DeviceMesh {
 
 // "0,1" or "0-3" for a contiguous run, for layout lines.
 std::string FormatRanks(const std::vector<int64_t>& ranks);
+
+// The shape of a run's parallelism: pipeline stages, tensor-parallel ranks
+// per replica, and the data-parallel strategy over the replicas (a
+// StrategyKinds() row: single, ddp, fsdp, hsdp) with HSDP's shard group
+// size (0: ResolveShardGroupSize's default).
+struct RunMeshShape {
+  int64_t pipeline_stages = 1;
+  int64_t tensor_parallel = 1;
+  std::string data_parallel = "single";
+  int64_t shard_group_size = 0;
+};
+
+// The run's mesh of `world_size` ranks (`ranks_per_node` per node; 0:
+// unknown): pipeline x replicate x shard x tensor. D = world / (S x T)
+// data-parallel ranks are replicas under single and ddp, shards under
+// fsdp, and D / G replicas of G-rank shard groups under hsdp. Refused,
+// naming the numbers: a world that is not a multiple of S x T, single with
+// more than one replica, a shard group that does not divide D, an unknown
+// strategy.
+absl::StatusOr<DeviceMesh> BuildRunMesh(const RunMeshShape& shape,
+                                        int64_t world_size,
+                                        int64_t ranks_per_node = 0);
 
 }  // namespace shardtrain
 

@@ -552,7 +552,7 @@ TEST_F(StrategyEquivalenceTest, ACheckpointResumesAtAnyWorldSizeAndStrategy) {
     const TrainRun resumed = Train(name, c.args + common + " --resume",
                                    /*keep=*/true);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_NE(resumed.output.find(c.split + " per rank: the same 12"),
+    EXPECT_NE(resumed.output.find(c.split + " per replica: the same 12"),
               std::string::npos)
         << resumed.output;
     ASSERT_EQ(resumed.rank0.size(), 6u) << resumed.output;

@@ -78,5 +78,67 @@ TEST(DeviceMeshTest, RanksAreFormattedAsARunOrAList) {
   EXPECT_EQ(FormatRanks({2}), "2");
 }
 
+// A run's mesh from the shape of its parallelism: the data-parallel ranks
+// are replicas (single, ddp), shards (fsdp) or replicated shard groups
+// (hsdp), between the pipeline stages and the tensor ranks.
+TEST(BuildRunMeshTest, PlacesTheDataParallelRanksByTheirStrategy) {
+  RunMeshShape shape;
+  shape.pipeline_stages = 2;
+  shape.tensor_parallel = 2;
+  shape.data_parallel = "ddp";
+  absl::StatusOr<DeviceMesh> mesh = BuildRunMesh(shape, 8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kPipeline), 2);
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kReplicate), 2);
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kShard), 1);
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kTensor), 2);
+  // Stage 0 is ranks 0-3; rank 5's tensor pair is 4,5; its replicas 5,7.
+  EXPECT_EQ(mesh->GroupOf(5, MeshDim::kTensor), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(mesh->GroupOf(5, MeshDim::kReplicate),
+            (std::vector<int64_t>{5, 7}));
+  shape.data_parallel = "fsdp";
+  mesh = BuildRunMesh(shape, 8);
+  ASSERT_TRUE(mesh.ok());
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kShard), 2);
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kReplicate), 1);
+  // HSDP: consecutive ranks share a shard group.
+  RunMeshShape hsdp;
+  hsdp.data_parallel = "hsdp";
+  hsdp.shard_group_size = 2;
+  mesh = BuildRunMesh(hsdp, 4);
+  ASSERT_TRUE(mesh.ok());
+  EXPECT_EQ(mesh->GroupOf(2, MeshDim::kShard), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(mesh->GroupOf(2, MeshDim::kReplicate),
+            (std::vector<int64_t>{0, 2}));
+  // The default shard group: the ranks of a node.
+  hsdp.shard_group_size = 0;
+  mesh = BuildRunMesh(hsdp, 8, /*ranks_per_node=*/4);
+  ASSERT_TRUE(mesh.ok());
+  EXPECT_EQ(mesh->SizeOf(MeshDim::kShard), 4);
+}
+
+TEST(BuildRunMeshTest, RefusesWhatTheWorldCannotHoldNamingTheNumbers) {
+  RunMeshShape shape;
+  shape.pipeline_stages = 3;
+  shape.data_parallel = "ddp";
+  absl::Status s = BuildRunMesh(shape, 4).status();
+  EXPECT_NE(s.message().find("4 ranks are not a multiple of 3 pipeline"),
+            std::string::npos)
+      << s;
+  shape.pipeline_stages = 2;
+  shape.data_parallel = "single";
+  s = BuildRunMesh(shape, 4).status();
+  EXPECT_NE(s.message().find("single holds one replica"), std::string::npos)
+      << s;
+  shape.data_parallel = "hsdp";
+  shape.shard_group_size = 3;
+  s = BuildRunMesh(shape, 8).status();
+  EXPECT_NE(s.message().find("shard group size 3 must divide the 4"),
+            std::string::npos)
+      << s;
+  shape.data_parallel = "zero";
+  EXPECT_FALSE(BuildRunMesh(shape, 8).ok());
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -64,31 +64,32 @@ std::string FsdpStrategy::layout() const {
 }
 
 absl::Status FsdpStrategy::FormGroups() {
-  const int64_t world = world_->world_size();
-  const int64_t rank = world_->rank();
-  const int64_t g = fsdp_.shard_group_size > 0 ? fsdp_.shard_group_size : world;
-  if (g > world || world % g != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hsdp: the shard group size ", g,
-                     " must divide the world size ", world));
+  // The mesh: shards over the world (FSDP), or shard groups replicated
+  // across (HSDP), built and its groups made in one place each.
+  RunMeshShape shape;
+  shape.data_parallel = fsdp_.shard_group_size > 0 ? "hsdp" : "fsdp";
+  shape.shard_group_size = fsdp_.shard_group_size;
+  absl::StatusOr<DeviceMesh> mesh =
+      BuildRunMesh(shape, world_->world_size(), options_.ranks_per_node);
+  if (!mesh.ok()) return mesh.status();
+  absl::StatusOr<std::unique_ptr<MeshGroups>> groups =
+      MeshGroups::Create(world_, *mesh);
+  if (!groups.ok()) return groups.status();
+  groups_ = *std::move(groups);
+  shard_ = groups_->Along(MeshDim::kShard);
+  replicate_ = groups_->Along(MeshDim::kReplicate);
+  if (shard_ == nullptr) {
+    if (world_->world_size() > 1) {
+      // Shard groups of one rank: each holds everything, as DDP.
+      absl::StatusOr<std::unique_ptr<Communicator>> own = world_->NewGroup(
+          absl::StrCat("shard-", world_->rank()), {world_->rank()});
+      if (!own.ok()) return own.status();
+      own_shard_ = *std::move(own);
+      shard_ = own_shard_.get();
+    } else {
+      shard_ = world_;
+    }
   }
-  shard_ = world_;
-  if (g == world) return absl::OkStatus();
-  // Shard groups are consecutive ranks (a node's, as launchers number them);
-  // a replica group takes the same position in every shard group.
-  std::vector<int64_t> shard_members, replica_members;
-  for (int64_t i = 0; i < g; ++i) shard_members.push_back(rank / g * g + i);
-  for (int64_t r = rank % g; r < world; r += g) replica_members.push_back(r);
-  absl::StatusOr<std::unique_ptr<Communicator>> shard =
-      world_->NewGroup("hsdp-shard", shard_members);
-  if (!shard.ok()) return shard.status();
-  absl::StatusOr<std::unique_ptr<Communicator>> replicate =
-      world_->NewGroup("hsdp-replica", replica_members);
-  if (!replicate.ok()) return replicate.status();
-  own_shard_ = *std::move(shard);
-  own_replicate_ = *std::move(replicate);
-  shard_ = own_shard_.get();
-  replicate_ = own_replicate_.get();
   return absl::OkStatus();
 }
 
@@ -403,13 +404,12 @@ double FsdpStrategy::AllReduceMean(double value) {
 void FsdpStrategy::Barrier() { Check(world_->Barrier()); }
 
 CommStats FsdpStrategy::TakeCommStats() {
-  CommStats stats = world_->TakeStats();
-  for (Communicator* group : {own_shard_.get(), own_replicate_.get()}) {
-    if (group == nullptr) continue;
-    const CommStats part = group->TakeStats();
+  CommStats stats =
+      groups_ != nullptr ? groups_->TakeStats() : world_->TakeStats();
+  if (own_shard_ != nullptr) {
+    const CommStats part = own_shard_->TakeStats();
     stats.seconds += part.seconds;
     stats.bytes += part.bytes;
-    if (group == own_replicate_.get()) stats.inter_group_bytes += part.bytes;
   }
   return stats;
 }

@@ -68,6 +68,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/engine/comm/mesh_groups.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
@@ -210,9 +211,10 @@ class FsdpStrategy final : public Strategy {
   const StrategyOptions options_;
   Communicator* const world_;  // every rank: losses, barriers
   const FsdpOptions fsdp_;
-  // HSDP's groups, made by Setup(); declared before the units that use them.
-  std::unique_ptr<Communicator> own_shard_;
-  std::unique_ptr<Communicator> own_replicate_;
+  // The mesh's groups (comm/mesh_groups.h), made by Setup(); declared
+  // before the units that use them.
+  std::unique_ptr<MeshGroups> groups_;
+  std::unique_ptr<Communicator> own_shard_;  // a shard group of one rank
   Communicator* shard_ = nullptr;      // the world, or this rank's shard group
   Communicator* replicate_ = nullptr;  // HSDP: this rank's replica group
   CausalLm model_;

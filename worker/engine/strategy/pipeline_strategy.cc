@@ -40,27 +40,6 @@ PipelineOptions Resolved(PipelineOptions pipeline,
   return pipeline;
 }
 
-// Stages x the stage's ranks; with hsdp, those as groups x shards.
-DeviceMesh MakeMesh(int64_t world, const PipelineOptions& pipeline) {
-  // Checked by the factory: stages >= 1 divides world; Setup refuses shard
-  // groups that do not divide a stage.
-  const int64_t per_stage = world / pipeline.stages;
-  const int64_t t = std::max<int64_t>(1, pipeline.tensor_parallel);
-  if (t > 1 && per_stage % t == 0) {
-    return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
-                                {MeshDim::kReplicate, per_stage / t},
-                                {MeshDim::kTensor, t}});
-  }
-  const int64_t g = pipeline.shard_group_size;
-  if (g > 0 && per_stage % g == 0) {
-    return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
-                                {MeshDim::kReplicate, per_stage / g},
-                                {MeshDim::kShard, g}});
-  }
-  return *DeviceMesh::Create({{MeshDim::kPipeline, pipeline.stages},
-                              {MeshDim::kReplicate, per_stage}});
-}
-
 }  // namespace
 
 // A micro-batch between its forward and its backward on this stage.
@@ -81,9 +60,22 @@ PipelineStrategy::PipelineStrategy(const StrategyOptions& options,
                                    PipelineOptions pipeline)
     : options_(options),
       world_(world),
-      pipeline_(Resolved(std::move(pipeline), options)),
-      mesh_(MakeMesh(options.world_size, pipeline_)) {
-  stage_ = mesh_.Coordinate(options_.rank, MeshDim::kPipeline);
+      pipeline_(Resolved(std::move(pipeline), options)) {
+  // The mesh, built where every run's is (BuildRunMesh); a shape it refuses
+  // is Setup's error.
+  RunMeshShape shape;
+  shape.pipeline_stages = pipeline_.stages;
+  shape.tensor_parallel = tensor_parallel();
+  shape.data_parallel = pipeline_.data_parallel;
+  shape.shard_group_size = pipeline_.shard_group_size;
+  absl::StatusOr<DeviceMesh> mesh =
+      BuildRunMesh(shape, options_.world_size, options_.ranks_per_node);
+  if (mesh.ok()) {
+    mesh_ = *std::move(mesh);
+    stage_ = mesh_->Coordinate(options_.rank, MeshDim::kPipeline);
+  } else {
+    mesh_error_ = mesh.status();
+  }
 }
 
 PipelineStrategy::~PipelineStrategy() = default;
@@ -146,48 +138,24 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
         absl::StrCat("hsdp: the shard group size ", g, " must divide the ",
                      data_parallel_size(), " ranks of each pipeline stage"));
   }
-  // Groups, made by every rank in the same order: its replica's stages, the
-  // ranks of its stage it replicates or shards with (hsdp: its shard group,
-  // then the same shard's other groups), and (first and last stage) the
-  // tied weight's pair.
-  const std::vector<int64_t> pipe =
-      mesh_.GroupOf(options_.rank, MeshDim::kPipeline);
-  const std::vector<int64_t> tensor =
-      t > 1 ? mesh_.GroupOf(options_.rank, MeshDim::kTensor)
-            : std::vector<int64_t>{};
-  const std::vector<int64_t> replicas = mesh_.GroupOf(
-      options_.rank, g > 1 ? MeshDim::kShard : MeshDim::kReplicate);
-  const std::vector<int64_t> across =
-      g > 1 ? mesh_.GroupOf(options_.rank, MeshDim::kReplicate)
-            : std::vector<int64_t>{};
-  absl::StatusOr<std::unique_ptr<Communicator>> group =
-      world_->NewGroup(absl::StrCat("pipeline-", FormatRanks(pipe)), pipe);
-  if (!group.ok()) return group.status();
-  pipe_ = std::move(*group);
-  if (replicas.size() > 1) {
-    group = world_->NewGroup(absl::StrCat("replicas-", FormatRanks(replicas)),
-                             replicas);
-    if (!group.ok()) return group.status();
-    replicas_ = std::move(*group);
+  if (!mesh_error_.ok()) return mesh_error_;
+  if (pipeline_.stages < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: ", pipeline_.stages, " stage(s); a pipeline has 2 or more"));
   }
-  if (across.size() > 1) {
-    group = world_->NewGroup(absl::StrCat("shard-groups-", FormatRanks(across)),
-                             across);
-    if (!group.ok()) return group.status();
-    across_groups_ = std::move(*group);
-  }
-  if (t > 1) {
-    group =
-        world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
-    if (!group.ok()) return group.status();
-    tensor_ = std::move(*group);
-  }
-  if (pipeline_.stages > 1 && (first() || last())) {
-    const std::vector<int64_t> ends = {pipe.front(), pipe.back()};
-    group = world_->NewGroup(absl::StrCat("tied-", FormatRanks(ends)), ends);
-    if (!group.ok()) return group.status();
-    tied_ = std::move(*group);
-  }
+  // The mesh's groups, made in one place (comm/mesh_groups.h): the
+  // replica's stages, the ranks of its stage it replicates or shards with
+  // (hsdp: its shard group, and the same shard's other groups), the tensor
+  // ranks, and (first and last stage) the tied weight's pair.
+  absl::StatusOr<std::unique_ptr<MeshGroups>> made =
+      MeshGroups::Create(world_, *mesh_);
+  if (!made.ok()) return made.status();
+  groups_ = *std::move(made);
+  pipe_ = groups_->Along(MeshDim::kPipeline);
+  replicas_ = g > 1 ? groups_->Along(MeshDim::kShard) : groups_->DataParallel();
+  across_groups_ = g > 1 ? groups_->Along(MeshDim::kReplicate) : nullptr;
+  tensor_ = groups_->Along(MeshDim::kTensor);
+  tied_ = groups_->TiedEnds();
 
   torch::NoGradGuard no_grad;
   for (auto& item : model_->named_parameters()) {
@@ -196,7 +164,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   if (t > 1) {
     // Every stage's blocks split over the stage's tensor ranks (the whole
     // model, then the others' stages freed below).
-    tensor_ops_ = MakeTensorParallelOps(tensor_.get());
+    tensor_ops_ = MakeTensorParallelOps(tensor_);
     if (absl::Status s = model_->ShardForTensorParallel(tensor_ops_.get());
         !s.ok()) {
       return s;
@@ -225,7 +193,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   }
   if (t > 1 && (first() || last())) {
     try {
-      vocab_ = TensorParallelVocabShard(*model_, tensor_.get(), options_,
+      vocab_ = TensorParallelVocabShard(*model_, tensor_, options_,
                                         /*rows_held=*/!sharded());
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat(
@@ -239,7 +207,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   // schedule, through one flat copy.
   if (replicas_ != nullptr && !sharded() && tensor_ == nullptr) {
     replica_buckets_ = std::make_unique<GradientBuckets>(
-        owned_, replicas_.get(),
+        owned_, replicas_,
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(
                                  pipeline_.bucket_mb * 1024 * 1024))),
         "pipeline x ddp");
@@ -247,8 +215,8 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
 
   std::vector<std::string> stages;
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
-    const std::vector<int64_t> ranks = mesh_.RanksWithSameCoordinate(
-        mesh_.WithCoordinate(0, MeshDim::kPipeline, s), MeshDim::kPipeline);
+    const std::vector<int64_t> ranks = mesh_->RanksWithSameCoordinate(
+        mesh_->WithCoordinate(0, MeshDim::kPipeline, s), MeshDim::kPipeline);
     stages.push_back(absl::StrCat(
         "stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
         FormatRanks(ranks), " (", DescribeStage(partition_[s]), ")"));
@@ -289,7 +257,7 @@ absl::Status PipelineStrategy::ShardStage() {
     for (UnitSources& u : *grouped) {
       const bool is_embedding = u.name == embedding;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u.name, std::move(u.sources), replicas_.get(), options_.device,
+          u.name, std::move(u.sources), replicas_, options_.device,
           // The vocabulary-parallel paths read the embedding in fp32.
           is_embedding && tensor_parallel() > 1 ? torch::kFloat
                                                 : compute_dtype);
@@ -311,6 +279,12 @@ absl::Status PipelineStrategy::ShardStage() {
                                          unit->name(), ": ", s.message()));
       }
     }
+  }
+  // A unit's reduce-scatter goes as soon as the step's last backward has
+  // completed its gradient (armed then), overlapping the rest of it.
+  unit_launched_.assign(units_.size(), false);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    unit_hooks_.Add(units_[u]->full(), [this, u] { OnUnitGradReady(u); });
   }
   // The units hold the values now; the parameters' storage is freed.
   owned_.clear();
@@ -358,7 +332,17 @@ void PipelineStrategy::GatherUnits() {
   *p.member = embedding_leaf_;
 }
 
+void PipelineStrategy::OnUnitGradReady(size_t u) {
+  if (!units_armed_ || unit_launched_[u]) return;
+  ThrowIfFailed(units_[u]->LaunchReduceScatter(), "pipeline x fsdp",
+                "reduce_scatter");
+  unit_launched_[u] = true;
+  shard_trace_.unit_launch.push_back(std::chrono::steady_clock::now());
+}
+
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
+  units_armed_ = false;
+  shard_trace_.backward_end = std::chrono::steady_clock::now();
   if (vocab_.grad.defined() && embedding_unit_ != nullptr) {
     embedding_unit_->SetParameterGradient(vocab_.grad);
   }
@@ -367,14 +351,18 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
     if (grad.defined()) embedding_unit_->SetParameterGradient(grad);
     embedding_leaf_ = torch::Tensor();
   }
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->LaunchReduceScatter(), "pipeline x fsdp",
+  // The units whose hook did not launch them (the embedding's gradient is
+  // handed over above), in unit order.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (unit_launched_[u]) continue;
+    ThrowIfFailed(units_[u]->LaunchReduceScatter(), "pipeline x fsdp",
                   "reduce_scatter");
   }
   for (auto& unit : units_) {
     ThrowIfFailed(unit->WaitReduceScatter(), "pipeline x fsdp",
                   "reduce_scatter");
   }
+  unit_launched_.assign(units_.size(), false);
   FreeUnits();
 }
 
@@ -466,6 +454,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   using Payload = PipelineOp::Payload;
   const int64_t count = static_cast<int64_t>(micro.size());
   std::vector<InFlight> in_flight(micro.size());
+  units_armed_ = false;  // until this schedule's last backward
   if (sharded()) GatherUnits();
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
@@ -491,6 +480,10 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
     const PipelineOp& op = (*ops)[i];
     if (i == last_backward && reduce && replica_buckets_ != nullptr) {
       replica_buckets_->Arm(true);
+    }
+    if (i == last_backward && reduce && sharded()) {
+      units_armed_ = true;
+      shard_trace_ = {};
     }
     InFlight& m = in_flight[op.micro_batch];
     const Batch& batch = micro[op.micro_batch];
@@ -952,16 +945,8 @@ int64_t PipelineStrategy::ModelStateBytes() const {
 }
 
 CommStats PipelineStrategy::TakeCommStats() {
-  CommStats total = world_->TakeStats();
-  for (Communicator* c : {pipe_.get(), replicas_.get(), across_groups_.get(),
-                          tied_.get(), tensor_.get()}) {
-    if (c == nullptr) continue;
-    const CommStats part = c->TakeStats();
-    total.seconds += part.seconds;
-    total.bytes += part.bytes;
-    if (c == across_groups_.get()) total.inter_group_bytes += part.bytes;
-    if (c == tensor_.get()) total.tensor_parallel_bytes += part.bytes;
-  }
+  CommStats total =
+      groups_ != nullptr ? groups_->TakeStats() : world_->TakeStats();
   total.p2p_bytes = std::exchange(p2p_bytes_, 0);
   total.pipeline_bubble_seconds = std::exchange(bubble_seconds_, 0.0);
   return total;

@@ -60,15 +60,19 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PIPELINE_STRATEGY_H_
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/train/device_mesh.h"
 #include "core/train/pipeline_plan.h"
+#include "worker/engine/comm/mesh_groups.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
@@ -137,6 +141,14 @@ class PipelineStrategy final : public Strategy {
     return replica_buckets_ != nullptr ? replica_buckets_->last_overlap_trace()
                                        : GradientBuckets::OverlapTrace{};
   }
+  // A sharded stage's last reduction: when each unit's reduce-scatter
+  // launched (in launch order; those the last backward completed first)
+  // against when the schedule ended.
+  struct ShardOverlapTrace {
+    std::vector<std::chrono::steady_clock::time_point> unit_launch;
+    std::chrono::steady_clock::time_point backward_end;
+  };
+  ShardOverlapTrace shard_overlap_trace() const { return shard_trace_; }
 
   // The stage this rank runs and what it holds (after Setup).
   int64_t stage() const { return stage_; }
@@ -190,6 +202,9 @@ class PipelineStrategy final : public Strategy {
   // hsdp: every unit's shard gradient averaged over the stage's groups.
   void AverageAcrossGroups();
   void GatherUnits();
+  // Sharded, during the step's last backward: unit `u`'s gradient is
+  // complete, its reduce-scatter goes at once.
+  void OnUnitGradReady(size_t u);
   void ReduceScatterAndFreeUnits();
   // The units freed (and the vocabulary-parallel view of the embedding's
   // rows with
@@ -212,7 +227,9 @@ class PipelineStrategy final : public Strategy {
   const StrategyOptions options_;
   Communicator* const world_;
   const PipelineOptions pipeline_;
-  DeviceMesh mesh_;
+  // The run's mesh (BuildRunMesh); empty with mesh_error_ when refused.
+  std::optional<DeviceMesh> mesh_;
+  absl::Status mesh_error_;
   int64_t stage_ = 0;
   std::vector<PipelineStage> partition_;
   std::string layout_;
@@ -221,19 +238,20 @@ class PipelineStrategy final : public Strategy {
   // shard group); hsdp: the ranks holding the same shard in the stage's
   // other shard groups; the first and last stage of the replica (the tied
   // weight's group; first/last only). Null where the group would be this rank
-  // alone.
-  std::unique_ptr<Communicator> pipe_;
+  // alone. All the mesh's groups (comm/mesh_groups.h), made in Setup.
+  std::unique_ptr<MeshGroups> groups_;
+  Communicator* pipe_ = nullptr;
   // Tensor parallelism: the stage replica's T ranks, f and g over them, and
   // the vocabulary-parallel view of the embedding's rows (end stages).
-  std::unique_ptr<Communicator> tensor_;
+  Communicator* tensor_ = nullptr;
   std::unique_ptr<TensorParallelOps> tensor_ops_;
   VocabShard vocab_;
-  std::unique_ptr<Communicator> replicas_;
+  Communicator* replicas_ = nullptr;
   // A replicated stage without tensor ranks: its gradients averaged over
   // replicas_ as the step's last backward runs.
   std::unique_ptr<GradientBuckets> replica_buckets_;
-  std::unique_ptr<Communicator> across_groups_;
-  std::unique_ptr<Communicator> tied_;
+  Communicator* across_groups_ = nullptr;
+  Communicator* tied_ = nullptr;
   CausalLm model_;
   // This stage's parameters (replicated) or their units (sharded); the token
   // embedding's unit is null unless the stage holds it.
@@ -241,6 +259,12 @@ class PipelineStrategy final : public Strategy {
   std::vector<torch::Tensor> owned_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   FsdpUnit* embedding_unit_ = nullptr;
+  // The units' gradient hooks; armed for the step's last backward, when a
+  // unit's gradient is complete as its hook fires.
+  GradReadyHooks unit_hooks_;
+  bool units_armed_ = false;
+  std::vector<bool> unit_launched_;
+  ShardOverlapTrace shard_trace_;
   // The token embedding while its unit is gathered for training.
   torch::Tensor embedding_leaf_;
   // Every parameter's global shape, for export.

@@ -81,27 +81,21 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
         options_.world_size, " ranks holds one replica of ", tensor_parallel_,
         " (use single, or at least ", 2 * tensor_parallel_, " ranks)"));
   }
-  // Groups: the replica's tensor ranks, then the same slice's replicas.
-  const DeviceMesh mesh =
-      *DeviceMesh::Create({{MeshDim::kReplicate, data_parallel_size()},
-                           {MeshDim::kTensor, tensor_parallel_}});
-  // The tensor group is its own even when it is the world, so that its
-  // traffic is counted apart.
-  const std::vector<int64_t> tensor =
-      mesh.GroupOf(options_.rank, MeshDim::kTensor);
-  absl::StatusOr<std::unique_ptr<Communicator>> group =
-      world_->NewGroup(absl::StrCat("tensor-", FormatRanks(tensor)), tensor);
-  if (!group.ok()) return group.status();
-  own_tensor_ = std::move(*group);
-  tensor_ = own_tensor_.get();
-  if (data_parallel_size() > 1) {
-    const std::vector<int64_t> replicas =
-        mesh.GroupOf(options_.rank, MeshDim::kReplicate);
-    group = world_->NewGroup(absl::StrCat("replicas-", FormatRanks(replicas)),
-                             replicas);
-    if (!group.ok()) return group.status();
-    replicas_ = std::move(*group);
-  }
+  // The mesh, replicas (or shards) x tensor ranks, and its groups, each
+  // made in one place (core/train/device_mesh.h, comm/mesh_groups.h).
+  RunMeshShape shape;
+  shape.tensor_parallel = tensor_parallel_;
+  shape.data_parallel =
+      sharded() ? "fsdp" : (data_parallel_size() > 1 ? "ddp" : "single");
+  absl::StatusOr<DeviceMesh> mesh =
+      BuildRunMesh(shape, options_.world_size, options_.ranks_per_node);
+  if (!mesh.ok()) return mesh.status();
+  absl::StatusOr<std::unique_ptr<MeshGroups>> groups =
+      MeshGroups::Create(world_, *mesh);
+  if (!groups.ok()) return groups.status();
+  groups_ = *std::move(groups);
+  tensor_ = groups_->Along(MeshDim::kTensor);
+  replicas_ = groups_->DataParallel();
   model_ = std::move(model);
   try {
     model_->to(options_.device);
@@ -138,7 +132,7 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
       options_.adamw);
   if (replicas_ != nullptr) {
     replica_buckets_ = std::make_unique<GradientBuckets>(
-        model_->parameters(), replicas_.get(), bucket_bytes_,
+        model_->parameters(), replicas_, bucket_bytes_,
         "tensor parallel x ddp");
     AttachGradViews();
   }
@@ -167,7 +161,7 @@ absl::Status TensorParallelStrategy::ShardOverReplicas() {
       // in fp32.
       const bool is_embedding = u.name == embedding;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u.name, std::move(u.sources), replicas_.get(), options_.device,
+          u.name, std::move(u.sources), replicas_, options_.device,
           is_embedding ? torch::kFloat : compute_dtype);
       if (!unit.ok()) return unit.status();
       if (is_embedding) embedding_unit_ = unit->get();
@@ -475,15 +469,7 @@ int64_t TensorParallelStrategy::ModelStateBytes() const {
 }
 
 CommStats TensorParallelStrategy::TakeCommStats() {
-  CommStats total = world_->TakeStats();
-  for (Communicator* c : {own_tensor_.get(), replicas_.get()}) {
-    if (c == nullptr) continue;
-    const CommStats part = c->TakeStats();
-    total.seconds += part.seconds;
-    total.bytes += part.bytes;
-    if (c == own_tensor_.get()) total.tensor_parallel_bytes += part.bytes;
-  }
-  return total;
+  return groups_ != nullptr ? groups_->TakeStats() : world_->TakeStats();
 }
 
 }  // namespace shardtrain

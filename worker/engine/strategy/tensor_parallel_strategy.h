@@ -52,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/engine/comm/mesh_groups.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
@@ -133,9 +134,11 @@ class TensorParallelStrategy final : public Strategy {
   // The replica's T ranks (a group of its own even when D = 1, so that its
   // traffic is counted apart) and, with D > 1, the ranks holding the same
   // slices in the other replicas.
-  std::unique_ptr<Communicator> own_tensor_;
+  // The mesh's groups (comm/mesh_groups.h): the replica's tensor ranks,
+  // and the ranks holding the same slices in the other replicas.
+  std::unique_ptr<MeshGroups> groups_;
   Communicator* tensor_ = nullptr;
-  std::unique_ptr<Communicator> replicas_;
+  Communicator* replicas_ = nullptr;
   // Replicated slices (DDP x TP): their gradients averaged over replicas_ in
   // DDP's buckets, launched as the sync micro-step's backward completes them.
   std::unique_ptr<GradientBuckets> replica_buckets_;

@@ -172,9 +172,9 @@ TEST(HsdpStrategyTest, AShardGroupThatDoesNotDivideTheWorldIsRefused) {
     FsdpStrategy strategy(options, &comm, fsdp);
     const absl::Status s = strategy.Setup(test::MakeModel(kSpec, kSeed));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_NE(
-        s.message().find("shard group size 3 must divide the world size 4"),
-        std::string::npos)
+    EXPECT_NE(s.message().find(
+                  "shard group size 3 must divide the 4 data-parallel ranks"),
+              std::string::npos)
         << s;
   });
 }

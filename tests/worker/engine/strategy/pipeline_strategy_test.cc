@@ -293,6 +293,38 @@ TEST(PipelineStrategyTest, ReplicatedStagesReduceDuringTheLastBackward) {
   });
 }
 
+// A sharded stage reduce-scatters each unit as the step's last backward
+// completes its gradient, while the stage's earlier blocks still compute
+// (they once all went after the schedule), and trains as before.
+TEST(PipelineStrategyTest, ShardedStagesReduceScatterDuringTheLastBackward) {
+  const torch::Tensor batches = test::MakeBatches(1, 16, kSeqLen, kVocab);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = 4;
+    PipelineOptions pipeline;
+    pipeline.stages = 2;
+    pipeline.micro_batches = 2;
+    pipeline.seq_len = kSeqLen;
+    pipeline.data_parallel = "fsdp";
+    PipelineStrategy strategy(options, &comm, pipeline);
+    ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
+    test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
+    loop.whole_steps = true;
+    test::TrainResult result;
+    test::Train(strategy, batches, rank, 4, loop, &result);
+    const PipelineStrategy::ShardOverlapTrace trace =
+        strategy.shard_overlap_trace();
+    // Every block unit of the stage went from its hook.
+    ASSERT_GE(trace.unit_launch.size(), 1u) << "rank " << rank;
+    EXPECT_LT(trace.unit_launch.front(), trace.backward_end) << "rank " << rank;
+    for (size_t i = 1; i < trace.unit_launch.size(); ++i) {
+      EXPECT_LE(trace.unit_launch[i - 1], trace.unit_launch[i]);
+    }
+  });
+}
+
 TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
   std::vector<std::string> layouts(4);
   std::vector<int64_t> stages(4);

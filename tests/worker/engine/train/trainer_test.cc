@@ -203,7 +203,7 @@ TEST(TrainerTest, ResumeWithAnotherBatchSizeKeepsTheGlobalBatch) {
   std::ostringstream log;
   auto resumed = MakeTrainer(config, &log);
   ASSERT_NE(resumed, nullptr);
-  EXPECT_NE(log.str().find("batch 2 x accum 2 per rank"), std::string::npos)
+  EXPECT_NE(log.str().find("batch 2 x accum 2 per replica"), std::string::npos)
       << log.str();
   ASSERT_TRUE(resumed->Run().ok());
   ASSERT_EQ(resumed->history().size(), 4u);
