@@ -553,27 +553,37 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
 
   // The backward time the data-parallel reduction can hide behind, where
   // the engine overlaps it: DDP, FSDP and HSDP alone reduce as the whole
-  // backward runs (buckets, per-unit reduce-scatters); replicated pipeline
-  // stages during the step's last micro-batch's backward only; sharded
-  // stages and tensor-parallel meshes after the schedule (nothing hidden).
+  // backward runs (buckets, per-unit reduce-scatters); pipeline stages
+  // during the step's last micro-batch's backward only: replicated stages
+  // their buckets, sharded stages each unit's reduce-scatter (their
+  // all-gathers before the first micro-batch, and HSDP's average across
+  // groups after the schedule, stay exposed); tensor-parallel meshes after
+  // the schedule (nothing hidden).
   double hidden_behind = 0;
+  bool sharded_stages = false;
   if (gpu && tp == 1) {
     const double backward = plan.compute_seconds * 2 / 3;
     if (stages == 1) {
       hidden_behind = backward;
-    } else if (!fsdp) {
+    } else {
       hidden_behind = backward / static_cast<double>(micro * accum);
+      sharded_stages = fsdp;
     }
   }
   double comm = 0;
   for (const MeshTraffic& t : plan.traffic) {
-    if (hidden_behind > 0 &&
-        (t.dimension == "data-parallel" || t.dimension == "replica" ||
-         t.dimension == "shard-group")) {
-      // NCCL overlaps it with that backward but for its last part.
-      const double backward = hidden_behind;
-      comm += std::max(t.seconds - backward,
-                       t.seconds / std::max<int64_t>(1, t.calls));
+    const bool reduction = t.dimension == "data-parallel" ||
+                           t.dimension == "replica" ||
+                           t.dimension == "shard-group";
+    if (hidden_behind > 0 && reduction &&
+        !(sharded_stages && t.dimension == "replica")) {
+      // NCCL overlaps it with that backward but for its last part; of a
+      // sharded stage's traffic, the reduce-scatter half.
+      const double hideable = sharded_stages ? t.seconds / 2 : t.seconds;
+      const int64_t calls =
+          std::max<int64_t>(1, sharded_stages ? t.calls / 2 : t.calls);
+      comm += t.seconds - hideable +
+              std::max(hideable - hidden_behind, hideable / calls);
     } else {
       comm += t.seconds;
     }

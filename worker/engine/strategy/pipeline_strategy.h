@@ -29,13 +29,14 @@
 // replica group, and so are the token embedding (alone, so that the first
 // and last stage shard it alike and sum their gradient shard by shard) and
 // the stage's other tensors outside the blocks. A rank keeps 1/D of its
-// stage's
-// parameters, gradients and AdamW state between steps. Within a step the
-// stage's units are gathered once, before the first micro-batch, and kept
-// until its last backward (FSDP without resharding after forward, as
+// stage's parameters, gradients and AdamW state between steps. Within a step
+// the stage's units are gathered once, before the first micro-batch, and
+// kept until its last backward (FSDP without resharding after forward, as
 // pipelined FSDP is run elsewhere: gathering per micro-batch would repeat
-// every all-gather M times); their gradients are then reduce-scattered
-// (mean over the replicas) into the shards and the full buffers freed.
+// every all-gather M times). Each unit's gradient is reduce-scattered (mean
+// over the replicas) into its shard as soon as the step's last backward has
+// completed it, while that backward goes on through the stage's earlier
+// blocks; the full buffers are freed after the schedule.
 //
 // With HSDP, the stage's D ranks are D / G shard groups of G consecutive
 // ranks (the mesh's replicate x shard dimensions): each group shards the
