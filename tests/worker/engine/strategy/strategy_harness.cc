@@ -117,10 +117,14 @@ ParamMap FullParameters(Strategy& strategy, const std::string& spec,
 }
 
 StrategyMaker FactoryMaker(const std::string& name) {
-  return [name](int64_t rank, int64_t world,
-                Communicator* comm) -> std::unique_ptr<Strategy> {
-    TrainConfig config;
-    config.strategy = name;
+  TrainConfig config;
+  config.strategy = name;
+  return FactoryMaker(config);
+}
+
+StrategyMaker FactoryMaker(const TrainConfig& config) {
+  return [config](int64_t rank, int64_t world,
+                  Communicator* comm) -> std::unique_ptr<Strategy> {
     StrategyOptions options;
     options.rank = rank;
     options.world_size = world;

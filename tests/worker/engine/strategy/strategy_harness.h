@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/train/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"
@@ -111,6 +112,8 @@ using StrategyMaker = std::function<std::unique_ptr<Strategy>(
 
 // A maker for the StrategyKinds() row `name`, through the real factory.
 StrategyMaker FactoryMaker(const std::string& name);
+// The same for a whole mesh: `config`'s strategy, stages, tensor ranks.
+StrategyMaker FactoryMaker(const TrainConfig& config);
 
 // Single-device training of a model of `spec` (seed `seed`) on the whole
 // global batches.
