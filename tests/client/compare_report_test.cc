@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "client/step_metrics_csv.h"
 #include "core/data/asset_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -483,7 +484,9 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
               "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,"
               "tokens,tokens_per_second,mfu,memory_allocated_bytes,"
               "memory_peak_bytes,memory_reserved_bytes,model_state_bytes,"
-              "comm_seconds,comm_bytes,comm_inter_group_bytes,val_loss");
+              "comm_seconds,comm_bytes,comm_inter_group_bytes,"
+              "comm_tensor_parallel_bytes,pipeline_stage,"
+              "pipeline_bubble_seconds,p2p_bytes,val_loss");
     // Sorted by step, then rank; val_loss empty where no eval ran.
     EXPECT_THAT(lines[1], HasSubstr("1,100,0,0,"));
     EXPECT_EQ(lines[1].back(), ',');
@@ -504,6 +507,24 @@ TEST(WriteCompareReportTest, WritesMarkdownCsvPerStrategyAndHtml) {
   EXPECT_THAT(html, Not(HasSubstr("The loss curves coincide")));
   EXPECT_THAT(html, HasSubstr("<td>fsdp</td>"));
   EXPECT_THAT(html, HasSubstr("animation: false"));
+}
+
+// Every step field the ranks report reaches the CSV, the mesh's included:
+// tensor-parallel bytes, the pipeline stage (empty without one), its bubble
+// and point-to-point bytes.
+TEST(StepMetricsCsvTest, CarriesTheMeshFields) {
+  v1::StepMetrics m;
+  m.set_step(3);
+  m.set_comm_tensor_parallel_bytes(1024);
+  m.set_pipeline_stage(1);
+  m.set_pipeline_bubble_seconds(0.5);
+  m.set_p2p_bytes(4096);
+  const std::vector<std::string> lines =
+      absl::StrSplit(StepMetricsCsv({m}), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[1], HasSubstr(",1024,1,0.5,4096,"));
+  m.clear_pipeline_stage();
+  EXPECT_THAT(StepMetricsCsv({m}), HasSubstr(",1024,,0.5,4096,"));
 }
 
 TEST(WriteCompareReportTest, EscapesInlinedScriptAndTextFromTheData) {
