@@ -208,22 +208,24 @@ TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
   const MeshTraffic* reduction = Find(alone, "data-parallel");
   ASSERT_NE(reduction, nullptr);
   EXPECT_LT(alone.exposed_comm_seconds, reduction->seconds);
+  const auto all_traffic = [](const StepTimePlan& plan) {
+    double seconds = 0;
+    for (const MeshTraffic& t : plan.traffic) seconds += t.seconds;
+    return seconds;
+  };
 
   TrainConfig piped = ddp;
   piped.pipeline_stages = 2;
   piped.micro_batches = 2;
   {
     const StepTimePlan plan = Plan(piped, 4);
-    double traffic = 0;
-    for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;
-    EXPECT_LT(plan.exposed_comm_seconds, traffic);
+    EXPECT_LT(plan.exposed_comm_seconds, all_traffic(plan));
   }
   TrainConfig sharded_stages = piped;
   sharded_stages.strategy = "fsdp";
   {
     const StepTimePlan plan = Plan(sharded_stages, 4);
-    double traffic = 0;
-    for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;
+    const double traffic = all_traffic(plan);
     const MeshTraffic* shards = Find(plan, "data-parallel");
     ASSERT_NE(shards, nullptr);
     EXPECT_LT(plan.exposed_comm_seconds, traffic);
@@ -234,10 +236,8 @@ TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
   sliced.tensor_parallel = 2;
   {
     const StepTimePlan plan = Plan(sliced, 4);
-    double traffic = 0;
-    for (const MeshTraffic& t : plan.traffic) traffic += t.seconds;
     EXPECT_NE(Find(plan, "data-parallel"), nullptr) << plan.mesh;
-    EXPECT_DOUBLE_EQ(plan.exposed_comm_seconds, traffic) << plan.mesh;
+    EXPECT_DOUBLE_EQ(plan.exposed_comm_seconds, all_traffic(plan)) << plan.mesh;
   }
 }
 

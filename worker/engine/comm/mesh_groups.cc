@@ -82,6 +82,17 @@ absl::StatusOr<std::unique_ptr<MeshGroups>> MeshGroups::Create(
   return groups;
 }
 
+absl::StatusOr<std::unique_ptr<MeshGroups>> MeshGroups::Create(
+    Communicator* world, const RunMeshShape& shape, int64_t ranks_per_node) {
+  if (world == nullptr) {
+    return absl::InvalidArgumentError("mesh: needs a communicator");
+  }
+  absl::StatusOr<DeviceMesh> mesh =
+      BuildRunMesh(shape, world->world_size(), ranks_per_node);
+  if (!mesh.ok()) return mesh.status();
+  return Create(world, *mesh);
+}
+
 Communicator* MeshGroups::Along(MeshDim dim) const {
   return along_[static_cast<int>(dim)];
 }

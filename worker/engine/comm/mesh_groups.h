@@ -29,6 +29,10 @@ class MeshGroups {
   // `world` must outlive the result. Collective over each group's members.
   static absl::StatusOr<std::unique_ptr<MeshGroups>> Create(
       Communicator* world, const DeviceMesh& mesh);
+  // The same for the mesh BuildRunMesh makes of `shape` over `world`'s
+  // ranks (`ranks_per_node` per node); its refusal otherwise.
+  static absl::StatusOr<std::unique_ptr<MeshGroups>> Create(
+      Communicator* world, const RunMeshShape& shape, int64_t ranks_per_node);
 
   MeshGroups(const MeshGroups&) = delete;
   MeshGroups& operator=(const MeshGroups&) = delete;

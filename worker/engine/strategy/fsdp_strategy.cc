@@ -69,11 +69,8 @@ absl::Status FsdpStrategy::FormGroups() {
   RunMeshShape shape;
   shape.data_parallel = fsdp_.shard_group_size > 0 ? "hsdp" : "fsdp";
   shape.shard_group_size = fsdp_.shard_group_size;
-  absl::StatusOr<DeviceMesh> mesh =
-      BuildRunMesh(shape, world_->world_size(), options_.ranks_per_node);
-  if (!mesh.ok()) return mesh.status();
   absl::StatusOr<std::unique_ptr<MeshGroups>> groups =
-      MeshGroups::Create(world_, *mesh);
+      MeshGroups::Create(world_, shape, options_.ranks_per_node);
   if (!groups.ok()) return groups.status();
   groups_ = *std::move(groups);
   shard_ = groups_->Along(MeshDim::kShard);

@@ -87,11 +87,8 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
   shape.tensor_parallel = tensor_parallel_;
   shape.data_parallel =
       sharded() ? "fsdp" : (data_parallel_size() > 1 ? "ddp" : "single");
-  absl::StatusOr<DeviceMesh> mesh =
-      BuildRunMesh(shape, options_.world_size, options_.ranks_per_node);
-  if (!mesh.ok()) return mesh.status();
   absl::StatusOr<std::unique_ptr<MeshGroups>> groups =
-      MeshGroups::Create(world_, *mesh);
+      MeshGroups::Create(world_, shape, options_.ranks_per_node);
   if (!groups.ok()) return groups.status();
   groups_ = *std::move(groups);
   tensor_ = groups_->Along(MeshDim::kTensor);

@@ -260,30 +260,44 @@ TEST(PipelineNcclOrderTest, TwoStagesBesideDdpAndTensorParallelism) {
   ExpectEveryOrderCompletesUnderNccl({2, 2, "ddp", 2});
 }
 
+// Rank `rank`'s strategy after one whole step of two stages, each over two
+// ranks of `data_parallel` (4 ranks), micro-batches 2; null if Setup failed.
+std::unique_ptr<PipelineStrategy> TrainTwoStagesOfTwo(
+    int64_t rank, Communicator& comm, const std::string& data_parallel,
+    double bucket_mb = 25) {
+  torch::set_num_threads(1);
+  StrategyOptions options;
+  options.rank = rank;
+  options.world_size = 4;
+  PipelineOptions pipeline;
+  pipeline.stages = 2;
+  pipeline.micro_batches = 2;
+  pipeline.seq_len = kSeqLen;
+  pipeline.data_parallel = data_parallel;
+  pipeline.bucket_mb = bucket_mb;
+  auto strategy = std::make_unique<PipelineStrategy>(options, &comm, pipeline);
+  const absl::Status setup = strategy->Setup(test::MakeModel(kSpec, 7));
+  EXPECT_TRUE(setup.ok()) << setup;
+  if (!setup.ok()) return nullptr;
+  test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
+  loop.whole_steps = true;
+  test::TrainResult result;
+  test::Train(*strategy, test::MakeBatches(1, 16, kSeqLen, kVocab), rank, 4,
+              loop, &result);
+  return strategy;
+}
+
 // A replicated stage reduces over its replicas as DDP does: in buckets
 // launched as the step's last backward completes them, before the schedule
 // ends (they once waited for it: one all-reduce after the drain).
 TEST(PipelineStrategyTest, ReplicatedStagesReduceDuringTheLastBackward) {
-  const torch::Tensor batches = test::MakeBatches(1, 16, kSeqLen, kVocab);
   RunRanks(4, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    StrategyOptions options;
-    options.rank = rank;
-    options.world_size = 4;
-    PipelineOptions pipeline;
-    pipeline.stages = 2;
-    pipeline.micro_batches = 2;
-    pipeline.seq_len = kSeqLen;
-    pipeline.data_parallel = "ddp";
-    pipeline.bucket_mb = 0.05;  // several buckets per stage
-    PipelineStrategy strategy(options, &comm, pipeline);
-    ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
-    test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
-    loop.whole_steps = true;
-    test::TrainResult result;
-    test::Train(strategy, batches, rank, 4, loop, &result);
+    // Several buckets per stage.
+    const std::unique_ptr<PipelineStrategy> strategy =
+        TrainTwoStagesOfTwo(rank, comm, "ddp", /*bucket_mb=*/0.05);
+    ASSERT_NE(strategy, nullptr);
     const GradientBuckets::OverlapTrace trace =
-        strategy.replica_overlap_trace();
+        strategy->replica_overlap_trace();
     ASSERT_GE(trace.bucket_launch.size(), 3u) << "rank " << rank;
     // The first bucket went while later ones were still being computed.
     EXPECT_LT(trace.bucket_launch.front(), trace.bucket_launch.back())
@@ -297,27 +311,15 @@ TEST(PipelineStrategyTest, ReplicatedStagesReduceDuringTheLastBackward) {
 // completes its gradient, while the stage's earlier blocks still compute
 // (they once all went after the schedule), and trains as before.
 TEST(PipelineStrategyTest, ShardedStagesReduceScatterDuringTheLastBackward) {
-  const torch::Tensor batches = test::MakeBatches(1, 16, kSeqLen, kVocab);
   RunRanks(4, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    StrategyOptions options;
-    options.rank = rank;
-    options.world_size = 4;
-    PipelineOptions pipeline;
-    pipeline.stages = 2;
-    pipeline.micro_batches = 2;
-    pipeline.seq_len = kSeqLen;
-    pipeline.data_parallel = "fsdp";
-    PipelineStrategy strategy(options, &comm, pipeline);
-    ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
-    test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
-    loop.whole_steps = true;
-    test::TrainResult result;
-    test::Train(strategy, batches, rank, 4, loop, &result);
+    const std::unique_ptr<PipelineStrategy> strategy =
+        TrainTwoStagesOfTwo(rank, comm, "fsdp");
+    ASSERT_NE(strategy, nullptr);
     const PipelineStrategy::ShardOverlapTrace trace =
-        strategy.shard_overlap_trace();
-    // Every block unit of the stage went from its hook.
-    ASSERT_GE(trace.unit_launch.size(), 1u) << "rank " << rank;
+        strategy->shard_overlap_trace();
+    // Every stage's blocks and its root unit (positions or the final norm)
+    // went from their hooks: two units at least.
+    ASSERT_GE(trace.unit_launch.size(), 2u) << "rank " << rank;
     EXPECT_LT(trace.unit_launch.front(), trace.backward_end) << "rank " << rank;
     for (size_t i = 1; i < trace.unit_launch.size(); ++i) {
       EXPECT_LE(trace.unit_launch[i - 1], trace.unit_launch[i]);
