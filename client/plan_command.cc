@@ -13,7 +13,7 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "common/subprocess.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/mesh_search.h"
 #include "core/train/step_metrics.h"
@@ -611,7 +611,8 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
           "--fit: the largest batch that fits a device for every mesh, "
           "ranked by predicted tokens/s"));
   TrainConfig& c = options->config;
-  plan->add_option("--model", c.model, "preset or custom:...")
+  plan->add_option("--model", c.model,
+                   "preset or custom:... / custom-llama:... (docs/models.md)")
       ->capture_default_str();
   plan->add_option("--strategy", options->strategy,
                    StrategyFlagHelp() + " (default: all)")

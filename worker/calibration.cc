@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/data/token_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/step_time_plan.h"
@@ -65,7 +65,7 @@ struct ComputeRates {
 // with the tokens (AdamW, dense gradients zeroed and accumulated), per
 // parameter.
 absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
-  absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(base.model);
+  absl::StatusOr<ModelConfig> model_config = ParseModelSpec(base.model);
   if (!model_config.ok()) return model_config.status();
   const int64_t seq = std::min(base.seq_len, model_config->block_size);
   const int64_t batch = std::max<int64_t>(1, base.batch_size);

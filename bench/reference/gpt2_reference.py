@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ----------------------------------------------------------------------------
-# Config: mirrors core/model/gpt2_config.{h,cc}.
+# Config: mirrors core/model/model_config.{h,cc}.
 
 GPT2_VOCAB_SIZE = 50257
 VOCAB_PAD_MULTIPLE = 64

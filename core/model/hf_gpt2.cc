@@ -39,7 +39,7 @@ bool IsConv1dWeight(const std::string& ours) {
 }
 
 // The tensor's shape in the Hugging Face file.
-std::vector<int64_t> HfShape(const Gpt2Config& config, const std::string& ours,
+std::vector<int64_t> HfShape(const ModelConfig& config, const std::string& ours,
                              const std::vector<int64_t>& shape) {
   if (ours == "wte.weight") return {config.vocab_size, config.n_embd};
   if (IsConv1dWeight(ours)) return {shape[1], shape[0]};
@@ -102,7 +102,7 @@ std::string HfGpt2TensorName(const std::string& ours) {
   return absl::StrCat(kPrefix, ours);
 }
 
-std::string HfGpt2ConfigJson(const Gpt2Config& config) {
+std::string HfModelConfigJson(const ModelConfig& config) {
   nlohmann::ordered_json json = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
@@ -134,8 +134,8 @@ std::string HfGpt2ConfigJson(const Gpt2Config& config) {
   return json.dump(2) + "\n";
 }
 
-absl::StatusOr<Gpt2Config> ParseHfGpt2Config(std::string_view json_text,
-                                             int64_t padded_vocab_size) {
+absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
+                                               int64_t padded_vocab_size) {
   const nlohmann::json json =
       nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
@@ -158,7 +158,7 @@ absl::StatusOr<Gpt2Config> ParseHfGpt2Config(std::string_view json_text,
     return absl::InvalidArgumentError(absl::StrCat(
         "model_type is \"", type, "\"; only GPT-2 (\"gpt2\") models load"));
   }
-  Gpt2Config config;
+  ModelConfig config;
   for (auto [field, name] : {std::pair{&config.n_embd, "n_embd"},
                              std::pair{&config.n_layer, "n_layer"},
                              std::pair{&config.n_head, "n_head"},
@@ -217,14 +217,15 @@ absl::StatusOr<Gpt2Config> ParseHfGpt2Config(std::string_view json_text,
                                  ? padded_vocab_size
                                  : DefaultPadding(config.vocab_size);
   config.name = "custom";
-  for (const std::string& preset : Gpt2Config::PresetNames()) {
-    if (Gpt2Config::FromPreset(preset)->SameShape(config)) config.name = preset;
+  for (const std::string& preset : ModelConfig::PresetNames()) {
+    if (ModelConfig::FromPreset(preset)->SameShape(config))
+      config.name = preset;
   }
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   return config;
 }
 
-absl::Status WriteHfGpt2(const Gpt2Config& config, const WeightReader& read,
+absl::Status WriteHfGpt2(const ModelConfig& config, const WeightReader& read,
                          const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -286,7 +287,7 @@ absl::Status WriteHfGpt2(const Gpt2Config& config, const WeightReader& read,
   }
   return WriteFileAtomically(
       (std::filesystem::path(dir) / kHfConfigFile).string(),
-      HfGpt2ConfigJson(config));
+      HfModelConfigJson(config));
 }
 
 absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
@@ -312,7 +313,7 @@ absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": metadata ", kPaddedVocabKey, " is not an integer"));
   }
-  absl::StatusOr<Gpt2Config> config = ParseHfGpt2Config(*config_text, padded);
+  absl::StatusOr<ModelConfig> config = ParseHfModelConfig(*config_text, padded);
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": ", kHfConfigFile, ": ", config.status().message()));

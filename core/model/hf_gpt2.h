@@ -34,8 +34,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
+#include "core/model/model_config.h"
 #include "core/model/safetensors.h"
 
 namespace shardtrain {
@@ -48,17 +48,17 @@ inline constexpr char kHfWeightsFile[] = "model.safetensors";
 bool IsHfModelDir(const std::string& path);
 
 // config.json for `config` (GPT2LMHeadModel, float32).
-std::string HfGpt2ConfigJson(const Gpt2Config& config);
+std::string HfModelConfigJson(const ModelConfig& config);
 
 // The config.json text as our config; errors name the setting we cannot
 // build. `padded_vocab_size` 0: vocab_size rounded up as ParseModelSpec does.
-absl::StatusOr<Gpt2Config> ParseHfGpt2Config(std::string_view json_text,
-                                             int64_t padded_vocab_size = 0);
+absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
+                                               int64_t padded_vocab_size = 0);
 
 // Writes config.json and model.safetensors for a model shaped `config` into
 // `dir` (created if missing), each atomically; `read` supplies the weights
 // in llm.c's order (LlmcParameterNames).
-absl::Status WriteHfGpt2(const Gpt2Config& config, const WeightReader& read,
+absl::Status WriteHfGpt2(const ModelConfig& config, const WeightReader& read,
                          const std::string& dir);
 
 // The Hugging Face name of one of our parameters: "h.0.attn.c_attn.weight" ->
@@ -76,20 +76,20 @@ class HfGpt2Reader {
   static absl::StatusOr<std::unique_ptr<HfGpt2Reader>> Open(
       const std::string& dir);
 
-  const Gpt2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   // Tensor `index` of LlmcParameterNames(config()) into `out`, transposed to
   // [out, in] and padded as our model holds it.
   absl::Status Read(size_t index, float* out) const;
 
  private:
-  HfGpt2Reader(Gpt2Config config, SafetensorsFile file,
+  HfGpt2Reader(ModelConfig config, SafetensorsFile file,
                std::vector<size_t> entries)
       : config_(std::move(config)),
         names_(LlmcParameterNames(config_)),
         file_(std::move(file)),
         entries_(std::move(entries)) {}
 
-  Gpt2Config config_;
+  ModelConfig config_;
   std::vector<std::string> names_;  // LlmcParameterNames(config_)
   SafetensorsFile file_;
   std::vector<size_t> entries_;  // file_.tensors() index, in llm.c order

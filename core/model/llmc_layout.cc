@@ -6,14 +6,14 @@
 namespace shardtrain {
 namespace {
 
-int64_t ExpectedFileSize(const Gpt2Config& config) {
+int64_t ExpectedFileSize(const ModelConfig& config) {
   return kLlmcHeaderBytes +
          static_cast<int64_t>(sizeof(float)) * config.NumParameters();
 }
 
 }  // namespace
 
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
+absl::StatusOr<ModelConfig> ReadLlmcConfig(const std::string& path) {
   absl::StatusOr<InputFile> file = InputFile::Open(path);
   if (!file.ok()) {
     return absl::Status(
@@ -23,7 +23,7 @@ absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path) {
   return ReadLlmcConfig(*file);
 }
 
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file) {
+absl::StatusOr<ModelConfig> ReadLlmcConfig(const InputFile& file) {
   const std::string& path = file.path();
   const int64_t size = file.size();
   if (size < kLlmcHeaderBytes) {
@@ -53,7 +53,7 @@ absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file) {
         "llm.c checkpoint ", path, ": unsupported version ", header[1],
         "; only version ", kLlmcModelVersionFp32, " (fp32) is supported"));
   }
-  Gpt2Config config;
+  ModelConfig config;
   config.block_size = header[2];
   config.vocab_size = header[3];
   config.n_layer = header[4];
@@ -61,8 +61,8 @@ absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file) {
   config.n_embd = header[6];
   config.padded_vocab_size = header[7];
   config.name = "custom";
-  for (const std::string& name : Gpt2Config::PresetNames()) {
-    if (Gpt2Config::FromPreset(name)->SameShape(config)) config.name = name;
+  for (const std::string& name : ModelConfig::PresetNames()) {
+    if (ModelConfig::FromPreset(name)->SameShape(config)) config.name = name;
   }
   if (absl::Status s = config.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -79,7 +79,7 @@ absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file) {
   return config;
 }
 
-LlmcHeader MakeLlmcHeader(const Gpt2Config& c) {
+LlmcHeader MakeLlmcHeader(const ModelConfig& c) {
   LlmcHeader header{};
   header[0] = kLlmcModelMagic;
   header[1] = kLlmcModelVersionFp32;
@@ -92,7 +92,7 @@ LlmcHeader MakeLlmcHeader(const Gpt2Config& c) {
   return header;
 }
 
-std::vector<std::string> LlmcParameterNames(const Gpt2Config& config) {
+std::vector<std::string> LlmcParameterNames(const ModelConfig& config) {
   std::vector<std::string> names = {"wte.weight", "wpe.weight"};
   for (const char* member :
        {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
@@ -109,7 +109,7 @@ std::vector<std::string> LlmcParameterNames(const Gpt2Config& config) {
 }
 
 std::vector<std::vector<int64_t>> LlmcParameterShapes(
-    const Gpt2Config& config) {
+    const ModelConfig& config) {
   const int64_t c = config.n_embd;
   std::vector<std::vector<int64_t>> shapes = {{config.padded_vocab_size, c},
                                               {config.block_size, c}};

@@ -13,7 +13,7 @@
 //   fcw [L,4C,C]  fcb [L,4C]  fcprojw [L,C,4C]  fcprojb [L,C]  lnfw [C]
 //   lnfb [C]
 // Matrices are [out, in], as torch::nn::Linear stores them, so the file is
-// 1024 + 4 * Gpt2Config::NumParameters() bytes exactly.
+// 1024 + 4 * ModelConfig::NumParameters() bytes exactly.
 #ifndef SHARDTRAIN_CORE_MODEL_LLMC_LAYOUT_H_
 #define SHARDTRAIN_CORE_MODEL_LLMC_LAYOUT_H_
 
@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/input_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 
 namespace shardtrain {
 
@@ -40,11 +40,11 @@ using LlmcHeader = std::array<int32_t, 256>;
 // The config stored in the header of `path` (named after a preset when the
 // dimensions match one, else "custom"). Checks the magic, the version, the
 // dimensions and that the file size matches the layout exactly.
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const std::string& path);
-absl::StatusOr<Gpt2Config> ReadLlmcConfig(const InputFile& file);
+absl::StatusOr<ModelConfig> ReadLlmcConfig(const std::string& path);
+absl::StatusOr<ModelConfig> ReadLlmcConfig(const InputFile& file);
 
 // The header of an fp32 file of a model shaped as `config`.
-LlmcHeader MakeLlmcHeader(const Gpt2Config& config);
+LlmcHeader MakeLlmcHeader(const ModelConfig& config);
 
 // Supplies the model's tensor `index` (in LlmcParameterNames order, shaped
 // as LlmcParameterShapes says) as float32 into `out`: how a model's weights
@@ -53,9 +53,10 @@ using WeightReader = std::function<absl::Status(size_t index, float* out)>;
 
 // The model's parameter names (as Gpt2 names them: "wte.weight",
 // "h.0.ln_1.weight", ...) in the file's order.
-std::vector<std::string> LlmcParameterNames(const Gpt2Config& config);
+std::vector<std::string> LlmcParameterNames(const ModelConfig& config);
 // Their shapes, in the same order ([out, in] for matrices).
-std::vector<std::vector<int64_t>> LlmcParameterShapes(const Gpt2Config& config);
+std::vector<std::vector<int64_t>> LlmcParameterShapes(
+    const ModelConfig& config);
 
 }  // namespace shardtrain
 

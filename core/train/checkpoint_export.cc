@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/llmc_layout.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_store.h"
 
 namespace shardtrain {
@@ -61,9 +61,17 @@ absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
     return absl::DataLossError(absl::StrCat("checkpoint ", reader.dir(),
                                             " does not record its model"));
   }
-  absl::StatusOr<Gpt2Config> config =
+  absl::StatusOr<ModelConfig> config =
       ParseModelSpec(training["model"].get<std::string>());
   if (!config.ok()) return config.status();
+  if (config->is_llama()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoint ", reader.dir(), " holds a Llama-family model (",
+        config->ToSpec(),
+        "): its weights are exported by the run itself (model.safetensors "
+        "in the output directory); export from a checkpoint reads GPT-2 "
+        "only"));
+  }
   const std::vector<std::string> names = LlmcParameterNames(*config);
   const std::vector<std::vector<int64_t>> shapes = LlmcParameterShapes(*config);
   std::vector<int64_t> sizes;
@@ -101,7 +109,7 @@ absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
         absl::StrCat("llm.c model ", opened.status().message()));
   }
   auto file = std::make_shared<InputFile>(*std::move(opened));
-  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(*file);
+  absl::StatusOr<ModelConfig> config = ReadLlmcConfig(*file);
   if (!config.ok()) return config.status();
   std::vector<int64_t> offsets, sizes;
   int64_t offset = kLlmcHeaderBytes;

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_format.h"
 
 namespace shardtrain {
@@ -29,7 +29,7 @@ absl::Status ExportCheckpointAsLlmc(CheckpointReader& reader,
 
 // A model's weights wherever they are stored, read tensor by tensor.
 struct ModelWeights {
-  Gpt2Config config;
+  ModelConfig config;
   // "checkpoint DIR (step N)", "llm.c model FILE", "Hugging Face model DIR".
   std::string description;
   // Model tensors in llm.c's order and shapes; valid while this lives.

@@ -4,7 +4,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/strategy_kinds.h"
 
@@ -17,9 +17,14 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
 
 struct Shapes {
   int64_t c = 0, heads = 0, seq = 0, vocab = 0, padded_vocab = 0;
-  int64_t block_params = 0;  // one transformer block
-  int64_t root_params = 0;   // wpe + ln_f
+  int64_t block_params = 0;   // one transformer block
+  int64_t root_params = 0;    // input_params + output_params
+  int64_t input_params = 0;   // GPT-2's wpe
+  int64_t output_params = 0;  // the final norm, an untied head
   int64_t wte_params = 0;
+  // Llama: key/value width (kv heads x head size) and MLP hidden units.
+  bool llama = false;
+  int64_t kv = 0, mlp = 0;
   // The blocks this rank runs: [first_block, first_block + layers); the
   // whole model but for a pipeline stage.
   int64_t first_block = 0, layers = 0;
@@ -31,6 +36,27 @@ struct Shapes {
   // wte_params are then the rank's.
   int64_t tensor_parallel = 1;
 };
+
+// Bytes per token autograd keeps for one Llama block, counted tensor by
+// tensor for model/llama.cc: the two RMSNorms' outputs (C + C) and their
+// reciprocal roots (1 + 1 float); the rotated queries (C) and the keys and
+// values repeated to every query head (C + C); attention: the probabilities
+// (heads x T) and a contiguous copy of the queries (C) for a masked softmax,
+// or the output and a log-sum-exp per head (C + heads) fused; the heads
+// merged back, saved by o_proj (C); the residual after attention (C); the
+// MLP's gate, its SiLU, up and their product (4 x I); the block's output (C,
+// the next block's input). A tensor-parallel rank holds 1/T of everything
+// but the norms' outputs, the residual and the block's output (4C whole).
+// An estimate from the code, not yet measured with the tracking allocator.
+int64_t LlamaBlockBytesPerToken(const Shapes& s, int64_t element_bytes,
+                                AttentionKind attention) {
+  const int64_t t = s.tensor_parallel;
+  const bool masked = attention == AttentionKind::kMaskedSoftmax;
+  const int64_t attention_floats =
+      masked ? s.heads / t * s.seq : (s.c + s.heads) / t;
+  const int64_t split = (masked ? 5 * s.c : 4 * s.c) / t + 4 * s.mlp / t;
+  return element_bytes * (4 * s.c + split) + 4 * (2 + attention_floats);
+}
 
 // Bytes per token autograd keeps for one transformer block, counted tensor
 // by tensor for model/gpt2.cc:
@@ -47,6 +73,7 @@ struct Shapes {
 int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
                            AttentionKind attention) {
   const int64_t t = s.tensor_parallel;
+  if (s.llama) return LlamaBlockBytesPerToken(s, element_bytes, attention);
   const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
                                        ? s.heads / t * s.seq
                                        : (s.c + s.heads) / t;
@@ -84,11 +111,11 @@ int64_t ActivationBytes(const Shapes& s, int64_t element_bytes,
 }
 
 // The token ids of `tokens` (inputs and targets, int64) and, for a masked
-// softmax, the [block, block] causal mask.
+// softmax, the [T, T] causal mask of sequences of `seq_len`.
 int64_t IdsAndMaskBytes(int64_t tokens, AttentionKind attention,
-                        int64_t block_size) {
+                        int64_t seq_len) {
   return tokens * 2 * 8 + (attention == AttentionKind::kMaskedSoftmax
-                               ? block_size * block_size * 4
+                               ? seq_len * seq_len * 4
                                : 0);
 }
 
@@ -268,7 +295,7 @@ std::vector<std::pair<std::string, int64_t>> MemoryPlan::Parts() const {
 namespace {
 
 // The whole model's shapes at `seq_len`, for `tokens` tokens per micro-step.
-Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
+Shapes ModelShapes(const ModelConfig& model, int64_t seq_len, int64_t tokens) {
   Shapes s;
   s.c = model.n_embd;
   s.heads = model.n_head;
@@ -276,9 +303,14 @@ Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
   s.seq = seq_len;
   s.vocab = model.vocab_size;
   s.padded_vocab = model.padded_vocab_size;
-  s.block_params = 12 * s.c * s.c + 13 * s.c;
+  s.block_params = model.BlockParameters();
   s.wte_params = s.padded_vocab * s.c;
-  s.root_params = model.block_size * s.c + 2 * s.c;
+  s.input_params = model.InputParameters();
+  s.output_params = model.OutputParameters();
+  s.root_params = s.input_params + s.output_params;
+  s.llama = model.is_llama();
+  s.kv = model.kv_heads() * model.head_size();
+  s.mlp = model.mlp_hidden();
   s.tokens = tokens;
   return s;
 }
@@ -289,7 +321,14 @@ Shapes ModelShapes(const Gpt2Config& model, int64_t seq_len, int64_t tokens) {
 Shapes SliceForTensorParallel(Shapes s, int64_t t) {
   if (t <= 1) return s;
   s.tensor_parallel = t;
-  s.block_params = (12 * s.c * s.c + 7 * s.c) / t + 6 * s.c;
+  if (s.llama) {
+    // Every matrix and q, k, v's biases split; the two norms whole.
+    s.block_params = (s.block_params - 2 * s.c) / t + 2 * s.c;
+    if (s.output_params > s.c) s.output_params = s.padded_vocab / t * s.c + s.c;
+    s.root_params = s.input_params + s.output_params;
+  } else {
+    s.block_params = (12 * s.c * s.c + 7 * s.c) / t + 6 * s.c;
+  }
   s.wte_params = s.padded_vocab / t * s.c;
   return s;
 }
@@ -346,7 +385,7 @@ int64_t BlockBackwardBytes(const Shapes& s) {
 // With D > 1 the gradients are averaged over the replicas in place, in
 // their own buckets: no further moment.
 absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
-                                              const Gpt2Config& model,
+                                              const ModelConfig& model,
                                               int64_t world_size,
                                               AttentionKind attention) {
   const int64_t t = config.tensor_parallel;
@@ -367,7 +406,7 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
   const bool bf16 = cuda && config.precision == "bf16";
   const int64_t eb = bf16 ? 2 : 4;
   const int64_t ids_and_mask =
-      IdsAndMaskBytes(s.tokens, attention, model.block_size);
+      IdsAndMaskBytes(s.tokens, attention, config.seq_len);
 
   MemoryPlan plan;
   plan.strategy = config.strategy;
@@ -450,7 +489,7 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
 
 absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     const TrainConfig& config, int64_t world_size, AttentionKind attention) {
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  absl::StatusOr<ModelConfig> model = ParseModelSpec(config.model);
   if (!model.ok()) return model.status();
   if (config.pipeline_stages <= 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -493,7 +532,7 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
   const int64_t micro_batches = config.micro_batches * config.grad_accum;
   const int64_t ids_and_mask =
       IdsAndMaskBytes(config.batch_size * config.seq_len * config.grad_accum,
-                      attention, model->block_size);
+                      attention, config.seq_len);
   // With tensor parallelism, each rank of a stage holds 1/T of its layers.
   const Shapes whole = SliceForTensorParallel(
       ModelShapes(*model, config.seq_len,
@@ -513,8 +552,9 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     s.head = stage.head;
     const int64_t params =
         s.layers * s.block_params +
-        (s.embeddings ? s.wte_params + s.root_params - 2 * s.c : 0) +
-        (s.head ? s.wte_params + 2 * s.c : 0);
+        (s.embeddings ? s.wte_params + s.input_params : 0) +
+        (s.head ? (model->tied_head() ? s.wte_params : 0) + s.output_params
+                : 0);
     const int64_t recomputed = RecomputedBlocks(s, *every);
 
     // FSDP within the stage (PipelineStrategy::ShardStage): one unit per
@@ -536,9 +576,11 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     int64_t full = 0;  // the stage's padded units, in elements
     if (sharded) {
       full = s.layers * RoundUp(s.block_params, shards);
-      if (s.embeddings || s.head) full += RoundUp(s.wte_params, shards);
-      if (s.embeddings) full += RoundUp(s.root_params - 2 * s.c, shards);
-      if (s.head) full += RoundUp(2 * s.c, shards);
+      if (s.embeddings || (s.head && model->tied_head())) {
+        full += RoundUp(s.wte_params, shards);
+      }
+      if (s.embeddings) full += RoundUp(s.input_params, shards);
+      if (s.head) full += RoundUp(s.output_params, shards);
     }
     const int64_t shard = full / shards;
 
@@ -720,7 +762,7 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
 absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
                                       int64_t world_size,
                                       AttentionKind attention) {
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  absl::StatusOr<ModelConfig> model = ParseModelSpec(config.model);
   if (!model.ok()) return model.status();
   if (world_size < 1) {
     return absl::InvalidArgumentError(
@@ -755,7 +797,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const TrainConfig& config,
       ModelShapes(*model, config.seq_len, config.batch_size * config.seq_len);
   const int64_t params = model->NumParameters();
   const int64_t ids_and_mask =
-      IdsAndMaskBytes(s.tokens, attention, model->block_size);
+      IdsAndMaskBytes(s.tokens, attention, config.seq_len);
 
   const bool cuda = config.device.rfind("cuda", 0) == 0;
   const bool bf16 = cuda && config.precision == "bf16";

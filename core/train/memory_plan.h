@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/train_config.h"
 
 namespace shardtrain {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
 
@@ -21,7 +21,7 @@ struct Mesh {
   int64_t world = 1;
 };
 
-std::vector<Mesh> Meshes(const Gpt2Config& model,
+std::vector<Mesh> Meshes(const ModelConfig& model,
                          const MeshSearchOptions& options) {
   const int64_t n = options.devices;
   std::vector<Mesh> meshes;
@@ -80,6 +80,7 @@ std::vector<Mesh> Meshes(const Gpt2Config& model,
   }
   for (const auto& [s, t] : shapes) {
     if (n % (s * t) != 0 || s > model.n_layer || model.n_head % t != 0 ||
+        model.kv_heads() % t != 0 || model.mlp_hidden() % t != 0 ||
         model.padded_vocab_size % t != 0) {
       continue;
     }
@@ -225,7 +226,7 @@ absl::StatusOr<std::vector<MeshCandidate>> SearchMeshes(
   if (rates != nullptr) {
     if (absl::Status s = rates->Check(); !s.ok()) return s;
   }
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(base.model);
+  absl::StatusOr<ModelConfig> model = ParseModelSpec(base.model);
   if (!model.ok()) return model.status();
   if (absl::Status s = CheckSearchBounds(base, options); !s.ok()) return s;
   const int64_t per_host =

@@ -15,13 +15,17 @@ namespace shardtrain {
 
 // --- Stages ---
 
-double BlockForwardFlopsPerToken(const Gpt2Config& config, int64_t seq_len) {
+double BlockForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
+  // Two FLOPs per weight of the block's matrices (GPT-2: qkv 6C², attention
+  // output 2C², MLP 16C²; Llama: q and o 4C², k and v 4C·kv, MLP 6C·I), and
+  // QKᵀ and AV 2·T·C each.
   const double c = static_cast<double>(config.n_embd);
-  // qkv 6C², attention output 2C², MLP 16C²; QKᵀ and AV 2·T·C each.
-  return 24.0 * c * c + 4.0 * static_cast<double>(seq_len) * c;
+  const double matrices = static_cast<double>(
+      config.BlockParameters() - (config.is_llama() ? 2 : 13) * config.n_embd);
+  return 2.0 * matrices + 4.0 * static_cast<double>(seq_len) * c;
 }
 
-double HeadForwardFlopsPerToken(const Gpt2Config& config) {
+double HeadForwardFlopsPerToken(const ModelConfig& config) {
   return 2.0 * static_cast<double>(config.padded_vocab_size) *
          static_cast<double>(config.n_embd);
 }
@@ -84,7 +88,7 @@ std::vector<int64_t> BalancedSplit(int64_t blocks, int64_t stages,
 }  // namespace
 
 absl::StatusOr<std::vector<PipelineStage>> PartitionPipeline(
-    const Gpt2Config& config, int64_t seq_len, int64_t stages,
+    const ModelConfig& config, int64_t seq_len, int64_t stages,
     const std::vector<int64_t>& split) {
   const int64_t blocks = config.n_layer;
   if (stages < 1) {

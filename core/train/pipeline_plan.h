@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 
 namespace shardtrain {
 
@@ -43,8 +43,8 @@ struct PipelineStage {
 // Forward FLOPs per token of one transformer block at sequence length
 // `seq_len` (24·C² for the projections and MLP, 4·T·C for attention's two
 // products), and of the LM head (2·V·C, over the padded vocabulary).
-double BlockForwardFlopsPerToken(const Gpt2Config& config, int64_t seq_len);
-double HeadForwardFlopsPerToken(const Gpt2Config& config);
+double BlockForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len);
+double HeadForwardFlopsPerToken(const ModelConfig& config);
 
 // "4,8" -> {4, 8}: the blocks before which stages 1, 2, ... start.
 // InvalidArgument naming --pipeline-split for anything but integers.
@@ -57,7 +57,7 @@ absl::StatusOr<std::vector<int64_t>> ParsePipelineSplit(std::string_view text);
 // a split whose length is not stages - 1, out of order, or leaving a stage
 // empty.
 absl::StatusOr<std::vector<PipelineStage>> PartitionPipeline(
-    const Gpt2Config& config, int64_t seq_len, int64_t stages,
+    const ModelConfig& config, int64_t seq_len, int64_t stages,
     const std::vector<int64_t>& split);
 
 // "blocks 0-5, embeddings", "block 11, head", for the mesh's layout line.

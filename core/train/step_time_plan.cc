@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/strategy_kinds.h"
 #include "nlohmann/json.hpp"
@@ -78,14 +78,13 @@ MeshTraffic Finish(const std::string& dimension, int64_t ranks,
   return out;
 }
 
-int64_t BlockParameters(const Gpt2Config& m) {
-  return 12 * m.n_embd * m.n_embd + 13 * m.n_embd;
-}
+int64_t BlockParameters(const ModelConfig& m) { return m.BlockParameters(); }
 
-// What tensor parallelism keeps whole on every rank of the group: wpe, the
-// LayerNorms and the row-parallel layers' biases; their gradients are
-// all-reduced over the group once per step.
-int64_t TensorParallelReplicated(const Gpt2Config& m) {
+// What tensor parallelism keeps whole on every rank of the group: GPT-2's
+// wpe, LayerNorms and row-parallel biases, Llama's RMSNorms; their gradients
+// are all-reduced over the group once per step.
+int64_t TensorParallelReplicated(const ModelConfig& m) {
+  if (m.is_llama()) return (2 * m.n_layer + 1) * m.n_embd;
   return m.block_size * m.n_embd + m.n_layer * 6 * m.n_embd + 2 * m.n_embd;
 }
 
@@ -266,8 +265,8 @@ absl::Status SaveHostRates(const HostRates& rates) {
 std::vector<std::string> CalibrationArguments(const TrainConfig& config) {
   const bool gpu = config.device.rfind("cuda", 0) == 0;
   const std::string largest = gpu ? "gpt2" : "gpt2-mini";
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
-  absl::StatusOr<Gpt2Config> cap = ParseModelSpec(largest);
+  absl::StatusOr<ModelConfig> model = ParseModelSpec(config.model);
+  absl::StatusOr<ModelConfig> cap = ParseModelSpec(largest);
   const bool small =
       model.ok() && cap.ok() && model->NumParameters() <= cap->NumParameters();
   const int64_t seq =
@@ -318,7 +317,7 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
                                           int64_t ranks_per_host,
                                           const HostRates& rates) {
   if (absl::Status s = rates.Check(); !s.ok()) return s;
-  absl::StatusOr<Gpt2Config> model = ParseModelSpec(config.model);
+  absl::StatusOr<ModelConfig> model = ParseModelSpec(config.model);
   if (!model.ok()) return model.status();
   const StrategyKind* kind = FindStrategyKind(config.strategy);
   if (kind == nullptr) {
@@ -422,9 +421,10 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   const int64_t block_params = BlockParameters(*model);
   const int64_t wte = model->padded_vocab_size * c;
   const int64_t root =
-      (stages == 1 || slowest->embeddings ? model->block_size * c : 0) +
-      (slowest->head ? 2 * c : 0);
-  const bool has_wte = slowest->embeddings || slowest->head;
+      (stages == 1 || slowest->embeddings ? model->InputParameters() : 0) +
+      (slowest->head ? model->OutputParameters() : 0);
+  const bool has_wte =
+      slowest->embeddings || (slowest->head && model->tied_head());
   int64_t kept = blocks * block_params + root + (has_wte ? wte : 0);
   if (tp > 1) {
     const int64_t replicated = TensorParallelReplicated(*model);

@@ -16,7 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/nearest_name.h"
 #include "common/small_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
@@ -63,7 +63,7 @@ int64_t TrainConfig::ThreadsPerRank(int64_t world_size) const {
 }
 
 absl::Status TrainConfig::Validate() const {
-  absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(model);
+  absl::StatusOr<ModelConfig> model_config = ParseModelSpec(model);
   if (!model_config.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: ", model_config.status().message()));
@@ -193,7 +193,7 @@ absl::Status TrainConfig::Validate() const {
 }
 
 absl::Status TrainConfig::ValidateTensorParallel(
-    const Gpt2Config& model_config) const {
+    const ModelConfig& model_config) const {
   if (tensor_parallel < 1 || tensor_parallel > kMaxTensorParallel) {
     return FieldError("tensor_parallel", tensor_parallel,
                       absl::StrCat("must be in [1, ", kMaxTensorParallel,
@@ -206,6 +206,19 @@ absl::Status TrainConfig::ValidateTensorParallel(
         absl::StrCat("must divide the model's ", model_config.n_head,
                      " attention heads (each rank runs whole heads)"));
   }
+  if (model_config.kv_heads() % tensor_parallel != 0) {
+    return FieldError(
+        "tensor_parallel", tensor_parallel,
+        absl::StrCat("must divide the model's ", model_config.kv_heads(),
+                     " key/value heads (each rank holds whole key/value "
+                     "heads)"));
+  }
+  if (model_config.mlp_hidden() % tensor_parallel != 0) {
+    return FieldError(
+        "tensor_parallel", tensor_parallel,
+        absl::StrCat("must divide the model's ", model_config.mlp_hidden(),
+                     " MLP hidden units"));
+  }
   const StrategyKind* kind = FindStrategyKind(strategy);
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
     return FieldError("tensor_parallel", tensor_parallel,
@@ -216,7 +229,7 @@ absl::Status TrainConfig::ValidateTensorParallel(
 }
 
 absl::Status TrainConfig::ValidatePipeline(
-    const Gpt2Config& model_config) const {
+    const ModelConfig& model_config) const {
   if (pipeline_stages < 1 || pipeline_stages > kMaxPipelineStages) {
     return FieldError("pipeline_stages", pipeline_stages,
                       absl::StrCat("must be in [1, ", kMaxPipelineStages,

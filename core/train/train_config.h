@@ -17,11 +17,11 @@
 
 namespace shardtrain {
 
-struct Gpt2Config;
+struct ModelConfig;
 
 struct TrainConfig {
   // Model and data.
-  std::string model = "gpt2-tiny";  // preset or custom:... (see gpt2_config.h)
+  std::string model = "gpt2-tiny";  // preset or custom:... (see model_config.h)
   std::string data;                 // dir with train.bin [+ val.bin]
   std::string init_from;  // llm.c .bin, Hugging Face dir or checkpoint
 
@@ -99,10 +99,10 @@ struct TrainConfig {
   // Validate's pipeline part, for `model_config` (the parsed `model`):
   // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split and
   // the stage partition of the model.
-  absl::Status ValidatePipeline(const Gpt2Config& model_config) const;
+  absl::Status ValidatePipeline(const ModelConfig& model_config) const;
   // Validate's tensor-parallel part: tensor_parallel in range, dividing the
   // model's heads, with a strategy it composes with.
-  absl::Status ValidateTensorParallel(const Gpt2Config& model_config) const;
+  absl::Status ValidateTensorParallel(const ModelConfig& model_config) const;
 
   // Checks that `world_size` ranks can run this config's model-parallel
   // ranks (pipeline stages x tensor-parallel ranks, a data-parallel

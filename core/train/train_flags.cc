@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/model/model_config.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
 
@@ -10,8 +13,11 @@ namespace shardtrain {
 void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option(
       "--model", c.model,
-      "preset (gpt2-tiny, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
-      "gpt2-xl) or custom:n_layer=L,n_head=H,n_embd=C[,block_size=T]");
+      absl::StrCat("preset (", absl::StrJoin(ModelConfig::PresetNames(), ", "),
+                   "), custom:n_layer=L,n_head=H,n_embd=C[,...] "
+                   "(GPT-2) or custom-llama:n_layer=L,n_head=H,"
+                   "n_kv_head=K,n_embd=C,intermediate_size=I[,...] "
+                   "(docs/models.md)"));
   app.add_option("--data", c.data, "directory with train.bin [and val.bin]");
   app.add_option(
       "--init-from", c.init_from,

@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   shardtrain::fuzz::MemFile file(data, size);
-  absl::StatusOr<shardtrain::Gpt2Config> config =
+  absl::StatusOr<shardtrain::ModelConfig> config =
       shardtrain::ReadLlmcConfig(file.path());
   if (!config.ok()) {
     FUZZ_CHECK(!config.status().message().empty(), "errors say why");

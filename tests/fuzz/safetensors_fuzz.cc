@@ -1,7 +1,7 @@
 // Any bytes as a safetensors file (a Hugging Face model's weights) and as its
 // config.json: SafetensorsFile::Open() refuses with a message or returns
 // tensors that tile the file's data exactly, each of which then reads;
-// ParseHfGpt2Config() refuses or returns a config that validates.
+// ParseHfModelConfig() refuses or returns a config that validates.
 #include <string_view>
 
 #include "core/model/hf_gpt2.h"
@@ -12,8 +12,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<shardtrain::Gpt2Config> config =
-      shardtrain::ParseHfGpt2Config(text);
+  absl::StatusOr<shardtrain::ModelConfig> config =
+      shardtrain::ParseHfModelConfig(text);
   if (config.ok()) {
     FUZZ_CHECK(config->Validate().ok(), "a parsed config is one we build");
   } else {

@@ -152,6 +152,12 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Tiny) {
   CheckModel("gpt2-tiny", 4, 128);
 }
 
+// The Llama family's activations are counted from its code (memory_plan.cc
+// LlamaBlockBytesPerToken); the bound below is what the measurement allows.
+TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfLlamaTiny) {
+  CheckModel("llama-tiny", 4, 128);
+}
+
 TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
   CheckModel("gpt2-mini", 2, 64);
 }
@@ -222,7 +228,7 @@ TEST(MemoryPlanTensorParallelTest, EachRankKeepsItsShareOfTheState) {
     config.tensor_parallel = 2;
     const absl::StatusOr<MemoryPlan> tp = PlanMemory(config, 2);
     ASSERT_TRUE(ddp.ok() && tp.ok()) << ddp.status() << tp.status();
-    const Gpt2Config shapes = *ParseModelSpec(model);
+    const ModelConfig shapes = *ParseModelSpec(model);
     const int64_t c = shapes.n_embd;
     const int64_t whole =
         shapes.block_size * c + 2 * c + shapes.n_layer * 6 * c;
@@ -490,6 +496,55 @@ TEST(MemoryPlanPipelineTest, EachStagePlansItsShareAndSchedule) {
   EXPECT_GT((*gpipe)[1].activations, (*plans)[1].activations);
   // The last stage holds every micro-batch's gradient of wte from its head.
   EXPECT_GT((*gpipe)[3].logits - (*plans)[3].logits, 7 * 4 * wte);
+}
+
+// A Llama model's state is counted from its own shapes: Llama 3.1 8B's
+// published 8,030,261,248 parameters on one device, its untied head on the
+// last stage only, its embedding on the first, and under tensor parallelism
+// every matrix split but the RMSNorms.
+TEST(MemoryPlanLlamaTest, CountsTheStateOfLlama31_8B) {
+  TrainConfig config;
+  config.model = "llama3.1-8b";
+  config.strategy = "single";
+  config.device = "cuda";
+  config.batch_size = 1;
+  config.seq_len = 2048;
+  absl::StatusOr<MemoryPlan> single = PlanMemory(config, 1);
+  ASSERT_TRUE(single.ok()) << single.status();
+  constexpr int64_t kParameters = 8'030'261'248;
+  EXPECT_EQ(single->parameters, 4 * kParameters);
+  EXPECT_EQ(single->optimizer_state, 8 * kParameters);
+
+  const int64_t c = 4096, vocab = 128256 * c;
+  const int64_t block = 2 * c + 2 * c * c + 2 * c * 1024 + 3 * c * 14336;
+  config.pipeline_stages = 4;
+  config.micro_batches = 4;
+  absl::StatusOr<std::vector<MemoryPlan>> stages =
+      PlanPipelineStages(config, 4);
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  ASSERT_EQ(stages->size(), 4u);
+  int64_t blocks = 0;
+  for (const MemoryPlan& stage : *stages) {
+    blocks += stage.parameters / 4 / block;
+  }
+  EXPECT_EQ(blocks, 32);
+  EXPECT_EQ((*stages)[0].parameters,
+            4 * ((*stages)[0].parameters / 4 / block * block + vocab));
+  EXPECT_EQ((*stages)[3].parameters,
+            4 * ((*stages)[3].parameters / 4 / block * block + vocab + c));
+
+  config.pipeline_stages = 1;
+  config.micro_batches = 1;
+  config.tensor_parallel = 8;
+  absl::StatusOr<MemoryPlan> tp = PlanMemory(config, 8);
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  const int64_t norms = (2 * 32 + 1) * c;
+  EXPECT_EQ(tp->parameters, 4 * ((kParameters - norms) / 8 + norms));
+  config.tensor_parallel = 16;
+  absl::StatusOr<MemoryPlan> sixteen = PlanMemory(config, 16);
+  ASSERT_FALSE(sixteen.ok());
+  EXPECT_THAT(std::string(sixteen.status().message()),
+              testing::HasSubstr("8 key/value heads"));
 }
 
 // HSDP within a stage: each stage sharded over its shard group of G ranks,

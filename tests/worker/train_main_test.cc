@@ -121,6 +121,38 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
   EXPECT_EQ(eval.output.rfind("val_loss ", 0), 0u) << eval.output;
 }
 
+// A Llama-family model trains from the command line, on two ranks (FSDP),
+// and writes its weights in Hugging Face's names; a GPT-2 model file cannot
+// initialise it, and says so.
+TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
+  Result r =
+      RunTrain("--model llama-tiny --strategy fsdp --nproc 2 --data " + Data() +
+               " --batch-size 2 --seq-len 32 --max-steps 3 "
+               "--eval-steps 1 --out " +
+               Out("llama"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("outputs: " + Out("llama") + "/model.safetensors"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(Out("llama") + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(Out("llama") + "/model.bin"));
+
+  Result seed = RunTrain("--model gpt2-tiny --data " + Data() +
+                         " --batch-size 2 --seq-len 32 --max-steps 1 --out " +
+                         Out("gpt2-seed"));
+  ASSERT_EQ(seed.exit_code, 0) << seed.output;
+  Result mixed = RunTrain("--model llama-tiny --data " + Data() +
+                          " --batch-size 2 --seq-len 32 --max-steps 1 "
+                          "--init-from " +
+                          Out("gpt2-seed") + "/model.bin");
+  EXPECT_NE(mixed.exit_code, 0) << mixed.output;
+  EXPECT_NE(mixed.output.find("holds model gpt2-tiny but --model is "
+                              "llama-tiny"),
+            std::string::npos)
+      << mixed.output;
+}
+
 // On a machine without a GPU, a CUDA run is refused with the reason, in a
 // CPU build and in a CUDA build alike (where LibTorch's CUDA libraries are
 // loaded but find no device): an exit code, never a crash; single-device and

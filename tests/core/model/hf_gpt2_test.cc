@@ -60,7 +60,7 @@ class HfFormatTest : public ::testing::Test {
 
 // A small model's weights, random but with wte's padding rows zero, as our
 // model holds them.
-std::vector<std::vector<float>> RandomWeights(const Gpt2Config& config,
+std::vector<std::vector<float>> RandomWeights(const ModelConfig& config,
                                               uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -84,7 +84,7 @@ WeightReader ReaderOf(const std::vector<std::vector<float>>& weights) {
   };
 }
 
-Gpt2Config SmallConfig() {
+ModelConfig SmallConfig() {
   return *ParseModelSpec(
       "custom:n_layer=2,n_head=2,n_embd=16,block_size=32,vocab_size=100");
 }
@@ -247,7 +247,7 @@ TEST_F(HfFormatTest, AMalformedFileIsRefusedSayingWhy) {
 }
 
 TEST_F(HfFormatTest, ExportThenImportIsBitExact) {
-  const Gpt2Config config = SmallConfig();
+  const ModelConfig config = SmallConfig();
   const std::vector<std::vector<float>> weights = RandomWeights(config, 7);
   ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("hf")).ok());
 
@@ -264,7 +264,7 @@ TEST_F(HfFormatTest, ExportThenImportIsBitExact) {
 }
 
 TEST_F(HfFormatTest, StoresHuggingFaceNamesShapesAndConv1dTransposition) {
-  const Gpt2Config config = SmallConfig();  // C = 16, V = 100 (padded 128)
+  const ModelConfig config = SmallConfig();  // C = 16, V = 100 (padded 128)
   const std::vector<std::vector<float>> weights = RandomWeights(config, 8);
   ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("hf")).ok());
 
@@ -310,7 +310,7 @@ TEST_F(HfFormatTest, StoresHuggingFaceNamesShapesAndConv1dTransposition) {
 TEST_F(HfFormatTest, ReadsFilesWithoutThePrefixAndIgnoresBuffersAndTiedHead) {
   // As the original "gpt2" upload names them: "h.0.attn.c_attn.weight", with
   // the attention-mask buffers and no prefix.
-  const Gpt2Config config = SmallConfig();
+  const ModelConfig config = SmallConfig();
   const std::vector<std::vector<float>> weights = RandomWeights(config, 9);
   ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("hf")).ok());
   absl::StatusOr<SafetensorsFile> written =
@@ -345,7 +345,7 @@ TEST_F(HfFormatTest, ReadsFilesWithoutThePrefixAndIgnoresBuffersAndTiedHead) {
 }
 
 TEST_F(HfFormatTest, ANonDefaultVocabularyPaddingSurvivesTheRoundTrip) {
-  const Gpt2Config config = *ParseModelSpec(
+  const ModelConfig config = *ParseModelSpec(
       "custom:n_layer=1,n_head=2,n_embd=16,block_size=32,vocab_size=100,"
       "padded_vocab_size=160");
   const std::vector<std::vector<float>> weights = RandomWeights(config, 10);
@@ -359,7 +359,7 @@ TEST_F(HfFormatTest, ANonDefaultVocabularyPaddingSurvivesTheRoundTrip) {
 TEST_F(HfFormatTest, APaddingTheTensorsCannotHoldIsRefused) {
   // The padding is metadata: believed, 16,777,216 rows made an export
   // allocate and write 8 GiB from a 27 MB input.
-  const Gpt2Config config = *ParseModelSpec(
+  const ModelConfig config = *ParseModelSpec(
       "custom:n_layer=1,n_head=2,n_embd=16,block_size=32,vocab_size=100,"
       "padded_vocab_size=160");
   const std::vector<std::vector<float>> weights = RandomWeights(config, 10);
@@ -382,7 +382,7 @@ TEST_F(HfFormatTest, APaddingTheTensorsCannotHoldIsRefused) {
 }
 
 TEST_F(HfFormatTest, UnderAPathRootFilesLinkedOutsideAreRefusedUnread) {
-  const Gpt2Config config = SmallConfig();
+  const ModelConfig config = SmallConfig();
   const std::vector<std::vector<float>> weights = RandomWeights(config, 12);
   std::filesystem::create_directories(Path("root"));
   std::filesystem::create_directories(Path("outside"));
@@ -415,7 +415,7 @@ TEST_F(HfFormatTest, AConfigThatIsAFifoIsRefusedWithoutWaiting) {
 }
 
 TEST_F(HfFormatTest, ExportRefusesWeightsInThePaddingRows) {
-  const Gpt2Config config = SmallConfig();
+  const ModelConfig config = SmallConfig();
   std::vector<std::vector<float>> weights = RandomWeights(config, 11);
   weights[0].back() = 1.0f;
   const absl::Status s = WriteHfGpt2(config, ReaderOf(weights), Path("hf"));
@@ -426,11 +426,12 @@ TEST_F(HfFormatTest, ExportRefusesWeightsInThePaddingRows) {
 TEST_F(HfFormatTest, ConfigsWeCannotBuildAreRefusedNamingTheSetting) {
   const std::string base =
       R"("n_embd":16,"n_layer":2,"n_head":2,"n_positions":32,"vocab_size":100)";
-  EXPECT_TRUE(ParseHfGpt2Config("{" + base + "}").ok());
-  EXPECT_EQ(ParseHfGpt2Config("{" + base + "}")->padded_vocab_size, 128);
-  EXPECT_EQ(ParseHfGpt2Config(HfGpt2ConfigJson(*Gpt2Config::FromPreset("gpt2")))
-                ->name,
-            "gpt2");
+  EXPECT_TRUE(ParseHfModelConfig("{" + base + "}").ok());
+  EXPECT_EQ(ParseHfModelConfig("{" + base + "}")->padded_vocab_size, 128);
+  EXPECT_EQ(
+      ParseHfModelConfig(HfModelConfigJson(*ModelConfig::FromPreset("gpt2")))
+          ->name,
+      "gpt2");
   const struct {
     std::string extra, error;
   } cases[] = {
@@ -443,21 +444,21 @@ TEST_F(HfFormatTest, ConfigsWeCannotBuildAreRefusedNamingTheSetting) {
       {R"("model_type":"llama")", "model_type is \"llama\""},
   };
   for (const auto& c : cases) {
-    absl::StatusOr<Gpt2Config> config =
-        ParseHfGpt2Config("{" + base + "," + c.extra + "}");
+    absl::StatusOr<ModelConfig> config =
+        ParseHfModelConfig("{" + base + "," + c.extra + "}");
     ASSERT_FALSE(config.ok()) << c.extra;
     EXPECT_THAT(config.status().message(), HasSubstr(c.error));
   }
-  EXPECT_THAT(ParseHfGpt2Config(R"({"n_layer":2})").status().message(),
+  EXPECT_THAT(ParseHfModelConfig(R"({"n_layer":2})").status().message(),
               HasSubstr("no \"n_embd\""));
-  EXPECT_THAT(ParseHfGpt2Config("{\"n_embd\":-3}").status().message(),
+  EXPECT_THAT(ParseHfModelConfig("{\"n_embd\":-3}").status().message(),
               HasSubstr("not a positive integer"));
-  EXPECT_THAT(ParseHfGpt2Config("not json").status().message(),
+  EXPECT_THAT(ParseHfModelConfig("not json").status().message(),
               HasSubstr("not a JSON object"));
 }
 
 TEST_F(HfFormatTest, AMissingOrMisshapenWeightIsRefusedNamingIt) {
-  const Gpt2Config config = SmallConfig();
+  const ModelConfig config = SmallConfig();
   const std::vector<std::vector<float>> weights = RandomWeights(config, 12);
   ASSERT_TRUE(WriteHfGpt2(config, ReaderOf(weights), Path("hf")).ok());
   // Another config with a larger block: wpe no longer fits.

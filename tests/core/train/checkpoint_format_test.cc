@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "common/read_roots.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_export.h"
 #include "core/train/checkpoint_store.h"
 #include "tests/test_util.h"
@@ -174,7 +174,7 @@ TEST(CheckpointFormatTest, BrokenCheckpointsAreRefusedNamingTheProblem) {
 TEST(CheckpointExportTest, WritesTheModelInLlmcOrderWithoutRanks) {
   // gpt2-tiny's weights, each tensor filled with its index in llm.c's order
   // and cut in two at an odd element, as two ranks would write them.
-  absl::StatusOr<Gpt2Config> config = ParseModelSpec("gpt2-tiny");
+  absl::StatusOr<ModelConfig> config = ParseModelSpec("gpt2-tiny");
   ASSERT_TRUE(config.ok());
   test::TempDir dir;
   const std::vector<std::string> names = LlmcParameterNames(*config);

@@ -13,8 +13,8 @@ namespace {
 
 using Kind = PipelineAction::Kind;
 
-Gpt2Config Preset(const char* name) {
-  absl::StatusOr<Gpt2Config> config = Gpt2Config::FromPreset(name);
+ModelConfig Preset(const char* name) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromPreset(name);
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -34,7 +34,7 @@ TEST(PipelinePartitionTest, TheDefaultCutBalancesTheHeadAgainstBlocks) {
   // GPT-2 small at T = 1024: a block is 24·768² + 4·1024·768 = 17.3 MFLOP
   // per token, the head 2·50304·768 = 77.3 MFLOP (4.47 blocks). Two stages:
   // 8 blocks (138.4) | 4 blocks + head (146.5) beats 9 | 3 + head (155.7).
-  const Gpt2Config gpt2 = Preset("gpt2");
+  const ModelConfig gpt2 = Preset("gpt2");
   absl::StatusOr<std::vector<PipelineStage>> two =
       PartitionPipeline(gpt2, 1024, 2, {});
   ASSERT_TRUE(two.ok()) << two.status();
@@ -61,7 +61,7 @@ TEST(PipelinePartitionTest, TheDefaultCutBalancesTheHeadAgainstBlocks) {
 }
 
 TEST(PipelinePartitionTest, EveryStageCountCoversEveryBlockOnce) {
-  const Gpt2Config gpt2 = Preset("gpt2");
+  const ModelConfig gpt2 = Preset("gpt2");
   for (int64_t stages = 1; stages <= 12; ++stages) {
     absl::StatusOr<std::vector<PipelineStage>> cut =
         PartitionPipeline(gpt2, 1024, stages, {});
@@ -78,7 +78,7 @@ TEST(PipelinePartitionTest, EveryStageCountCoversEveryBlockOnce) {
 }
 
 TEST(PipelinePartitionTest, AGivenSplitIsKeptAndDescribed) {
-  const Gpt2Config gpt2 = Preset("gpt2");
+  const ModelConfig gpt2 = Preset("gpt2");
   absl::StatusOr<std::vector<int64_t>> split = ParsePipelineSplit("4, 8");
   ASSERT_TRUE(split.ok());
   absl::StatusOr<std::vector<PipelineStage>> cut =
@@ -99,7 +99,7 @@ TEST(PipelinePartitionTest, AGivenSplitIsKeptAndDescribed) {
 }
 
 TEST(PipelinePartitionTest, BadStagesAndSplitsAreRefusedWithTheNumbers) {
-  const Gpt2Config mini = Preset("gpt2-mini");  // 4 blocks
+  const ModelConfig mini = Preset("gpt2-mini");  // 4 blocks
   auto message = [&](int64_t stages, std::vector<int64_t> split) {
     return std::string(
         PartitionPipeline(mini, 512, stages, split).status().message());

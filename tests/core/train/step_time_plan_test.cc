@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/mesh_search.h"
 #include "core/train/train_config.h"
@@ -74,7 +74,7 @@ TEST(StepTimePlanTest, NamesMeshesAsTheStudyDoes) {
 }
 
 TEST(StepTimePlanTest, DdpAllReducesEveryGradientOncePerStep) {
-  const Gpt2Config model = *ParseModelSpec("gpt2-tiny");
+  const ModelConfig model = *ParseModelSpec("gpt2-tiny");
   TrainConfig c = Config("ddp");
   c.grad_accum = 3;  // accumulation steps reduce nothing
   const StepTimePlan p = Plan(c, 4);
@@ -116,7 +116,7 @@ TEST(StepTimePlanTest, DataParallelRanksSplitTheComputeOfOneDevice) {
   EXPECT_EQ(four.tokens_per_step, single.tokens_per_step);
   EXPECT_NEAR(four.compute_seconds, single.compute_seconds / 4, 1e-12);
   // Single's compute: the model's training FLOPs over the rate.
-  const Gpt2Config model = *ParseModelSpec("gpt2-tiny");
+  const ModelConfig model = *ParseModelSpec("gpt2-tiny");
   const double flops =
       8.0 * 128 *
       (3 * (model.n_layer * (24.0 * 128 * 128 + 4.0 * 128 * 128) +
@@ -170,7 +170,7 @@ TEST(StepTimePlanTest, PipelineBubbleShrinksWithMicroBatches) {
   // the head) is the slowest and stage 0 (blocks 0-2) fills the pipe.
   EXPECT_NEAR(m4.bubble_seconds, m1.bubble_seconds / 4, 1e-12);
   EXPECT_NEAR(m4.compute_seconds, m1.compute_seconds, 1e-12);
-  const Gpt2Config model = *ParseModelSpec("gpt2-mini");
+  const ModelConfig model = *ParseModelSpec("gpt2-mini");
   const double block = 24.0 * 256 * 256 + 4.0 * 128 * 256;
   EXPECT_NEAR(m1.bubble_seconds, 3 * 3 * block * 8 * 128 / 1e10, 1e-9);
   EXPECT_NEAR(

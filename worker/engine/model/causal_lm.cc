@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "worker/engine/torch_compat.h"
 
 namespace shardtrain {
@@ -280,6 +280,20 @@ torch::Tensor CrossEntropyLoss(const torch::Tensor& logits,
               targets.sizes(), " for logits ", logits.sizes());
   return FusedCrossEntropy::apply(FlattenRows(logits).contiguous(),
                                   targets.reshape({-1}));
+}
+
+torch::Tensor CausalMask::Get(int64_t t, const torch::Tensor& like) {
+  TORCH_CHECK(t >= 1 && t <= block_size_, "causal mask: sequence length ", t,
+              " must be in [1, ", block_size_, "]");
+  if (!mask_.defined() || mask_.size(0) < t ||
+      mask_.device() != like.device() ||
+      mask_.scalar_type() != like.scalar_type()) {
+    torch::NoGradGuard no_grad;
+    mask_ = torch::full({t, t}, -std::numeric_limits<double>::infinity(),
+                        like.options().requires_grad(false))
+                .triu_(1);
+  }
+  return mask_.narrow(0, 0, t).narrow(1, 0, t);
 }
 
 torch::Tensor CausalLmImpl::RunBlock(int64_t i, const torch::Tensor& x) {

@@ -11,7 +11,8 @@
 //             -> FinalNorm -> the head's cross-entropy against the targets
 //
 // Each parameter has a place in that pipeline (PlaceOf): the token embedding
-// (the head is tied to it; a vocabulary-parallel strategy shards its rows),
+// (the head may be tied to it; a vocabulary-parallel strategy shards its
+// rows, and an untied head's),
 // the other inputs of the first block (learned positions), a block, or the
 // output side (the final norm). A block is the unit FSDP gathers and frees,
 // activation checkpointing recomputes and pipeline stages are cut between.
@@ -39,6 +40,31 @@
 
 namespace shardtrain {
 
+// The additive causal mask (0 on and below the diagonal, -inf above) used by
+// the masked-softmax attention of LibTorch 1.x; LibTorch 2.x uses fused
+// scaled-dot-product attention and never builds it. One instance is shared by
+// all blocks of a model. It is deliberately neither a parameter nor a buffer:
+// it is a pure function of the sequence length, so it has no place in
+// checkpoints, DDP's broadcast or FSDP's flat parameters. Sized for the
+// longest sequence seen, not the model's longest (Llama 3's 131,072
+// positions would make it 64 GiB). Not thread-safe (neither is a module's
+// forward).
+class CausalMask {
+ public:
+  // `block_size`: the longest sequence Get may be asked for.
+  explicit CausalMask(int64_t block_size) : block_size_(block_size) {}
+  CausalMask(const CausalMask&) = delete;
+  CausalMask& operator=(const CausalMask&) = delete;
+
+  // A [t, t] view of the mask with the device and dtype of `like`. Built on
+  // first use and again only when t grows or the device or dtype changes.
+  torch::Tensor Get(int64_t t, const torch::Tensor& like);
+
+ private:
+  const int64_t block_size_;
+  torch::Tensor mask_;  // [n, n], n the longest t asked for
+};
+
 // Megatron-LM's two operators of a tensor-parallel group of T ranks, for a
 // model whose blocks hold 1/T of each split weight
 // (CausalLmImpl::ShardForTensorParallel). The strategy that owns the group
@@ -64,10 +90,10 @@ struct FlatRun {
 
 // Where a parameter sits in the model's pipeline of pieces.
 enum class ParamRole {
-  kTokenEmbedding,  // [padded vocabulary, hidden]; the head is tied to it
+  kTokenEmbedding,  // [padded vocabulary, hidden]; a tied head reads it
   kInput,           // read by FinishEmbedding (learned positions)
   kBlock,           // a block's
-  kOutput,          // read by FinalNorm
+  kOutput,          // read by FinalNorm, or an untied head
 };
 struct ParamPlace {
   ParamRole role = ParamRole::kInput;
@@ -96,7 +122,7 @@ class CausalLmImpl : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& idx) = 0;
   // The input of block 0: [B,T,C].
   virtual torch::Tensor Embed(const torch::Tensor& idx) = 0;
-  // FinalNorm, then the mean cross-entropy of the tied head against
+  // FinalNorm, then the mean cross-entropy of the head (head_weight) against
   // `targets` [B,T], without materialising the logits (LmHeadLoss).
   virtual torch::Tensor HeadLoss(const torch::Tensor& x,
                                  const torch::Tensor& targets) = 0;
@@ -108,10 +134,20 @@ class CausalLmImpl : public torch::nn::Module {
   // The pieces a strategy runs itself (the vocabulary-parallel ones
   // replace the token embedding's lookup and the head):
   // The token embedding's weight [padded_vocab_size, C], the module member
-  // its lookup and the tied head read.
+  // its lookup (and a tied head) read.
   virtual torch::Tensor& token_embedding() = 0;
   // The parameter name of token_embedding().
   virtual std::string token_embedding_name() const = 0;
+  // The weight the head scores with, [padded_vocab_size, C], and its name:
+  // the token embedding's when the head is tied to it (a model whose head
+  // is untied overrides both; its head is on the output side, kOutput).
+  virtual torch::Tensor& head_weight() { return token_embedding(); }
+  virtual std::string head_weight_name() const {
+    return token_embedding_name();
+  }
+  bool tied_head() const {
+    return head_weight_name() == token_embedding_name();
+  }
   // The input of block 0 from the token embeddings [B,T,C] of a batch:
   // learned positions added, or the embeddings as they are.
   virtual torch::Tensor FinishEmbedding(const torch::Tensor& tokens) = 0;
@@ -240,7 +276,7 @@ torch::Tensor LmHeadLoss(const torch::Tensor& hidden,
                          const torch::Tensor& targets, int64_t chunk_bytes = 0);
 
 // The logits budget of one LmHeadLoss chunk on `device`: HeadChunkBytes
-// (core/model/gpt2_config.h) for this process's compute threads on CPU
+// (core/model/model_config.h) for this process's compute threads on CPU
 // (OpenBLAS's threads when it does the products, else ATen's).
 int64_t LmHeadChunkBytes(const torch::Device& device);
 

@@ -45,20 +45,8 @@ torch::Tensor Flatten(const torch::Tensor& x) {
 
 }  // namespace
 
-torch::Tensor CausalMask::Get(int64_t t, const torch::Tensor& like) {
-  if (!mask_.defined() || mask_.device() != like.device() ||
-      mask_.scalar_type() != like.scalar_type()) {
-    torch::NoGradGuard no_grad;
-    mask_ = torch::full({block_size_, block_size_},
-                        -std::numeric_limits<double>::infinity(),
-                        like.options().requires_grad(false))
-                .triu_(1);
-  }
-  return mask_.narrow(0, 0, t).narrow(1, 0, t);
-}
-
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(
-    const Gpt2Config& config, std::shared_ptr<CausalMask> mask)
+    const ModelConfig& config, std::shared_ptr<CausalMask> mask)
     : n_head_(config.n_head), n_embd_(config.n_embd), mask_(std::move(mask)) {
   c_attn_ = register_module("c_attn", MakeLinear(n_embd_, 3 * n_embd_));
   c_proj_ = register_module("c_proj", MakeLinear(n_embd_, n_embd_));
@@ -99,7 +87,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
       .view(x.sizes());
 }
 
-MlpImpl::MlpImpl(const Gpt2Config& config) {
+MlpImpl::MlpImpl(const ModelConfig& config) {
   c_fc_ = register_module("c_fc", MakeLinear(config.n_embd, 4 * config.n_embd));
   c_proj_ =
       register_module("c_proj", MakeLinear(4 * config.n_embd, config.n_embd));
@@ -191,7 +179,7 @@ std::vector<int64_t> Gpt2Impl::TensorParallelShape(
   return local;
 }
 
-BlockImpl::BlockImpl(const Gpt2Config& config,
+BlockImpl::BlockImpl(const ModelConfig& config,
                      std::shared_ptr<CausalMask> mask) {
   ln_1_ = register_module("ln_1", MakeLayerNorm(config.n_embd));
   attn_ = register_module("attn", CausalSelfAttention(config, std::move(mask)));
@@ -204,9 +192,11 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return y + mlp_(ln_2_(y));
 }
 
-Gpt2Impl::Gpt2Impl(const Gpt2Config& config, uint64_t seed) : config_(config) {
+Gpt2Impl::Gpt2Impl(const ModelConfig& config, uint64_t seed) : config_(config) {
   const absl::Status valid = config.Validate();
   TORCH_CHECK(valid.ok(), "Gpt2: invalid config: ", valid.ToString());
+  TORCH_CHECK(!config.is_llama(), "Gpt2: config ", config.ToSpec(),
+              " is of family ", ModelFamilyName(config.family));
   const int64_t c = config.n_embd;
   wte_ =
       register_module("wte", torch::nn::Embedding(config.padded_vocab_size, c));
@@ -330,7 +320,7 @@ void Gpt2Impl::InitWeights(uint64_t seed) {
       .zero_();
 }
 
-absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed) {
+absl::StatusOr<Gpt2> CreateGpt2(const ModelConfig& config, uint64_t seed) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   try {
     return Gpt2(config, seed);

@@ -40,32 +40,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "worker/engine/model/causal_lm.h"
 
 namespace shardtrain {
-
-// The additive causal mask (0 on and below the diagonal, -inf above) used by
-// the masked-softmax attention of LibTorch 1.x; LibTorch 2.x uses fused
-// scaled-dot-product attention and never builds it. One instance is shared by
-// all blocks of a model. It is deliberately neither a parameter nor a buffer:
-// it is a pure function of block_size, so it has no place in checkpoints,
-// DDP's broadcast or FSDP's flat parameters. Not thread-safe (neither is a
-// module's forward).
-class CausalMask {
- public:
-  explicit CausalMask(int64_t block_size) : block_size_(block_size) {}
-  CausalMask(const CausalMask&) = delete;
-  CausalMask& operator=(const CausalMask&) = delete;
-
-  // A [t, t] view of the mask with the device and dtype of `like`. Built on
-  // first use and again only when the device or dtype changes.
-  torch::Tensor Get(int64_t t, const torch::Tensor& like);
-
- private:
-  const int64_t block_size_;
-  torch::Tensor mask_;  // [block_size, block_size]
-};
 
 // GPT-2's tensor-parallel plan (Megatron's split, Gpt2Impl::
 // TensorParallelRuns): attn.c_attn (C -> 3C) and mlp.c_fc (C -> 4C) are
@@ -78,7 +56,7 @@ class CausalMask {
 // Multi-head causal self-attention: [B,T,C] -> [B,T,C].
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(const Gpt2Config& config,
+  CausalSelfAttentionImpl(const ModelConfig& config,
                           std::shared_ptr<CausalMask> mask);
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -100,7 +78,7 @@ TORCH_MODULE(CausalSelfAttention);
 // Position-wise MLP: [B,T,C] -> [B,T,C] through 4C with tanh-GELU.
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const Gpt2Config& config);
+  explicit MlpImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear& c_fc() { return c_fc_; }      // C -> 4C
@@ -118,7 +96,7 @@ TORCH_MODULE(Mlp);
 // One transformer block, the unit FSDP gathers and frees: [B,T,C] -> [B,T,C].
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const Gpt2Config& config, std::shared_ptr<CausalMask> mask);
+  BlockImpl(const ModelConfig& config, std::shared_ptr<CausalMask> mask);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm& ln_1() { return ln_1_; }
@@ -140,7 +118,7 @@ class Gpt2Impl : public CausalLmImpl {
  public:
   // `config` must Validate() (checked; a bad one throws c10::Error). The new
   // model is initialised as by InitWeights(seed).
-  explicit Gpt2Impl(const Gpt2Config& config, uint64_t seed = 0);
+  explicit Gpt2Impl(const ModelConfig& config, uint64_t seed = 0);
 
   ModelDims dims() const override;
   // Returns logits [B,T,vocab_size] (float32 when the model is).
@@ -199,7 +177,7 @@ class Gpt2Impl : public CausalLmImpl {
   // on CPU (gpt2_reference_parity_test.cc).
   void InitWeights(uint64_t seed);
 
-  const Gpt2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   torch::nn::Embedding& wte() { return wte_; }  // [padded_vocab_size, C]
   torch::nn::Embedding& wpe() { return wpe_; }  // [block_size, C]
   // The blocks h.0 ... h.{L-1} as registered ("h"); each element is a Block.
@@ -208,7 +186,7 @@ class Gpt2Impl : public CausalLmImpl {
   torch::nn::LayerNorm& ln_f() { return ln_f_; }
 
  private:
-  const Gpt2Config config_;
+  const ModelConfig config_;
   torch::nn::Embedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   torch::nn::ModuleList h_{nullptr};
@@ -222,7 +200,7 @@ TORCH_MODULE(Gpt2);
 
 // Validates `config` and builds a model initialised with InitWeights(seed).
 // Errors: the config's, or LibTorch's (e.g. out of memory), as a Status.
-absl::StatusOr<Gpt2> CreateGpt2(const Gpt2Config& config, uint64_t seed);
+absl::StatusOr<Gpt2> CreateGpt2(const ModelConfig& config, uint64_t seed);
 
 }  // namespace shardtrain
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "worker/engine/model/gpt2.h"
 
 namespace shardtrain {
@@ -104,7 +104,7 @@ absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model) {
         file.status().code(),
         absl::StrCat("llm.c checkpoint ", file.status().message()));
   }
-  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(*file);
+  absl::StatusOr<ModelConfig> config = ReadLlmcConfig(*file);
   if (!config.ok()) return config.status();
   if (!config->SameShape(model->config())) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/llmc_layout.h"
+#include "core/model/model_config.h"
 #include "worker/engine/model/gpt2.h"
 
 namespace shardtrain {

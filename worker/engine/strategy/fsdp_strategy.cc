@@ -27,9 +27,12 @@ void Check(const absl::Status& status) {
 }
 
 // 1 + i for the parameters of block i, num_blocks + 1 for the token
-// embedding, 0 (the root) for the others.
+// embedding, num_blocks + 2 for an untied head, 0 (the root) for the others.
 int64_t UnitOf(const CausalLmImpl& model, const std::string& name) {
   const ParamPlace place = model.PlaceOf(name);
+  if (!model.tied_head() && name == model.head_weight_name()) {
+    return model.num_blocks() + 2;
+  }
   switch (place.role) {
     case ParamRole::kTokenEmbedding:
       return model.num_blocks() + 1;
@@ -117,8 +120,9 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
         model_->MemberTensors();
     const int64_t num_blocks = model_->num_blocks();
     embedding_unit_ = num_blocks + 1;
+    head_unit_ = model_->tied_head() ? embedding_unit_ : num_blocks + 2;
     std::vector<std::vector<FsdpUnit::Source>> sources(
-        static_cast<size_t>(num_blocks + 2));
+        static_cast<size_t>(std::max(embedding_unit_, head_unit_) + 1));
     for (const auto& item : model_->named_parameters()) {
       const auto member = members.find(item.key());
       if (member == members.end()) {
@@ -139,12 +143,14 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
     const int64_t width = model_->dims().hidden_size;
     for (size_t u = 0; u < sources.size(); ++u) {
       const bool embedding = static_cast<int64_t>(u) == embedding_unit_;
+      const bool head = static_cast<int64_t>(u) == head_unit_;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
           u == 0      ? "root"
           : embedding ? ModulePath(model_->token_embedding_name())
+          : head      ? ModulePath(model_->head_weight_name())
                       : model_->BlockName(static_cast<int64_t>(u) - 1),
           std::move(sources[u]), shard_, options_.device, compute_dtype,
-          /*align=*/embedding ? width : 1);
+          /*align=*/embedding || head ? width : 1);
       if (!unit.ok()) return unit.status();
       const int64_t index = static_cast<int64_t>(u);
       hooks_.Add((*unit)->full(), [this, index] { OnGradReady(index); });
@@ -173,6 +179,14 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
     vocab_.chunk_bytes = fsdp_.head_chunk_bytes;
     vocab_.anchor = torch::zeros(
         {}, torch::TensorOptions().device(options_.device).requires_grad(true));
+    // An untied head: its own rows, sharded and used the same way.
+    head_vocab_ = vocab_;
+    if (head_unit_ != embedding_unit_) {
+      FsdpUnit& head = *units_[head_unit_];
+      head_vocab_.weight = head.shard().view({rows, width});
+      head_vocab_.grad = head.shard_grad().view({rows, width});
+      head_vocab_.row_begin = head.shard_offset() / width;
+    }
     optimizer_ = std::make_unique<AdamW>(
         ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
   } catch (const c10::Error& e) {
@@ -239,8 +253,8 @@ torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
     // after the head's, so freeing it would only buy a second all-gather.
     if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
   }
-  torch::Tensor loss = VocabParallelLoss(model_->FinalNorm(x), targets, vocab_,
-                                         training ? loss_scale : 0.0);
+  torch::Tensor loss = VocabParallelLoss(
+      model_->FinalNorm(x), targets, head_vocab_, training ? loss_scale : 0.0);
   if (!training) Reshard(0);
   return loss;
 }
@@ -511,7 +525,7 @@ int64_t FsdpStrategy::UnitBytes(int64_t unit) const {
 int64_t FsdpStrategy::LargestUnitBytes() const {
   int64_t largest = 0;
   for (int64_t u = 0; u < num_units(); ++u) {
-    if (u != embedding_unit_)
+    if (u != embedding_unit_ && u != head_unit_)
       largest = std::max(largest, units_[u]->FullBytes());
   }
   return largest;

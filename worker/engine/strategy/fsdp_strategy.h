@@ -220,8 +220,10 @@ class FsdpStrategy final : public Strategy {
   CausalLm model_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   int64_t embedding_unit_ = -1;
-  VocabShard vocab_;  // views of the token embedding unit's shard
-  bool sync_ = true;  // of the micro-step in progress
+  int64_t head_unit_ = -1;  // embedding_unit_ when the head is tied
+  VocabShard vocab_;        // views of the token embedding unit's shard
+  VocabShard head_vocab_;   // vocab_, or views of the untied head's shard
+  bool sync_ = true;        // of the micro-step in progress
   std::unique_ptr<AdamW> optimizer_;
   // Units whose reduce-scatter is in flight, oldest first.
   std::vector<int64_t> pending_reductions_;

@@ -291,10 +291,14 @@ absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
   std::vector<UnitSources> units;
   for (const auto& [name, value] : parameters) {
     const ParamPlace place = model.PlaceOf(name);
-    const std::string unit =
-        place.role == ParamRole::kTokenEmbedding ? ModulePath(name)
-        : place.role == ParamRole::kBlock        ? model.BlockName(place.block)
-                                                 : "root";
+    // The token embedding and an untied head alone: the vocabulary-
+    // parallel paths read their rows.
+    const bool alone = place.role == ParamRole::kTokenEmbedding ||
+                       (!model.tied_head() && name == model.head_weight_name());
+    const std::string unit = alone ? ModulePath(name)
+                             : place.role == ParamRole::kBlock
+                                 ? model.BlockName(place.block)
+                                 : "root";
     const auto member = members.find(name);
     if (member == members.end()) {
       return absl::InvalidArgumentError(absl::StrCat(

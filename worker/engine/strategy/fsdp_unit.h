@@ -186,11 +186,11 @@ std::vector<AdamW::Group> ShardWeightDecayGroups(
     const std::vector<std::unique_ptr<FsdpUnit>>& units, double weight_decay);
 
 // A model's parameters (name, value) grouped into the units the strategies
-// shard: the token embedding alone (named by its module, ModulePath), each
-// block's together (BlockName), the rest (other inputs, the final norm)
-// together ("root"), in the order each unit's first parameter comes. A
-// parameter that is not a module member in `members` is refused, `who`
-// naming the strategy.
+// shard: the token embedding alone (named by its module, ModulePath), an
+// untied head alone (the same), each block's together (BlockName), the rest
+// (other inputs, the final norm) together ("root"), in the order each unit's
+// first parameter comes. A parameter that is not a module member in `members`
+// is refused, `who` naming the strategy.
 struct UnitSources {
   std::string name;
   std::vector<FsdpUnit::Source> sources;

@@ -100,7 +100,8 @@ bool PipelineStrategy::Holds(int64_t stage, const std::string& name) const {
     case ParamRole::kBlock:
       return place.block >= held.first_block && place.block < held.end_block;
     case ParamRole::kTokenEmbedding:
-      return held.embeddings || held.head;
+      // A tied head reads it on the last stage too.
+      return held.embeddings || (held.head && model_->tied_head());
     case ParamRole::kInput:
       return held.embeddings;
     case ParamRole::kOutput:
@@ -139,6 +140,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
                      data_parallel_size(), " ranks of each pipeline stage"));
   }
   if (!mesh_error_.ok()) return mesh_error_;
+
   if (pipeline_.stages < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: ", pipeline_.stages, " stage(s); a pipeline has 2 or more"));
@@ -155,7 +157,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   replicas_ = g > 1 ? groups_->Along(MeshDim::kShard) : groups_->DataParallel();
   across_groups_ = g > 1 ? groups_->Along(MeshDim::kReplicate) : nullptr;
   tensor_ = groups_->Along(MeshDim::kTensor);
-  tied_ = groups_->TiedEnds();
+  tied_ = model_->tied_head() ? groups_->TiedEnds() : nullptr;
 
   torch::NoGradGuard no_grad;
   for (auto& item : model_->named_parameters()) {
@@ -184,21 +186,24 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   }
   // Sharded over the stage's ranks (fsdp) or a shard group of 2 or more
   // (hsdp); otherwise replicated.
-  if (replicas_ != nullptr && kind != nullptr &&
-      (kind->layout == StateLayout::kSharded || g > 1)) {
-    if (absl::Status s = ShardStage(); !s.ok()) return s;
-  } else {
-    optimizer_ = std::make_unique<AdamW>(
-        WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
-  }
+  const bool shard_stage = replicas_ != nullptr && kind != nullptr &&
+                           (kind->layout == StateLayout::kSharded || g > 1);
   if (t > 1 && (first() || last())) {
+    // The vocabulary-parallel ends this stage runs: the embedding (first),
+    // the head (last; the embedding's rows again when tied).
     try {
-      vocab_ = TensorParallelVocabShard(*model_, tensor_, options_,
-                                        /*rows_held=*/!sharded());
+      ends_ = VocabParallelEnds(*model_, tensor_, options_,
+                                /*rows_held=*/!shard_stage, first(), last());
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat(
           "pipeline x tensor parallel: setup: ", e.what_without_backtrace()));
     }
+  }
+  if (shard_stage) {
+    if (absl::Status s = ShardStage(); !s.ok()) return s;
+  } else {
+    optimizer_ = std::make_unique<AdamW>(
+        WeightDecayGroups(owned_, options_.weight_decay), options_.adamw);
   }
 
   // Replicated stages reduce over their replicas as the step's last
@@ -254,17 +259,25 @@ absl::Status PipelineStrategy::ShardStage() {
           : torch::kFloat;
   try {
     const std::string embedding = ModulePath(model_->token_embedding_name());
+    const std::string head = ModulePath(model_->head_weight_name());
     for (UnitSources& u : *grouped) {
       const bool is_embedding = u.name == embedding;
+      const bool is_head = !model_->tied_head() && u.name == head;
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
           u.name, std::move(u.sources), replicas_, options_.device,
-          // The vocabulary-parallel paths read the embedding in fp32.
-          is_embedding && tensor_parallel() > 1 ? torch::kFloat
-                                                : compute_dtype);
+          // The vocabulary-parallel paths read the ends in fp32.
+          (is_embedding || is_head) && tensor_parallel() > 1 ? torch::kFloat
+                                                             : compute_dtype);
       if (!unit.ok()) return unit.status();
       if (is_embedding) embedding_unit_ = unit->get();
+      // Without tensor ranks, the lookup and the chunked head read a leaf
+      // over the gathered rows (GatherUnits).
+      if ((is_embedding || is_head) && tensor_parallel() == 1) {
+        leaves_.push_back({unit->get(), torch::Tensor()});
+      }
       units_.push_back(std::move(*unit));
     }
+    ends_.FindUnits(units_);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("pipeline x fsdp: setup: ", e.what_without_backtrace()));
@@ -302,34 +315,25 @@ void PipelineStrategy::GatherUnits() {
     ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
     unit->UseFullParams();
   }
-  if (embedding_unit_ != nullptr && tensor_ != nullptr) {
-    // The vocabulary-parallel paths read the gathered rows and add their
-    // gradient into a buffer of their own, handed to the unit before the
-    // reduce-scatter.
-    const FsdpUnit::Param& p = embedding_unit_->params().front();
-    vocab_.weight = embedding_unit_->full()
-                        .detach()
-                        .narrow(0, p.offset, p.numel)
-                        .view(p.shape);
-    if (torch::GradMode::is_enabled()) {
-      vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
-    }
-    return;
-  }
-  if (embedding_unit_ == nullptr || !torch::GradMode::is_enabled()) return;
-  // The LM head adds the embedding's gradient into the weight's .grad()
-  // itself, which a view of the unit's buffer cannot take: it is a leaf over
-  // the same
+  // The vocabulary-parallel paths (tensor ranks) read the gathered rows
+  // and add their gradients into buffers of their own, handed to the units
+  // before the reduce-scatter.
+  if (tensor_ != nullptr) ends_.UseGatheredUnits();
+  if (!torch::GradMode::is_enabled()) return;
+  // The LM head adds the head weight's gradient into its .grad() itself,
+  // which a view of the unit's buffer cannot take: a leaf over the same
   // memory, its gradient handed to the unit before the reduce-scatter.
-  const FsdpUnit::Param& p = embedding_unit_->params().front();
-  if (!embedding_leaf_.defined()) {
-    embedding_leaf_ = embedding_unit_->full()
-                          .detach()
-                          .narrow(0, p.offset, p.numel)
-                          .view(p.shape)
-                          .requires_grad_(true);
+  for (auto& [unit, leaf] : leaves_) {
+    const FsdpUnit::Param& p = unit->params().front();
+    if (!leaf.defined()) {
+      leaf = unit->full()
+                 .detach()
+                 .narrow(0, p.offset, p.numel)
+                 .view(p.shape)
+                 .requires_grad_(true);
+    }
+    *p.member = leaf;
   }
-  *p.member = embedding_leaf_;
 }
 
 void PipelineStrategy::OnUnitGradReady(size_t u) {
@@ -343,13 +347,12 @@ void PipelineStrategy::OnUnitGradReady(size_t u) {
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
   units_armed_ = false;
   shard_trace_.backward_end = std::chrono::steady_clock::now();
-  if (vocab_.grad.defined() && embedding_unit_ != nullptr) {
-    embedding_unit_->SetParameterGradient(vocab_.grad);
-  }
-  if (embedding_leaf_.defined()) {
-    torch::Tensor grad = embedding_leaf_.grad();
-    if (grad.defined()) embedding_unit_->SetParameterGradient(grad);
-    embedding_leaf_ = torch::Tensor();
+  if (tensor_ != nullptr) ends_.HandGradientsToUnits();
+  for (auto& [unit, leaf] : leaves_) {
+    if (!leaf.defined()) continue;
+    torch::Tensor grad = leaf.grad();
+    if (grad.defined()) unit->SetParameterGradient(grad);
+    leaf = torch::Tensor();
   }
   // The units whose hook did not launch them (the embedding's gradient is
   // handed over above), in unit order.
@@ -368,10 +371,7 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
 
 void PipelineStrategy::FreeUnits() {
   for (auto& unit : units_) unit->Reshard();
-  if (embedding_unit_ != nullptr && tensor_ != nullptr) {
-    vocab_.weight = torch::Tensor();
-    vocab_.grad = torch::Tensor();
-  }
+  if (tensor_ != nullptr) ends_.ReleaseUnits();
 }
 
 torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
@@ -404,14 +404,15 @@ void PipelineStrategy::WaitReceive(std::unique_ptr<CommWork>& work) {
 
 torch::Tensor PipelineStrategy::Embed(const torch::Tensor& inputs) {
   if (tensor_ops_ == nullptr) return model_->Embed(inputs);
-  return model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
+  return model_->FinishEmbedding(
+      VocabParallelEmbedding(inputs, ends_.embedding()));
 }
 
 torch::Tensor PipelineStrategy::HeadLoss(const torch::Tensor& x,
                                          const torch::Tensor& targets,
                                          double scale) {
   if (tensor_ops_ == nullptr) return model_->HeadLoss(x, targets);
-  return VocabParallelLoss(model_->FinalNorm(x), targets, vocab_, scale);
+  return VocabParallelLoss(model_->FinalNorm(x), targets, ends_.head(), scale);
 }
 
 bool PipelineStrategy::Whole(const std::string& name,
@@ -473,7 +474,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
     replica_buckets_->AttachGradViews();
     // The vocabulary-parallel embedding and head (tensor ranks) add into
     // the token embedding's gradient themselves: into its bucket's view.
-    if (vocab_.grad.defined()) vocab_.grad = model_->token_embedding().grad();
+    ends_.UseGradientViews(*model_);
     replica_buckets_->Arm(false);
   }
   for (size_t i = 0; i < ops->size(); ++i) {

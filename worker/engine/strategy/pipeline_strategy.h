@@ -77,6 +77,7 @@
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/tensor_parallel_layer.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
@@ -246,7 +247,7 @@ class PipelineStrategy final : public Strategy {
   // the vocabulary-parallel view of the embedding's rows (end stages).
   Communicator* tensor_ = nullptr;
   std::unique_ptr<TensorParallelOps> tensor_ops_;
-  VocabShard vocab_;
+  VocabParallelEnds ends_;  // tensor ranks: the embedding's and head's rows
   Communicator* replicas_ = nullptr;
   // A replicated stage without tensor ranks: its gradients averaged over
   // replicas_ as the step's last backward runs.
@@ -266,8 +267,9 @@ class PipelineStrategy final : public Strategy {
   bool units_armed_ = false;
   std::vector<bool> unit_launched_;
   ShardOverlapTrace shard_trace_;
-  // The token embedding while its unit is gathered for training.
-  torch::Tensor embedding_leaf_;
+  // Without tensor ranks: the token embedding's and an untied head's units,
+  // and the leaf over each one's rows while it is gathered for training.
+  std::vector<std::pair<FsdpUnit*, torch::Tensor>> leaves_;
   // Every parameter's global shape, for export.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "worker/engine/strategy/distributed_helpers.h"
+#include "worker/engine/strategy/fsdp_unit.h"
 
 namespace shardtrain {
 namespace {
@@ -80,10 +81,11 @@ std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* group) {
 
 VocabShard TensorParallelVocabShard(CausalLmImpl& model, Communicator* group,
                                     const StrategyOptions& options,
-                                    bool rows_held) {
+                                    bool rows_held, bool head) {
   VocabShard vocab;
   if (rows_held) {
-    torch::Tensor& embedding = model.token_embedding();
+    torch::Tensor& embedding =
+        head ? model.head_weight() : model.token_embedding();
     embedding.mutable_grad() = torch::zeros_like(embedding);
     vocab.weight = embedding.detach();
     vocab.grad = embedding.grad();
@@ -99,6 +101,79 @@ VocabShard TensorParallelVocabShard(CausalLmImpl& model, Communicator* group,
   vocab.anchor = torch::zeros(
       {}, torch::TensorOptions().device(options.device).requires_grad(true));
   return vocab;
+}
+
+VocabParallelEnds::VocabParallelEnds(CausalLmImpl& model, Communicator* group,
+                                     const StrategyOptions& options,
+                                     bool rows_held, bool embedding, bool head)
+    : tied_(model.tied_head()),
+      embedding_unit_name_(ModulePath(model.token_embedding_name())),
+      head_unit_name_(ModulePath(model.head_weight_name())) {
+  if (embedding || (head && tied_)) {
+    embedding_ = TensorParallelVocabShard(model, group, options, rows_held);
+  }
+  if (head && !tied_) {
+    head_ = TensorParallelVocabShard(model, group, options, rows_held,
+                                     /*head=*/true);
+  }
+}
+
+bool VocabParallelEnds::IsEndUnit(const std::string& unit) const {
+  return unit == embedding_unit_name_ || unit == head_unit_name_;
+}
+
+void VocabParallelEnds::FindUnits(
+    const std::vector<std::unique_ptr<FsdpUnit>>& units) {
+  for (const auto& unit : units) {
+    if (unit->name() == embedding_unit_name_) embedding_unit_ = unit.get();
+    if (unit->name() == head_unit_name_) head_unit_ = unit.get();
+  }
+  if (tied_) head_unit_ = nullptr;
+}
+
+namespace {
+
+// `shard` pointed at the unit's gathered rows (the unit's one parameter),
+// with a gradient of its own under grad mode.
+void UseGathered(FsdpUnit* unit, VocabShard& shard) {
+  if (unit == nullptr) return;
+  const FsdpUnit::Param& p = unit->params().front();
+  shard.weight =
+      unit->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
+  if (torch::GradMode::is_enabled()) {
+    shard.grad = torch::zeros(p.shape, shard.weight.options());
+  }
+}
+
+}  // namespace
+
+void VocabParallelEnds::UseGatheredUnits() {
+  UseGathered(embedding_unit_, embedding_);
+  UseGathered(head_unit_, head_);
+}
+
+void VocabParallelEnds::HandGradientsToUnits() {
+  if (embedding_unit_ != nullptr && embedding_.grad.defined()) {
+    embedding_unit_->SetParameterGradient(embedding_.grad);
+  }
+  if (head_unit_ != nullptr && head_.grad.defined()) {
+    head_unit_->SetParameterGradient(head_.grad);
+  }
+}
+
+void VocabParallelEnds::ReleaseUnits() {
+  for (auto [unit, shard] : {std::pair(embedding_unit_, &embedding_),
+                             std::pair(head_unit_, &head_)}) {
+    if (unit == nullptr) continue;
+    shard->weight = torch::Tensor();
+    shard->grad = torch::Tensor();
+  }
+}
+
+void VocabParallelEnds::UseGradientViews(CausalLmImpl& model) {
+  if (embedding_.grad.defined())
+    embedding_.grad = model.token_embedding().grad();
+  if (head_.grad.defined()) head_.grad = model.head_weight().grad();
 }
 
 void AppendTensorParallelState(

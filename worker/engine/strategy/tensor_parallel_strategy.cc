@@ -117,8 +117,8 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
     // gradient into its .grad() themselves: it must exist before the first
     // step. Sharded, the units keep its rows; its gradient is made within a
     // step.
-    vocab_ = TensorParallelVocabShard(*model_, tensor_, options_,
-                                      /*rows_held=*/!sharded());
+    ends_ = VocabParallelEnds(*model_, tensor_, options_,
+                              /*rows_held=*/!sharded());
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("tensor parallel: setup: ", e.what_without_backtrace()));
@@ -152,25 +152,19 @@ absl::Status TensorParallelStrategy::ShardOverReplicas() {
           ? torch::kBFloat16
           : torch::kFloat;
   try {
-    const std::string embedding = ModulePath(model_->token_embedding_name());
     for (UnitSources& u : *grouped) {
-      // The token embedding's rows are read by the vocabulary-parallel paths
-      // in fp32.
-      const bool is_embedding = u.name == embedding;
+      // The token embedding's and the head's rows are read by the
+      // vocabulary-parallel paths in fp32.
       absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
           u.name, std::move(u.sources), replicas_, options_.device,
-          is_embedding ? torch::kFloat : compute_dtype);
+          ends_.IsEndUnit(u.name) ? torch::kFloat : compute_dtype);
       if (!unit.ok()) return unit.status();
-      if (is_embedding) embedding_unit_ = unit->get();
       units_.push_back(std::move(*unit));
     }
+    ends_.FindUnits(units_);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("tensor parallel x fsdp: setup: ",
                                             e.what_without_backtrace()));
-  }
-  if (embedding_unit_ == nullptr) {
-    return absl::InternalError(
-        "tensor parallel x fsdp: the model has no token embedding");
   }
   optimizer_ = std::make_unique<AdamW>(
       ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
@@ -186,23 +180,14 @@ void TensorParallelStrategy::GatherUnits() {
     unit->UseFullParams();
   }
   gathered_ = true;
-  // The vocabulary-parallel paths read the embedding's rows and add their
-  // gradient
-  // themselves: a view of the gathered buffer and a buffer of its own,
-  // handed to the unit before the reduce-scatter.
-  const FsdpUnit::Param& p = embedding_unit_->params().front();
-  vocab_.weight = embedding_unit_->full()
-                      .detach()
-                      .narrow(0, p.offset, p.numel)
-                      .view(p.shape);
-  if (torch::GradMode::is_enabled()) {
-    vocab_.grad = torch::zeros(p.shape, vocab_.weight.options());
-  }
+  // The vocabulary-parallel paths read the ends' rows and add their
+  // gradients themselves.
+  ends_.UseGatheredUnits();
 }
 
 void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
   if (!gathered_) return;
-  if (vocab_.grad.defined()) embedding_unit_->SetParameterGradient(vocab_.grad);
+  ends_.HandGradientsToUnits();
   for (auto& unit : units_) {
     ThrowIfFailed(unit->LaunchReduceScatter(), "tensor parallel x fsdp",
                   "reduce_scatter");
@@ -216,8 +201,7 @@ void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
 
 void TensorParallelStrategy::FreeUnits() {
   for (auto& unit : units_) unit->Reshard();
-  vocab_.weight = torch::Tensor();
-  vocab_.grad = torch::Tensor();
+  ends_.ReleaseUnits();
   gathered_ = false;
 }
 
@@ -231,7 +215,7 @@ void TensorParallelStrategy::AttachGradViews() {
   // The vocabulary-parallel embedding and head add into the embedding's
   // gradient
   // themselves (outside autograd's accumulation): into the bucket's view.
-  if (vocab_.grad.defined()) vocab_.grad = model_->token_embedding().grad();
+  ends_.UseGradientViews(*model_);
 }
 
 torch::Tensor TensorParallelStrategy::ForwardBackward(
@@ -266,10 +250,11 @@ torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
               "model's longest sequence, ",
               model_->dims().max_seq_len, ", got ", inputs.sizes());
   ScopedAutocast autocast(options_.device, options_.precision);
-  torch::Tensor x =
-      model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
+  torch::Tensor x = model_->FinishEmbedding(
+      VocabParallelEmbedding(inputs, ends_.embedding()));
   for (int64_t i = 0; i < model_->num_blocks(); ++i) x = model_->RunBlock(i, x);
-  return VocabParallelLoss(model_->FinalNorm(x), targets, vocab_, grad_scale);
+  return VocabParallelLoss(model_->FinalNorm(x), targets, ends_.head(),
+                           grad_scale);
 }
 
 void TensorParallelStrategy::AverageOverReplicas() {

@@ -13,12 +13,12 @@
 // ranks holding the same slices in the other replicas, in buckets launched as
 // backward produces them (gradient_buckets.h).
 //
-// The tied embedding and head are vocabulary-parallel (strategy/vocab_
+// The embedding and head are vocabulary-parallel (strategy/vocab_
 // parallel.h with shared_batch): each rank holds 1/T of the token
-// embedding's rows, looks up the ids it owns (one all-reduce sums the
-// lookups) and scores its columns of the vocabulary (the softmax statistics
-// are all-gathered, the hidden states' gradient all-reduced); the logits are
-// never whole on any rank.
+// embedding's rows (and of an untied head's), looks up the ids it owns (one
+// all-reduce sums the lookups) and scores its columns of the vocabulary (the
+// softmax statistics are all-gathered, the hidden states' gradient
+// all-reduced); the logits are never whole on any rank.
 //
 // What stays whole on every rank: what the plan does not split (norms, the
 // row-parallel layers' biases, added once after the sum, learned positions).
@@ -114,8 +114,9 @@ class TensorParallelStrategy final : public Strategy {
   void AttachGradViews();
   // Sharded: the units into one FsdpUnit each (collective over replicas_).
   absl::Status ShardOverReplicas();
-  // Sharded: every unit gathered and the modules (and vocab_) pointed at
-  // it; with grad mode on, the embedding's gradient buffer made.
+  // Sharded: every unit gathered and the modules (and the vocabulary-parallel
+  // ends) pointed at it; with grad mode on, the embedding's gradient buffer
+  // made.
   void GatherUnits();
   // Sharded: the gradients reduce-scattered into the shards (the mean over
   // the replicas), the units freed.
@@ -147,11 +148,10 @@ class TensorParallelStrategy final : public Strategy {
   // Every parameter's global shape, by name.
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
-  VocabShard vocab_;  // this rank's rows of the token embedding
+  VocabParallelEnds ends_;  // this rank's rows of the embedding and head
   // Sharded: the units (the embedding's among them) and whether they are
   // gathered.
   std::vector<std::unique_ptr<FsdpUnit>> units_;
-  FsdpUnit* embedding_unit_ = nullptr;
   bool gathered_ = false;
 };
 

@@ -23,6 +23,7 @@
 #include "core/train/checkpoint_export.h"
 #include "core/train/checkpoint_format.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/model/create_model.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/support/cpu_threads.h"
@@ -47,7 +48,7 @@ constexpr char kRngFile[] = "rng_state.bin";
 // state is stored by global tensor, and the global batch (sequences per
 // step) is kept whatever the split.
 nlohmann::json ResumeFingerprint(const TrainConfig& config,
-                                 const Gpt2Config& model, int64_t global_batch,
+                                 const ModelConfig& model, int64_t global_batch,
                                  int64_t total_steps) {
   return {{"model", model.ToSpec()},      {"seq_len", config.seq_len},
           {"global_batch", global_batch}, {"seed", config.seed},
@@ -133,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return s;
   }
 
-  absl::StatusOr<Gpt2Config> model_config = ParseModelSpec(config.model);
+  absl::StatusOr<ModelConfig> model_config = ParseModelSpec(config.model);
   if (!model_config.ok()) return model_config.status();
   t.model_config_ = *model_config;
   std::optional<ModelWeights> init_weights;
@@ -213,9 +214,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                       t.total_steps_);
 
   // Model: identical on every rank (same seed), then handed to the strategy.
-  Gpt2 model(t.model_config_, config.seed);
+  absl::StatusOr<CausalLm> created =
+      CreateCausalLm(t.model_config_, config.seed);
+  if (!created.ok()) return created.status();
+  CausalLm model = *created;
   if (init_weights) {
-    if (absl::Status s = LoadWeights(init_weights->read, model); !s.ok()) {
+    auto gpt2 = std::dynamic_pointer_cast<Gpt2Impl>(model.ptr());
+    if (gpt2 == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          "init_from: ", init_weights->description, " cannot initialise a ",
+          ModelFamilyName(t.model_config_.family), " model"));
+    }
+    Gpt2 holder(gpt2);
+    if (absl::Status s = LoadWeights(init_weights->read, holder); !s.ok()) {
       return s;
     }
     init_weights.reset();  // close the file
@@ -667,7 +678,8 @@ absl::Status Trainer::RunLoop() {
   }
 
   if (!config_.out.empty()) {
-    const std::string model_path = config_.out + "/model.bin";
+    const std::string model_path =
+        config_.out + "/" + ExportedModelFileName(model_config_);
     if (absl::Status s = strategy_->ExportModel(model_path); !s.ok()) return s;
     Log(absl::StrCat("wrote ", model_path));
   }
@@ -695,7 +707,8 @@ void Trainer::LogSummary(double seconds, double val_loss) {
     const bool has_checkpoints =
         checkpoints_ && !checkpoints_->Candidates().empty();
     Log(absl::StrCat(
-        "outputs: ", config_.out, "/model.bin, ", config_.out, "/metrics.jsonl",
+        "outputs: ", config_.out, "/", ExportedModelFileName(model_config_),
+        ", ", config_.out, "/metrics.jsonl",
         has_checkpoints ? absl::StrCat(", ", config_.out, "/checkpoints/")
                         : ""));
   }

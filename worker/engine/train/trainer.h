@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/token_file.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_store.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/step_metrics.h"
@@ -103,7 +103,7 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;
   std::ostream* log_;
   torch::Device device_{torch::kCPU};
-  Gpt2Config model_config_;
+  ModelConfig model_config_;
   std::optional<TokenFile> train_tokens_;
   std::optional<TokenFile> val_tokens_;
   std::optional<BatchSampler> sampler_;

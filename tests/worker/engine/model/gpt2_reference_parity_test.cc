@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/model/gpt2_config.h"
 #include "core/model/hf_gpt2.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_export.h"
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
@@ -123,7 +123,7 @@ bool CheckTensor(const torch::Tensor& ours, const torch::Tensor& reference,
 
 TEST_F(Gpt2ReferenceParityTest, LogitsLossAndGradientsMatchPytorch) {
   // Arrange: a seeded model as an llm.c file, and token sequences.
-  const Gpt2Config config = *Gpt2Config::FromPreset("gpt2-tiny");
+  const ModelConfig config = *ModelConfig::FromPreset("gpt2-tiny");
   Gpt2 model(config, /*seed=*/1337);
   ASSERT_TRUE(SaveLlmcCheckpoint(model, Path("model.bin")).ok());
   const int64_t b = 4, t = 64;
@@ -177,7 +177,7 @@ TEST_F(Gpt2ReferenceParityTest, LogitsLossAndGradientsMatchPytorch) {
 // Face's names (Conv1D weights transposed back): the same logits as ours.
 // And the import of that directory gives back our weights bit for bit.
 TEST_F(Gpt2ReferenceParityTest, HuggingFaceExportGivesTheReferenceOurLogits) {
-  const Gpt2Config config = *Gpt2Config::FromPreset("gpt2-tiny");
+  const ModelConfig config = *ModelConfig::FromPreset("gpt2-tiny");
   Gpt2 model(config, /*seed=*/4242);
   ASSERT_TRUE(SaveLlmcCheckpoint(model, Path("model.bin")).ok());
   absl::StatusOr<ModelWeights> weights = OpenModelWeights(Path("model.bin"));
@@ -224,7 +224,7 @@ TEST_F(Gpt2ReferenceParityTest, SeededInitIsBitIdenticalToPytorch) {
   const nlohmann::json ref = RunReference(
       "--init --model " + spec + " --seed 1337 --out " + Path("init.bin"));
   ASSERT_FALSE(ref.is_null());
-  const Gpt2Config config = *ParseModelSpec(spec);
+  const ModelConfig config = *ParseModelSpec(spec);
   EXPECT_EQ(ref["num_parameters"].get<int64_t>(), config.NumParameters());
 
   Gpt2 ours(config, /*seed=*/1337);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
@@ -23,7 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // Small enough that every corrupt-file case writes a file in microseconds.
-Gpt2Config Small() {
+ModelConfig Small() {
   return *ParseModelSpec(
       "custom:n_layer=2,n_head=2,n_embd=16,block_size=32,vocab_size=100");
 }
@@ -71,11 +71,11 @@ class LlmcCheckpointTest : public ::testing::Test {
 };
 
 TEST_F(LlmcCheckpointTest, RoundTripRestoresEveryParameterExactly) {
-  Gpt2 saved(*Gpt2Config::FromPreset("gpt2-tiny"), /*seed=*/1);
+  Gpt2 saved(*ModelConfig::FromPreset("gpt2-tiny"), /*seed=*/1);
   const std::string path = Path("tiny.bin");
   ASSERT_TRUE(SaveLlmcCheckpoint(saved, path).ok());
 
-  Gpt2 loaded(*Gpt2Config::FromPreset("gpt2-tiny"), /*seed=*/2);
+  Gpt2 loaded(*ModelConfig::FromPreset("gpt2-tiny"), /*seed=*/2);
   absl::Status status = LoadLlmcCheckpoint(path, loaded);
   ASSERT_TRUE(status.ok()) << status;
   const auto a = saved->named_parameters();
@@ -87,7 +87,7 @@ TEST_F(LlmcCheckpointTest, RoundTripRestoresEveryParameterExactly) {
 }
 
 TEST_F(LlmcCheckpointTest, HeaderAndSizeFollowLlmcLayout) {
-  const Gpt2Config config = *Gpt2Config::FromPreset("gpt2-tiny");
+  const ModelConfig config = *ModelConfig::FromPreset("gpt2-tiny");
   Gpt2 model(config, /*seed=*/1);
   const std::string path = Path("tiny.bin");
   ASSERT_TRUE(SaveLlmcCheckpoint(model, path).ok());
@@ -125,10 +125,10 @@ TEST_F(LlmcCheckpointTest, HeaderAndSizeFollowLlmcLayout) {
 }
 
 TEST_F(LlmcCheckpointTest, ReadConfigNamesTheMatchingPreset) {
-  Gpt2 model(*Gpt2Config::FromPreset("gpt2-tiny"));
+  Gpt2 model(*ModelConfig::FromPreset("gpt2-tiny"));
   const std::string path = Path("tiny.bin");
   ASSERT_TRUE(SaveLlmcCheckpoint(model, path).ok());
-  absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
+  absl::StatusOr<ModelConfig> config = ReadLlmcConfig(path);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->name, "gpt2-tiny");
   EXPECT_TRUE(config->SameShape(model->config()));
@@ -188,7 +188,7 @@ TEST_F(LlmcCheckpointTest, CorruptFilesAreRejectedWithClearErrors) {
     const std::string path = Path(std::string(c.name) + ".bin");
     WriteBytes(path, bytes);
 
-    absl::StatusOr<Gpt2Config> config = ReadLlmcConfig(path);
+    absl::StatusOr<ModelConfig> config = ReadLlmcConfig(path);
     ASSERT_FALSE(config.ok()) << c.name;
     EXPECT_EQ(config.status().code(), c.code) << c.name;
     EXPECT_THAT(config.status().message(), HasSubstr(c.must_mention)) << c.name;
@@ -208,7 +208,7 @@ TEST_F(LlmcCheckpointTest, MissingFileIsNotFound) {
 
 TEST_F(LlmcCheckpointTest, LoadRefusesAModelOfAnotherShapeAndLeavesItAlone) {
   SmallCheckpointBytes();
-  Gpt2Config other = Small();
+  ModelConfig other = Small();
   other.n_layer = 3;
   Gpt2 model(other, /*seed=*/4);
   const torch::Tensor before = model->wte()->weight.clone();

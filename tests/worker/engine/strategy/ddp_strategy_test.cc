@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_format.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"

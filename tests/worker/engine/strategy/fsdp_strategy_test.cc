@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
 #include "core/train/checkpoint_format.h"
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
@@ -194,7 +194,7 @@ TEST(FsdpStrategyTest, NoSyncAccumulationMatchesAndSendsLess) {
 
 TEST(FsdpStrategyTest, EachRankHoldsAboutOneNthOfTheModelState) {
   MemoryTracker& tracker = MemoryTracker::Get();  // before any model
-  const Gpt2Config config = *ParseModelSpec("gpt2-mini");
+  const ModelConfig config = *ParseModelSpec("gpt2-mini");
   // A replica's fp32 params + grads + exp_avg + exp_avg_sq: what single and
   // DDP hold on every rank.
   const int64_t replica_bytes = 4 * 4 * config.NumParameters();

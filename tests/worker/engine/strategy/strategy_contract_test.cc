@@ -141,6 +141,87 @@ TEST(StrategyContractModelTest, GptMiniGradientsMatchOneDeviceOnEveryMesh) {
   }
 }
 
+// A mesh row of the model-family tests.
+struct MeshRow {
+  const char* name;
+  const char* strategy;
+  int64_t stages, tensor, world;
+  int64_t checkpointing = 0;
+};
+
+// Each gradient tensor of `spec`, put together from the ranks' slices,
+// equal to one device's at equal weights, on every row of `meshes`.
+void ExpectEveryMeshMatchesOneDevice(const std::string& spec, int64_t vocab,
+                                     const std::vector<MeshRow>& meshes) {
+  constexpr int64_t kRowsSeq = 16;
+  // Six sequences: one per replica of the widest mesh (3 replicas) x 2.
+  const torch::Tensor batches = test::MakeBatches(1, 12, kRowsSeq, vocab);
+  test::TrainLoop loop;
+  loop.last_step = 1;
+  loop.lr = 0;
+  loop.record_gradients = true;
+  const test::TrainResult single =
+      test::TrainSingle(spec, kSeed, batches, loop);
+  for (const MeshRow& m : meshes) {
+    TrainConfig config;
+    config.model = spec;
+    config.seq_len = kRowsSeq;
+    config.strategy = m.strategy;
+    config.pipeline_stages = m.stages;
+    config.tensor_parallel = m.tensor;
+    config.micro_batches = m.stages > 1 ? 2 : 1;
+    test::TrainLoop mesh_loop = loop;
+    mesh_loop.whole_steps = m.stages > 1;
+    mesh_loop.activation_checkpointing = m.checkpointing;
+    const std::vector<test::TrainResult> ranks = test::TrainRanks(
+        spec, kSeed, batches, m.world, mesh_loop, test::FactoryMaker(config));
+    test::ExpectSameGradients(single, ranks, kGradientRel,
+                              spec + " on " + m.name);
+  }
+}
+
+// The Llama family (RMSNorm, rotary positions, grouped-query attention of 4
+// query heads over 2 key/value heads, SwiGLU) on every mesh row, its head
+// tied to the embedding; world 3 takes FSDP's padding paths (1024 rows, a
+// block of 41,088 elements).
+constexpr char kLlamaSpec[] =
+    "custom-llama:n_layer=2,n_head=4,n_kv_head=2,n_embd=64,"
+    "intermediate_size=96,block_size=64,vocab_size=1000";
+
+TEST(StrategyContractModelTest, LlamaGradientsMatchOneDeviceOnEveryMesh) {
+  ExpectEveryMeshMatchesOneDevice(
+      kLlamaSpec, kVocab,
+      {{"ddp2", "ddp", 1, 1, 2},
+       {"fsdp3", "fsdp", 1, 1, 3},
+       {"fsdp2 recomputing every block", "fsdp", 1, 1, 2, 1},
+       {"hsdp4", "hsdp", 1, 1, 4},
+       {"pp2", "single", 2, 1, 2},
+       {"pp2xddp2", "ddp", 2, 1, 4},
+       {"pp2xfsdp2", "fsdp", 2, 1, 4},
+       {"tp2", "single", 1, 2, 2},
+       {"ddp2xtp2", "ddp", 1, 2, 4},
+       {"fsdp2xtp2", "fsdp", 1, 2, 4},
+       {"pp2xtp2", "single", 2, 2, 4}});
+}
+
+// Its head untied (lm_head, as Llama 3.1 8B's): a second vocabulary-sized
+// weight on the output side, which FSDP shards and tensor parallelism splits
+// by rows as it does the embedding, and a pipeline's last stage holds alone.
+TEST(StrategyContractModelTest, UntiedLlamaHeadMatchesOneDeviceOnEveryMesh) {
+  const std::string spec = std::string(kLlamaSpec) + ",tie_embeddings=0";
+  ExpectEveryMeshMatchesOneDevice(spec, kVocab,
+                                  {{"ddp2", "ddp", 1, 1, 2},
+                                   {"fsdp3", "fsdp", 1, 1, 3},
+                                   {"hsdp4", "hsdp", 1, 1, 4},
+                                   {"pp2", "single", 2, 1, 2},
+                                   {"pp2xddp2", "ddp", 2, 1, 4},
+                                   {"pp2xfsdp2", "fsdp", 2, 1, 4},
+                                   {"tp2", "single", 1, 2, 2},
+                                   {"ddp2xtp2", "ddp", 1, 2, 4},
+                                   {"fsdp2xtp2", "fsdp", 1, 2, 4},
+                                   {"pp2xtp2", "single", 2, 2, 4}});
+}
+
 // The check sees a gradient doubled in one tensor only (what a scale bug
 // confined to some parameters would do), which the norm alone blurs.
 TEST_P(StrategyContractTest, ADoubledGradientInOneTensorIsCaught) {

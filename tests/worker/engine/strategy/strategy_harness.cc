@@ -9,18 +9,28 @@
 #include <iostream>
 #include <limits>
 
-#include "core/model/gpt2_config.h"
+#include "core/model/model_config.h"
+#include "core/model/safetensors.h"
 #include "core/train/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
+#include "worker/engine/model/create_model.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/strategy_factory.h"
 
 namespace shardtrain::test {
 
 Gpt2 MakeModel(const std::string& spec, uint64_t seed) {
-  absl::StatusOr<Gpt2Config> config = ParseModelSpec(spec);
+  absl::StatusOr<ModelConfig> config = ParseModelSpec(spec);
   EXPECT_TRUE(config.ok()) << config.status();
   absl::StatusOr<Gpt2> model = CreateGpt2(*config, seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+CausalLm MakeCausalLm(const std::string& spec, uint64_t seed) {
+  absl::StatusOr<ModelConfig> config = ParseModelSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<CausalLm> model = CreateCausalLm(*config, seed);
   EXPECT_TRUE(model.ok()) << model.status();
   return *model;
 }
@@ -105,14 +115,33 @@ ParamMap FullParameters(Strategy& strategy, const std::string& spec,
   const absl::Status exported = strategy.ExportModel(path);
   EXPECT_TRUE(exported.ok()) << exported;
   strategy.Barrier();  // rank 0 has written it
-  Gpt2 model = MakeModel(spec, /*seed=*/0);
-  const absl::Status loaded = LoadLlmcCheckpoint(path, model);
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  strategy.Barrier();  // every rank has read it before anyone writes again
   ParamMap params;
-  for (const auto& item : model->named_parameters()) {
-    params[item.key()] = item.value().detach().clone();
+  absl::StatusOr<ModelConfig> config = ParseModelSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (config.ok() && config->is_llama()) {
+    // Hugging Face's safetensors: "model." before every name but lm_head.
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (file.ok()) {
+      for (const SafetensorsEntry& entry : file->tensors()) {
+        torch::Tensor value = torch::empty(entry.shape, torch::kFloat);
+        const absl::Status read =
+            file->ReadAsFloat(entry, value.data_ptr<float>());
+        EXPECT_TRUE(read.ok()) << read;
+        std::string name = entry.name;
+        if (name.rfind("model.", 0) == 0) name = name.substr(6);
+        params[name] = value;
+      }
+    }
+  } else {
+    Gpt2 model = MakeModel(spec, /*seed=*/0);
+    const absl::Status loaded = LoadLlmcCheckpoint(path, model);
+    EXPECT_TRUE(loaded.ok()) << loaded;
+    for (const auto& item : model->named_parameters()) {
+      params[item.key()] = item.value().detach().clone();
+    }
   }
+  strategy.Barrier();  // every rank has read it before anyone writes again
   return params;
 }
 
@@ -168,7 +197,7 @@ std::vector<TrainResult> TrainRanks(const std::string& spec, uint64_t seed,
         torch::set_num_threads(1);
         std::unique_ptr<Strategy> strategy = make(rank, world, &comm);
         ASSERT_NE(strategy, nullptr);
-        Gpt2 model = MakeModel(spec, seed);
+        CausalLm model = MakeCausalLm(spec, seed);
         model->set_activation_checkpointing(loop.activation_checkpointing);
         const absl::Status setup = strategy->Setup(model);
         ASSERT_TRUE(setup.ok()) << setup;

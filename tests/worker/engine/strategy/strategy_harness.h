@@ -28,8 +28,10 @@
 
 namespace shardtrain::test {
 
-// A model of `spec` initialised from `seed` (identical on every rank).
+// A GPT-2 model of `spec` initialised from `seed` (identical on every rank).
 Gpt2 MakeModel(const std::string& spec, uint64_t seed);
+// A model of any family.
+CausalLm MakeCausalLm(const std::string& spec, uint64_t seed);
 
 // `steps` global batches of `rows` windows of seq_len + 1 tokens in [0, vocab).
 torch::Tensor MakeBatches(int64_t steps, int64_t rows, int64_t seq_len,

@@ -1,0 +1,22 @@
+// The model of a config, whichever family it is.
+#ifndef SHARDTRAIN_WORKER_ENGINE_MODEL_CREATE_MODEL_H_
+#define SHARDTRAIN_WORKER_ENGINE_MODEL_CREATE_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/model/model_config.h"
+#include "worker/engine/model/causal_lm.h"
+
+namespace shardtrain {
+
+// Validates `config` and builds its family's model, initialised from `seed`
+// (the same numbers on every rank). Errors: the config's, or LibTorch's
+// (e.g. out of memory), as a Status.
+absl::StatusOr<CausalLm> CreateCausalLm(const ModelConfig& config,
+                                        uint64_t seed);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_MODEL_CREATE_MODEL_H_
