@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/data/token_file.h"
+#include "core/train/pipeline_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/step_time_plan.h"
 #include "nlohmann/json.hpp"
@@ -153,7 +154,8 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Tiny) {
 }
 
 // The Llama family's activations are counted from its code (memory_plan.cc
-// LlamaBlockBytesPerToken); the bound below is what the measurement allows.
+// LlamaBlockBytesPerToken): measured, 0.8% to 1.6% under the peak (single,
+// DDP and FSDP at 1, 2 and 4 ranks), within the bound GPT-2's plans hold.
 TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfLlamaTiny) {
   CheckModel("llama-tiny", 4, 128);
 }
@@ -507,7 +509,7 @@ TEST(MemoryPlanLlamaTest, CountsTheStateOfLlama31_8B) {
   config.model = "llama3.1-8b";
   config.strategy = "single";
   config.device = "cuda";
-  config.batch_size = 1;
+  config.batch_size = 4;
   config.seq_len = 2048;
   absl::StatusOr<MemoryPlan> single = PlanMemory(config, 1);
   ASSERT_TRUE(single.ok()) << single.status();
@@ -523,15 +525,22 @@ TEST(MemoryPlanLlamaTest, CountsTheStateOfLlama31_8B) {
       PlanPipelineStages(config, 4);
   ASSERT_TRUE(stages.ok()) << stages.status();
   ASSERT_EQ(stages->size(), 4u);
+  absl::StatusOr<std::vector<PipelineStage>> cuts =
+      PartitionPipeline(*ParseModelSpec("llama3.1-8b"), config.seq_len, 4, {});
+  ASSERT_TRUE(cuts.ok()) << cuts.status();
   int64_t blocks = 0;
-  for (const MemoryPlan& stage : *stages) {
-    blocks += stage.parameters / 4 / block;
+  for (size_t i = 0; i < 4; ++i) {
+    const PipelineStage& cut = (*cuts)[i];
+    const int64_t held = cut.end_block - cut.first_block;
+    blocks += held;
+    // The embedding on the first stage, the untied head and the final norm
+    // on the last, nothing of either in between.
+    EXPECT_EQ(
+        (*stages)[i].parameters,
+        4 * (held * block + (i == 0 ? vocab : 0) + (i == 3 ? vocab + c : 0)))
+        << "stage " << i;
   }
   EXPECT_EQ(blocks, 32);
-  EXPECT_EQ((*stages)[0].parameters,
-            4 * ((*stages)[0].parameters / 4 / block * block + vocab));
-  EXPECT_EQ((*stages)[3].parameters,
-            4 * ((*stages)[3].parameters / 4 / block * block + vocab + c));
 
   config.pipeline_stages = 1;
   config.micro_batches = 1;

@@ -222,6 +222,85 @@ TEST(StrategyContractModelTest, UntiedLlamaHeadMatchesOneDeviceOnEveryMesh) {
                                    {"pp2xtp2", "single", 2, 2, 4}});
 }
 
+// A Llama checkpoint (its untied head too) written by FSDP on two ranks
+// resumes on other meshes and world sizes: one device, and two tensor ranks
+// over the same replica, each continuing as one device would have.
+TEST(StrategyContractModelTest, LlamaCheckpointResumesOnAnotherMesh) {
+  const std::string spec = std::string(kLlamaSpec) + ",tie_embeddings=0";
+  constexpr int64_t kSteps = 4;
+  constexpr int64_t kSaveAt = 2;
+  const torch::Tensor batches =
+      test::MakeBatches(kSteps, 2 * kLocalBatch, kSeqLen, kVocab);
+  test::TrainLoop loop;
+  loop.last_step = kSteps;
+  loop.lr = kLr;
+  const test::TrainResult uninterrupted =
+      test::TrainSingle(spec, kSeed, batches, loop);
+
+  const fs::path dir = fs::path(testing::TempDir()) / "contract-llama-ckpt";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "export");
+  fs::create_directories(dir / "ckpt");
+  TrainConfig fsdp;
+  fsdp.model = spec;
+  fsdp.strategy = "fsdp";
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    std::unique_ptr<Strategy> strategy =
+        test::FactoryMaker(fsdp)(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeCausalLm(spec, kSeed)).ok());
+    test::TrainLoop first = loop;
+    first.last_step = kSaveAt;
+    test::TrainResult ignored;
+    test::Train(*strategy, batches, rank, 2, first, &ignored);
+    strategy->Barrier();
+    const absl::Status saved =
+        strategy->SaveCheckpoint((dir / "ckpt").string());
+    ASSERT_TRUE(saved.ok()) << saved;
+  });
+  struct Resume {
+    const char* name;
+    const char* strategy;
+    int64_t tensor, world;
+  };
+  for (const Resume& r :
+       {Resume{"single", "single", 1, 1}, Resume{"tp2", "single", 2, 2}}) {
+    TrainConfig config;
+    config.model = spec;
+    config.strategy = r.strategy;
+    config.tensor_parallel = r.tensor;
+    std::vector<test::TrainResult> resumed(r.world);
+    fs::create_directories(dir / "export" / r.name);
+    RunRanks(r.world, [&](int64_t rank, Communicator& comm) {
+      torch::set_num_threads(1);
+      std::unique_ptr<Strategy> strategy =
+          test::FactoryMaker(config)(rank, r.world, &comm);
+      ASSERT_TRUE(strategy->Setup(test::MakeCausalLm(spec, /*seed=*/99)).ok());
+      const absl::Status loaded =
+          strategy->LoadCheckpoint((dir / "ckpt").string());
+      ASSERT_TRUE(loaded.ok()) << r.name << ": " << loaded;
+      test::TrainLoop rest = loop;
+      rest.first_step = kSaveAt;
+      test::Train(*strategy, batches, rank, r.world, rest, &resumed[rank]);
+      resumed[rank].params = test::FullParameters(
+          *strategy, spec, (dir / "export" / r.name).string());
+    });
+    for (int64_t rank = 0; rank < r.world; ++rank) {
+      ASSERT_EQ(resumed[rank].losses.size(), kSteps - kSaveAt) << r.name;
+      for (int64_t i = 0; i < kSteps - kSaveAt; ++i) {
+        EXPECT_NEAR(resumed[rank].losses[i], uninterrupted.losses[kSaveAt + i],
+                    kTolerance.rel * uninterrupted.losses[kSaveAt + i])
+            << r.name << " step " << kSaveAt + i;
+      }
+      EXPECT_LT(test::MaxAbsDiff(resumed[rank].params, uninterrupted.params),
+                kTolerance.param)
+          << r.name << " rank " << rank;
+      EXPECT_EQ(resumed[rank].params.count("lm_head.weight"), 1u);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // The check sees a gradient doubled in one tensor only (what a scale bug
 // confined to some parameters would do), which the norm alone blurs.
 TEST_P(StrategyContractTest, ADoubledGradientInOneTensorIsCaught) {
