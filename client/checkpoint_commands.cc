@@ -10,6 +10,7 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "core/model/hf_gpt2.h"
+#include "core/model/hf_llama.h"
 #include "core/train/checkpoint_export.h"
 #include "core/train/checkpoint_format.h"
 #include "core/train/step_metrics.h"
@@ -131,15 +132,20 @@ int RunExport(ExportOptions options) {
   }
   absl::StatusOr<ModelWeights> weights = OpenModelWeights(options.source);
   if (!weights.ok()) return ReportFailure(weights.status());
+  const bool llama = weights->config.is_llama();
   const absl::Status written =
-      options.to == "hf"
-          ? WriteHfGpt2(weights->config, weights->read, options.out)
-          : WriteLlmcModel(*weights, options.out);
+      options.to != "hf" ? WriteLlmcModel(*weights, options.out)
+      : llama ? WriteHfLlama(weights->config, weights->read, options.out)
+              : WriteHfGpt2(weights->config, weights->read, options.out);
   if (!written.ok()) return ReportFailure(written);
+  const char* architecture = !llama ? "GPT2LMHeadModel"
+                             : weights->config.attention_bias
+                                 ? "Qwen2ForCausalLM"
+                                 : "LlamaForCausalLM";
   std::cout << "wrote " << options.out
             << (options.to == "hf"
-                    ? absl::StrCat(" (Hugging Face GPT2LMHeadModel: ",
-                                   kHfConfigFile, ", ", kHfWeightsFile, ")")
+                    ? absl::StrCat(" (Hugging Face ", architecture, ": ",
+                                   kHfConfigFile, " and the weights)")
                     : std::string(" (llm.c model)"))
             << ", model " << weights->config.ToSpec() << ", from "
             << weights->description << "\n";

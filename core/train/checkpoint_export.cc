@@ -14,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/input_file.h"
 #include "core/model/hf_gpt2.h"
+#include "core/model/hf_llama.h"
 #include "core/model/llmc_layout.h"
 #include "core/model/model_config.h"
 #include "core/train/checkpoint_store.h"
@@ -64,16 +65,9 @@ absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
   absl::StatusOr<ModelConfig> config =
       ParseModelSpec(training["model"].get<std::string>());
   if (!config.ok()) return config.status();
-  if (config->is_llama()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint ", reader.dir(), " holds a Llama-family model (",
-        config->ToSpec(),
-        "): its weights are exported by the run itself (model.safetensors "
-        "in the output directory); export from a checkpoint reads GPT-2 "
-        "only"));
-  }
-  const std::vector<std::string> names = LlmcParameterNames(*config);
-  const std::vector<std::vector<int64_t>> shapes = LlmcParameterShapes(*config);
+  const std::vector<std::string> names = ModelParameterNames(*config);
+  const std::vector<std::vector<int64_t>> shapes =
+      ModelParameterShapes(*config);
   std::vector<int64_t> sizes;
   for (size_t i = 0; i < names.size(); ++i) {
     const TensorEntry* tensor = reader.metadata().Find("model." + names[i]);
@@ -92,6 +86,7 @@ absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
   }
   ModelWeights weights;
   weights.config = *config;
+  weights.names = names;
   weights.description = absl::StrCat("checkpoint ", reader.dir(), " (step ",
                                      training.value("step", int64_t{0}), ")");
   weights.read = [&reader, names, sizes](size_t index, float* out) {
@@ -122,6 +117,7 @@ absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
   }
   ModelWeights weights;
   weights.config = *config;
+  weights.names = LlmcParameterNames(*config);
   weights.description = absl::StrCat("llm.c model ", path);
   weights.source = file;
   weights.read = [file = file.get(), path, offsets, sizes](size_t index,
@@ -135,24 +131,51 @@ absl::StatusOr<ModelWeights> LlmcWeights(const std::string& path) {
   return weights;
 }
 
+// A Hugging Face directory, read by its model_type's reader.
+template <typename Reader>
+absl::StatusOr<ModelWeights> HfWeightsOf(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<Reader>> opened = Reader::Open(path);
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<Reader> reader = std::move(*opened);
+  ModelWeights weights;
+  weights.config = reader->config();
+  weights.names = ModelParameterNames(weights.config);
+  weights.description = absl::StrCat("Hugging Face model ", path);
+  weights.read = [r = reader.get()](size_t index, float* out) {
+    return r->Read(index, out);
+  };
+  weights.source = reader;
+  return weights;
+}
+
+absl::StatusOr<ModelWeights> HfModelWeights(const std::string& path) {
+  const std::string config_path =
+      (std::filesystem::path(path) / kHfConfigFile).string();
+  absl::StatusOr<std::string> text =
+      ReadInputFile(config_path, int64_t{1} << 20, "a model config");
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("Hugging Face model ", path, ": ",
+                                     text.status().message()));
+  }
+  const std::string type = HfModelType(*text);
+  if (type == "llama" || type == "qwen2") {
+    return HfWeightsOf<HfLlamaReader>(path);
+  }
+  if (type == "gpt2") return HfWeightsOf<HfGpt2Reader>(path);
+  return absl::InvalidArgumentError(
+      absl::StrCat("Hugging Face model ", path, ": ", kHfConfigFile,
+                   ": model_type is \"", type,
+                   "\"; models load as \"gpt2\" (GPT2LMHeadModel), \"llama\" "
+                   "(LlamaForCausalLM) or \"qwen2\" (Qwen2ForCausalLM)"));
+}
+
 }  // namespace
 
 absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (IsHfModelDir(path)) {
-    absl::StatusOr<std::unique_ptr<HfGpt2Reader>> hf = HfGpt2Reader::Open(path);
-    if (!hf.ok()) return hf.status();
-    std::shared_ptr<HfGpt2Reader> reader = std::move(*hf);
-    ModelWeights weights;
-    weights.config = reader->config();
-    weights.description = absl::StrCat("Hugging Face model ", path);
-    weights.read = [r = reader.get()](size_t index, float* out) {
-      return r->Read(index, out);
-    };
-    weights.source = reader;
-    return weights;
-  }
+  if (IsHfModelDir(path)) return HfModelWeights(path);
   if (fs::is_regular_file(path, ec)) return LlmcWeights(path);
   if (!fs::exists(path, ec)) {
     return absl::NotFoundError(
@@ -184,8 +207,25 @@ absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
   return weights;
 }
 
+std::vector<std::string> ModelParameterNames(const ModelConfig& config) {
+  return config.is_llama() ? LlamaParameterNames(config)
+                           : LlmcParameterNames(config);
+}
+
+std::vector<std::vector<int64_t>> ModelParameterShapes(
+    const ModelConfig& config) {
+  return config.is_llama() ? LlamaParameterShapes(config)
+                           : LlmcParameterShapes(config);
+}
+
 absl::Status WriteLlmcModel(const ModelWeights& weights,
                             const std::string& path) {
+  if (weights.config.is_llama()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights.description, " holds a Llama-family model (",
+                     weights.config.ToSpec(),
+                     "); llm.c's format holds GPT-2 only: export it --to hf"));
+  }
   const std::vector<std::vector<int64_t>> shapes =
       LlmcParameterShapes(weights.config);
   const LlmcHeader header = MakeLlmcHeader(weights.config);

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,18 +33,29 @@ struct ModelWeights {
   ModelConfig config;
   // "checkpoint DIR (step N)", "llm.c model FILE", "Hugging Face model DIR".
   std::string description;
-  // Model tensors in llm.c's order and shapes; valid while this lives.
+  // Our names of the model's tensors in `read`'s order (ModelParameterNames:
+  // llm.c's order for GPT-2, the model's own for Llama), shaped as
+  // ModelParameterShapes says.
+  std::vector<std::string> names;
+  // Reads tensor `index` of `names`; valid while this lives.
   WeightReader read;
   std::shared_ptr<void> source;  // what `read` reads from
 };
 
-// Opens `path`: a Hugging Face GPT-2 directory (config.json and
-// model.safetensors), an llm.c model file, a checkpoint, a run's --out or its
-// checkpoints/ folder. Headers and shapes are checked here; errors name the
-// path and what is wrong.
+// A model's tensors as the formats carry them: llm.c's order for GPT-2
+// (LlmcParameterNames), the model's own for Llama (LlamaParameterNames).
+std::vector<std::string> ModelParameterNames(const ModelConfig& config);
+std::vector<std::vector<int64_t>> ModelParameterShapes(
+    const ModelConfig& config);
+
+// Opens `path`: a Hugging Face directory (config.json and model.safetensors
+// or its sharded index: GPT-2, Llama or Qwen 2 by model_type), an llm.c model
+// file, a checkpoint, a run's --out or its checkpoints/ folder. Headers and
+// shapes are checked here; errors name the path and what is wrong.
 absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path);
 
-// Writes `weights` as llm.c's fp32 model file, atomically.
+// Writes `weights` as llm.c's fp32 model file, atomically (GPT-2 only; a
+// Llama model is refused, naming --to hf).
 absl::Status WriteLlmcModel(const ModelWeights& weights,
                             const std::string& path);
 

@@ -122,13 +122,14 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
 }
 
 // A Llama-family model trains from the command line, on two ranks (FSDP),
-// and writes its weights in Hugging Face's names; a GPT-2 model file cannot
-// initialise it, and says so.
+// writes its weights in Hugging Face's names, exports its checkpoint as a
+// Hugging Face directory that initialises it again; a GPT-2 model file
+// cannot initialise it, and says so.
 TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
   Result r =
       RunTrain("--model llama-tiny --strategy fsdp --nproc 2 --data " + Data() +
                " --batch-size 2 --seq-len 32 --max-steps 3 "
-               "--eval-steps 1 --out " +
+               "--eval-steps 1 --checkpoint-every 3 --out " +
                Out("llama"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 3/3 | loss "), std::string::npos) << r.output;
@@ -137,6 +138,35 @@ TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
       << r.output;
   EXPECT_TRUE(fs::exists(Out("llama") + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(Out("llama") + "/model.bin"));
+
+  // Its checkpoint exported as a Hugging Face directory initialises the
+  // same model: the same validation loss as from the checkpoint itself.
+  const test::CommandResult exported =
+      test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                       "/bin/shardtrain checkpoint export " + Out("llama") +
+                       " --to hf " + Out("llama-hf"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.out << exported.err;
+  EXPECT_NE(exported.out.find("LlamaForCausalLM"), std::string::npos)
+      << exported.out;
+  EXPECT_TRUE(fs::exists(Out("llama-hf") + "/config.json"));
+  const std::string eval = "--model llama-tiny --data " + Data() +
+                           " --batch-size 2 --seq-len 32 --eval-only "
+                           "--eval-steps 2 --init-from ";
+  Result from_checkpoint = RunTrain(eval + Out("llama"));
+  Result from_hf = RunTrain(eval + Out("llama-hf"));
+  ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
+  ASSERT_EQ(from_hf.exit_code, 0) << from_hf.output;
+  EXPECT_EQ(from_checkpoint.output.rfind("val_loss ", 0), 0u)
+      << from_checkpoint.output;
+  EXPECT_EQ(from_hf.output, from_checkpoint.output);
+  // llm.c's format holds GPT-2 only.
+  const test::CommandResult llmc =
+      test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
+                       "/bin/shardtrain checkpoint export " + Out("llama") +
+                       " --to llmc " + Out("llama.bin"));
+  EXPECT_NE(llmc.exit_code, 0);
+  EXPECT_NE((llmc.out + llmc.err).find("export it --to hf"), std::string::npos)
+      << llmc.out << llmc.err;
 
   Result seed = RunTrain("--model gpt2-tiny --data " + Data() +
                          " --batch-size 2 --seq-len 32 --max-steps 1 --out " +

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/model/llmc_layout.h"
 #include "core/model/model_config.h"
 #include "worker/engine/model/causal_lm.h"
 
@@ -16,6 +18,14 @@ namespace shardtrain {
 // (e.g. out of memory), as a Status.
 absl::StatusOr<CausalLm> CreateCausalLm(const ModelConfig& config,
                                         uint64_t seed);
+
+// Reads every parameter of `model` (on any device) from `read`, whose tensor
+// i is the parameter named names[i] (core/train/checkpoint_export.h's
+// ModelWeights: any format). A parameter `names` lacks, or a tensor of
+// another size, is refused naming it before anything is read.
+absl::Status LoadModelWeights(const WeightReader& read,
+                              const std::vector<std::string>& names,
+                              CausalLmImpl& model);
 
 }  // namespace shardtrain
 

@@ -219,14 +219,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (!created.ok()) return created.status();
   CausalLm model = *created;
   if (init_weights) {
-    auto gpt2 = std::dynamic_pointer_cast<Gpt2Impl>(model.ptr());
-    if (gpt2 == nullptr) {
-      return absl::UnimplementedError(absl::StrCat(
-          "init_from: ", init_weights->description, " cannot initialise a ",
-          ModelFamilyName(t.model_config_.family), " model"));
-    }
-    Gpt2 holder(gpt2);
-    if (absl::Status s = LoadWeights(init_weights->read, holder); !s.ok()) {
+    if (absl::Status s =
+            LoadModelWeights(init_weights->read, init_weights->names, *model);
+        !s.ok()) {
       return s;
     }
     init_weights.reset();  // close the file
