@@ -1,10 +1,12 @@
 // Any bytes as a safetensors file (a Hugging Face model's weights) and as its
 // config.json: SafetensorsFile::Open() refuses with a message or returns
 // tensors that tile the file's data exactly, each of which then reads;
-// ParseHfModelConfig() refuses or returns a config that validates.
+// ParseHfModelConfig() and ParseHfLlamaConfig() refuse or return a config
+// that validates.
 #include <string_view>
 
 #include "core/model/hf_gpt2.h"
+#include "core/model/hf_llama.h"
 #include "core/model/safetensors.h"
 #include "tests/fuzz/fuzz_target.h"
 
@@ -18,6 +20,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(config->Validate().ok(), "a parsed config is one we build");
   } else {
     FUZZ_CHECK(!config.status().message().empty(), "errors say why");
+  }
+  absl::StatusOr<shardtrain::ModelConfig> llama =
+      shardtrain::ParseHfLlamaConfig(text);
+  if (llama.ok()) {
+    FUZZ_CHECK(llama->Validate().ok() && llama->is_llama(),
+               "a parsed Llama config is one we build");
+  } else {
+    FUZZ_CHECK(!llama.status().message().empty(), "errors say why");
   }
 
   shardtrain::fuzz::MemFile file(data, size);
