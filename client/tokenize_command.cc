@@ -16,8 +16,10 @@
 namespace shardtrain::cli {
 namespace {
 
-int RunTokenize(bool decode) {
-  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+int RunTokenize(bool decode, const std::string& tokenizer_path) {
+  absl::StatusOr<BpeTokenizer> tokenizer =
+      tokenizer_path.empty() ? BpeTokenizer::LoadDefault()
+                             : BpeTokenizer::LoadHuggingFace(tokenizer_path);
   if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
   const std::string input{std::istreambuf_iterator<char>(std::cin),
                           std::istreambuf_iterator<char>()};
@@ -53,14 +55,21 @@ int RunTokenize(bool decode) {
 
 void AddTokenizeCommand(CLI::App* app, int* exit_code) {
   auto decode = std::make_shared<bool>(false);
+  auto tokenizer = std::make_shared<std::string>();
   CLI::App* tokenize = app->add_subcommand(
       "tokenize",
-      "GPT-2 BPE: text on stdin -> token ids on stdout, separated by spaces "
-      "(\"<|endoftext|>\" -> 50256)");
+      "Byte-level BPE: text on stdin -> token ids on stdout, separated by "
+      "spaces; GPT-2's by default (\"<|endoftext|>\" -> 50256)");
   tokenize->add_flag("--decode", *decode,
                      "Read token ids on stdin and write their text");
-  tokenize->callback(
-      [decode, exit_code] { *exit_code = RunTokenize(*decode); });
+  tokenize->add_option(
+      "--tokenizer", *tokenizer,
+      "A Hugging Face tokenizer.json, or a directory holding one (Llama 3, "
+      "Qwen, SmolLM ...: byte-level BPE); its added tokens are matched in "
+      "the text");
+  tokenize->callback([decode, tokenizer, exit_code] {
+    *exit_code = RunTokenize(*decode, *tokenizer);
+  });
 }
 
 }  // namespace shardtrain::cli

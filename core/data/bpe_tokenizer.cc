@@ -2,9 +2,13 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <queue>
@@ -18,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/input_file.h"
 #include "core/data/asset_paths.h"
 #include "nlohmann/json.hpp"
 
@@ -124,13 +129,31 @@ struct BpeTokenizer::Impl {
   absl::flat_hash_map<uint64_t, Merge> merges;  // keyed by PairKey(ids)
   std::unique_ptr<pcre2_code, CodeDeleter> pre_token_regex;
 
+  // Hugging Face tokenizers (LoadHuggingFace).
+  bool hugging_face = false;
+  bool ignore_merges = false;  // a pre-token in the vocabulary is that token
+  bool nfc = false;            // the normalizer: Unicode NFC
+  // Added tokens, the longest content first: matched in the text as is.
+  std::vector<std::pair<std::string, int>> added;
+  std::array<bool, 256> added_starts{};  // the first bytes of `added`
+  int end_of_text = -1;
+
   mutable absl::Mutex cache_mutex;
   mutable absl::flat_hash_map<std::string, std::vector<int>> cache
       ABSL_GUARDED_BY(cache_mutex);
 
   absl::Status LoadEncoder(const std::string& path);
   absl::Status LoadMerges(const std::string& path);
-  absl::Status CompileRegex();
+  absl::Status CompileRegex(const std::string& pattern = kPreTokenPattern);
+  // Hugging Face's parts of tokenizer.json (`path` names the file in errors).
+  absl::Status LoadHfVocab(const nlohmann::json& vocab,
+                           const std::string& path);
+  absl::Status LoadHfMerges(const nlohmann::json& merges,
+                            const std::string& path);
+  absl::Status AddMerge(const std::string& left, const std::string& right,
+                        int rank, const std::string& where);
+
+  void EncodeHuggingFace(absl::string_view text, std::vector<int>* out) const;
 
   void EncodeOrdinary(absl::string_view text, std::vector<int>* out) const;
   void AppendPiece(absl::string_view piece, std::vector<int>* out) const;
@@ -198,18 +221,11 @@ absl::Status BpeTokenizer::Impl::LoadMerges(const std::string& path) {
       return absl::DataLossError(absl::StrCat(
           path, ":", line_number, ": expected two byte-level BPE pieces"));
     }
-    auto l = bytes_to_id.find(left);
-    auto r = bytes_to_id.find(right);
-    auto m = bytes_to_id.find(left + right);
-    if (l == bytes_to_id.end() || r == bytes_to_id.end() ||
-        m == bytes_to_id.end()) {
-      return absl::DataLossError(
-          absl::StrCat(path, ":", line_number, ": merge \"", line,
-                       "\" uses or makes a piece that encoder.json lacks"));
+    if (absl::Status s =
+            AddMerge(left, right, rank++, absl::StrCat(path, ":", line_number));
+        !s.ok()) {
+      return s;
     }
-    // A repeated merge takes its later rank, as dict(zip(...)) does.
-    merges.insert_or_assign(PairKey(l->second, r->second),
-                            Merge{rank++, m->second});
   }
   if (merges.empty()) {
     return absl::DataLossError(absl::StrCat(path, ": no merges"));
@@ -217,18 +233,110 @@ absl::Status BpeTokenizer::Impl::LoadMerges(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status BpeTokenizer::Impl::CompileRegex() {
+absl::Status BpeTokenizer::Impl::AddMerge(const std::string& left,
+                                          const std::string& right, int rank,
+                                          const std::string& where) {
+  auto l = bytes_to_id.find(left);
+  auto r = bytes_to_id.find(right);
+  auto m = bytes_to_id.find(left + right);
+  if (l == bytes_to_id.end() || r == bytes_to_id.end() ||
+      m == bytes_to_id.end()) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": a merge uses or makes a piece the vocabulary lacks"));
+  }
+  // A repeated merge takes its later rank, as dict(zip(...)) does.
+  merges.insert_or_assign(PairKey(l->second, r->second),
+                          Merge{rank, m->second});
+  return absl::OkStatus();
+}
+
+absl::Status BpeTokenizer::Impl::LoadHfVocab(const nlohmann::json& vocab,
+                                             const std::string& path) {
+  constexpr int64_t kMaxId = int64_t{1} << 24;
+  if (!vocab.is_object() || vocab.empty()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": model.vocab is not an object of token -> id"));
+  }
+  std::string bytes;
+  for (const auto& [token, id_json] : vocab.items()) {
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
+        id_json.get<int64_t>() >= kMaxId) {
+      return absl::DataLossError(absl::StrCat(path, ": the id of \"", token,
+                                              "\" is not an integer in [0, ",
+                                              kMaxId, ")"));
+    }
+    const size_t id = id_json.get<size_t>();
+    if (!VocabStringToBytes(token, &bytes)) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": \"", token, "\" is not a byte-level BPE token"));
+    }
+    if (id >= id_to_bytes.size()) id_to_bytes.resize(id + 1);
+    if (!id_to_bytes[id].empty()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": id ", id, " is given twice in model.vocab"));
+    }
+    id_to_bytes[id] = bytes;
+    bytes_to_id.emplace(bytes, static_cast<int>(id));
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
+    if (it == bytes_to_id.end()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": model.vocab has no token for byte ", b));
+    }
+    byte_to_id[b] = it->second;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BpeTokenizer::Impl::LoadHfMerges(const nlohmann::json& list,
+                                              const std::string& path) {
+  if (!list.is_array()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": model.merges is not a list"));
+  }
+  std::string left, right;
+  int rank = 0;
+  for (const nlohmann::json& merge : list) {
+    // "a b" (older files) or ["a", "b"] (tokenizers 0.20 and later).
+    std::string a, b;
+    if (merge.is_string()) {
+      const std::string text = merge.get<std::string>();
+      const size_t space = text.find(' ');
+      if (space != std::string::npos &&
+          text.find(' ', space + 1) == std::string::npos) {
+        a = text.substr(0, space);
+        b = text.substr(space + 1);
+      }
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
+      a = merge[0].get<std::string>();
+      b = merge[1].get<std::string>();
+    }
+    const std::string where = absl::StrCat(path, ": merge ", rank);
+    if (!VocabStringToBytes(a, &left) || !VocabStringToBytes(b, &right)) {
+      return absl::DataLossError(absl::StrCat(
+          where, " (", merge.dump(), ") is not two byte-level BPE pieces"));
+    }
+    if (absl::Status s = AddMerge(left, right, rank++, where); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BpeTokenizer::Impl::CompileRegex(const std::string& pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   pre_token_regex.reset(pcre2_compile(
-      reinterpret_cast<PCRE2_SPTR>(kPreTokenPattern), PCRE2_ZERO_TERMINATED,
+      reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
       PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error_code,
       &error_offset, nullptr));
   if (pre_token_regex == nullptr) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(error_code, message.data(), message.size());
-    return absl::InternalError(absl::StrCat(
-        "GPT-2 pre-token regex does not compile at offset ", error_offset, ": ",
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pre-token regex does not compile at offset ", error_offset, ": ",
         reinterpret_cast<const char*>(message.data())));
   }
   // JIT is an optimisation: without it (no JIT on this CPU) matching is
@@ -239,8 +347,7 @@ absl::Status BpeTokenizer::Impl::CompileRegex() {
 
 namespace {
 
-// Per-thread PCRE2 matching state. It depends only on kPreTokenPattern (one
-// capture group count for every tokenizer), so all instances share it.
+// Per-thread PCRE2 matching state, shared by every tokenizer.
 struct MatchState {
   MatchState() {
     // A long whitespace run backtracks once per character; give JIT matching
@@ -253,10 +360,10 @@ struct MatchState {
     pcre2_set_depth_limit(context.get(), UINT32_MAX);
     pcre2_set_heap_limit(context.get(), UINT32_MAX);
   }
-  pcre2_match_data* MatchDataFor(const pcre2_code* code) {
-    if (match == nullptr) {
-      match.reset(pcre2_match_data_create_from_pattern(code, nullptr));
-    }
+  // Room for the whole match only: the patterns' groups are not read, so
+  // one state serves every tokenizer's pattern.
+  pcre2_match_data* MatchData() {
+    if (match == nullptr) match.reset(pcre2_match_data_create(1, nullptr));
     return match.get();
   }
 
@@ -270,7 +377,7 @@ struct MatchState {
 void BpeTokenizer::Impl::EncodeOrdinary(absl::string_view text,
                                         std::vector<int>* out) const {
   thread_local MatchState state;
-  pcre2_match_data* match = state.MatchDataFor(pre_token_regex.get());
+  pcre2_match_data* match = state.MatchData();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start < text.size()) {
@@ -297,6 +404,13 @@ void BpeTokenizer::Impl::AppendPiece(absl::string_view piece,
   if (piece.size() == 1) {
     out->push_back(byte_to_id[static_cast<unsigned char>(piece[0])]);
     return;
+  }
+  if (ignore_merges) {
+    auto it = bytes_to_id.find(piece);
+    if (it != bytes_to_id.end()) {
+      out->push_back(it->second);
+      return;
+    }
   }
   {
     absl::MutexLock lock(&cache_mutex);
@@ -423,10 +537,63 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::LoadDefault() {
   return Load(*dir);
 }
 
+void BpeTokenizer::Impl::EncodeHuggingFace(absl::string_view text,
+                                           std::vector<int>* out) const {
+  auto encode_text = [&](absl::string_view segment) {
+    if (segment.empty()) return;
+    if (!nfc) {
+      EncodeOrdinary(segment, out);
+      return;
+    }
+    // NFC; text that is not UTF-8 goes through as it is.
+    utf8proc_uint8_t* normalized = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(
+        reinterpret_cast<const utf8proc_uint8_t*>(segment.data()),
+        static_cast<utf8proc_ssize_t>(segment.size()), &normalized,
+        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) {
+      EncodeOrdinary(segment, out);
+    } else {
+      EncodeOrdinary(absl::string_view(reinterpret_cast<char*>(normalized),
+                                       static_cast<size_t>(n)),
+                     out);
+    }
+    std::free(normalized);
+  };
+  // The added tokens first, the longest at each position.
+  size_t done = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const std::pair<std::string, int>* hit = nullptr;
+    if (!added_starts[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
+    for (const auto& token : added) {
+      if (text.compare(pos, token.first.size(), token.first) == 0) {
+        hit = &token;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_text(text.substr(done, pos - done));
+    out->push_back(hit->second);
+    pos += hit->first.size();
+    done = pos;
+  }
+  encode_text(text.substr(done));
+}
+
 std::vector<int> BpeTokenizer::Encode(absl::string_view text,
                                       SpecialTokens special) const {
   std::vector<int> ids;
   ids.reserve(text.size() / 4);
+  if (impl_->hugging_face) {
+    impl_->EncodeHuggingFace(text, &ids);
+    return ids;
+  }
   if (special == SpecialTokens::kAsText) {
     impl_->EncodeOrdinary(text, &ids);
     return ids;
@@ -446,10 +613,11 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(
     absl::Span<const int> ids) const {
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_size()) {
+    if (ids[i] < 0 || ids[i] >= vocab_size() ||
+        (impl_->hugging_face && impl_->id_to_bytes[ids[i]].empty())) {
       return absl::InvalidArgumentError(
           absl::StrCat("token id ", ids[i], " at position ", i,
-                       " is outside the vocabulary [0, ", vocab_size(), ")"));
+                       " is not in the vocabulary [0, ", vocab_size(), ")"));
     }
     text += impl_->id_to_bytes[ids[i]];
   }
@@ -458,6 +626,182 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(
 
 int BpeTokenizer::vocab_size() const {
   return static_cast<int>(impl_->id_to_bytes.size());
+}
+
+int BpeTokenizer::end_of_text() const {
+  return impl_->hugging_face ? impl_->end_of_text : kEndOfText;
+}
+
+namespace {
+
+// tokenizer.json's `type` of a component, or "null".
+std::string TypeOf(const nlohmann::json& component) {
+  if (component.is_null()) return "null";
+  if (!component.is_object() || !component.contains("type") ||
+      !component["type"].is_string()) {
+    return component.dump();
+  }
+  return component["type"].get<std::string>();
+}
+
+bool FlagOf(const nlohmann::json& component, const char* name) {
+  return component.contains(name) && component[name].is_boolean() &&
+         component[name].get<bool>();
+}
+
+}  // namespace
+
+absl::StatusOr<BpeTokenizer> BpeTokenizer::LoadHuggingFace(
+    const std::string& given) {
+  std::error_code ec;
+  const std::string path = std::filesystem::is_directory(given, ec)
+                               ? given + "/tokenizer.json"
+                               : given;
+  // Llama 3's and Qwen's files are 9-11 MB.
+  absl::StatusOr<std::string> text =
+      ReadInputFile(path, int64_t{256} << 20, "a tokenizer");
+  if (!text.ok()) return text.status();
+  const nlohmann::json json =
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object() || !json.contains("model") ||
+      !json["model"].is_object()) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": not a tokenizer.json (a JSON object with a \"model\")"));
+  }
+  auto unsupported = [&path](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  const nlohmann::json& model = json["model"];
+  if (const std::string type = TypeOf(model); type != "BPE") {
+    return unsupported(absl::StrCat(
+        "the tokenizer's model is ", type,
+        "; only byte-level BPE tokenizers (model.type BPE) are read"));
+  }
+  if (FlagOf(model, "byte_fallback")) {
+    return unsupported(
+        "model.byte_fallback is true (SentencePiece-style BPE); "
+        "only byte-level BPE tokenizers are read");
+  }
+  for (const char* affix :
+       {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(affix) && !model[affix].is_null() &&
+        model[affix] != "") {
+      return unsupported(absl::StrCat("model.", affix, " is ",
+                                      model[affix].dump(), "; not supported"));
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->hugging_face = true;
+  impl->ignore_merges = FlagOf(model, "ignore_merges");
+  // The normalizer: none or NFC (alone or the one step of a sequence).
+  const nlohmann::json& normalizer =
+      json.contains("normalizer") ? json["normalizer"] : nlohmann::json();
+  const std::string normalizer_type = TypeOf(normalizer);
+  if (normalizer_type == "NFC") {
+    impl->nfc = true;
+  } else if (normalizer_type != "null") {
+    return unsupported(absl::StrCat("the normalizer is ", normalizer_type,
+                                    "; only none or NFC is supported"));
+  }
+  // The pre-tokenizer: ByteLevel with GPT-2's regex, or Split by a regex
+  // then ByteLevel without one.
+  const nlohmann::json& pre =
+      json.contains("pre_tokenizer") ? json["pre_tokenizer"] : nlohmann::json();
+  std::string pattern;
+  const std::string pre_type = TypeOf(pre);
+  if (pre_type == "ByteLevel" && FlagOf(pre, "use_regex") &&
+      !FlagOf(pre, "add_prefix_space")) {
+    pattern = kPreTokenPattern;
+  } else if (pre_type == "Sequence" && pre.contains("pretokenizers") &&
+             pre["pretokenizers"].is_array() &&
+             pre["pretokenizers"].size() == 2) {
+    const nlohmann::json& split = pre["pretokenizers"][0];
+    const nlohmann::json& bytes = pre["pretokenizers"][1];
+    const bool split_ok =
+        TypeOf(split) == "Split" && split.contains("pattern") &&
+        split["pattern"].is_object() && split["pattern"].contains("Regex") &&
+        split["pattern"]["Regex"].is_string() &&
+        split.value("behavior", "") == "Isolated" && !FlagOf(split, "invert");
+    const bool bytes_ok = TypeOf(bytes) == "ByteLevel" &&
+                          !FlagOf(bytes, "use_regex") &&
+                          !FlagOf(bytes, "add_prefix_space");
+    if (!split_ok || !bytes_ok) {
+      return unsupported(absl::StrCat(
+          "the pre-tokenizer is ", TypeOf(split), " then ", TypeOf(bytes),
+          "; supported: Split by a regex (Isolated) then ByteLevel"));
+    }
+    pattern = split["pattern"]["Regex"].get<std::string>();
+  } else {
+    return unsupported(absl::StrCat(
+        "the pre-tokenizer is ", pre_type,
+        "; supported: ByteLevel (GPT-2's regex), or Split by a regex then "
+        "ByteLevel"));
+  }
+  if (json.contains("decoder")) {
+    const std::string decoder = TypeOf(json["decoder"]);
+    if (decoder != "ByteLevel" && decoder != "null") {
+      return unsupported(absl::StrCat("the decoder is ", decoder,
+                                      "; byte-level BPE decodes by ByteLevel"));
+    }
+  }
+  if (absl::Status s =
+          impl->LoadHfVocab(model.value("vocab", nlohmann::json()), path);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          impl->LoadHfMerges(model.value("merges", nlohmann::json()), path);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = impl->CompileRegex(pattern); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  {
+    // A pattern that matches nothing at all would never move on.
+    std::unique_ptr<pcre2_match_data, MatchDataDeleter> match(
+        pcre2_match_data_create(1, nullptr));
+    if (pcre2_match(impl->pre_token_regex.get(),
+                    reinterpret_cast<PCRE2_SPTR>(""), 0, 0, 0, match.get(),
+                    nullptr) >= 0) {
+      return unsupported("the pre-tokenizer's regex matches the empty text");
+    }
+  }
+  // Added tokens: their text as is, matched before anything else.
+  if (json.contains("added_tokens") && json["added_tokens"].is_array()) {
+    for (const nlohmann::json& token : json["added_tokens"]) {
+      if (!token.is_object() || !token.contains("id") ||
+          !token["id"].is_number_integer() || !token.contains("content") ||
+          !token["content"].is_string() || token["content"] == "" ||
+          token["id"].get<int64_t>() < 0 ||
+          token["id"].get<int64_t>() >= (int64_t{1} << 24)) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": added token ", token.dump(), " needs an id and content"));
+      }
+      const size_t id = token["id"].get<size_t>();
+      const std::string content = token["content"].get<std::string>();
+      if (id >= impl->id_to_bytes.size()) impl->id_to_bytes.resize(id + 1);
+      impl->id_to_bytes[id] = content;
+      impl->added.emplace_back(content, static_cast<int>(id));
+      impl->added_starts[static_cast<unsigned char>(content[0])] = true;
+    }
+  }
+  std::stable_sort(impl->added.begin(), impl->added.end(),
+                   [](const auto& a, const auto& b) {
+                     return a.first.size() > b.first.size();
+                   });
+  for (const char* eot :
+       {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
+    if (impl->end_of_text >= 0) break;
+    for (const auto& [content, id] : impl->added) {
+      if (content == eot) impl->end_of_text = id;
+    }
+    if (impl->end_of_text < 0) {
+      auto it = impl->bytes_to_id.find(eot);
+      if (it != impl->bytes_to_id.end()) impl->end_of_text = it->second;
+    }
+  }
+  return BpeTokenizer(std::move(impl));
 }
 
 }  // namespace shardtrain

