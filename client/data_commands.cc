@@ -23,18 +23,28 @@ namespace shardtrain::cli {
 namespace {
 
 struct PrepareOptions {
-  std::string corpus;             // "brown", or empty when text is given
-  std::vector<std::string> text;  // files or folders
+  std::string corpus;              // "brown", or empty when text is given
+  std::vector<std::string> text;   // files or folders
+  std::vector<std::string> jsonl;  // JSON Lines files
+  std::string field = "text";      // the JSON Lines field holding the text
+  std::string tokenizer;           // a tokenizer.json; empty: GPT-2's
   std::string out;
 };
 
 struct InspectOptions {
   std::string file;
   int count = 64;
+  std::string tokenizer;  // a tokenizer.json; empty: GPT-2's
 };
 
+// GPT-2's built-in tokenizer, or the Hugging Face one at `path`.
+absl::StatusOr<BpeTokenizer> LoadTokenizer(const std::string& path) {
+  return path.empty() ? BpeTokenizer::LoadDefault()
+                      : BpeTokenizer::LoadHuggingFace(path);
+}
+
 int RunPrepare(const PrepareOptions& options) {
-  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+  absl::StatusOr<BpeTokenizer> tokenizer = LoadTokenizer(options.tokenizer);
   if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
 
   absl::StatusOr<Corpus> corpus;
@@ -42,13 +52,16 @@ int RunPrepare(const PrepareOptions& options) {
     absl::StatusOr<std::string> dir = BrownCorpusDir();
     if (!dir.ok()) return ReportFailure(dir.status());
     corpus = LoadBrownCorpus(*dir);
+  } else if (!options.jsonl.empty()) {
+    corpus = LoadJsonlCorpus(options.jsonl, options.field);
   } else {
     corpus = LoadTextCorpus(options.text);
   }
   if (!corpus.ok()) return ReportFailure(corpus.status());
 
   absl::StatusOr<DatasetSummary> summary =
-      PrepareDataset(*corpus, *tokenizer, options.out);
+      PrepareDataset(*corpus, *tokenizer, options.out,
+                     options.tokenizer.empty() ? "gpt2" : options.tokenizer);
   if (!summary.ok()) return ReportFailure(summary.status());
 
   std::cout << absl::StrFormat(
@@ -77,28 +90,34 @@ int RunPrepare(const PrepareOptions& options) {
 int RunInspect(const InspectOptions& options) {
   absl::StatusOr<TokenFile> file = TokenFile::Open(options.file);
   if (!file.ok()) return ReportFailure(file.status());
-  absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::LoadDefault();
+  absl::StatusOr<BpeTokenizer> tokenizer = LoadTokenizer(options.tokenizer);
   if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
 
-  const absl::Span<const uint16_t> tokens = file->tokens();
-  const auto documents =
-      std::count(tokens.begin(), tokens.end(), kGpt2EndOfText);
-  const std::vector<int> first(
-      tokens.begin(),
-      tokens.begin() + std::min<size_t>(tokens.size(), options.count));
+  const uint32_t eot = static_cast<uint32_t>(tokenizer->end_of_text());
+  int64_t documents = 0;
+  for (size_t i = 0; i < file->size(); ++i) documents += (*file)[i] == eot;
+  std::vector<int> first;
+  for (size_t i = 0; i < std::min<size_t>(file->size(), options.count); ++i) {
+    first.push_back(static_cast<int>((*file)[i]));
+  }
   absl::StatusOr<std::string> text = tokenizer->Decode(first);
   if (!text.ok()) return ReportFailure(text.status());
+  const bool wide = file->width() == 4;
 
+  absl::StatusOr<std::string> eot_text =
+      tokenizer->Decode(std::vector<int>{static_cast<int>(eot)});
   std::cout << absl::StrFormat(
       "file       %s\n"
-      "format     llm.c tokens (magic %d, version %d, uint16)\n"
+      "format     llm.c tokens (magic %d, version %d, %s)\n"
       "tokens     %d\n"
       "documents  %d (%s delimiters)\n"
       "first %d tokens:\n%s\n"
       "decoded:\n%s\n",
-      file->path(), kTokenFileMagic, kTokenFileVersion, tokens.size(),
-      documents, kGpt2EndOfTextString, first.size(), absl::StrJoin(first, " "),
-      *text);
+      file->path(), wide ? kTokenFile32Magic : kTokenFileMagic,
+      wide ? kTokenFile32Version : kTokenFileVersion,
+      wide ? "uint32" : "uint16", file->size(), documents,
+      eot_text.ok() ? *eot_text : std::to_string(eot), first.size(),
+      absl::StrJoin(first, " "), *text);
   return kExitOk;
 }
 
@@ -123,7 +142,18 @@ void AddDataCommands(CLI::App* app, int* exit_code) {
   source->add_option(
       "--text", prepare_options->text,
       "Text files, or folders of .txt files; each file is one document");
+  source->add_option("--jsonl", prepare_options->jsonl,
+                     "JSON Lines files; each line's --field is one document");
   source->require_option(1);
+  prepare
+      ->add_option("--field", prepare_options->field,
+                   "The JSON Lines field holding the text")
+      ->capture_default_str();
+  prepare->add_option(
+      "--tokenizer", prepare_options->tokenizer,
+      "A Hugging Face tokenizer.json (or its directory) instead of GPT-2's; "
+      "documents are separated by its end-of-text token, and a vocabulary "
+      "past GPT-2's is written as 32-bit token files");
   prepare
       ->add_option("--out", prepare_options->out,
                    "Output folder (created when missing)")
@@ -137,6 +167,8 @@ void AddDataCommands(CLI::App* app, int* exit_code) {
       "inspect", "Show an llm.c token file's header and first tokens");
   inspect->add_option("file", inspect_options->file, "The .bin file")
       ->required();
+  inspect->add_option("--tokenizer", inspect_options->tokenizer,
+                      "The tokenizer.json the file was prepared with");
   inspect
       ->add_option("--count", inspect_options->count,
                    "How many leading tokens to show and decode")

@@ -21,9 +21,17 @@ namespace {
 
 constexpr double kValidationFraction = 0.1;
 
-void AppendTokens(const std::vector<int>& ids, std::vector<uint16_t>* out) {
-  // Every id is < kGpt2VocabSize < 65536.
+void AppendTokens(const std::vector<int>& ids, std::vector<uint32_t>* out) {
   out->insert(out->end(), ids.begin(), ids.end());
+}
+
+// llm.c's 16-bit file while the vocabulary is GPT-2's size or less, its
+// 32-bit one past it.
+absl::Status WriteTokens(const std::string& path,
+                         const std::vector<uint32_t>& tokens, bool wide) {
+  if (wide) return WriteTokenFile32(path, tokens);
+  const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+  return WriteTokenFile(path, narrow);
 }
 
 nlohmann::json SplitJson(const SplitSummary& split,
@@ -61,13 +69,21 @@ std::vector<bool> ChooseValidationDocuments(
   return is_val;
 }
 
-absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
-                                              const BpeTokenizer& tokenizer,
-                                              const std::string& out_dir) {
+absl::StatusOr<DatasetSummary> PrepareDataset(
+    const Corpus& corpus, const BpeTokenizer& tokenizer,
+    const std::string& out_dir, const std::string& tokenizer_name) {
   if (corpus.documents.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("empty corpus: no documents in ", corpus.source));
   }
+  const int eot = tokenizer.end_of_text();
+  if (eot < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer ", tokenizer_name,
+        " has no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or "
+        "<eos>) to separate documents"));
+  }
+  const bool wide = tokenizer.vocab_size() > kGpt2VocabSize;
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec || !std::filesystem::is_directory(out_dir)) {
@@ -80,7 +96,7 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
   summary.source = corpus.source;
   summary.train.path = out_dir + "/train.bin";
   summary.val.path = out_dir + "/val.bin";
-  std::vector<uint16_t> train_tokens, val_tokens;
+  std::vector<uint32_t> train_tokens, val_tokens;
   std::vector<std::string> train_names, val_names;
 
   const auto start = std::chrono::steady_clock::now();
@@ -92,14 +108,14 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
       return absl::InvalidArgumentError(
           absl::StrCat("empty corpus: no text in ", corpus.source));
     }
-    ids.insert(ids.begin(), kGpt2EndOfText);
+    ids.insert(ids.begin(), eot);
     // Keep at least one token of text on each side.
     const auto cut = std::clamp<size_t>(
         static_cast<size_t>(
             std::lround(ids.size() * (1 - kValidationFraction))),
         1, ids.size() - 1);
     train_tokens.assign(ids.begin(), ids.begin() + cut);
-    val_tokens.push_back(kGpt2EndOfText);
+    val_tokens.push_back(static_cast<uint32_t>(eot));
     val_tokens.insert(val_tokens.end(), ids.begin() + cut, ids.end());
     for (SplitSummary* split : {&summary.train, &summary.val}) {
       split->documents = 1;
@@ -114,8 +130,8 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
     for (size_t i = 0; i < corpus.documents.size(); ++i) {
       const Document& document = corpus.documents[i];
       SplitSummary& split = is_val[i] ? summary.val : summary.train;
-      std::vector<uint16_t>& tokens = is_val[i] ? val_tokens : train_tokens;
-      tokens.push_back(kGpt2EndOfText);
+      std::vector<uint32_t>& tokens = is_val[i] ? val_tokens : train_tokens;
+      tokens.push_back(static_cast<uint32_t>(eot));
       AppendTokens(tokenizer.Encode(document.text), &tokens);
       ++split.documents;
       if (!document.group.empty()) ++split.documents_per_group[document.group];
@@ -128,23 +144,24 @@ absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
   summary.train.tokens = static_cast<int64_t>(train_tokens.size());
   summary.val.tokens = static_cast<int64_t>(val_tokens.size());
 
-  if (absl::Status s = WriteTokenFile(summary.train.path, train_tokens);
+  if (absl::Status s = WriteTokens(summary.train.path, train_tokens, wide);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = WriteTokenFile(summary.val.path, val_tokens); !s.ok()) {
+  if (absl::Status s = WriteTokens(summary.val.path, val_tokens, wide);
+      !s.ok()) {
     return s;
   }
   nlohmann::json meta;
   meta["source"] = summary.source;
   meta["format"] = {{"name", "llm.c"},
-                    {"magic", kTokenFileMagic},
-                    {"version", kTokenFileVersion},
+                    {"magic", wide ? kTokenFile32Magic : kTokenFileMagic},
+                    {"version", wide ? kTokenFile32Version : kTokenFileVersion},
                     {"header_int32s", kTokenFileHeaderInts},
-                    {"dtype", "uint16"}};
-  meta["tokenizer"] = {{"name", "gpt2"},
-                       {"vocab_size", kGpt2VocabSize},
-                       {"eot_token", kGpt2EndOfText},
+                    {"dtype", wide ? "uint32" : "uint16"}};
+  meta["tokenizer"] = {{"name", tokenizer_name},
+                       {"vocab_size", tokenizer.vocab_size()},
+                       {"eot_token", eot},
                        {"eot_before_each_document", true}};
   meta["split_by"] = summary.split_by;
   meta["train"] = SplitJson(summary.train, train_names);

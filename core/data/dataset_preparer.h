@@ -1,6 +1,6 @@
 // Turns a Corpus into an llm.c-style dataset folder:
 //   train.bin, val.bin  token files (see token_file.h), every document
-//                       preceded by <|endoftext|> as llm.c does;
+//                       preceded by the end-of-text token as llm.c does;
 //   meta.json           source, split rule, documents and tokens per split,
 //                       vocabulary.
 // The split is a pure function of the corpus, so preparing twice gives
@@ -43,13 +43,17 @@ std::vector<bool> ChooseValidationDocuments(
     const std::vector<Document>& documents);
 
 // Tokenizes `corpus` and writes the dataset into `out_dir` (created when
-// missing). Two or more documents are split by ChooseValidationDocuments; a
-// single one by tokens, 90/10, val starting with its own <|endoftext|>. The
-// literal text "<|endoftext|>" in a document is text, not a delimiter.
-// InvalidArgument for an empty corpus.
-absl::StatusOr<DatasetSummary> PrepareDataset(const Corpus& corpus,
-                                              const BpeTokenizer& tokenizer,
-                                              const std::string& out_dir);
+// missing), each document preceded by the tokenizer's end-of-text token:
+// 16-bit token files for a vocabulary of GPT-2's size or less, 32-bit ones
+// past it. Two or more documents are split by ChooseValidationDocuments; a
+// single one by tokens, 90/10, val starting with its own end-of-text. With
+// GPT-2's built-in tokenizer the literal text "<|endoftext|>" in a document
+// is text, not a delimiter (a Hugging Face tokenizer matches its added
+// tokens). `tokenizer_name` goes to meta.json. InvalidArgument for an empty
+// corpus or a tokenizer without an end-of-text token.
+absl::StatusOr<DatasetSummary> PrepareDataset(
+    const Corpus& corpus, const BpeTokenizer& tokenizer,
+    const std::string& out_dir, const std::string& tokenizer_name = "gpt2");
 
 }  // namespace shardtrain
 

@@ -9,7 +9,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/input_file.h"
+#include "nlohmann/json.hpp"
 
 namespace shardtrain {
 namespace {
@@ -67,6 +69,44 @@ absl::StatusOr<Corpus> LoadTextCorpus(absl::Span<const std::string> paths) {
       std::string text = *std::move(read);
       if (absl::StripAsciiWhitespace(text).empty()) continue;
       corpus.documents.push_back(Document{file, "", std::move(text)});
+    }
+  }
+  if (corpus.documents.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("empty corpus: no text in ", corpus.source));
+  }
+  return corpus;
+}
+
+absl::StatusOr<Corpus> LoadJsonlCorpus(absl::Span<const std::string> paths,
+                                       const std::string& field) {
+  Corpus corpus;
+  corpus.source = absl::StrJoin(paths, " ");
+  for (const std::string& file : paths) {
+    absl::StatusOr<std::string> read =
+        ReadInputFile(file, kMaxDocumentBytes, "a JSON Lines file");
+    if (!read.ok()) return read.status();
+    int64_t line_number = 0;
+    for (absl::string_view line : absl::StrSplit(*read, '\n')) {
+      ++line_number;
+      if (absl::StripAsciiWhitespace(line).empty()) continue;
+      const nlohmann::json json =
+          nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (json.is_discarded() || !json.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ":", line_number,
+                         ": not a JSON object (JSON Lines: one "
+                         "object per line)"));
+      }
+      if (!json.contains(field) || !json[field].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ":", line_number, ": no string field \"", field,
+                         "\" (--field names the one holding the text)"));
+      }
+      std::string text = json[field].get<std::string>();
+      if (absl::StripAsciiWhitespace(text).empty()) continue;
+      corpus.documents.push_back(
+          Document{absl::StrCat(file, ":", line_number), "", std::move(text)});
     }
   }
   if (corpus.documents.empty()) {

@@ -1,4 +1,4 @@
-// Plain text files as a corpus: each file one document.
+// Plain text files, or JSON Lines, as a corpus.
 #ifndef SHARDTRAIN_CORE_DATA_TEXT_CORPUS_H_
 #define SHARDTRAIN_CORE_DATA_TEXT_CORPUS_H_
 
@@ -15,6 +15,14 @@ namespace shardtrain {
 // whitespace are skipped. NotFound for a path that does not exist or a folder
 // without .txt files; InvalidArgument ("empty corpus") when no text is left.
 absl::StatusOr<Corpus> LoadTextCorpus(absl::Span<const std::string> paths);
+
+// JSON Lines files as a corpus: each line a JSON object whose string `field`
+// is one document ("FILE:LINE" its name); blank lines and documents of only
+// whitespace are skipped. InvalidArgument naming the file and line for a
+// line that is not an object with that string field; NotFound for a missing
+// file; "empty corpus" when no text is left.
+absl::StatusOr<Corpus> LoadJsonlCorpus(absl::Span<const std::string> paths,
+                                       const std::string& field);
 
 }  // namespace shardtrain
 

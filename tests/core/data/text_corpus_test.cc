@@ -116,7 +116,8 @@ class PrepareTextTest : public ::testing::Test {
     absl::StatusOr<TokenFile> file = TokenFile::Open(path);
     EXPECT_TRUE(file.ok()) << file.status();
     if (!file.ok()) return {};
-    return {file->tokens().begin(), file->tokens().end()};
+    const std::vector<uint32_t> ids = file->ToVector();
+    return {ids.begin(), ids.end()};
   }
 
   std::unique_ptr<BpeTokenizer> tokenizer_;

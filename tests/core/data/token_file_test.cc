@@ -45,10 +45,47 @@ TEST(TokenFileTest, ReadsBackWhatWasWritten) {
   absl::StatusOr<TokenFile> file = TokenFile::Open(dir / "t.bin");
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ(file->size(), tokens.size());
-  EXPECT_EQ(std::vector<uint16_t>(file->data(), file->data() + file->size()),
-            tokens);
-  EXPECT_EQ((*file)[1], 15496);
+  std::vector<uint16_t> read;
+  for (size_t i = 0; i < file->size(); ++i) read.push_back((*file)[i]);
+  EXPECT_EQ(read, tokens);
+  EXPECT_EQ((*file)[1], 15496u);
+  EXPECT_EQ(file->width(), 2);
+  EXPECT_EQ(file->max_id(), 50256u);
   EXPECT_EQ(file->path(), dir / "t.bin");
+}
+
+// llm.c's 32-bit file (its Llama 3 shards' layout): magic 20240801,
+// version 7, uint32 ids, for vocabularies past 65,536.
+TEST(TokenFileTest, ThirtyTwoBitFilesHoldLargeVocabularies) {
+  test::TempDir dir;
+  const std::vector<uint32_t> tokens = {128001, 9906, 1917, 0, 151643};
+  ASSERT_TRUE(WriteTokenFile32(dir / "t.bin", tokens).ok());
+  const std::string bytes = test::ReadFile(dir / "t.bin");
+  ASSERT_EQ(bytes.size(), kTokenFileHeaderBytes + 4 * tokens.size());
+  int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 5);
+  absl::StatusOr<TokenFile> file = TokenFile::Open(dir / "t.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->width(), 4);
+  std::vector<uint32_t> read;
+  for (size_t i = 0; i < file->size(); ++i) read.push_back((*file)[i]);
+  EXPECT_EQ(read, tokens);
+  EXPECT_EQ(file->max_id(), 151643u);
+  EXPECT_EQ(ReadTokenFileHeader(dir / "t.bin").value(), 5);
+  // Past 2^24 ids, and the 16-bit version number under the 32-bit magic,
+  // are refused.
+  EXPECT_FALSE(WriteTokenFile32(dir / "u.bin", {1u << 24}).ok());
+  std::string wrong_version = bytes;
+  const int32_t one = 1;
+  std::memcpy(wrong_version.data() + 4, &one, 4);
+  test::WriteFile(dir / "v.bin", wrong_version);
+  absl::StatusOr<TokenFile> refused = TokenFile::Open(dir / "v.bin");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("unsupported version 1 for magic 20240801"));
 }
 
 TEST(TokenFileTest, WritesLlmcLayoutByteForByte) {
@@ -75,7 +112,7 @@ TEST(TokenFileTest, MovedFromFileKeepsTheMappingAlive) {
   TokenFile file = std::move(*opened);
   TokenFile other = std::move(file);
   EXPECT_EQ(other.size(), 2u);
-  EXPECT_EQ(other[1], 8);
+  EXPECT_EQ(other[1], 8u);
 }
 
 TEST(TokenFileTest, WriteLeavesNoTemporaryFileBehind) {

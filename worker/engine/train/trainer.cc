@@ -159,14 +159,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const std::string train_path = config.data + "/train.bin";
     const std::string val_path = config.data + "/val.bin";
     if (absl::Status s = config.CheckDataDirectory(); !s.ok()) return s;
+    // Ids past the model's vocabulary would index past its embedding.
+    auto within_vocabulary = [&](const TokenFile& file) {
+      if (file.size() == 0 || file.max_id() < t.model_config_.vocab_size) {
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: ", file.path(), " holds token id ", file.max_id(),
+                       ", past model ", t.model_config_.ToSpec(),
+                       "'s vocabulary of ", t.model_config_.vocab_size,
+                       " (prepare the data with the model's tokenizer)"));
+    };
     if (!config.eval_only) {
       absl::StatusOr<TokenFile> train = TokenFile::Open(train_path);
       if (!train.ok()) return train.status();
+      if (absl::Status s = within_vocabulary(*train); !s.ok()) return s;
       t.train_tokens_.emplace(std::move(*train));
     }
     if (fs::exists(val_path)) {
       absl::StatusOr<TokenFile> val = TokenFile::Open(val_path);
       if (!val.ok()) return val.status();
+      if (absl::Status s = within_vocabulary(*val); !s.ok()) return s;
       t.val_tokens_.emplace(std::move(*val));
     }
   }
@@ -293,12 +306,11 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::LoadBatch(
   torch::Tensor targets = torch::empty({batch, seq_len}, torch::kInt64);
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* out = targets.data_ptr<int64_t>();
-  const uint16_t* data = tokens.data();
   for (int64_t b = 0; b < batch; ++b) {
-    const uint16_t* window = data + starts[b];
+    const size_t window = static_cast<size_t>(starts[b]);
     for (int64_t t = 0; t < seq_len; ++t) {
-      in[b * seq_len + t] = window[t];
-      out[b * seq_len + t] = window[t + 1];
+      in[b * seq_len + t] = tokens[window + t];
+      out[b * seq_len + t] = tokens[window + t + 1];
     }
   }
   if (device_.is_cpu()) return {inputs, targets};
