@@ -1,14 +1,20 @@
 #include "client/checkpoint_commands.h"
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "common/atomic_file.h"
+#include "common/input_file.h"
+#include "core/data/asset_paths.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/hf_llama.h"
 #include "core/train/checkpoint_export.h"
@@ -112,6 +118,65 @@ int RunInspect(const InspectOptions& options) {
   return kExitOk;
 }
 
+// Copies `from` to `to` through the bounded reader, atomically.
+absl::Status CopyFile(const std::string& from, const std::string& to) {
+  absl::StatusOr<std::string> bytes =
+      ReadInputFile(from, int64_t{256} << 20, "a tokenizer file");
+  if (!bytes.ok()) return bytes.status();
+  return WriteFileAtomically(to, *bytes);
+}
+
+// The tokenizer the run's data was prepared with, beside the exported model
+// as transformers reads it: GPT-2's vocab.json and merges.txt, or the
+// tokenizer.json (and its tokenizer_config.json and special_tokens_map.json)
+// that data prepare --tokenizer was given. What it did, for the output; an
+// error when the data folder or its tokenizer cannot be read.
+absl::StatusOr<std::string> ShipTokenizer(const std::string& data,
+                                          const std::string& out) {
+  namespace fs = std::filesystem;
+  if (data.empty()) return std::string("none (no data folder on record)");
+  absl::StatusOr<std::string> meta_text =
+      ReadInputFile(data + "/meta.json", int64_t{64} << 20, "a dataset's meta");
+  if (!meta_text.ok()) return meta_text.status();
+  const nlohmann::json meta =
+      nlohmann::json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.contains("tokenizer") ||
+      !meta["tokenizer"].is_object() ||
+      !meta["tokenizer"].value("name", nlohmann::json()).is_string()) {
+    return absl::DataLossError(
+        absl::StrCat(data, "/meta.json names no tokenizer"));
+  }
+  const std::string name = meta["tokenizer"]["name"].get<std::string>();
+  std::vector<std::pair<std::string, std::string>> copies;
+  if (name == "gpt2") {
+    absl::StatusOr<std::string> vocab = Gpt2VocabDir();
+    if (!vocab.ok()) return vocab.status();
+    copies = {{*vocab + "/encoder.json", "vocab.json"},
+              {*vocab + "/vocab.bpe", "merges.txt"}};
+  } else {
+    std::error_code ec;
+    const fs::path file = fs::is_directory(name, ec)
+                              ? fs::path(name) / "tokenizer.json"
+                              : fs::path(name);
+    copies = {{file.string(), "tokenizer.json"}};
+    for (const char* extra :
+         {"tokenizer_config.json", "special_tokens_map.json"}) {
+      const fs::path beside = file.parent_path() / extra;
+      if (fs::exists(beside, ec)) copies.emplace_back(beside.string(), extra);
+    }
+  }
+  std::vector<std::string> written;
+  for (const auto& [from, to] : copies) {
+    if (absl::Status s = CopyFile(from, (fs::path(out) / to).string());
+        !s.ok()) {
+      return s;
+    }
+    written.push_back(to);
+  }
+  return absl::StrCat(absl::StrJoin(written, ", "), " (",
+                      name == "gpt2" ? "GPT-2's" : name, ")");
+}
+
 int RunExport(ExportOptions options) {
   // `--to FILE` alone is the llm.c export's older spelling.
   if (options.out.empty() && options.to != "hf" && options.to != "llmc") {
@@ -149,6 +214,16 @@ int RunExport(ExportOptions options) {
                     : std::string(" (llm.c model)"))
             << ", model " << weights->config.ToSpec() << ", from "
             << weights->description << "\n";
+  if (options.to == "hf") {
+    absl::StatusOr<std::string> tokenizer =
+        ShipTokenizer(weights->data, options.out);
+    if (tokenizer.ok()) {
+      std::cout << "tokenizer: " << *tokenizer << "\n";
+    } else {
+      std::cerr << "warning: the model is written, without its tokenizer: "
+                << tokenizer.status().message() << "\n";
+    }
+  }
   return kExitOk;
 }
 

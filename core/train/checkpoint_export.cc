@@ -87,6 +87,9 @@ absl::StatusOr<ModelWeights> CheckpointWeights(CheckpointReader& reader) {
   ModelWeights weights;
   weights.config = *config;
   weights.names = names;
+  if (training.contains("data") && training["data"].is_string()) {
+    weights.data = training["data"].get<std::string>();
+  }
   weights.description = absl::StrCat("checkpoint ", reader.dir(), " (step ",
                                      training.value("step", int64_t{0}), ")");
   weights.read = [&reader, names, sizes](size_t index, float* out) {

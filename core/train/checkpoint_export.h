@@ -33,6 +33,8 @@ struct ModelWeights {
   ModelConfig config;
   // "checkpoint DIR (step N)", "llm.c model FILE", "Hugging Face model DIR".
   std::string description;
+  // A checkpoint's: the data folder its run trained on ("" when unknown).
+  std::string data;
   // Our names of the model's tensors in `read`'s order (ModelParameterNames:
   // llm.c's order for GPT-2, the model's own for Llama), shaped as
   // ModelParameterShapes says.

@@ -307,9 +307,20 @@ TEST(ShardtrainCliTest, PreparesJsonLinesWithAHuggingFaceTokenizerAndTrains) {
   const CommandResult trained = test::RunCommand(
       SHARDTRAIN_BINARY_DIR "/bin/shardtrain-train --model " + model +
       "128256 --data " + (dir / "data") +
-      " --batch-size 2 --seq-len 16 --max-steps 2 --eval-steps 1");
+      " --batch-size 2 --seq-len 16 --max-steps 2 --eval-steps 1 "
+      "--checkpoint-every 2 --out " +
+      (dir / "run"));
   ASSERT_EQ(trained.exit_code, 0) << trained.out << trained.err;
   EXPECT_THAT(trained.out + trained.err, HasSubstr("step 2/2 | loss "));
+  // Exported for transformers with the tokenizer its data was made with.
+  const CommandResult exported = Shardtrain(
+      "checkpoint export " + (dir / "run") + " --to hf " + (dir / "hf"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_THAT(exported.out, HasSubstr("tokenizer: tokenizer.json, "
+                                      "tokenizer_config.json"));
+  EXPECT_EQ(test::ReadFile(dir / "hf/tokenizer.json"),
+            test::ReadFile(tokenizer + "/tokenizer.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "hf/config.json"));
   const CommandResult refused =
       test::RunCommand(SHARDTRAIN_BINARY_DIR "/bin/shardtrain-train --model " +
                        model + "50257 --data " + (dir / "data") +

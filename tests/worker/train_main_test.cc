@@ -148,6 +148,9 @@ TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
   ASSERT_EQ(exported.exit_code, 0) << exported.out << exported.err;
   EXPECT_NE(exported.out.find("LlamaForCausalLM"), std::string::npos)
       << exported.out;
+  // These tokens came without a meta.json: no tokenizer to ship, said so.
+  EXPECT_NE(exported.err.find("without its tokenizer"), std::string::npos)
+      << exported.err;
   EXPECT_TRUE(fs::exists(Out("llama-hf") + "/config.json"));
   const std::string eval = "--model llama-tiny --data " + Data() +
                            " --batch-size 2 --seq-len 32 --eval-only "

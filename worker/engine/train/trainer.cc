@@ -432,6 +432,11 @@ absl::Status Trainer::SaveCheckpoint(int64_t next_step) {
       {"global_batch", global_batch},
       {"seq_len", config_.seq_len},
       {"model", model_config_.ToSpec()},
+      // Where its tokens came from (meta.json there names the tokenizer,
+      // which `checkpoint export` ships with the model).
+      {"data", config_.data.empty()
+                   ? std::string()
+                   : std::filesystem::absolute(config_.data).string()},
       {"written_by",
        {{"strategy", strategy_->name()},
         {"mesh", MeshName(config_, rank_info_.world_size)},
