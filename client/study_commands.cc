@@ -22,10 +22,13 @@
 #include "client/exit_code.h"
 #include "client/host_load.h"
 #include "client/job_commands.h"
+#include "common/input_file.h"
 #include "common/net_route.h"
+#include "core/model/model_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
+#include "nlohmann/json.hpp"
 #include "proto/job_config.h"
 
 namespace shardtrain::cli {
@@ -235,6 +238,34 @@ absl::Status CheckPreparedJobs(const std::vector<Prepared>& jobs,
 }
 
 // Every entry's job spec, at `threads_as_ranks` and labelled with `study`;
+// "llama-tiny (Llama) on the Brown Corpus (GPT-2 tokens)": the model, its
+// family and the data with the tokenizer it was prepared with (from
+// DATA/meta.json when the folder is readable here).
+std::string ModelAndTokens(const std::string& model, const std::string& data) {
+  std::string out = model;
+  if (absl::StatusOr<ModelConfig> config = ParseModelSpec(model); config.ok()) {
+    absl::StrAppend(&out, " (", config->is_llama() ? "Llama" : "GPT-2", ")");
+  }
+  std::string tokens;
+  if (data == "brown") {
+    tokens = "GPT-2";
+  } else if (absl::StatusOr<std::string> meta = ReadInputFile(
+                 data + "/meta.json", int64_t{64} << 20, "a dataset's meta");
+             meta.ok()) {
+    const nlohmann::json json =
+        nlohmann::json::parse(*meta, nullptr, /*allow_exceptions=*/false);
+    if (!json.is_discarded() && json.contains("tokenizer") &&
+        json["tokenizer"].is_object() &&
+        json["tokenizer"].value("name", nlohmann::json()).is_string()) {
+      const std::string name = json["tokenizer"]["name"].get<std::string>();
+      tokens = name == "gpt2" ? "GPT-2" : name;
+    }
+  }
+  absl::StrAppend(&out, " on ", data == "brown" ? "the Brown Corpus" : data,
+                  tokens.empty() ? "" : absl::StrCat(" (", tokens, " tokens)"));
+  return out;
+}
+
 // under a memory budget each at the largest batch its plan fits (an entry
 // that fits none is left out, and said so).
 absl::StatusOr<std::vector<Prepared>> PrepareJobs(
@@ -459,8 +490,7 @@ int RunCompare(CompareFlags flags, const ConnectionOptions& connection) {
       largest, "-rank job (the daemon host's cores / ", largest,
       "), so per-rank speed and memory compare at the same threads.");
   options.title = absl::StrCat(
-      base->model(), " on ",
-      base->data() == "brown" ? "the Brown Corpus" : base->data(), ", ",
+      ModelAndTokens(base->model(), base->data()), ", ",
       absl::StrJoin(flags.strategies, " vs "), ", world size ", world, ", ",
       budget > 0 ? absl::StrCat("each at its largest batch within ",
                                 FormatBytes(budget), " per rank")

@@ -555,11 +555,15 @@ TEST_F(CliJobCommandsTest, CompareTakesPipelineMeshEntries) {
   StartDaemon({});
   const std::string out = dir_ / "mesh";
   CommandResult compare = Cli(absl::StrCat(
-      "compare --strategies single,pp2,tp2 --world-size 2 --model gpt2-tiny "
+      "compare --strategies single,pp2,tp2 --world-size 2 --model llama-tiny "
       "--data brown --batch-size 2 --seq-len 64 --max-steps 3 --eval-steps 1 "
       "--micro-batches 2 --out ",
       out));
   ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  // A Llama-family study, its report naming the family and the tokens.
+  EXPECT_THAT(test::ReadFile(out + "/report.md"),
+              HasSubstr("# llama-tiny (Llama) on the Brown Corpus (GPT-2 "
+                        "tokens), single vs pp2 vs tp2"));
   EXPECT_TRUE(std::filesystem::exists(out + "/pp2.csv"));
   EXPECT_TRUE(std::filesystem::exists(out + "/tp2.csv"));
   grpc::ClientContext context;

