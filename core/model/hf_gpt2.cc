@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "core/model/hf_settings.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -74,21 +75,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 // to 1,024) rather than believed.
 constexpr int64_t kMaxVocabPadMultiple = 1024;
 
-// An integer setting of config.json: required ones must be there.
-absl::StatusOr<int64_t> IntSetting(const nlohmann::json& json,
-                                   const char* name) {
-  if (!json.contains(name)) {
-    return absl::InvalidArgumentError(absl::StrCat("no \"", name, "\""));
-  }
-  const nlohmann::json& v = json[name];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
-      v.get<int64_t>() > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", v.dump(), ", not a positive integer"));
-  }
-  return v.get<int64_t>();
-}
-
 }  // namespace
 
 bool IsHfModelDir(const std::string& path) {
@@ -141,18 +127,8 @@ absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError("not a JSON object");
   }
-  auto text = [&](const char* name, const char* fallback) -> std::string {
-    if (!json.contains(name) || json[name].is_null()) return fallback;
-    return json[name].is_string() ? json[name].get<std::string>()
-                                  : json[name].dump();
-  };
-  auto flag = [&](const char* name, bool fallback) -> absl::StatusOr<bool> {
-    if (!json.contains(name) || json[name].is_null()) return fallback;
-    if (!json[name].is_boolean()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", name, "\" is ", json[name].dump(), ", not true or false"));
-    }
-    return json[name].get<bool>();
+  auto text = [&](const char* name, const char* fallback) {
+    return HfTextSetting(json, name, fallback);
   };
   if (const std::string type = text("model_type", "gpt2"); type != "gpt2") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,12 +139,12 @@ absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
                              std::pair{&config.n_layer, "n_layer"},
                              std::pair{&config.n_head, "n_head"},
                              std::pair{&config.vocab_size, "vocab_size"}}) {
-    absl::StatusOr<int64_t> v = IntSetting(json, name);
+    absl::StatusOr<int64_t> v = HfIntSetting(json, name);
     if (!v.ok()) return v.status();
     *field = *v;
   }
-  absl::StatusOr<int64_t> positions =
-      IntSetting(json, json.contains("n_positions") ? "n_positions" : "n_ctx");
+  absl::StatusOr<int64_t> positions = HfIntSetting(
+      json, json.contains("n_positions") ? "n_positions" : "n_ctx");
   if (!positions.ok()) return positions.status();
   config.block_size = *positions;
   const std::string activation = text("activation_function", "gelu_new");
@@ -197,7 +173,7 @@ absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
                    "attention is scaled by 1/sqrt(head size)"},
         std::tuple{"scale_attn_by_inverse_layer_idx", false,
                    "attention is not scaled by layer"}}) {
-    absl::StatusOr<bool> v = flag(name, wanted);
+    absl::StatusOr<bool> v = HfFlagSetting(json, name, wanted);
     if (!v.ok()) return v.status();
     if (*v != wanted) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -342,19 +318,11 @@ absl::StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(
           label, ": ", kHfWeightsFile, " holds ", ours,
           " twice (with and without the \"transformer.\" prefix)"));
     }
-    const std::vector<int64_t> expected =
-        HfShape(*config, ours, shapes[it->second]);
-    if (tensors[e].shape != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": ", name, " is [", absl::StrJoin(tensors[e].shape, ", "),
-          "], but config.json's model needs [", absl::StrJoin(expected, ", "),
-          "]"));
-    }
-    if (tensors[e].dtype != "F32" && tensors[e].dtype != "F16" &&
-        tensors[e].dtype != "BF16") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label, ": ", name, " is ", tensors[e].dtype,
-                       "; weights must be F32, F16 or BF16"));
+    if (absl::Status s =
+            CheckHfWeight(label, name, tensors[e],
+                          HfShape(*config, ours, shapes[it->second]));
+        !s.ok()) {
+      return s;
     }
     entries[it->second] = e;
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "core/model/hf_settings.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -39,49 +40,6 @@ std::vector<int64_t> HfShape(const ModelConfig& config, const std::string& ours,
                              std::vector<int64_t> shape) {
   if (IsVocabularyRows(ours)) shape[0] = config.vocab_size;
   return shape;
-}
-
-// A positive integer setting; `fallback` 0: required.
-absl::StatusOr<int64_t> IntSetting(const nlohmann::json& json, const char* name,
-                                   int64_t fallback = 0) {
-  if (!json.contains(name) || json[name].is_null()) {
-    if (fallback > 0) return fallback;
-    return absl::InvalidArgumentError(absl::StrCat("no \"", name, "\""));
-  }
-  const nlohmann::json& v = json[name];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
-      v.get<int64_t>() > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", v.dump(), ", not a positive integer"));
-  }
-  return v.get<int64_t>();
-}
-
-absl::StatusOr<double> NumberSetting(const nlohmann::json& json,
-                                     const std::string& name, double fallback) {
-  if (!json.contains(name) || json[name].is_null()) return fallback;
-  if (!json[name].is_number()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", json[name].dump(), ", not a number"));
-  }
-  return json[name].get<double>();
-}
-
-absl::StatusOr<bool> FlagSetting(const nlohmann::json& json, const char* name,
-                                 bool fallback) {
-  if (!json.contains(name) || json[name].is_null()) return fallback;
-  if (!json[name].is_boolean()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", json[name].dump(), ", not true or false"));
-  }
-  return json[name].get<bool>();
-}
-
-std::string TextSetting(const nlohmann::json& json, const char* name,
-                        const char* fallback) {
-  if (!json.contains(name) || json[name].is_null()) return fallback;
-  return json[name].is_string() ? json[name].get<std::string>()
-                                : json[name].dump();
 }
 
 // Buffers older transformers versions saved beside the weights.
@@ -153,7 +111,7 @@ std::string HfModelType(std::string_view json_text) {
   const nlohmann::json json =
       nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) return "";
-  return TextSetting(json, "model_type", "gpt2");
+  return HfTextSetting(json, "model_type", "gpt2");
 }
 
 std::string HfLlamaConfigJson(const ModelConfig& config) {
@@ -209,7 +167,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError("not a JSON object");
   }
-  const std::string type = TextSetting(json, "model_type", "");
+  const std::string type = HfTextSetting(json, "model_type", "");
   if (type != "llama" && type != "qwen2") {
     return absl::InvalidArgumentError(absl::StrCat(
         "model_type is \"", type,
@@ -225,12 +183,12 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
         std::pair{&config.n_head, "num_attention_heads"},
         std::pair{&config.vocab_size, "vocab_size"},
         std::pair{&config.block_size, "max_position_embeddings"}}) {
-    absl::StatusOr<int64_t> v = IntSetting(json, name);
+    absl::StatusOr<int64_t> v = HfIntSetting(json, name);
     if (!v.ok()) return v.status();
     *field = *v;
   }
   absl::StatusOr<int64_t> kv =
-      IntSetting(json, "num_key_value_heads", config.n_head);
+      HfIntSetting(json, "num_key_value_heads", config.n_head);
   if (!kv.ok()) return kv.status();
   config.n_kv_head = *kv;
   if (json.contains("head_dim") && !json["head_dim"].is_null() &&
@@ -241,25 +199,25 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
         config.n_embd / config.n_head));
   }
   absl::StatusOr<bool> interleaved =
-      FlagSetting(json, "rope_interleaved", false);
+      HfFlagSetting(json, "rope_interleaved", false);
   if (!interleaved.ok()) return interleaved.status();
   if (*interleaved) {
     return absl::InvalidArgumentError(
         "rope_interleaved is true; the model turns each head's first and "
         "second halves (Hugging Face's rotate-half), not interleaved pairs");
   }
-  if (const std::string act = TextSetting(json, "hidden_act", "silu");
+  if (const std::string act = HfTextSetting(json, "hidden_act", "silu");
       act != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
         "hidden_act is \"", act, "\"; the model's MLP is SwiGLU (\"silu\")"));
   }
-  absl::StatusOr<bool> mlp_bias = FlagSetting(json, "mlp_bias", false);
+  absl::StatusOr<bool> mlp_bias = HfFlagSetting(json, "mlp_bias", false);
   if (!mlp_bias.ok()) return mlp_bias.status();
   if (*mlp_bias) {
     return absl::InvalidArgumentError(
         "mlp_bias is true; the model's MLP has no biases");
   }
-  absl::StatusOr<bool> bias = FlagSetting(json, "attention_bias", false);
+  absl::StatusOr<bool> bias = HfFlagSetting(json, "attention_bias", false);
   if (!bias.ok()) return bias.status();
   if (type == "llama" && *bias) {
     return absl::InvalidArgumentError(
@@ -268,13 +226,13 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
         "\"qwen2\")");
   }
   config.attention_bias = type == "qwen2";
-  absl::StatusOr<bool> tied = FlagSetting(json, "tie_word_embeddings", false);
+  absl::StatusOr<bool> tied = HfFlagSetting(json, "tie_word_embeddings", false);
   if (!tied.ok()) return tied.status();
   config.tie_embeddings = *tied;
-  absl::StatusOr<double> theta = NumberSetting(json, "rope_theta", 10000);
+  absl::StatusOr<double> theta = HfNumberSetting(json, "rope_theta", 10000);
   if (!theta.ok()) return theta.status();
   config.rope_theta = *theta;
-  absl::StatusOr<double> eps = NumberSetting(json, "rms_norm_eps", 1e-6);
+  absl::StatusOr<double> eps = HfNumberSetting(json, "rms_norm_eps", 1e-6);
   if (!eps.ok()) return eps.status();
   config.norm_eps = *eps;
   if (json.contains("rope_scaling") && !json["rope_scaling"].is_null()) {
@@ -284,7 +242,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
           "rope_scaling is ", r.dump(), ", not an object or null"));
     }
     const std::string rope_type =
-        TextSetting(r, "rope_type", TextSetting(r, "type", "").c_str());
+        HfTextSetting(r, "rope_type", HfTextSetting(r, "type", "").c_str());
     if (rope_type != "llama3") {
       return absl::InvalidArgumentError(absl::StrCat(
           "rope_scaling.rope_type is \"", rope_type,
@@ -296,7 +254,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
          {std::pair{&s.factor, "factor"},
           std::pair{&s.low_freq_factor, "low_freq_factor"},
           std::pair{&s.high_freq_factor, "high_freq_factor"}}) {
-      absl::StatusOr<double> v = NumberSetting(r, name, -1);
+      absl::StatusOr<double> v = HfNumberSetting(r, name, -1);
       if (!v.ok() || *v < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("rope_scaling.", name, " is missing or not a number"));
@@ -304,7 +262,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
       *field = *v;
     }
     absl::StatusOr<int64_t> original =
-        IntSetting(r, "original_max_position_embeddings");
+        HfIntSetting(r, "original_max_position_embeddings");
     if (!original.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rope_scaling: ", original.status().message()));
@@ -516,19 +474,11 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
         return absl::InvalidArgumentError(
             absl::StrCat(label, ": ", name, " is stored twice"));
       }
-      const std::vector<int64_t> expected =
-          HfShape(*config, reader->names_[it->second], shapes[it->second]);
-      if (tensors[e].shape != expected) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            label, ": ", name, " is [", absl::StrJoin(tensors[e].shape, ", "),
-            "], but config.json's model needs [", absl::StrJoin(expected, ", "),
-            "]"));
-      }
-      if (tensors[e].dtype != "F32" && tensors[e].dtype != "F16" &&
-          tensors[e].dtype != "BF16") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(label, ": ", name, " is ", tensors[e].dtype,
-                         "; weights must be F32, F16 or BF16"));
+      if (absl::Status s = CheckHfWeight(
+              label, name, tensors[e],
+              HfShape(*config, reader->names_[it->second], shapes[it->second]));
+          !s.ok()) {
+        return s;
       }
       reader->entries_[it->second] = {f, e};
     }
