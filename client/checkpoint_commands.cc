@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/input_file.h"
 #include "core/data/asset_paths.h"
+#include "core/data/dataset_preparer.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/hf_llama.h"
 #include "core/train/checkpoint_export.h"
@@ -135,18 +136,9 @@ absl::StatusOr<std::string> ShipTokenizer(const std::string& data,
                                           const std::string& out) {
   namespace fs = std::filesystem;
   if (data.empty()) return std::string("none (no data folder on record)");
-  absl::StatusOr<std::string> meta_text =
-      ReadInputFile(data + "/meta.json", int64_t{64} << 20, "a dataset's meta");
-  if (!meta_text.ok()) return meta_text.status();
-  const nlohmann::json meta =
-      nlohmann::json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.contains("tokenizer") ||
-      !meta["tokenizer"].is_object() ||
-      !meta["tokenizer"].value("name", nlohmann::json()).is_string()) {
-    return absl::DataLossError(
-        absl::StrCat(data, "/meta.json names no tokenizer"));
-  }
-  const std::string name = meta["tokenizer"]["name"].get<std::string>();
+  absl::StatusOr<std::string> tokenizer = DatasetTokenizer(data);
+  if (!tokenizer.ok()) return tokenizer.status();
+  const std::string& name = *tokenizer;
   std::vector<std::pair<std::string, std::string>> copies;
   if (name == "gpt2") {
     absl::StatusOr<std::string> vocab = Gpt2VocabDir();

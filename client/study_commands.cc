@@ -22,13 +22,12 @@
 #include "client/exit_code.h"
 #include "client/host_load.h"
 #include "client/job_commands.h"
-#include "common/input_file.h"
 #include "common/net_route.h"
+#include "core/data/dataset_preparer.h"
 #include "core/model/model_config.h"
 #include "core/train/memory_plan.h"
 #include "core/train/step_metrics.h"
 #include "core/train/strategy_kinds.h"
-#include "nlohmann/json.hpp"
 #include "proto/job_config.h"
 
 namespace shardtrain::cli {
@@ -249,17 +248,9 @@ std::string ModelAndTokens(const std::string& model, const std::string& data) {
   std::string tokens;
   if (data == "brown") {
     tokens = "GPT-2";
-  } else if (absl::StatusOr<std::string> meta = ReadInputFile(
-                 data + "/meta.json", int64_t{64} << 20, "a dataset's meta");
-             meta.ok()) {
-    const nlohmann::json json =
-        nlohmann::json::parse(*meta, nullptr, /*allow_exceptions=*/false);
-    if (!json.is_discarded() && json.contains("tokenizer") &&
-        json["tokenizer"].is_object() &&
-        json["tokenizer"].value("name", nlohmann::json()).is_string()) {
-      const std::string name = json["tokenizer"]["name"].get<std::string>();
-      tokens = name == "gpt2" ? "GPT-2" : name;
-    }
+  } else if (absl::StatusOr<std::string> name = DatasetTokenizer(data);
+             name.ok()) {
+    tokens = *name == "gpt2" ? "GPT-2" : *name;
   }
   absl::StrAppend(&out, " on ", data == "brown" ? "the Brown Corpus" : data,
                   tokens.empty() ? "" : absl::StrCat(" (", tokens, " tokens)"));

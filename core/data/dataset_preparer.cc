@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/input_file.h"
 #include "core/data/gpt2_vocab.h"
 #include "core/data/token_file.h"
 #include "nlohmann/json.hpp"
@@ -172,6 +173,21 @@ absl::StatusOr<DatasetSummary> PrepareDataset(
     return s;
   }
   return summary;
+}
+
+absl::StatusOr<std::string> DatasetTokenizer(const std::string& data_dir) {
+  const std::string path = data_dir + "/meta.json";
+  absl::StatusOr<std::string> text =
+      ReadInputFile(path, int64_t{64} << 20, "a dataset's meta.json");
+  if (!text.ok()) return text.status();
+  const nlohmann::json meta =
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("tokenizer") ||
+      !meta["tokenizer"].is_object() ||
+      !meta["tokenizer"].value("name", nlohmann::json()).is_string()) {
+    return absl::DataLossError(absl::StrCat(path, " names no tokenizer"));
+  }
+  return meta["tokenizer"]["name"].get<std::string>();
 }
 
 }  // namespace shardtrain

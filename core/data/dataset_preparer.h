@@ -55,6 +55,11 @@ absl::StatusOr<DatasetSummary> PrepareDataset(
     const Corpus& corpus, const BpeTokenizer& tokenizer,
     const std::string& out_dir, const std::string& tokenizer_name = "gpt2");
 
+// The tokenizer the dataset in `data_dir` was prepared with, as its
+// meta.json names it: "gpt2", or the tokenizer.json (or its directory) that
+// data prepare --tokenizer was given. Errors name the file.
+absl::StatusOr<std::string> DatasetTokenizer(const std::string& data_dir);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_CORE_DATA_DATASET_PREPARER_H_
