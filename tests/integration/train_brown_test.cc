@@ -24,6 +24,23 @@ namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
 
+// Every row of a run's metrics.jsonl.
+std::vector<StepMetrics> ReadSteps(const std::string& run) {
+  std::ifstream metrics(run + "/metrics.jsonl");
+  std::vector<StepMetrics> steps;
+  for (std::string line; std::getline(metrics, line);) {
+    steps.push_back(*StepMetrics::FromJson(line));
+  }
+  return steps;
+}
+
+double MeanOfLastTen(const std::vector<StepMetrics>& steps) {
+  double sum = 0;
+  for (size_t i = steps.size() - 10; i < steps.size(); ++i)
+    sum += steps[i].loss;
+  return sum / 10;
+}
+
 TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
   const std::string dir = test::ScratchDir("brown_e2e");
@@ -41,19 +58,12 @@ TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
   ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
   std::cout << train.out;
 
-  std::ifstream metrics(dir + "/run/metrics.jsonl");
-  std::vector<StepMetrics> steps;
-  std::string line;
-  while (std::getline(metrics, line))
-    steps.push_back(*StepMetrics::FromJson(line));
+  const std::vector<StepMetrics> steps = ReadSteps(dir + "/run");
   ASSERT_EQ(steps.size(), 150u);
 
   const double initial = std::log(50257.0);  // uniform prediction
   EXPECT_NEAR(steps.front().loss, initial, 0.3);
-  double last_ten = 0;
-  for (size_t i = steps.size() - 10; i < steps.size(); ++i)
-    last_ten += steps[i].loss;
-  last_ten /= 10;
+  const double last_ten = MeanOfLastTen(steps);
   EXPECT_LT(last_ten, 0.7 * initial)
       << "train loss did not fall well below ln(V)";
   ASSERT_GE(steps.back().val_loss, 0);
@@ -94,18 +104,11 @@ TEST(TrainBrownTest, LlamaLearnsTheBrownCorpusInLlama3Tokens) {
   ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
   std::cout << train.out;
 
-  std::ifstream metrics(dir + "/run/metrics.jsonl");
-  std::vector<StepMetrics> steps;
-  std::string line;
-  while (std::getline(metrics, line))
-    steps.push_back(*StepMetrics::FromJson(line));
+  const std::vector<StepMetrics> steps = ReadSteps(dir + "/run");
   ASSERT_EQ(steps.size(), 80u);
   const double initial = std::log(128256.0);
   EXPECT_NEAR(steps.front().loss, initial, 0.3);
-  double last_ten = 0;
-  for (size_t i = steps.size() - 10; i < steps.size(); ++i)
-    last_ten += steps[i].loss;
-  last_ten /= 10;
+  const double last_ten = MeanOfLastTen(steps);
   std::printf("llama on Llama 3 tokens: first loss %.3f, last ten %.3f\n",
               steps.front().loss, last_ten);
   EXPECT_LT(last_ten, 0.75 * initial)

@@ -24,8 +24,6 @@
 #include "core/train/checkpoint_format.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/create_model.h"
-#include "worker/engine/model/gpt2.h"
-#include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/support/cpu_threads.h"
 #include "worker/engine/support/memory_tracker.h"
 #include "worker/engine/support/peak_flops.h"
