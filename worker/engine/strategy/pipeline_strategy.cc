@@ -293,6 +293,13 @@ absl::Status PipelineStrategy::ShardStage() {
       }
     }
   }
+  // Each block's unit, for gathering as the forward reaches it.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (int64_t i = partition_[stage_].first_block;
+         i < partition_[stage_].end_block; ++i) {
+      if (units_[u]->name() == model_->BlockName(i)) block_unit_[i] = u;
+    }
+  }
   // A unit's reduce-scatter goes as soon as the step's last backward has
   // completed its gradient (armed then), overlapping the rest of it.
   unit_launched_.assign(units_.size(), false);
@@ -307,33 +314,52 @@ absl::Status PipelineStrategy::ShardStage() {
   return absl::OkStatus();
 }
 
-void PipelineStrategy::GatherUnits() {
+void PipelineStrategy::LaunchUnitGathers() {
+  units_ready_ = 0;
   for (auto& unit : units_) {
     ThrowIfFailed(unit->LaunchGather(), "pipeline x fsdp", "all_gather");
   }
-  for (auto& unit : units_) {
+}
+
+void PipelineStrategy::NeedUnits(size_t end) {
+  end = std::min(end, units_.size());
+  for (; units_ready_ < end; ++units_ready_) {
+    FsdpUnit* unit = units_[units_ready_].get();
     ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
     unit->UseFullParams();
-  }
-  // The vocabulary-parallel paths (tensor ranks) read the gathered rows
-  // and add their gradients into buffers of their own, handed to the units
-  // before the reduce-scatter.
-  if (tensor_ != nullptr) ends_.UseGatheredUnits();
-  if (!torch::GradMode::is_enabled()) return;
-  // The LM head adds the head weight's gradient into its .grad() itself,
-  // which a view of the unit's buffer cannot take: a leaf over the same
-  // memory, its gradient handed to the unit before the reduce-scatter.
-  for (auto& [unit, leaf] : leaves_) {
-    const FsdpUnit::Param& p = unit->params().front();
-    if (!leaf.defined()) {
-      leaf = unit->full()
-                 .detach()
-                 .narrow(0, p.offset, p.numel)
-                 .view(p.shape)
-                 .requires_grad_(true);
+    // The vocabulary-parallel paths (tensor ranks) read the gathered rows
+    // and add their gradients into buffers of their own, handed to the
+    // units before the reduce-scatter.
+    if (tensor_ != nullptr) ends_.UseGatheredUnit(unit);
+    if (!torch::GradMode::is_enabled()) continue;  // evaluation
+    gather_trace_.push_back(absl::StrCat("unit ", unit->name(), " ready"));
+    // The LM head adds the head weight's gradient into its .grad() itself,
+    // which a view of the unit's buffer cannot take: a leaf over the same
+    // memory, its gradient handed to the unit before the reduce-scatter.
+    for (auto& [held, leaf] : leaves_) {
+      if (held != unit) continue;
+      const FsdpUnit::Param& p = unit->params().front();
+      if (!leaf.defined()) {
+        leaf = unit->full()
+                   .detach()
+                   .narrow(0, p.offset, p.numel)
+                   .view(p.shape)
+                   .requires_grad_(true);
+      }
+      *p.member = leaf;
     }
-    *p.member = leaf;
   }
+}
+
+void PipelineStrategy::GatherUnits() {
+  LaunchUnitGathers();
+  NeedUnits(units_.size());
+}
+
+size_t PipelineStrategy::UnitsForBlock(int64_t i, bool through) const {
+  const auto it = block_unit_.find(i);
+  if (it == block_unit_.end()) return units_.size();
+  return it->second + (through ? 1 : 0);
 }
 
 void PipelineStrategy::OnUnitGradReady(size_t u) {
@@ -370,7 +396,12 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
 }
 
 void PipelineStrategy::FreeUnits() {
-  for (auto& unit : units_) unit->Reshard();
+  for (auto& unit : units_) {
+    // A step that failed before its forward needed every unit.
+    if (unit->gather_in_flight()) (void)unit->WaitGather();
+    unit->Reshard();
+  }
+  units_ready_ = 0;
   if (tensor_ != nullptr) ends_.ReleaseUnits();
 }
 
@@ -425,6 +456,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
   torch::Tensor x;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
+    NeedUnits(UnitsForBlock(mine.first_block, /*through=*/false));
     if (first()) {
       x = Embed(batch.inputs);
     } else {
@@ -432,8 +464,13 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
       x = m.input;
     }
     for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
+      if (units_ready_ < units_.size()) {
+        gather_trace_.push_back(absl::StrCat("block ", i));
+      }
+      NeedUnits(UnitsForBlock(i, /*through=*/true));
       x = model_->RunBlock(i, x);
     }
+    NeedUnits(units_.size());
     if (last()) m.loss = HeadLoss(x, batch.targets, scale);
   }
   if (!last()) m.output = x;
@@ -456,7 +493,10 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   const int64_t count = static_cast<int64_t>(micro.size());
   std::vector<InFlight> in_flight(micro.size());
   units_armed_ = false;  // until this schedule's last backward
-  if (sharded()) GatherUnits();
+  if (sharded()) {
+    gather_trace_.clear();
+    LaunchUnitGathers();
+  }
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
   // The compute order with every transfer placed so that each pair's two

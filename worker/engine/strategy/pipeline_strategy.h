@@ -151,6 +151,10 @@ class PipelineStrategy final : public Strategy {
     std::chrono::steady_clock::time_point backward_end;
   };
   ShardOverlapTrace shard_overlap_trace() const { return shard_trace_; }
+  // A sharded stage's last step, in order: "unit NAME ready" as the forward
+  // waited for each unit's gather, "block I" as a block's forward started
+  // while gathers were still outstanding.
+  const std::vector<std::string>& gather_trace() const { return gather_trace_; }
 
   // The stage this rank runs and what it holds (after Setup).
   int64_t stage() const { return stage_; }
@@ -203,7 +207,21 @@ class PipelineStrategy final : public Strategy {
   bool sharded() const { return !units_.empty(); }
   // hsdp: every unit's shard gradient averaged over the stage's groups.
   void AverageAcrossGroups();
+  // Within a step, the units are gathered as the stage's first forward
+  // needs them: every gather launched at the step's start, in the order
+  // the forward uses the units, and each waited for only before the
+  // first computation that reads it, so the stage computes while the rest
+  // of its gathers arrive. They stay gathered until the step's last
+  // backward (no resharding between micro-batches).
+  void LaunchUnitGathers();
+  // Waits for the units before `end` (in unit order) and points the model
+  // at each; nothing when they are ready or the stage is not sharded.
+  void NeedUnits(size_t end);
+  // Every unit, now (evaluation).
   void GatherUnits();
+  // How many units the forward needs before block `i` runs: those before
+  // its unit, or with `through`, its unit too (every unit if it has none).
+  size_t UnitsForBlock(int64_t i, bool through) const;
   // Sharded, during the step's last backward: unit `u`'s gradient is
   // complete, its reduce-scatter goes at once.
   void OnUnitGradReady(size_t u);
@@ -267,6 +285,11 @@ class PipelineStrategy final : public Strategy {
   bool units_armed_ = false;
   std::vector<bool> unit_launched_;
   ShardOverlapTrace shard_trace_;
+  // Units [0, units_ready_) are gathered and in use this step; block i's
+  // unit is block_unit_[i].
+  size_t units_ready_ = 0;
+  std::map<int64_t, size_t> block_unit_;
+  std::vector<std::string> gather_trace_;
   // Without tensor ranks: the token embedding's and an untied head's units,
   // and the leaf over each one's rows while it is gathered for training.
   std::vector<std::pair<FsdpUnit*, torch::Tensor>> leaves_;

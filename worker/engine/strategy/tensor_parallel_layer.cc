@@ -152,6 +152,12 @@ void VocabParallelEnds::UseGatheredUnits() {
   UseGathered(head_unit_, head_);
 }
 
+void VocabParallelEnds::UseGatheredUnit(const FsdpUnit* unit) {
+  if (unit == nullptr) return;
+  if (unit == embedding_unit_) UseGathered(embedding_unit_, embedding_);
+  if (unit == head_unit_) UseGathered(head_unit_, head_);
+}
+
 void VocabParallelEnds::HandGradientsToUnits() {
   if (embedding_unit_ != nullptr && embedding_.grad.defined()) {
     embedding_unit_->SetParameterGradient(embedding_.grad);

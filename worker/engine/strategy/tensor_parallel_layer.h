@@ -65,8 +65,11 @@ class VocabParallelEnds {
   // Finds the units that hold the ends among `units`.
   void FindUnits(const std::vector<std::unique_ptr<FsdpUnit>>& units);
   // After the units' gathers: the rows are views of the gathered buffers
-  // and, under grad mode, gradients of their own.
+  // and, under grad mode, gradients of their own. UseGatheredUnit: the same
+  // for `unit` alone, when it holds one of the ends (nothing otherwise), as
+  // a pipeline stage gathers its units one by one.
   void UseGatheredUnits();
+  void UseGatheredUnit(const FsdpUnit* unit);
   // Before the units' reduce-scatters: those gradients become the units'.
   void HandGradientsToUnits();
   // After the units are freed.

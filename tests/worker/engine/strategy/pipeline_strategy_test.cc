@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -14,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
@@ -324,6 +327,40 @@ TEST(PipelineStrategyTest, ShardedStagesReduceScatterDuringTheLastBackward) {
     for (size_t i = 1; i < trace.unit_launch.size(); ++i) {
       EXPECT_LE(trace.unit_launch[i - 1], trace.unit_launch[i]);
     }
+  });
+}
+
+// A sharded stage gathers its units as its first forward needs them: each
+// block's unit is waited for just before the block runs, so the stage's
+// first block computes while later blocks' gathers are still outstanding
+// (they were once all waited for before the schedule).
+TEST(PipelineStrategyTest, ShardedStagesGatherEachUnitAsTheForwardNeedsIt) {
+  const CausalLm model = test::MakeModel(kSpec, 7);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    const std::unique_ptr<PipelineStrategy> strategy =
+        TrainTwoStagesOfTwo(rank, comm, "fsdp");
+    ASSERT_NE(strategy, nullptr);
+    const std::vector<std::string>& trace = strategy->gather_trace();
+    const PipelineStage& mine = strategy->stages()[strategy->stage()];
+    ASSERT_GE(mine.end_block - mine.first_block, 2) << "rank " << rank;
+    // Every block after the first starts before its unit is ready, and its
+    // unit is the next one waited for.
+    for (int64_t i = mine.first_block + 1; i < mine.end_block; ++i) {
+      const auto block =
+          std::find(trace.begin(), trace.end(), absl::StrCat("block ", i));
+      ASSERT_NE(block, trace.end())
+          << "rank " << rank << ": block " << i << " waited for nothing; trace "
+          << absl::StrJoin(trace, ", ");
+      ASSERT_NE(block + 1, trace.end());
+      EXPECT_EQ(*(block + 1),
+                absl::StrCat("unit ", model->BlockName(i), " ready"))
+          << "rank " << rank;
+    }
+    // Every unit was gathered by the end of the first forward.
+    const int64_t ready = std::count_if(
+        trace.begin(), trace.end(),
+        [](const std::string& e) { return absl::StartsWith(e, "unit "); });
+    EXPECT_GE(ready, mine.end_block - mine.first_block + 1) << "rank " << rank;
   });
 }
 
