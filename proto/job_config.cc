@@ -152,6 +152,7 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (s.has_pipeline_split()) c.pipeline_split = s.pipeline_split();
   if (s.has_micro_batches()) c.micro_batches = s.micro_batches();
   if (s.has_pipeline_schedule()) c.pipeline_schedule = s.pipeline_schedule();
+  if (s.has_virtual_stages()) c.virtual_stages = s.virtual_stages();
   if (s.has_tensor_parallel()) c.tensor_parallel = s.tensor_parallel();
 
   const v1::TrainerOptions& t = spec.trainer();
@@ -277,6 +278,7 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   s->set_pipeline_split(c.pipeline_split);
   s->set_micro_batches(c.micro_batches);
   s->set_pipeline_schedule(c.pipeline_schedule);
+  s->set_virtual_stages(c.virtual_stages);
   s->set_tensor_parallel(c.tensor_parallel);
   v1::TrainerOptions* t = spec.mutable_trainer();
   t->set_batch_size(c.batch_size);

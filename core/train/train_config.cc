@@ -52,6 +52,7 @@ constexpr int64_t kMaxCommTimeoutSeconds = 7 * 24 * 3600;
 constexpr int64_t kMaxPipelineStages = 1024;
 constexpr int64_t kMaxTensorParallel = 1024;
 constexpr int64_t kMaxMicroBatches = int64_t{1} << 16;
+constexpr int64_t kMaxVirtualStages = 64;
 
 }  // namespace
 
@@ -244,10 +245,13 @@ absl::Status TrainConfig::ValidatePipeline(
         "micro_batches", micro_batches,
         absl::StrCat("must divide batch_size (", batch_size, ")"));
   }
-  if (absl::StatusOr<PipelineSchedule> schedule =
-          ParsePipelineSchedule(pipeline_schedule);
-      !schedule.ok()) {
-    return schedule.status();
+  absl::StatusOr<PipelineSchedule> schedule =
+      ParsePipelineSchedule(pipeline_schedule);
+  if (!schedule.ok()) return schedule.status();
+  if (virtual_stages < 1 || virtual_stages > kMaxVirtualStages) {
+    return FieldError("virtual_stages", virtual_stages,
+                      absl::StrCat("must be in [1, ", kMaxVirtualStages,
+                                   "] (1: no interleaving)"));
   }
   std::vector<int64_t> split;
   if (!pipeline_split.empty()) {
@@ -269,10 +273,20 @@ absl::Status TrainConfig::ValidatePipeline(
           "a split cuts the model into pipeline stages; set pipeline_stages "
           "> 1");
     }
+    if (virtual_stages > 1) {
+      return FieldError("virtual_stages", virtual_stages,
+                        "chunks interleave pipeline stages; set "
+                        "pipeline_stages > 1");
+    }
     return absl::OkStatus();
   }
-  if (absl::StatusOr<std::vector<PipelineStage>> stages =
-          PartitionPipeline(model_config, seq_len, pipeline_stages, split);
+  if (absl::Status s = CheckVirtualStages(*schedule, pipeline_stages,
+                                          micro_batches, virtual_stages);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::StatusOr<std::vector<PipelineStage>> stages = PartitionPipeline(
+          model_config, seq_len, pipeline_stages, split, virtual_stages);
       !stages.ok()) {
     return stages.status();
   }
@@ -454,6 +468,7 @@ const std::map<std::string, Setter>& YamlSetters() {
        }},
       {"micro_batches", Set(&TrainConfig::micro_batches)},
       {"pipeline_schedule", Set(&TrainConfig::pipeline_schedule)},
+      {"virtual_stages", Set(&TrainConfig::virtual_stages)},
       {"eval_every", Set(&TrainConfig::eval_every)},
       {"eval_steps", Set(&TrainConfig::eval_steps)},
       {"checkpoint_every", Set(&TrainConfig::checkpoint_every)},

@@ -76,6 +76,10 @@ struct TrainConfig {
   // flow through the stages.
   int64_t micro_batches = 1;
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+  // Interleaved schedules: each stage runs this many chunks of the model
+  // (model stages s, s + S, ...), cutting the bubble to (S-1)/(V·M+S-1) for
+  // V times the point-to-point traffic (pipeline_plan.h). 1: none.
+  int64_t virtual_stages = 1;
 
   // Tensor parallelism: every block's attention heads and MLP units split
   // over this many ranks of each data-parallel replica (Megatron-LM's
@@ -97,7 +101,8 @@ struct TrainConfig {
   // field, the value and what is allowed. Does not touch the filesystem.
   absl::Status Validate() const;
   // Validate's pipeline part, for `model_config` (the parsed `model`):
-  // pipeline_stages, micro_batches, pipeline_schedule, pipeline_split and
+  // pipeline_stages, micro_batches, pipeline_schedule, virtual_stages,
+  // pipeline_split and
   // the stage partition of the model.
   absl::Status ValidatePipeline(const ModelConfig& model_config) const;
   // Validate's tensor-parallel part: tensor_parallel in range, dividing the

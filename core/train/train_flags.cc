@@ -93,6 +93,11 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "gpipe (all forwards, then all backwards) | 1f1b (one "
                  "forward, one backward: fewer activations held)");
+  app.add_option("--virtual-stages", c.virtual_stages,
+                 "interleaved pipeline: each stage runs V chunks of the model "
+                 "(model stages s, s+S, ...), the bubble (S-1)/(V*M+S-1) for "
+                 "V times the point-to-point traffic; under 1f1b "
+                 "--micro-batches must be a multiple of the stages");
   app.add_option("--tensor-parallel,--tp", c.tensor_parallel,
                  "tensor-parallel ranks: every block's attention heads and "
                  "MLP units split over T ranks (T divides the heads); world "

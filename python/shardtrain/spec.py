@@ -40,6 +40,7 @@ _STRATEGY_FIELDS = {
     "pipeline_split": "pipeline_split",
     "micro_batches": "micro_batches",
     "pipeline_schedule": "pipeline_schedule",
+    "virtual_stages": "virtual_stages",
 }
 # TrainerOptions: key -> field.
 _TRAINER_FIELDS = {

@@ -98,12 +98,14 @@ TEST(JobConfigTest, RoundTripsThePipelineFields) {
   config.data = "/d";
   config.strategy = "ddp";
   config.pipeline_stages = 2;
-  config.pipeline_split = "1";
+  config.pipeline_split = "1,2,3";  // four model stages: two chunks each
   config.micro_batches = 4;
   config.pipeline_schedule = "gpipe";
+  config.virtual_stages = 2;
   const v1::JobSpec spec = JobSpecFromTrainConfig(config, 4);
+  EXPECT_EQ(spec.strategy().virtual_stages(), 2);
   EXPECT_EQ(spec.strategy().pipeline_stages(), 2);
-  EXPECT_EQ(spec.strategy().pipeline_split(), "1");
+  EXPECT_EQ(spec.strategy().pipeline_split(), "1,2,3");
   EXPECT_EQ(spec.strategy().micro_batches(), 4);
   EXPECT_EQ(spec.strategy().pipeline_schedule(), "gpipe");
   absl::StatusOr<TrainConfig> back = TrainConfigFromJobSpec(spec, kOut);
@@ -111,9 +113,10 @@ TEST(JobConfigTest, RoundTripsThePipelineFields) {
   EXPECT_EQ(JobSpecFromTrainConfig(*back, 4).SerializeAsString(),
             spec.SerializeAsString());
   EXPECT_EQ(back->pipeline_stages, 2);
-  EXPECT_EQ(back->pipeline_split, "1");
+  EXPECT_EQ(back->pipeline_split, "1,2,3");
   EXPECT_EQ(back->micro_batches, 4);
   EXPECT_EQ(back->pipeline_schedule, "gpipe");
+  EXPECT_EQ(back->virtual_stages, 2);
 }
 
 TEST(JobConfigTest, UnsetPipelineFieldsMeanNoPipeline) {

@@ -204,6 +204,118 @@ TEST(PipelineScheduleTest, OneFOneBHoldsAtMostTheStagesAheadGpipeEveryBatch) {
   }
 }
 
+// Interleaved 1F1B (Megatron's order): rank 0 of 2, with 2 chunks and 4
+// micro-batches, forwards micro-batches 0-1 through chunk 0 and then chunk
+// 1 (2(S-1) + (V-1)S = 4 warm-up forwards), alternates, and drains the
+// backwards from the last chunk down.
+TEST(PipelineScheduleTest, InterleavedOneFOneBRunsGroupsOfSThroughEachChunk) {
+  const std::vector<PipelineAction> rank0 =
+      StageActions(PipelineSchedule::kOneFOneB, 2, 0, 4, 2);
+  const std::vector<PipelineAction> expected = {
+      {Kind::kForward, 0, 0},  {Kind::kForward, 1, 0},
+      {Kind::kForward, 0, 1},  {Kind::kForward, 1, 1},
+      {Kind::kForward, 2, 0},  {Kind::kBackward, 0, 1},
+      {Kind::kForward, 3, 0},  {Kind::kBackward, 1, 1},
+      {Kind::kForward, 2, 1},  {Kind::kBackward, 0, 0},
+      {Kind::kForward, 3, 1},  {Kind::kBackward, 1, 0},
+      {Kind::kBackward, 2, 1}, {Kind::kBackward, 3, 1},
+      {Kind::kBackward, 2, 0}, {Kind::kBackward, 3, 0}};
+  EXPECT_EQ(rank0, expected);
+  // The last rank warms up with (V-1)S = 2 forwards only.
+  const std::vector<PipelineAction> rank1 =
+      StageActions(PipelineSchedule::kOneFOneB, 2, 1, 4, 2);
+  EXPECT_EQ(rank1[2], (PipelineAction{Kind::kForward, 0, 1}));
+  EXPECT_EQ(rank1[3], (PipelineAction{Kind::kBackward, 0, 1}));
+}
+
+// Interleaved, every (micro-batch, chunk) is forwarded once and then
+// backwarded once, the transfers the engine posts complete under NCCL's
+// rule (the wrap-around pair included), no stage deadlocks, and the bubble
+// shrinks toward (S-1)/(V·M+S-1).
+TEST(PipelineScheduleTest, InterleavedSchedulesCompleteOnNcclAndShrinkTheBubble) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
+    for (int64_t stages = 2; stages <= 4; ++stages) {
+      for (int64_t v = 2; v <= 3; ++v) {
+        for (int64_t m : {stages, 2 * stages, 4 * stages}) {
+          SCOPED_TRACE(::testing::Message()
+                       << PipelineScheduleName(schedule) << " S=" << stages
+                       << " V=" << v << " M=" << m);
+          std::vector<std::vector<PipelineOp>> ops;
+          for (int64_t s = 0; s < stages; ++s) {
+            std::set<std::pair<int64_t, int64_t>> forwarded, backwarded;
+            for (const PipelineAction& a :
+                 StageActions(schedule, stages, s, m, v)) {
+              const std::pair<int64_t, int64_t> key{a.micro_batch, a.chunk};
+              if (a.kind == Kind::kForward) {
+                EXPECT_TRUE(forwarded.insert(key).second);
+              } else {
+                EXPECT_TRUE(forwarded.count(key));
+                EXPECT_TRUE(backwarded.insert(key).second);
+              }
+            }
+            EXPECT_EQ(static_cast<int64_t>(backwarded.size()), m * v);
+            absl::StatusOr<std::vector<PipelineOp>> lowered =
+                LowerStageActions(schedule, stages, s, m, v);
+            ASSERT_TRUE(lowered.ok()) << lowered.status();
+            ops.push_back(*lowered);
+          }
+          EXPECT_TRUE(CheckPointToPointOrder(ops).ok())
+              << CheckPointToPointOrder(ops);
+          absl::StatusOr<PipelineTimeline> t =
+              SimulatePipeline(schedule, stages, m, 1.0, 2.0, v);
+          ASSERT_TRUE(t.ok()) << t.status();
+          absl::StatusOr<PipelineTimeline> plain =
+              SimulatePipeline(schedule, stages, m, 1.0, 2.0);
+          ASSERT_TRUE(plain.ok());
+          const double ideal = static_cast<double>(stages - 1) /
+                               static_cast<double>(v * m + stages - 1);
+          // Exactly the formula with uniform chunks, against 1F1B's
+          // (S-1)/(M+S-1).
+          EXPECT_NEAR(t->bubble_fraction, ideal, 1e-12);
+          EXPECT_LT(t->bubble_fraction, plain->bubble_fraction);
+          // Rank 0 holds its warm-up's chunks and one more (Megatron's
+          // 2(S-1) + (V-1)S + 1), GPipe every chunk of every micro-batch.
+          EXPECT_EQ(t->peak_in_flight[0],
+                    schedule == PipelineSchedule::kGpipe
+                        ? m * v
+                        : std::min(m * v, 2 * (stages - 1) +
+                                              (v - 1) * stages + 1));
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, InterleavingRefusesWhatItCannotRunNamingTheFlags) {
+  EXPECT_EQ(CheckVirtualStages(PipelineSchedule::kOneFOneB, 2, 3, 2).message(),
+            "--virtual-stages 2 under 1f1b runs micro-batches in groups of "
+            "--pipeline-stages 2: --micro-batches must be a multiple of 2, "
+            "got 3");
+  EXPECT_EQ(CheckVirtualStages(PipelineSchedule::kOneFOneB, 1, 4, 2).message(),
+            "--virtual-stages 2 interleaves pipeline stages: it needs "
+            "--pipeline-stages of 2 or more, got 1");
+  EXPECT_EQ(CheckVirtualStages(PipelineSchedule::kGpipe, 2, 0 + 3, 0).message(),
+            "--virtual-stages: got 0; must be >= 1");
+  EXPECT_TRUE(CheckVirtualStages(PipelineSchedule::kGpipe, 2, 3, 2).ok());
+  EXPECT_EQ(SimulatePipeline(PipelineSchedule::kOneFOneB, 2, 3, 1, 2, 2)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A model of 4 blocks cuts into at most 4 model stages.
+  const ModelConfig mini = Preset("gpt2-mini");
+  absl::StatusOr<std::vector<PipelineStage>> cut =
+      PartitionPipeline(mini, 64, 2, {}, 2);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(Blocks(*cut), (std::vector<std::pair<int64_t, int64_t>>{
+                              {0, 1}, {1, 2}, {2, 3}, {3, 4}}));
+  EXPECT_TRUE(cut->front().embeddings && cut->back().head);
+  EXPECT_EQ(PartitionPipeline(mini, 64, 2, {}, 3).status().message(),
+            "--pipeline-stages 2 x --virtual-stages 3 = 6 model stages: more "
+            "stages than the model's 4 blocks (every stage needs at least "
+            "one)");
+}
+
 TEST(PipelineScheduleTest, SchedulesAreNamedAndUnknownOnesRefused) {
   EXPECT_EQ(*ParsePipelineSchedule("1f1b"), PipelineSchedule::kOneFOneB);
   EXPECT_EQ(*ParsePipelineSchedule("gpipe"), PipelineSchedule::kGpipe);

@@ -169,9 +169,13 @@ TEST(TrainConfigTest, FlagsSetThePipelineFieldsAndPpIsPipelineStages) {
   CLI::App app;
   AddTrainFlags(app, config);
   std::vector<std::string> args = {
-      "gpipe", "--pipeline-schedule", "4", "--micro-batches",
-      "1,2",   "--pipeline-split",    "3", "--pp"};  // reversed, as CLI11 takes
+      "2",     "--virtual-stages",
+      "gpipe", "--pipeline-schedule",
+      "4",     "--micro-batches",
+      "1,2",   "--pipeline-split",
+      "3",     "--pp"};  // reversed, as CLI11 takes
   app.parse(args);
+  EXPECT_EQ(config.virtual_stages, 2);
   EXPECT_EQ(config.pipeline_stages, 3);
   EXPECT_EQ(config.pipeline_split, "1,2");
   EXPECT_EQ(config.micro_batches, 4);
@@ -192,9 +196,11 @@ pipeline-stages: 3
 pipeline_split: "4,8"
 micro-batches: 4
 pipeline-schedule: gpipe
+virtual_stages: 2
 )",
                                    &config)
                   .ok());
+  EXPECT_EQ(config.virtual_stages, 2);
   EXPECT_EQ(config.pipeline_stages, 3);
   EXPECT_EQ(config.pipeline_split, "4,8");
   EXPECT_EQ(config.micro_batches, 4);
@@ -223,6 +229,10 @@ TEST(TrainConfigTest, PipelineStagesWithSingleAndDdpAreValid) {
   EXPECT_TRUE(config.Validate().ok()) << config.Validate();
   config.pipeline_stages = 4;  // one block a stage
   config.pipeline_split = "";
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  config.pipeline_stages = 2;  // two chunks of one block each
+  config.virtual_stages = 2;
+  config.pipeline_schedule = "1f1b";
   EXPECT_TRUE(config.Validate().ok()) << config.Validate();
 }
 
@@ -270,6 +280,30 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
       {[](TrainConfig& c) { c.pipeline_split = "4"; },
        "--pipeline-split 4: stage 1 would hold blocks [4, 4) of the model's "
        "4; each stage needs at least one block, in increasing order"},
+      {[](TrainConfig& c) { c.virtual_stages = 0; },
+       "virtual_stages: got 0; must be in [1, 64] (1: no interleaving)"},
+      {[](TrainConfig& c) {
+         c.pipeline_stages = 1;
+         c.micro_batches = 1;
+         c.virtual_stages = 2;
+       },
+       "virtual_stages: got 2; chunks interleave pipeline stages; set "
+       "pipeline_stages > 1"},
+      {[](TrainConfig& c) {
+         c.micro_batches = 1;
+         c.virtual_stages = 2;
+       },
+       "--virtual-stages 2 under 1f1b runs micro-batches in groups of "
+       "--pipeline-stages 2: --micro-batches must be a multiple of 2, got 1"},
+      {[](TrainConfig& c) { c.virtual_stages = 3; },
+       "--pipeline-stages 2 x --virtual-stages 3 = 6 model stages: more "
+       "stages than the model's 4 blocks (every stage needs at least one)"},
+      {[](TrainConfig& c) {
+         c.virtual_stages = 2;
+         c.pipeline_split = "1";
+       },
+       "--pipeline-split 1 cuts the model into 2 stages; --pipeline-stages 2 "
+       "x --virtual-stages 2 = 4 model stages"},
   };
   for (const Case& c : cases) {
     TrainConfig config = PipelineConfig();

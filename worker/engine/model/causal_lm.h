@@ -203,9 +203,10 @@ class CausalLmImpl : public torch::nn::Module {
   // stages at `split` when it is given, else balanced by the family's
   // per-block costs at `seq_len` (core/train/pipeline_plan.h's
   // PartitionPipeline, whose refusals it returns).
+  // With `virtual_stages` V, stages x V model stages (interleaved).
   virtual absl::StatusOr<std::vector<PipelineStage>> PipelineCuts(
-      int64_t seq_len, int64_t stages,
-      const std::vector<int64_t>& split) const = 0;
+      int64_t seq_len, int64_t stages, const std::vector<int64_t>& split,
+      int64_t virtual_stages = 1) const = 0;
 
   // The weight and bias members each module's forward() reads, by parameter
   // name. Usually the parameters themselves; under FSDP, views of a

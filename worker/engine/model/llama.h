@@ -179,9 +179,9 @@ class LlamaImpl : public CausalLmImpl {
   absl::Status ShardForTensorParallel(TensorParallelOps* tp) override;
   std::string DescribeTensorParallel(int64_t size) const override;
   absl::StatusOr<std::vector<PipelineStage>> PipelineCuts(
-      int64_t seq_len, int64_t stages,
-      const std::vector<int64_t>& split) const override {
-    return PartitionPipeline(config_, seq_len, stages, split);
+      int64_t seq_len, int64_t stages, const std::vector<int64_t>& split,
+      int64_t virtual_stages) const override {
+    return PartitionPipeline(config_, seq_len, stages, split, virtual_stages);
   }
 
   std::map<std::string, torch::Tensor*> MemberTensors() override;

@@ -19,9 +19,6 @@ namespace shardtrain {
 namespace {
 
 // Point-to-point tags on the replica's pipeline group.
-constexpr int64_t kActivationTag = 1;
-constexpr int64_t kGradientTag = 2;
-constexpr int64_t kEvalTag = 3;
 constexpr int64_t kExportTag = 4;
 
 // `pipeline` with an hsdp shard group size resolved over the stage's ranks
@@ -94,18 +91,27 @@ void PipelineStrategy::Check(std::unique_ptr<CommWork> work, const char* what) {
 }
 
 bool PipelineStrategy::Holds(int64_t stage, const std::string& name) const {
-  const PipelineStage& held = partition_[stage];
   const ParamPlace place = model_->PlaceOf(name);
-  switch (place.role) {
-    case ParamRole::kBlock:
-      return place.block >= held.first_block && place.block < held.end_block;
-    case ParamRole::kTokenEmbedding:
-      // A tied head reads it on the last stage too.
-      return held.embeddings || (held.head && model_->tied_head());
-    case ParamRole::kInput:
-      return held.embeddings;
-    case ParamRole::kOutput:
-      return held.head;
+  for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+    const PipelineStage& held =
+        partition_[ModelStageOf(pipeline_.stages, stage, chunk)];
+    switch (place.role) {
+      case ParamRole::kBlock:
+        if (place.block >= held.first_block && place.block < held.end_block) {
+          return true;
+        }
+        break;
+      case ParamRole::kTokenEmbedding:
+        // A tied head reads it on the last stage too.
+        if (held.embeddings || (held.head && model_->tied_head())) return true;
+        break;
+      case ParamRole::kInput:
+        if (held.embeddings) return true;
+        break;
+      case ParamRole::kOutput:
+        if (held.head) return true;
+        break;
+    }
   }
   return false;
 }
@@ -116,8 +122,15 @@ bool PipelineStrategy::IsTokenEmbedding(const std::string& name) const {
 
 absl::Status PipelineStrategy::Setup(CausalLm model) {
   model_ = std::move(model);
-  absl::StatusOr<std::vector<PipelineStage>> partition = model_->PipelineCuts(
-      pipeline_.seq_len, pipeline_.stages, pipeline_.split);
+  if (absl::Status s =
+          CheckVirtualStages(pipeline_.schedule, pipeline_.stages,
+                             pipeline_.micro_batches, pipeline_.virtual_stages);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<PipelineStage>> partition =
+      model_->PipelineCuts(pipeline_.seq_len, pipeline_.stages, pipeline_.split,
+                           pipeline_.virtual_stages);
   if (!partition.ok()) return partition.status();
   partition_ = std::move(*partition);
 
@@ -222,9 +235,14 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   for (int64_t s = 0; s < pipeline_.stages; ++s) {
     const std::vector<int64_t> ranks = mesh_->RanksWithSameCoordinate(
         mesh_->WithCoordinate(0, MeshDim::kPipeline, s), MeshDim::kPipeline);
-    stages.push_back(absl::StrCat(
-        "stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
-        FormatRanks(ranks), " (", DescribeStage(partition_[s]), ")"));
+    std::vector<std::string> held;  // its chunks' model stages
+    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+      held.push_back(
+          DescribeStage(partition_[ModelStageOf(pipeline_.stages, s, chunk)]));
+    }
+    stages.push_back(
+        absl::StrCat("stage ", s, " = rank", ranks.size() > 1 ? "s " : " ",
+                     FormatRanks(ranks), " (", absl::StrJoin(held, "; "), ")"));
   }
   const std::string groups = g > 0 && data_parallel_size() > 1
                                  ? absl::StrCat(" (", data_parallel_size() / g,
@@ -232,12 +250,15 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
                                  : "";
   const std::string tensor_ranks =
       t > 1 ? absl::StrCat(" x tensor parallel ", t) : "";
-  layout_ =
-      absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
-                   pipeline_.data_parallel, " ", data_parallel_size(), groups,
-                   tensor_ranks, ", ", PipelineScheduleName(pipeline_.schedule),
-                   " with ", pipeline_.micro_batches,
-                   " micro-batch(es): ", absl::StrJoin(stages, ", "));
+  layout_ = absl::StrCat("mesh: ", pipeline_.stages, " pipeline stages x ",
+                         pipeline_.data_parallel, " ", data_parallel_size(),
+                         groups, tensor_ranks, ", ",
+                         chunks() > 1 ? absl::StrCat("interleaved (", chunks(),
+                                                     " chunks per stage) ")
+                                      : "",
+                         PipelineScheduleName(pipeline_.schedule), " with ",
+                         pipeline_.micro_batches,
+                         " micro-batch(es): ", absl::StrJoin(stages, ", "));
   return absl::OkStatus();
 }
 
@@ -295,9 +316,11 @@ absl::Status PipelineStrategy::ShardStage() {
   }
   // Each block's unit, for gathering as the forward reaches it.
   for (size_t u = 0; u < units_.size(); ++u) {
-    for (int64_t i = partition_[stage_].first_block;
-         i < partition_[stage_].end_block; ++i) {
-      if (units_[u]->name() == model_->BlockName(i)) block_unit_[i] = u;
+    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+      for (int64_t i = Chunk(chunk).first_block; i < Chunk(chunk).end_block;
+           ++i) {
+        if (units_[u]->name() == model_->BlockName(i)) block_unit_[i] = u;
+      }
     }
   }
   // A unit's reduce-scatter goes as soon as the step's last backward has
@@ -451,13 +474,14 @@ bool PipelineStrategy::Whole(const std::string& name,
   return local.sizes().vec() == shapes_.at(name);
 }
 
-void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
-  const PipelineStage& mine = partition_[stage_];
+void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
+                               int64_t chunk) {
+  const PipelineStage& mine = Chunk(chunk);
   torch::Tensor x;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
     NeedUnits(UnitsForBlock(mine.first_block, /*through=*/false));
-    if (first()) {
+    if (EmbedsIn(chunk)) {
       x = Embed(batch.inputs);
     } else {
       m.input.requires_grad_(true);
@@ -470,14 +494,16 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale) {
       NeedUnits(UnitsForBlock(i, /*through=*/true));
       x = model_->RunBlock(i, x);
     }
-    NeedUnits(units_.size());
-    if (last()) m.loss = HeadLoss(x, batch.targets, scale);
+    // The stage's other units (the final norm, the head) by the end of its
+    // last chunk's forward.
+    if (chunk + 1 == chunks()) NeedUnits(units_.size());
+    if (HeadIn(chunk)) m.loss = HeadLoss(x, batch.targets, scale);
   }
-  if (!last()) m.output = x;
+  if (!HeadIn(chunk)) m.output = x;
 }
 
-void PipelineStrategy::Backward(InFlight& m, double scale) {
-  if (last()) {
+void PipelineStrategy::Backward(InFlight& m, double scale, int64_t chunk) {
+  if (HeadIn(chunk)) {
     (m.loss * scale).backward();
   } else {
     m.output.backward(m.output_grad.to(m.output.scalar_type()));
@@ -486,12 +512,18 @@ void PipelineStrategy::Backward(InFlight& m, double scale) {
   m.output_grad = torch::Tensor();
 }
 
+int64_t PipelineStrategy::TransferTag(TagKind kind, int64_t boundary) {
+  // Above the export's tag; one of each kind per boundary.
+  return 8 * (boundary + 1) + static_cast<int64_t>(kind);
+}
+
 torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
                                             double scale, bool reduce) {
   using Kind = PipelineOp::Kind;
   using Payload = PipelineOp::Payload;
   const int64_t count = static_cast<int64_t>(micro.size());
-  std::vector<InFlight> in_flight(micro.size());
+  // Per chunk and micro-batch: in_flight[chunk * count + micro_batch].
+  std::vector<InFlight> in_flight(micro.size() * chunks());
   units_armed_ = false;  // until this schedule's last backward
   if (sharded()) {
     gather_trace_.clear();
@@ -502,8 +534,8 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   // The compute order with every transfer placed so that each pair's two
   // ends post them in the same order (core/train/pipeline_plan.h): safe
   // where a send waits for its receive (NCCL).
-  absl::StatusOr<std::vector<PipelineOp>> ops =
-      LowerStageActions(pipeline_.schedule, pipeline_.stages, stage_, count);
+  absl::StatusOr<std::vector<PipelineOp>> ops = LowerStageActions(
+      pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
   TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
   // A replicated stage's buckets reduce during the step's last backward.
   size_t last_backward = ops->size();
@@ -526,35 +558,42 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
       units_armed_ = true;
       shard_trace_ = {};
     }
-    InFlight& m = in_flight[op.micro_batch];
+    InFlight& m = in_flight[op.chunk * count + op.micro_batch];
     const Batch& batch = micro[op.micro_batch];
     const bool activation = op.payload == Payload::kActivation;
+    // A received activation enters this chunk's model stage from the one
+    // before; a received gradient comes from the one after; sends the other
+    // way round.
+    const int64_t k = ModelStage(op.chunk);
+    const bool crosses_below = (op.kind == Kind::kPostSend) != activation;
+    const int64_t tag =
+        TransferTag(activation ? TagKind::kActivation : TagKind::kGradient,
+                    crosses_below ? k - 1 : k);
     switch (op.kind) {
       case Kind::kPostRecv: {
         torch::Tensor& buffer = activation ? m.input : m.output_grad;
         buffer = Activation(batch.inputs.size(0), batch.inputs.size(1));
-        (activation ? m.input_recv : m.output_grad_recv) = pipe_->Recv(
-            buffer, op.peer, activation ? kActivationTag : kGradientTag);
+        (activation ? m.input_recv : m.output_grad_recv) =
+            pipe_->Recv(buffer, op.peer, tag);
         break;
       }
       case Kind::kWaitRecv:
         WaitReceive(activation ? m.input_recv : m.output_grad_recv);
         break;
       case Kind::kForward:
-        Forward(m, batch, scale);
+        Forward(m, batch, scale, op.chunk);
         break;
       case Kind::kBackward:
-        if (last()) loss_sum += m.loss.detach().to(torch::kDouble);
-        Backward(m, scale);
+        if (HeadIn(op.chunk)) loss_sum += m.loss.detach().to(torch::kDouble);
+        Backward(m, scale, op.chunk);
         m.loss = torch::Tensor();
         break;
       case Kind::kPostSend:
         if (activation) {
           PostSend(m.output.detach().to(torch::kFloat).contiguous(), op.peer,
-                   kActivationTag);
+                   tag);
         } else {
-          PostSend(m.input.grad().to(torch::kFloat).contiguous(), op.peer,
-                   kGradientTag);
+          PostSend(m.input.grad().to(torch::kFloat).contiguous(), op.peer, tag);
           m.input = torch::Tensor();
         }
         break;
@@ -728,29 +767,40 @@ void PipelineStrategy::OptimizerStep(double lr) {
 torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
                                             const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
-  const PipelineStage& mine = partition_[stage_];
   if (sharded()) GatherUnits();
-  torch::Tensor x;
-  {
-    ScopedAutocast autocast(options_.device, options_.precision);
-    if (first()) {
-      x = Embed(inputs);
-    } else {
-      x = Activation(inputs.size(0), inputs.size(1));
-      Check(pipe_->Recv(x, stage_ - 1, kEvalTag), "recv");
-    }
-    for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
-      x = model_->RunBlock(i, x);
-    }
-  }
   torch::Tensor loss = torch::zeros(
       {1}, torch::TensorOptions(options_.device).dtype(torch::kFloat));
-  if (last()) {
-    ScopedAutocast autocast(options_.device, options_.precision);
-    loss += HeadLoss(x, targets, /*scale=*/0.0).to(torch::kFloat);
-  } else {
-    torch::Tensor sent = x.to(torch::kFloat).contiguous();
-    Check(pipe_->Send(sent, stage_ + 1, kEvalTag), "send");
+  // Through the model stages in order: each chunk takes the previous model
+  // stage's output (from the rank before, the last rank's wrapping to rank
+  // 0's next chunk) and hands its own on.
+  const int64_t previous = (stage_ + pipeline_.stages - 1) % pipeline_.stages;
+  const int64_t next = (stage_ + 1) % pipeline_.stages;
+  for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+    const PipelineStage& mine = Chunk(chunk);
+    const int64_t k = ModelStage(chunk);
+    torch::Tensor x;
+    {
+      ScopedAutocast autocast(options_.device, options_.precision);
+      if (EmbedsIn(chunk)) {
+        x = Embed(inputs);
+      } else {
+        x = Activation(inputs.size(0), inputs.size(1));
+        Check(
+            pipe_->Recv(x, previous, TransferTag(TagKind::kEvaluation, k - 1)),
+            "recv");
+      }
+      for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
+        x = model_->RunBlock(i, x);
+      }
+    }
+    if (HeadIn(chunk)) {
+      ScopedAutocast autocast(options_.device, options_.precision);
+      loss += HeadLoss(x, targets, /*scale=*/0.0).to(torch::kFloat);
+    } else {
+      torch::Tensor sent = x.to(torch::kFloat).contiguous();
+      Check(pipe_->Send(sent, next, TransferTag(TagKind::kEvaluation, k)),
+            "send");
+    }
   }
   FreeUnits();
   Check(pipe_->AllReduce(loss), "all_reduce (eval loss)");

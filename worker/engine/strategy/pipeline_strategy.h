@@ -87,6 +87,9 @@ struct PipelineOptions {
   std::vector<int64_t> split;  // empty: balanced (PartitionPipeline)
   int64_t micro_batches = 1;   // per trainer micro-batch; must divide its rows
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  // Chunks per rank (interleaved schedules): the model is cut into stages x
+  // virtual_stages model stages, rank s running s, s + S, ... in turn.
+  int64_t virtual_stages = 1;
   int64_t seq_len = 1024;  // for the balanced cut's costs
   // The data-parallel part's name ("single": one replica, "ddp", "fsdp",
   // "hsdp").
@@ -163,12 +166,26 @@ class PipelineStrategy final : public Strategy {
  private:
   struct InFlight;  // a micro-batch between its forward and its backward
 
+  // Whether this rank holds the embeddings (model stage 0) or the head (the
+  // last model stage).
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == pipeline_.stages; }
+  int64_t chunks() const { return pipeline_.virtual_stages; }
+  // The model stage this rank runs as its chunk `chunk`, and what it holds.
+  int64_t ModelStage(int64_t chunk) const {
+    return ModelStageOf(pipeline_.stages, stage_, chunk);
+  }
+  const PipelineStage& Chunk(int64_t chunk) const {
+    return partition_[ModelStage(chunk)];
+  }
+  bool EmbedsIn(int64_t chunk) const { return ModelStage(chunk) == 0; }
+  bool HeadIn(int64_t chunk) const {
+    return ModelStage(chunk) + 1 == static_cast<int64_t>(partition_.size());
+  }
   // The parameters this stage holds, by global name.
   bool Owns(const std::string& name) const { return Holds(stage_, name); }
-  // Whether stage `stage` holds global parameter `name` (its place in the
-  // model and the stage's cut).
+  // Whether pipeline rank `stage` holds global parameter `name` in any of
+  // its chunks (its place in the model and the cut).
   bool Holds(int64_t stage, const std::string& name) const;
   bool IsTokenEmbedding(const std::string& name) const;
   // `batch` cut into the pipeline's micro-batches.
@@ -182,7 +199,7 @@ class PipelineStrategy final : public Strategy {
   // `scale`: the gradient scale the last stage's loss will be
   // backpropagated with (the vocabulary-parallel head applies it in
   // forward).
-  void Forward(InFlight& m, const Batch& batch, double scale);
+  void Forward(InFlight& m, const Batch& batch, double scale, int64_t chunk);
   // The first stage's embeddings and the last stage's loss, whole or
   // vocabulary-parallel (tensor parallelism).
   torch::Tensor Embed(const torch::Tensor& inputs);
@@ -196,7 +213,7 @@ class PipelineStrategy final : public Strategy {
   // and its member pointed at it; the previous members returned for
   // restoring. Collective over the tensor group.
   std::vector<std::pair<torch::Tensor*, torch::Tensor>> GatherSlices();
-  void Backward(InFlight& m, double scale);
+  void Backward(InFlight& m, double scale, int64_t chunk);
   // Sum of the token embedding's gradient between the first and last stage; the
   // average of every gradient over the stage's replicas.
   void SynchronizeGradients();
@@ -243,6 +260,10 @@ class PipelineStrategy final : public Strategy {
   void WaitReceive(std::unique_ptr<CommWork>& work);
   // A [rows, T, C] float activation buffer on the device.
   torch::Tensor Activation(int64_t rows, int64_t seq) const;
+  // The point-to-point tag of a transfer between model stages `boundary`
+  // and boundary + 1 (both ends compute the same one).
+  enum class TagKind { kActivation, kGradient, kEvaluation };
+  static int64_t TransferTag(TagKind kind, int64_t boundary);
 
   const StrategyOptions options_;
   Communicator* const world_;

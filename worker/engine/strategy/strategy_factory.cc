@@ -101,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
   if (!schedule.ok()) return schedule.status();
   pipeline.schedule = *schedule;
   pipeline.micro_batches = config.micro_batches;
+  pipeline.virtual_stages = config.virtual_stages;
   pipeline.seq_len = config.seq_len;
   pipeline.data_parallel = config.strategy;
   pipeline.tensor_parallel = std::max<int64_t>(1, config.tensor_parallel);

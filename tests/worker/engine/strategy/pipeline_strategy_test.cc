@@ -47,16 +47,18 @@ struct Case {
   int64_t checkpointing = 0;  // recompute every N-th block (0: none)
   std::vector<int64_t> split = {};
   std::string data_parallel = "";  // empty: ddp with replicas, else single
+  int64_t virtual_stages = 1;      // chunks per stage (interleaved)
 
   std::string DataParallel() const {
     if (!data_parallel.empty()) return data_parallel;
     return replicas > 1 ? "ddp" : "single";
   }
   std::string Name() const {
-    return absl::StrCat("pp", stages, "x", DataParallel(), replicas, "_",
-                        PipelineScheduleName(schedule), "_m", micro_batches,
-                        "_accum", accumulation, "_ckpt", checkpointing,
-                        split.empty() ? "" : "_split");
+    return absl::StrCat(
+        "pp", stages, "x", DataParallel(), replicas, "_",
+        PipelineScheduleName(schedule), "_m", micro_batches, "_accum",
+        accumulation, "_ckpt", checkpointing, split.empty() ? "" : "_split",
+        virtual_stages > 1 ? absl::StrCat("_interleaved", virtual_stages) : "");
   }
 };
 
@@ -73,6 +75,7 @@ test::StrategyMaker Maker(const Case& c) {
     pipeline.schedule = c.schedule;
     pipeline.seq_len = kSeqLen;
     pipeline.data_parallel = c.DataParallel();
+    pipeline.virtual_stages = c.virtual_stages;
     return std::make_unique<PipelineStrategy>(options, comm, pipeline);
   };
 }
@@ -103,10 +106,16 @@ TEST_P(PipelineEquivalenceTest, TrainsAsOneDeviceDoes) {
   // forward (but the last) and their gradients backward (but the first),
   // [rows, T, C] fp32 each way, however the rows are cut; and it waited on
   // its neighbours for some time.
+  // Interleaved, each of a stage's chunks does so for its model stage.
   const int64_t each_way = 8 * kSeqLen * 64 * 4;
+  const int64_t model_stages = c.stages * c.virtual_stages;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const int64_t stage = static_cast<int64_t>(r) / c.replicas;
-    const int64_t ways = (stage > 0 ? 1 : 0) + (stage + 1 < c.stages ? 1 : 0);
+    int64_t ways = 0;
+    for (int64_t chunk = 0; chunk < c.virtual_stages; ++chunk) {
+      const int64_t k = chunk * c.stages + stage;
+      ways += (k > 0 ? 1 : 0) + (k + 1 < model_stages ? 1 : 0);
+    }
     ASSERT_EQ(ranks[r].step_comm.size(), static_cast<size_t>(kSteps));
     for (const CommStats& comm : ranks[r].step_comm) {
       EXPECT_EQ(comm.p2p_bytes, ways * each_way) << "rank " << r;
@@ -182,7 +191,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 2, PipelineSchedule::kGpipe, 2, 2, 1, {}, "fsdp"},
         // Each stage's four ranks: two shard groups of two.
         Case{2, 4, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "hsdp"},
-        Case{2, 4, PipelineSchedule::kGpipe, 2, 2, 1, {}, "hsdp"}),
+        Case{2, 4, PipelineSchedule::kGpipe, 2, 2, 1, {}, "hsdp"},
+        // Interleaved: two chunks per stage (model stages 0, 2 on the
+        // first, 1, 3 on the second), alone, replicated, sharded, with
+        // accumulation, recomputation and GPipe's order.
+        Case{2, 1, PipelineSchedule::kOneFOneB, 4, 1, 0, {}, "", 2},
+        Case{2, 2, PipelineSchedule::kOneFOneB, 2, 2, 1, {}, "", 2},
+        Case{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp", 2},
+        Case{2, 1, PipelineSchedule::kGpipe, 2, 1, 0, {}, "", 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.Name();
     });
@@ -198,15 +214,22 @@ struct OrderCase {
   int64_t replicas = 1;
   std::string data_parallel = "single";
   int64_t tensor_parallel = 1;
+  int64_t virtual_stages = 1;
 };
 
 void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
   for (PipelineSchedule schedule :
        {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
     for (int64_t m = 1; m <= 2 * c.stages; ++m) {
-      const std::string what = absl::StrCat(
-          "pp", c.stages, "x", c.data_parallel, c.replicas, "xtp",
-          c.tensor_parallel, " ", PipelineScheduleName(schedule), " m", m);
+      // Interleaved 1F1B runs groups of S micro-batches.
+      if (c.virtual_stages > 1 && schedule == PipelineSchedule::kOneFOneB &&
+          m % c.stages != 0) {
+        continue;
+      }
+      const std::string what =
+          absl::StrCat("pp", c.stages, "x", c.data_parallel, c.replicas, "xtp",
+                       c.tensor_parallel, " v", c.virtual_stages, " ",
+                       PipelineScheduleName(schedule), " m", m);
       SCOPED_TRACE(what);
       const torch::Tensor batches =
           test::MakeBatches(1, 2 * m * c.replicas, kSeqLen, kVocab);
@@ -230,6 +253,7 @@ void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
             pipeline.seq_len = kSeqLen;
             pipeline.data_parallel = c.data_parallel;
             pipeline.tensor_parallel = c.tensor_parallel;
+            pipeline.virtual_stages = c.virtual_stages;
             return std::make_unique<PipelineStrategy>(options, comm, pipeline);
           });
       ASSERT_EQ(ranks.front().losses.size(), 1u) << "the step did not end";
@@ -261,6 +285,15 @@ TEST(PipelineNcclOrderTest, TwoStagesBesideTensorParallelism) {
 // vocabulary-parallel head writes outside autograd.
 TEST(PipelineNcclOrderTest, TwoStagesBesideDdpAndTensorParallelism) {
   ExpectEveryOrderCompletesUnderNccl({2, 2, "ddp", 2});
+}
+// Interleaved: the last stage's chunk hands its output to the first stage's
+// next chunk, so with two stages activations cross their pair both ways.
+TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunks) {
+  ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 1, 2});
+}
+TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunksBesideFsdpAndTensorRanks) {
+  ExpectEveryOrderCompletesUnderNccl({2, 2, "fsdp", 1, 2});
+  ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2, 2});
 }
 
 // Rank `rank`'s strategy after one whole step of two stages, each over two

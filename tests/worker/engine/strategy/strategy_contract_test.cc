@@ -109,6 +109,7 @@ TEST(StrategyContractModelTest, GptMiniGradientsMatchOneDeviceOnEveryMesh) {
     const char* name;
     const char* strategy;
     int64_t stages, tensor, world;
+    int64_t virtual_stages = 1;
   };
   constexpr char kMini[] = "gpt2-mini";
   constexpr int64_t kMiniSeq = 16;
@@ -124,13 +125,14 @@ TEST(StrategyContractModelTest, GptMiniGradientsMatchOneDeviceOnEveryMesh) {
        {Mesh{"ddp2", "ddp", 1, 1, 2}, Mesh{"fsdp2", "fsdp", 1, 1, 2},
         Mesh{"hsdp4", "hsdp", 1, 1, 4}, Mesh{"pp2", "single", 2, 1, 2},
         Mesh{"pp2xfsdp2", "fsdp", 2, 1, 4}, Mesh{"tp2", "single", 1, 2, 2},
-        Mesh{"fsdp2xtp2", "fsdp", 1, 2, 4},
-        Mesh{"pp2xtp2", "single", 2, 2, 4}}) {
+        Mesh{"fsdp2xtp2", "fsdp", 1, 2, 4}, Mesh{"pp2xtp2", "single", 2, 2, 4},
+        Mesh{"pp2xfsdp2 interleaved over 2 chunks", "fsdp", 2, 1, 4, 2}}) {
     TrainConfig config;
     config.model = kMini;
     config.seq_len = kMiniSeq;
     config.strategy = m.strategy;
     config.pipeline_stages = m.stages;
+    config.virtual_stages = m.virtual_stages;
     config.tensor_parallel = m.tensor;
     config.micro_batches = m.stages > 1 ? 2 : 1;
     test::TrainLoop mesh_loop = loop;
@@ -147,6 +149,7 @@ struct MeshRow {
   const char* strategy;
   int64_t stages, tensor, world;
   int64_t checkpointing = 0;
+  int64_t virtual_stages = 1;
 };
 
 // Each gradient tensor of `spec`, put together from the ranks' slices,
@@ -168,6 +171,7 @@ void ExpectEveryMeshMatchesOneDevice(const std::string& spec, int64_t vocab,
     config.seq_len = kRowsSeq;
     config.strategy = m.strategy;
     config.pipeline_stages = m.stages;
+    config.virtual_stages = m.virtual_stages;
     config.tensor_parallel = m.tensor;
     config.micro_batches = m.stages > 1 ? 2 : 1;
     test::TrainLoop mesh_loop = loop;
@@ -220,6 +224,14 @@ TEST(StrategyContractModelTest, UntiedLlamaHeadMatchesOneDeviceOnEveryMesh) {
                                    {"ddp2xtp2", "ddp", 1, 2, 4},
                                    {"fsdp2xtp2", "fsdp", 1, 2, 4},
                                    {"pp2xtp2", "single", 2, 2, 4}});
+  // Four blocks: two stages of two chunks each, the head on the last
+  // stage's second chunk, split by rows over two tensor ranks.
+  const std::string four_blocks =
+      "custom-llama:n_layer=4,n_head=4,n_kv_head=2,n_embd=64,"
+      "intermediate_size=96,block_size=64,vocab_size=1000,tie_embeddings=0";
+  ExpectEveryMeshMatchesOneDevice(
+      four_blocks, kVocab,
+      {{"pp2xtp2 interleaved over 2 chunks", "single", 2, 2, 4, 0, 2}});
 }
 
 // A Llama checkpoint (its untied head too) written by FSDP on two ranks
