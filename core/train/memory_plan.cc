@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/model/model_config.h"
 #include "core/train/pipeline_plan.h"
 #include "core/train/strategy_kinds.h"
@@ -522,7 +523,8 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     split = *std::move(parsed);
   }
   absl::StatusOr<std::vector<PipelineStage>> stages =
-      PartitionPipeline(*model, config.seq_len, config.pipeline_stages, split);
+      PartitionPipeline(*model, config.seq_len, config.pipeline_stages, split,
+                        config.virtual_stages);
   if (!stages.ok()) return stages.status();
 
   const bool cuda = config.device.rfind("cuda", 0) == 0;
@@ -546,45 +548,114 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
   const int64_t t = whole.tokens;
   const int64_t activation = 4 * t * whole.c;  // one [rows, T, C] fp32 buffer
 
-  std::vector<MemoryPlan> plans;
-  for (size_t index = 0; index < stages->size(); ++index) {
-    const PipelineStage& stage = (*stages)[index];
-    Shapes s = whole;
-    s.first_block = stage.first_block;
-    s.layers = stage.end_block - stage.first_block;
-    s.embeddings = stage.embeddings;
-    s.head = stage.head;
-    const int64_t params =
-        s.layers * s.block_params +
-        (s.embeddings ? s.wte_params + s.input_params : 0) +
-        (s.head ? (model->tied_head() ? s.wte_params : 0) + s.output_params
-                : 0);
-    const int64_t recomputed = RecomputedBlocks(s, *every);
+  // FSDP within the stage (PipelineStrategy::ShardStage): one unit per
+  // block, wte alone, the other root tensors together, each padded to a
+  // multiple of the ranks it is sharded over (the stage's D; HSDP: its
+  // shard group's G, the groups' all-reduce working in place); a rank
+  // keeps a shard of each, and the whole stage is gathered (and its full
+  // gradients made) within a step.
+  const int64_t replicas = config.DataParallelSize(world_size);
+  const int64_t shards =
+      kind == nullptr                         ? 1
+      : kind->layout == StateLayout::kSharded ? replicas
+      : kind->layout == StateLayout::kShardedInGroups
+          ? ResolveShardGroupSize(config.shard_group_size, replicas,
+                                  /*ranks_per_node=*/0)
+          : 1;
+  // A shard group of one replicates the stage, as DDP does.
+  const bool sharded = shards > 1;
+  // Interleaved, a rank runs several chunks (model stages rank, rank + S,
+  // ...): it holds all of their state, and each chunk's micro-batches hold
+  // that chunk's activations from its forward to its backward.
+  const int64_t chunks = std::max<int64_t>(1, config.virtual_stages);
 
-    // FSDP within the stage (PipelineStrategy::ShardStage): one unit per
-    // block, wte alone, the other root tensors together, each padded to a
-    // multiple of the ranks it is sharded over (the stage's D; HSDP: its
-    // shard group's G, the groups' all-reduce working in place); a rank
-    // keeps a shard of each, and the whole stage is gathered (and its full
-    // gradients made) within a step.
-    const int64_t replicas = config.DataParallelSize(world_size);
-    const int64_t shards =
-        kind == nullptr                         ? 1
-        : kind->layout == StateLayout::kSharded ? replicas
-        : kind->layout == StateLayout::kShardedInGroups
-            ? ResolveShardGroupSize(config.shard_group_size, replicas,
-                                    /*ranks_per_node=*/0)
-            : 1;
-    // A shard group of one replicates the stage, as DDP does.
-    const bool sharded = shards > 1;
-    int64_t full = 0;  // the stage's padded units, in elements
-    if (sharded) {
-      full = s.layers * RoundUp(s.block_params, shards);
-      if (s.embeddings || (s.head && model->tied_head())) {
-        full += RoundUp(s.wte_params, shards);
+  // One chunk of a rank: what it holds, and what a micro-batch costs it.
+  struct Chunk {
+    Shapes s;
+    int64_t params = 0;      // elements, whole
+    int64_t recomputed = 0;  // blocks recomputed in backward
+    int64_t full = 0;        // sharded: its padded units, in elements
+    int64_t wte_padded = 0;  // sharded: wte's gradient not in its units'
+    // One micro-batch at the end of its forward, and held from then until
+    // its backward: the head's ln_f output is freed, its gradients of the
+    // hidden states and of wte (computed in forward) kept.
+    int64_t forwarded = 0, held = 0, held_head = 0;
+    // The backward of one micro-batch, past what it holds: the gradient
+    // received from the next stage, and the most of its last block's
+    // backward (its recomputation with activation checkpointing) and, on
+    // stage 0, the embeddings' backward with wte's dense gradient.
+    int64_t received = 0, recompute = 0, embedding_backward = 0;
+    MemoryPlan::Moment recompute_moment = MemoryPlan::Moment::kStageBackward;
+    bool top_recomputed = false;
+    // Over the schedule: micro-batches forwarded and not yet backwarded,
+    // forwarded, and backwarded.
+    int64_t in_flight = 0, forwarded_count = 0, done = 0;
+  };
+
+  std::vector<MemoryPlan> plans;
+  for (int64_t rank = 0; rank < config.pipeline_stages; ++rank) {
+    std::vector<Chunk> parts(chunks);
+    std::vector<std::string> layers;
+    int64_t params = 0, full = 0, recomputed = 0, block_layers = 0;
+    bool has_wte = false, any_embeddings = false;
+    for (int64_t v = 0; v < chunks; ++v) {
+      const PipelineStage& stage =
+          (*stages)[ModelStageOf(config.pipeline_stages, rank, v)];
+      Chunk& part = parts[v];
+      Shapes& s = part.s;
+      s = whole;
+      s.first_block = stage.first_block;
+      s.layers = stage.end_block - stage.first_block;
+      s.embeddings = stage.embeddings;
+      s.head = stage.head;
+      part.params =
+          s.layers * s.block_params +
+          (s.embeddings ? s.wte_params + s.input_params : 0) +
+          (s.head ? (model->tied_head() ? s.wte_params : 0) + s.output_params
+                  : 0);
+      part.recomputed = RecomputedBlocks(s, *every);
+      if (sharded) {
+        part.full = s.layers * RoundUp(s.block_params, shards);
+        if (s.embeddings || (s.head && model->tied_head())) {
+          part.full += RoundUp(s.wte_params, shards);
+        }
+        if (s.embeddings) part.full += RoundUp(s.input_params, shards);
+        if (s.head) part.full += RoundUp(s.output_params, shards);
       }
-      if (s.embeddings) full += RoundUp(s.input_params, shards);
-      if (s.head) full += RoundUp(s.output_params, shards);
+      // The full gradients of a sharded stage exist from its first backward
+      // of the step to the reduce-scatter; in the first backward of the
+      // head stage, wte's is the gradient its head made in forward (already
+      // counted with the micro-batch), taken over by the leaf. With tensor
+      // parallelism, the vocabulary-parallel paths add wte's into a buffer
+      // of their own, made with the gather: whole within the step.
+      const bool chunk_wte = s.embeddings || s.head;
+      part.wte_padded = sharded && (tensor_parallel ? chunk_wte : s.head)
+                            ? RoundUp(s.wte_params, shards)
+                            : 0;
+      part.forwarded = ActivationBytes(s, eb, attention, part.recomputed);
+      part.held_head =
+          s.head ? 4 * t * s.c + (tensor_parallel ? 0 : 4 * s.wte_params) : 0;
+      part.held = part.forwarded - (s.head ? t * eb * s.c : 0);
+      part.received = s.head ? 0 : activation;
+      part.recompute = RecomputePeakActivationBytes(s, eb, attention, *every,
+                                                    &part.recompute_moment) -
+                       part.held;
+      part.top_recomputed =
+          part.recomputed > 0 && stage.end_block % *every == 0;
+      // Tensor parallelism: the gradient's rows of this rank's tokens, added
+      // into wte's gradient in place.
+      part.embedding_backward =
+          !s.embeddings ? 0
+          : tensor_parallel
+              ? 4 * t * s.c + 4 * t * s.c / s.tensor_parallel - part.held
+              : 4 * s.wte_params + 4 * t * s.c - part.held;
+      params += part.params;
+      full += part.full;
+      recomputed += part.recomputed;
+      block_layers += s.layers;
+      has_wte = has_wte || chunk_wte;
+      any_embeddings = any_embeddings || s.embeddings;
+      layers.push_back(DescribeStage(stage));
     }
     const int64_t shard = full / shards;
 
@@ -592,8 +663,8 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     base.strategy = config.strategy;
     base.world_size = world_size;
     base.pipeline_stages = config.pipeline_stages;
-    base.stage = static_cast<int64_t>(index);
-    base.stage_layers = DescribeStage(stage);
+    base.stage = rank;
+    base.stage_layers = absl::StrJoin(layers, "; ");
     base.recomputed_blocks = recomputed;
     base.tensor_parallel = whole.tensor_parallel;
     if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
@@ -603,7 +674,8 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     base.gradients = 4 * params;
     base.optimizer_state = 8 * params;
     if (bf16) {
-      base.gathered_units = 2 * s.layers * 12 * s.c * s.c / s.tensor_parallel;
+      base.gathered_units =
+          2 * block_layers * 12 * whole.c * whole.c / whole.tensor_parallel;
     }
     if (sharded) {
       base.parameters = 4 * shard;
@@ -611,55 +683,49 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       base.optimizer_state = 8 * shard;
       base.gathered_units = (bf16 ? 2 : 4) * full;
     }
-    // The full gradients of a sharded stage exist from its first backward
-    // of the step to the reduce-scatter; in the first backward of the head
-    // stage, wte's is the gradient its head made in forward (already
-    // counted with the micro-batch), taken over by the leaf. With tensor
-    // parallelism, the vocabulary-parallel paths add wte's into a buffer of
-    // their own, made with the gather: whole within the step.
-    const bool has_wte = s.embeddings || s.head;
-    const int64_t wte_padded = sharded && (tensor_parallel ? has_wte : s.head)
-                                   ? RoundUp(s.wte_params, shards)
-                                   : 0;
     if (sharded && tensor_parallel && has_wte) {
-      base.gradients += 4 * s.wte_params;
+      base.gradients += 4 * whole.wte_params;
     }
-    auto full_gradients = [&](int64_t backwards_done) {
-      return 4 *
-             (full - (backwards_done == 0 || tensor_parallel ? wte_padded : 0));
-    };
-
-    // One micro-batch at the end of its forward, and held from then until
-    // its backward: the head's ln_f output is freed, its gradients of the
-    // hidden states and of wte (computed in forward) kept.
-    const int64_t forwarded = ActivationBytes(s, eb, attention, recomputed);
-    const int64_t held_head =
-        s.head ? 4 * t * s.c + (tensor_parallel ? 0 : 4 * s.wte_params) : 0;
-    const int64_t held = forwarded - (s.head ? t * eb * s.c : 0);
-    // The backward of one micro-batch, past what it holds: the gradient
-    // received from the next stage, and the most of its last block's
-    // backward (its recomputation with activation checkpointing) and, on
-    // stage 0, the embeddings' backward with wte's dense gradient.
-    const int64_t received = s.head ? 0 : activation;
-    MemoryPlan::Moment recompute_moment = MemoryPlan::Moment::kStageBackward;
-    const int64_t recompute = RecomputePeakActivationBytes(
-                                  s, eb, attention, *every, &recompute_moment) -
-                              held;
-    const bool top_recomputed = recomputed > 0 && stage.end_block % *every == 0;
-    // Tensor parallelism: the gradient's rows of this rank's tokens, added
-    // into wte's gradient in place.
-    const int64_t embedding_backward =
-        !s.embeddings     ? 0
-        : tensor_parallel ? 4 * t * s.c + 4 * t * s.c / s.tensor_parallel - held
-                          : 4 * s.wte_params + 4 * t * s.c - held;
-
-    // Sends are held until the step ends: a non-last stage's outputs (fp32:
-    // the activation itself while its micro-batch is held) and a later
-    // stage's gradients of its inputs.
-    auto sends = [&](int64_t forwarded_count, int64_t done) {
+    // The full gradients of the chunks whose backward has begun (`current`:
+    // the chunk whose backward runs now, or -1).
+    auto full_gradients = [&](int64_t current) {
       int64_t bytes = 0;
-      if (!s.head) bytes += (bf16 ? forwarded_count : done) * activation;
-      if (!s.embeddings) bytes += done * activation;
+      for (int64_t v = 0; v < chunks; ++v) {
+        const Chunk& part = parts[v];
+        if (part.done == 0 && v != current) continue;
+        bytes +=
+            4 * (part.full -
+                 (part.done == 0 || tensor_parallel ? part.wte_padded : 0));
+      }
+      return bytes;
+    };
+    // What the micro-batches in flight hold (their activations, the head's
+    // kept gradients) and the sends not yet taken: a non-last stage's
+    // outputs (fp32: the activation itself while its micro-batch is held)
+    // and a later stage's gradients of its inputs.
+    auto in_flight = [&] {
+      int64_t count = 0;
+      for (const Chunk& part : parts) count += part.in_flight;
+      return count;
+    };
+    auto held = [&] {
+      int64_t bytes = 0;
+      for (const Chunk& part : parts) bytes += part.in_flight * part.held;
+      return bytes;
+    };
+    auto held_head = [&] {
+      int64_t bytes = 0;
+      for (const Chunk& part : parts) bytes += part.in_flight * part.held_head;
+      return bytes;
+    };
+    auto sends = [&] {
+      int64_t bytes = 0;
+      for (const Chunk& part : parts) {
+        if (!part.s.head) {
+          bytes += (bf16 ? part.forwarded_count : part.done) * activation;
+        }
+        if (!part.s.embeddings) bytes += part.done * activation;
+      }
       return bytes;
     };
 
@@ -671,30 +737,31 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         best = std::move(candidate);
       }
     };
-    int64_t in_flight = 0, forward_count = 0, done = 0;
     for (const PipelineAction& action : StageActions(
-             *schedule, config.pipeline_stages, base.stage, micro_batches)) {
+             *schedule, config.pipeline_stages, rank, micro_batches, chunks)) {
+      Chunk& part = parts[action.chunk];
+      const Shapes& s = part.s;
       MemoryPlan at = base;
       if (action.kind == PipelineAction::Kind::kForward) {
-        ++in_flight;
-        ++forward_count;
-        at.micro_batches_in_flight = in_flight;
-        at.activations = ids_and_mask + (in_flight - 1) * held + forwarded;
-        at.logits = (in_flight - 1) * held_head +
-                    (s.head ? HeadLogitsBytes(s, chunk_budget, bf16) : 0);
-        at.communication = sends(forward_count, done);
-        if (sharded && done > 0) at.gradients += full_gradients(done);
+        at.activations = ids_and_mask + held() + part.forwarded;
+        at.logits =
+            held_head() + (s.head ? HeadLogitsBytes(s, chunk_budget, bf16) : 0);
+        ++part.in_flight;
+        ++part.forwarded_count;
+        at.micro_batches_in_flight = in_flight();
+        at.communication = sends();
+        if (sharded) at.gradients += full_gradients(-1);
         at.peak_moment = s.head ? MemoryPlan::Moment::kHead
                                 : MemoryPlan::Moment::kStageForward;
         consider(at);
         continue;
       }
-      at.micro_batches_in_flight = in_flight;
-      at.activations = ids_and_mask + in_flight * held;
-      at.logits = in_flight * held_head;
-      at.communication = sends(forward_count, done) + received;
-      if (sharded) at.gradients += full_gradients(done);
-      if (!top_recomputed) {
+      at.micro_batches_in_flight = in_flight();
+      at.activations = ids_and_mask + held();
+      at.logits = held_head();
+      at.communication = sends() + part.received;
+      if (sharded) at.gradients += full_gradients(action.chunk);
+      if (!part.top_recomputed) {
         MemoryPlan in_block = at;
         // A sharded block's gradient arrives as one flat tensor, made
         // from its parameters' before it is added to the unit's.
@@ -703,19 +770,19 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
         in_block.peak_moment = MemoryPlan::Moment::kStageBackward;
         consider(in_block);
       }
-      if (recomputed > 0) {
+      if (part.recomputed > 0) {
         MemoryPlan in_block = at;
-        in_block.recomputation = std::max<int64_t>(0, recompute);
-        in_block.peak_moment = recompute_moment;
+        in_block.recomputation = std::max<int64_t>(0, part.recompute);
+        in_block.peak_moment = part.recompute_moment;
         consider(in_block);
       }
       if (s.embeddings) {
-        at.backward = std::max<int64_t>(0, embedding_backward);
+        at.backward = std::max<int64_t>(0, part.embedding_backward);
         at.peak_moment = MemoryPlan::Moment::kEmbeddingBackward;
         consider(at);
       }
-      --in_flight;
-      ++done;
+      --part.in_flight;
+      ++part.done;
     }
     if (sharded) {
       // After the schedule, every unit's full gradient is reduce-scattered
@@ -724,12 +791,12 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
       // the shard it is reducing, at worst the largest unit's.
       MemoryPlan at = base;
       at.activations = ids_and_mask;
-      at.gradients += full_gradients(done);
+      at.gradients += full_gradients(-1);
       at.communication = 4 * shard;
       if (!cuda) {
         const int64_t largest_unit =
-            std::max(RoundUp(s.block_params, shards),
-                     has_wte ? RoundUp(s.wte_params, shards) : 0);
+            std::max(RoundUp(whole.block_params, shards),
+                     has_wte ? RoundUp(whole.wte_params, shards) : 0);
         at.communication += (shards > 2 ? 2 : 1) * 4 * largest_unit / shards;
       }
       at.peak_moment = MemoryPlan::Moment::kGradientReduceScatter;
@@ -747,7 +814,8 @@ absl::StatusOr<std::vector<MemoryPlan>> PlanPipelineStages(
     }
     // The norm sums whole gradients, or each unit's shard (with tensor
     // parallelism, each parameter's piece of it); wte's on stage 0 only.
-    const bool norm_wte = s.embeddings;
+    const bool norm_wte = any_embeddings;
+    const Shapes& s = whole;
     const int64_t largest =
         !sharded ? std::max(norm_wte ? s.wte_params : 0,
                             4 * s.c * s.c / s.tensor_parallel)

@@ -81,8 +81,8 @@ class MemoryPlanTest : public testing::Test {
         std::hash<std::string>()(config.model), "_", config.strategy, "_",
         world, "_", config.activation_checkpointing, "_pp",
         config.pipeline_stages, "_", config.micro_batches, "_",
-        config.pipeline_schedule, "_tp", config.tensor_parallel, "_b",
-        config.batch_size, "_s", config.seq_len);
+        config.pipeline_schedule, "_v", config.virtual_stages, "_tp",
+        config.tensor_parallel, "_b", config.batch_size, "_s", config.seq_len);
     const fs::path out = *dir_ / name;
     std::string command =
         std::string(SHARDTRAIN_BINARY_DIR) + "/bin/shardtrain-train --model " +
@@ -100,10 +100,10 @@ class MemoryPlanTest : public testing::Test {
       command += absl::StrCat(" --tensor-parallel ", config.tensor_parallel);
     }
     if (config.pipeline_stages > 1) {
-      command +=
-          absl::StrCat(" --pipeline-stages ", config.pipeline_stages,
-                       " --micro-batches ", config.micro_batches,
-                       " --pipeline-schedule ", config.pipeline_schedule);
+      command += absl::StrCat(" --pipeline-stages ", config.pipeline_stages,
+                              " --micro-batches ", config.micro_batches,
+                              " --pipeline-schedule ", config.pipeline_schedule,
+                              " --virtual-stages ", config.virtual_stages);
     }
     const test::CommandResult r = test::RunCommand(command);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -349,6 +349,7 @@ struct PipelineCase {
   const char* checkpointing;
   const char* strategy = "";  // "": single for one replica, else ddp
   int64_t tensor_parallel = 1;
+  int64_t virtual_stages = 1;  // chunks per stage (interleaved)
 };
 
 // Every stage's plan (PlanPipelineStages) against the largest peak its
@@ -366,6 +367,7 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
   config.pipeline_stages = c.stages;
   config.micro_batches = c.micro_batches;
   config.pipeline_schedule = c.schedule;
+  config.virtual_stages = c.virtual_stages;
   config.activation_checkpointing = c.checkpointing;
   absl::StatusOr<std::vector<MemoryPlan>> plans =
       PlanPipelineStages(config, c.world);
@@ -385,18 +387,20 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
     const double error =
         static_cast<double>(plan.total() - measured) / measured;
     std::printf(
-        "%s %ld stages x %ld %s x tp %ld, %s, %ld micro-batches, activation "
-        "checkpointing %s: stage %ld (%s) predicted %.2f MiB at %s, measured "
-        "%.2f MiB (%+.2f%%)\n",
-        model.c_str(), static_cast<long>(c.stages), static_cast<long>(replicas),
+        "%s %ld stages (%ld chunks each) x %ld %s x tp %ld, %s, %ld "
+        "micro-batches, activation checkpointing %s: stage %ld (%s) predicted "
+        "%.2f MiB at %s, measured %.2f MiB (%+.2f%%)\n",
+        model.c_str(), static_cast<long>(c.stages),
+        static_cast<long>(c.virtual_stages), static_cast<long>(replicas),
         config.strategy.c_str(), static_cast<long>(c.tensor_parallel),
         c.schedule, static_cast<long>(c.micro_batches), c.checkpointing,
         static_cast<long>(plan.stage), plan.stage_layers.c_str(),
         plan.total() / 1048576.0, plan.PeakMomentName().c_str(),
         measured / 1048576.0, 100 * error);
     EXPECT_LE(std::abs(error), kTolerance)
-        << model << " pp" << c.stages << " tp" << c.tensor_parallel << " "
-        << c.schedule << " " << c.checkpointing << " stage " << plan.stage;
+        << model << " pp" << c.stages << " v" << c.virtual_stages << " tp"
+        << c.tensor_parallel << " " << c.schedule << " " << c.checkpointing
+        << " stage " << plan.stage;
   }
 }
 
@@ -438,6 +442,20 @@ TEST_F(MemoryPlanTest, PredictsEachStageOfGpt2MiniInTwoStages) {
   for (const PipelineCase& c : {PipelineCase{2, 2, 4, "gpipe", "none"},
                                 PipelineCase{2, 2, 2, "1f1b", "every-2"},
                                 PipelineCase{2, 4, 2, "1f1b", "none"}}) {
+    CheckPipeline("gpt2-mini", 4, 64, c);
+  }
+}
+
+// Interleaved: gpt2-mini's four blocks as two chunks on each of two stages
+// (stage 0: blocks 0 and 2 with the embeddings, stage 1: blocks 1 and 3
+// with the head); each chunk's micro-batches hold its activations from
+// their forward to their backward, stage 0 up to 2(S-1) + (V-1)S + 1 = 5
+// chunks at once under 1F1B; replicated and sharded.
+TEST_F(MemoryPlanTest, PredictsEachInterleavedStageOfGpt2Mini) {
+  for (const PipelineCase& c :
+       {PipelineCase{2, 2, 4, "1f1b", "none", "", 1, 2},
+        PipelineCase{2, 4, 2, "1f1b", "every-2", "fsdp", 1, 2},
+        PipelineCase{2, 2, 2, "gpipe", "none", "", 1, 2}}) {
     CheckPipeline("gpt2-mini", 4, 64, c);
   }
 }
