@@ -362,26 +362,46 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
     if (!parsed.ok()) return parsed.status();
     split = *std::move(parsed);
   }
+  // Interleaved, a rank runs V chunks (model stages r, r + S, ...): what it
+  // holds and computes is theirs together.
+  const int64_t chunks =
+      stages > 1 ? std::max<int64_t>(1, config.virtual_stages) : 1;
   absl::StatusOr<std::vector<PipelineStage>> cut =
-      PartitionPipeline(*model, config.seq_len, stages, split);
+      PartitionPipeline(*model, config.seq_len, stages, split, chunks);
   if (!cut.ok()) return cut.status();
   const double block_flops = BlockForwardFlopsPerToken(*model, config.seq_len);
-  double stage_flops = 0;  // per token, the slowest stage
-  double all_stage_flops = 0;
-  const PipelineStage* slowest = &cut->front();
-  for (const PipelineStage& stage : *cut) {
+  // Per rank: its blocks (as one run), its ends, its compute per token
+  // (3x the forward, once more for recomputed blocks) and the directions
+  // its activations cross to other ranks, per micro-batch.
+  std::vector<PipelineStage> held(stages);
+  std::vector<double> rank_flops(stages, 0);
+  std::vector<int64_t> rank_directions(stages, 0);
+  for (size_t k = 0; k < cut->size(); ++k) {
+    const PipelineStage& stage = (*cut)[k];
+    const int64_t r = static_cast<int64_t>(k) % stages;
     int64_t recomputed = 0;
     for (int64_t b = stage.first_block; b < stage.end_block; ++b) {
       if (*every > 0 && (b + 1) % *every == 0) ++recomputed;
     }
-    const double flops = 3 * stage.flops_per_token +
-                         static_cast<double>(recomputed) * block_flops;
-    all_stage_flops += flops;
-    if (flops > stage_flops) {
-      stage_flops = flops;
-      slowest = &stage;
+    rank_flops[r] += 3 * stage.flops_per_token +
+                     static_cast<double>(recomputed) * block_flops;
+    held[r].end_block += stage.end_block - stage.first_block;
+    held[r].embeddings = held[r].embeddings || stage.embeddings;
+    held[r].head = held[r].head || stage.head;
+    held[r].flops_per_token += stage.flops_per_token;
+    rank_directions[r] += (k > 0 ? 1 : 0) + (k + 1 < cut->size() ? 1 : 0);
+  }
+  double stage_flops = 0;  // per token, the slowest rank
+  double all_stage_flops = 0;
+  int64_t slowest_rank = 0;
+  for (int64_t r = 0; r < stages; ++r) {
+    all_stage_flops += rank_flops[r];
+    if (rank_flops[r] > stage_flops) {
+      stage_flops = rank_flops[r];
+      slowest_rank = r;
     }
   }
+  const PipelineStage* slowest = &held[slowest_rank];
 
   // The rank's rate: its threads, or its share of the host's cores. A
   // stage faster than the slowest waits (blocked, off the cores) for the
@@ -410,10 +430,12 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   if (stages > 1) {
     // A step's M x accum micro-batches flow through the stages once: the
     // slowest stage sets the pace, and the others' time on one micro-batch
-    // fills and drains the pipe (t = (M - 1) t_max + sum of t_s).
+    // fills and drains the pipe (t = (M - 1) t_max + sum of t_s); in
+    // chunks of 1/V of it when interleaved ((S-1)/(V·M+S-1) of the step
+    // with uniform stages, SimulatePipeline).
     plan.bubble_seconds = (all_stage_flops - stage_flops) *
                           static_cast<double>(tokens) /
-                          static_cast<double>(micro * tp) / rate;
+                          static_cast<double>(micro * tp * chunks) / rate;
   }
 
   // Parameters the rank keeps and updates (the slowest stage's).
@@ -537,9 +559,9 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
     Traffic t;
     const int64_t stride = tp * data;
     // Activations forward and their gradients backward, per micro-batch,
-    // for a middle stage both ways; the tied wte between the end stages.
-    const int64_t directions =
-        (slowest->embeddings ? 0 : 1) + (slowest->head ? 0 : 1);
+    // for a middle stage both ways (each chunk's, interleaved); the tied
+    // wte between the end stages.
+    const int64_t directions = rank_directions[slowest_rank];
     t.Add(Op::kSend, 2, micro * accum * directions,
           static_cast<double>(act_bytes) / static_cast<double>(micro));
     if (has_wte) {

@@ -188,6 +188,39 @@ TEST(StepTimePlanTest, PipelineBubbleShrinksWithMicroBatches) {
   EXPECT_EQ(m4.Bottleneck(), "compute");
 }
 
+// Interleaved over V = 2 chunks, gpt2-mini's four blocks are four model
+// stages, one block each: stage 0 runs blocks 0 and 2, stage 1 blocks 1 and
+// 3 with the head (the slowest). The fill and drain go by in chunks of half
+// a stage: stage 0's time on one micro-batch, halved. The last stage's
+// chunks send activations (block 1's) and gradients (both) three ways.
+TEST(StepTimePlanTest, InterleavingHalvesTheBubbleForMoreSends) {
+  TrainConfig c = Config("single");
+  c.model = "gpt2-mini";
+  c.pipeline_stages = 2;
+  c.micro_batches = 2;
+  c.virtual_stages = 2;
+  const StepTimePlan v2 = Plan(c, 2);
+  const double block = 24.0 * 256 * 256 + 4.0 * 128 * 256;
+  const ModelConfig model = *ParseModelSpec("gpt2-mini");
+  const double head = 2.0 * model.padded_vocab_size * 256;
+  // Stage 0: two blocks; per micro-batch of 4 x 128 tokens, halved.
+  EXPECT_NEAR(v2.bubble_seconds, 3 * 2 * block * 4 * 128 / 2 / 1e10, 1e-9);
+  EXPECT_NEAR(v2.compute_seconds, 3 * (2 * block + head) * 8 * 128 / 1e10,
+              1e-9);
+  c.virtual_stages = 1;
+  c.pipeline_split = "2";  // the same blocks per stage, not interleaved
+  const StepTimePlan v1 = Plan(c, 2);
+  EXPECT_NEAR(v2.bubble_seconds, v1.bubble_seconds / 2, 1e-12);
+  const MeshTraffic* sends2 = Find(v2, "pipeline");
+  const MeshTraffic* sends1 = Find(v1, "pipeline");
+  ASSERT_NE(sends2, nullptr);
+  ASSERT_NE(sends1, nullptr);
+  const double act = 8.0 * 128 * 256 * 4;
+  EXPECT_NEAR(
+      static_cast<double>(sends2->counted_bytes - sends1->counted_bytes),
+      2 * act, 8);
+}
+
 TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
   HostRates slow = Rates();
   slow.intra_node = {1e-3, 1e6};  // 1 MB/s
