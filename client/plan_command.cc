@@ -484,6 +484,7 @@ int RunPlan(const PlanOptions& options) {
       if (stages > 1) {
         plan["micro_batches"] = base.micro_batches;
         plan["pipeline_schedule"] = base.pipeline_schedule;
+        plan["virtual_stages"] = base.virtual_stages;
         plan["stages"] = nlohmann::json::array();
         for (const MemoryPlan& stage : plans[i]) {
           plan["stages"].push_back(PlanJson(stage));
@@ -566,10 +567,15 @@ int RunPlan(const PlanOptions& options) {
                    "%s%s\n",
                    base.model, base.seq_len, base.precision, base.device,
                    stages > 1
-                       ? absl::StrFormat(";\n%d pipeline stages, %s with %d "
-                                         "micro-batch(es) per batch",
-                                         stages, base.pipeline_schedule,
-                                         base.micro_batches)
+                       ? absl::StrFormat(
+                             ";\n%d pipeline stages%s, %s with %d "
+                             "micro-batch(es) per batch",
+                             stages,
+                             base.virtual_stages > 1
+                                 ? absl::StrFormat(" of %d interleaved chunks",
+                                                   base.virtual_stages)
+                                 : "",
+                             base.pipeline_schedule, base.micro_batches)
                        : "")
             << FormatTable(header, rows);
   for (const std::string& line : legend) std::cout << line << "\n";
@@ -653,6 +659,10 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
                    "pipeline: micro-batches per --batch-size")
       ->capture_default_str();
   plan->add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe | 1f1b")
+      ->capture_default_str();
+  plan->add_option("--virtual-stages", c.virtual_stages,
+                   "pipeline: interleaved chunks per stage (model stages s, "
+                   "s+S, ...)")
       ->capture_default_str();
   plan->add_option("--pipeline-split", c.pipeline_split,
                    "pipeline: blocks where stages 1, 2, ... start");

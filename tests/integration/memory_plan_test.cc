@@ -1030,7 +1030,8 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
                            "/bin/shardtrain plan --model gpt2-mini --pp 2 "
                            "--world-size 4 --batch-size 4 --micro-batches 2 "
-                           "--seq-len 64 --pipeline-schedule gpipe";
+                           "--seq-len 64 --pipeline-schedule gpipe "
+                           "--virtual-stages 2";
   const test::CommandResult r = test::RunCommand(plan + " -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json out = nlohmann::json::parse(r.out);
@@ -1045,6 +1046,7 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
     config.pipeline_stages = 2;
     config.micro_batches = 2;
     config.pipeline_schedule = "gpipe";
+    config.virtual_stages = 2;
     const absl::StatusOr<std::vector<MemoryPlan>> expected =
         PlanPipelineStages(config, entry["world_size"]);
     ASSERT_TRUE(expected.ok()) << expected.status();
@@ -1055,6 +1057,7 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
                 (*expected)[s].total());
       EXPECT_EQ(entry["stages"][s]["stage_layers"],
                 (*expected)[s].stage_layers);
+      EXPECT_EQ(entry["virtual_stages"], 2);
       largest = std::max(largest, (*expected)[s].total());
     }
     EXPECT_EQ(entry["total_bytes_per_rank"], largest);
@@ -1063,8 +1066,12 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   const test::CommandResult table = test::RunCommand(plan);
   ASSERT_EQ(table.exit_code, 0) << table.err;
   // Narrow columns named by mesh and stage, what each holds below.
-  EXPECT_NE(table.out.find("  pp2xddp2 s1: block 3, head, 4 rank(s), batch 4 "
-                           "per replica"),
+  // Interleaved: stage 1 runs model stages 1 and 3.
+  EXPECT_NE(table.out.find("  pp2xddp2 s1: block 1; block 3, head, 4 rank(s), "
+                           "batch 4 per replica"),
+            std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("2 pipeline stages of 2 interleaved chunks"),
             std::string::npos)
       << table.out;
   for (absl::string_view line : absl::StrSplit(table.out, '\n')) {
@@ -1072,7 +1079,8 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   }
   EXPECT_NE(table.out.find("micro-batches held"), std::string::npos);
 
-  EXPECT_NE(table.out.find("  pp2xfsdp2 s0: blocks 0-2, embeddings, 4 rank(s)"),
+  EXPECT_NE(table.out.find("  pp2xfsdp2 s0: block 0, embeddings; block 2, 4 "
+                           "rank(s)"),
             std::string::npos)
       << table.out;
   // HSDP within each stage, at 8 ranks: two shard groups of two per stage.
@@ -1081,8 +1089,8 @@ TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
   const test::CommandResult hsdp =
       test::RunCommand(hsdp_plan + " --strategy hsdp");
   ASSERT_EQ(hsdp.exit_code, 0) << hsdp.err;
-  EXPECT_NE(hsdp.out.find("  pp2xhsdp4 s0: blocks 0-2, embeddings, shard "
-                          "groups of 2, 8 rank(s)"),
+  EXPECT_NE(hsdp.out.find("  pp2xhsdp4 s0: block 0, embeddings; block 2, "
+                          "shard groups of 2, 8 rank(s)"),
             std::string::npos)
       << hsdp.out;
 }
