@@ -296,6 +296,9 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
     std::vector<std::string> notes;
     if (c.pipeline_stages > 1) {
       notes.push_back(absl::StrCat(c.micro_batches, " micro-batches"));
+      if (c.virtual_stages > 1) {
+        notes.push_back(absl::StrCat(c.virtual_stages, " chunks per stage"));
+      }
     }
     if (row.memory.shard_group_size > 0) {
       notes.push_back(absl::StrCat("groups of ", row.memory.shard_group_size));
@@ -392,10 +395,13 @@ int RunPlan(const PlanOptions& options) {
   base.data = "-";  // not needed to plan
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
   // The command line is wrong: usage errors (exit 2), as CLI11's own.
-  // --fit weighs pipeline meshes itself: --micro-batches sets theirs without
-  // --pp.
+  // --fit weighs pipeline meshes itself: --micro-batches and
+  // --virtual-stages set theirs without --pp.
   TrainConfig checked = base;
-  if (options.fit && checked.pipeline_stages == 1) checked.micro_batches = 1;
+  if (options.fit && checked.pipeline_stages == 1) {
+    checked.micro_batches = 1;
+    checked.virtual_stages = 1;
+  }
   if (absl::Status s = checked.Validate(); !s.ok()) {
     ReportFailure(s);
     return kExitUsage;

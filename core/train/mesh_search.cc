@@ -147,6 +147,8 @@ std::optional<MeshCandidate> EvaluateMesh(const TrainConfig& base,
   TrainConfig& config = c.config;
   config.strategy = mesh.strategy;
   config.pipeline_stages = mesh.stages;
+  // Interleaving (--virtual-stages) applies to the meshes with stages.
+  config.virtual_stages = mesh.stages > 1 ? base.virtual_stages : 1;
   config.tensor_parallel = mesh.tensor_parallel;
   config.micro_batches = micro;
   config.activation_checkpointing = checkpointing;

@@ -575,6 +575,24 @@ TEST(MeshSearchTest, APipelinesMicroBatchesAreSearchedUnlessGiven) {
   ranked = SearchMeshes(given, options, &rates);
   ASSERT_TRUE(ranked.ok());
   EXPECT_EQ(pp2(*ranked).config.micro_batches, 2);
+  // --virtual-stages interleaves the meshes with stages only (the others
+  // would be refused with it), and its smaller bubble is predicted faster;
+  // gpt2-mini's four blocks make two stages of two chunks.
+  given.model = "gpt2-mini";
+  ranked = SearchMeshes(given, options, &rates);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  TrainConfig interleaved = given;
+  interleaved.virtual_stages = 2;
+  absl::StatusOr<std::vector<MeshCandidate>> with_chunks =
+      SearchMeshes(interleaved, options, &rates);
+  ASSERT_TRUE(with_chunks.ok()) << with_chunks.status();
+  EXPECT_EQ(with_chunks->size(), ranked->size());
+  for (const MeshCandidate& c : *with_chunks) {
+    EXPECT_EQ(c.config.virtual_stages, c.config.pipeline_stages > 1 ? 2 : 1)
+        << c.name;
+  }
+  EXPECT_LT(pp2(*with_chunks).time.bubble_seconds,
+            pp2(*ranked).time.bubble_seconds);
 }
 
 TEST(MeshSearchTest, SaysWhyTheFirstWins) {
