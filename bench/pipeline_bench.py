@@ -13,14 +13,23 @@ bubble), and the peak tensor memory of each stage; for the meshes, each
 rank's measured bubble share (pipeline_bubble_seconds), point-to-point bytes
 per step and model state. --meshes-only runs the last table alone.
 
+--interleaved runs interleaved 1F1B (--virtual-stages V) against plain 1F1B
+on a model whose blocks, not its head, hold the compute (8 blocks of C = 256,
+a 512-token vocabulary: the Brown Corpus's GPT-2 ids taken modulo 512):
+two stages, V = 1, 2, 4 chunks per stage, M = 2, 4, 8 micro-batches; the
+step time, the ideal bubble (S-1)/(V*M+S-1), each stage's measured bubble
+share and point-to-point traffic, and its peak memory.
+
   /usr/bin/python3 bench/pipeline_bench.py --data ~/.cache/shardtrain/data/brown
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -70,6 +79,48 @@ def meshes(b: int, common: list[str]) -> None:
               f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
 
 
+def modulo_vocabulary(src: str, dst: str, vocab: int) -> None:
+    """Copies a prepared dataset with every token id taken modulo `vocab`
+    (llm.c's 16-bit token files: a 256-int32 header, then the ids)."""
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        if not name.endswith(".bin"):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+            continue
+        with open(os.path.join(src, name), "rb") as f:
+            header = f.read(256 * 4)
+            ids = array.array("H")
+            ids.frombytes(f.read())
+        with open(os.path.join(dst, name), "wb") as f:
+            f.write(header)
+            f.write(array.array("H", (i % vocab for i in ids)).tobytes())
+
+
+def interleaved(args: argparse.Namespace) -> None:
+    """Two stages, 1F1B, with 1, 2 and 4 chunks per stage."""
+    with tempfile.TemporaryDirectory() as tmp:
+        modulo_vocabulary(args.data, f"{tmp}/data", 512)
+        model = "custom:n_layer=8,n_head=8,n_embd=256,block_size=128,vocab_size=512"
+        common = ["--data", f"{tmp}/data", "--model", model, "--seq-len", "128",
+                  "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
+                  "--eval-steps", "1"]
+        print(f"{model}, seq 128, batch {args.batch}, 2 stages (1F1B), 1 thread per rank, "
+              f"median of steps {WARMUP + 1}-{args.steps}\n")
+        print("| M | chunks V | step (s) | ideal bubble (S-1)/(V*M+S-1) | "
+              "bubble share per stage | p2p MiB/step per stage | peak per stage (MiB) |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |")
+        for m in (2, 4, 8):
+            for v in (1, 2, 4):
+                r = run(["--strategy", "single", "--pp", "2", "--nproc", "2",
+                         "--batch-size", str(args.batch), "--micro-batches", str(m),
+                         "--virtual-stages", str(v)], common)
+                ideal = 1 / (v * m + 1)
+                print(f"| {m} | {v} | {r['step_s']:.3f} | {ideal:.3f} | "
+                      f"{' / '.join(f'{c:.2f}' for c in r['bubble_share'])} | "
+                      f"{' / '.join(f'{c:.2f}' for c in r['p2p_mib'])} | "
+                      f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True)
@@ -79,7 +130,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--meshes-only", action="store_true",
                         help="only the four-rank meshes (PP x DDP, PP x FSDP)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="only interleaved 1F1B against 1F1B (--virtual-stages)")
     args = parser.parse_args()
+    if args.interleaved:
+        interleaved(args)
+        return
     common = ["--data", args.data, "--model", args.model, "--seq-len", str(args.seq_len),
               "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
               "--eval-steps", "1"]
