@@ -28,7 +28,7 @@ std::vector<int64_t> GroupOver(const DeviceMesh& mesh, int64_t rank,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MeshGroups>> MeshGroups::Create(
-    Communicator* world, const DeviceMesh& mesh) {
+    Communicator* world, const DeviceMesh& mesh, bool tied_ends) {
   if (world == nullptr || world->world_size() != mesh.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("mesh of ", mesh.size(), " ranks over a communicator of ",
@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<MeshGroups>> MeshGroups::Create(
         groups->Along(replicate ? MeshDim::kReplicate : MeshDim::kShard);
   }
   const std::vector<int64_t> pipe = mesh.GroupOf(rank, MeshDim::kPipeline);
-  if (pipe.size() > 1 && (rank == pipe.front() || rank == pipe.back())) {
+  if (tied_ends && pipe.size() > 1 &&
+      (rank == pipe.front() || rank == pipe.back())) {
     const std::vector<int64_t> ends = {pipe.front(), pipe.back()};
     absl::StatusOr<std::unique_ptr<Communicator>> tied =
         world->NewGroup(absl::StrCat("tied-", FormatRanks(ends)), ends);

@@ -25,10 +25,12 @@ namespace shardtrain {
 
 class MeshGroups {
  public:
-  // The groups of `world`'s rank in `mesh` (of world->world_size() ranks).
-  // `world` must outlive the result. Collective over each group's members.
+  // The groups of `world`'s rank in `mesh` (of world->world_size() ranks);
+  // the tied ends' only with `tied_ends` (a model whose head is its
+  // embedding). `world` must outlive the result. Collective over each
+  // group's members.
   static absl::StatusOr<std::unique_ptr<MeshGroups>> Create(
-      Communicator* world, const DeviceMesh& mesh);
+      Communicator* world, const DeviceMesh& mesh, bool tied_ends = true);
   // The same for the mesh BuildRunMesh makes of `shape` over `world`'s
   // ranks (`ranks_per_node` per node); its refusal otherwise.
   static absl::StatusOr<std::unique_ptr<MeshGroups>> Create(
@@ -51,7 +53,7 @@ class MeshGroups {
   // shard); nullptr when there is one.
   Communicator* DataParallel() const { return data_parallel_; }
   // The first and last stage of this rank's pipeline, on those two stages
-  // of a pipeline of two or more; nullptr elsewhere.
+  // of a pipeline of two or more with tied ends; nullptr elsewhere.
   Communicator* TiedEnds() const { return tied_ends_.get(); }
 
   // Every group's traffic since the last call (the world's included),

@@ -163,7 +163,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   // (hsdp: its shard group, and the same shard's other groups), the tensor
   // ranks, and (first and last stage) the tied weight's pair.
   absl::StatusOr<std::unique_ptr<MeshGroups>> made =
-      MeshGroups::Create(world_, *mesh_);
+      MeshGroups::Create(world_, *mesh_, model_->tied_head());
   if (!made.ok()) return made.status();
   groups_ = *std::move(made);
   pipe_ = groups_->Along(MeshDim::kPipeline);

@@ -105,6 +105,26 @@ TEST(MeshGroupsTest, TheWorldIsReusedButForTheTensorGroup) {
   });
 }
 
+// An untied head (Llama 3.1 8B's lm_head) leaves the pipeline's ends
+// nothing to sum: no tied group is made for them.
+TEST(MeshGroupsTest, AnUntiedHeadMakesNoTiedEndsGroup) {
+  RunMeshShape pp;
+  pp.pipeline_stages = 2;
+  const absl::StatusOr<DeviceMesh> mesh = BuildRunMesh(pp, 2);
+  ASSERT_TRUE(mesh.ok());
+  RunRanks(2, [&](int64_t, Communicator& world) {
+    absl::StatusOr<std::unique_ptr<MeshGroups>> tied =
+        MeshGroups::Create(&world, *mesh);
+    ASSERT_TRUE(tied.ok());
+    EXPECT_NE((*tied)->TiedEnds(), nullptr);
+    absl::StatusOr<std::unique_ptr<MeshGroups>> untied =
+        MeshGroups::Create(&world, *mesh, /*tied_ends=*/false);
+    ASSERT_TRUE(untied.ok());
+    EXPECT_EQ((*untied)->TiedEnds(), nullptr);
+    EXPECT_NE((*untied)->Along(MeshDim::kPipeline), nullptr);
+  });
+}
+
 TEST(MeshGroupsTest, AMeshOfAnotherSizeIsRefused) {
   RunMeshShape ddp;
   ddp.data_parallel = "ddp";
