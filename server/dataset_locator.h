@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "server/job_manager.h"
+#include "server/job_manager_types.h"
 
 namespace shardtrain {
 

@@ -9,11 +9,6 @@
 
 namespace shardtrain {
 
-bool JobManager::IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED ||
-         state == v1::CANCELLED;
-}
-
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
     JobManagerOptions options, JobStore* store, Launcher* launcher,
     Clock* clock, JobObserver* observer) {

@@ -37,6 +37,7 @@
 #include "core/data/builtin_dataset.h"
 #include "server/access_policy.h"
 #include "server/device_inventory.h"
+#include "server/job_manager_types.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
 #include "server/launcher.h"
@@ -44,76 +45,6 @@
 #include "shardtrain/v1/worker_service.pb.h"
 
 namespace shardtrain {
-
-// kBuiltinDataset ("brown"): the one `data` value that is not a path
-// (core/data/builtin_dataset.h); the job's ranks prepare it.
-
-// Turns a JobSpec's `data` ("brown" or a directory) into the directory the
-// workers read; errors name the field and the problem.
-using DataResolver =
-    std::function<absl::StatusOr<std::string>(const std::string& data)>;
-
-// Told about every state change and step report (the Prometheus exporter).
-class JobObserver {
- public:
-  virtual ~JobObserver() = default;
-  virtual void OnJobChanged(const v1::Job& job) = 0;
-  virtual void OnSteps(const v1::Job& job,
-                       const std::vector<v1::StepMetrics>& steps) = 0;
-  virtual void OnHeartbeat(const std::string& job_id, int rank,
-                           absl::Time time) = 0;
-};
-
-struct JobManagerOptions {
-  std::string state_dir;       // jobs/<id>/ live here
-  std::string worker_binary;   // shardtrain-worker
-  std::string worker_address;  // what workers dial (e.g. unix:/.../sock)
-  std::vector<DeviceInfo> devices;
-  int cpu_cores = 1;  // split among a CPU job's ranks
-  absl::Duration grace_period = absl::Seconds(10);
-  absl::Duration heartbeat_interval = absl::Seconds(2);
-  absl::Duration heartbeat_timeout = absl::Seconds(30);
-  absl::Duration rendezvous_timeout = absl::Seconds(300);
-  absl::Duration tick = absl::Milliseconds(50);
-  int log_tail_lines = 20;
-  DataResolver resolve_data;  // required
-  // Where a job's data and init_from may be (server/access_policy.h).
-  PathRoots path_roots;
-  // Submissions are refused while the state directory's file system has
-  // less free space than this (a job needs room for logs, checkpoints and
-  // its rows).
-  int64_t min_free_bytes = int64_t{64} << 20;
-};
-
-// Everything SubmitJob checks before a job is stored: device kind, the
-// JobSpec -> TrainConfig validation, world size against the devices, path
-// roots, the data directory and init_from. Returns the spec as it will be
-// stored (device_kind filled in); InvalidArgument naming the field otherwise.
-// Pure but for the file system lookups of data and init_from.
-absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
-                                               const v1::JobSpec& spec);
-
-struct ListJobsQuery {
-  std::vector<v1::JobState> states;           // empty: all
-  std::map<std::string, std::string> labels;  // all must match
-  int page_size = 0;                          // 0: 100
-  std::string page_token;
-};
-
-struct ListJobsPage {
-  std::vector<v1::Job> jobs;
-  std::string next_page_token;
-};
-
-struct ClusterView {
-  struct Holder {
-    std::string job_id;
-    int rank = 0;
-  };
-  std::vector<DeviceInfo> devices;
-  std::vector<Holder> holders;  // parallel to devices; empty job_id = free
-  std::vector<v1::Job> queue;   // in scheduling order, state_reason set
-};
 
 class AttemptSupervisor;
 class JobRequests;
@@ -180,8 +111,6 @@ class JobManager {
       const v1::WorkerIdentity& worker,
       const std::vector<v1::StepMetrics>& steps);
   absl::StatusOr<bool> Heartbeat(const v1::WorkerIdentity& worker);
-
-  static bool IsTerminal(v1::JobState state);
 
  private:
   JobManager(std::unique_ptr<JobTable> table, Launcher* launcher);

@@ -220,7 +220,7 @@ absl::StatusOr<v1::Job> JobRequests::Get(const std::string& job_id) const {
   const JobEntry* entry = table_->Find(job_id);
   if (entry == nullptr) return NoSuchJob(job_id);
   v1::Job view = WithMesh(entry->stored.job);
-  if (!JobManager::IsTerminal(view.state())) {
+  if (!IsTerminalJobState(view.state())) {
     for (int pid : entry->stored.worker_pids) view.add_worker_pids(pid);
   }
   return view;
@@ -275,7 +275,7 @@ absl::StatusOr<v1::Job> JobRequests::Cancel(const std::string& job_id) {
   JobEntry* entry = table_->Find(job_id);
   if (entry == nullptr) return NoSuchJob(job_id);
   const v1::JobState state = entry->stored.job.state();
-  if (JobManager::IsTerminal(state)) {
+  if (IsTerminalJobState(state)) {
     return absl::FailedPreconditionError(absl::StrCat(
         job_id, " already ended (", JobTable::StateName(state), ")"));
   }
@@ -348,8 +348,7 @@ absl::StatusOr<std::shared_ptr<JobWatch>> JobRequests::Watch(
   v1::WatchJobEvent first;
   *first.mutable_job() = WithMesh(entry->stored.job);
   watch->Push(std::move(first));
-  if (JobManager::IsTerminal(entry->stored.job.state()) ||
-      table_->shutting_down) {
+  if (IsTerminalJobState(entry->stored.job.state()) || table_->shutting_down) {
     watch->Close();
   } else {
     auto& watchers = entry->watchers;

@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/access_policy.h"
-#include "server/job_manager.h"
+#include "server/job_manager_types.h"
 #include "server/job_table.h"
 #include "server/job_watch.h"
 #include "shardtrain/v1/job.pb.h"

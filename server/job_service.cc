@@ -189,7 +189,7 @@ grpc::Status JobServiceImpl::StreamLogs(
     // Read the state before draining: lines written before the job ended are
     // then surely on disk when the last drain runs.
     absl::StatusOr<v1::Job> job = manager_->Get(request->job_id());
-    const bool ended = job.ok() && JobManager::IsTerminal(job->state());
+    const bool ended = job.ok() && IsTerminalJobState(job->state());
     std::optional<bool> sent = drain();
     if (!sent.has_value()) return grpc::Status::CANCELLED;
     if (ended && !*sent) {

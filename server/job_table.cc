@@ -120,7 +120,7 @@ absl::Status JobTable::CommitState(JobEntry& entry, v1::JobState state,
                                    bool even_if_not_stored) {
   // Stored from a copy; entry.stored itself is changed in place afterwards,
   // so references into it that callers hold stay valid.
-  const int64_t end_ms = JobManager::IsTerminal(state)
+  const int64_t end_ms = IsTerminalJobState(state)
                              ? absl::ToUnixMillis(clock->Now())
                              : entry.stored.job.end_time_unix_ms();
   auto apply = [&](v1::Job& job) {
@@ -142,7 +142,7 @@ absl::Status JobTable::CommitState(JobEntry& entry, v1::JobState state,
 void JobTable::Announce(JobEntry& entry, const v1::JobEvent& event) {
   const v1::Job& job = entry.stored.job;
   const v1::JobState state = job.state();
-  const bool terminal = JobManager::IsTerminal(state);
+  const bool terminal = IsTerminalJobState(state);
   Log(absl::StrCat(job.id(), " -> ", StateName(state), ": ",
                    job.state_reason()));
   v1::WatchJobEvent change;

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "server/job_manager.h"
+#include "server/job_manager_types.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
 #include "server/launcher.h"

@@ -250,7 +250,7 @@ void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
     series.mesh = JobMeshName(job.spec(), job.world_size());
     CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
     series.state = job.state();
-    if (JobManager::IsTerminal(job.state())) {
+    if (IsTerminalJobState(job.state())) {
       // Finished before this coordinator started: nothing per-job to show.
       series.ended = absl::InfinitePast();
     }
@@ -296,7 +296,7 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
     series.restarts->Set(job.restarts());
     series.ended = absl::InfiniteFuture();
   }
-  if (JobManager::IsTerminal(job.state())) {
+  if (IsTerminalJobState(job.state())) {
     if (series.restarts != nullptr) series.restarts->Set(job.restarts());
     series.ended = absl::Now();
   }
@@ -458,7 +458,7 @@ void MetricsExporter::Refresh() {
   }
   for (auto it = series_.begin(); it != series_.end();) {
     JobSeries& job = it->second;
-    if (JobManager::IsTerminal(job.state)) {
+    if (IsTerminalJobState(job.state)) {
       if (now - job.ended >= options_.retention) {
         RemoveJobSeries(job);
         it = series_.erase(it);  // a finished job changes no more

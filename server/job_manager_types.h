@@ -1,0 +1,102 @@
+// The types the JobManager (server/job_manager.h) and its parts (JobTable,
+// JobRequests, WorkerReports, AttemptSupervisor) share: its options, its
+// observer, the submission check, and the shapes of a listing and of the
+// cluster view. Here so that the parts include this, not the facade above
+// them.
+#ifndef SHARDTRAIN_SERVER_JOB_MANAGER_TYPES_H_
+#define SHARDTRAIN_SERVER_JOB_MANAGER_TYPES_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/data/builtin_dataset.h"
+#include "server/access_policy.h"
+#include "server/device_inventory.h"
+#include "shardtrain/v1/job.pb.h"
+
+namespace shardtrain {
+
+// SUCCEEDED, FAILED and CANCELLED: a job that changes no more.
+inline bool IsTerminalJobState(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED ||
+         state == v1::CANCELLED;
+}
+
+// kBuiltinDataset ("brown"): the one `data` value that is not a path
+// (core/data/builtin_dataset.h); the job's ranks prepare it.
+
+// Turns a JobSpec's `data` ("brown" or a directory) into the directory the
+// workers read; errors name the field and the problem.
+using DataResolver =
+    std::function<absl::StatusOr<std::string>(const std::string& data)>;
+
+// Told about every state change and step report (the Prometheus exporter).
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  virtual void OnJobChanged(const v1::Job& job) = 0;
+  virtual void OnSteps(const v1::Job& job,
+                       const std::vector<v1::StepMetrics>& steps) = 0;
+  virtual void OnHeartbeat(const std::string& job_id, int rank,
+                           absl::Time time) = 0;
+};
+
+struct JobManagerOptions {
+  std::string state_dir;       // jobs/<id>/ live here
+  std::string worker_binary;   // shardtrain-worker
+  std::string worker_address;  // what workers dial (e.g. unix:/.../sock)
+  std::vector<DeviceInfo> devices;
+  int cpu_cores = 1;  // split among a CPU job's ranks
+  absl::Duration grace_period = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration heartbeat_timeout = absl::Seconds(30);
+  absl::Duration rendezvous_timeout = absl::Seconds(300);
+  absl::Duration tick = absl::Milliseconds(50);
+  int log_tail_lines = 20;
+  DataResolver resolve_data;  // required
+  // Where a job's data and init_from may be (server/access_policy.h).
+  PathRoots path_roots;
+  // Submissions are refused while the state directory's file system has
+  // less free space than this (a job needs room for logs, checkpoints and
+  // its rows).
+  int64_t min_free_bytes = int64_t{64} << 20;
+};
+
+// Everything SubmitJob checks before a job is stored: device kind, the
+// JobSpec -> TrainConfig validation, world size against the devices, path
+// roots, the data directory and init_from. Returns the spec as it will be
+// stored (device_kind filled in); InvalidArgument naming the field otherwise.
+// Pure but for the file system lookups of data and init_from.
+absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
+                                               const v1::JobSpec& spec);
+
+struct ListJobsQuery {
+  std::vector<v1::JobState> states;           // empty: all
+  std::map<std::string, std::string> labels;  // all must match
+  int page_size = 0;                          // 0: 100
+  std::string page_token;
+};
+
+struct ListJobsPage {
+  std::vector<v1::Job> jobs;
+  std::string next_page_token;
+};
+
+struct ClusterView {
+  struct Holder {
+    std::string job_id;
+    int rank = 0;
+  };
+  std::vector<DeviceInfo> devices;
+  std::vector<Holder> holders;  // parallel to devices; empty job_id = free
+  std::vector<v1::Job> queue;   // in scheduling order, state_reason set
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_SERVER_JOB_MANAGER_TYPES_H_
