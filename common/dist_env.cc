@@ -200,4 +200,20 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
       });
 }
 
+std::vector<std::pair<std::string, std::string>> TorchrunEnvironment(
+    const DistEnv& env, int64_t group_rank) {
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", absl::StrCat(env.rank)},
+      {"LOCAL_RANK", absl::StrCat(env.local_rank)},
+      {"WORLD_SIZE", absl::StrCat(env.world_size)},
+      {"GROUP_RANK", absl::StrCat(group_rank)},
+  };
+  if (env.local_world_size > 0) {
+    vars.emplace_back("LOCAL_WORLD_SIZE", absl::StrCat(env.local_world_size));
+  }
+  vars.emplace_back("MASTER_ADDR", env.master_addr);
+  vars.emplace_back("MASTER_PORT", absl::StrCat(env.master_port));
+  return vars;
+}
+
 }  // namespace shardtrain

@@ -10,6 +10,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -28,6 +30,14 @@ struct DistEnv {
   // Where the values came from: "torchrun", "slurm" or "" (one process).
   std::string source;
 };
+
+// The variables torchrun sets for a process at `env` (and `group_rank`, its
+// node's index): RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK, LOCAL_WORLD_SIZE
+// (when known), MASTER_ADDR and MASTER_PORT. What every launcher here
+// writes (shardtrain-train --nproc, the coordinator's ranks) and what
+// ReadDistEnv reads back.
+std::vector<std::pair<std::string, std::string>> TorchrunEnvironment(
+    const DistEnv& env, int64_t group_rank = 0);
 
 // Returns the value of an environment variable, or nullopt when it is unset.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;

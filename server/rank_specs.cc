@@ -2,13 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dist_env.h"
 #include "common/read_roots.h"
 
 namespace shardtrain {
 
 std::vector<ProcessSpec> BuildRankSpecs(const RankLaunch& launch) {
   std::vector<ProcessSpec> specs;
-  const std::string world = std::to_string(launch.world_size);
   for (int r = 0; r < launch.world_size; ++r) {
     ProcessSpec spec;
     spec.argv = {launch.worker_binary, "--spec",   launch.spec_path, "--out",
@@ -22,19 +22,21 @@ std::vector<ProcessSpec> BuildRankSpecs(const RankLaunch& launch) {
       spec.argv.push_back("--prepare-data");
       spec.argv.push_back(launch.prepare_data);
     }
-    spec.env = {
-        {"RANK", std::to_string(r)},
-        {"WORLD_SIZE", world},
-        {"LOCAL_RANK", std::to_string(r)},
-        {"LOCAL_WORLD_SIZE", world},
-        {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", std::to_string(launch.master_port)},
-        {"SHARDTRAIN_JOB_ID", launch.job_id},
-        {"SHARDTRAIN_COORDINATOR", launch.coordinator_address},
-        {"SHARDTRAIN_JOB_SECRET", launch.secret},
-        {"SHARDTRAIN_HEARTBEAT_SECONDS",
-         absl::StrCat(launch.heartbeat_seconds)},
-    };
+    // One host: every rank local.
+    DistEnv env;
+    env.rank = r;
+    env.local_rank = r;
+    env.world_size = launch.world_size;
+    env.local_world_size = launch.world_size;
+    env.master_addr = "127.0.0.1";
+    env.master_port = launch.master_port;
+    spec.env = TorchrunEnvironment(env);
+    spec.env.insert(spec.env.end(),
+                    {{"SHARDTRAIN_JOB_ID", launch.job_id},
+                     {"SHARDTRAIN_COORDINATOR", launch.coordinator_address},
+                     {"SHARDTRAIN_JOB_SECRET", launch.secret},
+                     {"SHARDTRAIN_HEARTBEAT_SECONDS",
+                      absl::StrCat(launch.heartbeat_seconds)}});
     if (!launch.read_roots.empty()) {
       spec.env.push_back({kReadRootsEnv, launch.read_roots});
     }

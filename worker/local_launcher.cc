@@ -177,15 +177,14 @@ absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
   if (spawn.argv.empty()) spawn.argv.push_back(options.program);
   spawn.program = options.program;
   const int local_rank = rank - options.node_rank * options.nproc;
-  spawn.env = {
-      {"RANK", absl::StrCat(rank)},
-      {"LOCAL_RANK", absl::StrCat(local_rank)},
-      {"WORLD_SIZE", absl::StrCat(options.nnodes * options.nproc)},
-      {"GROUP_RANK", absl::StrCat(options.node_rank)},
-      {"LOCAL_WORLD_SIZE", absl::StrCat(options.nproc)},
-      {"MASTER_ADDR", options.master_addr},
-      {"MASTER_PORT", absl::StrCat(port)},
-  };
+  DistEnv env;
+  env.rank = rank;
+  env.local_rank = local_rank;
+  env.world_size = options.nnodes * options.nproc;
+  env.local_world_size = options.nproc;
+  env.master_addr = options.master_addr;
+  env.master_port = port;
+  spawn.env = TorchrunEnvironment(env, options.node_rank);
   spawn.output = SubprocessOptions::Output::kPipes;
   absl::StatusOr<Subprocess> process = SpawnSubprocess(spawn);
   if (!process.ok()) return process.status();

@@ -46,6 +46,29 @@ TEST(DistEnvTest, ReadsTorchrunVariables) {
   EXPECT_EQ(env->master_port, 31000);
 }
 
+// What the launchers write (TorchrunEnvironment) reads back as it was.
+TEST(DistEnvTest, TheLaunchersVariablesReadBack) {
+  DistEnv written;
+  written.rank = 5;
+  written.local_rank = 1;
+  written.world_size = 8;
+  written.local_world_size = 4;
+  written.master_addr = "node0";
+  written.master_port = 31001;
+  const auto vars = TorchrunEnvironment(written, /*group_rank=*/1);
+  const std::map<std::string, std::string> by_name(vars.begin(), vars.end());
+  EXPECT_EQ(by_name.at("GROUP_RANK"), "1");
+  absl::StatusOr<DistEnv> env = Read(by_name);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_addr, "node0");
+  EXPECT_EQ(env->master_port, 31001);
+  EXPECT_EQ(env->source, "torchrun");
+}
+
 TEST(DistEnvTest, LocalRankDefaultsToRank) {
   absl::StatusOr<DistEnv> env = Read({{"RANK", "2"}, {"WORLD_SIZE", "4"}});
   ASSERT_TRUE(env.ok()) << env.status();
