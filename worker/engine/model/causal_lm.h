@@ -80,6 +80,18 @@ class TensorParallelOps {
   // g, leaving a row-parallel layer: x summed over the group; in backward,
   // the gradient as is.
   virtual torch::Tensor Leave(const torch::Tensor& x) = 0;
+  // f fused with the column-parallel projections that read its output:
+  // y_i = x W_iᵀ + b_i for rows `x` [N, C] (1 to 3 weights, each bias
+  // optional). In backward the input gradient Σ dY_i W_i is made first and
+  // its sum over the group launched at once, asynchronously; the weights'
+  // and biases' gradients are computed while it is in flight (Megatron's
+  // overlap of the input-gradient all-reduce), then it is waited for.
+  virtual std::vector<torch::Tensor> EnterLinear(
+      const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+      const std::vector<torch::Tensor>& biases) = 0;
+  // How many input-gradient sums EnterLinear's backward has overlapped with
+  // weight gradients so far.
+  virtual int64_t overlapped_input_gradients() const = 0;
 };
 
 // A contiguous run of a parameter's elements, flattened row-major.

@@ -58,10 +58,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // Tensor parallel: this rank's heads, and its share of C.
   const int64_t heads = tp_ == nullptr ? n_head_ : n_head_ / tp_->size();
   const int64_t c = heads * hs;
-  const torch::Tensor in = tp_ == nullptr ? x : tp_->Enter(x);
+  // Tensor parallel: f and this rank's columns of c_attn in one, so that
+  // backward overlaps the input gradient's sum with c_attn's own.
+  const torch::Tensor projected =
+      tp_ == nullptr
+          ? c_attn_(Flatten(x))
+          : tp_->EnterLinear(Flatten(x), {c_attn_->weight}, {c_attn_->bias})[0];
   // One copy lays q, k and v out head-major: [3, B, nh, T, hs].
-  const torch::Tensor qkv = c_attn_(Flatten(in))
-                                .view({b, t, 3, heads, hs})
+  const torch::Tensor qkv = projected.view({b, t, 3, heads, hs})
                                 .permute({2, 0, 3, 1, 4})
                                 .contiguous();
   torch::Tensor y;  // [B, nh, T, hs]
@@ -95,7 +99,9 @@ MlpImpl::MlpImpl(const ModelConfig& config) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (tp_ != nullptr) {
-    const torch::Tensor h = at::gelu(c_fc_(Flatten(tp_->Enter(x))), "tanh");
+    const torch::Tensor h = at::gelu(
+        tp_->EnterLinear(Flatten(x), {c_fc_->weight}, {c_fc_->bias})[0],
+        "tanh");
     return (tp_->Leave(at::linear(h, c_proj_->weight)) + c_proj_->bias)
         .view(x.sizes());
   }

@@ -133,11 +133,19 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t size = tp_ == nullptr ? 1 : tp_->size();
   const int64_t heads = n_head_ / size, kv_heads = n_kv_head_ / size;
   const int64_t group = heads / kv_heads;
-  const torch::Tensor in = TokenRows(tp_ == nullptr ? x : tp_->Enter(x));
+  // Tensor parallel: f and this rank's columns of q, k and v in one, so
+  // that backward overlaps the input gradient's sum with their own.
+  const torch::Tensor in = TokenRows(x);
+  std::vector<torch::Tensor> qkv =
+      tp_ == nullptr
+          ? std::vector<torch::Tensor>{q_proj_(in), k_proj_(in), v_proj_(in)}
+          : tp_->EnterLinear(
+                in, {q_proj_->weight, k_proj_->weight, v_proj_->weight},
+                {q_proj_->bias, k_proj_->bias, v_proj_->bias});
   auto [cos, sin] = rotary_->Get(t, x);
-  torch::Tensor q = SplitHeads(q_proj_(in), b, t, heads, hs);
-  torch::Tensor k = SplitHeads(k_proj_(in), b, t, kv_heads, hs);
-  torch::Tensor v = SplitHeads(v_proj_(in), b, t, kv_heads, hs);
+  torch::Tensor q = SplitHeads(qkv[0], b, t, heads, hs);
+  torch::Tensor k = SplitHeads(qkv[1], b, t, kv_heads, hs);
+  torch::Tensor v = SplitHeads(qkv[2], b, t, kv_heads, hs);
   if (q.scalar_type() != cos.scalar_type()) {
     cos = cos.to(q.scalar_type());
     sin = sin.to(q.scalar_type());
@@ -178,8 +186,12 @@ LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config) {
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor in = TokenRows(tp_ == nullptr ? x : tp_->Enter(x));
-  const torch::Tensor h = at::silu(gate_proj_(in)) * up_proj_(in);
+  const torch::Tensor in = TokenRows(x);
+  std::vector<torch::Tensor> gate_up =
+      tp_ == nullptr
+          ? std::vector<torch::Tensor>{gate_proj_(in), up_proj_(in)}
+          : tp_->EnterLinear(in, {gate_proj_->weight, up_proj_->weight}, {});
+  const torch::Tensor h = at::silu(gate_up[0]) * gate_up[1];
   if (tp_ == nullptr) return down_proj_(h).view(x.sizes());
   return tp_->Leave(at::linear(h, down_proj_->weight)).view(x.sizes());
 }

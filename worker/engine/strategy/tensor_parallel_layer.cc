@@ -57,6 +57,77 @@ class LeaveFunction : public torch::autograd::Function<LeaveFunction> {
   }
 };
 
+// f fused with up to three column-parallel projections of its output (see
+// TensorParallelOps::EnterLinear). A custom function's inputs must be
+// defined tensors on LibTorch 1.13: unused weight slots and absent biases
+// are empty placeholders, and `weights` (how many) and `biases` (a bit per
+// slot) say which are real.
+class EnterLinearFunction
+    : public torch::autograd::Function<EnterLinearFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x,
+                             const torch::Tensor& w0, const torch::Tensor& b0,
+                             const torch::Tensor& w1, const torch::Tensor& b1,
+                             const torch::Tensor& w2, const torch::Tensor& b2,
+                             int64_t weights, int64_t biases,
+                             Communicator* comm, int64_t* overlapped) {
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    ctx->saved_data["overlapped"] = reinterpret_cast<int64_t>(overlapped);
+    ctx->saved_data["biases"] = biases;
+    ctx->save_for_backward({x, w0, w1, w2});
+    const torch::Tensor* w[] = {&w0, &w1, &w2};
+    const torch::Tensor* b[] = {&b0, &b1, &b2};
+    tensor_list out;
+    for (int64_t i = 0; i < weights; ++i) {
+      out.push_back(
+          at::linear(x, *w[i], (biases >> i) & 1 ? *b[i] : torch::Tensor()));
+    }
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const int64_t biases = ctx->saved_data["biases"].toInt();
+    // Under mixed precision the products ran in the gradients' dtype.
+    std::vector<torch::Tensor> weights, grads;
+    for (size_t i = 0; i < grad_outputs.size(); ++i) {
+      const torch::Tensor& w = saved[1 + i];
+      torch::Tensor dy = grad_outputs[i];
+      if (!dy.defined()) dy = torch::zeros({x.size(0), w.size(0)}, x.options());
+      grads.push_back(dy.reshape({-1, w.size(0)}));
+      weights.push_back(w);
+    }
+    const torch::ScalarType dtype = grads.front().scalar_type();
+    torch::Tensor dx;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      torch::Tensor part = grads[i].mm(weights[i].to(dtype));
+      dx = dx.defined() ? dx.add_(part) : part;
+    }
+    dx = dx.contiguous();
+    // The sum over the group goes now; the weight gradients do not need it.
+    std::unique_ptr<CommWork> sum = CommOf(ctx).AllReduce(dx);
+    const torch::Tensor rows = x.to(dtype);
+    tensor_list out = {torch::Tensor()};
+    for (size_t i = 0; i < 3; ++i) {
+      if (i >= grads.size()) {
+        out.insert(out.end(), 2, torch::Tensor());
+        continue;
+      }
+      const torch::ScalarType kept = weights[i].scalar_type();
+      out.push_back(grads[i].t().mm(rows).to(kept));
+      out.push_back((biases >> i) & 1 ? grads[i].sum(0).to(kept)
+                                      : torch::Tensor());
+    }
+    ThrowIfFailed(sum->Wait(), "tensor parallel",
+                  "all_reduce (f: input gradient)");
+    out[0] = dx.to(x.scalar_type());
+    ++*reinterpret_cast<int64_t*>(ctx->saved_data["overlapped"].toInt());
+    // weights, biases, comm, overlapped
+    out.insert(out.end(), 4, torch::Tensor());
+    return out;
+  }
+};
+
 class GroupOps final : public TensorParallelOps {
  public:
   explicit GroupOps(Communicator* comm) : comm_(comm) {}
@@ -68,9 +139,32 @@ class GroupOps final : public TensorParallelOps {
   torch::Tensor Leave(const torch::Tensor& x) override {
     return LeaveFunction::apply(x, comm_);
   }
+  std::vector<torch::Tensor> EnterLinear(
+      const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+      const std::vector<torch::Tensor>& biases) override {
+    TORCH_CHECK(!weights.empty() && weights.size() <= 3,
+                "tensor parallel: 1 to 3 column-parallel weights, got ",
+                weights.size());
+    const torch::Tensor none = torch::empty({0}, x.options());
+    torch::Tensor w[3] = {none, none, none};
+    torch::Tensor b[3] = {none, none, none};
+    int64_t with_bias = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      w[i] = weights[i];
+      if (i < biases.size() && biases[i].defined()) {
+        b[i] = biases[i];
+        with_bias |= int64_t{1} << i;
+      }
+    }
+    return EnterLinearFunction::apply(x, w[0], b[0], w[1], b[1], w[2], b[2],
+                                      static_cast<int64_t>(weights.size()),
+                                      with_bias, comm_, &overlapped_);
+  }
+  int64_t overlapped_input_gradients() const override { return overlapped_; }
 
  private:
   Communicator* const comm_;
+  int64_t overlapped_ = 0;
 };
 
 }  // namespace

@@ -77,6 +77,9 @@ class TensorParallelStrategy final : public Strategy {
   int64_t rank() const override { return options_.rank; }
   int64_t world_size() const override { return options_.world_size; }
   std::string layout() const override;
+  // f and g over the tensor group (after Setup): how many input-gradient
+  // sums its backward overlapped with the weights' gradients.
+  const TensorParallelOps* tensor_parallel_ops() const { return ops_.get(); }
   // The replica this rank belongs to; its T ranks see the same batch.
   int64_t data_parallel_rank() const override;
   int64_t data_parallel_size() const override;

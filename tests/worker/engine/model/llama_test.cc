@@ -335,6 +335,17 @@ class LoneOps : public TensorParallelOps {
   int64_t size() const override { return size_; }
   torch::Tensor Enter(const torch::Tensor& x) override { return x; }
   torch::Tensor Leave(const torch::Tensor& x) override { return x; }
+  std::vector<torch::Tensor> EnterLinear(
+      const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+      const std::vector<torch::Tensor>& biases) override {
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      out.push_back(at::linear(
+          x, weights[i], i < biases.size() ? biases[i] : torch::Tensor()));
+    }
+    return out;
+  }
+  int64_t overlapped_input_gradients() const override { return 0; }
 
  private:
   int64_t size_;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/model/model_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
@@ -180,6 +181,26 @@ TEST(TensorParallelStrategyTest, WholeTensorsStayEqualOnEveryRank) {
   for (const auto& [name, tensor] : whole[0]) {
     EXPECT_TRUE(torch::equal(tensor, whole[1].at(name))) << name;
   }
+}
+
+// The input gradient's sum over the tensor ranks (f's all-reduce) goes
+// while the column-parallel weights' gradients are computed: once per
+// column-parallel entry (attention and MLP of each block) per micro-step.
+TEST(TensorParallelStrategyTest, InputGradientSumsOverlapWeightGradients) {
+  const torch::Tensor batches = test::MakeBatches(2, 4, kSeqLen, kVocab);
+  RunRanks(2, [&](int64_t rank, Communicator& comm) {
+    std::unique_ptr<Strategy> strategy = MakeTp(rank, 2, &comm);
+    ASSERT_TRUE(strategy->Setup(test::MakeModel(kSpec, 3)).ok());
+    test::TrainResult result;
+    test::TrainLoop loop = test::MakeLoop(0, 2, 1, 1e-3);
+    test::Train(*strategy, batches, rank, 2, loop, &result);
+    const TensorParallelOps* ops =
+        static_cast<TensorParallelStrategy&>(*strategy).tensor_parallel_ops();
+    ASSERT_NE(ops, nullptr);
+    const int64_t blocks = ParseModelSpec(kSpec)->n_layer;
+    EXPECT_EQ(ops->overlapped_input_gradients(), 2 * blocks * 2)
+        << "rank " << rank;
+  });
 }
 
 TEST(TensorParallelStrategyTest, ACheckpointLoadsAtOneDeviceAndBackBitForBit) {
