@@ -531,6 +531,8 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
       }
     }
   }
+  double tensor_f_seconds = 0;
+  double column_weight_gradient_seconds = 0;
   if (tp > 1) {
     Traffic t;
     const int64_t recomputed =
@@ -554,6 +556,23 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
           static_cast<double>(TensorParallelReplicated(*model) * kFloatBytes));
     plan.traffic.push_back(
         Finish("tensor-parallel", tp, t, link_for(1, tp), slowdown));
+    // f's sums of the input gradient (two per block) go while the
+    // column-parallel weights' gradients are computed (EnterLinear): the
+    // time they can hide behind is those products', a forward's worth of
+    // the column-parallel matrices per token.
+    Traffic f;
+    f.Add(Op::kAllReduce, tp, 2 * blocks * accum, act);
+    tensor_f_seconds = Finish("f", tp, f, link_for(1, tp), slowdown).seconds;
+    const double column_flops =
+        model->is_llama()
+            ? 2.0 * static_cast<double>(c) *
+                  static_cast<double>(c +
+                                      2 * model->n_kv_head * c / model->n_head +
+                                      2 * model->intermediate_size)
+            : 14.0 * static_cast<double>(c) * static_cast<double>(c);
+    column_weight_gradient_seconds =
+        column_flops * static_cast<double>(blocks * tokens * accum) /
+        static_cast<double>(tp) / rate;
   }
   if (stages > 1) {
     Traffic t;
@@ -580,7 +599,9 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   // their buckets, sharded stages each unit's reduce-scatter (their
   // all-gathers before the first micro-batch, and HSDP's average across
   // groups after the schedule, stay exposed); tensor-parallel meshes after
-  // the schedule (nothing hidden).
+  // the schedule (nothing of the data-parallel reduction hidden; of the
+  // tensor group's own traffic, f's backward sums behind the column-parallel
+  // weight gradients).
   double hidden_behind = 0;
   bool sharded_stages = false;
   if (gpu && tp == 1) {
@@ -606,6 +627,9 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
           std::max<int64_t>(1, sharded_stages ? t.calls / 2 : t.calls);
       comm += t.seconds - hideable +
               std::max(hideable - hidden_behind, hideable / calls);
+    } else if (gpu && t.dimension == "tensor-parallel") {
+      comm += t.seconds -
+              std::min(tensor_f_seconds, column_weight_gradient_seconds);
     } else {
       comm += t.seconds;
     }
