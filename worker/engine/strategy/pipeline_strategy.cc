@@ -323,9 +323,20 @@ absl::Status PipelineStrategy::ShardStage() {
       }
     }
   }
-  // A unit's reduce-scatter goes as soon as the step's last backward has
-  // completed its gradient (armed then), overlapping the rest of it.
+  // A unit's reduce-scatter goes as soon as its chunk's last backward of
+  // the step has completed its gradient (armed then), overlapping the rest
+  // of it. A block's unit belongs to its block's chunk; the other units to
+  // the chunk with the embeddings (first stage) or the head (last).
   unit_launched_.assign(units_.size(), false);
+  unit_chunk_.assign(units_.size(), first() ? 0 : chunks() - 1);
+  for (const auto& [block, u] : block_unit_) {
+    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+      if (block >= Chunk(chunk).first_block && block < Chunk(chunk).end_block) {
+        unit_chunk_[u] = chunk;
+      }
+    }
+  }
+  chunk_armed_.assign(chunks(), false);
   for (size_t u = 0; u < units_.size(); ++u) {
     unit_hooks_.Add(units_[u]->full(), [this, u] { OnUnitGradReady(u); });
   }
@@ -386,7 +397,7 @@ size_t PipelineStrategy::UnitsForBlock(int64_t i, bool through) const {
 }
 
 void PipelineStrategy::OnUnitGradReady(size_t u) {
-  if (!units_armed_ || unit_launched_[u]) return;
+  if (!chunk_armed_[unit_chunk_[u]] || unit_launched_[u]) return;
   ThrowIfFailed(units_[u]->LaunchReduceScatter(), "pipeline x fsdp",
                 "reduce_scatter");
   unit_launched_[u] = true;
@@ -394,7 +405,7 @@ void PipelineStrategy::OnUnitGradReady(size_t u) {
 }
 
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
-  units_armed_ = false;
+  chunk_armed_.assign(chunks(), false);
   shard_trace_.backward_end = std::chrono::steady_clock::now();
   if (tensor_ != nullptr) ends_.HandGradientsToUnits();
   for (auto& [unit, leaf] : leaves_) {
@@ -524,7 +535,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   const int64_t count = static_cast<int64_t>(micro.size());
   // Per chunk and micro-batch: in_flight[chunk * count + micro_batch].
   std::vector<InFlight> in_flight(micro.size() * chunks());
-  units_armed_ = false;  // until this schedule's last backward
+  chunk_armed_.assign(chunks(), false);  // until each chunk's last backward
   if (sharded()) {
     gather_trace_.clear();
     LaunchUnitGathers();
@@ -537,10 +548,14 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   absl::StatusOr<std::vector<PipelineOp>> ops = LowerStageActions(
       pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
   TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
-  // A replicated stage's buckets reduce during the step's last backward.
+  // A replicated stage's buckets reduce during the step's last backward, a
+  // sharded stage's units during their chunk's last.
   size_t last_backward = ops->size();
+  std::vector<size_t> chunk_last_backward(chunks(), ops->size());
   for (size_t i = 0; i < ops->size(); ++i) {
-    if ((*ops)[i].kind == Kind::kBackward) last_backward = i;
+    if ((*ops)[i].kind != Kind::kBackward) continue;
+    last_backward = i;
+    chunk_last_backward[(*ops)[i].chunk] = i;
   }
   if (replica_buckets_ != nullptr) {
     replica_buckets_->AttachGradViews();
@@ -554,9 +569,12 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
     if (i == last_backward && reduce && replica_buckets_ != nullptr) {
       replica_buckets_->Arm(true);
     }
-    if (i == last_backward && reduce && sharded()) {
-      units_armed_ = true;
-      shard_trace_ = {};
+    if (reduce && sharded() && i == chunk_last_backward[op.chunk]) {
+      if (std::none_of(chunk_armed_.begin(), chunk_armed_.end(),
+                       [](bool armed) { return armed; })) {
+        shard_trace_ = {};
+      }
+      chunk_armed_[op.chunk] = true;
     }
     InFlight& m = in_flight[op.chunk * count + op.micro_batch];
     const Batch& batch = micro[op.micro_batch];

@@ -300,10 +300,12 @@ class PipelineStrategy final : public Strategy {
   std::vector<torch::Tensor> owned_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   FsdpUnit* embedding_unit_ = nullptr;
-  // The units' gradient hooks; armed for the step's last backward, when a
-  // unit's gradient is complete as its hook fires.
+  // The units' gradient hooks; armed per chunk for that chunk's last
+  // backward of the step, when a unit's gradient is complete as its hook
+  // fires. unit_chunk_[u]: the chunk whose backward completes unit u.
   GradReadyHooks unit_hooks_;
-  bool units_armed_ = false;
+  std::vector<bool> chunk_armed_;
+  std::vector<int64_t> unit_chunk_;
   std::vector<bool> unit_launched_;
   ShardOverlapTrace shard_trace_;
   // Units [0, units_ready_) are gathered and in use this step; block i's

@@ -74,7 +74,6 @@ class EnterLinearFunction
     ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
     ctx->saved_data["overlapped"] = reinterpret_cast<int64_t>(overlapped);
     ctx->saved_data["biases"] = biases;
-    ctx->save_for_backward({x, w0, w1, w2});
     const torch::Tensor* w[] = {&w0, &w1, &w2};
     const torch::Tensor* b[] = {&b0, &b1, &b2};
     tensor_list out;
@@ -82,31 +81,43 @@ class EnterLinearFunction
       out.push_back(
           at::linear(x, *w[i], (biases >> i) & 1 ? *b[i] : torch::Tensor()));
     }
+    // The rows as the products read them (bf16 under autocast, as linear
+    // would keep them), and the input's own dtype for its gradient.
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->save_for_backward({out.front().scalar_type() == x.scalar_type()
+                                ? x
+                                : x.to(out.front().scalar_type()),
+                            w0, w1, w2});
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
+    const torch::Tensor& rows = saved[0];
+    const auto x_dtype =
+        static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const int64_t biases = ctx->saved_data["biases"].toInt();
-    // Under mixed precision the products ran in the gradients' dtype.
+    // The products run in the rows' dtype (the compute dtype); the input
+    // gradient is summed over the projections and the ranks in the input's
+    // own, as autograd would.
+    const torch::ScalarType dtype = rows.scalar_type();
     std::vector<torch::Tensor> weights, grads;
     for (size_t i = 0; i < grad_outputs.size(); ++i) {
       const torch::Tensor& w = saved[1 + i];
       torch::Tensor dy = grad_outputs[i];
-      if (!dy.defined()) dy = torch::zeros({x.size(0), w.size(0)}, x.options());
-      grads.push_back(dy.reshape({-1, w.size(0)}));
+      dy = dy.defined()
+               ? dy.reshape({-1, w.size(0)}).to(dtype)
+               : torch::zeros({rows.size(0), w.size(0)}, rows.options());
+      grads.push_back(dy);
       weights.push_back(w);
     }
-    const torch::ScalarType dtype = grads.front().scalar_type();
     torch::Tensor dx;
     for (size_t i = 0; i < grads.size(); ++i) {
-      torch::Tensor part = grads[i].mm(weights[i].to(dtype));
+      torch::Tensor part = grads[i].mm(weights[i].to(dtype)).to(x_dtype);
       dx = dx.defined() ? dx.add_(part) : part;
     }
     dx = dx.contiguous();
     // The sum over the group goes now; the weight gradients do not need it.
     std::unique_ptr<CommWork> sum = CommOf(ctx).AllReduce(dx);
-    const torch::Tensor rows = x.to(dtype);
     tensor_list out = {torch::Tensor()};
     for (size_t i = 0; i < 3; ++i) {
       if (i >= grads.size()) {
@@ -120,7 +131,7 @@ class EnterLinearFunction
     }
     ThrowIfFailed(sum->Wait(), "tensor parallel",
                   "all_reduce (f: input gradient)");
-    out[0] = dx.to(x.scalar_type());
+    out[0] = dx;
     ++*reinterpret_cast<int64_t*>(ctx->saved_data["overlapped"].toInt());
     // weights, biases, comm, overlapped
     out.insert(out.end(), 4, torch::Tensor());

@@ -300,7 +300,7 @@ TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunksBesideFsdpAndTensorRanks) {
 // ranks of `data_parallel` (4 ranks), micro-batches 2; null if Setup failed.
 std::unique_ptr<PipelineStrategy> TrainTwoStagesOfTwo(
     int64_t rank, Communicator& comm, const std::string& data_parallel,
-    double bucket_mb = 25) {
+    double bucket_mb = 25, int64_t virtual_stages = 1) {
   torch::set_num_threads(1);
   StrategyOptions options;
   options.rank = rank;
@@ -311,6 +311,7 @@ std::unique_ptr<PipelineStrategy> TrainTwoStagesOfTwo(
   pipeline.seq_len = kSeqLen;
   pipeline.data_parallel = data_parallel;
   pipeline.bucket_mb = bucket_mb;
+  pipeline.virtual_stages = virtual_stages;
   auto strategy = std::make_unique<PipelineStrategy>(options, &comm, pipeline);
   const absl::Status setup = strategy->Setup(test::MakeModel(kSpec, 7));
   EXPECT_TRUE(setup.ok()) << setup;
@@ -394,6 +395,24 @@ TEST(PipelineStrategyTest, ShardedStagesGatherEachUnitAsTheForwardNeedsIt) {
         trace.begin(), trace.end(),
         [](const std::string& e) { return absl::StartsWith(e, "unit "); });
     EXPECT_GE(ready, mine.end_block - mine.first_block + 1) << "rank " << rank;
+  });
+}
+
+// Interleaved, each chunk's units go during that chunk's last backward: on
+// both stages of two chunks, every block's unit and the root's (three)
+// launch from their hooks, where arming at the step's last backward alone
+// (chunk 0's) left the other chunk's for after the schedule.
+TEST(PipelineStrategyTest, InterleavedShardedStagesReduceScatterPerChunk) {
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    const std::unique_ptr<PipelineStrategy> strategy =
+        TrainTwoStagesOfTwo(rank, comm, "fsdp", 25, /*virtual_stages=*/2);
+    ASSERT_NE(strategy, nullptr);
+    const PipelineStrategy::ShardOverlapTrace trace =
+        strategy->shard_overlap_trace();
+    EXPECT_EQ(trace.unit_launch.size(), 3u) << "rank " << rank;
+    for (const auto& launch : trace.unit_launch) {
+      EXPECT_LT(launch, trace.backward_end) << "rank " << rank;
+    }
   });
 }
 
