@@ -212,14 +212,12 @@ TEST(PipelineScheduleTest, InterleavedOneFOneBRunsGroupsOfSThroughEachChunk) {
   const std::vector<PipelineAction> rank0 =
       StageActions(PipelineSchedule::kOneFOneB, 2, 0, 4, 2);
   const std::vector<PipelineAction> expected = {
-      {Kind::kForward, 0, 0},  {Kind::kForward, 1, 0},
-      {Kind::kForward, 0, 1},  {Kind::kForward, 1, 1},
-      {Kind::kForward, 2, 0},  {Kind::kBackward, 0, 1},
-      {Kind::kForward, 3, 0},  {Kind::kBackward, 1, 1},
-      {Kind::kForward, 2, 1},  {Kind::kBackward, 0, 0},
-      {Kind::kForward, 3, 1},  {Kind::kBackward, 1, 0},
-      {Kind::kBackward, 2, 1}, {Kind::kBackward, 3, 1},
-      {Kind::kBackward, 2, 0}, {Kind::kBackward, 3, 0}};
+      {Kind::kForward, 0, 0},  {Kind::kForward, 1, 0},  {Kind::kForward, 0, 1},
+      {Kind::kForward, 1, 1},  {Kind::kForward, 2, 0},  {Kind::kBackward, 0, 1},
+      {Kind::kForward, 3, 0},  {Kind::kBackward, 1, 1}, {Kind::kForward, 2, 1},
+      {Kind::kBackward, 0, 0}, {Kind::kForward, 3, 1},  {Kind::kBackward, 1, 0},
+      {Kind::kBackward, 2, 1}, {Kind::kBackward, 3, 1}, {Kind::kBackward, 2, 0},
+      {Kind::kBackward, 3, 0}};
   EXPECT_EQ(rank0, expected);
   // The last rank warms up with (V-1)S = 2 forwards only.
   const std::vector<PipelineAction> rank1 =
@@ -232,7 +230,8 @@ TEST(PipelineScheduleTest, InterleavedOneFOneBRunsGroupsOfSThroughEachChunk) {
 // backwarded once, the transfers the engine posts complete under NCCL's
 // rule (the wrap-around pair included), no stage deadlocks, and the bubble
 // shrinks toward (S-1)/(V·M+S-1).
-TEST(PipelineScheduleTest, InterleavedSchedulesCompleteOnNcclAndShrinkTheBubble) {
+TEST(PipelineScheduleTest,
+     InterleavedSchedulesCompleteOnNcclAndShrinkTheBubble) {
   for (PipelineSchedule schedule :
        {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
     for (int64_t stages = 2; stages <= 4; ++stages) {
@@ -276,11 +275,11 @@ TEST(PipelineScheduleTest, InterleavedSchedulesCompleteOnNcclAndShrinkTheBubble)
           EXPECT_LT(t->bubble_fraction, plain->bubble_fraction);
           // Rank 0 holds its warm-up's chunks and one more (Megatron's
           // 2(S-1) + (V-1)S + 1), GPipe every chunk of every micro-batch.
-          EXPECT_EQ(t->peak_in_flight[0],
-                    schedule == PipelineSchedule::kGpipe
-                        ? m * v
-                        : std::min(m * v, 2 * (stages - 1) +
-                                              (v - 1) * stages + 1));
+          EXPECT_EQ(
+              t->peak_in_flight[0],
+              schedule == PipelineSchedule::kGpipe
+                  ? m * v
+                  : std::min(m * v, 2 * (stages - 1) + (v - 1) * stages + 1));
         }
       }
     }
