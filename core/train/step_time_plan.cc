@@ -608,11 +608,7 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
     const double backward = plan.compute_seconds * 2 / 3;
     if (stages == 1) {
       hidden_behind = backward;
-    } else if (fsdp || chunks == 1) {
-      // Interleaved, a sharded stage's units reduce-scatter during their
-      // own chunk's last backward; a replicated stage's buckets wait for
-      // the step's last backward, which completes chunk 0 only, and the
-      // first bucket (the last chunk's) then goes at the end: nothing hides.
+    } else {
       hidden_behind = backward / static_cast<double>(micro * accum);
       sharded_stages = fsdp;
     }

@@ -102,6 +102,7 @@ void GradientBuckets::Arm(bool armed) {
   absl::MutexLock lock(&mutex_);
   armed_ = armed;
   param_ready_.assign(params_.size(), false);
+  param_armed_.assign(params_.size(), armed);
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int64_t>(bucket.params.size());
     bucket.work.reset();
@@ -110,9 +111,24 @@ void GradientBuckets::Arm(bool armed) {
   if (armed) trace_.bucket_launch.assign(buckets_.size(), {});
 }
 
+void GradientBuckets::ArmParameters(const std::vector<int64_t>& indices) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (armed_) {
+      for (int64_t i : indices) param_armed_[i] = true;
+      return;
+    }
+  }
+  Arm(false);
+  absl::MutexLock lock(&mutex_);
+  armed_ = true;
+  trace_.bucket_launch.assign(buckets_.size(), {});
+  for (int64_t i : indices) param_armed_[i] = true;
+}
+
 void GradientBuckets::OnGradReady(int64_t index) {
   absl::MutexLock lock(&mutex_);
-  if (!armed_ || param_ready_[index]) return;
+  if (!armed_ || !param_armed_[index] || param_ready_[index]) return;
   param_ready_[index] = true;
   --buckets_[bucket_of_param_[index]].pending;
   LaunchReadyBuckets(/*force=*/false);

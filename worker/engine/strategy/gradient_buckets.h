@@ -63,6 +63,11 @@ class GradientBuckets {
   // The next backward is the last before the reduction (armed), or one
   // that only accumulates.
   void Arm(bool armed);
+  // The next backward is the step's last for the parameters `indices` (into
+  // `params`; e.g. one chunk of an interleaved pipeline stage): their hooks
+  // count down their buckets from then on. The first call after Arm(false)
+  // starts the armed reduction; later calls add parameters to it.
+  void ArmParameters(const std::vector<int64_t>& indices);
   // After the armed backward: launches the buckets not launched yet (a
   // parameter outside the graph never fires its hook), waits for all and
   // divides each by the group's size. Throws c10::Error naming the strategy
@@ -100,6 +105,7 @@ class GradientBuckets {
   mutable absl::Mutex mutex_;
   bool armed_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<bool> param_ready_ ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> param_armed_ ABSL_GUARDED_BY(mutex_);
   size_t next_launch_ ABSL_GUARDED_BY(mutex_) = 0;
   OverlapTrace trace_ ABSL_GUARDED_BY(mutex_);
   // Declared last: removed first, before anything the hooks touch.

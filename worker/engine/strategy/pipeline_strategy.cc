@@ -229,6 +229,21 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(
                                  pipeline_.bucket_mb * 1024 * 1024))),
         "pipeline x ddp");
+    // Each parameter's chunk, whose last backward of a step completes it:
+    // a block's, or the one with the embeddings (first stage) or the head.
+    chunk_params_.assign(chunks(), {});
+    for (size_t i = 0; i < owned_names_.size(); ++i) {
+      const ParamPlace place = model_->PlaceOf(owned_names_[i]);
+      int64_t chunk = first() ? 0 : chunks() - 1;
+      for (int64_t c = 0; c < chunks(); ++c) {
+        if (place.role == ParamRole::kBlock &&
+            place.block >= Chunk(c).first_block &&
+            place.block < Chunk(c).end_block) {
+          chunk = c;
+        }
+      }
+      chunk_params_[chunk].push_back(static_cast<int64_t>(i));
+    }
   }
 
   std::vector<std::string> stages;
@@ -548,14 +563,13 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   absl::StatusOr<std::vector<PipelineOp>> ops = LowerStageActions(
       pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
   TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
-  // A replicated stage's buckets reduce during the step's last backward, a
-  // sharded stage's units during their chunk's last.
-  size_t last_backward = ops->size();
+  // A replicated stage's buckets and a sharded stage's units reduce as
+  // each chunk's last backward of the step completes their parameters.
   std::vector<size_t> chunk_last_backward(chunks(), ops->size());
   for (size_t i = 0; i < ops->size(); ++i) {
-    if ((*ops)[i].kind != Kind::kBackward) continue;
-    last_backward = i;
-    chunk_last_backward[(*ops)[i].chunk] = i;
+    if ((*ops)[i].kind == Kind::kBackward) {
+      chunk_last_backward[(*ops)[i].chunk] = i;
+    }
   }
   if (replica_buckets_ != nullptr) {
     replica_buckets_->AttachGradViews();
@@ -566,8 +580,9 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   }
   for (size_t i = 0; i < ops->size(); ++i) {
     const PipelineOp& op = (*ops)[i];
-    if (i == last_backward && reduce && replica_buckets_ != nullptr) {
-      replica_buckets_->Arm(true);
+    if (reduce && replica_buckets_ != nullptr &&
+        i == chunk_last_backward[op.chunk]) {
+      replica_buckets_->ArmParameters(chunk_params_[op.chunk]);
     }
     if (reduce && sharded() && i == chunk_last_backward[op.chunk]) {
       if (std::none_of(chunk_armed_.begin(), chunk_armed_.end(),

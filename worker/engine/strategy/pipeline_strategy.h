@@ -291,6 +291,8 @@ class PipelineStrategy final : public Strategy {
   // A replicated stage without tensor ranks: its gradients averaged over
   // replicas_ as the step's last backward runs.
   std::unique_ptr<GradientBuckets> replica_buckets_;
+  // Per chunk: the indices into owned_ of the parameters it completes.
+  std::vector<std::vector<int64_t>> chunk_params_;
   Communicator* across_groups_ = nullptr;
   Communicator* tied_ = nullptr;
   CausalLm model_;

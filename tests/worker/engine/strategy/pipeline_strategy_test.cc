@@ -402,7 +402,8 @@ TEST(PipelineStrategyTest, ShardedStagesGatherEachUnitAsTheForwardNeedsIt) {
 // both stages of two chunks, every block's unit and the root's (three)
 // launch from their hooks, where arming at the step's last backward alone
 // (chunk 0's) left the other chunk's for after the schedule.
-TEST(PipelineStrategyTest, InterleavedShardedStagesReduceScatterPerChunk) {
+TEST(PipelineStrategyTest,
+     InterleavedStagesReduceEachChunkDuringItsLastBackward) {
   RunRanks(4, [&](int64_t rank, Communicator& comm) {
     const std::unique_ptr<PipelineStrategy> strategy =
         TrainTwoStagesOfTwo(rank, comm, "fsdp", 25, /*virtual_stages=*/2);
@@ -413,6 +414,20 @@ TEST(PipelineStrategyTest, InterleavedShardedStagesReduceScatterPerChunk) {
     for (const auto& launch : trace.unit_launch) {
       EXPECT_LT(launch, trace.backward_end) << "rank " << rank;
     }
+  });
+  // Replicated: the first bucket holds the last chunk's parameters, which
+  // its own last backward completes before the step's last backward
+  // (chunk 0's); armed per chunk, it goes then instead of after the drain.
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    const std::unique_ptr<PipelineStrategy> strategy =
+        TrainTwoStagesOfTwo(rank, comm, "ddp", /*bucket_mb=*/0.05,
+                            /*virtual_stages=*/2);
+    ASSERT_NE(strategy, nullptr);
+    const GradientBuckets::OverlapTrace trace =
+        strategy->replica_overlap_trace();
+    ASSERT_GE(trace.bucket_launch.size(), 2u) << "rank " << rank;
+    EXPECT_LT(trace.bucket_launch.front(), trace.backward_end)
+        << "rank " << rank;
   });
 }
 
