@@ -74,13 +74,12 @@ class TensorParallelOps {
   virtual ~TensorParallelOps() = default;
   virtual int64_t rank() const = 0;
   virtual int64_t size() const = 0;
-  // f, entering a column-parallel layer: x as is; in backward, its gradient
-  // summed over the group.
-  virtual torch::Tensor Enter(const torch::Tensor& x) = 0;
   // g, leaving a row-parallel layer: x summed over the group; in backward,
   // the gradient as is.
   virtual torch::Tensor Leave(const torch::Tensor& x) = 0;
-  // f fused with the column-parallel projections that read its output:
+  // f, entering the column-parallel projections that read x (Megatron's
+  // identity forward whose backward sums the gradient over the group),
+  // fused with them:
   // y_i = x W_iᵀ + b_i for rows `x` [N, C] (1 to 3 weights, each bias
   // optional). In backward the input gradient Σ dY_i W_i is made first and
   // its sum over the group launched at once, asynchronously; the weights'

@@ -100,30 +100,28 @@ void GradientBuckets::AttachGradViews() {
 
 void GradientBuckets::Arm(bool armed) {
   absl::MutexLock lock(&mutex_);
+  Reset(armed);
+  param_armed_.assign(params_.size(), armed);
+}
+
+void GradientBuckets::ArmParameters(const std::vector<int64_t>& indices) {
+  absl::MutexLock lock(&mutex_);
+  if (!armed_) {
+    Reset(true);
+    param_armed_.assign(params_.size(), false);
+  }
+  for (int64_t i : indices) param_armed_[i] = true;
+}
+
+void GradientBuckets::Reset(bool armed) {
   armed_ = armed;
   param_ready_.assign(params_.size(), false);
-  param_armed_.assign(params_.size(), armed);
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int64_t>(bucket.params.size());
     bucket.work.reset();
   }
   next_launch_ = 0;
   if (armed) trace_.bucket_launch.assign(buckets_.size(), {});
-}
-
-void GradientBuckets::ArmParameters(const std::vector<int64_t>& indices) {
-  {
-    absl::MutexLock lock(&mutex_);
-    if (armed_) {
-      for (int64_t i : indices) param_armed_[i] = true;
-      return;
-    }
-  }
-  Arm(false);
-  absl::MutexLock lock(&mutex_);
-  armed_ = true;
-  trace_.bucket_launch.assign(buckets_.size(), {});
-  for (int64_t i : indices) param_armed_[i] = true;
 }
 
 void GradientBuckets::OnGradReady(int64_t index) {

@@ -89,6 +89,9 @@ class GradientBuckets {
   };
 
   void BuildBuckets(int64_t bucket_bytes);
+  // A new reduction: nothing ready or launched; `armed` or only
+  // accumulating. The parameters' arming is the caller's.
+  void Reset(bool armed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Called by the gradient-accumulator hook of params_[index].
   void OnGradReady(int64_t index);
   // Launches the consecutive complete buckets from next_launch_ on; with

@@ -116,6 +116,19 @@ bool PipelineStrategy::Holds(int64_t stage, const std::string& name) const {
   return false;
 }
 
+int64_t PipelineStrategy::ChunkHolding(const ParamPlace& place) const {
+  if (place.role == ParamRole::kBlock) {
+    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
+      if (place.block >= Chunk(chunk).first_block &&
+          place.block < Chunk(chunk).end_block) {
+        return chunk;
+      }
+    }
+  }
+  // Outside the blocks: the embeddings' chunk (first stage) or the head's.
+  return first() ? 0 : chunks() - 1;
+}
+
 bool PipelineStrategy::IsTokenEmbedding(const std::string& name) const {
   return model_->PlaceOf(name).role == ParamRole::kTokenEmbedding;
 }
@@ -229,20 +242,11 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(
                                  pipeline_.bucket_mb * 1024 * 1024))),
         "pipeline x ddp");
-    // Each parameter's chunk, whose last backward of a step completes it:
-    // a block's, or the one with the embeddings (first stage) or the head.
+    // Each parameter's chunk, whose last backward of a step completes it.
     chunk_params_.assign(chunks(), {});
     for (size_t i = 0; i < owned_names_.size(); ++i) {
-      const ParamPlace place = model_->PlaceOf(owned_names_[i]);
-      int64_t chunk = first() ? 0 : chunks() - 1;
-      for (int64_t c = 0; c < chunks(); ++c) {
-        if (place.role == ParamRole::kBlock &&
-            place.block >= Chunk(c).first_block &&
-            place.block < Chunk(c).end_block) {
-          chunk = c;
-        }
-      }
-      chunk_params_[chunk].push_back(static_cast<int64_t>(i));
+      chunk_params_[ChunkHolding(model_->PlaceOf(owned_names_[i]))].push_back(
+          static_cast<int64_t>(i));
     }
   }
 
@@ -329,27 +333,16 @@ absl::Status PipelineStrategy::ShardStage() {
       }
     }
   }
-  // Each block's unit, for gathering as the forward reaches it.
-  for (size_t u = 0; u < units_.size(); ++u) {
-    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
-      for (int64_t i = Chunk(chunk).first_block; i < Chunk(chunk).end_block;
-           ++i) {
-        if (units_[u]->name() == model_->BlockName(i)) block_unit_[i] = u;
-      }
-    }
-  }
-  // A unit's reduce-scatter goes as soon as its chunk's last backward of
-  // the step has completed its gradient (armed then), overlapping the rest
-  // of it. A block's unit belongs to its block's chunk; the other units to
-  // the chunk with the embeddings (first stage) or the head (last).
+  // Each block's unit, for gathering as the forward reaches it, and each
+  // unit's chunk: its reduce-scatter goes as soon as that chunk's last
+  // backward of the step has completed its gradient (armed then),
+  // overlapping the rest of it.
   unit_launched_.assign(units_.size(), false);
-  unit_chunk_.assign(units_.size(), first() ? 0 : chunks() - 1);
-  for (const auto& [block, u] : block_unit_) {
-    for (int64_t chunk = 0; chunk < chunks(); ++chunk) {
-      if (block >= Chunk(chunk).first_block && block < Chunk(chunk).end_block) {
-        unit_chunk_[u] = chunk;
-      }
-    }
+  unit_chunk_.clear();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const ParamPlace place = model_->PlaceOf(units_[u]->params().front().name);
+    if (place.role == ParamRole::kBlock) block_unit_[place.block] = u;
+    unit_chunk_.push_back(ChunkHolding(place));
   }
   chunk_armed_.assign(chunks(), false);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -560,15 +553,21 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   // The compute order with every transfer placed so that each pair's two
   // ends post them in the same order (core/train/pipeline_plan.h): safe
   // where a send waits for its receive (NCCL).
-  absl::StatusOr<std::vector<PipelineOp>> ops = LowerStageActions(
-      pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
-  TORCH_CHECK(ops.ok(), "pipeline: ", std::string(ops.status().message()));
+  // Lowered once per micro-batch count (the whole schedule is run on paper).
+  auto lowered = lowered_.find(count);
+  if (lowered == lowered_.end()) {
+    absl::StatusOr<std::vector<PipelineOp>> made = LowerStageActions(
+        pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
+    TORCH_CHECK(made.ok(), "pipeline: ", std::string(made.status().message()));
+    lowered = lowered_.emplace(count, *std::move(made)).first;
+  }
+  const std::vector<PipelineOp>& ops = lowered->second;
   // A replicated stage's buckets and a sharded stage's units reduce as
   // each chunk's last backward of the step completes their parameters.
-  std::vector<size_t> chunk_last_backward(chunks(), ops->size());
-  for (size_t i = 0; i < ops->size(); ++i) {
-    if ((*ops)[i].kind == Kind::kBackward) {
-      chunk_last_backward[(*ops)[i].chunk] = i;
+  std::vector<size_t> chunk_last_backward(chunks(), ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == Kind::kBackward) {
+      chunk_last_backward[ops[i].chunk] = i;
     }
   }
   if (replica_buckets_ != nullptr) {
@@ -578,8 +577,8 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
     ends_.UseGradientViews(*model_);
     replica_buckets_->Arm(false);
   }
-  for (size_t i = 0; i < ops->size(); ++i) {
-    const PipelineOp& op = (*ops)[i];
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
     if (reduce && replica_buckets_ != nullptr &&
         i == chunk_last_backward[op.chunk]) {
       replica_buckets_->ArmParameters(chunk_params_[op.chunk]);

@@ -188,6 +188,9 @@ class PipelineStrategy final : public Strategy {
   // its chunks (its place in the model and the cut).
   bool Holds(int64_t stage, const std::string& name) const;
   bool IsTokenEmbedding(const std::string& name) const;
+  // The chunk of this rank that holds a parameter at `place` (one this
+  // rank owns): its block's, else the embeddings' or the head's.
+  int64_t ChunkHolding(const ParamPlace& place) const;
   // `batch` cut into the pipeline's micro-batches.
   std::vector<Batch> Split(const Batch& batch) const;
   // Runs `micro` through the schedule, each loss's gradient scaled by
@@ -291,6 +294,8 @@ class PipelineStrategy final : public Strategy {
   // A replicated stage without tensor ranks: its gradients averaged over
   // replicas_ as the step's last backward runs.
   std::unique_ptr<GradientBuckets> replica_buckets_;
+  // This stage's lowered schedule, per micro-batch count.
+  std::map<int64_t, std::vector<PipelineOp>> lowered_;
   // Per chunk: the indices into owned_ of the parameters it completes.
   std::vector<std::vector<int64_t>> chunk_params_;
   Communicator* across_groups_ = nullptr;

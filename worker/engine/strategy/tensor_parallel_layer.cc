@@ -24,22 +24,6 @@ void SumOver(Communicator& comm, torch::Tensor& tensor, const char* what) {
   ThrowIfFailed(comm.AllReduce(tensor)->Wait(), "tensor parallel", what);
 }
 
-// f: identity forward, the gradient summed over the group backward.
-class EnterFunction : public torch::autograd::Function<EnterFunction> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               Communicator* comm) {
-    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
-    return x;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    // A copy: autograd may hand the same gradient to another branch.
-    torch::Tensor grad = grad_outputs[0].clone(at::MemoryFormat::Contiguous);
-    SumOver(CommOf(ctx), grad, "all_reduce (f: input gradient)");
-    return {grad, torch::Tensor()};
-  }
-};
-
 // g: the partial products summed over the group forward, identity backward.
 class LeaveFunction : public torch::autograd::Function<LeaveFunction> {
  public:
@@ -144,9 +128,6 @@ class GroupOps final : public TensorParallelOps {
   explicit GroupOps(Communicator* comm) : comm_(comm) {}
   int64_t rank() const override { return comm_->rank(); }
   int64_t size() const override { return comm_->world_size(); }
-  torch::Tensor Enter(const torch::Tensor& x) override {
-    return EnterFunction::apply(x, comm_);
-  }
   torch::Tensor Leave(const torch::Tensor& x) override {
     return LeaveFunction::apply(x, comm_);
   }

@@ -333,7 +333,6 @@ class LoneOps : public TensorParallelOps {
   explicit LoneOps(int64_t size) : size_(size) {}
   int64_t rank() const override { return 0; }
   int64_t size() const override { return size_; }
-  torch::Tensor Enter(const torch::Tensor& x) override { return x; }
   torch::Tensor Leave(const torch::Tensor& x) override { return x; }
   std::vector<torch::Tensor> EnterLinear(
       const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
