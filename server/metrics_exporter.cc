@@ -43,8 +43,9 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   // Not prometheus-cpp's Exposer: each of civetweb's worker threads (8 of
   // them, with a 3 s request timeout) is held by one idle, half-sent
   // connection, so 16 such connections delayed a scrape to 5.5 s and 64 past
-  // Prometheus's 10 s timeout. MetricsHttpServer serves every connection from
-  // one poll loop and bounds what idle ones hold (its header says how).
+  // Prometheus's 10 s timeout. MetricsHttpServer serves every connection
+  // from one libmicrohttpd event loop and bounds what idle ones hold (its
+  // header says how).
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
       MetricsHttpServer::Start(e->options_.listen);
   if (!server.ok()) {

@@ -1,6 +1,7 @@
 #include "server/metrics_http_server.h"
 
 #include <arpa/inet.h>
+#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -19,7 +20,6 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "prometheus/metric_family.h"
@@ -32,21 +32,10 @@ namespace {
 // keep) every connection at once.
 using Clock = std::chrono::steady_clock;
 
-// After the response, how long the server reads (and drops) what the client
-// still sends before it closes. Closing with unread input would send a reset,
-// which can destroy the response before the client has read it.
-constexpr absl::Duration kLingerTimeout = absl::Seconds(1);
-// Connections accepted per poll round, so that a flood of new connections
-// cannot starve the ones already open.
-constexpr int kAcceptsPerRound = 64;
-// How long the listener rests after accept() fails for want of descriptors
-// or memory (it stays readable, and polling it meanwhile would spin).
-constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
-
 constexpr absl::string_view kMetricsPath = "/metrics";
-constexpr absl::string_view kMetricsContentType =
+constexpr char kMetricsContentType[] =
     "text/plain; version=0.0.4; charset=utf-8";
-constexpr absl::string_view kErrorContentType = "text/plain; charset=utf-8";
+constexpr char kErrorContentType[] = "text/plain; charset=utf-8";
 
 Clock::duration ToClock(absl::Duration d) {
   return std::chrono::duration_cast<Clock::duration>(
@@ -180,122 +169,255 @@ std::string PeerAddress(const sockaddr_storage& peer) {
   return text;
 }
 
-// Where the request head (request line and headers) ends in `data`, just
-// past its blank line; npos while it has not ended. Bare LF line ends are
-// accepted too (RFC 9112 §2.2). `from` is where the previous search stopped.
-size_t HeadEnd(absl::string_view data, size_t from) {
-  from = from >= 2 ? from - 2 : 0;
-  for (size_t i = data.find('\n', from); i != absl::string_view::npos;
-       i = data.find('\n', i + 1)) {
-    if (i + 1 < data.size() && data[i + 1] == '\n') return i + 2;
-    if (i + 2 < data.size() && data[i + 1] == '\r' && data[i + 2] == '\n') {
-      return i + 3;
-    }
+std::string PeerAddress(const sockaddr* peer) {
+  sockaddr_storage storage{};
+  if (peer != nullptr) {
+    std::memcpy(&storage, peer,
+                peer->sa_family == AF_INET6 ? sizeof(sockaddr_in6)
+                                            : sizeof(sockaddr_in));
   }
-  return absl::string_view::npos;
+  return PeerAddress(storage);
 }
 
-std::string HttpResponse(absl::string_view status,
-                         absl::string_view content_type, absl::string_view body,
-                         bool send_body = true,
-                         absl::string_view extra_headers = "") {
-  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
-                      "\r\nContent-Length: ", body.size(), "\r\n",
-                      extra_headers, "Connection: close\r\n\r\n",
-                      send_body ? body : "");
-}
+// What the server sends to a request head still incomplete at its deadline,
+// written beside the daemon (which has nothing to send on that connection).
+constexpr absl::string_view kRequestTimeout =
+    "HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; "
+    "charset=utf-8\r\nContent-Length: 20\r\nConnection: close\r\n\r\n"
+    "408 Request Timeout\n";
 
-std::string ErrorResponse(absl::string_view status,
-                          absl::string_view extra_headers = "") {
-  return HttpResponse(status, kErrorContentType, absl::StrCat(status, "\n"),
-                      /*send_body=*/true, extra_headers);
-}
+}  // namespace
 
-struct Connection {
-  enum class State {
-    kReadingRequest,  // "half-open": its request head is incomplete
-    kWriting,         // the response is being sent
-    kDraining,        // the response is out; waiting for the client to close
-    kClosed,          // to be removed from the table
+// The daemon's connections in accept order, and the bounds of the header:
+// libmicrohttpd tells it of each accept (Admit, then Started), of each
+// request head (Answered) and of each close (Closed); Expire enforces the
+// deadlines between the daemon's rounds. A connection is closed by shutting
+// its socket down: the daemon reads the end of stream and closes it in its
+// next round. Everything runs on the server thread.
+class MetricsConnections {
+ public:
+  using Options = MetricsHttpServer::Options;
+
+  MetricsConnections(const Options& options,
+                     std::function<std::string()> collect)
+      : options_(options), collect_(std::move(collect)) {}
+
+  // The accept policy: makes room for a connection from `peer` (closing
+  // that address's oldest idle one beyond its bound, and the oldest idle or
+  // answered one beyond the total); false refuses it.
+  bool Admit(const sockaddr* peer, Clock::time_point now);
+  void Started(MHD_Connection* connection, void** context,
+               Clock::time_point now);
+  void Closed(void* context);
+  // The access handler: the request head has arrived.
+  MHD_Result Answer(MHD_Connection* connection, absl::string_view url,
+                    absl::string_view method, Clock::time_point now);
+  // Answers 408 to heads still incomplete at their deadline and closes
+  // answers still unread at theirs.
+  void Expire(Clock::time_point now);
+  // The earliest deadline, or max() with none.
+  Clock::time_point NextDeadline() const;
+
+ private:
+  struct Connection {
+    enum class State {
+      kReadingRequest,  // "half-open": its request head is incomplete
+      kAnswered,        // its response is queued or out
+      kClosing,         // shut down here; the daemon has yet to close it
+    };
+    int fd = -1;
+    std::string peer;
+    State state = State::kReadingRequest;
+    Clock::time_point accepted;
+    Clock::time_point deadline;
   };
+  using State = Connection::State;
 
-  int fd = -1;
-  std::string peer;
-  State state = State::kReadingRequest;
-  // Of the current state: then the connection is answered 408 (while the
-  // request is read) or closed.
-  Clock::time_point deadline;
-  Clock::time_point accepted;
-  std::string request;
-  std::string response;
-  size_t written = 0;
+  void Shut(Connection& c);
+  // Closes the oldest connection from `peer` (any, if empty) in `state`
+  // accepted before `before`, skipping one whose request has arrived
+  // unread when `unless_sent`; false when there is none.
+  bool CloseOldest(State state, Clock::time_point before,
+                   absl::string_view peer = "", bool unless_sent = false);
+
+  const Options& options_;
+  const std::function<std::string()> collect_;
+  std::list<Connection> connections_;
 };
 
-void Close(Connection& c) {
-  close(c.fd);
-  c.fd = -1;
-  c.state = Connection::State::kClosed;
+void MetricsConnections::Shut(Connection& c) {
+  shutdown(c.fd, SHUT_RDWR);
+  c.state = State::kClosing;
 }
 
-// Closes and removes the oldest connection in `state` accepted before
-// `before`; false when there is none.
-bool CloseOldest(std::list<Connection>& connections, Connection::State state,
-                 Clock::time_point before = Clock::time_point::max()) {
-  for (auto it = connections.begin(); it != connections.end(); ++it) {
-    if (it->state == state && it->accepted <= before) {
-      Close(*it);
-      connections.erase(it);
-      return true;
+bool MetricsConnections::CloseOldest(State state, Clock::time_point before,
+                                     absl::string_view peer, bool unless_sent) {
+  for (Connection& c : connections_) {
+    if (c.state != state || c.accepted > before ||
+        (!peer.empty() && c.peer != peer)) {
+      continue;
     }
+    char byte;
+    // Its request may have arrived since the daemon's last round (a
+    // scraper accepted between its connect and its send): not idle.
+    if (unless_sent && recv(c.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+      continue;
+    }
+    Shut(c);
+    return true;
   }
   return false;
 }
 
-// Sends what the socket takes now; once the whole response is out, ends the
-// stream and drains (see kLingerTimeout).
-void Write(Connection& c, Clock::time_point now) {
-  while (c.written < c.response.size()) {
-    const ssize_t n = send(c.fd, c.response.data() + c.written,
-                           c.response.size() - c.written, MSG_NOSIGNAL);
-    if (n > 0) {
-      c.written += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return;
-    } else {
-      Close(c);
-      return;
+bool MetricsConnections::Admit(const sockaddr* peer, Clock::time_point now) {
+  // Within the grace a connection is not judged: with only young ones, a
+  // peer holds more for a moment (max_connections still bounds them all).
+  const Clock::time_point judged_before =
+      now - ToClock(options_.eviction_grace);
+  const std::string address = PeerAddress(peer);
+  int half_open = 0;
+  int open = 0;
+  for (const Connection& c : connections_) {
+    if (c.state == State::kClosing) continue;
+    ++open;
+    if (c.state == State::kReadingRequest && c.peer == address) ++half_open;
+  }
+  if (half_open + 1 > options_.max_half_open_per_peer &&
+      CloseOldest(State::kReadingRequest, judged_before, address,
+                  /*unless_sent=*/true)) {
+    --open;
+  }
+  if (open < options_.max_connections) return true;
+  // Every connection being answered: they go first.
+  return CloseOldest(State::kReadingRequest, judged_before) ||
+         CloseOldest(State::kAnswered, Clock::time_point::max());
+}
+
+void MetricsConnections::Started(MHD_Connection* connection, void** context,
+                                 Clock::time_point now) {
+  Connection c;
+  const MHD_ConnectionInfo* fd =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const MHD_ConnectionInfo* peer =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  c.fd = fd != nullptr ? fd->connect_fd : -1;
+  c.peer = PeerAddress(peer != nullptr ? peer->client_addr : nullptr);
+  c.accepted = now;
+  c.deadline = now + ToClock(options_.header_timeout);
+  connections_.push_back(std::move(c));
+  *context = &connections_.back();
+}
+
+void MetricsConnections::Closed(void* context) {
+  connections_.remove_if(
+      [context](const Connection& c) { return &c == context; });
+}
+
+namespace {
+
+MHD_Result Respond(MHD_Connection* connection, unsigned int status,
+                   const char* content_type, const std::string& body,
+                   const char* allow = nullptr) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+  if (allow != nullptr) {
+    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, allow);
+  }
+  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+MHD_Result RespondError(MHD_Connection* connection, unsigned int status,
+                        const char* allow = nullptr) {
+  return Respond(
+      connection, status, kErrorContentType,
+      absl::StrCat(status, " ", MHD_get_reason_phrase_for(status), "\n"),
+      allow);
+}
+
+}  // namespace
+
+MHD_Result MetricsConnections::Answer(MHD_Connection* connection,
+                                      absl::string_view url,
+                                      absl::string_view method,
+                                      Clock::time_point now) {
+  const MHD_ConnectionInfo* context =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  if (context != nullptr && context->socket_context != nullptr) {
+    Connection& c = *static_cast<Connection*>(context->socket_context);
+    if (c.state == State::kReadingRequest) {
+      c.state = State::kAnswered;
+      c.deadline = now + ToClock(options_.write_timeout);
     }
   }
-  shutdown(c.fd, SHUT_WR);
-  c.state = Connection::State::kDraining;
-  c.deadline = now + ToClock(kLingerTimeout);
-  std::string().swap(c.response);
-}
-
-void StartResponse(Connection& c, std::string response, Clock::time_point now,
-                   absl::Duration write_timeout) {
-  std::string().swap(c.request);
-  c.response = std::move(response);
-  c.written = 0;
-  c.state = Connection::State::kWriting;
-  c.deadline = now + ToClock(write_timeout);
-  Write(c, now);
-}
-
-// Reads and drops the client's input until it closes; the deadline closes
-// one that never does.
-void Drain(Connection& c) {
-  char buffer[4096];
-  for (;;) {
-    const ssize_t n = recv(c.fd, buffer, sizeof(buffer), 0);
-    if (n > 0) continue;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    Close(c);
-    return;
+  // A head that fits the daemon's memory pool (a little above the bound)
+  // but not the bound.
+  const MHD_ConnectionInfo* head = MHD_get_connection_info(
+      connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+  if (head != nullptr && head->header_size > options_.max_header_bytes) {
+    return RespondError(connection, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE);
   }
+  if (url != kMetricsPath) return RespondError(connection, MHD_HTTP_NOT_FOUND);
+  if (method != MHD_HTTP_METHOD_GET && method != MHD_HTTP_METHOD_HEAD) {
+    return RespondError(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "GET, HEAD");
+  }
+  return Respond(connection, MHD_HTTP_OK, kMetricsContentType, collect_());
+}
+
+void MetricsConnections::Expire(Clock::time_point now) {
+  for (Connection& c : connections_) {
+    if (c.state == State::kClosing || now < c.deadline) continue;
+    if (c.state == State::kReadingRequest) {
+      // The daemon has read what arrived and has nothing to send yet.
+      (void)!send(c.fd, kRequestTimeout.data(), kRequestTimeout.size(),
+                  MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    Shut(c);
+  }
+}
+
+Clock::time_point MetricsConnections::NextDeadline() const {
+  Clock::time_point next = Clock::time_point::max();
+  for (const Connection& c : connections_) {
+    if (c.state != State::kClosing) next = std::min(next, c.deadline);
+  }
+  return next;
+}
+
+namespace {
+
+MHD_Result OnAccept(void* cls, const sockaddr* peer, socklen_t) {
+  return static_cast<MetricsConnections*>(cls)->Admit(peer, Clock::now())
+             ? MHD_YES
+             : MHD_NO;
+}
+
+void OnConnection(void* cls, MHD_Connection* connection, void** context,
+                  MHD_ConnectionNotificationCode code) {
+  auto* connections = static_cast<MetricsConnections*>(cls);
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    connections->Started(connection, context, Clock::now());
+  } else {
+    connections->Closed(*context);
+  }
+}
+
+MHD_Result OnRequest(void* cls, MHD_Connection* connection, const char* url,
+                     const char* method, const char*, const char*,
+                     size_t* upload_size, void** request) {
+  // Called again with the body of a request that has one: its answer (a
+  // 405) went with the first call, and the daemon discards the rest.
+  if (*request != nullptr) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  *request = cls;
+  return static_cast<MetricsConnections*>(cls)->Answer(connection, url, method,
+                                                       Clock::now());
 }
 
 }  // namespace
@@ -317,23 +439,47 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     close(*listen_fd);
     return absl::InternalError(message);
   }
-  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(
-      options, *listen_fd, wake_fd, BoundPort(*listen_fd)));
+  std::unique_ptr<MetricsHttpServer> server(
+      new MetricsHttpServer(wake_fd, BoundPort(*listen_fd)));
+  server->options_ = options;
+  MetricsHttpServer* self = server.get();
+  server->connections_ = std::make_unique<MetricsConnections>(
+      server->options_, [self] { return self->Collect(); });
+  MetricsConnections* connections = server->connections_.get();
+  // The daemon's own bounds are backstops: the deadlines and caps above are
+  // enforced by MetricsConnections, so its inactivity timeout is off and
+  // its connection limit leaves room for connections being shut down. Its
+  // memory pool holds a head of max_header_bytes and the response's
+  // headers; beyond that it answers 431 itself.
+  const unsigned int pool_bytes =
+      static_cast<unsigned int>(2 * options.max_header_bytes + 4096);
+  const unsigned int daemon_limit =
+      static_cast<unsigned int>(2 * options.max_connections + 64);
+  server->daemon_ = MHD_start_daemon(
+      MHD_USE_EPOLL, 0, &OnAccept, connections, &OnRequest, connections,
+      MHD_OPTION_LISTEN_SOCKET, static_cast<MHD_socket>(*listen_fd),
+      MHD_OPTION_NOTIFY_CONNECTION, &OnConnection, connections,
+      MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      static_cast<size_t>(pool_bytes), MHD_OPTION_CONNECTION_LIMIT,
+      daemon_limit, MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    close(*listen_fd);
+    return absl::InternalError(
+        absl::StrCat("libmicrohttpd could not serve on ", listen));
+  }
+  server->thread_ = std::thread([self] { self->Run(); });
+  return server;
 }
 
-MetricsHttpServer::MetricsHttpServer(Options options, int listen_fd,
-                                     int wake_fd, int port)
-    : options_(options),
-      listen_fd_(listen_fd),
-      wake_fd_(wake_fd),
-      port_(port),
-      thread_([this] { Run(); }) {}
+MetricsHttpServer::MetricsHttpServer(int wake_fd, int port)
+    : wake_fd_(wake_fd), port_(port) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
   const uint64_t stop = 1;
   (void)!write(wake_fd_, &stop, sizeof(stop));
-  thread_.join();
-  close(listen_fd_);
+  if (thread_.joinable()) thread_.join();
+  // Closes every connection and the listening socket.
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
   close(wake_fd_);
 }
 
@@ -361,259 +507,33 @@ std::string MetricsHttpServer::Collect() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-std::string MetricsHttpServer::Respond(absl::string_view head) {
-  absl::string_view line = head.substr(0, head.find('\n'));
-  if (absl::EndsWith(line, "\r")) line.remove_suffix(1);
-  // method SP request-target SP HTTP-version
-  const size_t first = line.find(' ');
-  const size_t second = first == absl::string_view::npos
-                            ? absl::string_view::npos
-                            : line.find(' ', first + 1);
-  if (second == absl::string_view::npos ||
-      !absl::StartsWith(line.substr(second + 1), "HTTP/1.")) {
-    return ErrorResponse("400 Bad Request");
-  }
-  const absl::string_view method = line.substr(0, first);
-  absl::string_view target = line.substr(first + 1, second - first - 1);
-  target = target.substr(0, target.find('?'));
-  if (target != kMetricsPath) return ErrorResponse("404 Not Found");
-  if (method != "GET" && method != "HEAD") {
-    return ErrorResponse("405 Method Not Allowed", "Allow: GET, HEAD\r\n");
-  }
-  return HttpResponse("200 OK", kMetricsContentType, Collect(),
-                      /*send_body=*/method == "GET");
-}
-
-namespace {
-
-// The server thread's connections and what it does with them: accept, read a
-// request head, answer it, drain, expire deadlines. Lives on that thread.
-class ConnectionLoop {
- public:
-  using Options = MetricsHttpServer::Options;
-  using Responder = std::function<std::string(absl::string_view head)>;
-
-  ConnectionLoop(const Options& options, int listen_fd, int wake_fd,
-                 Responder respond)
-      : options_(options),
-        listen_fd_(listen_fd),
-        wake_fd_(wake_fd),
-        respond_(std::move(respond)) {}
-  ~ConnectionLoop() {
-    for (Connection& c : connections_) close(c.fd);
-  }
-
-  // Serves until wake_fd is written.
-  void Run() {
-    while (Round()) {
-    }
-  }
-
- private:
-  using State = Connection::State;
-
-  // One poll and what it found; false once asked to stop.
-  bool Round();
-  // Reads what has arrived of `c`'s request head; answers it once complete
-  // (or too long), closes a connection its client ended first.
-  void ReadRequest(Connection& c, Clock::time_point now);
-  // Takes the connections waiting on the listening socket.
-  void AcceptNew(Clock::time_point now);
-  // Closes `peer`'s oldest connection whose request head has still not
-  // arrived; one whose request has arrived is answered instead.
-  void EvictHalfOpen(const std::string& peer, Clock::time_point now);
-  // Answers a request still unread at its deadline with 408; closes other
-  // connections past theirs.
-  void Expire(Clock::time_point now);
-
-  const Options& options_;
-  const int listen_fd_;
-  const int wake_fd_;
-  const Responder respond_;
-  // In accept order, so the first match is the oldest.
-  std::list<Connection> connections_;
-  Clock::time_point accept_paused_until_;
-  std::vector<pollfd> polled_;
-  std::vector<Connection*> polled_connections_;
-  char buffer_[16 * 1024];
-};
-
-void ConnectionLoop::ReadRequest(Connection& c, Clock::time_point now) {
-  for (;;) {
-    // One byte past the bound tells "too long" from "exactly at it".
-    const size_t room = options_.max_header_bytes + 1 - c.request.size();
-    const ssize_t n = recv(c.fd, buffer_, std::min(sizeof(buffer_), room), 0);
-    if (n > 0) {
-      const size_t searched = c.request.size();
-      c.request.append(buffer_, static_cast<size_t>(n));
-      const size_t end = HeadEnd(c.request, searched);
-      if (end != absl::string_view::npos && end <= options_.max_header_bytes) {
-        StartResponse(c, respond_(absl::string_view(c.request).substr(0, end)),
-                      now, options_.write_timeout);
-        return;
-      }
-      if (c.request.size() > options_.max_header_bytes) {
-        StartResponse(c, ErrorResponse("431 Request Header Fields Too Large"),
-                      now, options_.write_timeout);
-        return;
-      }
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return;
-    } else {
-      Close(c);  // the client gave up (or failed) before a whole request
-      return;
-    }
-  }
-}
-
-void ConnectionLoop::AcceptNew(Clock::time_point now) {
-  for (int i = 0; i < kAcceptsPerRound; ++i) {
-    sockaddr_storage peer{};
-    socklen_t length = sizeof(peer);
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer),
-                           &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      // Out of descriptors (or memory): an idle client's is the one to
-      // give up; with none, rest until some are freed.
-      if (!CloseOldest(connections_, State::kReadingRequest)) {
-        accept_paused_until_ = now + ToClock(kAcceptPause);
-      }
-      return;
-    }
-    Connection c;
-    c.fd = fd;
-    c.peer = PeerAddress(peer);
-    c.accepted = now;
-    c.deadline = now + ToClock(options_.header_timeout);
-    if (connections_.size() >= static_cast<size_t>(options_.max_connections) &&
-        !CloseOldest(connections_, State::kReadingRequest,
-                     now - ToClock(options_.eviction_grace)) &&
-        !CloseOldest(connections_, State::kDraining)) {
-      close(fd);  // every connection is being answered: they go first
-      continue;
-    }
-    connections_.push_back(std::move(c));
-    // A client that sent its request with the connection (as a scraper
-    // does) is answered now, before any newer connection can count
-    // against it.
-    Connection& added = connections_.back();
-    ReadRequest(added, now);
-    if (added.state == State::kClosed) {
-      connections_.pop_back();
-      continue;
-    }
-    if (added.state != State::kReadingRequest) continue;
-    const std::string peer_address = added.peer;
-    const auto half_open = std::count_if(
-        connections_.begin(), connections_.end(), [&](const Connection& o) {
-          return o.state == State::kReadingRequest && o.peer == peer_address;
-        });
-    if (half_open > options_.max_half_open_per_peer) {
-      EvictHalfOpen(peer_address, now);
-    }
-  }
-}
-
-void ConnectionLoop::EvictHalfOpen(const std::string& peer,
-                                   Clock::time_point now) {
-  // Within the grace a connection is not judged: with only young ones, the
-  // peer holds more for a moment (max_connections still bounds them all).
-  const Clock::time_point judged_before =
-      now - ToClock(options_.eviction_grace);
-  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-    if (it->state != State::kReadingRequest || it->peer != peer ||
-        it->accepted > judged_before) {
-      continue;
-    }
-    // Its request may have arrived since the last poll (a scraper accepted
-    // between its connect and its send): read before judging it idle.
-    ReadRequest(*it, now);
-    if (it->state == State::kReadingRequest) Close(*it);
-    if (it->state == State::kClosed) {
-      connections_.erase(it);
-      return;
-    }
-  }
-}
-
-void ConnectionLoop::Expire(Clock::time_point now) {
-  for (Connection& c : connections_) {
-    if (c.state == State::kClosed || now < c.deadline) continue;
-    if (c.state == State::kReadingRequest) {
-      StartResponse(c, ErrorResponse("408 Request Timeout"), now,
-                    options_.write_timeout);
-    } else {
-      Close(c);
-    }
-  }
-  connections_.remove_if(
-      [](const Connection& c) { return c.state == State::kClosed; });
-}
-
-bool ConnectionLoop::Round() {
-  Clock::time_point now = Clock::now();
-  polled_.clear();
-  polled_connections_.clear();
-  polled_.push_back({wake_fd_, POLLIN, 0});
-  const bool accepting = now >= accept_paused_until_;
-  if (accepting) polled_.push_back({listen_fd_, POLLIN, 0});
-  Clock::time_point next_deadline =
-      accepting ? Clock::time_point::max() : accept_paused_until_;
-  for (Connection& c : connections_) {
-    polled_.push_back(
-        {c.fd,
-         static_cast<short>(c.state == State::kWriting ? POLLOUT : POLLIN), 0});
-    polled_connections_.push_back(&c);
-    next_deadline = std::min(next_deadline, c.deadline);
-  }
-  int timeout_ms = -1;
-  if (next_deadline != Clock::time_point::max()) {
-    timeout_ms = static_cast<int>(std::clamp<int64_t>(
-        std::chrono::ceil<std::chrono::milliseconds>(next_deadline - now)
-            .count(),
-        0, 60 * 1000));
-  }
-  if (poll(polled_.data(), polled_.size(), timeout_ms) < 0 && errno != EINTR) {
-    // ENOMEM: nothing to do but try again a little later.
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return true;
-  }
-  if (polled_[0].revents != 0) return false;  // the destructor's stop
-  now = Clock::now();
-
-  const size_t first_connection = accepting ? 2 : 1;
-  for (size_t i = 0; i < polled_connections_.size(); ++i) {
-    if (polled_[first_connection + i].revents == 0) continue;
-    Connection& c = *polled_connections_[i];
-    switch (c.state) {
-      case State::kReadingRequest:
-        ReadRequest(c, now);
-        break;
-      case State::kWriting:
-        Write(c, now);
-        break;
-      case State::kDraining:
-        Drain(c);
-        break;
-      case State::kClosed:
-        break;
-    }
-  }
-  Expire(now);
-  if (accepting && (polled_[1].revents & POLLIN) != 0) AcceptNew(now);
-  return true;
-}
-
-}  // namespace
-
 void MetricsHttpServer::Run() {
-  ConnectionLoop loop(options_, listen_fd_, wake_fd_,
-                      [this](absl::string_view head) { return Respond(head); });
-  loop.Run();
+  const MHD_DaemonInfo* info =
+      MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_EPOLL_FD);
+  pollfd polled[2] = {{wake_fd_, POLLIN, 0},
+                      {info != nullptr ? info->epoll_fd : -1, POLLIN, 0}};
+  for (;;) {
+    Clock::time_point now = Clock::now();
+    Clock::time_point next = connections_->NextDeadline();
+    MHD_UNSIGNED_LONG_LONG daemon_ms = 0;
+    if (MHD_get_timeout(daemon_, &daemon_ms) == MHD_YES) {
+      next = std::min(next, now + std::chrono::milliseconds(daemon_ms));
+    }
+    int timeout_ms = 1000;
+    if (next != Clock::time_point::max()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::ceil<std::chrono::milliseconds>(next - now).count(), 0,
+          1000));
+    }
+    if (poll(polled, 2, timeout_ms) < 0 && errno != EINTR) {
+      // ENOMEM: nothing to do but try again a little later.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (polled[0].revents != 0) return;  // the destructor's stop
+    MHD_run(daemon_);
+    connections_->Expire(Clock::now());
+  }
 }
 
 }  // namespace shardtrain

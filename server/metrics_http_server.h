@@ -3,24 +3,26 @@
 // collectables, and nothing else (404 for other paths, 405 for other methods),
 // one request per connection.
 //
-// Why event-driven: /metrics must answer Prometheus within its scrape timeout
-// however many clients hold connections open. A thread-per-connection server
-// (civetweb, which prometheus-cpp's Exposer uses) lets idle, half-sent
-// connections occupy every worker thread, so a scrape waits for their request
-// timeout. Here one thread polls the listening socket and every connection
-// (all non-blocking), so an idle connection costs a descriptor, never a
-// thread, and the bounds below cap what idle ones can hold:
+// HTTP is libmicrohttpd's (run from this class's one thread over its epoll
+// set, no thread per connection), so an idle connection costs a descriptor,
+// never a thread, and a scrape is answered while any number of idle or
+// half-sent connections are open. What libmicrohttpd bounds by inactivity or
+// refuses outright, this class bounds by age and closes oldest-first, from
+// libmicrohttpd's connection and accept-policy hooks:
 //   - a connection must complete its request headers within header_timeout
-//     (then it gets a 408 and is closed), in at most max_header_bytes (431);
+//     of its accept, however slowly it trickles (then it gets a 408 and is
+//     closed), in at most max_header_bytes (431);
 //   - at most max_half_open_per_peer connections from one address may have
-//     incomplete headers: a new one beyond that closes that address's oldest;
+//     incomplete headers: a new one beyond that closes that address's oldest
+//     (libmicrohttpd's own per-address limit would refuse the new one
+//     instead, which locks a scraper out behind its own address's idlers);
 //   - at most max_connections are open: beyond that the oldest with
 //     incomplete headers is closed first, then the oldest answered one, and
 //     when every connection is being answered the new one is refused;
 //   - neither bound closes a connection within eviction_grace (a scraper
 //     accepted just before its request arrives, amid idle connections from
 //     its own address, is answered, not dropped);
-//   - a client that does not read its response within write_timeout is
+//   - a client that has not read its whole response within write_timeout is
 //     closed.
 // The collection and serialization run on the server thread; a scrape costs
 // what the registry's Collect() costs (milliseconds).
@@ -35,12 +37,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
 
+struct MHD_Daemon;
+
 namespace shardtrain {
+
+class MetricsConnections;
 
 class MetricsHttpServer {
  public:
@@ -92,25 +97,24 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(Options options, int listen_fd, int wake_fd, int port);
+  MetricsHttpServer(int wake_fd, int port);
   void Run();
   // The exposition of every live collectable.
   std::string Collect();
-  // The whole response (status line to body) to a request whose head, up to
-  // its blank line, is `head`.
-  std::string Respond(absl::string_view head);
 
-  const Options options_;
-  const int listen_fd_;
   const int wake_fd_;  // an eventfd; written once to stop Run()
   const int port_;
+  Options options_;
+  // The bounds above, over the daemon's connections; used on the server
+  // thread only (and by the daemon's stop, after it has ended).
+  std::unique_ptr<MetricsConnections> connections_;
+  MHD_Daemon* daemon_ = nullptr;
 
   absl::Mutex mutex_;
   std::vector<std::weak_ptr<prometheus::Collectable>> collectables_
       ABSL_GUARDED_BY(mutex_);
 
-  // Last: it starts after every member above exists. All connection state
-  // is local to Run(), on this thread.
+  // Started last, once the daemon exists.
   std::thread thread_;
 };
 

@@ -219,8 +219,12 @@ TEST_F(MetricsHttpServerTest, OtherPathsAndMethodsAreRefused) {
   const Exchange head = Send(server_->port(), "HEAD /metrics HTTP/1.0\r\n\r\n");
   EXPECT_THAT(head.response, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(head.response, Not(HasSubstr("test_answer")));
-  EXPECT_THAT(Send(server_->port(), "nonsense\r\n\r\n").response,
+  EXPECT_THAT(Send(server_->port(), "GET /metrics FTP/1.1\r\n\r\n").response,
               StartsWith("HTTP/1.1 400 Bad Request\r\n"));
+  // A line that is no request line at all is closed unanswered.
+  const Exchange nonsense = Send(server_->port(), "nonsense\r\n\r\n");
+  EXPECT_TRUE(nonsense.ended);
+  EXPECT_THAT(nonsense.response, Not(HasSubstr("test_answer")));
 }
 
 TEST_F(MetricsHttpServerTest, OversizedRequestHeadIsRefusedWith431) {
@@ -330,6 +334,44 @@ TEST_F(MetricsHttpServerTest, HalfSentRequestIsAnswered408AndClosed) {
   EXPECT_THAT(received, StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
   // Not before its time (the clock's granularity aside).
   EXPECT_GE(took, MetricsHttpServer::kHeaderTimeout - absl::Milliseconds(50));
+}
+
+// The header timeout counts from the accept, not from the last byte: a
+// client trickling its head a few bytes at a time (slowloris) is answered
+// 408 and closed at the timeout however steadily it sends.
+TEST_F(MetricsHttpServerTest, ATricklingRequestIsClosedAtTheHeaderTimeout) {
+  StartServer();
+  const absl::Time start = absl::Now();
+  Connections trickle;
+  trickle.Open(server_->port(), 1, "GET /metrics HTTP/1.1\r\n");
+  const int fd = trickle.fds()[0];
+  bool ended = false;
+  std::string received;
+  // A header line every 100 ms, for up to 5 s.
+  for (int i = 0; i < 50 && !ended; ++i) {
+    SendAll(fd, "X-A: b\r\n");
+    ended = EndedByServer(fd, absl::Milliseconds(100), &received);
+  }
+  const absl::Duration took = absl::Now() - start;
+
+  EXPECT_TRUE(ended) << "still open after " << took;
+  EXPECT_THAT(received, StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
+  EXPECT_GE(took, MetricsHttpServer::kHeaderTimeout - absl::Milliseconds(50));
+  EXPECT_LT(took, MetricsHttpServer::kHeaderTimeout + absl::Seconds(2));
+}
+
+// A head just under the bound is answered (the bound is the head's size,
+// not a smaller buffer of the library's).
+TEST_F(MetricsHttpServerTest, AHeadWithinTheBoundIsAnswered) {
+  StartServer();
+  const std::string request = absl::StrCat(
+      "GET /metrics HTTP/1.1\r\nHost: t\r\nX-Padding: ",
+      std::string(MetricsHttpServer::kMaxHeaderBytes - 100, 'a'), "\r\n\r\n");
+
+  const Exchange answered = Send(server_->port(), request);
+
+  EXPECT_THAT(answered.response, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(answered.response, HasSubstr(kGaugeLine));
 }
 
 TEST_F(MetricsHttpServerTest, PeerBeyondItsHalfOpenBoundLosesItsOldest) {
