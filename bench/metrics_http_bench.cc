@@ -1,5 +1,5 @@
 // /metrics under idle and hostile clients: shardtraind's server
-// (MetricsHttpServer: libmicrohttpd with its age-based bounds) beside each
+// (MetricsEndpoint: libmicrohttpd with its age-based bounds) beside each
 // candidate library alone, configured as close to the same bounds as it
 // allows — libmicrohttpd (1 s inactivity timeout, 16 connections per
 // address, 512 in all, a 16 KiB memory pool) and libevent's evhttp (1 s
@@ -32,7 +32,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
-#include "server/metrics_http_server.h"
+#include "server/metrics_endpoint.h"
 
 namespace {
 
@@ -128,8 +128,8 @@ struct Server {
 };
 
 Server StartOurs(std::shared_ptr<prometheus::Registry> registry) {
-  auto server = shardtrain::MetricsHttpServer::Start("127.0.0.1:0");
-  std::shared_ptr<shardtrain::MetricsHttpServer> held(std::move(*server));
+  auto server = shardtrain::MetricsEndpoint::Start("127.0.0.1:0");
+  std::shared_ptr<shardtrain::MetricsEndpoint> held(std::move(*server));
   held->RegisterCollectable(registry);
   return {"shardtraind (libmicrohttpd + bounds)", held->port(),
           [held, registry]() mutable { held.reset(); }};

@@ -43,11 +43,11 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   // Not prometheus-cpp's Exposer: each of civetweb's worker threads (8 of
   // them, with a 3 s request timeout) is held by one idle, half-sent
   // connection, so 16 such connections delayed a scrape to 5.5 s and 64 past
-  // Prometheus's 10 s timeout. MetricsHttpServer serves every connection
+  // Prometheus's 10 s timeout. MetricsEndpoint serves every connection
   // from one libmicrohttpd event loop and bounds what idle ones hold (its
   // header says how).
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
-      MetricsHttpServer::Start(e->options_.listen);
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> server =
+      MetricsEndpoint::Start(e->options_.listen);
   if (!server.ok()) {
     return absl::UnavailableError(
         absl::StrCat("--metrics-listen: cannot listen on ", e->options_.listen,

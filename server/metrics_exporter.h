@@ -1,5 +1,5 @@
 // MetricsExporter: shardtraind's Prometheus endpoint (prometheus-cpp
-// metrics, served by MetricsHttpServer on --metrics-listen). Hears every job
+// metrics, served by MetricsEndpoint on --metrics-listen). Hears every job
 // change, step report and heartbeat from the JobManager (as its JobObserver)
 // and refreshes the queue, heartbeat ages and GPU readings once a second.
 // docs/metrics.md lists every metric; names follow Prometheus conventions
@@ -28,7 +28,7 @@
 #include "prometheus/registry.h"
 #include "server/device_inventory.h"
 #include "server/job_manager.h"
-#include "server/metrics_http_server.h"
+#include "server/metrics_endpoint.h"
 
 namespace shardtrain {
 
@@ -122,7 +122,7 @@ class MetricsExporter : public JobObserver {
   std::string address_;
   std::shared_ptr<prometheus::Registry> registry_;
   // After registry_: its thread, which collects the registry, stops first.
-  std::unique_ptr<MetricsHttpServer> http_server_;
+  std::unique_ptr<MetricsEndpoint> http_server_;
 
   // Families (owned by registry_).
   prometheus::Family<prometheus::Gauge>* jobs_;

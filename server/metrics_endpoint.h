@@ -1,7 +1,7 @@
-// MetricsHttpServer: the HTTP/1.1 server behind shardtraind's /metrics. It
-// answers `GET /metrics` with the Prometheus text exposition of the registered
-// collectables, and nothing else (404 for other paths, 405 for other methods),
-// one request per connection.
+// MetricsEndpoint: shardtraind's /metrics, served over HTTP/1.1 by
+// libmicrohttpd. It answers `GET /metrics` with the Prometheus text exposition
+// of the registered collectables, and nothing else (404 for other paths, 405
+// for other methods), one request per connection.
 //
 // HTTP is libmicrohttpd's (run from this class's one thread over its epoll
 // set, no thread per connection), so an idle connection costs a descriptor,
@@ -26,8 +26,8 @@
 //     closed.
 // The collection and serialization run on the server thread; a scrape costs
 // what the registry's Collect() costs (milliseconds).
-#ifndef SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
-#define SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
+#ifndef SHARDTRAIN_SERVER_METRICS_ENDPOINT_H_
+#define SHARDTRAIN_SERVER_METRICS_ENDPOINT_H_
 
 #include <cstddef>
 #include <memory>
@@ -47,7 +47,7 @@ namespace shardtrain {
 
 class MetricsConnections;
 
-class MetricsHttpServer {
+class MetricsEndpoint {
  public:
   static constexpr absl::Duration kHeaderTimeout = absl::Seconds(1);
   static constexpr absl::Duration kWriteTimeout = absl::Seconds(5);
@@ -76,17 +76,17 @@ class MetricsHttpServer {
   // address, "[IPv6]", a name such as localhost, or an empty host for every
   // IPv4 address; a bare "port" means the same; port 0 picks a free one) and
   // starts serving. An error says why the address could not be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& listen, Options options);
   // The same with the default bounds. (Not a default argument: GCC cannot
   // use a nested struct's member initializers inside its enclosing class.)
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& listen);
 
   // Stops the server thread and closes every connection.
-  ~MetricsHttpServer();
-  MetricsHttpServer(const MetricsHttpServer&) = delete;
-  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+  ~MetricsEndpoint();
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
   // Adds `collectable` to what /metrics serves, from the next scrape on. The
   // server holds it weakly: one that has expired is skipped.
@@ -97,7 +97,7 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(int wake_fd, int port);
+  MetricsEndpoint(int wake_fd, int port);
   void Run();
   // The exposition of every live collectable.
   std::string Collect();
@@ -120,4 +120,4 @@ class MetricsHttpServer {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_SERVER_METRICS_HTTP_SERVER_H_
+#endif  // SHARDTRAIN_SERVER_METRICS_ENDPOINT_H_

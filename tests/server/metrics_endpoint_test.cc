@@ -1,8 +1,8 @@
-// MetricsHttpServer: /metrics answers within a second however many idle or
+// MetricsEndpoint: /metrics answers within a second however many idle or
 // half-sent connections are open (the bound Prometheus's scrape timeout
 // needs), and the server closes what idle clients hold: at the header
 // timeout, beyond the per-peer half-open bound and beyond the total bound.
-#include "server/metrics_http_server.h"
+#include "server/metrics_endpoint.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -155,9 +155,9 @@ class Connections {
   std::vector<int> fds_;
 };
 
-class MetricsHttpServerTest : public ::testing::Test {
+class MetricsEndpointTest : public ::testing::Test {
  protected:
-  void StartServer(MetricsHttpServer::Options options) {
+  void StartServer(MetricsEndpoint::Options options) {
     registry_ = std::make_shared<prometheus::Registry>();
     prometheus::BuildGauge()
         .Name("test_answer")
@@ -165,15 +165,15 @@ class MetricsHttpServerTest : public ::testing::Test {
         .Register(*registry_)
         .Add({{"kind", "test"}})
         .Set(42);
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
-        MetricsHttpServer::Start("127.0.0.1:0", options);
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> server =
+        MetricsEndpoint::Start("127.0.0.1:0", options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     server_->RegisterCollectable(registry_);
     ASSERT_GT(server_->port(), 0);
   }
 
-  void StartServer() { StartServer(MetricsHttpServer::Options()); }
+  void StartServer() { StartServer(MetricsEndpoint::Options()); }
 
   // Records how long a scrape took, for the report and the test's XML.
   void Report(const char* name, absl::Duration took) {
@@ -186,10 +186,10 @@ class MetricsHttpServerTest : public ::testing::Test {
       "test_answer{kind=\"test\"} 42\n";
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsHttpServer> server_;
+  std::unique_ptr<MetricsEndpoint> server_;
 };
 
-TEST_F(MetricsHttpServerTest, MetricsServesTheRegisteredCollectables) {
+TEST_F(MetricsEndpointTest, MetricsServesTheRegisteredCollectables) {
   StartServer();
 
   const Exchange scrape = Get(server_->port(), "/metrics?name[]=x");
@@ -204,7 +204,7 @@ TEST_F(MetricsHttpServerTest, MetricsServesTheRegisteredCollectables) {
   EXPECT_THAT(scrape.response, HasSubstr(kGaugeLine));
 }
 
-TEST_F(MetricsHttpServerTest, OtherPathsAndMethodsAreRefused) {
+TEST_F(MetricsEndpointTest, OtherPathsAndMethodsAreRefused) {
   StartServer();
 
   EXPECT_THAT(Get(server_->port(), "/").response,
@@ -227,11 +227,11 @@ TEST_F(MetricsHttpServerTest, OtherPathsAndMethodsAreRefused) {
   EXPECT_THAT(nonsense.response, Not(HasSubstr("test_answer")));
 }
 
-TEST_F(MetricsHttpServerTest, OversizedRequestHeadIsRefusedWith431) {
+TEST_F(MetricsEndpointTest, OversizedRequestHeadIsRefusedWith431) {
   StartServer();
   const std::string request = absl::StrCat(
       "GET /metrics HTTP/1.1\r\nX-Padding: ",
-      std::string(MetricsHttpServer::kMaxHeaderBytes, 'a'), "\r\n\r\n");
+      std::string(MetricsEndpoint::kMaxHeaderBytes, 'a'), "\r\n\r\n");
 
   const Exchange refused = Send(server_->port(), request);
 
@@ -244,7 +244,7 @@ TEST_F(MetricsHttpServerTest, OversizedRequestHeadIsRefusedWith431) {
 
 // The case: with civetweb (8 threads, 3 s request timeout) 16 idle
 // connections delayed a scrape to 5.5 s and 64 past Prometheus's timeout.
-TEST_F(MetricsHttpServerTest, ScrapeAnswersWithinOneSecondWithIdleConnections) {
+TEST_F(MetricsEndpointTest, ScrapeAnswersWithinOneSecondWithIdleConnections) {
   StartServer();
   Connections idle;
   idle.Open(server_->port(), 64);
@@ -261,8 +261,8 @@ TEST_F(MetricsHttpServerTest, ScrapeAnswersWithinOneSecondWithIdleConnections) {
 
 // The same without the bounds that close idle connections: the scrape is
 // answered while all 72 are still held, because none of them holds a thread.
-TEST_F(MetricsHttpServerTest, IdleConnectionsHeldOpenDoNotDelayAScrape) {
-  MetricsHttpServer::Options unbounded;
+TEST_F(MetricsEndpointTest, IdleConnectionsHeldOpenDoNotDelayAScrape) {
+  MetricsEndpoint::Options unbounded;
   unbounded.header_timeout = absl::Minutes(1);
   unbounded.max_half_open_per_peer = 1000;
   StartServer(unbounded);
@@ -282,7 +282,7 @@ TEST_F(MetricsHttpServerTest, IdleConnectionsHeldOpenDoNotDelayAScrape) {
 // 32 idle clients that reconnect as soon as the server closes them (by
 // timeout or by the per-peer bound) keep the server busy accepting; scrapes
 // are still answered in time.
-TEST_F(MetricsHttpServerTest, ScrapeAnswersWhileIdleClientsReconnect) {
+TEST_F(MetricsEndpointTest, ScrapeAnswersWhileIdleClientsReconnect) {
   StartServer();
   const int port = server_->port();
   std::atomic<bool> stop{false};
@@ -319,7 +319,7 @@ TEST_F(MetricsHttpServerTest, ScrapeAnswersWhileIdleClientsReconnect) {
   EXPECT_GT(reconnects.load(), 0) << "the server never closed an idle client";
 }
 
-TEST_F(MetricsHttpServerTest, HalfSentRequestIsAnswered408AndClosed) {
+TEST_F(MetricsEndpointTest, HalfSentRequestIsAnswered408AndClosed) {
   StartServer();
   const absl::Time start = absl::Now();
   Connections half_sent;
@@ -333,13 +333,13 @@ TEST_F(MetricsHttpServerTest, HalfSentRequestIsAnswered408AndClosed) {
   EXPECT_TRUE(ended) << "still open after " << took;
   EXPECT_THAT(received, StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
   // Not before its time (the clock's granularity aside).
-  EXPECT_GE(took, MetricsHttpServer::kHeaderTimeout - absl::Milliseconds(50));
+  EXPECT_GE(took, MetricsEndpoint::kHeaderTimeout - absl::Milliseconds(50));
 }
 
 // The header timeout counts from the accept, not from the last byte: a
 // client trickling its head a few bytes at a time (slowloris) is answered
 // 408 and closed at the timeout however steadily it sends.
-TEST_F(MetricsHttpServerTest, ATricklingRequestIsClosedAtTheHeaderTimeout) {
+TEST_F(MetricsEndpointTest, ATricklingRequestIsClosedAtTheHeaderTimeout) {
   StartServer();
   const absl::Time start = absl::Now();
   Connections trickle;
@@ -356,17 +356,17 @@ TEST_F(MetricsHttpServerTest, ATricklingRequestIsClosedAtTheHeaderTimeout) {
 
   EXPECT_TRUE(ended) << "still open after " << took;
   EXPECT_THAT(received, StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
-  EXPECT_GE(took, MetricsHttpServer::kHeaderTimeout - absl::Milliseconds(50));
-  EXPECT_LT(took, MetricsHttpServer::kHeaderTimeout + absl::Seconds(2));
+  EXPECT_GE(took, MetricsEndpoint::kHeaderTimeout - absl::Milliseconds(50));
+  EXPECT_LT(took, MetricsEndpoint::kHeaderTimeout + absl::Seconds(2));
 }
 
 // A head just under the bound is answered (the bound is the head's size,
 // not a smaller buffer of the library's).
-TEST_F(MetricsHttpServerTest, AHeadWithinTheBoundIsAnswered) {
+TEST_F(MetricsEndpointTest, AHeadWithinTheBoundIsAnswered) {
   StartServer();
   const std::string request = absl::StrCat(
       "GET /metrics HTTP/1.1\r\nHost: t\r\nX-Padding: ",
-      std::string(MetricsHttpServer::kMaxHeaderBytes - 100, 'a'), "\r\n\r\n");
+      std::string(MetricsEndpoint::kMaxHeaderBytes - 100, 'a'), "\r\n\r\n");
 
   const Exchange answered = Send(server_->port(), request);
 
@@ -374,14 +374,14 @@ TEST_F(MetricsHttpServerTest, AHeadWithinTheBoundIsAnswered) {
   EXPECT_THAT(answered.response, HasSubstr(kGaugeLine));
 }
 
-TEST_F(MetricsHttpServerTest, PeerBeyondItsHalfOpenBoundLosesItsOldest) {
+TEST_F(MetricsEndpointTest, PeerBeyondItsHalfOpenBoundLosesItsOldest) {
   // A header timeout far beyond the test, so that only the bound closes.
-  MetricsHttpServer::Options options;
+  MetricsEndpoint::Options options;
   options.header_timeout = absl::Minutes(1);
   options.eviction_grace = absl::ZeroDuration();  // judged at once
   StartServer(options);
   Connections idle;
-  idle.Open(server_->port(), MetricsHttpServer::kMaxHalfOpenPerPeer);
+  idle.Open(server_->port(), MetricsEndpoint::kMaxHalfOpenPerPeer);
 
   idle.Open(server_->port(), 1);
 
@@ -401,8 +401,8 @@ TEST_F(MetricsHttpServerTest, PeerBeyondItsHalfOpenBoundLosesItsOldest) {
 // once closed unanswered: "Empty reply from server" for ~0.5% of scrapes
 // under churn). The connections beyond the bound that were not young when
 // the next one came are closed as before.
-TEST_F(MetricsHttpServerTest, AScraperAmidABurstFromItsAddressIsAnswered) {
-  MetricsHttpServer::Options options;
+TEST_F(MetricsEndpointTest, AScraperAmidABurstFromItsAddressIsAnswered) {
+  MetricsEndpoint::Options options;
   options.header_timeout = absl::Minutes(1);
   // Longer than a loaded machine may stall this test between the connect
   // and the request.
@@ -411,7 +411,7 @@ TEST_F(MetricsHttpServerTest, AScraperAmidABurstFromItsAddressIsAnswered) {
   const int scraper = Connect(server_->port());
   ASSERT_GE(scraper, 0);
   Connections burst;
-  burst.Open(server_->port(), 3 * MetricsHttpServer::kMaxHalfOpenPerPeer);
+  burst.Open(server_->port(), 3 * MetricsEndpoint::kMaxHalfOpenPerPeer);
   ASSERT_TRUE(SendAll(scraper, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
   std::string received;
   EXPECT_TRUE(EndedByServer(scraper, kCloseDeadline, &received));
@@ -420,8 +420,8 @@ TEST_F(MetricsHttpServerTest, AScraperAmidABurstFromItsAddressIsAnswered) {
   close(scraper);
 }
 
-TEST_F(MetricsHttpServerTest, BeyondTheConnectionBoundTheOldestIdleCloses) {
-  MetricsHttpServer::Options options;
+TEST_F(MetricsEndpointTest, BeyondTheConnectionBoundTheOldestIdleCloses) {
+  MetricsEndpoint::Options options;
   options.header_timeout = absl::Minutes(1);
   options.max_half_open_per_peer = 1000;
   options.max_connections = 8;
@@ -442,8 +442,8 @@ TEST_F(MetricsHttpServerTest, BeyondTheConnectionBoundTheOldestIdleCloses) {
   EXPECT_THAT(scrape.response, HasSubstr(kGaugeLine));
 }
 
-TEST_F(MetricsHttpServerTest, DestructorClosesEveryConnection) {
-  MetricsHttpServer::Options options;
+TEST_F(MetricsEndpointTest, DestructorClosesEveryConnection) {
+  MetricsEndpoint::Options options;
   options.header_timeout = absl::Minutes(1);
   StartServer(options);
   Connections idle;
@@ -460,10 +460,10 @@ TEST_F(MetricsHttpServerTest, DestructorClosesEveryConnection) {
   }
 }
 
-TEST_F(MetricsHttpServerTest, ListensOnNamesAndIpv6Literals) {
+TEST_F(MetricsEndpointTest, ListensOnNamesAndIpv6Literals) {
   for (const std::string listen : {"localhost:0", "[::1]:0"}) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
-        MetricsHttpServer::Start(listen);
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> server =
+        MetricsEndpoint::Start(listen);
     if (listen == "[::1]:0" && !server.ok() &&
         absl::IsUnavailable(server.status())) {
       continue;  // a host without IPv6 loopback
@@ -471,11 +471,11 @@ TEST_F(MetricsHttpServerTest, ListensOnNamesAndIpv6Literals) {
     ASSERT_TRUE(server.ok()) << listen << ": " << server.status();
     EXPECT_GT((*server)->port(), 0) << listen;
   }
-  EXPECT_FALSE(MetricsHttpServer::Start("127.0.0.1:http").ok());
-  EXPECT_FALSE(MetricsHttpServer::Start("127.0.0.1:65536").ok());
+  EXPECT_FALSE(MetricsEndpoint::Start("127.0.0.1:http").ok());
+  EXPECT_FALSE(MetricsEndpoint::Start("127.0.0.1:65536").ok());
 }
 
-TEST_F(MetricsHttpServerTest, ExporterNamesTheAddressItCannotBind) {
+TEST_F(MetricsEndpointTest, ExporterNamesTheAddressItCannotBind) {
   StartServer();
   MetricsExporterOptions options;
   options.listen = absl::StrCat("127.0.0.1:", server_->port());

@@ -1,4 +1,4 @@
-#include "server/metrics_http_server.h"
+#include "server/metrics_endpoint.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -51,7 +51,7 @@ struct ListenAddress {
   socklen_t length = 0;
 };
 
-// The socket address of a listen string (see MetricsHttpServer::Start).
+// The socket address of a listen string (see MetricsEndpoint::Start).
 absl::StatusOr<ListenAddress> ParseListen(const std::string& listen) {
   const size_t colon = listen.rfind(':');
   std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
@@ -196,7 +196,7 @@ constexpr absl::string_view kRequestTimeout =
 // next round. Everything runs on the server thread.
 class MetricsConnections {
  public:
-  using Options = MetricsHttpServer::Options;
+  using Options = MetricsEndpoint::Options;
 
   MetricsConnections(const Options& options,
                      std::function<std::string()> collect)
@@ -422,12 +422,12 @@ MHD_Result OnRequest(void* cls, MHD_Connection* connection, const char* url,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& listen) {
   return Start(listen, Options());
 }
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& listen, Options options) {
   absl::StatusOr<ListenAddress> address = ParseListen(listen);
   if (!address.ok()) return address.status();
@@ -439,10 +439,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     close(*listen_fd);
     return absl::InternalError(message);
   }
-  std::unique_ptr<MetricsHttpServer> server(
-      new MetricsHttpServer(wake_fd, BoundPort(*listen_fd)));
+  std::unique_ptr<MetricsEndpoint> server(
+      new MetricsEndpoint(wake_fd, BoundPort(*listen_fd)));
   server->options_ = options;
-  MetricsHttpServer* self = server.get();
+  MetricsEndpoint* self = server.get();
   server->connections_ = std::make_unique<MetricsConnections>(
       server->options_, [self] { return self->Collect(); });
   MetricsConnections* connections = server->connections_.get();
@@ -471,10 +471,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   return server;
 }
 
-MetricsHttpServer::MetricsHttpServer(int wake_fd, int port)
+MetricsEndpoint::MetricsEndpoint(int wake_fd, int port)
     : wake_fd_(wake_fd), port_(port) {}
 
-MetricsHttpServer::~MetricsHttpServer() {
+MetricsEndpoint::~MetricsEndpoint() {
   const uint64_t stop = 1;
   (void)!write(wake_fd_, &stop, sizeof(stop));
   if (thread_.joinable()) thread_.join();
@@ -483,13 +483,13 @@ MetricsHttpServer::~MetricsHttpServer() {
   close(wake_fd_);
 }
 
-void MetricsHttpServer::RegisterCollectable(
+void MetricsEndpoint::RegisterCollectable(
     const std::weak_ptr<prometheus::Collectable>& collectable) {
   absl::MutexLock lock(&mutex_);
   collectables_.push_back(collectable);
 }
 
-std::string MetricsHttpServer::Collect() {
+std::string MetricsEndpoint::Collect() {
   std::vector<std::shared_ptr<prometheus::Collectable>> live;
   {
     absl::MutexLock lock(&mutex_);
@@ -507,7 +507,7 @@ std::string MetricsHttpServer::Collect() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-void MetricsHttpServer::Run() {
+void MetricsEndpoint::Run() {
   const MHD_DaemonInfo* info =
       MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_EPOLL_FD);
   pollfd polled[2] = {{wake_fd_, POLLIN, 0},
