@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/train/step_metrics.h"
+#include "proto/job_config.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -18,42 +20,22 @@ std::string ExactDouble(double value) {
 }  // namespace
 
 std::string StepMetricsCsv(const std::vector<v1::StepMetrics>& steps) {
-  std::string out =
-      "step,total_steps,epoch,rank,loss,grad_norm,lr,step_seconds,tokens,"
-      "tokens_per_second,mfu,memory_allocated_bytes,memory_peak_bytes,"
-      "memory_reserved_bytes,model_state_bytes,comm_seconds,comm_bytes,"
-      "comm_inter_group_bytes,comm_tensor_parallel_bytes,pipeline_stage,"
-      "pipeline_bubble_seconds,p2p_bytes,val_loss\n";
-  for (const v1::StepMetrics& m : steps) {
-    absl::StrAppend(
-        &out,
-        absl::StrJoin(
-            {absl::StrCat(m.step()),
-             absl::StrCat(m.total_steps()),
-             absl::StrCat(m.epoch()),
-             absl::StrCat(m.rank()),
-             ExactDouble(m.loss()),
-             ExactDouble(m.grad_norm()),
-             ExactDouble(m.lr()),
-             ExactDouble(m.step_seconds()),
-             absl::StrCat(m.tokens()),
-             ExactDouble(m.tokens_per_second()),
-             ExactDouble(m.mfu()),
-             absl::StrCat(m.memory_allocated_bytes()),
-             absl::StrCat(m.memory_peak_bytes()),
-             absl::StrCat(m.memory_reserved_bytes()),
-             absl::StrCat(m.model_state_bytes()),
-             ExactDouble(m.comm_seconds()),
-             absl::StrCat(m.comm_bytes()),
-             absl::StrCat(m.comm_inter_group_bytes()),
-             absl::StrCat(m.comm_tensor_parallel_bytes()),
-             m.has_pipeline_stage() ? absl::StrCat(m.pipeline_stage())
-                                    : std::string(),
-             ExactDouble(m.pipeline_bubble_seconds()),
-             absl::StrCat(m.p2p_bytes()),
-             m.has_val_loss() ? ExactDouble(m.val_loss()) : std::string()},
-            ","),
-        "\n");
+  std::vector<std::string> cells;
+  for (const StepField& f : StepFields()) cells.push_back(f.name);
+  std::string out = absl::StrCat(absl::StrJoin(cells, ","), "\n");
+  for (const v1::StepMetrics& p : steps) {
+    const StepMetrics m = StepMetricsFromProto(p);
+    cells.clear();
+    for (const StepField& f : StepFields()) {
+      if (f.presence == StepField::Presence::kOptional && !f.PresentIn(m)) {
+        cells.emplace_back();
+      } else if (f.is_integer()) {
+        cells.push_back(absl::StrCat(m.*f.int_member));
+      } else {
+        cells.push_back(ExactDouble(m.*f.double_member));
+      }
+    }
+    absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
   }
   return out;
 }

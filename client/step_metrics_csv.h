@@ -1,7 +1,8 @@
 // The one CSV layout of step metrics, written by `shardtrain metrics --csv`
 // and by the compare study's per-strategy files: a header, then one row per
-// step and rank in the order given; doubles in their shortest exact form;
-// val_loss last and empty where no eval ran.
+// step and rank in the order given, a column per StepField in its order;
+// doubles in their shortest exact form; an optional field (val_loss,
+// pipeline_stage) empty where the step has none.
 #ifndef SHARDTRAIN_CLIENT_STEP_METRICS_CSV_H_
 #define SHARDTRAIN_CLIENT_STEP_METRICS_CSV_H_
 

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/train/mesh_search.h"
 #include "core/train/strategy_kinds.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace shardtrain {
 namespace {
@@ -306,61 +308,63 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   return spec;
 }
 
+// v1::StepMetrics carries every StepField under the same name (checked by
+// tests/server/step_fields_test.cc), so both directions walk the list.
 v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
   v1::StepMetrics p;
-  p.set_step(m.step);
-  p.set_total_steps(m.total_steps);
-  p.set_epoch(m.epoch);
-  p.set_rank(static_cast<int32_t>(m.rank));
-  p.set_loss(m.loss);
-  p.set_grad_norm(m.grad_norm);
-  p.set_lr(m.lr);
-  p.set_step_seconds(m.step_seconds);
-  p.set_tokens(m.tokens);
-  p.set_tokens_per_second(m.tokens_per_second);
-  p.set_mfu(m.mfu);
-  p.set_memory_allocated_bytes(m.memory_allocated_bytes);
-  p.set_memory_peak_bytes(m.memory_peak_bytes);
-  p.set_memory_reserved_bytes(m.memory_reserved_bytes);
-  p.set_model_state_bytes(m.model_state_bytes);
-  p.set_comm_seconds(m.comm_seconds);
-  p.set_comm_bytes(m.comm_bytes);
-  p.set_comm_inter_group_bytes(m.comm_inter_group_bytes);
-  p.set_comm_tensor_parallel_bytes(m.comm_tensor_parallel_bytes);
-  if (m.pipeline_stage >= 0) {
-    p.set_pipeline_stage(static_cast<int32_t>(m.pipeline_stage));
-    p.set_pipeline_bubble_seconds(m.pipeline_bubble_seconds);
-    p.set_p2p_bytes(m.p2p_bytes);
+  const google::protobuf::Descriptor* d = p.GetDescriptor();
+  const google::protobuf::Reflection* r = p.GetReflection();
+  for (const StepField& f : StepFields()) {
+    const google::protobuf::FieldDescriptor* field = d->FindFieldByName(f.name);
+    if (field == nullptr || !f.PresentIn(m)) continue;
+    switch (field->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(&p, field, static_cast<int32_t>(f.Value(m)));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(&p, field,
+                    f.is_integer() ? m.*f.int_member
+                                   : static_cast<int64_t>(f.Value(m)));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&p, field, f.Value(m));
+        break;
+      default:  // no such field type in the message (checked by its test)
+        break;
+    }
   }
-  if (m.val_loss >= 0) p.set_val_loss(m.val_loss);
   return p;
 }
 
 StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   StepMetrics m;
-  m.step = p.step();
-  m.total_steps = p.total_steps();
-  m.epoch = p.epoch();
-  m.rank = p.rank();
-  m.loss = p.loss();
-  m.grad_norm = p.grad_norm();
-  m.lr = p.lr();
-  m.step_seconds = p.step_seconds();
-  m.tokens = p.tokens();
-  m.tokens_per_second = p.tokens_per_second();
-  m.mfu = p.mfu();
-  m.memory_allocated_bytes = p.memory_allocated_bytes();
-  m.memory_peak_bytes = p.memory_peak_bytes();
-  m.memory_reserved_bytes = p.memory_reserved_bytes();
-  m.model_state_bytes = p.model_state_bytes();
-  m.comm_seconds = p.comm_seconds();
-  m.comm_bytes = p.comm_bytes();
-  m.comm_inter_group_bytes = p.comm_inter_group_bytes();
-  m.comm_tensor_parallel_bytes = p.comm_tensor_parallel_bytes();
-  m.pipeline_stage = p.has_pipeline_stage() ? p.pipeline_stage() : -1;
-  m.pipeline_bubble_seconds = p.pipeline_bubble_seconds();
-  m.p2p_bytes = p.p2p_bytes();
-  m.val_loss = p.has_val_loss() ? p.val_loss() : -1;
+  const google::protobuf::Descriptor* d = p.GetDescriptor();
+  const google::protobuf::Reflection* r = p.GetReflection();
+  for (const StepField& f : StepFields()) {
+    const google::protobuf::FieldDescriptor* field = d->FindFieldByName(f.name);
+    if (field == nullptr) continue;
+    // An absent optional field keeps its `initial` (below 0).
+    if (field->has_presence() && !r->HasField(p, field)) continue;
+    double value = 0;
+    switch (field->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+        value = r->GetInt32(p, field);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+        if (f.is_integer()) {  // exactly, whatever its size
+          m.*f.int_member = r->GetInt64(p, field);
+          continue;
+        }
+        value = static_cast<double>(r->GetInt64(p, field));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        value = r->GetDouble(p, field);
+        break;
+      default:
+        continue;
+    }
+    f.Set(m, value);
+  }
   return m;
 }
 

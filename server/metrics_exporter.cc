@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/train/step_metrics.h"
 #include "proto/job_config.h"
 #include "server/nvml.h"
 
@@ -133,69 +134,31 @@ void MetricsExporter::RegisterJobMetrics() {
 
 void MetricsExporter::RegisterStepMetrics() {
   prometheus::Registry& r = *registry_;
-  auto gauge = [&r](const char* name, const char* help) {
-    return &BuildGauge().Name(name).Help(help).Register(r);
-  };
-  step_ = gauge("shardtrain_train_step", "Last optimizer step reported");
-  loss_ = gauge("shardtrain_train_loss", "Training loss of the last step");
-  val_loss_ = gauge("shardtrain_val_loss", "Validation loss of the last eval");
-  grad_norm_ = gauge("shardtrain_grad_norm",
-                     "Global gradient norm of the last step, before clipping");
-  lr_ = gauge("shardtrain_learning_rate", "Learning rate of the last step");
-  tokens_per_second_ = gauge("shardtrain_tokens_per_second",
-                             "Tokens per second of the last step (all ranks)");
-  mfu_ = gauge("shardtrain_mfu_ratio",
-               "Model FLOPs utilisation of the last step (0..1)");
-  memory_allocated_ =
-      gauge("shardtrain_memory_allocated_bytes",
-            "Tensor memory allocated at the end of the last step");
-  memory_peak_ = gauge("shardtrain_memory_peak_bytes",
-                       "Peak tensor memory during the last step");
-  memory_reserved_ = gauge("shardtrain_memory_reserved_bytes",
-                           "Memory reserved by the allocator (CUDA caching "
-                           "allocator; equals allocated on CPU)");
-  heartbeat_age_ = gauge("shardtrain_heartbeat_age_seconds",
-                         "Seconds since the rank's last heartbeat or report");
-  tokens_ = &BuildCounter()
-                 .Name("shardtrain_tokens_total")
-                 .Help("Tokens trained on (all ranks), per reporting rank")
-                 .Register(r);
-  comm_seconds_ = &BuildCounter()
-                       .Name("shardtrain_comm_seconds_total")
-                       .Help("Seconds the rank spent blocked on collectives")
-                       .Register(r);
-  comm_bytes_ = &BuildCounter()
-                     .Name("shardtrain_comm_bytes_total")
-                     .Help("Bytes the rank sent through collectives")
-                     .Register(r);
-  comm_inter_group_bytes_ =
-      &BuildCounter()
-           .Name("shardtrain_comm_inter_group_bytes_total")
-           .Help(
-               "Of those, bytes sent between HSDP's shard groups (its "
-               "replicas' all-reduce, usually between nodes)")
+  for (const StepField& f : StepFields()) {
+    StepFamily family;
+    switch (f.series) {
+      case StepField::Series::kGauge:
+        family.gauge =
+            &BuildGauge().Name(f.series_name).Help(f.help).Register(r);
+        break;
+      case StepField::Series::kCounter:
+        family.counter =
+            &BuildCounter().Name(f.series_name).Help(f.help).Register(r);
+        break;
+      case StepField::Series::kHistogram:
+        family.histogram =
+            &BuildHistogram().Name(f.series_name).Help(f.help).Register(r);
+        break;
+      case StepField::Series::kNone:
+        break;
+    }
+    step_families_.push_back(family);
+  }
+  heartbeat_age_ =
+      &BuildGauge()
+           .Name("shardtrain_heartbeat_age_seconds")
+           .Help("Seconds since the rank's last heartbeat or report")
            .Register(r);
-  comm_tensor_parallel_bytes_ =
-      &BuildCounter()
-           .Name("shardtrain_comm_tensor_parallel_bytes_total")
-           .Help(
-               "Of those, bytes sent within the rank's tensor-parallel group "
-               "(the activations' all-reduces)")
-           .Register(r);
-  pipeline_bubble_ = gauge(
-      "shardtrain_pipeline_bubble_seconds",
-      "Seconds the rank's pipeline stage waited on its neighbours' "
-      "activations and gradients in the last step (its share of the bubble)");
-  p2p_bytes_ = &BuildCounter()
-                    .Name("shardtrain_p2p_bytes_total")
-                    .Help(
-                        "Bytes the rank's pipeline stage sent its neighbours "
-                        "point-to-point (activations and their gradients)")
-                    .Register(r);
-  step_duration_ = &BuildHistogram()
-                        .Name("shardtrain_step_duration_seconds")
-                        .Help("Optimizer step wall time")
-                        .Register(r);
 }
 
 void MetricsExporter::RegisterGpuMetrics() {
@@ -307,30 +270,56 @@ MetricsExporter::RankSeries& MetricsExporter::Rank(const std::string& job_id,
                                                    JobSeries& job, int rank) {
   auto it = job.ranks.find(rank);
   if (it != job.ranks.end()) return it->second;
-  const prometheus::Labels labels = {{"job", job_id},
-                                     {"strategy", job.strategy},
-                                     {"mesh", job.mesh},
-                                     {"rank", std::to_string(rank)}};
   RankSeries s;
-  s.step = &step_->Add(labels);
-  s.loss = &loss_->Add(labels);
-  s.val_loss = nullptr;
-  s.grad_norm = &grad_norm_->Add(labels);
-  s.lr = &lr_->Add(labels);
-  s.tokens_per_second = &tokens_per_second_->Add(labels);
-  s.mfu = &mfu_->Add(labels);
-  s.memory_allocated = &memory_allocated_->Add(labels);
-  s.memory_peak = &memory_peak_->Add(labels);
-  s.memory_reserved = &memory_reserved_->Add(labels);
-  s.heartbeat_age = &heartbeat_age_->Add(labels);
-  s.tokens = &tokens_->Add(labels);
-  s.comm_seconds = &comm_seconds_->Add(labels);
-  s.comm_bytes = &comm_bytes_->Add(labels);
-  s.comm_inter_group_bytes = &comm_inter_group_bytes_->Add(labels);
-  s.comm_tensor_parallel_bytes = &comm_tensor_parallel_bytes_->Add(labels);
-  s.step_duration = &step_duration_->Add(labels, StepBuckets());
+  s.fields.resize(StepFields().size());
+  s.heartbeat_age = &heartbeat_age_->Add({{"job", job_id},
+                                          {"strategy", job.strategy},
+                                          {"mesh", job.mesh},
+                                          {"rank", std::to_string(rank)}});
   s.last_heartbeat = absl::Now();
-  return job.ranks.emplace(rank, s).first->second;
+  RankSeries& added = job.ranks.emplace(rank, s).first->second;
+  // Every series a step always carries exists from the rank's first report
+  // (a heartbeat may come first), at 0.
+  v1::StepMetrics zero;
+  zero.set_rank(rank);
+  Record(job_id, job, added, zero);
+  return added;
+}
+
+void MetricsExporter::Record(const std::string& job_id, const JobSeries& job,
+                             RankSeries& s, const v1::StepMetrics& p) {
+  const StepMetrics m = StepMetricsFromProto(p);
+  const std::vector<StepField>& fields = StepFields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const StepField& f = fields[i];
+    if (f.series == StepField::Series::kNone || !f.PresentIn(m)) continue;
+    StepSeries& series = s.fields[i];
+    const StepFamily& family = step_families_[i];
+    if (series.gauge == nullptr && series.counter == nullptr &&
+        series.histogram == nullptr) {
+      prometheus::Labels labels = {{"job", job_id},
+                                   {"strategy", job.strategy},
+                                   {"mesh", job.mesh},
+                                   {"rank", std::to_string(m.rank)}};
+      if (f.presence == StepField::Presence::kWithStage) {
+        labels["stage"] = std::to_string(m.pipeline_stage);
+      }
+      if (family.gauge != nullptr) series.gauge = &family.gauge->Add(labels);
+      if (family.counter != nullptr) {
+        series.counter = &family.counter->Add(labels);
+      }
+      if (family.histogram != nullptr) {
+        series.histogram = &family.histogram->Add(labels, StepBuckets());
+      }
+    }
+    const double value = f.Value(m);
+    if (series.gauge != nullptr) series.gauge->Set(value);
+    if (series.counter != nullptr) series.counter->Increment(value);
+    // The zero step that makes a rank's series is no observation.
+    if (series.histogram != nullptr && m.step > 0) {
+      series.histogram->Observe(value);
+    }
+  }
 }
 
 void MetricsExporter::OnSteps(const v1::Job& job,
@@ -343,46 +332,7 @@ void MetricsExporter::OnSteps(const v1::Job& job,
   }
   for (const v1::StepMetrics& m : steps) {
     RankSeries& s = Rank(job.id(), series, m.rank());
-    s.step->Set(static_cast<double>(m.step()));
-    s.loss->Set(m.loss());
-    if (m.has_val_loss()) {
-      if (s.val_loss == nullptr) {
-        s.val_loss = &val_loss_->Add({{"job", job.id()},
-                                      {"strategy", series.strategy},
-                                      {"mesh", series.mesh},
-                                      {"rank", std::to_string(m.rank())}});
-      }
-      s.val_loss->Set(m.val_loss());
-    }
-    s.grad_norm->Set(m.grad_norm());
-    s.lr->Set(m.lr());
-    s.tokens_per_second->Set(m.tokens_per_second());
-    s.mfu->Set(m.mfu());
-    s.memory_allocated->Set(static_cast<double>(m.memory_allocated_bytes()));
-    s.memory_peak->Set(static_cast<double>(m.memory_peak_bytes()));
-    s.memory_reserved->Set(static_cast<double>(m.memory_reserved_bytes()));
-    s.tokens->Increment(static_cast<double>(m.tokens()));
-    s.comm_seconds->Increment(m.comm_seconds());
-    s.comm_bytes->Increment(static_cast<double>(m.comm_bytes()));
-    s.comm_inter_group_bytes->Increment(
-        static_cast<double>(m.comm_inter_group_bytes()));
-    s.comm_tensor_parallel_bytes->Increment(
-        static_cast<double>(m.comm_tensor_parallel_bytes()));
-    if (m.has_pipeline_stage()) {
-      if (s.pipeline_bubble == nullptr) {
-        const prometheus::Labels labels = {
-            {"job", job.id()},
-            {"strategy", series.strategy},
-            {"mesh", series.mesh},
-            {"rank", std::to_string(m.rank())},
-            {"stage", std::to_string(m.pipeline_stage())}};
-        s.pipeline_bubble = &pipeline_bubble_->Add(labels);
-        s.p2p_bytes = &p2p_bytes_->Add(labels);
-      }
-      s.pipeline_bubble->Set(m.pipeline_bubble_seconds());
-      s.p2p_bytes->Increment(static_cast<double>(m.p2p_bytes()));
-    }
-    s.step_duration->Observe(m.step_seconds());
+    Record(job.id(), series, s, m);
     s.last_heartbeat = absl::Now();
     s.heartbeat_age->Set(0);
   }
@@ -400,27 +350,16 @@ void MetricsExporter::OnHeartbeat(const std::string& job_id, int rank,
 
 void MetricsExporter::RemoveJobSeries(JobSeries& job) {
   for (auto& [rank, s] : job.ranks) {
-    step_->Remove(s.step);
-    loss_->Remove(s.loss);
-    if (s.val_loss != nullptr) val_loss_->Remove(s.val_loss);
-    grad_norm_->Remove(s.grad_norm);
-    lr_->Remove(s.lr);
-    tokens_per_second_->Remove(s.tokens_per_second);
-    mfu_->Remove(s.mfu);
-    memory_allocated_->Remove(s.memory_allocated);
-    memory_peak_->Remove(s.memory_peak);
-    memory_reserved_->Remove(s.memory_reserved);
-    heartbeat_age_->Remove(s.heartbeat_age);
-    tokens_->Remove(s.tokens);
-    comm_seconds_->Remove(s.comm_seconds);
-    comm_bytes_->Remove(s.comm_bytes);
-    comm_inter_group_bytes_->Remove(s.comm_inter_group_bytes);
-    comm_tensor_parallel_bytes_->Remove(s.comm_tensor_parallel_bytes);
-    if (s.pipeline_bubble != nullptr) {
-      pipeline_bubble_->Remove(s.pipeline_bubble);
-      p2p_bytes_->Remove(s.p2p_bytes);
+    for (size_t i = 0; i < s.fields.size(); ++i) {
+      const StepSeries& series = s.fields[i];
+      const StepFamily& family = step_families_[i];
+      if (series.gauge != nullptr) family.gauge->Remove(series.gauge);
+      if (series.counter != nullptr) family.counter->Remove(series.counter);
+      if (series.histogram != nullptr) {
+        family.histogram->Remove(series.histogram);
+      }
     }
-    step_duration_->Remove(s.step_duration);
+    heartbeat_age_->Remove(s.heartbeat_age);
   }
   job.ranks.clear();
   if (job.restarts != nullptr) {

@@ -73,28 +73,24 @@ class MetricsExporter : public JobObserver {
   void StopRefresh();
 
  private:
+  // A step field's series for one rank: the one its kind makes.
+  struct StepSeries {
+    prometheus::Gauge* gauge = nullptr;
+    prometheus::Counter* counter = nullptr;
+    prometheus::Histogram* histogram = nullptr;
+  };
   struct RankSeries {
-    prometheus::Gauge* step;
-    prometheus::Gauge* loss;
-    prometheus::Gauge* val_loss;  // created at the first eval
-    prometheus::Gauge* grad_norm;
-    prometheus::Gauge* lr;
-    prometheus::Gauge* tokens_per_second;
-    prometheus::Gauge* mfu;
-    prometheus::Gauge* memory_allocated;
-    prometheus::Gauge* memory_peak;
-    prometheus::Gauge* memory_reserved;
-    prometheus::Gauge* heartbeat_age;
-    prometheus::Counter* tokens;
-    prometheus::Counter* comm_seconds;
-    prometheus::Counter* comm_bytes;
-    prometheus::Counter* comm_inter_group_bytes;
-    prometheus::Counter* comm_tensor_parallel_bytes;
-    // With pipeline stages (labelled with the stage), from the first step.
-    prometheus::Gauge* pipeline_bubble = nullptr;
-    prometheus::Counter* p2p_bytes = nullptr;
-    prometheus::Histogram* step_duration;
+    // Indexed as StepFields(); empty for a field without a series, and for
+    // an optional or per-stage one until a step carries it.
+    std::vector<StepSeries> fields;
+    prometheus::Gauge* heartbeat_age = nullptr;
     absl::Time last_heartbeat;
+  };
+  // The families of the step fields' series, indexed as StepFields().
+  struct StepFamily {
+    prometheus::Family<prometheus::Gauge>* gauge = nullptr;
+    prometheus::Family<prometheus::Counter>* counter = nullptr;
+    prometheus::Family<prometheus::Histogram>* histogram = nullptr;
   };
   struct JobSeries {
     std::string strategy;
@@ -114,6 +110,10 @@ class MetricsExporter : public JobObserver {
   void RefreshLoop();
   RankSeries& Rank(const std::string& job_id, JobSeries& job, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Sets (a gauge), adds to (a counter) or observes (the histogram) each
+  // field of `m` that has a series, making any not made yet.
+  void Record(const std::string& job_id, const JobSeries& job, RankSeries& s,
+              const v1::StepMetrics& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RemoveJobSeries(JobSeries& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void CountState(v1::JobState from, v1::JobState to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -133,25 +133,8 @@ class MetricsExporter : public JobObserver {
   prometheus::Gauge* queue_oldest_wait_;
   prometheus::Gauge* devices_in_use_;
   prometheus::Family<prometheus::Gauge>* job_restarts_;
-  prometheus::Family<prometheus::Gauge>* step_;
-  prometheus::Family<prometheus::Gauge>* loss_;
-  prometheus::Family<prometheus::Gauge>* val_loss_;
-  prometheus::Family<prometheus::Gauge>* grad_norm_;
-  prometheus::Family<prometheus::Gauge>* lr_;
-  prometheus::Family<prometheus::Gauge>* tokens_per_second_;
-  prometheus::Family<prometheus::Gauge>* mfu_;
-  prometheus::Family<prometheus::Gauge>* memory_allocated_;
-  prometheus::Family<prometheus::Gauge>* memory_peak_;
-  prometheus::Family<prometheus::Gauge>* memory_reserved_;
+  std::vector<StepFamily> step_families_;
   prometheus::Family<prometheus::Gauge>* heartbeat_age_;
-  prometheus::Family<prometheus::Counter>* tokens_;
-  prometheus::Family<prometheus::Counter>* comm_seconds_;
-  prometheus::Family<prometheus::Counter>* comm_bytes_;
-  prometheus::Family<prometheus::Counter>* comm_inter_group_bytes_;
-  prometheus::Family<prometheus::Counter>* comm_tensor_parallel_bytes_;
-  prometheus::Family<prometheus::Gauge>* pipeline_bubble_;
-  prometheus::Family<prometheus::Counter>* p2p_bytes_;
-  prometheus::Family<prometheus::Histogram>* step_duration_;
   std::vector<prometheus::Gauge*> gpu_utilization_;
   std::vector<prometheus::Gauge*> gpu_memory_used_;
   std::vector<prometheus::Gauge*> gpu_power_;

@@ -96,34 +96,60 @@ std::string StepMetrics::FormatLine() const {
       FormatBytes(memory_peak_bytes));
 }
 
-std::string StepMetrics::ToJson() const {
-  nlohmann::json j = {
-      {"step", step},
-      {"total_steps", total_steps},
-      {"epoch", epoch},
-      {"rank", rank},
-      {"loss", loss},
-      {"grad_norm", grad_norm},
-      {"lr", lr},
-      {"step_seconds", step_seconds},
-      {"tokens", tokens},
-      {"tokens_per_second", tokens_per_second},
-      {"mfu", mfu},
-      {"memory_allocated_bytes", memory_allocated_bytes},
-      {"memory_peak_bytes", memory_peak_bytes},
-      {"memory_reserved_bytes", memory_reserved_bytes},
-      {"model_state_bytes", model_state_bytes},
-      {"comm_seconds", comm_seconds},
-      {"comm_bytes", comm_bytes},
-      {"comm_inter_group_bytes", comm_inter_group_bytes},
-      {"comm_tensor_parallel_bytes", comm_tensor_parallel_bytes},
-  };
-  if (pipeline_stage >= 0) {
-    j["pipeline_stage"] = pipeline_stage;
-    j["pipeline_bubble_seconds"] = pipeline_bubble_seconds;
-    j["p2p_bytes"] = p2p_bytes;
+namespace {
+
+StepField MakeField(const char* name, const char* unit,
+                    StepField::Presence presence, StepField::Series series,
+                    const char* series_name, const char* help,
+                    int64_t StepMetrics::*member) {
+  StepField f{name, unit, presence, series, series_name, help};
+  f.int_member = member;
+  return f;
+}
+
+StepField MakeField(const char* name, const char* unit,
+                    StepField::Presence presence, StepField::Series series,
+                    const char* series_name, const char* help,
+                    double StepMetrics::*member) {
+  StepField f{name, unit, presence, series, series_name, help};
+  f.double_member = member;
+  return f;
+}
+
+}  // namespace
+
+const std::vector<StepField>& StepFields() {
+#define SHARDTRAIN_STEP_ENTRY(type, name, initial, unit, presence, series, \
+                              series_name, help)                           \
+  MakeField(#name, unit, StepField::Presence::presence,                    \
+            StepField::Series::series, series_name, help, &StepMetrics::name),
+  static const std::vector<StepField> fields = {
+      SHARDTRAIN_STEP_FIELDS(SHARDTRAIN_STEP_ENTRY)};
+#undef SHARDTRAIN_STEP_ENTRY
+  return fields;
+}
+
+bool StepField::PresentIn(const StepMetrics& m) const {
+  switch (presence) {
+    case Presence::kOptional:
+      return Value(m) >= 0;
+    case Presence::kWithStage:
+      return m.pipeline_stage >= 0;
+    default:
+      return true;
   }
-  if (val_loss >= 0) j["val_loss"] = val_loss;
+}
+
+std::string StepMetrics::ToJson() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const StepField& f : StepFields()) {
+    if (!f.PresentIn(*this)) continue;
+    if (f.is_integer()) {
+      j[f.name] = this->*f.int_member;
+    } else {
+      j[f.name] = this->*f.double_member;
+    }
+  }
   return j.dump();
 }
 
@@ -131,30 +157,16 @@ absl::StatusOr<StepMetrics> StepMetrics::FromJson(const std::string& line) {
   try {
     const nlohmann::json j = nlohmann::json::parse(line);
     StepMetrics m;
-    m.step = j.at("step").get<int64_t>();
-    m.total_steps = j.value("total_steps", int64_t{0});
-    m.epoch = j.value("epoch", int64_t{0});
-    m.rank = j.at("rank").get<int64_t>();
-    m.loss = j.at("loss").get<double>();
-    m.grad_norm = j.at("grad_norm").get<double>();
-    m.lr = j.at("lr").get<double>();
-    m.step_seconds = j.at("step_seconds").get<double>();
-    m.tokens = j.value("tokens", int64_t{0});
-    m.tokens_per_second = j.at("tokens_per_second").get<double>();
-    m.mfu = j.at("mfu").get<double>();
-    m.memory_allocated_bytes = j.at("memory_allocated_bytes").get<int64_t>();
-    m.memory_peak_bytes = j.at("memory_peak_bytes").get<int64_t>();
-    m.memory_reserved_bytes = j.at("memory_reserved_bytes").get<int64_t>();
-    m.model_state_bytes = j.value("model_state_bytes", int64_t{0});
-    m.comm_seconds = j.value("comm_seconds", 0.0);
-    m.comm_bytes = j.value("comm_bytes", int64_t{0});
-    m.comm_inter_group_bytes = j.value("comm_inter_group_bytes", int64_t{0});
-    m.comm_tensor_parallel_bytes =
-        j.value("comm_tensor_parallel_bytes", int64_t{0});
-    m.pipeline_stage = j.value("pipeline_stage", int64_t{-1});
-    m.pipeline_bubble_seconds = j.value("pipeline_bubble_seconds", 0.0);
-    m.p2p_bytes = j.value("p2p_bytes", int64_t{0});
-    m.val_loss = j.value("val_loss", -1.0);
+    for (const StepField& f : StepFields()) {
+      const bool required = f.presence == StepField::Presence::kRequired;
+      if (!required && !j.contains(f.name)) continue;  // keeps `initial`
+      const nlohmann::json& value = j.at(f.name);
+      if (f.is_integer()) {
+        m.*f.int_member = value.get<int64_t>();
+      } else {
+        m.*f.double_member = value.get<double>();
+      }
+    }
     return m;
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(
