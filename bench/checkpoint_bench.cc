@@ -1,6 +1,6 @@
 // Checkpoint save and load: time and bytes per rank for gpt2-mini's model
 // and AdamW state at world 1, 2 and 4, in the format every strategy writes
-// (core/train/checkpoint_format.h) and in the per-strategy layout it
+// (core/checkpoint/checkpoint_format.h) and in the per-strategy layout it
 // replaced (one PyTorch tensor file per rank for FSDP; rank 0 alone writing
 // model.pt + optimizer.pt for single and DDP, every rank reading them back),
 // written by the same tensor-file writer that layout used. Ranks are threads
@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/strategy/strategy_factory.h"

@@ -14,13 +14,13 @@
 #include "client/output_format.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "core/checkpoint/checkpoint_export.h"
+#include "core/checkpoint/checkpoint_format.h"
 #include "core/data/asset_paths.h"
 #include "core/data/dataset_preparer.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/hf_llama.h"
-#include "core/train/checkpoint_export.h"
-#include "core/train/checkpoint_format.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {

@@ -1,7 +1,7 @@
 // `shardtrain checkpoint inspect DIR` and `shardtrain checkpoint export DIR
 // --to model.bin`: any checkpoint, whatever strategy and world size wrote
 // it, read on this host without ranks or a daemon
-// (core/train/checkpoint_format.h). DIR is a checkpoint, a run's
+// (core/checkpoint/checkpoint_format.h). DIR is a checkpoint, a run's
 // --out, or its checkpoints/ folder (then the newest complete checkpoint).
 #ifndef SHARDTRAIN_CLIENT_CHECKPOINT_COMMANDS_H_
 #define SHARDTRAIN_CLIENT_CHECKPOINT_COMMANDS_H_

@@ -25,8 +25,8 @@
 #include "client/step_metrics_csv.h"
 #include "common/input_file.h"
 #include "core/data/asset_paths.h"
-#include "core/train/step_metrics.h"
-#include "core/train/strategy_kinds.h"
+#include "core/run/step_metrics.h"
+#include "core/run/strategy_kinds.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {

@@ -6,7 +6,7 @@ add_library(shardtrain_compare_report compare_report.cc host_load.cc
   step_metrics_csv.cc)
 target_link_libraries(shardtrain_compare_report
   PUBLIC shardtrain_proto absl::status absl::statusor absl::time
-  PRIVATE shardtrain_common shardtrain_train_config shardtrain_job_config shardtrain_text
+  PRIVATE shardtrain_common shardtrain_run_config shardtrain_plan shardtrain_checkpoint shardtrain_job_config shardtrain_text
           nlohmann_json::nlohmann_json Threads::Threads
           absl::strings absl::str_format)
 

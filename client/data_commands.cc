@@ -17,7 +17,7 @@
 #include "core/data/gpt2_vocab.h"
 #include "core/data/text_corpus.h"
 #include "core/data/token_file.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 
 namespace shardtrain::cli {
 namespace {

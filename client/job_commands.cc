@@ -21,9 +21,9 @@
 #include "client/step_metrics_csv.h"
 #include "common/nearest_name.h"
 #include "common/small_file.h"
-#include "core/train/step_metrics.h"
-#include "core/train/train_config.h"
-#include "core/train/train_flags.h"
+#include "core/run/step_metrics.h"
+#include "core/run/train_config.h"
+#include "core/run/train_flags.h"
 #include "proto/job_config.h"
 #include "yaml-cpp/yaml.h"
 

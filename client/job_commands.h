@@ -11,7 +11,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "client/daemon_client.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain::cli {

@@ -18,7 +18,7 @@
 #include "client/tokenize_command.h"
 #include "common/atomic_file.h"
 #include "common/cli_usage.h"
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 
 int main(int argc, char** argv) {
   namespace cli = shardtrain::cli;

@@ -14,12 +14,12 @@
 #include "client/output_format.h"
 #include "common/subprocess.h"
 #include "core/model/model_config.h"
-#include "core/train/memory_plan.h"
-#include "core/train/mesh_search.h"
-#include "core/train/step_metrics.h"
-#include "core/train/step_time_plan.h"
-#include "core/train/strategy_kinds.h"
-#include "core/train/train_config.h"
+#include "core/plan/memory_plan.h"
+#include "core/plan/mesh_search.h"
+#include "core/plan/step_time_plan.h"
+#include "core/run/step_metrics.h"
+#include "core/run/strategy_kinds.h"
+#include "core/run/train_config.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain::cli {

@@ -1,6 +1,6 @@
 // `shardtrain plan`: the tensor bytes each rank will need at its peak under
 // each strategy, predicted from the job's shape before anything runs
-// (core/train/memory_plan.h). Local, no daemon needed. E.g.
+// (core/plan/memory_plan.h). Local, no daemon needed. E.g.
 //   plan --model gpt2-mini --world-size 2 --batch-size 2 --seq-len 64
 //   plan --model gpt2 --strategy fsdp --world-size 8 --batch-size 16
 //        --seq-len 1024 --device cuda --precision bf16 -o json

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "proto/job_config.h"
 
 namespace shardtrain::cli {

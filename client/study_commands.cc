@@ -25,9 +25,9 @@
 #include "common/net_route.h"
 #include "core/data/dataset_preparer.h"
 #include "core/model/model_config.h"
-#include "core/train/memory_plan.h"
-#include "core/train/step_metrics.h"
-#include "core/train/strategy_kinds.h"
+#include "core/plan/memory_plan.h"
+#include "core/run/step_metrics.h"
+#include "core/run/strategy_kinds.h"
 #include "proto/job_config.h"
 
 namespace shardtrain::cli {

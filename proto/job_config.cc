@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "core/train/mesh_search.h"
-#include "core/train/strategy_kinds.h"
+#include "core/plan/mesh_search.h"
+#include "core/run/strategy_kinds.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/train/step_metrics.h"
-#include "core/train/train_config.h"
+#include "core/run/step_metrics.h"
+#include "core/run/train_config.h"
 #include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain {

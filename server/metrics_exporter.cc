@@ -5,7 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "proto/job_config.h"
 #include "server/nvml.h"
 

@@ -1,5 +1,5 @@
 // `shardtrain-train --calibrate`: measures what the step-time model
-// (core/train/step_time_plan.h) needs of this host, once, and caches it
+// (core/plan/step_time_plan.h) needs of this host, once, and caches it
 // (HostRatesCachePath): the training FLOP/s of one compute thread on the
 // model asked for (forward and backward of whole steps, the best of a few),
 // AdamW's seconds per parameter, and the latency and bandwidth of an
@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "common/dist_env.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 
 namespace shardtrain {
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 #include "worker/engine/comm/c10d_communicator.h"
 #include "worker/engine/strategy/strategy_factory.h"
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/dist_env.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "worker/engine/train/trainer.h"
 
 namespace shardtrain {

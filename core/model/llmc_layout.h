@@ -1,7 +1,7 @@
 // llm.c's GPT-2 model file layout without LibTorch: the header and the order
 // of the tensors (karpathy/llm.c, train_gpt2.py write_model). The model's
 // import and export (llmc_checkpoint.h) and the export of a sharded
-// checkpoint (core/train/checkpoint_export.h) both follow it.
+// checkpoint (core/checkpoint/checkpoint_export.h) both follow it.
 //
 // A header of 256 little-endian int32
 //   [0] 20240326 (magic)  [1] 3 (version: fp32 weights)  [2] maxT (block_size)

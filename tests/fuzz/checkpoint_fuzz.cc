@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/train/checkpoint_format.h"
-#include "core/train/checkpoint_store.h"
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_store.h"
 #include "tests/fuzz/fuzz_target.h"
 
 namespace {

@@ -4,7 +4,7 @@
 // the same way twice.
 #include <string>
 
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/free_port.h"
 #include "core/data/token_file.h"
-#include "core/train/memory_plan.h"
-#include "core/train/step_time_plan.h"
-#include "core/train/train_config.h"
+#include "core/plan/memory_plan.h"
+#include "core/plan/step_time_plan.h"
+#include "core/run/train_config.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 

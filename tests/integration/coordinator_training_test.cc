@@ -11,7 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace shardtrain {

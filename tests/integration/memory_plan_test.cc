@@ -7,7 +7,7 @@
 // with the largest over steps, and over ranks, or over a stage's ranks). Two
 // steps suffice: the second is the first with the optimizer's state alive,
 // and every later step repeats it (a third step measured the same bytes).
-#include "core/train/memory_plan.h"
+#include "core/plan/memory_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -27,9 +27,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/data/token_file.h"
-#include "core/train/pipeline_plan.h"
-#include "core/train/step_metrics.h"
-#include "core/train/step_time_plan.h"
+#include "core/plan/pipeline_plan.h"
+#include "core/plan/step_time_plan.h"
+#include "core/run/step_metrics.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/data/token_file.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "tests/test_util.h"
 
 namespace shardtrain {

@@ -17,7 +17,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "tests/test_util.h"
 
 namespace shardtrain {

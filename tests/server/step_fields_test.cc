@@ -1,5 +1,5 @@
 // The per-step fields are declared once (SHARDTRAIN_STEP_FIELDS in
-// core/train/step_metrics.h); what is written from that list (the
+// core/run/step_metrics.h); what is written from that list (the
 // StepMetrics members, metrics.jsonl, the proto conversion, the CSV, the
 // Prometheus series) carries every field, and what is written by hand
 // (job.proto's message, docs/metrics.md) is checked against it here: a
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/step_metrics_csv.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -137,7 +137,7 @@ std::vector<std::string> Disagreements(const std::vector<StepField>& fields,
       problems.push_back(
           absl::StrCat("v1::StepMetrics.", proto->field(i)->name(),
                        ": declared by no step field (SHARDTRAIN_STEP_FIELDS in "
-                       "core/train/step_metrics.h)"));
+                       "core/run/step_metrics.h)"));
     }
   }
   return problems;
@@ -179,7 +179,7 @@ TEST(StepFieldsTest, AFieldAddedInOnePlaceOnlyIsNamedWithThePlacesItLacks) {
   EXPECT_THAT(Disagreements(lacking, exposition, Docs()),
               ElementsAre("v1::StepMetrics.p2p_bytes: declared by no step "
                           "field (SHARDTRAIN_STEP_FIELDS in "
-                          "core/train/step_metrics.h)"));
+                          "core/run/step_metrics.h)"));
 }
 
 // A step whose every field holds its own value: field i holds i + 1 (and a

@@ -1,5 +1,5 @@
 // MeshGroups: every communicator a rank of a run's mesh
-// (core/train/device_mesh.h, built once by BuildRunMesh) takes part in,
+// (core/run/device_mesh.h, built once by BuildRunMesh) takes part in,
 // created once, here, in one order on every rank: along each dimension of
 // size > 1 (pipeline, replicate, shard, tensor), the data-parallel group
 // (replicate x shard: the ranks that share a stage and a tensor slice), and
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/train/device_mesh.h"
+#include "core/run/device_mesh.h"
 #include "worker/engine/comm/communicator.h"
 
 namespace shardtrain {

@@ -36,7 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/train/pipeline_plan.h"
+#include "core/plan/pipeline_plan.h"
 
 namespace shardtrain {
 
@@ -173,7 +173,7 @@ class CausalLmImpl : public torch::nn::Module {
   // point at gathered parameters when its backward runs.
   torch::Tensor RunBlock(int64_t i, const torch::Tensor& x);
   // Recompute every `every`-th block: 0-based blocks every-1, 2*every-1, ...
-  // (ActivationCheckpointEvery in core/train/train_config.h); 0: none.
+  // (ActivationCheckpointEvery in core/run/train_config.h); 0: none.
   void set_activation_checkpointing(int64_t every) {
     checkpoint_every_ = every;
   }
@@ -212,7 +212,7 @@ class CausalLmImpl : public torch::nn::Module {
 
   // The pipeline's cut points: the blocks cut into `stages` contiguous
   // stages at `split` when it is given, else balanced by the family's
-  // per-block costs at `seq_len` (core/train/pipeline_plan.h's
+  // per-block costs at `seq_len` (core/plan/pipeline_plan.h's
   // PartitionPipeline, whose refusals it returns).
   // With `virtual_stages` V, stages x V model stages (interleaved).
   virtual absl::StatusOr<std::vector<PipelineStage>> PipelineCuts(

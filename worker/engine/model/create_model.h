@@ -20,7 +20,7 @@ absl::StatusOr<CausalLm> CreateCausalLm(const ModelConfig& config,
                                         uint64_t seed);
 
 // Reads every parameter of `model` (on any device) from `read`, whose tensor
-// i is the parameter named names[i] (core/train/checkpoint_export.h's
+// i is the parameter named names[i] (core/checkpoint/checkpoint_export.h's
 // ModelWeights: any format). A parameter `names` lacks, or a tensor of
 // another size, is refused naming it before anything is read.
 absl::Status LoadModelWeights(const WeightReader& read,

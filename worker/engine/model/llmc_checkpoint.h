@@ -31,7 +31,7 @@ absl::Status SaveLlmcCheckpoint(Gpt2& model, const std::string& path);
 absl::Status LoadLlmcCheckpoint(const std::string& path, Gpt2& model);
 
 // Reads every weight of `model` (on any device) from `read`, in llm.c's
-// order: the import of any format (core/train/checkpoint_export.h's
+// order: the import of any format (core/checkpoint/checkpoint_export.h's
 // OpenModelWeights). The caller has checked the shapes.
 absl::Status LoadWeights(const WeightReader& read, Gpt2& model);
 

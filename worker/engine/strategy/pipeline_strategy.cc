@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/tensor_parallel_layer.h"
@@ -551,7 +551,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
   // The compute order with every transfer placed so that each pair's two
-  // ends post them in the same order (core/train/pipeline_plan.h): safe
+  // ends post them in the same order (core/plan/pipeline_plan.h): safe
   // where a send waits for its receive (NCCL).
   // Lowered once per micro-batch count (the whole schedule is run on paper).
   auto lowered = lowered_.find(count);

@@ -1,5 +1,5 @@
 // PipelineStrategy: model parallelism by layers. The world is a mesh of S
-// pipeline stages × D data-parallel replicas (core/train/device_mesh.h):
+// pipeline stages × D data-parallel replicas (core/run/device_mesh.h):
 // stage s holds a contiguous run of the model's blocks (stage 0 also the
 // embeddings, the last stage the final norm and the tied LM head; the
 // model's PipelineCuts place them), and the ranks of one stage are D
@@ -70,8 +70,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/train/device_mesh.h"
-#include "core/train/pipeline_plan.h"
+#include "core/plan/pipeline_plan.h"
+#include "core/run/device_mesh.h"
 #include "worker/engine/comm/mesh_groups.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/train/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_format.h"
 
 namespace shardtrain {
 

@@ -127,7 +127,7 @@ class Strategy {
   virtual void set_optimizer_steps(int64_t steps) = 0;
 
   // This rank's slices into the checkpoint directory `dir`
-  // (core/train/checkpoint_format.h); rank 0 then writes
+  // (core/checkpoint/checkpoint_format.h); rank 0 then writes
   // checkpoint.json with `training` (plus the optimizer's step count) as its
   // training record. Collective; fails on every rank when one fails.
   absl::Status SaveCheckpoint(const std::string& dir,

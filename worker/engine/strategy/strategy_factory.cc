@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 #include "worker/engine/strategy/ddp_strategy.h"
 #include "worker/engine/strategy/fsdp_strategy.h"
 #include "worker/engine/strategy/pipeline_strategy.h"

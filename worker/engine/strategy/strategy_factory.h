@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/strategy/strategy.h"
 

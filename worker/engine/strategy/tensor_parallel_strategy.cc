@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/train/device_mesh.h"
+#include "core/run/device_mesh.h"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/vocab_parallel.h"
@@ -82,7 +82,7 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
         " (use single, or at least ", 2 * tensor_parallel_, " ranks)"));
   }
   // The mesh, replicas (or shards) x tensor ranks, and its groups, each
-  // made in one place (core/train/device_mesh.h, comm/mesh_groups.h).
+  // made in one place (core/run/device_mesh.h, comm/mesh_groups.h).
   RunMeshShape shape;
   shape.tensor_parallel = tensor_parallel_;
   shape.data_parallel =

@@ -1,6 +1,6 @@
 // TensorParallelStrategy: model parallelism within every layer (Megatron-LM's
 // tensor parallelism). The world is a mesh of D data-parallel replicas x T
-// tensor-parallel ranks (core/train/device_mesh.h: the T ranks of a replica
+// tensor-parallel ranks (core/run/device_mesh.h: the T ranks of a replica
 // are neighbours, on one node where they can be). Within a replica each rank
 // holds its slices of every block under the model's tensor-parallel plan
 // (CausalLmImpl::TensorParallelRuns; e.g. 1/T of the attention

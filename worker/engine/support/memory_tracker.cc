@@ -10,7 +10,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "core/train/step_metrics.h"
+#include "core/run/step_metrics.h"
 #include "worker/engine/torch_compat.h"
 
 namespace shardtrain {

@@ -21,13 +21,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checkpoint/checkpoint_store.h"
 #include "core/data/batch_sampler.h"
 #include "core/data/token_file.h"
 #include "core/model/model_config.h"
-#include "core/train/checkpoint_store.h"
-#include "core/train/lr_schedule.h"
-#include "core/train/step_metrics.h"
-#include "core/train/train_config.h"
+#include "core/run/lr_schedule.h"
+#include "core/run/step_metrics.h"
+#include "core/run/train_config.h"
 #include "worker/engine/strategy/strategy.h"
 
 namespace shardtrain {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/checkpoint/checkpoint_export.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/model_config.h"
-#include "core/train/checkpoint_export.h"
 #include "gtest/gtest.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"

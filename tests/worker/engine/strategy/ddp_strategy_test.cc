@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_format.h"
 #include "core/model/model_config.h"
-#include "core/train/checkpoint_format.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
 #include "worker/engine/strategy/single_device_strategy.h"

@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_format.h"
 #include "core/model/model_config.h"
-#include "core/train/checkpoint_format.h"
 #include "nlohmann/json.hpp"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"

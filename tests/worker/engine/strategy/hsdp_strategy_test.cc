@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/train/checkpoint_format.h"
-#include "core/train/train_config.h"
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/run/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/train/device_mesh.h"
+#include "core/run/device_mesh.h"
 #include "tests/fakes/in_process_communicator.h"
 
 namespace shardtrain {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
 

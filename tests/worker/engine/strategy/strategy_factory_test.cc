@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "core/train/strategy_kinds.h"
+#include "core/run/strategy_kinds.h"
 #include "tests/fakes/in_process_communicator.h"
 
 namespace shardtrain {

@@ -11,7 +11,7 @@
 
 #include "core/model/model_config.h"
 #include "core/model/safetensors.h"
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/model/create_model.h"
 #include "worker/engine/model/llmc_checkpoint.h"

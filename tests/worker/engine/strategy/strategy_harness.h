@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/train/train_config.h"
+#include "core/run/train_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/gpt2.h"

@@ -1,4 +1,4 @@
-#include "core/train/checkpoint_store.h"
+#include "core/checkpoint/checkpoint_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "core/data/token_file.h"
-#include "core/train/lr_schedule.h"
-#include "core/train/step_metrics.h"
+#include "core/run/lr_schedule.h"
+#include "core/run/step_metrics.h"
 #include "tests/test_util.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 #include "worker/engine/strategy/single_device_strategy.h"
