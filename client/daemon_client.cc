@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/exit_code.h"
 #include "client/output_format.h"
+#include "common/flag_file.h"
 #include "common/input_file.h"
-#include "common/small_file.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -51,8 +51,8 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   if (client->address_.empty()) client->address_ = "127.0.0.1:50551";
 
   if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadSmallFile(
-        "--token-file", options.token_file, SmallFileOptions::Secret(4096));
+    absl::StatusOr<std::string> token = ReadFlagFile(
+        "--token-file", options.token_file, FlagFileOptions::Secret(4096));
     if (!token.ok()) return token.status();
     client->token_ = std::string(absl::StripAsciiWhitespace(*token));
   } else {
@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   const std::string ca =
       options.tls_ca.empty() ? Env("SHARDTRAIN_TLS_CA") : options.tls_ca;
   if (!ca.empty()) {
-    absl::StatusOr<std::string> roots = ReadSmallFile("--tls-ca", ca);
+    absl::StatusOr<std::string> roots = ReadFlagFile("--tls-ca", ca);
     if (!roots.ok()) return roots.status();
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *roots;

@@ -19,8 +19,8 @@
 #include "client/exit_code.h"
 #include "client/output_format.h"
 #include "client/step_metrics_csv.h"
+#include "common/flag_file.h"
 #include "common/nearest_name.h"
-#include "common/small_file.h"
 #include "core/run/step_metrics.h"
 #include "core/run/train_config.h"
 #include "core/run/train_flags.h"
@@ -39,7 +39,7 @@ bool IsTerminal(v1::JobState state) {
 
 // Job-level keys of a job YAML; everything else is a trainer key.
 absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
-  absl::StatusOr<std::string> text = ReadSmallFile("-f", path);
+  absl::StatusOr<std::string> text = ReadFlagFile("-f", path);
   if (!text.ok()) return text.status();
   YAML::Node root;
   try {

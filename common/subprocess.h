@@ -1,6 +1,6 @@
 // SpawnSubprocess: the one way shardtrain starts a child process — the
-// coordinator's workers (server/process_launcher) and `shardtrain-train
-// --nproc`'s ranks (worker/local_launcher) alike. Torch-free, gRPC-free.
+// coordinator's workers (server/process_spawner) and `shardtrain-train
+// --nproc`'s ranks (worker/local_ranks) alike. Torch-free, gRPC-free.
 #ifndef SHARDTRAIN_COMMON_SUBPROCESS_H_
 #define SHARDTRAIN_COMMON_SUBPROCESS_H_
 

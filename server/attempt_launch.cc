@@ -274,7 +274,7 @@ int AttemptSupervisor::RecordStartedRanks(JobEntry& entry,
     (*job.mutable_spec()->mutable_labels())["auto_mesh"] = prepared.auto_mesh;
   }
   // Which ranks run: all of a started attempt; of one that failed to
-  // start, those the launcher gave a pid (Launcher::Start).
+  // start, those the launcher gave a pid (AttemptLauncher::Start).
   const bool started = prepared.error.empty() && !prepared.skipped;
   int running = 0;
   for (int r = 0; r < world; ++r) {

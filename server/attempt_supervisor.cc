@@ -58,7 +58,7 @@ bool MarkOomFromLogTail(v1::Failure& failure) {
 
 }  // namespace
 
-AttemptSupervisor::AttemptSupervisor(JobTable* table, Launcher* launcher)
+AttemptSupervisor::AttemptSupervisor(JobTable* table, AttemptLauncher* launcher)
     : table_(table),
       launcher_(launcher),
       worker_address_(table->options.worker_address) {}

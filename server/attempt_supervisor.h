@@ -27,8 +27,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "server/attempt_launcher.h"
 #include "server/job_table.h"
-#include "server/launcher.h"
 #include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain {
@@ -36,7 +36,7 @@ namespace shardtrain {
 class AttemptSupervisor {
  public:
   // Neither is owned; `launcher` starts, polls, signals and ends the ranks.
-  AttemptSupervisor(JobTable* table, Launcher* launcher);
+  AttemptSupervisor(JobTable* table, AttemptLauncher* launcher);
   // Shutdown(), unless already done.
   ~AttemptSupervisor();
   AttemptSupervisor(const AttemptSupervisor&) = delete;
@@ -69,7 +69,7 @@ class AttemptSupervisor {
   struct PreparedLaunch {
     std::string error;     // non-empty: the launch failed
     bool skipped = false;  // stopped before the launcher was asked
-    Attempt attempt;       // what the launcher started (see Launcher::Start)
+    Attempt attempt;  // what the launcher started (see AttemptLauncher::Start)
     std::optional<int64_t> train_tokens;
     // Strategy auto: the mesh chosen for this attempt (MeshName).
     std::string auto_mesh;
@@ -154,7 +154,7 @@ class AttemptSupervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
 
   JobTable* const table_;
-  Launcher* const launcher_;
+  AttemptLauncher* const launcher_;
 
   std::string worker_address_ ABSL_GUARDED_BY(table_->mutex);
   std::vector<LaunchRequest> launch_requests_ ABSL_GUARDED_BY(table_->mutex);

@@ -4,12 +4,12 @@
 //   - its flags (`--<name>-...`), bound to the row's own settings, and their
 //     validation against the coordinator's (Validate);
 //   - the devices or slots the scheduler hands out (Backend::devices);
-//   - the Launcher that starts, polls, signals and cleans up attempts;
+//   - the AttemptLauncher that starts, polls, signals and cleans up attempts;
 //   - its part of the cluster view (nodes, node groups, a note), asked on
 //     every GetCluster.
 // The coordinator picks the row named by `--launcher` and never names one;
-// the JobManager sees only the Launcher. server/backends.cc lists the rows
-// shardtraind is built with (docs/design.md: "Adding a backend").
+// the JobManager sees only the AttemptLauncher. server/backends.cc lists the
+// rows shardtraind is built with (docs/design.md: "Adding a backend").
 #ifndef SHARDTRAIN_SERVER_BACKEND_H_
 #define SHARDTRAIN_SERVER_BACKEND_H_
 
@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/attempt_launcher.h"
 #include "server/device_inventory.h"
-#include "server/launcher.h"
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 #include "shardtrain/v1/cluster_service.pb.h"
 
 namespace CLI {
@@ -38,7 +38,7 @@ struct BackendContext {
   DeviceOptions devices;       // --device-kind, --cpu-slots
   const Nvml* nvml = nullptr;  // null without NVML
   // Spawns local processes (fork/exec; a fake in tests).
-  ProcessLauncher* processes = nullptr;
+  ProcessSpawner* processes = nullptr;
   // --worker-listen as given: empty for the Unix socket in the state dir.
   std::string worker_listen;
 };
@@ -52,7 +52,7 @@ class Backend {
   virtual const std::vector<DeviceInfo>& devices() const = 0;
 
   // Starts and supervises attempts; lives as long as the backend.
-  virtual Launcher& launcher() = 0;
+  virtual AttemptLauncher& launcher() = 0;
 
   // Fills the backend's part of `cluster` (nodes, node_groups,
   // node_group_kind, backend_note, backend_error when its source does not

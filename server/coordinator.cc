@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
-#include "common/small_file.h"
+#include "common/flag_file.h"
 #include "common/subprocess.h"
 #include "server/backends.h"
 #include "server/connection_trimmer.h"
@@ -67,8 +67,7 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
 
 // The coordinator's settings and parts its backend may use.
 BackendContext MakeBackendContext(const CoordinatorOptions& options,
-                                  const Nvml* nvml,
-                                  ProcessLauncher* processes) {
+                                  const Nvml* nvml, ProcessSpawner* processes) {
   BackendContext context;
   context.devices = options.devices;
   context.nvml = nvml;
@@ -180,11 +179,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
       grpc::InsecureServerCredentials();
   if (!options.tls_cert.empty()) {
     absl::StatusOr<std::string> cert =
-        ReadSmallFile("--tls-cert", options.tls_cert);
+        ReadFlagFile("--tls-cert", options.tls_cert);
     if (!cert.ok()) return cert.status();
     // A certificate is public; its key is a secret.
-    absl::StatusOr<std::string> key = ReadSmallFile(
-        "--tls-key", options.tls_key, SmallFileOptions::Secret(1 << 20));
+    absl::StatusOr<std::string> key = ReadFlagFile(
+        "--tls-key", options.tls_key, FlagFileOptions::Secret(1 << 20));
     if (!key.ok()) return key.status();
     // gRPC only fails later, at BuildAndStart, without saying why: check
     // that each file is the PEM it should be.

@@ -32,7 +32,7 @@
 #include "server/job_store.h"
 #include "server/metrics_exporter.h"
 #include "server/nvml.h"
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 #include "server/request_authorizer.h"
 #include "server/worker_service.h"
 
@@ -133,7 +133,7 @@ class Coordinator {
   int lock_fd_ = -1;  // flock on state-dir/LOCK: one coordinator per state dir
   std::unique_ptr<Nvml> nvml_;
   std::unique_ptr<JobStore> store_;
-  PosixProcessLauncher processes_;
+  PosixProcessSpawner processes_;
   std::unique_ptr<Backend> backend_;  // may spawn through processes_
   RealClock clock_;
   std::unique_ptr<RequestAuthorizer> authorizer_;

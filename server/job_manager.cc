@@ -10,7 +10,7 @@
 namespace shardtrain {
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
-    JobManagerOptions options, JobStore* store, Launcher* launcher,
+    JobManagerOptions options, JobStore* store, AttemptLauncher* launcher,
     Clock* clock, JobObserver* observer) {
   if (options.devices.empty()) {
     return absl::InvalidArgumentError("job manager: no devices to schedule");
@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
       new JobManager(std::move(table), launcher));
 }
 
-JobManager::JobManager(std::unique_ptr<JobTable> table, Launcher* launcher)
+JobManager::JobManager(std::unique_ptr<JobTable> table,
+                       AttemptLauncher* launcher)
     : table_(std::move(table)),
       supervisor_(std::make_unique<AttemptSupervisor>(table_.get(), launcher)),
       requests_(std::make_unique<JobRequests>(table_.get(), supervisor_.get())),

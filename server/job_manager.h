@@ -5,8 +5,8 @@
 // their last checkpoint when allowed, and recovers after a coordinator
 // restart. It includes no gRPC header: the services in this folder are thin
 // adapters over it, and tests drive it with a fake launcher and clock. Ranks
-// start, stop and end through a Launcher (server/launcher.h): local
-// processes or Slurm, the same code here for both.
+// start, stop and end through a AttemptLauncher (server/attempt_launcher.h):
+// local processes or Slurm, the same code here for both.
 //
 // A facade over four parts that share one mutex: JobTable
 // (server/job_table.h: the jobs and devices, and how a change is stored and
@@ -36,11 +36,11 @@
 #include "common/clock.h"
 #include "core/data/builtin_dataset.h"
 #include "server/access_policy.h"
+#include "server/attempt_launcher.h"
 #include "server/device_inventory.h"
 #include "server/job_manager_types.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
-#include "server/launcher.h"
 #include "shardtrain/v1/job.pb.h"
 #include "shardtrain/v1/worker_service.pb.h"
 
@@ -55,7 +55,7 @@ class JobManager {
  public:
   // Loads the store. Nothing is changed until ResumeInterruptedJobs().
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(
-      JobManagerOptions options, JobStore* store, Launcher* launcher,
+      JobManagerOptions options, JobStore* store, AttemptLauncher* launcher,
       Clock* clock, JobObserver* observer = nullptr);
 
   ~JobManager();
@@ -113,7 +113,7 @@ class JobManager {
   absl::StatusOr<bool> Heartbeat(const v1::WorkerIdentity& worker);
 
  private:
-  JobManager(std::unique_ptr<JobTable> table, Launcher* launcher);
+  JobManager(std::unique_ptr<JobTable> table, AttemptLauncher* launcher);
 
   // In dependency order (destroyed in reverse): the faces work on the table,
   // and Cancel stops ranks through the supervisor.

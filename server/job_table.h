@@ -29,10 +29,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/attempt_launcher.h"
 #include "server/job_manager_types.h"
 #include "server/job_store.h"
 #include "server/job_watch.h"
-#include "server/launcher.h"
 #include "server/scheduler.h"
 #include "shardtrain/v1/job.pb.h"
 
@@ -172,7 +172,7 @@ class JobTable {
   int64_t next_seq ABSL_GUARDED_BY(mutex) = 1;
   // Per device: the id of the job holding it; empty when free.
   std::vector<std::string> device_holder ABSL_GUARDED_BY(mutex);
-  // Devices the launcher last reported lost (Launcher::Available).
+  // Devices the launcher last reported lost (AttemptLauncher::Available).
   std::set<int> lost_devices ABSL_GUARDED_BY(mutex);
   // Set once by Shutdown: nothing new is accepted or started.
   bool shutting_down ABSL_GUARDED_BY(mutex) = false;

@@ -11,12 +11,12 @@ namespace {
 
 class LocalBackend : public Backend {
  public:
-  LocalBackend(std::vector<DeviceInfo> devices, ProcessLauncher* processes,
+  LocalBackend(std::vector<DeviceInfo> devices, ProcessSpawner* processes,
                LocalJobLauncher::LostDevices lost)
       : devices_(std::move(devices)), launcher_(processes, std::move(lost)) {}
 
   const std::vector<DeviceInfo>& devices() const override { return devices_; }
-  Launcher& launcher() override { return launcher_; }
+  AttemptLauncher& launcher() override { return launcher_; }
 
  private:
   const std::vector<DeviceInfo> devices_;

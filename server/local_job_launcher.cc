@@ -5,7 +5,7 @@
 
 namespace shardtrain {
 
-LocalJobLauncher::LocalJobLauncher(ProcessLauncher* processes,
+LocalJobLauncher::LocalJobLauncher(ProcessSpawner* processes,
                                    LostDevices lost_devices)
     : processes_(processes), lost_devices_(std::move(lost_devices)) {}
 

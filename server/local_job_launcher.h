@@ -1,5 +1,5 @@
-// LocalJobLauncher: the Launcher whose ranks are processes on this host,
-// started through a ProcessLauncher (fork/exec; a fake in tests). Ranks
+// LocalJobLauncher: the AttemptLauncher whose ranks are processes on this host,
+// started through a ProcessSpawner (fork/exec; a fake in tests). Ranks
 // rendezvous on 127.0.0.1 at a port picked per attempt; rank 0 leads the
 // process group the others join, so one signal reaches them all.
 #ifndef SHARDTRAIN_SERVER_LOCAL_JOB_LAUNCHER_H_
@@ -9,19 +9,19 @@
 #include <string>
 #include <vector>
 
-#include "server/launcher.h"
-#include "server/process_launcher.h"
+#include "server/attempt_launcher.h"
+#include "server/process_spawner.h"
 
 namespace shardtrain {
 
-class LocalJobLauncher : public Launcher {
+class LocalJobLauncher : public AttemptLauncher {
  public:
   // Indices into the coordinator's devices that cannot run a rank now (a GPU
   // that fell off the bus); null: none ever.
   using LostDevices = std::function<std::vector<int>()>;
 
   // `processes` must outlive this launcher.
-  explicit LocalJobLauncher(ProcessLauncher* processes,
+  explicit LocalJobLauncher(ProcessSpawner* processes,
                             LostDevices lost_devices = nullptr);
 
   std::string name() const override { return "local"; }
@@ -37,7 +37,7 @@ class LocalJobLauncher : public Launcher {
   absl::StatusOr<Capacity> Available() override;
 
  private:
-  ProcessLauncher* const processes_;
+  ProcessSpawner* const processes_;
   const LostDevices lost_devices_;
 };
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 
 namespace shardtrain {
 

@@ -2,14 +2,14 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/small_file.h"
+#include "common/flag_file.h"
 
 namespace shardtrain {
 
 absl::StatusOr<std::string> RequestAuthorizer::ReadTokenFile(
     const std::string& path) {
   absl::StatusOr<std::string> read =
-      ReadSmallFile("--auth-token-file", path, SmallFileOptions::Secret(4096));
+      ReadFlagFile("--auth-token-file", path, FlagFileOptions::Secret(4096));
   if (!read.ok()) return read.status();
   std::string token = std::move(*read);
   absl::StripAsciiWhitespace(&token);

@@ -53,7 +53,7 @@ class SlurmBackend : public Backend {
         launcher_(client_.get(), options) {}
 
   const std::vector<DeviceInfo>& devices() const override { return slots_; }
-  Launcher& launcher() override { return launcher_; }
+  AttemptLauncher& launcher() override { return launcher_; }
 
   void DescribeCluster(v1::Cluster* cluster) override {
     cluster->set_node_group_kind("partition");

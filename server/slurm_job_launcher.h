@@ -1,6 +1,6 @@
-// SlurmJobLauncher: the Launcher for `shardtraind --launcher slurm`. An attempt
-// is one `sbatch` allocation of world-size tasks (server/slurm.h plans it);
-// its batch script `srun`s shardtrain-worker once per rank, on nodes Slurm
+// SlurmJobLauncher: the AttemptLauncher for `shardtraind --launcher slurm`. An
+// attempt is one `sbatch` allocation of world-size tasks (server/slurm.h plans
+// it); its batch script `srun`s shardtrain-worker once per rank, on nodes Slurm
 // picks, so the ranks' pids are learnt only when they register. The attempt's
 // state is Slurm's record of the job; its end is classified from that record
 // and srun's lines in the attempt's batch log.
@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "server/launcher.h"
+#include "server/attempt_launcher.h"
 #include "server/slurm.h"
 
 namespace shardtrain {
 
-class SlurmJobLauncher : public Launcher {
+class SlurmJobLauncher : public AttemptLauncher {
  public:
   // `client` must outlive this launcher.
   SlurmJobLauncher(SlurmClient* client, SlurmOptions options,

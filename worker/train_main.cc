@@ -20,7 +20,7 @@
 #include "core/run/train_flags.h"
 #include "worker/calibration.h"
 #include "worker/engine/support/cpu_threads.h"
-#include "worker/local_launcher.h"
+#include "worker/local_ranks.h"
 #include "worker/training_run.h"
 
 namespace shardtrain {
@@ -66,7 +66,7 @@ int Main(int argc, char** argv) {
   app.add_option("--config", config_file,
                  "YAML file with the same keys as the flags");
   AddTrainFlags(app, config);
-  LocalLaunchOptions launch;
+  LocalRanksOptions launch;
   app.add_option("--nproc", launch.nproc,
                  "start N ranks on this host, like torchrun --nproc-per-node")
       ->check(CLI::Range(1, 1024));

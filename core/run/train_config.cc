@@ -14,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/flag_file.h"
 #include "common/nearest_name.h"
-#include "common/small_file.h"
 #include "core/model/model_config.h"
 #include "core/plan/pipeline_plan.h"
 #include "core/run/step_metrics.h"
@@ -543,7 +543,7 @@ absl::Status LoadYamlTrainConfigFile(const std::string& path,
                                      TrainConfig* config) {
   // A directory, a FIFO or an endless device is refused by name (a
   // directory once ran with no config at all).
-  absl::StatusOr<std::string> text = ReadSmallFile("config", path);
+  absl::StatusOr<std::string> text = ReadFlagFile("config", path);
   if (!text.ok()) return text.status();
   absl::Status status = ApplyYamlTrainConfig(*text, config);
   if (!status.ok()) {

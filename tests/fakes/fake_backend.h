@@ -1,6 +1,6 @@
 // FakeBackendKind: a third backend, registered by a test the way a real one
 // is (server/backend.h): its own flag (--fake-slots), its own validation,
-// slots, a FakeLauncher that starts nothing, and a cluster view with one
+// slots, a FakeAttemptLauncher that starts nothing, and a cluster view with one
 // node in one pool. The coordinator, JobManager, proto and CLI know nothing
 // of it.
 #ifndef SHARDTRAIN_TESTS_FAKES_FAKE_BACKEND_H_
@@ -13,7 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "server/backend.h"
-#include "tests/fakes/fake_launcher.h"
+#include "tests/fakes/fake_attempt_launcher.h"
 
 namespace shardtrain {
 
@@ -25,7 +25,7 @@ class FakeBackend : public Backend {
     }
   }
   const std::vector<DeviceInfo>& devices() const override { return devices_; }
-  Launcher& launcher() override { return launcher_; }
+  AttemptLauncher& launcher() override { return launcher_; }
   void DescribeCluster(v1::Cluster* cluster) override {
     cluster->set_node_group_kind("pool");
     cluster->set_backend_note("ranks run nowhere; the test says how they end");
@@ -40,11 +40,11 @@ class FakeBackend : public Backend {
     group->set_is_default(true);
   }
 
-  FakeLauncher& fake() { return launcher_; }
+  FakeAttemptLauncher& fake() { return launcher_; }
 
  private:
   std::vector<DeviceInfo> devices_;
-  FakeLauncher launcher_;
+  FakeAttemptLauncher launcher_;
 };
 
 class FakeBackendKind : public BackendKind {

@@ -117,7 +117,7 @@ class FakeBackendCoordinatorTest : public ::testing::Test {
     if (coordinator_ != nullptr) coordinator_->Shutdown();
   }
 
-  FakeLauncher& fake() { return kind_->created()->fake(); }
+  FakeAttemptLauncher& fake() { return kind_->created()->fake(); }
 
   v1::Job Submit(int world) {
     v1::SubmitJobRequest request;
@@ -167,7 +167,7 @@ class FakeBackendCoordinatorTest : public ::testing::Test {
 
   // Rank `rank` of attempt `handle` registers over the worker API.
   grpc::Status Register(const std::string& handle, int rank) {
-    const FakeLauncher::Started started = fake().started(handle);
+    const FakeAttemptLauncher::Started started = fake().started(handle);
     v1::RegisterRequest request;
     request.mutable_worker()->set_job_id(started.launch.job_id);
     request.mutable_worker()->set_secret(started.launch.secret);
@@ -203,7 +203,7 @@ TEST_F(FakeBackendCoordinatorTest, AJobRunsOnARegisteredBackendThroughTheApi) {
 
   const v1::Job job = Submit(2);
   const std::string handle = Handle(0);
-  const FakeLauncher::Started started = fake().started(handle);
+  const FakeAttemptLauncher::Started started = fake().started(handle);
   EXPECT_EQ(started.launch.job_id, job.id());
   EXPECT_EQ(started.launch.world_size, 2);
   EXPECT_EQ(started.attempt.number, 1);
@@ -246,10 +246,11 @@ TEST_F(FakeBackendCoordinatorTest, CancelReachesTheBackendsRanksAsSigterm) {
   grpc::ClientContext context;
   v1::Job cancelled;
   ASSERT_TRUE(jobs_->CancelJob(&context, request, &cancelled).ok());
-  // The fake's ranks exit on SIGTERM (FakeLauncher::set_exit_on_sigterm).
+  // The fake's ranks exit on SIGTERM
+  // (FakeAttemptLauncher::set_exit_on_sigterm).
   ASSERT_TRUE(WaitFor([&] { return Get(job.id()).state() == v1::CANCELLED; }))
       << v1::JobState_Name(Get(job.id()).state());
-  const FakeLauncher::Started started = fake().started(handle);
+  const FakeAttemptLauncher::Started started = fake().started(handle);
   ASSERT_FALSE(started.signals.empty());
   EXPECT_EQ(started.signals.front().first, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(started.signals.front().second, SIGTERM);

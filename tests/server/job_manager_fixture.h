@@ -1,5 +1,5 @@
 // JobManagerFixture: a JobManager driven by hand — a LocalJobLauncher over a
-// fake ProcessLauncher stands in for processes, a fake clock for time, Tick()
+// fake ProcessSpawner stands in for processes, a fake clock for time, Tick()
 // for the supervisor thread — over a real store in a temporary state dir.
 // Shared by the JobManager's tests and the Slurm launcher's.
 #ifndef SHARDTRAIN_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_
@@ -17,7 +17,7 @@
 #include "server/job_manager.h"
 #include "server/local_job_launcher.h"
 #include "tests/fakes/fake_clock.h"
-#include "tests/fakes/fake_process_launcher.h"
+#include "tests/fakes/fake_process_spawner.h"
 #include "tests/test_util.h"
 
 namespace shardtrain::test {
@@ -63,8 +63,8 @@ class JobManagerFixture : public ::testing::Test {
 
   virtual void Configure(JobManagerOptions&) {}
   // The backend the manager drives: local processes over the fake
-  // ProcessLauncher unless a fixture says otherwise.
-  virtual Launcher* launcher() { return &local_; }
+  // ProcessSpawner unless a fixture says otherwise.
+  virtual AttemptLauncher* launcher() { return &local_; }
 
   // Spec(world, max_restarts) that may continue on `min_world` ranks: 3
   // sequences per rank per step, a checkpoint every 5 steps.
@@ -100,7 +100,7 @@ class JobManagerFixture : public ::testing::Test {
   // Runs inside the data resolver (at submit, and in a launch's preparation).
   std::function<void()> on_resolve_;
   FakeClock clock_;
-  FakeProcessLauncher launcher_;
+  FakeProcessSpawner launcher_;
   // Devices the local launcher reports lost (a GPU off the bus).
   std::vector<int> lost_devices_;
   LocalJobLauncher local_{&launcher_, [this] { return lost_devices_; }};

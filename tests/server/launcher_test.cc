@@ -1,8 +1,6 @@
-// The Launcher backends on their own — LocalJobLauncher over a fake and over
-// real processes, SlurmJobLauncher over a fake Slurm — and the JobManager
+// The AttemptLauncher backends on their own — LocalJobLauncher over a fake and
+// over real processes, SlurmJobLauncher over a fake Slurm — and the JobManager
 // driving a third, fake backend through nothing but the interface.
-#include "server/launcher.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -11,10 +9,11 @@
 #include <map>
 
 #include "absl/time/clock.h"
+#include "server/attempt_launcher.h"
 #include "server/local_job_launcher.h"
 #include "server/slurm_job_launcher.h"
-#include "tests/fakes/fake_launcher.h"
-#include "tests/fakes/fake_process_launcher.h"
+#include "tests/fakes/fake_attempt_launcher.h"
+#include "tests/fakes/fake_process_spawner.h"
 #include "tests/fakes/fake_slurm_client.h"
 #include "tests/server/job_manager_fixture.h"
 #include "tests/test_util.h"
@@ -46,7 +45,7 @@ RankLaunch Launch(const std::string& job_dir, int world) {
 
 TEST(LocalJobLauncherTest, StartsEveryRankInRankZerosGroupOnOneRendezvousPort) {
   test::TempDir dir;
-  FakeProcessLauncher processes;
+  FakeProcessSpawner processes;
   LocalJobLauncher launcher(&processes);
   Attempt attempt;
 
@@ -69,7 +68,7 @@ TEST(LocalJobLauncherTest, StartsEveryRankInRankZerosGroupOnOneRendezvousPort) {
 TEST(LocalJobLauncherTest,
      ASpawnFailureNamesTheRankAndKeepsThePidsThatStarted) {
   test::TempDir dir;
-  FakeProcessLauncher processes;
+  FakeProcessSpawner processes;
   processes.FailSpawnAfter(2);
   LocalJobLauncher launcher(&processes);
   Attempt attempt;
@@ -87,7 +86,7 @@ TEST(LocalJobLauncherTest,
 
 TEST(LocalJobLauncherTest, PollReportsEachExitOnceAndSignalsOnlyTheGivenRanks) {
   test::TempDir dir;
-  FakeProcessLauncher processes;
+  FakeProcessSpawner processes;
   LocalJobLauncher launcher(&processes);
   Attempt attempt;
   ASSERT_TRUE(launcher.Start(Launch(dir.path(), 2), 1, &attempt).ok());
@@ -112,7 +111,7 @@ TEST(LocalJobLauncherTest, RealRanksStartAndEndOnSigterm) {
   const std::string worker = dir / "worker.sh";
   test::WriteFile(worker, "#!/bin/sh\nexec sleep 60\n");
   std::filesystem::permissions(worker, std::filesystem::perms::owner_all);
-  PosixProcessLauncher processes;
+  PosixProcessSpawner processes;
   LocalJobLauncher launcher(&processes);
   RankLaunch launch = Launch(dir.path(), 2);
   launch.worker_binary = worker;
@@ -225,12 +224,12 @@ TEST(SlurmJobLauncherTest, SigkillIsScancelAndLeftoversAreCancelled) {
 
 class FakeBackendJobManagerTest : public test::JobManagerFixture {
  protected:
-  Launcher* launcher() override { return &backend_; }
+  AttemptLauncher* launcher() override { return &backend_; }
   void TearDown() override { manager_.reset(); }
 
   // Rank r of attempt `handle`, registering from wherever it runs.
   v1::WorkerIdentity Identity(const std::string& handle, int rank) {
-    const FakeLauncher::Started started = backend_.started(handle);
+    const FakeAttemptLauncher::Started started = backend_.started(handle);
     v1::WorkerIdentity w;
     w.set_job_id(started.launch.job_id);
     w.set_secret(started.launch.secret);
@@ -252,14 +251,14 @@ class FakeBackendJobManagerTest : public test::JobManagerFixture {
     return job->id();
   }
 
-  FakeLauncher backend_;
+  FakeAttemptLauncher backend_;
 };
 
 TEST_F(FakeBackendJobManagerTest, AJobRunsAndSucceedsThroughTheInterfaceAlone) {
   std::string handle;
   const std::string id = StartRunning(Spec(2), &handle);
   EXPECT_TRUE(launcher_.spawned().empty());  // nothing forked here
-  const FakeLauncher::Started started = backend_.started(handle);
+  const FakeAttemptLauncher::Started started = backend_.started(handle);
   EXPECT_EQ(started.launch.world_size, 2);
   EXPECT_EQ(started.attempt.number, 1);
   EXPECT_FALSE(started.launch.resume);

@@ -291,7 +291,7 @@ class SlurmJobManagerTest : public test::JobManagerFixture {
   void Configure(JobManagerOptions& options) override {
     options.worker_address = "10.231.77.1:50552";
   }
-  Launcher* launcher() override { return &slurm_launcher_; }
+  AttemptLauncher* launcher() override { return &slurm_launcher_; }
   // The manager uses slurm_, which goes before the fixture's members.
   void TearDown() override { manager_.reset(); }
 

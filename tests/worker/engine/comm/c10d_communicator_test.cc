@@ -29,7 +29,7 @@
 
 #include "common/exit_codes.h"
 #include "common/free_port.h"
-#include "worker/local_launcher.h"
+#include "worker/local_ranks.h"
 
 extern char** environ;
 

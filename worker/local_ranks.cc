@@ -1,4 +1,4 @@
-#include "worker/local_launcher.h"
+#include "worker/local_ranks.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -170,7 +170,7 @@ struct Child {
 
 // Starts one rank in its own process group (so stopping it also stops what
 // it started) with stdout/stderr on pipes and stdin on /dev/null.
-absl::Status Spawn(const LocalLaunchOptions& options, int rank, int port,
+absl::Status Spawn(const LocalRanksOptions& options, int rank, int port,
                    std::ostream& out, std::ostream& err, Child* child) {
   SubprocessOptions spawn;
   spawn.argv = options.argv;
@@ -212,11 +212,11 @@ std::string RankExit::Describe() const {
   return DescribeExit(exit_code, signal);
 }
 
-LocalLauncher::LocalLauncher(LocalLaunchOptions options, std::ostream& out,
-                             std::ostream& err)
+LocalRanks::LocalRanks(LocalRanksOptions options, std::ostream& out,
+                       std::ostream& err)
     : options_(std::move(options)), out_(out), err_(err) {}
 
-absl::StatusOr<LaunchResult> LocalLauncher::Run() {
+absl::StatusOr<LocalRanksResult> LocalRanks::Run() {
   if (options_.nproc < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nproc must be at least 1, got ", options_.nproc));
@@ -246,7 +246,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
       if (!free_port.ok()) return free_port.status();
       port = *free_port;
     }
-    absl::StatusOr<LaunchResult> result = RunOnce(port);
+    absl::StatusOr<LocalRanksResult> result = RunOnce(port);
     if (!result.ok() || !picked || attempt == kPortTries ||
         result->interrupted_by != 0 || result->first_failure.rank != 0 ||
         result->first_failure.exit_code != kExitRendezvousPortTaken) {
@@ -259,7 +259,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::Run() {
   }
 }
 
-absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
+absl::StatusOr<LocalRanksResult> LocalRanks::RunOnce(int port) {
   SignalPipe signals;
   if (!signals.error().empty()) return absl::InternalError(signals.error());
 
@@ -297,7 +297,7 @@ absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
     }
   }
 
-  LaunchResult result;
+  LocalRanksResult result;
   bool stopping = false;
   bool killed = false;
   SteadyClock::time_point kill_at;
@@ -429,11 +429,11 @@ absl::StatusOr<LaunchResult> LocalLauncher::RunOnce(int port) {
   return result;
 }
 
-int RunLocalRanks(LocalLaunchOptions options, int argc, char** argv) {
+int RunLocalRanks(LocalRanksOptions options, int argc, char** argv) {
   options.program = "/proc/self/exe";
   options.argv.assign(argv, argv + argc);
-  LocalLauncher launcher(std::move(options), std::cout, std::cerr);
-  absl::StatusOr<LaunchResult> result = launcher.Run();
+  LocalRanks launcher(std::move(options), std::cout, std::cerr);
+  absl::StatusOr<LocalRanksResult> result = launcher.Run();
   if (!result.ok()) {
     std::cerr << kReport << result.status().message() << std::endl;
     return 1;

@@ -1,5 +1,5 @@
-// Launcher: how the JobManager runs one attempt of a job — starts its ranks,
-// signals them, learns how they ended, and cleans up what a previous
+// AttemptLauncher: how the JobManager runs one attempt of a job — starts its
+// ranks, signals them, learns how they ended, and cleans up what a previous
 // coordinator left. Each backend (server/backend.h) has one: LocalJobLauncher
 // (ranks are processes on this host, server/local_job_launcher.h),
 // SlurmJobLauncher (an attempt is one Slurm allocation,
@@ -10,8 +10,8 @@
 // while holding its own lock, so a backend may run slow commands (sbatch);
 // ranks a backend spawns may be tied to that thread's life. Cleanup
 // (EndLeftovers) runs once, at startup, before the supervisor starts.
-#ifndef SHARDTRAIN_SERVER_LAUNCHER_H_
-#define SHARDTRAIN_SERVER_LAUNCHER_H_
+#ifndef SHARDTRAIN_SERVER_ATTEMPT_LAUNCHER_H_
+#define SHARDTRAIN_SERVER_ATTEMPT_LAUNCHER_H_
 
 #include <optional>
 #include <string>
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 #include "server/rank_specs.h"
 #include "shardtrain/v1/job.pb.h"
 
@@ -45,8 +45,8 @@ struct Attempt {
   int pgid = 0;
 };
 
-// The record of attempt `number` of `launch` as a Launcher's Start begins
-// it; the backend fills in what it learns (handle, summary, pids, pgid).
+// The record of attempt `number` of `launch` as a AttemptLauncher's Start
+// begins it; the backend fills in what it learns (handle, summary, pids, pgid).
 inline Attempt NewAttempt(const RankLaunch& launch, int number) {
   Attempt attempt;
   attempt.job_id = launch.job_id;
@@ -97,9 +97,9 @@ struct Capacity {
   std::string lost;
 };
 
-class Launcher {
+class AttemptLauncher {
  public:
-  virtual ~Launcher() = default;
+  virtual ~AttemptLauncher() = default;
 
   // "local", "slurm": for logs and events.
   virtual std::string name() const = 0;
@@ -139,4 +139,4 @@ class Launcher {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_SERVER_LAUNCHER_H_
+#endif  // SHARDTRAIN_SERVER_ATTEMPT_LAUNCHER_H_

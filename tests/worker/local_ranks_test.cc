@@ -1,6 +1,6 @@
-// LocalLauncher with `sh -c` ranks: environment, prefixed output, exit codes,
+// LocalRanks with `sh -c` ranks: environment, prefixed output, exit codes,
 // and who is reported as failing first.
-#include "worker/local_launcher.h"
+#include "worker/local_ranks.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@ using ::testing::Not;
 using SteadyClock = std::chrono::steady_clock;
 
 struct Launched {
-  absl::StatusOr<LaunchResult> result;
+  absl::StatusOr<LocalRanksResult> result;
   std::string out;
   std::string err;
   double seconds;
@@ -33,21 +33,21 @@ struct Launched {
 // Runs `script` under /bin/sh as `nproc` ranks.
 Launched Launch(int nproc, const std::string& script,
                 std::chrono::milliseconds grace = std::chrono::seconds(5)) {
-  LocalLaunchOptions options;
+  LocalRanksOptions options;
   options.nproc = nproc;
   options.program = "/bin/sh";
   options.argv = {"sh", "-c", script};
   options.grace = grace;
   std::ostringstream out, err;
   const SteadyClock::time_point start = SteadyClock::now();
-  LocalLauncher launcher(options, out, err);
-  absl::StatusOr<LaunchResult> result = launcher.Run();
+  LocalRanks launcher(options, out, err);
+  absl::StatusOr<LocalRanksResult> result = launcher.Run();
   const double seconds =
       std::chrono::duration<double>(SteadyClock::now() - start).count();
   return {std::move(result), out.str(), err.str(), seconds};
 }
 
-TEST(LocalLauncherTest, RanksSeeTorchrunVariablesAndOutputIsPrefixed) {
+TEST(LocalRanksTest, RanksSeeTorchrunVariablesAndOutputIsPrefixed) {
   Launched l = Launch(3,
                       "echo \"out $RANK/$WORLD_SIZE local $LOCAL_RANK/"
                       "$LOCAL_WORLD_SIZE at $MASTER_ADDR\"; "
@@ -66,8 +66,8 @@ TEST(LocalLauncherTest, RanksSeeTorchrunVariablesAndOutputIsPrefixed) {
   EXPECT_THAT(l.err, Not(HasSubstr("[launcher]")));
 }
 
-TEST(LocalLauncherTest, OneNodeOfSeveralRunsItsSliceOfTheGlobalRanks) {
-  LocalLaunchOptions options;
+TEST(LocalRanksTest, OneNodeOfSeveralRunsItsSliceOfTheGlobalRanks) {
+  LocalRanksOptions options;
   options.nproc = 2;
   options.nnodes = 3;
   options.node_rank = 1;
@@ -77,7 +77,7 @@ TEST(LocalLauncherTest, OneNodeOfSeveralRunsItsSliceOfTheGlobalRanks) {
                   "echo \"$RANK/$WORLD_SIZE local $LOCAL_RANK node "
                   "$GROUP_RANK at $MASTER_ADDR:$MASTER_PORT\""};
   std::ostringstream out, err;
-  absl::StatusOr<LaunchResult> result = LocalLauncher(options, out, err).Run();
+  absl::StatusOr<LocalRanksResult> result = LocalRanks(options, out, err).Run();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 0);
   EXPECT_THAT(out.str(),
@@ -87,15 +87,15 @@ TEST(LocalLauncherTest, OneNodeOfSeveralRunsItsSliceOfTheGlobalRanks) {
 
   // Several nodes need node 0's address, and a node index inside the run.
   options.master_addr = "127.0.0.1";
-  EXPECT_THAT(LocalLauncher(options, out, err).Run().status().message(),
+  EXPECT_THAT(LocalRanks(options, out, err).Run().status().message(),
               HasSubstr("--master-addr"));
   options.master_addr = "node0.example";
   options.node_rank = 3;
-  EXPECT_THAT(LocalLauncher(options, out, err).Run().status().message(),
+  EXPECT_THAT(LocalRanks(options, out, err).Run().status().message(),
               HasSubstr("--node-rank"));
 }
 
-TEST(LocalLauncherTest, EveryRankGetsTheSamePort) {
+TEST(LocalRanksTest, EveryRankGetsTheSamePort) {
   Launched l = Launch(2, "echo $MASTER_PORT");
 
   ASSERT_TRUE(l.result.ok()) << l.result.status();
@@ -109,7 +109,7 @@ TEST(LocalLauncherTest, EveryRankGetsTheSamePort) {
 // Rank 0 exits with kExitRendezvousPortTaken the first time (as when another
 // process took the picked port before it bound it): every rank starts again,
 // on another port, and the run succeeds.
-TEST(LocalLauncherTest, TakenRendezvousPortStartsTheRanksAgainOnAnotherPort) {
+TEST(LocalRanksTest, TakenRendezvousPortStartsTheRanksAgainOnAnotherPort) {
   char dir_template[] = "/tmp/launcher-port-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string mark = std::string(dir_template) + "/tried";
@@ -132,22 +132,22 @@ TEST(LocalLauncherTest, TakenRendezvousPortStartsTheRanksAgainOnAnotherPort) {
 }
 
 // A port the user chose is theirs: no silent move to another.
-TEST(LocalLauncherTest, ANamedPortIsNotRetried) {
-  LocalLaunchOptions options;
+TEST(LocalRanksTest, ANamedPortIsNotRetried) {
+  LocalRanksOptions options;
   options.nproc = 1;
   options.program = "/bin/sh";
   options.argv = {"sh", "-c", "exit 75"};
   options.master_port = 29999;
   std::ostringstream out, err;
-  LocalLauncher launcher(options, out, err);
-  absl::StatusOr<LaunchResult> result = launcher.Run();
+  LocalRanks launcher(options, out, err);
+  absl::StatusOr<LocalRanksResult> result = launcher.Run();
 
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 75);
   EXPECT_THAT(err.str(), Not(HasSubstr("another port")));
 }
 
-TEST(LocalLauncherTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
+TEST(LocalRanksTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
   Launched l = Launch(1, "printf 'a\\nb'; printf 'c\\nd'");
 
   ASSERT_TRUE(l.result.ok()) << l.result.status();
@@ -156,15 +156,15 @@ TEST(LocalLauncherTest, LinesAreKeptWholeAndAnUnterminatedLastLineIsEnded) {
 
 // Ranks slow to start (many on few cores) are not silence: until one prints,
 // the launcher says how many run and for how long; after that, nothing.
-TEST(LocalLauncherTest, SaysTheRanksRunUntilOnePrints) {
-  LocalLaunchOptions options;
+TEST(LocalRanksTest, SaysTheRanksRunUntilOnePrints) {
+  LocalRanksOptions options;
   options.nproc = 2;
   options.program = "/bin/sh";
   options.argv = {"sh", "-c", "sleep 1.2; echo up; sleep 1"};
   options.progress_every = std::chrono::milliseconds(500);
   std::ostringstream out, err;
-  LocalLauncher launcher(options, out, err);
-  absl::StatusOr<LaunchResult> result = launcher.Run();
+  LocalRanks launcher(options, out, err);
+  absl::StatusOr<LocalRanksResult> result = launcher.Run();
 
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 0);
@@ -184,7 +184,7 @@ TEST(LocalLauncherTest, SaysTheRanksRunUntilOnePrints) {
   EXPECT_THAT(out.str(), HasSubstr("[rank 1] up\n"));
 }
 
-TEST(LocalLauncherTest, FailingRankStopsTheOthersAndIsReportedFirst) {
+TEST(LocalRanksTest, FailingRankStopsTheOthersAndIsReportedFirst) {
   Launched l = Launch(3,
                       "if [ \"$RANK\" = 1 ]; then echo bye; exit 3; fi; "
                       "sleep 30");
@@ -204,7 +204,7 @@ TEST(LocalLauncherTest, FailingRankStopsTheOthersAndIsReportedFirst) {
   EXPECT_LT(l.seconds, 5.0);
 }
 
-TEST(LocalLauncherTest, RankKilledBySignalIsReportedByName) {
+TEST(LocalRanksTest, RankKilledBySignalIsReportedByName) {
   Launched l =
       Launch(2, "if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; sleep 30");
 
@@ -215,7 +215,7 @@ TEST(LocalLauncherTest, RankKilledBySignalIsReportedByName) {
   EXPECT_THAT(l.err, HasSubstr("rank 1 failed first (signal KILL)"));
 }
 
-TEST(LocalLauncherTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+TEST(LocalRanksTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   const std::string ready =
       testing::TempDir() + "launcher_trap_set_" + std::to_string(getpid());
   std::remove(ready.c_str());
@@ -241,7 +241,7 @@ TEST(LocalLauncherTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_LT(l.seconds, 3.0);
 }
 
-TEST(LocalLauncherTest, SigtermToTheLauncherStopsAllRanks) {
+TEST(LocalRanksTest, SigtermToTheLauncherStopsAllRanks) {
   // Rank 0 plays the user: it sends SIGTERM to the launcher (its parent).
   Launched l = Launch(2,
                       "if [ \"$RANK\" = 0 ]; then kill -TERM $PPID; fi; "
@@ -258,13 +258,13 @@ TEST(LocalLauncherTest, SigtermToTheLauncherStopsAllRanks) {
   EXPECT_LT(l.seconds, 5.0);
 }
 
-TEST(LocalLauncherTest, ProgramThatCannotRunIsAnError) {
-  LocalLaunchOptions options;
+TEST(LocalRanksTest, ProgramThatCannotRunIsAnError) {
+  LocalRanksOptions options;
   options.nproc = 2;
   options.program = "/nonexistent/shardtrain-train";
   std::ostringstream out, err;
 
-  absl::StatusOr<LaunchResult> result = LocalLauncher(options, out, err).Run();
+  absl::StatusOr<LocalRanksResult> result = LocalRanks(options, out, err).Run();
 
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(
@@ -273,7 +273,7 @@ TEST(LocalLauncherTest, ProgramThatCannotRunIsAnError) {
                 "file or directory"));
 }
 
-TEST(LocalLauncherTest, PickFreePortGivesABindablePort) {
+TEST(LocalRanksTest, PickFreePortGivesABindablePort) {
   absl::StatusOr<int> port = PickFreePort();
   ASSERT_TRUE(port.ok()) << port.status();
 

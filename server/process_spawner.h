@@ -1,7 +1,7 @@
-// ProcessLauncher: how the coordinator starts, signals and reaps worker
-// processes. PosixProcessLauncher fork/execs; tests use a fake.
-#ifndef SHARDTRAIN_SERVER_PROCESS_LAUNCHER_H_
-#define SHARDTRAIN_SERVER_PROCESS_LAUNCHER_H_
+// ProcessSpawner: how the coordinator starts, signals and reaps worker
+// processes. PosixProcessSpawner fork/execs; tests use a fake.
+#ifndef SHARDTRAIN_SERVER_PROCESS_SPAWNER_H_
+#define SHARDTRAIN_SERVER_PROCESS_SPAWNER_H_
 
 #include <optional>
 #include <string>
@@ -32,9 +32,9 @@ struct ExitStatus {
   std::string ToString() const;
 };
 
-class ProcessLauncher {
+class ProcessSpawner {
  public:
-  virtual ~ProcessLauncher() = default;
+  virtual ~ProcessSpawner() = default;
 
   // Starts the process; returns its pid. The child dies with the thread that
   // spawned it (parent-death signal), so call this from a thread that lives
@@ -56,7 +56,7 @@ class ProcessLauncher {
                           absl::Duration timeout) = 0;
 };
 
-class PosixProcessLauncher : public ProcessLauncher {
+class PosixProcessSpawner : public ProcessSpawner {
  public:
   absl::StatusOr<int> Spawn(const ProcessSpec& spec) override;
   std::optional<ExitStatus> TryWait(int pid) override;
@@ -67,4 +67,4 @@ class PosixProcessLauncher : public ProcessLauncher {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_SERVER_PROCESS_LAUNCHER_H_
+#endif  // SHARDTRAIN_SERVER_PROCESS_SPAWNER_H_

@@ -1,7 +1,7 @@
-// FakeProcessLauncher: records what the job manager starts and signals, and
+// FakeProcessSpawner: records what the job manager starts and signals, and
 // lets a test decide when and how each "process" ends.
-#ifndef SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_LAUNCHER_H_
-#define SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_LAUNCHER_H_
+#ifndef SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_SPAWNER_H_
+#define SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_SPAWNER_H_
 
 #include <signal.h>
 
@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 
 namespace shardtrain {
 
-class FakeProcessLauncher : public ProcessLauncher {
+class FakeProcessSpawner : public ProcessSpawner {
  public:
   struct Process {
     ProcessSpec spec;
@@ -105,4 +105,4 @@ class FakeProcessLauncher : public ProcessLauncher {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_LAUNCHER_H_
+#endif  // SHARDTRAIN_TESTS_FAKES_FAKE_PROCESS_SPAWNER_H_

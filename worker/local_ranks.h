@@ -1,4 +1,4 @@
-// LocalLauncher: `shardtrain-train --nproc N` starts N ranks of a program on
+// LocalRanks: `shardtrain-train --nproc N` starts N ranks of a program on
 // this host, the way torchrun's standalone mode does. Each rank gets RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a
 // free loopback port); its stdout and stderr come back line by line prefixed
@@ -7,8 +7,8 @@
 // rank failed first and how. SIGINT/SIGTERM to the launcher stop all ranks.
 // Ranks die with the launcher (SIGKILL on parent death, common/subprocess.h).
 // Torch-free.
-#ifndef SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
-#define SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
+#ifndef SHARDTRAIN_WORKER_LOCAL_RANKS_H_
+#define SHARDTRAIN_WORKER_LOCAL_RANKS_H_
 
 #include <chrono>
 #include <ostream>
@@ -19,7 +19,7 @@
 
 namespace shardtrain {
 
-struct LocalLaunchOptions {
+struct LocalRanksOptions {
   int nproc = 1;  // ranks on this host
   // Hosts in the run and this one's index, like torchrun --nnodes /
   // --node-rank: this host's ranks are node_rank * nproc + 0 .. nproc-1 of
@@ -52,7 +52,7 @@ struct RankExit {
   std::string Describe() const;
 };
 
-struct LaunchResult {
+struct LocalRanksResult {
   // 0 when every rank exited 0; otherwise the first failed rank's exit code,
   // or 128 + signal number when a signal killed it or stopped the launcher.
   int exit_code = 0;
@@ -65,25 +65,24 @@ struct LaunchResult {
   int interrupted_by = 0;  // the signal that stopped the launcher, if any
 };
 
-class LocalLauncher {
+class LocalRanks {
  public:
   // Ranks' output goes to `out` (their stdout) and `err` (their stderr and
   // the launcher's own reports). Both must outlive the launcher.
-  LocalLauncher(LocalLaunchOptions options, std::ostream& out,
-                std::ostream& err);
+  LocalRanks(LocalRanksOptions options, std::ostream& out, std::ostream& err);
 
   // Starts the ranks and returns when all have ended. Installs SIGINT,
   // SIGTERM and SIGCHLD handlers for its duration (one Run at a time per
   // process). Ranks die with the calling thread, so call it from a thread
   // that outlives them (the main thread). An error means the ranks could not
   // all be started; those that were are stopped first.
-  absl::StatusOr<LaunchResult> Run();
+  absl::StatusOr<LocalRanksResult> Run();
 
  private:
   // One start of every rank with MASTER_PORT `port`.
-  absl::StatusOr<LaunchResult> RunOnce(int port);
+  absl::StatusOr<LocalRanksResult> RunOnce(int port);
 
-  const LocalLaunchOptions options_;
+  const LocalRanksOptions options_;
   std::ostream& out_;
   std::ostream& err_;
 };
@@ -93,8 +92,8 @@ class LocalLauncher {
 // nproc, nnodes, node_rank, master_addr/port; program and argv are filled
 // in), forwarding their output to stdout/stderr. Returns the process exit
 // code.
-int RunLocalRanks(LocalLaunchOptions options, int argc, char** argv);
+int RunLocalRanks(LocalRanksOptions options, int argc, char** argv);
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_WORKER_LOCAL_LAUNCHER_H_
+#endif  // SHARDTRAIN_WORKER_LOCAL_RANKS_H_

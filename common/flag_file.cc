@@ -1,4 +1,4 @@
-#include "common/small_file.h"
+#include "common/flag_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,9 +13,9 @@
 
 namespace shardtrain {
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& flag,
-                                          const std::string& path,
-                                          SmallFileOptions options) {
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag,
+                                         const std::string& path,
+                                         FlagFileOptions options) {
   const int fd =
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {

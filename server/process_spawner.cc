@@ -1,4 +1,4 @@
-#include "server/process_launcher.h"
+#include "server/process_spawner.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,7 +18,7 @@ std::string ExitStatus::ToString() const {
   return DescribeExit(exit_code, signal);
 }
 
-absl::StatusOr<int> PosixProcessLauncher::Spawn(const ProcessSpec& spec) {
+absl::StatusOr<int> PosixProcessSpawner::Spawn(const ProcessSpec& spec) {
   SubprocessOptions options;
   options.argv = spec.argv;
   options.env = spec.env;
@@ -30,7 +30,7 @@ absl::StatusOr<int> PosixProcessLauncher::Spawn(const ProcessSpec& spec) {
   return child->pid;
 }
 
-std::optional<ExitStatus> PosixProcessLauncher::TryWait(int pid) {
+std::optional<ExitStatus> PosixProcessSpawner::TryWait(int pid) {
   int status = 0;
   const pid_t r = waitpid(pid, &status, WNOHANG);
   if (r == 0) return std::nullopt;
@@ -46,13 +46,13 @@ std::optional<ExitStatus> PosixProcessLauncher::TryWait(int pid) {
   return exit;
 }
 
-void PosixProcessLauncher::Signal(int pid, int pgid, int signal) {
+void PosixProcessSpawner::Signal(int pid, int pgid, int signal) {
   if (pgid > 0) kill(-pgid, signal);
   if (pid > 0) kill(pid, signal);
 }
 
-void PosixProcessLauncher::KillOrphan(int pid, const std::string& marker,
-                                      absl::Duration timeout) {
+void PosixProcessSpawner::KillOrphan(int pid, const std::string& marker,
+                                     absl::Duration timeout) {
   if (pid <= 0) return;
   const std::string proc = absl::StrCat("/proc/", pid);
   std::ifstream in(proc + "/cmdline", std::ios::binary);

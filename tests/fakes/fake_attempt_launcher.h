@@ -1,8 +1,8 @@
-// FakeLauncher: a Launcher backend of its own, as a third one (a cluster
-// scheduler whose ranks run elsewhere) would be: it starts nothing, learns no
-// pids, and lets a test say what each attempt's ranks do.
-#ifndef SHARDTRAIN_TESTS_FAKES_FAKE_LAUNCHER_H_
-#define SHARDTRAIN_TESTS_FAKES_FAKE_LAUNCHER_H_
+// FakeAttemptLauncher: a AttemptLauncher backend of its own, as a third one (a
+// cluster scheduler whose ranks run elsewhere) would be: it starts nothing,
+// learns no pids, and lets a test say what each attempt's ranks do.
+#ifndef SHARDTRAIN_TESTS_FAKES_FAKE_ATTEMPT_LAUNCHER_H_
+#define SHARDTRAIN_TESTS_FAKES_FAKE_ATTEMPT_LAUNCHER_H_
 
 #include <signal.h>
 
@@ -13,11 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "server/launcher.h"
+#include "server/attempt_launcher.h"
 
 namespace shardtrain {
 
-class FakeLauncher : public Launcher {
+class FakeAttemptLauncher : public AttemptLauncher {
  public:
   struct Started {
     RankLaunch launch;
@@ -108,4 +108,4 @@ class FakeLauncher : public Launcher {
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_TESTS_FAKES_FAKE_LAUNCHER_H_
+#endif  // SHARDTRAIN_TESTS_FAKES_FAKE_ATTEMPT_LAUNCHER_H_
