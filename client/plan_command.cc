@@ -109,29 +109,27 @@ absl::StatusOr<HostRates> RatesFor(const TrainConfig& base) {
   return LoadHostRates(device, base.model);
 }
 
-int RunFit(const PlanOptions& options, const TrainConfig& base) {
-  const int64_t devices =
-      options.devices > 0 ? options.devices : options.world_size;
-  if (options.memory_per_device.empty()) {
-    ReportFailure("--fit needs --memory-per-device SIZE (e.g. 80GiB)");
-    return kExitUsage;
-  }
-  absl::StatusOr<int64_t> budget = ParseBytes(options.memory_per_device);
-  if (!budget.ok()) {
-    ReportFailure(
-        absl::StrCat("--memory-per-device: ", budget.status().message()));
-    return kExitUsage;
-  }
-  if (options.devices_per_host < 0 ||
-      (options.devices_per_host > 0 && devices % options.devices_per_host)) {
-    ReportFailure(absl::StrCat("--devices-per-host: ", options.devices_per_host,
-                               " does not divide the ", devices, " devices"));
-    return kExitUsage;
-  }
+// Prints `out` as JSON, or as YAML for -o yaml.
+void PrintJsonOrYaml(const nlohmann::json& out, const std::string& format) {
+  std::cout << (format == "json" ? out.dump(2) + "\n" : JsonToYaml(out.dump()));
+}
+
+// --fit's question, read from the options: the devices, one device's memory
+// and the meshes to weigh on them.
+struct FitRequest {
+  int64_t devices = 0;
+  int64_t budget = 0;  // --memory-per-device, bytes
+  MeshSearchOptions search;
+};
+
+// The meshes --fit weighs on `devices` devices of `budget` bytes each.
+MeshSearchOptions FitSearchOptions(const PlanOptions& options,
+                                   const TrainConfig& base, int64_t devices,
+                                   int64_t budget) {
   MeshSearchOptions search;
   search.devices = devices;
   search.ranks_per_host = options.devices_per_host;
-  search.budget = PlannableBytes(*budget);
+  search.budget = PlannableBytes(budget);
   search.global_batch = options.global_batch;
   search.strategy = options.strategy;
   search.single_too = options.strategy.empty() || options.strategy == "single";
@@ -144,226 +142,322 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
   if (search.pipeline_stages > 1 || search.tensor_parallel > 1) {
     search.single_too = false;
   }
-  if (absl::Status s = CheckSearchBounds(base, search); !s.ok()) {
+  return search;
+}
+
+// Reads and checks --fit's options into *request, before any calibration;
+// false (the usage error reported) when they are wrong.
+bool ReadFitRequest(const PlanOptions& options, const TrainConfig& base,
+                    FitRequest* request) {
+  const int64_t devices =
+      options.devices > 0 ? options.devices : options.world_size;
+  if (options.memory_per_device.empty()) {
+    ReportFailure("--fit needs --memory-per-device SIZE (e.g. 80GiB)");
+    return false;
+  }
+  absl::StatusOr<int64_t> budget = ParseBytes(options.memory_per_device);
+  if (!budget.ok()) {
+    ReportFailure(
+        absl::StrCat("--memory-per-device: ", budget.status().message()));
+    return false;
+  }
+  if (options.devices_per_host < 0 ||
+      (options.devices_per_host > 0 && devices % options.devices_per_host)) {
+    ReportFailure(absl::StrCat("--devices-per-host: ", options.devices_per_host,
+                               " does not divide the ", devices, " devices"));
+    return false;
+  }
+  request->devices = devices;
+  request->budget = *budget;
+  request->search = FitSearchOptions(options, base, devices, *budget);
+  if (absl::Status s = CheckSearchBounds(base, request->search); !s.ok()) {
     ReportFailure(s);
-    return kExitUsage;
+    return false;
   }
-  std::string no_times;
-  absl::StatusOr<HostRates> rates = RatesFor(base);
-  if (!rates.ok()) no_times = std::string(rates.status().message());
-  absl::StatusOr<std::vector<MeshCandidate>> ranked =
-      SearchMeshes(base, search, rates.ok() ? &*rates : nullptr);
-  if (!ranked.ok()) return ReportFailure(ranked.status());
-  const std::vector<MeshCandidate>& rows = *ranked;
-  if (rows.empty()) {
-    ReportFailure(absl::StrCat(
-        "no mesh of ", devices, " devices to weigh for ", base.model,
-        options.strategy.empty() ? "" : " with --strategy " + options.strategy,
-        base.pipeline_stages > 1
-            ? absl::StrCat(" in ", base.pipeline_stages, " stages")
-            : "",
-        base.tensor_parallel > 1
-            ? absl::StrCat(" over ", base.tensor_parallel, " tensor ranks")
-            : "",
-        options.global_batch > 0
-            ? absl::StrCat(" sharing ", options.global_batch,
-                           " sequences per step")
-            : "",
-        " (stages must divide the devices and not exceed the blocks, tensor "
-        "ranks divide the devices, heads and vocabulary, the data-parallel "
-        "size the global batch)"));
-    return kExitUsage;
-  }
-  auto replicas = [](const MeshCandidate& c) {
-    return c.config.DataParallelSize(c.world_size);
-  };
-  auto batch = [](const MeshCandidate& c) {
-    return c.fits ? c.config.batch_size : 0;
-  };
+  return true;
+}
+
+// The usage error when there is no mesh of `devices` devices to weigh: what
+// was asked for, and what a mesh must keep to.
+std::string NoMeshToWeigh(const PlanOptions& options, const TrainConfig& base,
+                          int64_t devices) {
+  return absl::StrCat(
+      "no mesh of ", devices, " devices to weigh for ", base.model,
+      options.strategy.empty() ? "" : " with --strategy " + options.strategy,
+      base.pipeline_stages > 1
+          ? absl::StrCat(" in ", base.pipeline_stages, " stages")
+          : "",
+      base.tensor_parallel > 1
+          ? absl::StrCat(" over ", base.tensor_parallel, " tensor ranks")
+          : "",
+      options.global_batch > 0 ? absl::StrCat(" sharing ", options.global_batch,
+                                              " sequences per step")
+                               : "",
+      " (stages must divide the devices and not exceed the blocks, tensor "
+      "ranks divide the devices, heads and vocabulary, the data-parallel "
+      "size the global batch)");
+}
+
+// A candidate's data-parallel replicas.
+int64_t MeshReplicas(const MeshCandidate& c) {
+  return c.config.DataParallelSize(c.world_size);
+}
+
+// A candidate's batch per device; 0 when it does not fit.
+int64_t FitBatch(const MeshCandidate& c) {
+  return c.fits ? c.config.batch_size : 0;
+}
+
+// A candidate's sequences per optimizer step over all devices.
+int64_t SequencesPerStep(const MeshCandidate& c) {
+  return FitBatch(c) * c.config.grad_accum * MeshReplicas(c);
+}
+
+// What --fit found: the weighed meshes, ranked, and those named below them.
+// The pointers point into `rows`, so it is not copied.
+struct FitFindings {
+  FitFindings() = default;
+  FitFindings(const FitFindings&) = delete;
+  FitFindings& operator=(const FitFindings&) = delete;
+
+  absl::StatusOr<HostRates> rates;  // an error says why times are left out
+  std::vector<MeshCandidate> rows;
   // The most sequences per optimizer step over all devices.
   const MeshCandidate* most = nullptr;
-  const MeshCandidate* least = nullptr;  // the smallest need, when none fits
+  const MeshCandidate* least = nullptr;    // the smallest need, when none fits
+  const MeshCandidate* fastest = nullptr;  // with rates, when the first fits
+  std::vector<std::string> advice;         // what would fit, when none does
+  std::string why;                         // why the fastest wins
+};
+
+// Sets found->most, least and fastest from found->rows.
+void PickFitMeshes(FitFindings* found) {
+  const std::vector<MeshCandidate>& rows = found->rows;
   for (const MeshCandidate& row : rows) {
-    if (row.fits &&
-        (most == nullptr ||
-         batch(row) * row.config.grad_accum * replicas(row) >
-             batch(*most) * most->config.grad_accum * replicas(*most))) {
-      most = &row;
+    if (row.fits && (found->most == nullptr ||
+                     SequencesPerStep(row) > SequencesPerStep(*found->most))) {
+      found->most = &row;
     }
-    if (least == nullptr || row.memory.total() < least->memory.total()) {
-      least = &row;
+    if (found->least == nullptr ||
+        row.memory.total() < found->least->memory.total()) {
+      found->least = &row;
     }
   }
-  const MeshCandidate* fastest =
-      rates.ok() && !rows.empty() && rows[0].fits ? &rows[0] : nullptr;
+  found->fastest =
+      found->rates.ok() && !rows.empty() && rows[0].fits ? &rows[0] : nullptr;
+}
+
+// What would fit when no mesh of `devices` devices fits `budget` bytes.
+std::vector<std::string> AdviceToFit(const TrainConfig& base, int64_t devices,
+                                     int64_t budget) {
   std::vector<std::string> advice;
-  if (most == nullptr) {
-    if (int64_t n = DevicesThatFit(base, devices, *budget); n > 0) {
-      advice.push_back(
-          absl::StrCat("FSDP with activation checkpointing fits "
-                       "one sequence per device on ",
-                       n, " devices"));
-    }
-    if (int64_t seq =
-            SeqLenThatFits(base, std::max<int64_t>(devices, 2), *budget);
-        seq > 0) {
-      advice.push_back(absl::StrCat("--seq-len ", seq, " fits on ",
-                                    std::max<int64_t>(devices, 2),
-                                    " devices with FSDP and activation "
-                                    "checkpointing"));
-    }
-    if (base.device.rfind("cuda", 0) == 0 && base.precision == "fp32") {
-      advice.push_back("--precision bf16 halves activations and gathers");
-    }
-    if (advice.empty()) advice.push_back("a smaller model");
+  if (int64_t n = DevicesThatFit(base, devices, budget); n > 0) {
+    advice.push_back(
+        absl::StrCat("FSDP with activation checkpointing fits "
+                     "one sequence per device on ",
+                     n, " devices"));
   }
-  const std::string why = rates.ok() ? WhyFirstWins(rows) : "";
+  if (int64_t seq = SeqLenThatFits(base, std::max<int64_t>(devices, 2), budget);
+      seq > 0) {
+    advice.push_back(absl::StrCat("--seq-len ", seq, " fits on ",
+                                  std::max<int64_t>(devices, 2),
+                                  " devices with FSDP and activation "
+                                  "checkpointing"));
+  }
+  if (base.device.rfind("cuda", 0) == 0 && base.precision == "fp32") {
+    advice.push_back("--precision bf16 halves activations and gathers");
+  }
+  if (advice.empty()) advice.push_back("a smaller model");
+  return advice;
+}
 
-  if (options.format == "json" || options.format == "yaml") {
-    nlohmann::json out = {{"model", base.model},
-                          {"seq_len", base.seq_len},
-                          {"precision", base.precision},
-                          {"device", base.device},
-                          {"devices", devices},
-                          {"memory_per_device_bytes", *budget},
-                          {"fits", nlohmann::json::array()}};
-    for (const MeshCandidate& row : rows) {
-      const TrainConfig& c = row.config;
-      nlohmann::json j = {
-          {"strategy", c.strategy},
-          {"activation_checkpointing", c.activation_checkpointing},
-          {"world_size", row.world_size},
-          {"batch_size", batch(row)},
-          {"grad_accum", c.grad_accum},
-          {"global_batch", batch(row) * c.grad_accum * replicas(row)},
-          {"peak_bytes_per_device", row.memory.total()}};
-      if (row.memory.shard_group_size > 0) {
-        j["shard_group_size"] = row.memory.shard_group_size;
-      }
-      if (c.pipeline_stages > 1 || c.tensor_parallel > 1) {
-        j["mesh"] =
-            row.time.mesh.empty() ? MeshName(c, row.world_size) : row.time.mesh;
-      }
-      if (c.pipeline_stages > 1) {
-        j["pipeline_stages"] = c.pipeline_stages;
-        j["micro_batches"] = c.micro_batches;
-      }
-      if (c.tensor_parallel > 1) j["tensor_parallel"] = c.tensor_parallel;
-      if (rates.ok() && row.fits) {
-        j["predicted_step_seconds"] = row.time.step_seconds;
-        j["predicted_tokens_per_second"] = row.time.tokens_per_second;
-        j["predicted_bottleneck"] = row.time.Bottleneck();
-      }
-      out["fits"].push_back(j);
-    }
-    if (most != nullptr) {
-      out["best"] = {
-          {"strategy", most->config.strategy},
-          {"activation_checkpointing", most->config.activation_checkpointing},
-          {"batch_size", batch(*most)},
-          {"grad_accum", most->config.grad_accum}};
-      if (most->config.ModelParallelSize() > 1) {
-        out["best"]["mesh"] = MeshName(most->config, most->world_size);
-      }
-    } else {
-      out["advice"] = advice;
-    }
-    if (fastest != nullptr) {
-      out["fastest"] = {
-          {"mesh", fastest->name},
-          {"strategy", fastest->config.strategy},
-          {"pipeline_stages", fastest->config.pipeline_stages},
-          {"tensor_parallel", fastest->config.tensor_parallel},
-          {"activation_checkpointing",
-           fastest->config.activation_checkpointing},
-          {"batch_size", fastest->config.batch_size},
-          {"predicted_tokens_per_second", fastest->time.tokens_per_second},
+// One weighed mesh for -o json/yaml; with rates, its predicted time when it
+// fits.
+nlohmann::json FitRowJson(const MeshCandidate& row, bool with_times) {
+  const TrainConfig& c = row.config;
+  nlohmann::json j = {{"strategy", c.strategy},
+                      {"activation_checkpointing", c.activation_checkpointing},
+                      {"world_size", row.world_size},
+                      {"batch_size", FitBatch(row)},
+                      {"grad_accum", c.grad_accum},
+                      {"global_batch", SequencesPerStep(row)},
+                      {"peak_bytes_per_device", row.memory.total()}};
+  if (row.memory.shard_group_size > 0) {
+    j["shard_group_size"] = row.memory.shard_group_size;
+  }
+  if (c.pipeline_stages > 1 || c.tensor_parallel > 1) {
+    j["mesh"] =
+        row.time.mesh.empty() ? MeshName(c, row.world_size) : row.time.mesh;
+  }
+  if (c.pipeline_stages > 1) {
+    j["pipeline_stages"] = c.pipeline_stages;
+    j["micro_batches"] = c.micro_batches;
+  }
+  if (c.tensor_parallel > 1) j["tensor_parallel"] = c.tensor_parallel;
+  if (with_times && row.fits) {
+    j["predicted_step_seconds"] = row.time.step_seconds;
+    j["predicted_tokens_per_second"] = row.time.tokens_per_second;
+    j["predicted_bottleneck"] = row.time.Bottleneck();
+  }
+  return j;
+}
+
+// The mesh with the most sequences per step, for -o json/yaml.
+nlohmann::json FitBestJson(const MeshCandidate& most) {
+  nlohmann::json best = {
+      {"strategy", most.config.strategy},
+      {"activation_checkpointing", most.config.activation_checkpointing},
+      {"batch_size", FitBatch(most)},
+      {"grad_accum", most.config.grad_accum}};
+  if (most.config.ModelParallelSize() > 1) {
+    best["mesh"] = MeshName(most.config, most.world_size);
+  }
+  return best;
+}
+
+// The fastest mesh and why, for -o json/yaml.
+nlohmann::json FitFastestJson(const MeshCandidate& fastest,
+                              const std::string& why) {
+  return {{"mesh", fastest.name},
+          {"strategy", fastest.config.strategy},
+          {"pipeline_stages", fastest.config.pipeline_stages},
+          {"tensor_parallel", fastest.config.tensor_parallel},
+          {"activation_checkpointing", fastest.config.activation_checkpointing},
+          {"batch_size", fastest.config.batch_size},
+          {"predicted_tokens_per_second", fastest.time.tokens_per_second},
           {"why", why}};
-    }
-    if (rates.ok()) {
-      out["rates"] = nlohmann::json::parse(rates->ToJson());
-    } else {
-      out["no_times"] = no_times;
-    }
-    std::cout << (options.format == "json" ? out.dump(2) + "\n"
-                                           : JsonToYaml(out.dump()));
-    return kExitOk;
-  }
+}
 
-  std::vector<std::vector<std::string>> table;
-  for (const MeshCandidate& row : rows) {
-    const TrainConfig& c = row.config;
-    std::vector<std::string> notes;
-    if (c.pipeline_stages > 1) {
-      notes.push_back(absl::StrCat(c.micro_batches, " micro-batches"));
-      if (c.virtual_stages > 1) {
-        notes.push_back(absl::StrCat(c.virtual_stages, " chunks per stage"));
-      }
-    }
-    if (row.memory.shard_group_size > 0) {
-      notes.push_back(absl::StrCat("groups of ", row.memory.shard_group_size));
-    }
-    std::string name =
-        c.ModelParallelSize() > 1 ? MeshName(c, row.world_size) : c.strategy;
-    if (!notes.empty()) {
-      absl::StrAppend(&name, " (", absl::StrJoin(notes, ", "), ")");
-    }
-    std::vector<std::string> cells = {
-        name,
-        c.activation_checkpointing == "all" ? "all blocks" : "none",
-        absl::StrCat(row.world_size),
-        row.fits ? absl::StrCat(batch(row),
-                                c.grad_accum > 1
-                                    ? absl::StrCat(" x accum ", c.grad_accum)
-                                    : "")
-                 : "does not fit",
-        row.fits ? absl::StrCat(batch(row) * c.grad_accum * replicas(row))
-                 : "-",
-        absl::StrCat(FormatBytes(row.memory.total()),
-                     row.fits
-                         ? ""
-                         : absl::StrCat(" at batch ", c.batch_size, " (over ",
-                                        FormatBytes(search.budget), ")"))};
-    if (rates.ok()) {
-      cells.push_back(row.fits ? FormatDuration(row.time.step_seconds) : "-");
-      cells.push_back(row.fits ? FormatThousands(static_cast<int64_t>(
-                                     row.time.tokens_per_second))
-                               : "-");
-      cells.push_back(row.fits ? row.time.Bottleneck() : "-");
-    }
-    table.push_back(cells);
+// All --fit found, for -o json/yaml.
+nlohmann::json FitJson(const TrainConfig& base, const FitRequest& request,
+                       const FitFindings& found) {
+  nlohmann::json out = {{"model", base.model},
+                        {"seq_len", base.seq_len},
+                        {"precision", base.precision},
+                        {"device", base.device},
+                        {"devices", request.devices},
+                        {"memory_per_device_bytes", request.budget},
+                        {"fits", nlohmann::json::array()}};
+  for (const MeshCandidate& row : found.rows) {
+    out["fits"].push_back(FitRowJson(row, found.rates.ok()));
   }
+  if (found.most != nullptr) {
+    out["best"] = FitBestJson(*found.most);
+  } else {
+    out["advice"] = found.advice;
+  }
+  if (found.fastest != nullptr) {
+    out["fastest"] = FitFastestJson(*found.fastest, found.why);
+  }
+  if (found.rates.ok()) {
+    out["rates"] = nlohmann::json::parse(found.rates->ToJson());
+  } else {
+    out["no_times"] = std::string(found.rates.status().message());
+  }
+  return out;
+}
+
+// A weighed mesh's name in the table, with its micro-batches, chunks and
+// shard groups in parentheses.
+std::string FitMeshCell(const MeshCandidate& row) {
+  const TrainConfig& c = row.config;
+  std::vector<std::string> notes;
+  if (c.pipeline_stages > 1) {
+    notes.push_back(absl::StrCat(c.micro_batches, " micro-batches"));
+    if (c.virtual_stages > 1) {
+      notes.push_back(absl::StrCat(c.virtual_stages, " chunks per stage"));
+    }
+  }
+  if (row.memory.shard_group_size > 0) {
+    notes.push_back(absl::StrCat("groups of ", row.memory.shard_group_size));
+  }
+  std::string name =
+      c.ModelParallelSize() > 1 ? MeshName(c, row.world_size) : c.strategy;
+  if (!notes.empty()) {
+    absl::StrAppend(&name, " (", absl::StrJoin(notes, ", "), ")");
+  }
+  return name;
+}
+
+// A weighed mesh's table row; `budget` is the bytes a device may plan to.
+std::vector<std::string> FitTableRow(const MeshCandidate& row, bool with_times,
+                                     int64_t budget) {
+  const TrainConfig& c = row.config;
+  std::vector<std::string> cells = {
+      FitMeshCell(row),
+      c.activation_checkpointing == "all" ? "all blocks" : "none",
+      absl::StrCat(row.world_size),
+      row.fits
+          ? absl::StrCat(
+                FitBatch(row),
+                c.grad_accum > 1 ? absl::StrCat(" x accum ", c.grad_accum) : "")
+          : "does not fit",
+      row.fits ? absl::StrCat(SequencesPerStep(row)) : "-",
+      absl::StrCat(FormatBytes(row.memory.total()),
+                   row.fits
+                       ? ""
+                       : absl::StrCat(" at batch ", c.batch_size, " (over ",
+                                      FormatBytes(budget), ")"))};
+  if (with_times) {
+    cells.push_back(row.fits ? FormatDuration(row.time.step_seconds) : "-");
+    cells.push_back(row.fits ? FormatThousands(static_cast<int64_t>(
+                                   row.time.tokens_per_second))
+                             : "-");
+    cells.push_back(row.fits ? row.time.Bottleneck() : "-");
+  }
+  return cells;
+}
+
+// The table's header; with times, the predicted ones' columns too.
+std::vector<std::string> FitTableHeader(bool with_times) {
   std::vector<std::string> header = {"mesh",
                                      "activation ckpt",
                                      "devices",
                                      "batch per device",
                                      "sequences per step",
                                      "peak per device"};
-  if (rates.ok()) {
+  if (with_times) {
     for (const char* h :
          {"step (predicted)", "tokens/s (predicted)", "bottleneck"}) {
       header.push_back(h);
     }
   }
+  return header;
+}
+
+// The weighed meshes' table under its title.
+void PrintFitTable(const TrainConfig& base, const FitRequest& request,
+                   const FitFindings& found) {
+  std::vector<std::vector<std::string>> table;
+  for (const MeshCandidate& row : found.rows) {
+    table.push_back(FitTableRow(row, found.rates.ok(), request.search.budget));
+  }
   std::cout << absl::StrFormat(
                    "largest batch per device whose planned peak is within 98%% "
                    "of %s (the plan's accuracy), on %d devices: %s, seq %d, %s "
                    "on %s%s\n",
-                   FormatBytes(*budget), devices, base.model, base.seq_len,
-                   base.precision, base.device,
-                   rates.ok() ? ", fastest first" : "")
-            << FormatTable(header, table);
-  if (most != nullptr) {
+                   FormatBytes(request.budget), request.devices, base.model,
+                   base.seq_len, base.precision, base.device,
+                   found.rates.ok() ? ", fastest first" : "")
+            << FormatTable(FitTableHeader(found.rates.ok()), table);
+}
+
+// Below the table: the mesh with the most per step or, when none fits, the
+// one needing the least and what would fit; then the fastest and why, or why
+// the times are left out.
+void PrintFitVerdict(const FitRequest& request, const FitFindings& found) {
+  if (const MeshCandidate* most = found.most; most != nullptr) {
     std::cout << absl::StrFormat(
         "\nmost per step: %s%s, batch %d per %s (%d sequences per step)\n",
         MeshName(most->config, most->world_size),
         most->config.activation_checkpointing == "all"
             ? " with activation checkpointing"
             : "",
-        batch(*most),
+        FitBatch(*most),
         most->config.ModelParallelSize() > 1 ? "replica" : "device",
-        batch(*most) * most->config.grad_accum * replicas(*most));
+        SequencesPerStep(*most));
   } else {
+    const MeshCandidate* least = found.least;
     std::cout << absl::StrFormat(
         "\nnothing fits: the least memory is %s%s at batch %d, %s per device "
         "(%s over 98%% of it)\nto fit: %s\n",
@@ -372,29 +466,64 @@ int RunFit(const PlanOptions& options, const TrainConfig& base) {
             ? " with activation checkpointing"
             : "",
         least->config.batch_size, FormatBytes(least->memory.total()),
-        FormatBytes(least->memory.total() - PlannableBytes(*budget)),
-        absl::StrJoin(advice, "; or "));
+        FormatBytes(least->memory.total() - PlannableBytes(request.budget)),
+        absl::StrJoin(found.advice, "; or "));
   }
-  if (fastest != nullptr) {
+  if (const MeshCandidate* fastest = found.fastest; fastest != nullptr) {
+    const HostRates& rates = *found.rates;
     std::cout << absl::StrFormat(
         "fastest (predicted): %s, batch %d per %s, %s tokens/s\nwhy: %s\n"
         "rates: %s, measured %s on %s (%s)\n",
         fastest->name, fastest->config.batch_size,
         fastest->config.ModelParallelSize() > 1 ? "replica" : "device",
         FormatThousands(static_cast<int64_t>(fastest->time.tokens_per_second)),
-        why, rates->device, rates->measured_at, rates->compute_model,
+        found.why, rates.device, rates.measured_at, rates.compute_model,
         HostRatesCachePath());
-  } else if (!rates.ok()) {
-    std::cout << "step times left out: " << no_times << "\n";
+  } else if (!found.rates.ok()) {
+    std::cout << "step times left out: " << found.rates.status().message()
+              << "\n";
   }
+}
+
+int RunFit(const PlanOptions& options, const TrainConfig& base) {
+  FitRequest request;
+  if (!ReadFitRequest(options, base, &request)) return kExitUsage;
+  FitFindings found;
+  found.rates = RatesFor(base);
+  absl::StatusOr<std::vector<MeshCandidate>> ranked = SearchMeshes(
+      base, request.search, found.rates.ok() ? &*found.rates : nullptr);
+  if (!ranked.ok()) return ReportFailure(ranked.status());
+  found.rows = *std::move(ranked);
+  if (found.rows.empty()) {
+    ReportFailure(NoMeshToWeigh(options, base, request.devices));
+    return kExitUsage;
+  }
+  PickFitMeshes(&found);
+  if (found.most == nullptr) {
+    found.advice = AdviceToFit(base, request.devices, request.budget);
+  }
+  found.why = found.rates.ok() ? WhyFirstWins(found.rows) : "";
+  if (options.format == "json" || options.format == "yaml") {
+    PrintJsonOrYaml(FitJson(base, request, found), options.format);
+    return kExitOk;
+  }
+  PrintFitTable(base, request, found);
+  PrintFitVerdict(request, found);
   return kExitOk;
 }
 
-int RunPlan(const PlanOptions& options) {
+// The config every plan starts from: the options' with the strategy to plan
+// (ddp when all are compared).
+TrainConfig PlanBase(const PlanOptions& options) {
   TrainConfig base = options.config;
   base.data = "-";  // not needed to plan
   base.strategy = options.strategy.empty() ? "ddp" : options.strategy;
-  // The command line is wrong: usage errors (exit 2), as CLI11's own.
+  return base;
+}
+
+// Checks `base` as a run's config; false (the usage error reported) when it
+// is wrong. The command line is wrong: usage errors (exit 2), as CLI11's own.
+bool CheckPlanConfig(const PlanOptions& options, const TrainConfig& base) {
   // --fit weighs pipeline meshes itself: --micro-batches and
   // --virtual-stages set theirs without --pp.
   TrainConfig checked = base;
@@ -404,13 +533,18 @@ int RunPlan(const PlanOptions& options) {
   }
   if (absl::Status s = checked.Validate(); !s.ok()) {
     ReportFailure(s);
-    return kExitUsage;
+    return false;
   }
-  if (options.fit) return RunFit(options, base);
+  return true;
+}
+
+// Checks the world `base` is planned on (without --fit); false (the usage
+// error reported) when the command line is wrong.
+bool CheckPlanWorld(const PlanOptions& options, const TrainConfig& base) {
   if (options.world_size < 1) {
     ReportFailure(
         absl::StrCat("world-size: got ", options.world_size, "; must be >= 1"));
-    return kExitUsage;
+    return false;
   }
   if (!options.strategy.empty() && base.pipeline_stages == 1 &&
       !FindStrategyKind(options.strategy)->distributed &&
@@ -420,16 +554,21 @@ int RunPlan(const PlanOptions& options) {
         base.ModelParallelSize(),
         base.tensor_parallel > 1 ? " (its tensor-parallel ranks)" : "",
         " (omit --strategy to compare all strategies)"));
-    return kExitUsage;
+    return false;
   }
-  // Without --strategy, compare's default study at this world size (with
-  // stages, of its data-parallel replicas).
-  const int64_t stages = base.pipeline_stages;
-  const int64_t replicas = base.DataParallelSize(options.world_size);
   if (absl::Status s = base.CheckMeshWorld(options.world_size); !s.ok()) {
     ReportFailure(s);
-    return kExitUsage;
+    return false;
   }
+  return true;
+}
+
+// The strategies to plan: --strategy's or, without it, compare's default
+// study at this world size (with stages, of its `replicas` data-parallel
+// replicas).
+std::vector<std::string> PlanStrategies(const PlanOptions& options,
+                                        const TrainConfig& base,
+                                        int64_t replicas) {
   std::vector<std::string> strategies =
       options.strategy.empty() ? StudyStrategyNames(replicas)
                                : std::vector<std::string>{options.strategy};
@@ -443,79 +582,102 @@ int RunPlan(const PlanOptions& options) {
                                     }),
                      strategies.end());
   }
+  return strategies;
+}
 
-  // Every plan, one per pipeline stage with stages; each with its batch.
-  std::vector<std::vector<MemoryPlan>> plans;
-  std::vector<int64_t> batches;
-  for (const std::string& strategy : strategies) {
-    TrainConfig config = base;
-    config.strategy = strategy;
-    int64_t world = options.world_size;
-    if (!FindStrategyKind(strategy)->distributed && replicas > 1) {
-      // As `shardtrain compare`: strong scaling gives single-device the
-      // global batch, weak scaling the per-device one.
-      if (options.scaling == "strong") config.batch_size *= replicas;
-      world = base.ModelParallelSize();
-    }
-    absl::StatusOr<std::vector<MemoryPlan>> stage_plans;
-    if (stages > 1) {
-      stage_plans = PlanPipelineStages(config, world);
-    } else if (absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world);
-               plan.ok()) {
-      stage_plans = std::vector<MemoryPlan>{*plan};
-    } else {
-      stage_plans = plan.status();
-    }
-    if (!stage_plans.ok()) return ReportFailure(stage_plans.status());
-    plans.push_back(*std::move(stage_plans));
-    batches.push_back(config.batch_size);
+// A strategy's plans, one per pipeline stage with stages, and its batch.
+struct StrategyPlan {
+  std::vector<MemoryPlan> stages;
+  int64_t batch_size = 0;
+};
+
+// `config`'s plans on `world` ranks: one per pipeline stage with stages.
+absl::StatusOr<std::vector<MemoryPlan>> PlanStages(const TrainConfig& config,
+                                                   int64_t world) {
+  if (config.pipeline_stages > 1) return PlanPipelineStages(config, world);
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(config, world);
+  if (!plan.ok()) return plan.status();
+  return std::vector<MemoryPlan>{*plan};
+}
+
+// `strategy` planned on the options' world of `replicas` data-parallel
+// replicas.
+absl::StatusOr<StrategyPlan> PlanStrategy(const PlanOptions& options,
+                                          const TrainConfig& base,
+                                          const std::string& strategy,
+                                          int64_t replicas) {
+  TrainConfig config = base;
+  config.strategy = strategy;
+  int64_t world = options.world_size;
+  if (!FindStrategyKind(strategy)->distributed && replicas > 1) {
+    // As `shardtrain compare`: strong scaling gives single-device the
+    // global batch, weak scaling the per-device one.
+    if (options.scaling == "strong") config.batch_size *= replicas;
+    world = base.ModelParallelSize();
   }
+  absl::StatusOr<std::vector<MemoryPlan>> stages = PlanStages(config, world);
+  if (!stages.ok()) return stages.status();
+  return StrategyPlan{*std::move(stages), config.batch_size};
+}
 
-  if (options.format == "json" || options.format == "yaml") {
-    nlohmann::json out = {{"model", base.model},
-                          {"seq_len", base.seq_len},
-                          {"precision", base.precision},
-                          {"device", base.device},
-                          {"plans", nlohmann::json::array()}};
-    for (size_t i = 0; i < plans.size(); ++i) {
-      // The rank that needs the most: the plan's, with stages the largest
-      // stage's.
-      const MemoryPlan& largest =
-          *std::max_element(plans[i].begin(), plans[i].end(),
-                            [](const MemoryPlan& a, const MemoryPlan& b) {
-                              return a.total() < b.total();
-                            });
-      nlohmann::json plan = PlanJson(largest);
-      plan["batch_size"] = batches[i];
-      if (stages > 1) {
-        plan["micro_batches"] = base.micro_batches;
-        plan["pipeline_schedule"] = base.pipeline_schedule;
-        plan["virtual_stages"] = base.virtual_stages;
-        plan["stages"] = nlohmann::json::array();
-        for (const MemoryPlan& stage : plans[i]) {
-          plan["stages"].push_back(PlanJson(stage));
-        }
-      }
-      out["plans"].push_back(plan);
+// A strategy's plan for -o json/yaml.
+nlohmann::json StrategyPlanJson(const TrainConfig& base,
+                                const StrategyPlan& plan) {
+  // The rank that needs the most: the plan's, with stages the largest
+  // stage's.
+  const MemoryPlan& largest =
+      *std::max_element(plan.stages.begin(), plan.stages.end(),
+                        [](const MemoryPlan& a, const MemoryPlan& b) {
+                          return a.total() < b.total();
+                        });
+  nlohmann::json out = PlanJson(largest);
+  out["batch_size"] = plan.batch_size;
+  if (base.pipeline_stages > 1) {
+    out["micro_batches"] = base.micro_batches;
+    out["pipeline_schedule"] = base.pipeline_schedule;
+    out["virtual_stages"] = base.virtual_stages;
+    out["stages"] = nlohmann::json::array();
+    for (const MemoryPlan& stage : plan.stages) {
+      out["stages"].push_back(PlanJson(stage));
     }
-    std::cout << (options.format == "json" ? out.dump(2) + "\n"
-                                           : JsonToYaml(out.dump()));
-    return kExitOk;
   }
+  return out;
+}
 
-  // One narrow column per plan (with stages, one per stage), named by its
-  // mesh; what each holds is said below the table.
+// Every strategy's plan, for -o json/yaml.
+nlohmann::json PlansJson(const TrainConfig& base,
+                         const std::vector<StrategyPlan>& plans) {
+  nlohmann::json out = {{"model", base.model},
+                        {"seq_len", base.seq_len},
+                        {"precision", base.precision},
+                        {"device", base.device},
+                        {"plans", nlohmann::json::array()}};
+  for (const StrategyPlan& plan : plans) {
+    out["plans"].push_back(StrategyPlanJson(base, plan));
+  }
+  return out;
+}
+
+// The table's columns: one narrow column per plan (with stages, one per
+// stage), named by its mesh; what each holds is said below the table.
+struct PlanColumns {
   std::vector<std::string> header = {"per rank"};
-  std::vector<MemoryPlan> columns;
+  std::vector<MemoryPlan> plans;
   std::vector<std::string> legend;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    for (const MemoryPlan& plan : plans[i]) {
+};
+
+PlanColumns PlanTableColumns(const TrainConfig& base,
+                             const std::vector<StrategyPlan>& plans) {
+  const int64_t stages = base.pipeline_stages;
+  PlanColumns columns;
+  for (const StrategyPlan& strategy : plans) {
+    for (const MemoryPlan& plan : strategy.stages) {
       TrainConfig shape = base;
       shape.strategy = plan.strategy;
       const std::string mesh = MeshName(shape, plan.world_size);
       const std::string name =
           stages > 1 ? absl::StrFormat("%s s%d", mesh, plan.stage) : mesh;
-      header.push_back(name);
+      columns.header.push_back(name);
       std::vector<std::string> about;
       if (stages > 1) about.push_back(plan.stage_layers);
       if (plan.shard_group_size > 0) {
@@ -523,12 +685,20 @@ int RunPlan(const PlanOptions& options) {
             absl::StrFormat("shard groups of %d", plan.shard_group_size));
       }
       about.push_back(absl::StrFormat("%d rank(s), batch %d per replica",
-                                      plan.world_size, batches[i]));
-      legend.push_back(
+                                      plan.world_size, strategy.batch_size));
+      columns.legend.push_back(
           absl::StrCat("  ", name, ": ", absl::StrJoin(about, ", ")));
-      columns.push_back(plan);
+      columns.plans.push_back(plan);
     }
   }
+  return columns;
+}
+
+// The table's rows: each part and the total, then where the peak falls,
+// the micro-batches held and the ratio to DDP where they tell something.
+std::vector<std::vector<std::string>> PlanTableRows(
+    const TrainConfig& base, const std::vector<MemoryPlan>& columns) {
+  const int64_t stages = base.pipeline_stages;
   std::vector<std::vector<std::string>> rows;
   for (size_t part = 0; part < columns[0].Parts().size(); ++part) {
     std::vector<std::string> row = {columns[0].Parts()[part].first};
@@ -568,41 +738,80 @@ int RunPlan(const PlanOptions& options) {
     }
     rows.push_back(ratio);
   }
-  std::cout << absl::StrFormat(
-                   "predicted peak tensor memory per rank: %s, seq %d, %s on "
-                   "%s%s\n",
-                   base.model, base.seq_len, base.precision, base.device,
-                   stages > 1
-                       ? absl::StrFormat(
-                             ";\n%d pipeline stages%s, %s with %d "
-                             "micro-batch(es) per batch",
-                             stages,
-                             base.virtual_stages > 1
-                                 ? absl::StrFormat(" of %d interleaved chunks",
-                                                   base.virtual_stages)
-                                 : "",
-                             base.pipeline_schedule, base.micro_batches)
-                       : "")
-            << FormatTable(header, rows);
-  for (const std::string& line : legend) std::cout << line << "\n";
-  // A strategy a study leaves out at this size is named, not dropped.
-  if (options.strategy.empty()) {
-    for (const StrategyKind& kind : StrategyKinds()) {
-      if (std::find(strategies.begin(), strategies.end(), kind.name) ==
-              strategies.end() &&
-          replicas < kind.min_study_world &&
-          (base.tensor_parallel <= 1 ||
-           kind.layout != StateLayout::kShardedInGroups)) {
-        std::cout << absl::StrFormat(
-            "%s is left out below %d data-parallel replicas (here %d, where "
-            "it would be %s); --strategy %s plans it anyway\n",
-            kind.name, kind.min_study_world, replicas,
-            kind.layout == StateLayout::kShardedInGroups && replicas > 1
-                ? "ddp or fsdp"
-                : "single",
-            kind.name);
-      }
+  return rows;
+}
+
+// The table's title: the job's shape and, with stages, the pipeline's.
+std::string PlanTitle(const TrainConfig& base) {
+  const int64_t stages = base.pipeline_stages;
+  return absl::StrFormat(
+      "predicted peak tensor memory per rank: %s, seq %d, %s on %s%s\n",
+      base.model, base.seq_len, base.precision, base.device,
+      stages > 1
+          ? absl::StrFormat(";\n%d pipeline stages%s, %s with %d "
+                            "micro-batch(es) per batch",
+                            stages,
+                            base.virtual_stages > 1
+                                ? absl::StrFormat(" of %d interleaved chunks",
+                                                  base.virtual_stages)
+                                : "",
+                            base.pipeline_schedule, base.micro_batches)
+          : "");
+}
+
+// The plans' table under its title, then what each column holds.
+void PrintPlanTable(const TrainConfig& base,
+                    const std::vector<StrategyPlan>& plans) {
+  const PlanColumns columns = PlanTableColumns(base, plans);
+  std::cout << PlanTitle(base)
+            << FormatTable(columns.header, PlanTableRows(base, columns.plans));
+  for (const std::string& line : columns.legend) std::cout << line << "\n";
+}
+
+// A strategy a study leaves out at this size is named, not dropped.
+void PrintLeftOutStrategies(const TrainConfig& base,
+                            const std::vector<std::string>& strategies,
+                            int64_t replicas) {
+  for (const StrategyKind& kind : StrategyKinds()) {
+    if (std::find(strategies.begin(), strategies.end(), kind.name) ==
+            strategies.end() &&
+        replicas < kind.min_study_world &&
+        (base.tensor_parallel <= 1 ||
+         kind.layout != StateLayout::kShardedInGroups)) {
+      std::cout << absl::StrFormat(
+          "%s is left out below %d data-parallel replicas (here %d, where "
+          "it would be %s); --strategy %s plans it anyway\n",
+          kind.name, kind.min_study_world, replicas,
+          kind.layout == StateLayout::kShardedInGroups && replicas > 1
+              ? "ddp or fsdp"
+              : "single",
+          kind.name);
     }
+  }
+}
+
+int RunPlan(const PlanOptions& options) {
+  const TrainConfig base = PlanBase(options);
+  if (!CheckPlanConfig(options, base)) return kExitUsage;
+  if (options.fit) return RunFit(options, base);
+  if (!CheckPlanWorld(options, base)) return kExitUsage;
+  const int64_t replicas = base.DataParallelSize(options.world_size);
+  const std::vector<std::string> strategies =
+      PlanStrategies(options, base, replicas);
+  std::vector<StrategyPlan> plans;
+  for (const std::string& strategy : strategies) {
+    absl::StatusOr<StrategyPlan> plan =
+        PlanStrategy(options, base, strategy, replicas);
+    if (!plan.ok()) return ReportFailure(plan.status());
+    plans.push_back(*std::move(plan));
+  }
+  if (options.format == "json" || options.format == "yaml") {
+    PrintJsonOrYaml(PlansJson(base, plans), options.format);
+    return kExitOk;
+  }
+  PrintPlanTable(base, plans);
+  if (options.strategy.empty()) {
+    PrintLeftOutStrategies(base, strategies, replicas);
   }
   return kExitOk;
 }

@@ -259,174 +259,240 @@ absl::StatusOr<LocalRanksResult> LocalRanks::Run() {
   }
 }
 
-absl::StatusOr<LocalRanksResult> LocalRanks::RunOnce(int port) {
-  SignalPipe signals;
-  if (!signals.error().empty()) return absl::InternalError(signals.error());
+namespace {
 
-  std::vector<Child> children(options_.nproc);
-  auto reap_all = [&](bool block) {
-    std::vector<int> ended;
-    for (Child& c : children) {
-      if (!c.running) continue;
-      int status = 0;
-      const pid_t r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
-      if (r != c.pid) continue;
-      c.running = false;
-      if (WIFSIGNALED(status)) c.exit.signal = WTERMSIG(status);
-      if (WIFEXITED(status)) c.exit.exit_code = WEXITSTATUS(status);
-      ended.push_back(static_cast<int>(&c - children.data()));  // local
+// One start of every rank of this host: spawn them, forward their output,
+// stop the rest when one fails or the launcher is interrupted (SIGTERM, then
+// SIGKILL after the grace), and say how each ended.
+class OneStart {
+ public:
+  OneStart(const LocalRanksOptions& options, std::ostream& out,
+           std::ostream& err)
+      : options_(options),
+        out_(out),
+        err_(err),
+        children_(options.nproc),
+        started_(SteadyClock::now()),
+        progress_at_(started_ + options.progress_every) {}
+
+  // Spawns every rank with MASTER_PORT `port`; on an error, the ones that
+  // started are killed and reaped first.
+  absl::Status SpawnAll(int port);
+  // Serves the ranks until all have ended.
+  LocalRanksResult Serve(SignalPipe& signals);
+
+ private:
+  // Reaps ranks that have ended (waiting when `block`); their local indices.
+  std::vector<int> Reap(bool block);
+  void StopAll(int signo) {
+    for (Child& c : children_) SignalGroup(c, signo);
+  }
+  void BeginStop() {
+    if (stopping_) return;
+    stopping_ = true;
+    kill_at_ = SteadyClock::now() + options_.grace;
+    StopAll(SIGTERM);
+  }
+  void PumpAll() {
+    for (Child& c : children_) {
+      for (PrefixedStream& stream : c.streams) stream.Pump();
     }
-    return ended;
-  };
-  auto stop_all = [&](int signo) {
-    for (Child& c : children) SignalGroup(c, signo);
-  };
+  }
+  bool AnyRunning() const {
+    for (const Child& c : children_) {
+      if (c.running) return true;
+    }
+    return false;
+  }
+  // Among ranks reaped in the same round, takes the first failure.
+  void NoteFailure(const std::vector<int>& ended);
+  // Until a rank prints its first line, says now and then that they run.
+  void ReportProgress();
+  // Waits for output, a signal or the next deadline, and forwards output.
+  void Poll(SignalPipe& signals);
+  void HandleSignals(SignalPipe& signals);
+  // The exit code and, after a failure, the line naming how each ended.
+  void Finish();
 
+  const LocalRanksOptions& options_;
+  std::ostream& out_;
+  std::ostream& err_;
+  std::vector<Child> children_;
+  LocalRanksResult result_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  SteadyClock::time_point kill_at_;
+  const SteadyClock::time_point started_;
+  bool heard_ = false;
+  SteadyClock::time_point progress_at_;
+};
+
+absl::Status OneStart::SpawnAll(int port) {
   for (int local = 0; local < options_.nproc; ++local) {
     const int rank = options_.node_rank * options_.nproc + local;
     if (absl::Status s =
-            Spawn(options_, rank, port, out_, err_, &children[local]);
+            Spawn(options_, rank, port, out_, err_, &children_[local]);
         !s.ok()) {
-      stop_all(SIGKILL);
-      reap_all(/*block=*/true);
-      for (Child& c : children) {
-        for (PrefixedStream& stream : c.streams) stream.Pump();
-      }
+      StopAll(SIGKILL);
+      Reap(/*block=*/true);
+      PumpAll();
       return absl::Status(s.code(),
                           absl::StrCat("rank ", rank, ": ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
 
-  LocalRanksResult result;
-  bool stopping = false;
-  bool killed = false;
-  SteadyClock::time_point kill_at;
-  const SteadyClock::time_point started = SteadyClock::now();
-  // Until a rank prints its first line, say now and then that they run.
-  bool heard = false;
-  SteadyClock::time_point progress_at = started + options_.progress_every;
-  auto begin_stop = [&] {
-    if (stopping) return;
-    stopping = true;
-    kill_at = SteadyClock::now() + options_.grace;
-    stop_all(SIGTERM);
+std::vector<int> OneStart::Reap(bool block) {
+  std::vector<int> ended;
+  for (Child& c : children_) {
+    if (!c.running) continue;
+    int status = 0;
+    const pid_t r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+    if (r != c.pid) continue;
+    c.running = false;
+    if (WIFSIGNALED(status)) c.exit.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) c.exit.exit_code = WEXITSTATUS(status);
+    ended.push_back(static_cast<int>(&c - children_.data()));  // local
+  }
+  return ended;
+}
+
+void OneStart::NoteFailure(const std::vector<int>& ended) {
+  if (result_.first_failure.rank >= 0 || result_.interrupted_by != 0) return;
+  // Ranks often fail together (a peer's death breaks the collective of the
+  // rest); among those reaped in the same round, one killed by a signal or
+  // else the lowest rank is taken as the first.
+  const RankExit* first = nullptr;
+  for (int local : ended) {
+    const RankExit& e = children_[local].exit;
+    if (e.ok()) continue;
+    if (first == nullptr || (e.signal != 0 && first->signal == 0)) first = &e;
+  }
+  if (first == nullptr) return;
+  result_.first_failure = *first;
+  err_ << kReport << "rank " << first->rank << " failed first ("
+       << first->Describe() << "); stopping the other ranks" << std::endl;
+  BeginStop();
+}
+
+void OneStart::ReportProgress() {
+  for (const Child& c : children_) {
+    for (const PrefixedStream& stream : c.streams) {
+      heard_ |= stream.forwarded();
+    }
+  }
+  if (heard_ || stopping_ || SteadyClock::now() < progress_at_) return;
+  int running = 0;
+  for (const Child& c : children_) running += c.running ? 1 : 0;
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                           SteadyClock::now() - started_)
+                           .count();
+  err_ << kReport << running << " of " << options_.nproc
+       << " ranks running for " << seconds
+       << " s, none has printed yet (loading and joining the process "
+          "group)"
+       << std::endl;
+  progress_at_ += options_.progress_every;
+}
+
+void OneStart::Poll(SignalPipe& signals) {
+  std::vector<pollfd> fds = {{signals.read_fd(), POLLIN, 0}};
+  std::vector<PrefixedStream*> polled;
+  for (Child& c : children_) {
+    for (PrefixedStream& stream : c.streams) {
+      if (!stream.open()) continue;
+      fds.push_back({stream.fd(), POLLIN, 0});
+      polled.push_back(&stream);
+    }
+  }
+  ReportProgress();
+  auto ms_until = [](SteadyClock::time_point at) {
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               at - SteadyClock::now())
+                   .count() +
+               1));
   };
+  int timeout_ms = -1;
+  if (stopping_ && !killed_) timeout_ms = ms_until(kill_at_);
+  if (!heard_ && !stopping_) {
+    const int progress_ms = ms_until(progress_at_);
+    timeout_ms =
+        timeout_ms < 0 ? progress_ms : std::min(timeout_ms, progress_ms);
+  }
+  if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+    err_ << kReport << ErrnoText("poll") << std::endl;
+  }
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) polled[i - 1]->Pump();
+  }
+}
 
+void OneStart::HandleSignals(SignalPipe& signals) {
+  for (int signo : signals.Drain()) {
+    if (signo == SIGCHLD) continue;  // reaped at the top of the loop
+    if (result_.interrupted_by == 0) {
+      result_.interrupted_by = signo;
+      err_ << kReport << "received SIG" << sigabbrev_np(signo)
+           << "; stopping all ranks" << std::endl;
+      BeginStop();
+    } else if (!killed_) {
+      StopAll(SIGKILL);  // a second interrupt: no more grace
+      killed_ = true;
+    }
+  }
+}
+
+LocalRanksResult OneStart::Serve(SignalPipe& signals) {
   while (true) {
-    const std::vector<int> ended = reap_all(/*block=*/false);
-    if (result.first_failure.rank < 0 && result.interrupted_by == 0) {
-      // Ranks often fail together (a peer's death breaks the collective of
-      // the rest); among those reaped in the same round, one killed by a
-      // signal or else the lowest rank is taken as the first.
-      const RankExit* first = nullptr;
-      for (int local : ended) {
-        const RankExit& e = children[local].exit;
-        if (e.ok()) continue;
-        if (first == nullptr || (e.signal != 0 && first->signal == 0))
-          first = &e;
-      }
-      if (first != nullptr) {
-        result.first_failure = *first;
-        err_ << kReport << "rank " << first->rank << " failed first ("
-             << first->Describe() << "); stopping the other ranks" << std::endl;
-        begin_stop();
-      }
+    NoteFailure(Reap(/*block=*/false));
+    if (!AnyRunning()) break;
+    if (stopping_ && !killed_ && SteadyClock::now() >= kill_at_) {
+      StopAll(SIGKILL);
+      killed_ = true;
     }
-    bool any_running = false;
-    for (const Child& c : children) any_running |= c.running;
-    if (!any_running) break;
-
-    if (stopping && !killed && SteadyClock::now() >= kill_at) {
-      stop_all(SIGKILL);
-      killed = true;
-    }
-    std::vector<pollfd> fds = {{signals.read_fd(), POLLIN, 0}};
-    std::vector<PrefixedStream*> polled;
-    for (Child& c : children) {
-      for (PrefixedStream& stream : c.streams) {
-        if (!stream.open()) continue;
-        fds.push_back({stream.fd(), POLLIN, 0});
-        polled.push_back(&stream);
-      }
-    }
-    for (const Child& c : children) {
-      for (const PrefixedStream& stream : c.streams) {
-        heard |= stream.forwarded();
-      }
-    }
-    if (!heard && !stopping && SteadyClock::now() >= progress_at) {
-      int running = 0;
-      for (const Child& c : children) running += c.running ? 1 : 0;
-      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-                               SteadyClock::now() - started)
-                               .count();
-      err_ << kReport << running << " of " << options_.nproc
-           << " ranks running for " << seconds
-           << " s, none has printed yet (loading and joining the process "
-              "group)"
-           << std::endl;
-      progress_at += options_.progress_every;
-    }
-    auto ms_until = [](SteadyClock::time_point at) {
-      return static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(
-                 at - SteadyClock::now())
-                     .count() +
-                 1));
-    };
-    int timeout_ms = -1;
-    if (stopping && !killed) timeout_ms = ms_until(kill_at);
-    if (!heard && !stopping) {
-      const int progress_ms = ms_until(progress_at);
-      timeout_ms =
-          timeout_ms < 0 ? progress_ms : std::min(timeout_ms, progress_ms);
-    }
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
-      err_ << kReport << ErrnoText("poll") << std::endl;
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) polled[i - 1]->Pump();
-    }
-    for (int signo : signals.Drain()) {
-      if (signo == SIGCHLD) continue;  // reaped at the top of the loop
-      if (result.interrupted_by == 0) {
-        result.interrupted_by = signo;
-        err_ << kReport << "received SIG" << sigabbrev_np(signo)
-             << "; stopping all ranks" << std::endl;
-        begin_stop();
-      } else if (!killed) {
-        stop_all(SIGKILL);  // a second interrupt: no more grace
-        killed = true;
-      }
-    }
+    Poll(signals);
+    HandleSignals(signals);
   }
   // Output still buffered in the pipes of ranks that have exited; a
   // descendant holding a pipe open does not keep us waiting.
-  for (Child& c : children) {
-    for (PrefixedStream& stream : c.streams) stream.Pump();
-  }
+  PumpAll();
+  Finish();
+  return result_;
+}
 
-  for (const Child& c : children) result.ranks.push_back(c.exit);
-  if (result.interrupted_by != 0) {
-    result.exit_code = 128 + result.interrupted_by;
-  } else if (result.first_failure.rank >= 0) {
-    const RankExit& first = result.first_failure;
-    result.exit_code = first.signal != 0 ? 128 + first.signal : first.exit_code;
-    std::vector<std::string> others;
-    for (const Child& c : children) {
-      if (c.exit.rank == first.rank) continue;
-      others.push_back(absl::StrCat(
-          c.exit.rank, ": ",
-          c.signalled_by_us && c.exit.signal != 0 ? "stopped, " : "",
-          c.exit.Describe()));
-    }
-    err_ << kReport << "rank " << first.rank << " failed first ("
-         << first.Describe() << ")";
-    if (!others.empty())
-      err_ << "; other ranks: " << absl::StrJoin(others, ", ");
-    err_ << std::endl;
+void OneStart::Finish() {
+  for (const Child& c : children_) result_.ranks.push_back(c.exit);
+  if (result_.interrupted_by != 0) {
+    result_.exit_code = 128 + result_.interrupted_by;
+    return;
   }
-  return result;
+  if (result_.first_failure.rank < 0) return;
+  const RankExit& first = result_.first_failure;
+  result_.exit_code = first.signal != 0 ? 128 + first.signal : first.exit_code;
+  std::vector<std::string> others;
+  for (const Child& c : children_) {
+    if (c.exit.rank == first.rank) continue;
+    others.push_back(
+        absl::StrCat(c.exit.rank, ": ",
+                     c.signalled_by_us && c.exit.signal != 0 ? "stopped, " : "",
+                     c.exit.Describe()));
+  }
+  err_ << kReport << "rank " << first.rank << " failed first ("
+       << first.Describe() << ")";
+  if (!others.empty()) err_ << "; other ranks: " << absl::StrJoin(others, ", ");
+  err_ << std::endl;
+}
+
+}  // namespace
+
+absl::StatusOr<LocalRanksResult> LocalRanks::RunOnce(int port) {
+  SignalPipe signals;
+  if (!signals.error().empty()) return absl::InternalError(signals.error());
+  OneStart start(options_, out_, err_);
+  if (absl::Status s = start.SpawnAll(port); !s.ok()) return s;
+  return start.Serve(signals);
 }
 
 int RunLocalRanks(LocalRanksOptions options, int argc, char** argv) {

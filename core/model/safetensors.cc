@@ -87,12 +87,13 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
-absl::Status ParseSafetensorsHeader(
-    std::string_view header, int64_t data_bytes,
-    std::vector<SafetensorsEntry>* tensors,
-    std::map<std::string, std::string>* metadata) {
-  tensors->clear();
-  metadata->clear();
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// The header as JSON: an object, no key twice at any level (the JSON parser
+// keeps the last; the format forbids them), no deeper than the format nests.
+absl::StatusOr<OrderedJson> ParseHeaderJson(std::string_view header) {
   if (header.empty() || header.front() != '{') {
     return absl::InvalidArgumentError(
         "the header does not start with '{'; not a safetensors file");
@@ -101,28 +102,26 @@ absl::Status ParseSafetensorsHeader(
     return absl::InvalidArgumentError(
         "the header nests deeper than a safetensors header does");
   }
-  // Duplicate keys, in the header or in an entry: the JSON parser keeps the
-  // last; the format forbids them.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  using Event = nlohmann::ordered_json::parse_event_t;
-  const nlohmann::ordered_json::parser_callback_t on_event =
-      [&](int, Event event, nlohmann::ordered_json& parsed) {
-        if (event == Event::object_start) {
-          open_objects.emplace_back();
-        } else if (event == Event::object_end && !open_objects.empty()) {
-          open_objects.pop_back();
-        } else if (event == Event::key && !open_objects.empty() &&
-                   parsed.is_string()) {
-          const std::string key = parsed.get<std::string>();
-          if (!open_objects.back().insert(key).second && duplicate.empty()) {
-            duplicate = key;
-          }
-        }
-        return true;
-      };
-  const nlohmann::ordered_json json = nlohmann::ordered_json::parse(
-      header.begin(), header.end(), on_event, /*allow_exceptions=*/false);
+  using Event = OrderedJson::parse_event_t;
+  const OrderedJson::parser_callback_t on_event = [&](int, Event event,
+                                                      OrderedJson& parsed) {
+    if (event == Event::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Event::object_end && !open_objects.empty()) {
+      open_objects.pop_back();
+    } else if (event == Event::key && !open_objects.empty() &&
+               parsed.is_string()) {
+      const std::string key = parsed.get<std::string>();
+      if (!open_objects.back().insert(key).second && duplicate.empty()) {
+        duplicate = key;
+      }
+    }
+    return true;
+  };
+  OrderedJson json = OrderedJson::parse(header.begin(), header.end(), on_event,
+                                        /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError("the header is not a JSON object");
   }
@@ -130,103 +129,119 @@ absl::Status ParseSafetensorsHeader(
     return absl::InvalidArgumentError(
         absl::StrCat("the header has the key '", duplicate, "' twice"));
   }
-  for (const auto& [name, value] : json.items()) {
-    if (name == "__metadata__") {
-      if (value.is_null()) continue;
-      if (!value.is_object()) {
-        return absl::InvalidArgumentError(
-            "__metadata__ is not an object of strings");
-      }
-      for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("__metadata__.", key,
-                           " is not a string (the format allows "
-                           "string values only)"));
-        }
-        (*metadata)[key] = text.get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = absl::StrCat("tensor '", name, "'");
-    if (!value.is_object() || !value.contains("dtype") ||
-        !value.contains("shape") || !value.contains("data_offsets") ||
-        value.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected exactly dtype, shape and data_offsets"));
-    }
-    SafetensorsEntry entry;
-    entry.name = name;
-    const nlohmann::ordered_json& dtype = value["dtype"];
-    if (!dtype.is_string() ||
-        DtypeSizes().count(dtype.get<std::string>()) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": dtype ", dtype.dump(),
-                       " is not one of the format's: ", DtypeList()));
-    }
-    entry.dtype = dtype.get<std::string>();
-    const nlohmann::ordered_json& shape = value["shape"];
-    if (!shape.is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": shape is not a list"));
-    }
-    // The element count, bounded by the buffer's size as it is multiplied
-    // (a hostile shape cannot overflow it): -1 when it exceeds the buffer.
-    int64_t numel = 1;
-    bool zero = false, too_big = false;
-    for (const nlohmann::ordered_json& d : shape) {
-      int64_t dim;
-      if (!ReadOffset(d, &dim)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": shape ", shape.dump(),
-                         " holds something other than a non-negative integer"));
-      }
-      if (entry.shape.size() == kSafetensorsMaxDims) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": more than ", kSafetensorsMaxDims, " dimensions"));
-      }
-      entry.shape.push_back(dim);
-      if (dim == 0) {
-        zero = true;
-      } else if (!too_big) {
-        if (numel > data_bytes / dim) {
-          too_big = true;
-        } else {
-          numel *= dim;
-        }
-      }
-    }
-    if (zero) {
-      numel = 0;
-    } else if (too_big) {
-      numel = -1;
-    }
-    const nlohmann::ordered_json& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 ||
-        !ReadOffset(offsets[0], &entry.begin) ||
-        !ReadOffset(offsets[1], &entry.end) || entry.begin > entry.end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": data_offsets ", offsets.dump(),
-                       " is not [begin, end] with 0 <= begin <= end"));
-    }
-    if (entry.end > data_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data_offsets end at byte ", entry.end,
-          " of a data buffer of ", data_bytes, " bytes (truncated file?)"));
-    }
-    const int64_t bytes = numel < 0 ? -1 : numel * DtypeSizes().at(entry.dtype);
-    if (bytes != entry.end - entry.begin) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": shape ", shape.dump(), " of ", entry.dtype, " needs ",
-          bytes < 0 ? std::string("more than the file's")
-                    : std::to_string(bytes),
-          " bytes but data_offsets span ", entry.end - entry.begin));
-    }
-    tensors->push_back(std::move(entry));
+  return json;
+}
+
+// __metadata__: null, or an object of strings.
+absl::Status ReadMetadata(const OrderedJson& value,
+                          std::map<std::string, std::string>* metadata) {
+  if (value.is_null()) return absl::OkStatus();
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(
+        "__metadata__ is not an object of strings");
   }
-  // The tensors tile the data buffer: no hole, no overlap, nothing after.
+  for (const auto& [key, text] : value.items()) {
+    if (!text.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("__metadata__.", key,
+                       " is not a string (the format allows "
+                       "string values only)"));
+    }
+    (*metadata)[key] = text.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// Reads `shape` into entry->shape and returns the element count, bounded by
+// the buffer's size as it is multiplied (a hostile shape cannot overflow
+// it): -1 when it exceeds the buffer.
+absl::StatusOr<int64_t> ReadShape(const OrderedJson& shape, int64_t data_bytes,
+                                  const std::string& where,
+                                  SafetensorsEntry* entry) {
+  if (!shape.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shape is not a list"));
+  }
+  int64_t numel = 1;
+  bool zero = false, too_big = false;
+  for (const OrderedJson& d : shape) {
+    int64_t dim;
+    if (!ReadOffset(d, &dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": shape ", shape.dump(),
+                       " holds something other than a non-negative integer"));
+    }
+    if (entry->shape.size() == kSafetensorsMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": more than ", kSafetensorsMaxDims, " dimensions"));
+    }
+    entry->shape.push_back(dim);
+    if (dim == 0) {
+      zero = true;
+    } else if (!too_big) {
+      if (numel > data_bytes / dim) {
+        too_big = true;
+      } else {
+        numel *= dim;
+      }
+    }
+  }
+  if (zero) return 0;
+  return too_big ? -1 : numel;
+}
+
+// One tensor's entry: exactly dtype, shape and data_offsets, the offsets
+// inside the buffer and spanning what the shape and dtype need.
+absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& name,
+                                           const OrderedJson& value,
+                                           int64_t data_bytes) {
+  const std::string where = absl::StrCat("tensor '", name, "'");
+  if (!value.is_object() || !value.contains("dtype") ||
+      !value.contains("shape") || !value.contains("data_offsets") ||
+      value.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected exactly dtype, shape and data_offsets"));
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+  const OrderedJson& dtype = value["dtype"];
+  if (!dtype.is_string() || DtypeSizes().count(dtype.get<std::string>()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtype ", dtype.dump(),
+                     " is not one of the format's: ", DtypeList()));
+  }
+  entry.dtype = dtype.get<std::string>();
+  const OrderedJson& shape = value["shape"];
+  absl::StatusOr<int64_t> numel = ReadShape(shape, data_bytes, where, &entry);
+  if (!numel.ok()) return numel.status();
+  const OrderedJson& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 ||
+      !ReadOffset(offsets[0], &entry.begin) ||
+      !ReadOffset(offsets[1], &entry.end) || entry.begin > entry.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": data_offsets ", offsets.dump(),
+                     " is not [begin, end] with 0 <= begin <= end"));
+  }
+  if (entry.end > data_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data_offsets end at byte ", entry.end,
+        " of a data buffer of ", data_bytes, " bytes (truncated file?)"));
+  }
+  const int64_t bytes = *numel < 0 ? -1 : *numel * DtypeSizes().at(entry.dtype);
+  if (bytes != entry.end - entry.begin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": shape ", shape.dump(), " of ", entry.dtype, " needs ",
+        bytes < 0 ? std::string("more than the file's") : std::to_string(bytes),
+        " bytes but data_offsets span ", entry.end - entry.begin));
+  }
+  return entry;
+}
+
+// The tensors tile the data buffer: no hole, no overlap, nothing after.
+absl::Status CheckTiling(const std::vector<SafetensorsEntry>& tensors,
+                         int64_t data_bytes) {
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const SafetensorsEntry& e : *tensors) by_offset.push_back(&e);
+  for (const SafetensorsEntry& e : tensors) by_offset.push_back(&e);
   std::stable_sort(by_offset.begin(), by_offset.end(),
                    [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
                      return std::make_pair(a->begin, a->end) <
@@ -250,6 +265,28 @@ absl::Status ParseSafetensorsHeader(
         data_bytes, "; the rest is not part of any tensor"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseSafetensorsHeader(
+    std::string_view header, int64_t data_bytes,
+    std::vector<SafetensorsEntry>* tensors,
+    std::map<std::string, std::string>* metadata) {
+  tensors->clear();
+  metadata->clear();
+  absl::StatusOr<OrderedJson> json = ParseHeaderJson(header);
+  if (!json.ok()) return json.status();
+  for (const auto& [name, value] : json->items()) {
+    if (name == "__metadata__") {
+      if (absl::Status s = ReadMetadata(value, metadata); !s.ok()) return s;
+      continue;
+    }
+    absl::StatusOr<SafetensorsEntry> entry = ReadEntry(name, value, data_bytes);
+    if (!entry.ok()) return entry.status();
+    tensors->push_back(*std::move(entry));
+  }
+  return CheckTiling(*tensors, data_bytes);
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {

@@ -312,10 +312,25 @@ std::string StepTimePlan::Bottleneck() const {
   return name;
 }
 
-absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
-                                          int64_t world_size,
-                                          int64_t ranks_per_host,
-                                          const HostRates& rates) {
+namespace {
+
+// The mesh and batch of the step PlanStepTime models.
+struct StepMesh {
+  ModelConfig model;
+  int64_t stages = 1, tp = 1, data = 1, micro = 1, c = 0, accum = 1;
+  // Tokens a rank (a replica's ranks, together) computes per micro-step.
+  int64_t tokens = 0;
+  int64_t every = 0;  // ActivationCheckpointEvery
+  // Interleaved, a rank runs V chunks (model stages r, r + S, ...): what it
+  // holds and computes is theirs together.
+  int64_t chunks = 1;
+  std::vector<PipelineStage> cut;  // the model stages
+};
+
+// PlanStepTime's refusals, in its order, and the mesh of the rest.
+absl::StatusOr<StepMesh> ParseStepMesh(const TrainConfig& config,
+                                       int64_t world_size,
+                                       const HostRates& rates) {
   if (absl::Status s = rates.Check(); !s.ok()) return s;
   absl::StatusOr<ModelConfig> model = ParseModelSpec(config.model);
   if (!model.ok()) return model.status();
@@ -331,285 +346,376 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
         absl::StrCat("world_size: ", config.strategy, " runs on one rank, not ",
                      world_size));
   }
-  const int64_t stages = std::max<int64_t>(1, config.pipeline_stages);
-  const int64_t tp = std::max<int64_t>(1, config.tensor_parallel);
-  const int64_t data = config.DataParallelSize(world_size);
-  const int64_t micro =
-      stages > 1 ? std::max<int64_t>(1, config.micro_batches) : 1;
-  const int64_t c = model->n_embd;
-  const int64_t accum = std::max<int64_t>(1, config.grad_accum);
-  // Tokens a rank (a replica's ranks, together) computes per micro-step.
-  const int64_t tokens = config.batch_size * config.seq_len;
+  StepMesh mesh;
+  mesh.stages = std::max<int64_t>(1, config.pipeline_stages);
+  mesh.tp = std::max<int64_t>(1, config.tensor_parallel);
+  mesh.data = config.DataParallelSize(world_size);
+  mesh.micro = mesh.stages > 1 ? std::max<int64_t>(1, config.micro_batches) : 1;
+  mesh.c = model->n_embd;
+  mesh.accum = std::max<int64_t>(1, config.grad_accum);
+  mesh.tokens = config.batch_size * config.seq_len;
   absl::StatusOr<int64_t> every =
       ActivationCheckpointEvery(config.activation_checkpointing);
   if (!every.ok()) return every.status();
-
-  StepTimePlan plan;
-  plan.mesh = MeshName(config, world_size);
-  plan.world_size = world_size;
-  plan.data_parallel = data;
-  plan.tensor_parallel = tp;
-  plan.pipeline_stages = stages;
-  plan.micro_batches = micro;
-  plan.tokens_per_step = tokens * accum * data;
-
-  // Compute: the slowest stage's forward (3x with the backward, once more
-  // for recomputed blocks), 1/T of it under tensor parallelism.
+  mesh.every = *every;
   std::vector<int64_t> split;
-  if (stages > 1 && !config.pipeline_split.empty()) {
+  if (mesh.stages > 1 && !config.pipeline_split.empty()) {
     absl::StatusOr<std::vector<int64_t>> parsed =
         ParsePipelineSplit(config.pipeline_split);
     if (!parsed.ok()) return parsed.status();
     split = *std::move(parsed);
   }
-  // Interleaved, a rank runs V chunks (model stages r, r + S, ...): what it
-  // holds and computes is theirs together.
-  const int64_t chunks =
-      stages > 1 ? std::max<int64_t>(1, config.virtual_stages) : 1;
-  absl::StatusOr<std::vector<PipelineStage>> cut =
-      PartitionPipeline(*model, config.seq_len, stages, split, chunks);
+  mesh.chunks =
+      mesh.stages > 1 ? std::max<int64_t>(1, config.virtual_stages) : 1;
+  absl::StatusOr<std::vector<PipelineStage>> cut = PartitionPipeline(
+      *model, config.seq_len, mesh.stages, split, mesh.chunks);
   if (!cut.ok()) return cut.status();
-  const double block_flops = BlockForwardFlopsPerToken(*model, config.seq_len);
-  // Per rank: its blocks (as one run), its ends, its compute per token
-  // (3x the forward, once more for recomputed blocks) and the directions
-  // its activations cross to other ranks, per micro-batch.
-  std::vector<PipelineStage> held(stages);
-  std::vector<double> rank_flops(stages, 0);
-  std::vector<int64_t> rank_directions(stages, 0);
-  for (size_t k = 0; k < cut->size(); ++k) {
-    const PipelineStage& stage = (*cut)[k];
-    const int64_t r = static_cast<int64_t>(k) % stages;
-    int64_t recomputed = 0;
-    for (int64_t b = stage.first_block; b < stage.end_block; ++b) {
-      if (*every > 0 && (b + 1) % *every == 0) ++recomputed;
-    }
-    rank_flops[r] += 3 * stage.flops_per_token +
-                     static_cast<double>(recomputed) * block_flops;
-    held[r].end_block += stage.end_block - stage.first_block;
-    held[r].embeddings = held[r].embeddings || stage.embeddings;
-    held[r].head = held[r].head || stage.head;
-    held[r].flops_per_token += stage.flops_per_token;
-    rank_directions[r] += (k > 0 ? 1 : 0) + (k + 1 < cut->size() ? 1 : 0);
-  }
+  mesh.cut = *std::move(cut);
+  mesh.model = *std::move(model);
+  return mesh;
+}
+
+// Per rank: its blocks (as one run), its ends, its compute per token
+// (3x the forward, once more for recomputed blocks) and the directions
+// its activations cross to other ranks, per micro-batch.
+struct RankLoads {
+  std::vector<PipelineStage> held;
+  std::vector<double> rank_flops;
+  std::vector<int64_t> rank_directions;
   double stage_flops = 0;  // per token, the slowest rank
   double all_stage_flops = 0;
   int64_t slowest_rank = 0;
+  const PipelineStage& slowest() const { return held[slowest_rank]; }
+};
+
+RankLoads LoadRanks(const StepMesh& mesh, int64_t seq_len) {
+  const int64_t stages = mesh.stages;
+  const std::vector<PipelineStage>& cut = mesh.cut;
+  const double block_flops = BlockForwardFlopsPerToken(mesh.model, seq_len);
+  RankLoads loads;
+  loads.held.resize(stages);
+  loads.rank_flops.assign(stages, 0);
+  loads.rank_directions.assign(stages, 0);
+  for (size_t k = 0; k < cut.size(); ++k) {
+    const PipelineStage& stage = cut[k];
+    const int64_t r = static_cast<int64_t>(k) % stages;
+    int64_t recomputed = 0;
+    for (int64_t b = stage.first_block; b < stage.end_block; ++b) {
+      if (mesh.every > 0 && (b + 1) % mesh.every == 0) ++recomputed;
+    }
+    loads.rank_flops[r] += 3 * stage.flops_per_token +
+                           static_cast<double>(recomputed) * block_flops;
+    PipelineStage& held = loads.held[r];
+    held.end_block += stage.end_block - stage.first_block;
+    held.embeddings = held.embeddings || stage.embeddings;
+    held.head = held.head || stage.head;
+    held.flops_per_token += stage.flops_per_token;
+    loads.rank_directions[r] += (k > 0 ? 1 : 0) + (k + 1 < cut.size() ? 1 : 0);
+  }
   for (int64_t r = 0; r < stages; ++r) {
-    all_stage_flops += rank_flops[r];
-    if (rank_flops[r] > stage_flops) {
-      stage_flops = rank_flops[r];
-      slowest_rank = r;
+    loads.all_stage_flops += loads.rank_flops[r];
+    if (loads.rank_flops[r] > loads.stage_flops) {
+      loads.stage_flops = loads.rank_flops[r];
+      loads.slowest_rank = r;
     }
   }
-  const PipelineStage* slowest = &held[slowest_rank];
+  return loads;
+}
 
-  // The rank's rate: its threads, or its share of the host's cores. A
-  // stage faster than the slowest waits (blocked, off the cores) for the
-  // rest of the step: the cores are shared by the ranks' busy time, the
-  // stages' work over the slowest's.
-  const bool gpu = config.device.rfind("cuda", 0) == 0;
-  const int64_t host_ranks =
-      std::max<int64_t>(1, std::min(ranks_per_host, world_size));
-  plan.threads_per_rank = gpu ? 1 : config.ThreadsPerRank(host_ranks);
+// The rank's rate: its threads, or its share of the host's cores. A
+// stage faster than the slowest waits (blocked, off the cores) for the
+// rest of the step: the cores are shared by the ranks' busy time, the
+// stages' work over the slowest's.
+struct RankRate {
+  bool gpu = false;
+  int64_t host_ranks = 1;
+  int64_t threads_per_rank = 1;
   double share = 1.0;
-  if (!gpu) {
-    const double busy = static_cast<double>(host_ranks) * all_stage_flops /
-                        (static_cast<double>(stages) * stage_flops);
-    share =
-        std::min(1.0, static_cast<double>(rates.cores) /
-                          (busy * static_cast<double>(plan.threads_per_rank)));
-  }
-  const double rate = rates.flops_per_thread *
-                      static_cast<double>(plan.threads_per_rank) * share;
+  double rate = 0;  // FLOP/s
   // Contention slows what runs on the cores: collectives on CPU too.
-  const double slowdown = gpu ? 1.0 : 1.0 / share;
+  double slowdown = 1.0;
+};
 
-  const double step_flops = stage_flops * static_cast<double>(tokens * accum) /
-                            static_cast<double>(tp);
-  plan.compute_seconds = step_flops / rate;
-  if (stages > 1) {
+RankRate ComputeRankRate(const TrainConfig& config, int64_t world_size,
+                         int64_t ranks_per_host, const HostRates& rates,
+                         const StepMesh& mesh, const RankLoads& loads) {
+  RankRate r;
+  r.gpu = config.device.rfind("cuda", 0) == 0;
+  r.host_ranks = std::max<int64_t>(1, std::min(ranks_per_host, world_size));
+  r.threads_per_rank = r.gpu ? 1 : config.ThreadsPerRank(r.host_ranks);
+  if (!r.gpu) {
+    const double busy = static_cast<double>(r.host_ranks) *
+                        loads.all_stage_flops /
+                        (static_cast<double>(mesh.stages) * loads.stage_flops);
+    r.share =
+        std::min(1.0, static_cast<double>(rates.cores) /
+                          (busy * static_cast<double>(r.threads_per_rank)));
+  }
+  r.rate = rates.flops_per_thread * static_cast<double>(r.threads_per_rank) *
+           r.share;
+  r.slowdown = r.gpu ? 1.0 : 1.0 / r.share;
+  return r;
+}
+
+// Compute: the slowest stage's forward (3x with the backward, once more
+// for recomputed blocks), 1/T of it under tensor parallelism; and the
+// pipeline's bubble.
+void AddComputeSeconds(const StepMesh& mesh, const RankLoads& loads,
+                       const RankRate& rate, StepTimePlan* plan) {
+  const double step_flops = loads.stage_flops *
+                            static_cast<double>(mesh.tokens * mesh.accum) /
+                            static_cast<double>(mesh.tp);
+  plan->compute_seconds = step_flops / rate.rate;
+  if (mesh.stages > 1) {
     // A step's M x accum micro-batches flow through the stages once: the
     // slowest stage sets the pace, and the others' time on one micro-batch
     // fills and drains the pipe (t = (M - 1) t_max + sum of t_s); in
     // chunks of 1/V of it when interleaved ((S-1)/(V·M+S-1) of the step
     // with uniform stages, SimulatePipeline).
-    plan.bubble_seconds = (all_stage_flops - stage_flops) *
-                          static_cast<double>(tokens) /
-                          static_cast<double>(micro * tp * chunks) / rate;
+    plan->bubble_seconds =
+        (loads.all_stage_flops - loads.stage_flops) *
+        static_cast<double>(mesh.tokens) /
+        static_cast<double>(mesh.micro * mesh.tp * mesh.chunks) / rate.rate;
   }
+}
 
-  // Parameters the rank keeps and updates (the slowest stage's).
-  const int64_t blocks = slowest->end_block - slowest->first_block;
-  const int64_t block_params = BlockParameters(*model);
-  const int64_t wte = model->padded_vocab_size * c;
-  const int64_t root =
-      (stages == 1 || slowest->embeddings ? model->InputParameters() : 0) +
-      (slowest->head ? model->OutputParameters() : 0);
-  const bool has_wte =
-      slowest->embeddings || (slowest->head && model->tied_head());
-  int64_t kept = blocks * block_params + root + (has_wte ? wte : 0);
-  if (tp > 1) {
-    const int64_t replicated = TensorParallelReplicated(*model);
-    kept = (kept - replicated) / tp + replicated;
+// Parameters the rank keeps and updates (the slowest stage's).
+struct KeptParameters {
+  int64_t blocks = 0;
+  int64_t block_params = 0;
+  int64_t wte = 0;
+  int64_t root = 0;
+  bool has_wte = false;
+  int64_t kept = 0;
+  bool fsdp = false;  // FSDP or HSDP
+  int64_t shard_ranks = 1;
+};
+
+KeptParameters CountKeptParameters(const TrainConfig& config,
+                                   const StepMesh& mesh,
+                                   const PipelineStage& slowest,
+                                   int64_t host_ranks) {
+  const ModelConfig& model = mesh.model;
+  KeptParameters k;
+  k.blocks = slowest.end_block - slowest.first_block;
+  k.block_params = BlockParameters(model);
+  k.wte = model.padded_vocab_size * mesh.c;
+  k.root =
+      (mesh.stages == 1 || slowest.embeddings ? model.InputParameters() : 0) +
+      (slowest.head ? model.OutputParameters() : 0);
+  k.has_wte = slowest.embeddings || (slowest.head && model.tied_head());
+  k.kept = k.blocks * k.block_params + k.root + (k.has_wte ? k.wte : 0);
+  if (mesh.tp > 1) {
+    const int64_t replicated = TensorParallelReplicated(model);
+    k.kept = (k.kept - replicated) / mesh.tp + replicated;
   }
   const std::string& dp = config.strategy;
-  const bool fsdp = dp == "fsdp" || dp == "hsdp";
-  int64_t shard_ranks = 1;
-  if (fsdp && data > 1) {
+  k.fsdp = dp == "fsdp" || dp == "hsdp";
+  if (k.fsdp && mesh.data > 1) {
     // HSDP's groups as the engine forms them (the default: two replicas on
     // one host).
-    shard_ranks = dp == "hsdp" ? ResolveShardGroupSize(config.shard_group_size,
-                                                       data, host_ranks)
-                               : data;
+    k.shard_ranks = dp == "hsdp"
+                        ? ResolveShardGroupSize(config.shard_group_size,
+                                                mesh.data, host_ranks)
+                        : mesh.data;
   }
-  // AdamW updates the rank's shard; the gradients are made whole for the
-  // gathered units (all but FSDP's vocabulary-parallel wte, which has only
-  // its rows').
+  return k;
+}
+
+// AdamW updates the rank's shard; the gradients are made whole for the
+// gathered units (all but FSDP's vocabulary-parallel wte, which has only
+// its rows').
+double OptimizerSeconds(const StepMesh& mesh, const KeptParameters& k,
+                        const HostRates& rates, const RankRate& rate) {
   const int64_t sharded_wte =
-      fsdp && stages == 1 && tp == 1 && shard_ranks > 1 ? wte : 0;
+      k.fsdp && mesh.stages == 1 && mesh.tp == 1 && k.shard_ranks > 1 ? k.wte
+                                                                      : 0;
   const int64_t gradient_params =
-      kept - sharded_wte + sharded_wte / shard_ranks;
-  plan.optimizer_seconds = (static_cast<double>(kept / shard_ranks) *
-                                rates.optimizer_seconds_per_parameter +
-                            static_cast<double>(gradient_params) *
-                                rates.gradient_seconds_per_parameter) /
-                           (static_cast<double>(plan.threads_per_rank) * share);
+      k.kept - sharded_wte + sharded_wte / k.shard_ranks;
+  return (static_cast<double>(k.kept / k.shard_ranks) *
+              rates.optimizer_seconds_per_parameter +
+          static_cast<double>(gradient_params) *
+              rates.gradient_seconds_per_parameter) /
+         (static_cast<double>(rate.threads_per_rank) * rate.share);
+}
 
-  // Traffic, per dimension.
-  const LinkRates& intra = rates.intra_node;
-  const LinkRates& inter =
-      rates.inter_node.known() ? rates.inter_node : rates.intra_node;
+constexpr int64_t kHeadChunks = 1;
+
+// The links a group's collectives run over, and how much slower than
+// measured they run (RankRate::slowdown).
+struct Links {
+  const LinkRates* intra = nullptr;
+  const LinkRates* inter = nullptr;
+  int64_t ranks_per_host = 1;
+  double slowdown = 1.0;
   // A group whose ranks span hosts runs at the slower link.
-  auto link_for = [&](int64_t stride, int64_t ranks) -> const LinkRates& {
-    return stride * ranks > ranks_per_host ? inter : intra;
-  };
-  const int64_t act_bytes =
-      tokens * c * (config.precision == "bf16" && gpu ? 2 : kFloatBytes);
-  const int64_t head_chunks = 1;
+  const LinkRates& For(int64_t stride, int64_t ranks) const {
+    return stride * ranks > ranks_per_host ? *inter : *intra;
+  }
+};
 
-  if (data > 1) {
-    Traffic t;
-    const int64_t dp_stride = tp;  // data ranks lie outside the tensor ones
-    if (dp == "ddp") {
-      const double bytes = static_cast<double>(kept * kFloatBytes);
-      const double bucket = std::max(1.0, config.bucket_mb * 1024 * 1024);
-      const int64_t buckets =
-          std::max<int64_t>(1, static_cast<int64_t>(std::ceil(bytes / bucket)));
-      t.Add(Op::kAllReduce, data, buckets, bytes / buckets);
-      plan.traffic.push_back(Finish("data-parallel", data, t,
-                                    link_for(dp_stride, data), slowdown));
-    } else if (fsdp) {
-      if (stages > 1 || tp > 1) {
-        // Within a stage (or of a tensor-parallel rank's slices) every
-        // unit, wte too, is gathered once per step and its gradient
-        // reduce-scattered once.
-        const double stage_bytes = static_cast<double>(kept * kFloatBytes);
-        const int64_t units = blocks + 1 + (has_wte ? 1 : 0);
-        t.Add(Op::kAllGather, shard_ranks, units, stage_bytes / units);
-        t.Add(Op::kReduceScatter, shard_ranks, units, stage_bytes / units);
-      } else {
-        for (int64_t a = 0; a < accum; ++a) {
-          const bool reduce = !config.fsdp_no_sync || a + 1 == accum;
-          AddFsdp(&t, shard_ranks, blocks, block_params, root,
-                  config.reshard_after_forward, reduce, tokens, c, head_chunks,
-                  /*embeddings=*/true, /*head=*/true);
-        }
-      }
-      t.Add(Op::kAllReduce, shard_ranks, 1, kFloatBytes);  // grad norm
-      plan.traffic.push_back(
-          Finish(shard_ranks == data ? "data-parallel" : "shard-group",
-                 shard_ranks, t, link_for(dp_stride, shard_ranks), slowdown));
-      if (shard_ranks < data) {
-        Traffic across;
-        const int64_t replicas = data / shard_ranks;
-        across.Add(Op::kAllReduce, replicas, blocks + 2,
-                   static_cast<double>(kept * kFloatBytes) /
-                       static_cast<double>(shard_ranks * (blocks + 2)));
-        plan.traffic.push_back(
-            Finish("replica", replicas, across,
-                   link_for(dp_stride * shard_ranks, replicas), slowdown));
-      }
+// The data-parallel dimension's traffic: DDP's buckets, or FSDP's and
+// HSDP's units (and HSDP's average across its groups).
+void AddDataParallelTraffic(const TrainConfig& config, const StepMesh& mesh,
+                            const KeptParameters& k, const Links& links,
+                            StepTimePlan* plan) {
+  const int64_t data = mesh.data;
+  if (data <= 1) return;
+  Traffic t;
+  const int64_t dp_stride = mesh.tp;  // data ranks lie outside the tensor ones
+  if (config.strategy == "ddp") {
+    const double bytes = static_cast<double>(k.kept * kFloatBytes);
+    const double bucket = std::max(1.0, config.bucket_mb * 1024 * 1024);
+    const int64_t buckets =
+        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(bytes / bucket)));
+    t.Add(Op::kAllReduce, data, buckets, bytes / buckets);
+    plan->traffic.push_back(Finish("data-parallel", data, t,
+                                   links.For(dp_stride, data), links.slowdown));
+    return;
+  }
+  if (!k.fsdp) return;
+  if (mesh.stages > 1 || mesh.tp > 1) {
+    // Within a stage (or of a tensor-parallel rank's slices) every
+    // unit, wte too, is gathered once per step and its gradient
+    // reduce-scattered once.
+    const double stage_bytes = static_cast<double>(k.kept * kFloatBytes);
+    const int64_t units = k.blocks + 1 + (k.has_wte ? 1 : 0);
+    t.Add(Op::kAllGather, k.shard_ranks, units, stage_bytes / units);
+    t.Add(Op::kReduceScatter, k.shard_ranks, units, stage_bytes / units);
+  } else {
+    for (int64_t a = 0; a < mesh.accum; ++a) {
+      const bool reduce = !config.fsdp_no_sync || a + 1 == mesh.accum;
+      AddFsdp(&t, k.shard_ranks, k.blocks, k.block_params, k.root,
+              config.reshard_after_forward, reduce, mesh.tokens, mesh.c,
+              kHeadChunks, /*embeddings=*/true, /*head=*/true);
     }
   }
-  double tensor_f_seconds = 0;
+  t.Add(Op::kAllReduce, k.shard_ranks, 1, kFloatBytes);  // grad norm
+  plan->traffic.push_back(Finish(
+      k.shard_ranks == data ? "data-parallel" : "shard-group", k.shard_ranks, t,
+      links.For(dp_stride, k.shard_ranks), links.slowdown));
+  if (k.shard_ranks < data) {
+    Traffic across;
+    const int64_t replicas = data / k.shard_ranks;
+    across.Add(Op::kAllReduce, replicas, k.blocks + 2,
+               static_cast<double>(k.kept * kFloatBytes) /
+                   static_cast<double>(k.shard_ranks * (k.blocks + 2)));
+    plan->traffic.push_back(
+        Finish("replica", replicas, across,
+               links.For(dp_stride * k.shard_ranks, replicas), links.slowdown));
+  }
+}
+
+// What of the tensor group's traffic can hide: f's backward sums, behind
+// the column-parallel weights' gradients.
+struct TensorOverlap {
+  double f_seconds = 0;
   double column_weight_gradient_seconds = 0;
-  if (tp > 1) {
-    Traffic t;
-    const int64_t recomputed =
-        *every > 0 ? (slowest->end_block - slowest->first_block) / *every : 0;
-    const double act = static_cast<double>(act_bytes);
-    for (int64_t a = 0; a < accum; ++a) {
-      // Megatron's g forward and f backward, per attention and MLP.
-      t.Add(Op::kAllReduce, tp, 4 * blocks + 2 * recomputed, act);
-      if (slowest->embeddings || stages == 1) {
-        t.Add(Op::kAllReduce, tp, 1, act);  // the embeddings' lookups
-      }
-      if (slowest->head || stages == 1) {
-        t.Add(Op::kAllGather, tp, head_chunks,
-              3.0 * static_cast<double>(tp * tokens * kFloatBytes) /
-                  static_cast<double>(head_chunks));
-        t.Add(Op::kAllReduce, tp, 1,
-              static_cast<double>(tokens * c * kFloatBytes));  // head's dx
-      }
-    }
-    t.Add(Op::kAllReduce, tp, 1,
-          static_cast<double>(TensorParallelReplicated(*model) * kFloatBytes));
-    plan.traffic.push_back(
-        Finish("tensor-parallel", tp, t, link_for(1, tp), slowdown));
-    // f's sums of the input gradient (two per block) go while the
-    // column-parallel weights' gradients are computed (EnterLinear): the
-    // time they can hide behind is those products', a forward's worth of
-    // the column-parallel matrices per token.
-    Traffic f;
-    f.Add(Op::kAllReduce, tp, 2 * blocks * accum, act);
-    tensor_f_seconds = Finish("f", tp, f, link_for(1, tp), slowdown).seconds;
-    const double column_flops =
-        model->is_llama()
-            ? 2.0 * static_cast<double>(c) *
-                  static_cast<double>(c +
-                                      2 * model->n_kv_head * c / model->n_head +
-                                      2 * model->intermediate_size)
-            : 14.0 * static_cast<double>(c) * static_cast<double>(c);
-    column_weight_gradient_seconds =
-        column_flops * static_cast<double>(blocks * tokens * accum) /
-        static_cast<double>(tp) / rate;
-  }
-  if (stages > 1) {
-    Traffic t;
-    const int64_t stride = tp * data;
-    // Activations forward and their gradients backward, per micro-batch,
-    // for a middle stage both ways (each chunk's, interleaved); the tied
-    // wte between the end stages.
-    const int64_t directions = rank_directions[slowest_rank];
-    t.Add(Op::kSend, 2, micro * accum * directions,
-          static_cast<double>(act_bytes) / static_cast<double>(micro));
-    if (has_wte) {
-      t.Add(Op::kAllReduce, 2, 1,
-            static_cast<double>(wte / tp * kFloatBytes /
-                                (fsdp ? shard_ranks : 1)));
-    }
-    plan.traffic.push_back(
-        Finish("pipeline", stages, t, link_for(stride, stages), slowdown));
-  }
+};
 
-  // The backward time the data-parallel reduction can hide behind, where
-  // the engine overlaps it: DDP, FSDP and HSDP alone reduce as the whole
-  // backward runs (buckets, per-unit reduce-scatters); pipeline stages
-  // during the step's last micro-batch's backward only: replicated stages
-  // their buckets, sharded stages each unit's reduce-scatter (their
-  // all-gathers before the first micro-batch, and HSDP's average across
-  // groups after the schedule, stay exposed); tensor-parallel meshes after
-  // the schedule (nothing of the data-parallel reduction hidden; of the
-  // tensor group's own traffic, f's backward sums behind the column-parallel
-  // weight gradients).
+// The column-parallel matrices' forward FLOPs per token of one block.
+double ColumnParallelFlops(const ModelConfig& model) {
+  const int64_t c = model.n_embd;
+  return model.is_llama()
+             ? 2.0 * static_cast<double>(c) *
+                   static_cast<double>(c +
+                                       2 * model.n_kv_head * c / model.n_head +
+                                       2 * model.intermediate_size)
+             : 14.0 * static_cast<double>(c) * static_cast<double>(c);
+}
+
+TensorOverlap AddTensorParallelTraffic(const StepMesh& mesh,
+                                       const KeptParameters& k,
+                                       const PipelineStage& slowest,
+                                       int64_t act_bytes, double rate,
+                                       const Links& links, StepTimePlan* plan) {
+  TensorOverlap overlap;
+  const int64_t tp = mesh.tp;
+  if (tp <= 1) return overlap;
+  Traffic t;
+  const int64_t recomputed =
+      mesh.every > 0 ? (slowest.end_block - slowest.first_block) / mesh.every
+                     : 0;
+  const double act = static_cast<double>(act_bytes);
+  for (int64_t a = 0; a < mesh.accum; ++a) {
+    // Megatron's g forward and f backward, per attention and MLP.
+    t.Add(Op::kAllReduce, tp, 4 * k.blocks + 2 * recomputed, act);
+    if (slowest.embeddings || mesh.stages == 1) {
+      t.Add(Op::kAllReduce, tp, 1, act);  // the embeddings' lookups
+    }
+    if (slowest.head || mesh.stages == 1) {
+      t.Add(Op::kAllGather, tp, kHeadChunks,
+            3.0 * static_cast<double>(tp * mesh.tokens * kFloatBytes) /
+                static_cast<double>(kHeadChunks));
+      const double head_dx =
+          static_cast<double>(mesh.tokens * mesh.c * kFloatBytes);
+      t.Add(Op::kAllReduce, tp, 1, head_dx);
+    }
+  }
+  const double replicated =
+      static_cast<double>(TensorParallelReplicated(mesh.model) * kFloatBytes);
+  t.Add(Op::kAllReduce, tp, 1, replicated);
+  plan->traffic.push_back(
+      Finish("tensor-parallel", tp, t, links.For(1, tp), links.slowdown));
+  // f's sums of the input gradient (two per block) go while the
+  // column-parallel weights' gradients are computed (EnterLinear): the
+  // time they can hide behind is those products', a forward's worth of
+  // the column-parallel matrices per token.
+  Traffic f;
+  f.Add(Op::kAllReduce, tp, 2 * k.blocks * mesh.accum, act);
+  overlap.f_seconds =
+      Finish("f", tp, f, links.For(1, tp), links.slowdown).seconds;
+  overlap.column_weight_gradient_seconds =
+      ColumnParallelFlops(mesh.model) *
+      static_cast<double>(k.blocks * mesh.tokens * mesh.accum) /
+      static_cast<double>(tp) / rate;
+  return overlap;
+}
+
+void AddPipelineTraffic(const StepMesh& mesh, const RankLoads& loads,
+                        const KeptParameters& k, int64_t act_bytes,
+                        const Links& links, StepTimePlan* plan) {
+  if (mesh.stages <= 1) return;
+  Traffic t;
+  const int64_t stride = mesh.tp * mesh.data;
+  // Activations forward and their gradients backward, per micro-batch,
+  // for a middle stage both ways (each chunk's, interleaved); the tied
+  // wte between the end stages.
+  const int64_t directions = loads.rank_directions[loads.slowest_rank];
+  t.Add(Op::kSend, 2, mesh.micro * mesh.accum * directions,
+        static_cast<double>(act_bytes) / static_cast<double>(mesh.micro));
+  if (k.has_wte) {
+    t.Add(Op::kAllReduce, 2, 1,
+          static_cast<double>(k.wte / mesh.tp * kFloatBytes /
+                              (k.fsdp ? k.shard_ranks : 1)));
+  }
+  plan->traffic.push_back(Finish("pipeline", mesh.stages, t,
+                                 links.For(stride, mesh.stages),
+                                 links.slowdown));
+}
+
+// What `plan`'s traffic adds to the step.
+//
+// The backward time the data-parallel reduction can hide behind, where
+// the engine overlaps it: DDP, FSDP and HSDP alone reduce as the whole
+// backward runs (buckets, per-unit reduce-scatters); pipeline stages
+// during the step's last micro-batch's backward only: replicated stages
+// their buckets, sharded stages each unit's reduce-scatter (their
+// all-gathers before the first micro-batch, and HSDP's average across
+// groups after the schedule, stay exposed); tensor-parallel meshes after
+// the schedule (nothing of the data-parallel reduction hidden; of the
+// tensor group's own traffic, f's backward sums behind the column-parallel
+// weight gradients).
+double ExposedCommSeconds(const StepTimePlan& plan, const StepMesh& mesh,
+                          bool gpu, bool fsdp, const TensorOverlap& overlap) {
   double hidden_behind = 0;
   bool sharded_stages = false;
-  if (gpu && tp == 1) {
+  if (gpu && mesh.tp == 1) {
     const double backward = plan.compute_seconds * 2 / 3;
-    if (stages == 1) {
+    if (mesh.stages == 1) {
       hidden_behind = backward;
     } else {
-      hidden_behind = backward / static_cast<double>(micro * accum);
+      hidden_behind = backward / static_cast<double>(mesh.micro * mesh.accum);
       sharded_stages = fsdp;
     }
   }
@@ -628,13 +734,56 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
       comm += t.seconds - hideable +
               std::max(hideable - hidden_behind, hideable / calls);
     } else if (gpu && t.dimension == "tensor-parallel") {
-      comm += t.seconds -
-              std::min(tensor_f_seconds, column_weight_gradient_seconds);
+      comm += t.seconds - std::min(overlap.f_seconds,
+                                   overlap.column_weight_gradient_seconds);
     } else {
       comm += t.seconds;
     }
   }
-  plan.exposed_comm_seconds = comm;
+  return comm;
+}
+
+}  // namespace
+
+absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
+                                          int64_t world_size,
+                                          int64_t ranks_per_host,
+                                          const HostRates& rates) {
+  absl::StatusOr<StepMesh> mesh = ParseStepMesh(config, world_size, rates);
+  if (!mesh.ok()) return mesh.status();
+  StepTimePlan plan;
+  plan.mesh = MeshName(config, world_size);
+  plan.world_size = world_size;
+  plan.data_parallel = mesh->data;
+  plan.tensor_parallel = mesh->tp;
+  plan.pipeline_stages = mesh->stages;
+  plan.micro_batches = mesh->micro;
+  plan.tokens_per_step = mesh->tokens * mesh->accum * mesh->data;
+
+  const RankLoads loads = LoadRanks(*mesh, config.seq_len);
+  const RankRate rate =
+      ComputeRankRate(config, world_size, ranks_per_host, rates, *mesh, loads);
+  plan.threads_per_rank = rate.threads_per_rank;
+  AddComputeSeconds(*mesh, loads, rate, &plan);
+  const KeptParameters kept =
+      CountKeptParameters(config, *mesh, loads.slowest(), rate.host_ranks);
+  plan.optimizer_seconds = OptimizerSeconds(*mesh, kept, rates, rate);
+
+  // Traffic, per dimension.
+  const Links links{
+      &rates.intra_node,
+      rates.inter_node.known() ? &rates.inter_node : &rates.intra_node,
+      ranks_per_host, rate.slowdown};
+  const int64_t act_bytes =
+      mesh->tokens * mesh->c *
+      (config.precision == "bf16" && rate.gpu ? 2 : kFloatBytes);
+  AddDataParallelTraffic(config, *mesh, kept, links, &plan);
+  const TensorOverlap overlap = AddTensorParallelTraffic(
+      *mesh, kept, loads.slowest(), act_bytes, rate.rate, links, &plan);
+  AddPipelineTraffic(*mesh, loads, kept, act_bytes, links, &plan);
+
+  plan.exposed_comm_seconds =
+      ExposedCommSeconds(plan, *mesh, rate.gpu, kept.fsdp, overlap);
   plan.step_seconds = plan.compute_seconds + plan.bubble_seconds +
                       plan.optimizer_seconds + plan.exposed_comm_seconds;
   plan.tokens_per_second =
