@@ -1,6 +1,7 @@
 #include "proto/job_config.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/plan/mesh_search.h"
@@ -308,29 +309,51 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& c, int world_size) {
   return spec;
 }
 
-// v1::StepMetrics carries every StepField under the same name (checked by
-// tests/server/step_fields_test.cc), so both directions walk the list.
+namespace {
+
+using google::protobuf::FieldDescriptor;
+
+// v1::StepMetrics's field for each StepField, in StepFields() order, found
+// once by name; nullptr where the message has none of the same kind (an
+// integer or a double). step_fields_test requires every one.
+const std::vector<const FieldDescriptor*>& StepProtoFields() {
+  static const std::vector<const FieldDescriptor*> fields = [] {
+    std::vector<const FieldDescriptor*> found;
+    for (const StepField& f : StepFields()) {
+      const FieldDescriptor* field =
+          v1::StepMetrics::descriptor()->FindFieldByName(f.name);
+      const bool integer =
+          field != nullptr &&
+          (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32 ||
+           field->cpp_type() == FieldDescriptor::CPPTYPE_INT64);
+      const bool same_kind =
+          field != nullptr &&
+          (f.is_integer()
+               ? integer
+               : field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE);
+      found.push_back(same_kind ? field : nullptr);
+    }
+    return found;
+  }();
+  return fields;
+}
+
+}  // namespace
+
 v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
   v1::StepMetrics p;
-  const google::protobuf::Descriptor* d = p.GetDescriptor();
   const google::protobuf::Reflection* r = p.GetReflection();
-  for (const StepField& f : StepFields()) {
-    const google::protobuf::FieldDescriptor* field = d->FindFieldByName(f.name);
+  const std::vector<StepField>& fields = StepFields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const StepField& f = fields[i];
+    const FieldDescriptor* field = StepProtoFields()[i];
     if (field == nullptr || !f.PresentIn(m)) continue;
-    switch (field->cpp_type()) {
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
-        r->SetInt32(&p, field, static_cast<int32_t>(f.Value(m)));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
-        r->SetInt64(&p, field,
-                    f.is_integer() ? m.*f.int_member
-                                   : static_cast<int64_t>(f.Value(m)));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(&p, field, f.Value(m));
-        break;
-      default:  // no such field type in the message (checked by its test)
-        break;
+    if (!f.is_integer()) {
+      r->SetDouble(&p, field, m.*f.double_member);
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+      r->SetInt32(&p, field, static_cast<int32_t>(m.*f.int_member));
+    } else {
+      r->SetInt64(&p, field, m.*f.int_member);
     }
   }
   return p;
@@ -338,32 +361,22 @@ v1::StepMetrics StepMetricsToProto(const StepMetrics& m) {
 
 StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
   StepMetrics m;
-  const google::protobuf::Descriptor* d = p.GetDescriptor();
   const google::protobuf::Reflection* r = p.GetReflection();
-  for (const StepField& f : StepFields()) {
-    const google::protobuf::FieldDescriptor* field = d->FindFieldByName(f.name);
-    if (field == nullptr) continue;
+  const std::vector<StepField>& fields = StepFields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const StepField& f = fields[i];
+    const FieldDescriptor* field = StepProtoFields()[i];
     // An absent optional field keeps its `initial` (below 0).
-    if (field->has_presence() && !r->HasField(p, field)) continue;
-    double value = 0;
-    switch (field->cpp_type()) {
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
-        value = r->GetInt32(p, field);
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
-        if (f.is_integer()) {  // exactly, whatever its size
-          m.*f.int_member = r->GetInt64(p, field);
-          continue;
-        }
-        value = static_cast<double>(r->GetInt64(p, field));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
-        value = r->GetDouble(p, field);
-        break;
-      default:
-        continue;
+    if (field == nullptr || (field->has_presence() && !r->HasField(p, field))) {
+      continue;
     }
-    f.Set(m, value);
+    if (!f.is_integer()) {
+      m.*f.double_member = r->GetDouble(p, field);
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+      m.*f.int_member = r->GetInt32(p, field);
+    } else {
+      m.*f.int_member = r->GetInt64(p, field);
+    }
   }
   return m;
 }
