@@ -54,9 +54,9 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
   }
   // Keys of the job itself, and shardtrain-train's that the daemon sets for
   // every job (refused rather than ignored).
-  const std::vector<std::string> job_keys = {"labels",         "max_restarts",
-                                             "min_world_size", "name",
-                                             "priority",       "world_size"};
+  const std::vector<std::string> job_keys = {
+      "labels",   "max_restarts",   "min_world_size", "name",
+      "priority", "priority_class", "world_size"};
   const std::vector<std::string> daemon_sets = {"eval_only", "log_every", "out",
                                                 "resume", "threads"};
   std::vector<std::string> known = job_keys;
@@ -93,6 +93,8 @@ absl::Status LoadJobFile(const std::string& path, JobFlags* flags) {
         flags->world_size = it->second.as<int>();
       } else if (key == "priority") {
         flags->priority = it->second.as<int>();
+      } else if (key == "priority-class") {
+        flags->priority_class = it->second.as<std::string>();
       } else if (key == "max-restarts") {
         flags->max_restarts = it->second.as<int>();
       } else if (key == "min-world-size") {
@@ -175,9 +177,17 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
       {"data", job.spec().data()},
       {"mesh", absl::StrCat(Mesh(job), " (", Ranks(job), ")")},
       {"device", v1::DeviceKind_Name(job.spec().device_kind())},
-      {"priority", std::to_string(job.spec().priority())},
+      {"owner", job.owner().empty() ? "-" : job.owner()},
+      {"priority",
+       absl::StrCat(
+           job.priority(),
+           job.spec().priority_class().empty()
+               ? ""
+               : absl::StrCat(" (class ", job.spec().priority_class(), ")"),
+           job.preemptible() ? "" : ", not preemptible")},
       {"restarts",
        absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
+      {"preemptions", std::to_string(job.preemptions())},
       {"ranks",
        job.world_size() > 0 && job.world_size() != job.spec().world_size()
            ? absl::StrCat(job.world_size(), " of ", job.spec().world_size(),
@@ -255,6 +265,7 @@ absl::StatusOr<v1::JobSpec> JobFlags::ToSpec() const {
   if (!device_given) spec.set_device_kind(v1::DEVICE_KIND_UNSPECIFIED);
   spec.set_name(name);
   spec.set_priority(priority);
+  spec.set_priority_class(priority_class);
   spec.set_max_restarts(max_restarts);
   spec.mutable_elastic()->set_min_world_size(min_world_size);
   for (const std::string& label : labels) {
@@ -287,12 +298,16 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
   }
   command->add_option("-f,--file", flags->file,
                       "job YAML: the flags' names as keys, plus name, labels, "
-                      "priority, world-size, max-restarts, min-world-size");
+                      "priority, priority-class, world-size, max-restarts, "
+                      "min-world-size");
   command->add_option("--world-size", flags->world_size,
                       "ranks (devices) for ddp/fsdp");
   command->add_option("--name", flags->name, "a name for people");
   command->add_option("--label", flags->labels, "key=value (repeatable)");
   command->add_option("--priority", flags->priority, "higher runs first");
+  command->add_option("--priority-class", flags->priority_class,
+                      "one of the daemon's --priority-class names (sets the "
+                      "priority, and whether the job may be preempted)");
   command->add_option("--max-restarts", flags->max_restarts,
                       "restarts from the last checkpoint after a failure");
   command->add_option(
@@ -488,7 +503,8 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
   auto limit = std::make_shared<int>(0);
   CLI::App* cmd = app->add_subcommand("list", "List jobs (oldest first)");
   std::vector<std::string> state_names;
-  for (int s = v1::QUEUED; s <= v1::CANCELLED; ++s) {
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (s == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(s)) continue;
     state_names.push_back(v1::JobState_Name(static_cast<v1::JobState>(s)));
   }
   cmd->add_option("--state", *states, "only these states (repeatable)")
@@ -539,7 +555,8 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
     for (const v1::Job& job : all.jobs()) {
       rows.push_back(
           {job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-           StateName(job.state()), Mesh(job), job.spec().model(),
+           job.owner().empty() ? "-" : job.owner(), StateName(job.state()),
+           Mesh(job), job.spec().model(),
            job.has_last_step() ? absl::StrCat(job.last_step().step(), "/",
                                               job.last_step().total_steps())
                                : "-",
@@ -547,8 +564,9 @@ void AddListCommand(CLI::App* app, const CommandContext& ctx) {
                                : "-",
            FormatAge(job.submit_time_unix_ms())});
     }
-    std::cout << FormatTable(
-        {"ID", "NAME", "STATE", "MESH", "MODEL", "STEP", "LOSS", "AGE"}, rows);
+    std::cout << FormatTable({"ID", "NAME", "OWNER", "STATE", "MESH", "MODEL",
+                              "STEP", "LOSS", "AGE"},
+                             rows);
   });
 }
 
@@ -786,12 +804,22 @@ void AddClusterCommand(CLI::App* app, const CommandContext& ctx) {
                              devices);
     std::vector<std::vector<std::string>> queue;
     for (const v1::QueuedJob& q : cluster.queue()) {
-      queue.push_back({q.job_id(), std::to_string(q.priority()), q.reason()});
+      queue.push_back(
+          {q.job_id(), q.owner().empty() ? "-" : q.owner(),
+           std::to_string(q.priority()), std::to_string(q.world_size()),
+           q.predicted_start_unix_ms() > 0
+               ? absl::FormatTime(
+                     "%Y-%m-%d %H:%M:%S",
+                     absl::FromUnixMillis(q.predicted_start_unix_ms()),
+                     absl::LocalTimeZone())
+               : "-",
+           q.reason()});
     }
     std::cout << "\n"
               << (queue.empty()
                       ? "queue empty\n"
-                      : FormatTable({"QUEUED", "PRIORITY", "WAITING BECAUSE"},
+                      : FormatTable({"QUEUED", "OWNER", "PRIORITY", "DEVICES",
+                                     "PREDICTED START", "WAITING BECAUSE"},
                                     queue));
     PrintBackendView(cluster);
   });

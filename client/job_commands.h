@@ -25,6 +25,7 @@ struct JobFlags {
   std::string name;
   std::vector<std::string> labels;  // key=value
   int priority = 0;
+  std::string priority_class;  // one of shardtraind's --priority-class
   int max_restarts = 0;
   int min_world_size = 0;  // elastic when > 0
   std::string file;

@@ -7,6 +7,7 @@ namespace {
 
 constexpr char kDivergedPayload[] = "shardtrain/diverged";
 constexpr char kPortTakenPayload[] = "shardtrain/rendezvous-port-taken";
+constexpr char kPreemptedPayload[] = "shardtrain/preempted";
 
 absl::Status Marked(absl::Status status, const char* payload) {
   status.SetPayload(payload, absl::Cord("1"));
@@ -31,9 +32,18 @@ bool IsRendezvousPortTaken(const absl::Status& status) {
   return status.GetPayload(kPortTakenPayload).has_value();
 }
 
+absl::Status PreemptedError(const std::string& message) {
+  return Marked(absl::AbortedError(message), kPreemptedPayload);
+}
+
+bool IsPreempted(const absl::Status& status) {
+  return status.GetPayload(kPreemptedPayload).has_value();
+}
+
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return 0;
   if (IsDiverged(status)) return kExitDiverged;
+  if (IsPreempted(status)) return kExitPreempted;
   if (IsRendezvousPortTaken(status)) return kExitRendezvousPortTaken;
   if (absl::IsPermissionDenied(status)) return kExitInputRefused;
   return absl::IsInvalidArgument(status) ? 2 : 1;

@@ -25,15 +25,23 @@ inline constexpr int kExitRendezvousPortTaken = 75;
 // a restart would be refused the same way.
 inline constexpr int kExitInputRefused = 77;
 
+// The run was asked to stop (SIGUSR1: a preemption, or the cluster
+// scheduler's own) and saved a checkpoint at a step boundary first; the job
+// resumes from it, so this is no failure.
+inline constexpr int kExitPreempted = 85;
+
 absl::Status DivergedError(const std::string& message);
 bool IsDiverged(const absl::Status& status);
 
 absl::Status RendezvousPortTakenError(const std::string& message);
 bool IsRendezvousPortTaken(const absl::Status& status);
 
+absl::Status PreemptedError(const std::string& message);
+bool IsPreempted(const absl::Status& status);
+
 // The exit code for a run that ended with `status`: 0, kExitDiverged,
-// kExitRendezvousPortTaken, kExitInputRefused, 2 for a bad configuration,
-// else 1.
+// kExitPreempted, kExitRendezvousPortTaken, kExitInputRefused, 2 for a bad
+// configuration, else 1.
 int ExitCodeFor(const absl::Status& status);
 
 }  // namespace shardtrain

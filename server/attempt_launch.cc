@@ -50,7 +50,10 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
     // even if a rank fails to start.
     std::vector<std::string> gpu_list;
     for (int d : devices) gpu_list.push_back(std::to_string(d));
-    job.set_start_time_unix_ms(absl::ToUnixMillis(table_->clock->Now()));
+    if (job.start_time_unix_ms() ==
+        0) {  // not when it resumes after a preemption
+      job.set_start_time_unix_ms(absl::ToUnixMillis(table_->clock->Now()));
+    }
     table_->SetState(entry, v1::STARTING,
                      absl::StrCat("starting ", world, " ranks on ",
                                   cpu ? "CPU slots " : "GPUs ",
@@ -59,7 +62,7 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
 
   LaunchRequest request;
   request.spec = job.spec();
-  request.attempt = job.restarts() + 1;
+  request.attempt = job.restarts() + job.preemptions() + 1;
   request.first_attempt = first_attempt;
   request.started = table_->clock->Now();
   RankLaunch& launch = request.launch;
@@ -75,7 +78,7 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch.threads_per_rank =
       std::max(1, table_->options.cpu_cores /
                       std::max(world, job.spec().trainer().threads_as_ranks()));
-  launch.resume = job.restarts() > 0;
+  launch.resume = job.restarts() > 0 || job.preemptions() > 0;
   launch.coordinator_address = worker_address_;
   launch.secret = entry.stored.secret;
   launch.heartbeat_seconds =

@@ -120,6 +120,14 @@ void AttemptSupervisor::ResumeInterruptedJobs() {
       table_->SetState(
           entry, v1::CANCELLED,
           "cancelled (the coordinator restarted while the ranks stopped)");
+    } else if (job.state() == v1::PREEMPTED) {
+      // Its ranks were saving their checkpoint: what they saved (or the one
+      // before) is where it resumes; a preemption uses no restart.
+      job.set_preemptions(job.preemptions() + 1);
+      table_->SetState(entry, v1::QUEUED,
+                       "queued again: the coordinator restarted while the "
+                       "job was being preempted; resumes from its latest "
+                       "checkpoint");
     } else if (job.restarts() < max_restarts) {
       job.set_restarts(job.restarts() + 1);
       entry.relaunch_pending = true;
@@ -360,6 +368,21 @@ void AttemptSupervisor::ApplyPoll(const Poll& poll) {
     return;
   }
   for (const RankEnd& exit : report.exits) {
+    if (exit.status.exit_code == kExitPreempted &&
+        entry->stop == StopIntent::kNone) {
+      // Asked to stop by someone else (Slurm's preemption signal): the
+      // ranks saved a checkpoint, as for our own preemption.
+      entry->stop = StopIntent::kPreempt;
+      entry->stop_deadline =
+          table_->clock->Now() + table_->options.preempt_grace;
+      SignalRanks(*entry, SIGUSR1);
+      table_->SetState(
+          *entry, v1::PREEMPTED,
+          absl::StrCat("rank ", exit.rank,
+                       " saved a checkpoint and stopped when "
+                       "the ",
+                       launcher_->name(), " backend asked it to (SIGUSR1)"));
+    }
     if (exit.status.success() || entry->stop != StopIntent::kNone) continue;
     if (exit.rank == 0 && exit.status.exit_code == kExitRendezvousPortTaken &&
         entry->port_retries < kMaxPortRetries) {
@@ -508,6 +531,24 @@ void AttemptSupervisor::BeginStop(JobEntry& entry, StopIntent intent) {
   SignalRanks(entry, SIGTERM);
 }
 
+void AttemptSupervisor::BeginPreempt(JobEntry& entry,
+                                     const std::string& for_job) {
+  entry.stop = StopIntent::kPreempt;
+  entry.stop_deadline = table_->clock->Now() + table_->options.preempt_grace;
+  SignalRanks(entry, SIGUSR1);
+  const JobEntry* other = table_->Find(for_job);
+  table_->SetState(
+      entry, v1::PREEMPTED,
+      absl::StrCat(
+          "preempted for ", for_job,
+          other == nullptr
+              ? ""
+              : absl::StrCat(" (priority ", other->stored.job.priority(), ")"),
+          ": the ranks save a checkpoint at the next step boundary and stop "
+          "(killed after ",
+          absl::FormatDuration(table_->options.preempt_grace), ")"));
+}
+
 void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   const StopIntent stop = entry.stop;
   const bool no_restart = entry.no_restart;
@@ -522,6 +563,16 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
     case StopIntent::kCancel:
       table_->ReleaseDevices(entry);
       table_->SetState(entry, v1::CANCELLED, "cancelled; all ranks stopped");
+      return;
+    case StopIntent::kPreempt:
+      table_->ReleaseDevices(entry);
+      job.set_preemptions(job.preemptions() + 1);
+      job.clear_resize_reason();
+      table_->SetState(
+          entry, v1::QUEUED,
+          absl::StrCat("preempted (", job.preemptions(),
+                       job.preemptions() == 1 ? " time" : " times",
+                       "); queued again, resumes from its latest checkpoint"));
       return;
     case StopIntent::kFail:
       if (entry.port_taken && !table_->shutting_down) {
@@ -690,15 +741,34 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
 }
 
 void AttemptSupervisor::ScheduleQueued() {
-  std::vector<QueuedJobRef> queue = table_->QueuedRefs();
-  if (queue.empty()) return;
-  const ScheduleDecision decision =
-      Schedule(std::move(queue), table_->FreeDevices());
+  ScheduleInput input = table_->SchedulerInput();
+  if (input.queue.empty()) return;
+  const ScheduleDecision decision = Schedule(std::move(input));
   for (const auto& [id, reason] : decision.waiting) {
     table_->jobs.at(id)->stored.job.set_state_reason(reason);
   }
+  for (const Preemption& preempt : decision.preempt) {
+    JobEntry& victim = *table_->jobs.at(preempt.job_id);
+    // An attempt still launching is asked on a later tick, once its ranks
+    // can be signalled.
+    if (victim.ranks.empty() || victim.launching ||
+        victim.stop != StopIntent::kNone) {
+      continue;
+    }
+    BeginPreempt(victim, preempt.for_job);
+  }
   for (const Placement& placement : decision.start) {
-    RequestLaunch(*table_->jobs.at(placement.job_id), placement.devices);
+    JobEntry& entry = *table_->jobs.at(placement.job_id);
+    RequestLaunch(entry, placement.devices);
+    if (placement.backfilled) {
+      table_->Persist(
+          entry,
+          table_->Event(
+              entry.stored.job.state(),
+              absl::StrCat("backfilled ahead of ", decision.head,
+                           ": its devices are not among those ", decision.head,
+                           " needs at its predicted start")));
+    }
   }
 }
 

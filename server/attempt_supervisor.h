@@ -53,6 +53,12 @@ class AttemptSupervisor {
   void BeginStop(JobEntry& entry, StopIntent intent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
 
+  // Asks the attempt's ranks to save a checkpoint at the next step boundary
+  // and stop (SIGUSR1; SIGKILL after options.preempt_grace): PREEMPTED now,
+  // QUEUED once they have, for `for_job`'s sake.
+  void BeginPreempt(JobEntry& entry, const std::string& for_job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
+
   // What the ranks of later launches dial.
   void set_worker_address(std::string address)
       ABSL_LOCKS_EXCLUDED(table_->mutex);

@@ -52,8 +52,14 @@ grpc::Status ClusterServiceImpl::GetCluster(grpc::ServerContext* context,
   for (const v1::Job& job : view.queue) {
     v1::QueuedJob* queued = response->add_queue();
     queued->set_job_id(job.id());
-    queued->set_priority(job.spec().priority());
+    queued->set_priority(job.priority());
     queued->set_reason(job.state_reason());
+    queued->set_owner(job.owner());
+    queued->set_world_size(job.spec().world_size());
+    if (job.id() == view.head && view.head_predicted_start.has_value()) {
+      queued->set_predicted_start_unix_ms(
+          absl::ToUnixMillis(*view.head_predicted_start));
+    }
   }
   response->set_version(SHARDTRAIN_VERSION);
   response->set_launcher(backend_name_);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -154,22 +155,23 @@ absl::Status PrepareStateDir(CoordinatorOptions& options) {
   return absl::OkStatus();
 }
 
-// --auth-token-file's token (empty without one), once --listen is allowed
-// with or without it.
-absl::StatusOr<std::string> ReadToken(const CoordinatorOptions& options) {
-  std::string token;
+// --auth-token-file's users (none without one), once --listen is allowed
+// with or without them.
+absl::StatusOr<std::unique_ptr<UserDirectory>> ReadUsers(
+    const CoordinatorOptions& options) {
+  std::unique_ptr<UserDirectory> users = std::make_unique<UserDirectory>();
   if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::string> read =
-        RequestAuthorizer::ReadTokenFile(options.auth_token_file);
+    absl::StatusOr<std::unique_ptr<UserDirectory>> read =
+        UserDirectory::Load(options.auth_token_file);
     if (!read.ok()) return read.status();
-    token = std::move(*read);
+    users = std::move(*read);
   }
-  if (absl::Status s =
-          CheckListenAllowed(options.listen, !token.empty(), options.insecure);
+  if (absl::Status s = CheckListenAllowed(options.listen, users->enabled(),
+                                          options.insecure);
       !s.ok()) {
     return s;
   }
-  return token;
+  return users;
 }
 
 // The clients' credentials: TLS from --tls-cert and --tls-key, or none.
@@ -241,6 +243,7 @@ JobManagerOptions ManagerOptions(const CoordinatorOptions& options,
   manager_options.min_free_bytes =
       static_cast<int64_t>(options.min_free_mb * 1048576.0);
   manager_options.worker_address = worker_listen;
+  manager_options.preempt_grace = options.preempt_grace;
   return manager_options;
 }
 
@@ -295,8 +298,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   const std::vector<DeviceInfo>& devices = c->backend_->devices();
   if (absl::Status s = c->StartExporter(devices); !s.ok()) return s;
   if (absl::Status s = c->OpenStore(); !s.ok()) return s;
-  absl::StatusOr<std::string> token = ReadToken(options);
-  if (!token.ok()) return token.status();
+  absl::StatusOr<std::unique_ptr<UserDirectory>> users = ReadUsers(options);
+  if (!users.ok()) return users.status();
+  absl::StatusOr<std::map<std::string, PriorityClass>> classes =
+      ParsePriorityClasses(options.priority_classes);
+  if (!classes.ok()) return classes.status();
   absl::StatusOr<PathRoots> roots = PathRoots::Create(options.path_roots);
   if (!roots.ok()) return roots.status();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
@@ -305,10 +311,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   c->streams_ = std::make_unique<StreamLimiter>(options.max_streams_per_client,
                                                 options.max_streams_per_peer,
                                                 options.max_streams);
-  c->authorizer_ = std::make_unique<RequestAuthorizer>(*token);
-  if (absl::Status s =
-          c->Serve(*credentials, ManagerOptions(options, devices, *roots,
-                                                WorkerListenAddress(options)));
+  c->users_ = std::move(*users);
+  c->authorizer_ = std::make_unique<RequestAuthorizer>(c->users_.get());
+  JobManagerOptions manager_options =
+      ManagerOptions(options, devices, *roots, WorkerListenAddress(options));
+  manager_options.priority_classes = std::move(*classes);
+  manager_options.device_quota =
+      [users = c->users_.get(), fallback = options.default_quota](
+          const std::string& user) { return users->QuotaOf(user, fallback); };
+  if (absl::Status s = c->Serve(*credentials, std::move(manager_options));
       !s.ok()) {
     return s;
   }
@@ -317,18 +328,21 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   // use up a restart.
   c->manager_->ResumeInterruptedJobs();
   c->manager_->Start();
-  std::cerr << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
-            << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
-            << (token->empty() ? "" : " with token auth")
-            << (c->exporter_ ? "; metrics on http://" +
-                                   c->exporter_->address() + "/metrics"
-                             : "")
-            << "; " << devices.size() << " "
-            << (!devices.empty() && devices.front().kind == v1::GPU
-                    ? "GPU(s)"
-                    : "CPU slot(s)")
-            << " (" << options.launcher << " backend)"
-            << "; state in " << options.state_dir << std::endl;
+  std::cerr
+      << "shardtraind " << SHARDTRAIN_VERSION << ": listening on "
+      << c->address_ << (options.tls_cert.empty() ? "" : " (TLS)")
+      << (c->users_->enabled()
+              ? absl::StrCat(" with token auth (", c->users_->size(),
+                             c->users_->size() == 1 ? " user)" : " users)")
+              : "")
+      << (c->exporter_
+              ? "; metrics on http://" + c->exporter_->address() + "/metrics"
+              : "")
+      << "; " << devices.size() << " "
+      << (!devices.empty() && devices.front().kind == v1::GPU ? "GPU(s)"
+                                                              : "CPU slot(s)")
+      << " (" << options.launcher << " backend)"
+      << "; state in " << options.state_dir << std::endl;
   return c;
 }
 
@@ -545,6 +559,18 @@ void Coordinator::Publish() {
   // metrics_endpoint first: a client that sees `endpoint` finds both.
   if (exporter_ != nullptr) publish("metrics_endpoint", exporter_->address());
   publish("endpoint", address_);
+}
+
+absl::Status Coordinator::ReloadUsers() {
+  if (users_ == nullptr) return absl::OkStatus();
+  absl::Status s = users_->Reload();
+  std::cerr << "shardtraind: "
+            << (s.ok() ? absl::StrCat("reloaded --auth-token-file (",
+                                      users_->size(), " users)")
+                       : absl::StrCat(s.message(),
+                                      "; the users loaded before stay"))
+            << std::endl;
+  return s;
 }
 
 void Coordinator::Shutdown() {

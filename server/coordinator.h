@@ -54,7 +54,17 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(2);
   absl::Duration heartbeat_timeout = absl::Seconds(30);
   absl::Duration rendezvous_timeout = absl::Seconds(300);
+  // Users and their tokens (server/user_directory.h); re-read by
+  // ReloadUsers (shardtraind on SIGHUP).
   std::string auth_token_file;
+  // Devices a user's jobs may hold at once unless the token file gives
+  // theirs; 0: no cap.
+  int default_quota = 0;
+  // --priority-class values: "urgent=100" or "prod=50,preemptible=false".
+  std::vector<std::string> priority_classes;
+  // How long a preempted job's ranks have to save their checkpoint and
+  // stop before they are killed.
+  absl::Duration preempt_grace = absl::Seconds(60);
   std::string tls_cert;
   std::string tls_key;
   // Listen beyond loopback without a token (server/access_policy.h).
@@ -106,6 +116,10 @@ class Coordinator {
   }
   JobManager& manager() { return *manager_; }
 
+  // Re-reads --auth-token-file (users, roles, quotas); on an error the
+  // users already loaded stay and the error says why.
+  absl::Status ReloadUsers();
+
  private:
   explicit Coordinator(CoordinatorOptions options);
   // The steps of Start, in order.
@@ -136,6 +150,7 @@ class Coordinator {
   PosixProcessSpawner processes_;
   std::unique_ptr<Backend> backend_;  // may spawn through processes_
   RealClock clock_;
+  std::unique_ptr<UserDirectory> users_;
   std::unique_ptr<RequestAuthorizer> authorizer_;
   std::unique_ptr<StreamLimiter> streams_;
   std::unique_ptr<MetricsExporter> exporter_;

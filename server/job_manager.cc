@@ -45,8 +45,9 @@ void JobManager::set_worker_address(std::string address) {
   supervisor_->set_worker_address(std::move(address));
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
-  return requests_->Submit(spec);
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec,
+                                           const Caller& caller) {
+  return requests_->Submit(spec, caller);
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
@@ -58,8 +59,9 @@ absl::StatusOr<ListJobsPage> JobManager::List(
   return requests_->List(query);
 }
 
-absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
-  return requests_->Cancel(job_id);
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
+                                           const Caller& caller) {
+  return requests_->Cancel(job_id, caller);
 }
 
 absl::StatusOr<std::vector<v1::StepMetrics>> JobManager::Metrics(

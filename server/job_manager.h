@@ -17,7 +17,9 @@
 // call here may be made from any thread, and none with the mutex held.
 //
 // States: QUEUED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;
-// RUNNING -> RESTARTING -> RUNNING while restarts remain. Every change is
+// RUNNING -> RESTARTING -> RUNNING while restarts remain; RUNNING ->
+// PREEMPTED -> QUEUED when a higher-priority job takes its devices (its ranks
+// checkpoint first, and it resumes from there). Every change is
 // stored (with an event row) before it becomes visible.
 #ifndef SHARDTRAIN_SERVER_JOB_MANAGER_H_
 #define SHARDTRAIN_SERVER_JOB_MANAGER_H_
@@ -84,11 +86,17 @@ class JobManager {
   void Tick();
 
   // --- JobService ---
-  // InvalidArgument names the field; nothing is stored then.
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  // InvalidArgument names the field; nothing is stored then. The job is
+  // `caller`'s (Job.owner); a job larger than their device quota is
+  // refused (FailedPrecondition naming the quota).
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec,
+                                 const Caller& caller = {});
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   absl::StatusOr<ListJobsPage> List(const ListJobsQuery& query) const;
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // PermissionDenied naming the owner unless `caller` owns the job or is
+  // an admin.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id,
+                                 const Caller& caller = {});
   absl::StatusOr<std::vector<v1::StepMetrics>> Metrics(
       const std::string& job_id, std::optional<int> rank,
       int64_t from_step) const;

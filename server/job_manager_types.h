@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "core/data/builtin_dataset.h"
 #include "server/access_policy.h"
 #include "server/device_inventory.h"
+#include "server/user_directory.h"
 #include "shardtrain/v1/job.pb.h"
 
 namespace shardtrain {
@@ -26,6 +28,19 @@ inline bool IsTerminalJobState(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED ||
          state == v1::CANCELLED;
 }
+
+// A class of jobs the operator defines (shardtraind --priority-class); a
+// JobSpec names it in priority_class.
+struct PriorityClass {
+  int priority = 0;
+  // false: jobs of this class are never preempted.
+  bool preemptible = true;
+};
+
+// --priority-class values ("urgent=100", "prod=50,preemptible=false") by
+// name; InvalidArgument naming the value and what is wrong.
+absl::StatusOr<std::map<std::string, PriorityClass>> ParsePriorityClasses(
+    const std::vector<std::string>& values);
 
 // kBuiltinDataset ("brown"): the one `data` value that is not a path
 // (core/data/builtin_dataset.h); the job's ranks prepare it.
@@ -65,7 +80,21 @@ struct JobManagerOptions {
   // less free space than this (a job needs room for logs, checkpoints and
   // its rows).
   int64_t min_free_bytes = int64_t{64} << 20;
+  // The classes a JobSpec's priority_class may name.
+  std::map<std::string, PriorityClass> priority_classes;
+  // The devices a user's jobs may hold at once (0: no cap); null: none.
+  std::function<int(const std::string& user)> device_quota;
+  // A preempted job's ranks save a checkpoint and stop within this, else
+  // they are killed.
+  absl::Duration preempt_grace = absl::Seconds(60);
 };
+
+// The priority and preemptibility of a job with `spec`: its priority_class's
+// when it names one, else spec.priority, preemptible.
+PriorityClass EffectivePriority(const JobManagerOptions& options,
+                                const v1::JobSpec& spec);
+// options.device_quota for `user` (0: no cap).
+int DeviceQuota(const JobManagerOptions& options, const std::string& user);
 
 // Everything SubmitJob checks before a job is stored: device kind, the
 // JobSpec -> TrainConfig validation, world size against the devices, path
@@ -95,6 +124,9 @@ struct ClusterView {
   std::vector<DeviceInfo> devices;
   std::vector<Holder> holders;  // parallel to devices; empty job_id = free
   std::vector<v1::Job> queue;   // in scheduling order, state_reason set
+  // The head of the queue when it waits, and its predicted start.
+  std::string head;
+  std::optional<absl::Time> head_predicted_start;
 };
 
 }  // namespace shardtrain

@@ -10,6 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/input_file.h"
 #include "core/data/builtin_dataset.h"
 #include "proto/job_config.h"
@@ -49,7 +51,67 @@ absl::Status NoSuchJob(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
 }
 
+// PermissionDenied naming the owner unless `caller` owns the job or is an
+// admin.
+absl::Status CheckMayChange(const JobEntry& entry, const Caller& caller,
+                            const char* what) {
+  const v1::Job& job = entry.stored.job;
+  if (caller.admin || (!caller.user.empty() && job.owner() == caller.user)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      job.id(), " belongs to ",
+      job.owner().empty() ? "no user (submitted without a token)" : job.owner(),
+      "; only ", job.owner().empty() ? "" : absl::StrCat(job.owner(), " or "),
+      "an admin may ", what, " it (", caller.Describe(), " is a user)"));
+}
+
 }  // namespace
+
+absl::StatusOr<std::map<std::string, PriorityClass>> ParsePriorityClasses(
+    const std::vector<std::string>& values) {
+  std::map<std::string, PriorityClass> classes;
+  for (const std::string& value : values) {
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--priority-class '", value, "': ", what,
+                       " (NAME=PRIORITY[,preemptible=false])"));
+    };
+    std::vector<std::string> parts = absl::StrSplit(value, ',');
+    const std::vector<std::string> head =
+        absl::StrSplit(parts[0], absl::MaxSplits('=', 1));
+    if (head.size() != 2 || head[0].empty()) return bad("no NAME=PRIORITY");
+    PriorityClass priority_class;
+    if (!absl::SimpleAtoi(head[1], &priority_class.priority)) {
+      return bad(
+          absl::StrCat("priority '", head[1], "' is not a whole number"));
+    }
+    for (size_t i = 1; i < parts.size(); ++i) {
+      if (parts[i] == "preemptible=false") {
+        priority_class.preemptible = false;
+      } else if (parts[i] != "preemptible=true") {
+        return bad(absl::StrCat("unknown setting '", parts[i], "'"));
+      }
+    }
+    if (!classes.emplace(head[0], priority_class).second) {
+      return bad(absl::StrCat("class ", head[0], " is defined twice"));
+    }
+  }
+  return classes;
+}
+
+PriorityClass EffectivePriority(const JobManagerOptions& options,
+                                const v1::JobSpec& spec) {
+  auto it = options.priority_classes.find(spec.priority_class());
+  if (!spec.priority_class().empty() && it != options.priority_classes.end()) {
+    return it->second;
+  }
+  return PriorityClass{spec.priority(), true};
+}
+
+int DeviceQuota(const JobManagerOptions& options, const std::string& user) {
+  return options.device_quota ? options.device_quota(user) : 0;
+}
 
 JobRequests::JobRequests(JobTable* table, AttemptSupervisor* supervisor)
     : table_(table), supervisor_(supervisor) {}
@@ -129,6 +191,19 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
         devices, cluster_kind == v1::GPU ? " GPU" : " CPU slot",
         devices == 1 ? "" : "s"));
   }
+  if (!effective.priority_class().empty() &&
+      !options.priority_classes.count(effective.priority_class())) {
+    std::vector<std::string> names;
+    for (const auto& [name, unused] : options.priority_classes) {
+      names.push_back(name);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priority_class: '", effective.priority_class().substr(0, 64), "' ",
+        names.empty()
+            ? "given, but this coordinator defines no classes"
+            : absl::StrCat("is not one of ", absl::StrJoin(names, ", ")),
+        " (shardtraind --priority-class)"));
+  }
   if (absl::Status s = CheckSpecPaths(options.path_roots, spec); !s.ok()) {
     return s;
   }
@@ -155,10 +230,19 @@ absl::StatusOr<v1::JobSpec> ValidateSubmission(const JobManagerOptions& options,
   return effective;
 }
 
-absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec) {
+absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
+                                            const Caller& caller) {
   absl::StatusOr<v1::JobSpec> validated =
       ValidateSubmission(table_->options, spec);
   if (!validated.ok()) return validated.status();
+  if (const int quota = DeviceQuota(table_->options, caller.user);
+      quota > 0 && validated->world_size() > quota) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "world_size: got ", validated->world_size(), "; ", caller.Describe(),
+        "'s quota is ", quota, quota == 1 ? " device" : " devices",
+        " held at once (the token file's max_devices or shardtraind "
+        "--default-quota)"));
+  }
   // Every field is bounded by validation; this bounds their sum, so a
   // stored job (and a List page of them) stays small.
   if (const size_t bytes = validated->ByteSizeLong(); bytes > kMaxSpecBytes) {
@@ -189,13 +273,19 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec) {
   job.set_id(absl::StrFormat("job-%06d", table_->next_seq));
   job.set_output_dir(table_->JobDir(job.id()));
   *job.mutable_spec() = effective;
+  job.set_owner(caller.user);
+  const PriorityClass priority = EffectivePriority(table_->options, effective);
+  job.set_priority(priority.priority);
+  job.set_preemptible(priority.preemptible);
   job.set_state(v1::QUEUED);
   job.set_state_reason("waiting for the scheduler");
   job.set_submit_time_unix_ms(absl::ToUnixMillis(table_->clock->Now()));
   v1::JobEvent event;
   event.set_time_unix_ms(job.submit_time_unix_ms());
   event.set_state(v1::QUEUED);
-  event.set_message("submitted");
+  event.set_message(caller.user.empty()
+                        ? std::string("submitted")
+                        : absl::StrCat("submitted by ", caller.user));
   if (absl::Status s = table_->store->InsertJob(entry->stored, event);
       !s.ok()) {
     // Nothing was stored; jobs already stored are untouched (the insert is
@@ -270,10 +360,14 @@ absl::StatusOr<ListJobsPage> JobRequests::List(
   return page;
 }
 
-absl::StatusOr<v1::Job> JobRequests::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::Job> JobRequests::Cancel(const std::string& job_id,
+                                            const Caller& caller) {
   absl::MutexLock lock(&table_->mutex);
   JobEntry* entry = table_->Find(job_id);
   if (entry == nullptr) return NoSuchJob(job_id);
+  if (absl::Status s = CheckMayChange(*entry, caller, "cancel"); !s.ok()) {
+    return s;
+  }
   const v1::JobState state = entry->stored.job.state();
   if (IsTerminalJobState(state)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -388,9 +482,12 @@ ClusterView JobRequests::Cluster() const {
         std::find(devices.begin(), devices.end(), static_cast<int>(d)) -
         devices.begin());
   }
-  std::vector<QueuedJobRef> queue = table_->QueuedRefs();
+  ScheduleInput input = table_->SchedulerInput();
+  std::vector<QueuedJobRef> queue = input.queue;
   // Reasons as of now, not as of the last scheduling round.
-  const ScheduleDecision decision = Schedule(queue, table_->FreeDevices());
+  const ScheduleDecision decision = Schedule(std::move(input));
+  view.head = decision.head;
+  view.head_predicted_start = decision.head_predicted_start;
   SortQueue(&queue);
   for (const QueuedJobRef& ref : queue) {
     v1::Job job = table_->jobs.at(ref.job_id)->stored.job;

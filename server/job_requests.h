@@ -42,13 +42,15 @@ class JobRequests {
   JobRequests& operator=(const JobRequests&) = delete;
 
   // The contracts are JobManager's (server/job_manager.h).
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec)
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec,
+                                 const Caller& caller)
       ABSL_LOCKS_EXCLUDED(table_->mutex);
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const
       ABSL_LOCKS_EXCLUDED(table_->mutex);
   absl::StatusOr<ListJobsPage> List(const ListJobsQuery& query) const
       ABSL_LOCKS_EXCLUDED(table_->mutex);
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id)
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id,
+                                 const Caller& caller)
       ABSL_LOCKS_EXCLUDED(table_->mutex);
   absl::StatusOr<std::vector<v1::StepMetrics>> Metrics(
       const std::string& job_id, std::optional<int> rank,

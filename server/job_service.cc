@@ -21,8 +21,9 @@ constexpr int kMaxTail = 100000;
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::Job* response) {
-  return authorizer_->Serve(*context, response,
-                            [&] { return manager_->Submit(request->spec()); });
+  return authorizer_->ServeAs(*context, response, [&](const Caller& caller) {
+    return manager_->Submit(request->spec(), caller);
+  });
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
@@ -56,8 +57,9 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request,
                                        v1::Job* response) {
-  return authorizer_->Serve(
-      *context, response, [&] { return manager_->Cancel(request->job_id()); });
+  return authorizer_->ServeAs(*context, response, [&](const Caller& caller) {
+    return manager_->Cancel(request->job_id(), caller);
+  });
 }
 
 grpc::Status JobServiceImpl::WatchJob(

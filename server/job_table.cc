@@ -25,7 +25,7 @@ JobTable::JobTable(JobManagerOptions options, JobStore* store, Clock* clock,
 
 bool JobTable::IsActive(v1::JobState state) {
   return state == v1::STARTING || state == v1::RUNNING ||
-         state == v1::RESTARTING;
+         state == v1::RESTARTING || state == v1::PREEMPTED;
 }
 
 const char* JobTable::StateName(v1::JobState state) {
@@ -90,7 +90,13 @@ absl::Status JobTable::Load() {
     auto entry = std::make_unique<JobEntry>();
     entry->stored = std::move(s);
     // Jobs stored before the field existed.
-    entry->stored.job.set_output_dir(JobDir(entry->stored.job.id()));
+    v1::Job& job = entry->stored.job;
+    job.set_output_dir(JobDir(job.id()));
+    if (job.priority() == 0 && !job.preemptible() &&
+        job.spec().priority_class().empty()) {
+      job.set_priority(job.spec().priority());
+      job.set_preemptible(true);
+    }
     Add(std::move(entry));
   }
   return absl::OkStatus();
@@ -236,11 +242,44 @@ std::vector<QueuedJobRef> JobTable::QueuedRefs() const {
   std::vector<QueuedJobRef> queue;
   for (const std::string& id : order) {
     const JobEntry& entry = *jobs.at(id);
-    if (entry.stored.job.state() != v1::QUEUED) continue;
-    queue.push_back({id, entry.stored.job.spec().priority(), entry.stored.seq,
-                     entry.stored.job.spec().world_size()});
+    const v1::Job& job = entry.stored.job;
+    if (job.state() != v1::QUEUED) continue;
+    queue.push_back({id, job.priority(), entry.stored.seq,
+                     job.spec().world_size(), job.owner()});
   }
   return queue;
+}
+
+ScheduleInput JobTable::SchedulerInput() const {
+  ScheduleInput input;
+  input.queue = QueuedRefs();
+  input.free_devices = FreeDevices();
+  input.now = clock->Now();
+  input.quota = options.device_quota;
+  for (const std::string& id : order) {
+    const JobEntry& entry = *jobs.at(id);
+    if (entry.devices.empty()) continue;
+    const v1::Job& job = entry.stored.job;
+    RunningJobRef running;
+    running.job_id = id;
+    running.priority = job.priority();
+    running.preemptible = job.preemptible();
+    running.owner = job.owner();
+    running.devices = static_cast<int>(entry.devices.size());
+    running.started = entry.launch_time;
+    running.stopping = entry.stop != StopIntent::kNone;
+    // Its pace so far times the steps left (rank 0's last report).
+    const v1::StepMetrics& last = job.last_step();
+    if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&
+        last.total_steps() >= last.step()) {
+      running.predicted_end =
+          input.now +
+          absl::Seconds(last.step_seconds() *
+                        static_cast<double>(last.total_steps() - last.step()));
+    }
+    input.running.push_back(std::move(running));
+  }
+  return input;
 }
 
 v1::JobEvent JobTable::Event(v1::JobState state, std::string message) const {

@@ -40,7 +40,9 @@ namespace shardtrain {
 
 // Why an attempt's ranks are being stopped, and so what becomes of the job
 // once they have (AttemptSupervisor::FinishAttempt).
-enum class StopIntent { kNone, kCancel, kFail, kShutdown };
+// kPreempt: the ranks were asked to save a checkpoint and stop (SIGUSR1),
+// and the job is queued again once they have.
+enum class StopIntent { kNone, kCancel, kFail, kShutdown, kPreempt };
 
 // One rank of a job's current attempt.
 struct RankProcess {
@@ -143,6 +145,9 @@ class JobTable {
   // The queued jobs, unsorted, as the scheduler takes them.
   std::vector<QueuedJobRef> QueuedRefs() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
+  // Everything the scheduler decides on: the queue, the free devices, the
+  // jobs holding devices (with their predicted ends) and the quotas.
+  ScheduleInput SchedulerInput() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
 
   // An event stamped with the clock's time.
   v1::JobEvent Event(v1::JobState state, std::string message) const;
@@ -153,7 +158,8 @@ class JobTable {
   std::string JobDir(const std::string& job_id) const;
   std::string LogPath(const std::string& job_id, int rank) const;
 
-  // STARTING, RUNNING or RESTARTING: the job has, or is getting, an attempt.
+  // STARTING, RUNNING, RESTARTING or PREEMPTED: the job has, or is getting,
+  // an attempt.
   static bool IsActive(v1::JobState state);
   static const char* StateName(v1::JobState state);
   // A fresh secret for a job's ranks to present.

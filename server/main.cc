@@ -1,5 +1,6 @@
 // shardtraind: the coordinator. Flags -> CoordinatorOptions -> Coordinator;
-// runs until SIGTERM or SIGINT, then shuts down gracefully.
+// runs until SIGTERM or SIGINT, then shuts down gracefully; SIGHUP re-reads
+// --auth-token-file.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@ struct FlagSeconds {
   double heartbeat_interval = 2;
   double heartbeat_timeout = 30;
   double rendezvous_timeout = 300;
+  double preempt_grace = 60;
 };
 
 // The coordinator's own flags (a backend adds its own).
@@ -63,7 +65,20 @@ void AddCoordinatorFlags(CLI::App* app, CoordinatorOptions* options,
                   "seconds for all ranks to join before RENDEZVOUS_TIMEOUT")
       ->capture_default_str();
   app->add_option("--auth-token-file", options->auth_token_file,
-                  "require 'authorization: Bearer <token>' on every call");
+                  "require 'authorization: Bearer <token>' on every call; "
+                  "one token, or lines token,user,role[,max_devices] "
+                  "(role admin|user); re-read on SIGHUP");
+  app->add_option("--default-quota", options->default_quota,
+                  "devices one user's jobs may hold at once unless the token "
+                  "file gives theirs (0: no cap)")
+      ->capture_default_str();
+  app->add_option("--priority-class", options->priority_classes,
+                  "NAME=PRIORITY[,preemptible=false]: a class jobs name in "
+                  "priority_class (repeatable)");
+  app->add_option("--preempt-grace", seconds->preempt_grace,
+                  "seconds a preempted job's ranks have to checkpoint and "
+                  "stop before they are killed")
+      ->capture_default_str();
   app->add_option("--tls-cert", options->tls_cert,
                   "PEM certificate (enables TLS)");
   app->add_option("--tls-key", options->tls_key, "PEM private key");
@@ -110,6 +125,7 @@ int Main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);  // reload --auth-token-file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Every connection holds a descriptor: take the hard limit the operator
@@ -146,6 +162,7 @@ int Main(int argc, char** argv) {
   options.heartbeat_interval = absl::Seconds(seconds.heartbeat_interval);
   options.heartbeat_timeout = absl::Seconds(seconds.heartbeat_timeout);
   options.rendezvous_timeout = absl::Seconds(seconds.rendezvous_timeout);
+  options.preempt_grace = absl::Seconds(seconds.preempt_grace);
 
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Start(options);
@@ -154,7 +171,10 @@ int Main(int argc, char** argv) {
     return absl::IsInvalidArgument(coordinator.status()) ? 2 : 1;
   }
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&stop_signals, &signal_number) == 0 &&
+         signal_number == SIGHUP) {
+    (void)(*coordinator)->ReloadUsers();  // says what it did on stderr
+  }
   std::cerr << "shardtraind: received " << sigabbrev_np(signal_number)
             << "; stopping workers and shutting down" << std::endl;
   (*coordinator)->Shutdown();

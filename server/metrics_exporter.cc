@@ -17,8 +17,8 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
 const v1::JobState kStates[] = {v1::QUEUED,     v1::STARTING,  v1::RUNNING,
-                                v1::RESTARTING, v1::SUCCEEDED, v1::FAILED,
-                                v1::CANCELLED};
+                                v1::RESTARTING, v1::PREEMPTED, v1::SUCCEEDED,
+                                v1::FAILED,     v1::CANCELLED};
 
 std::string Lower(const std::string& name) {
   return absl::AsciiStrToLower(name);
@@ -101,6 +101,22 @@ void MetricsExporter::RegisterJobMetrics() {
                          .Help("Job restarts from a checkpoint")
                          .Register(r)
                          .Add({});
+  preemptions_ = &BuildCounter()
+                      .Name("shardtrain_job_preemptions_total")
+                      .Help(
+                          "Jobs preempted (asked to checkpoint and stop for "
+                          "a higher-priority job), by the job's owner")
+                      .Register(r);
+  // The anonymous user's from the start, so rates over it have data at 0.
+  preemptions_->Add({{"user", ""}});
+  queue_wait_ = &BuildHistogram()
+                     .Name("shardtrain_queue_wait_seconds")
+                     .Help(
+                         "Seconds a job waited in the queue before it "
+                         "started (each time, after a preemption too)")
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  1, 5, 15, 60, 300, 900, 3600, 14400, 86400});
   queue_length_ = &BuildGauge()
                        .Name("shardtrain_queue_length")
                        .Help("Jobs waiting in the queue")
@@ -244,6 +260,14 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   CountState(before, job.state());
   series.state = job.state();
   if (job.state() == v1::RESTARTING) restarts_total_->Increment();
+  if (job.state() == v1::PREEMPTED) {
+    preemptions_->Add({{"user", job.owner()}}).Increment();
+  }
+  if (job.state() == v1::QUEUED) series.queued_at = absl::Now();
+  if (before == v1::QUEUED && job.state() == v1::STARTING &&
+      series.queued_at != absl::InfinitePast()) {
+    queue_wait_->Observe(absl::ToDoubleSeconds(absl::Now() - series.queued_at));
+  }
   if (job.state() == v1::FAILED) {
     failures_
         ->Add(

@@ -99,6 +99,7 @@ class MetricsExporter : public JobObserver {
     prometheus::Gauge* restarts = nullptr;
     std::map<int, RankSeries> ranks;
     absl::Time ended = absl::InfiniteFuture();
+    absl::Time queued_at = absl::InfinitePast();  // last entered QUEUED
   };
 
   // Start's registrations: job and queue series, per-rank step series,
@@ -129,6 +130,8 @@ class MetricsExporter : public JobObserver {
   prometheus::Counter* submissions_;
   prometheus::Family<prometheus::Counter>* failures_;
   prometheus::Counter* restarts_total_;
+  prometheus::Family<prometheus::Counter>* preemptions_;
+  prometheus::Histogram* queue_wait_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* queue_oldest_wait_;
   prometheus::Gauge* devices_in_use_;

@@ -1,46 +1,35 @@
 #include "server/request_authorizer.h"
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
-#include "common/flag_file.h"
+#include "absl/strings/match.h"
 
 namespace shardtrain {
 
-absl::StatusOr<std::string> RequestAuthorizer::ReadTokenFile(
-    const std::string& path) {
-  absl::StatusOr<std::string> read =
-      ReadFlagFile("--auth-token-file", path, FlagFileOptions::Secret(4096));
-  if (!read.ok()) return read.status();
-  std::string token = std::move(*read);
-  absl::StripAsciiWhitespace(&token);
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth-token-file: '", path, "' is empty"));
+absl::StatusOr<Caller> RequestAuthorizer::Authenticate(
+    const grpc::ServerContext& context) const {
+  if (!users_->enabled()) return Caller{};
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "missing 'authorization: Bearer <token>' metadata "
+        "(set SHARDTRAIN_TOKEN or --token-file)");
   }
-  return token;
+  const absl::string_view value(it->second.data(), it->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  std::optional<Caller> caller;
+  if (absl::StartsWith(value, kBearer)) {
+    caller = users_->Find(value.substr(kBearer.size()));
+  }
+  if (!caller.has_value()) {
+    return absl::UnauthenticatedError("invalid bearer token");
+  }
+  return *caller;
 }
 
 grpc::Status RequestAuthorizer::Check(
     const grpc::ServerContext& context) const {
-  if (token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata "
-                        "(set SHARDTRAIN_TOKEN or --token-file)");
-  }
-  const std::string value(it->second.data(), it->second.size());
-  const std::string expected = "Bearer " + token_;
-  unsigned char diff = value.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < value.size() && i < expected.size(); ++i) {
-    diff |= value[i] ^ expected[i];
-  }
-  if (diff != 0) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "invalid bearer token");
-  }
-  return grpc::Status::OK;
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  return caller.ok() ? grpc::Status::OK : ToGrpcStatus(caller.status());
 }
 
 }  // namespace shardtrain

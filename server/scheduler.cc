@@ -3,8 +3,119 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardtrain {
+namespace {
+
+std::string Devices(int n) {
+  return absl::StrCat(n, n == 1 ? " device" : " devices");
+}
+
+std::string OwnerName(const std::string& owner) {
+  return owner.empty() ? "the anonymous user" : owner;
+}
+
+// How the head of the queue gets its devices: the jobs to preempt for it
+// (none when enough are free or coming back, or when preempting every
+// candidate would not be enough), the devices coming back without them,
+// and why it waits.
+struct HeadPlan {
+  std::vector<const RunningJobRef*> victims;
+  int coming = 0;  // devices of jobs already stopping, and of the victims
+  std::string reason;
+};
+
+HeadPlan PlanHead(const QueuedJobRef& head, int free,
+                  const std::vector<RunningJobRef>& running) {
+  HeadPlan plan;
+  std::vector<std::string> stopping;
+  for (const RunningJobRef& job : running) {
+    if (!job.stopping) continue;
+    plan.coming += job.devices;
+    stopping.push_back(job.job_id);
+  }
+  const std::string needs =
+      absl::StrCat("needs ", Devices(head.world_size), ", ", free, " free");
+  if (free + plan.coming >= head.world_size) {
+    plan.reason = absl::StrCat(needs, "; waiting for ",
+                               absl::StrJoin(stopping, ", "), " to stop");
+    return plan;
+  }
+  std::vector<const RunningJobRef*> candidates;
+  for (const RunningJobRef& job : running) {
+    if (!job.stopping && job.preemptible && job.priority < head.priority) {
+      candidates.push_back(&job);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const RunningJobRef* a, const RunningJobRef* b) {
+              if (a->priority != b->priority) return a->priority < b->priority;
+              return a->started > b->started;
+            });
+  int gained = 0;
+  std::vector<const RunningJobRef*> chosen;
+  for (const RunningJobRef* job : candidates) {
+    if (free + plan.coming + gained >= head.world_size) break;
+    chosen.push_back(job);
+    gained += job->devices;
+  }
+  if (free + plan.coming + gained < head.world_size) {
+    plan.reason = needs;
+    return plan;
+  }
+  std::vector<std::string> names;
+  for (const RunningJobRef* job : chosen) {
+    names.push_back(absl::StrCat(job->job_id, " (priority ", job->priority,
+                                 ", ", Devices(job->devices), ")"));
+  }
+  plan.victims = std::move(chosen);
+  plan.coming += gained;
+  plan.reason =
+      absl::StrCat(needs, "; preempting ", absl::StrJoin(names, ", "));
+  return plan;
+}
+
+// When the head may start (the running jobs that are not stopping ending as
+// predicted, in order, until enough devices are free) and how many devices
+// beyond its need are free then: what a backfilled job may hold without
+// delaying it. nullopt: some job it waits on has no prediction.
+struct Shadow {
+  absl::Time start;
+  int extra = 0;
+};
+
+std::optional<Shadow> PredictHeadStart(
+    const QueuedJobRef& head, int available, absl::Time now,
+    const std::vector<RunningJobRef>& running,
+    const std::vector<const RunningJobRef*>& victims) {
+  if (available >= head.world_size) {
+    return Shadow{now, available - head.world_size};
+  }
+  std::vector<const RunningJobRef*> ending;
+  for (const RunningJobRef& job : running) {
+    if (job.stopping ||
+        std::find(victims.begin(), victims.end(), &job) != victims.end()) {
+      continue;
+    }
+    if (!job.predicted_end.has_value()) return std::nullopt;
+    ending.push_back(&job);
+  }
+  std::sort(ending.begin(), ending.end(),
+            [](const RunningJobRef* a, const RunningJobRef* b) {
+              return *a->predicted_end < *b->predicted_end;
+            });
+  for (const RunningJobRef* job : ending) {
+    available += job->devices;
+    if (available >= head.world_size) {
+      return Shadow{std::max(now, *job->predicted_end),
+                    available - head.world_size};
+    }
+  }
+  return std::nullopt;  // never fits (not on these devices)
+}
+
+}  // namespace
 
 void SortQueue(std::vector<QueuedJobRef>* queue) {
   std::sort(queue->begin(), queue->end(),
@@ -16,29 +127,74 @@ void SortQueue(std::vector<QueuedJobRef>* queue) {
 
 ScheduleDecision Schedule(std::vector<QueuedJobRef> queue,
                           const std::vector<int>& free_devices) {
-  SortQueue(&queue);
+  ScheduleInput input;
+  input.queue = std::move(queue);
+  input.free_devices = free_devices;
+  return Schedule(std::move(input));
+}
+
+ScheduleDecision Schedule(ScheduleInput input) {
+  SortQueue(&input.queue);
   ScheduleDecision decision;
+  std::map<std::string, int> held;  // devices per owner
+  for (const RunningJobRef& job : input.running) held[job.owner] += job.devices;
   size_t next_free = 0;
-  const QueuedJobRef* blocker = nullptr;
-  for (const QueuedJobRef& job : queue) {
-    const size_t free = free_devices.size() - next_free;
-    if (blocker != nullptr) {
-      decision.waiting[job.job_id] = absl::StrCat(
-          "behind ", blocker->job_id, " (priority ", blocker->priority, ")");
-      continue;
-    }
-    if (static_cast<size_t>(job.world_size) > free) {
-      decision.waiting[job.job_id] = absl::StrCat(
-          "needs ", job.world_size,
-          job.world_size == 1 ? " device, " : " devices, ", free, " free");
-      blocker = &job;
-      continue;
-    }
-    Placement placement{job.job_id, {}};
+  auto free = [&] {
+    return static_cast<int>(input.free_devices.size() - next_free);
+  };
+  auto place = [&](const QueuedJobRef& job, bool backfilled) {
+    Placement placement{job.job_id, {}, backfilled};
     for (int r = 0; r < job.world_size; ++r) {
-      placement.devices.push_back(free_devices[next_free++]);
+      placement.devices.push_back(input.free_devices[next_free++]);
     }
+    held[job.owner] += job.world_size;
     decision.start.push_back(std::move(placement));
+  };
+  const QueuedJobRef* head = nullptr;
+  int extra = 0;  // what a backfilled job may take
+  std::string head_text;
+  for (const QueuedJobRef& job : input.queue) {
+    const int quota = input.quota ? input.quota(job.owner) : 0;
+    if (quota > 0 && held[job.owner] + job.world_size > quota) {
+      decision.waiting[job.job_id] =
+          absl::StrCat(OwnerName(job.owner), " holds ", held[job.owner], " of ",
+                       job.owner.empty() ? "the" : "their", " ", Devices(quota),
+                       " (quota); this job needs ", job.world_size);
+      continue;
+    }
+    if (head == nullptr) {
+      if (job.world_size <= free()) {
+        place(job, false);
+        continue;
+      }
+      head = &job;
+      decision.head = job.job_id;
+      HeadPlan plan = PlanHead(job, free(), input.running);
+      for (const RunningJobRef* victim : plan.victims) {
+        decision.preempt.push_back({victim->job_id, job.job_id});
+      }
+      std::optional<Shadow> shadow = PredictHeadStart(
+          job, free() + plan.coming, input.now, input.running, plan.victims);
+      std::string reason = plan.reason;
+      if (shadow.has_value()) {
+        decision.head_predicted_start = shadow->start;
+        extra = std::min(shadow->extra, free());
+        if (shadow->start > input.now) {
+          absl::StrAppend(&reason, "; predicted to start in ",
+                          absl::FormatDuration(absl::Trunc(
+                              shadow->start - input.now, absl::Seconds(1))));
+        }
+      }
+      decision.waiting[job.job_id] = std::move(reason);
+      head_text = absl::StrCat(job.job_id, " (priority ", job.priority, ")");
+      continue;
+    }
+    if (job.world_size <= free() && job.world_size <= extra) {
+      extra -= job.world_size;
+      place(job, true);
+      continue;
+    }
+    decision.waiting[job.job_id] = absl::StrCat("behind ", head_text);
   }
   return decision;
 }

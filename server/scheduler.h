@@ -1,16 +1,32 @@
-// Scheduler: which queued jobs start now and on which devices. Pure logic.
+// Scheduler: which queued jobs start now and on which devices, which running
+// jobs are preempted for them, and which small jobs start early in a gap.
+// Pure logic; the JobManager's supervisor applies its decisions.
 //
-// Queue order is priority (higher first), then submission order. The head of
-// the queue starts when its world size fits the free devices; a job never
-// starts on part of its devices, and nothing behind a waiting head starts
-// before it (no backfill), so order is strict and no large job starves.
+// Queue order is priority (higher first), then submission order. A job
+// never starts on part of its devices.
+// - Quotas: a job whose owner already holds their quota of devices waits
+//   (and blocks nobody); a job larger than the quota is refused at submit.
+// - Preemption: when the head of the queue does not fit in the free
+//   devices, running jobs of lower priority that may be preempted are
+//   chosen (lowest priority first, then the most recently started) until
+//   enough devices would be free; they are asked to checkpoint and stop.
+//   While chosen jobs stop, nobody else is chosen.
+// - Backfill (EASY): behind a head that waits, a job starts now only on
+//   devices the head will not need at its predicted start (the moment the
+//   running jobs' predicted ends free enough devices for it), so it never
+//   delays the head. Without a prediction for every job the head waits on,
+//   nothing overtakes it.
 #ifndef SHARDTRAIN_SERVER_SCHEDULER_H_
 #define SHARDTRAIN_SERVER_SCHEDULER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/time/time.h"
 
 namespace shardtrain {
 
@@ -19,19 +35,57 @@ struct QueuedJobRef {
   int priority = 0;
   int64_t seq = 0;  // submission order
   int world_size = 1;
+  std::string owner;
+};
+
+// A job that holds devices now.
+struct RunningJobRef {
+  std::string job_id;
+  int priority = 0;
+  bool preemptible = false;
+  std::string owner;
+  int devices = 0;
+  absl::Time started;  // its current attempt's launch
+  // Its ranks are stopping (cancelled, failed or preempted): its devices
+  // come back without anyone asking.
+  bool stopping = false;
+  // When it is predicted to end (its pace so far times the steps left);
+  // unset when nothing predicts it yet.
+  std::optional<absl::Time> predicted_end;
+};
+
+struct ScheduleInput {
+  std::vector<QueuedJobRef> queue;  // any order
+  std::vector<int> free_devices;    // ascending
+  std::vector<RunningJobRef> running;
+  // The devices a user's jobs may hold at once; 0: no cap. Null: none.
+  std::function<int(const std::string& user)> quota;
+  absl::Time now;
 };
 
 struct Placement {
   std::string job_id;
   std::vector<int> devices;  // device indices, one per rank
+  bool backfilled = false;   // started ahead of a waiting head
+};
+
+struct Preemption {
+  std::string job_id;
+  std::string for_job;  // the queued job it makes room for
 };
 
 struct ScheduleDecision {
   std::vector<Placement> start;                // in queue order
   std::map<std::string, std::string> waiting;  // job id -> why it waits
+  std::vector<Preemption> preempt;
+  // The waiting head and its predicted start, when the running jobs'
+  // predictions say.
+  std::string head;
+  std::optional<absl::Time> head_predicted_start;
 };
 
-// `free_devices`: indices of the devices no job holds, ascending.
+ScheduleDecision Schedule(ScheduleInput input);
+// Without running jobs, quotas or predictions (strict order).
 ScheduleDecision Schedule(std::vector<QueuedJobRef> queue,
                           const std::vector<int>& free_devices);
 

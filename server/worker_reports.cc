@@ -17,6 +17,13 @@ bool SecretsEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// The ranks are told to exit at once when their attempt is being stopped,
+// but for a preemption: then they save a checkpoint first (asked by
+// SIGUSR1) and exit on their own.
+bool StopsNow(const JobEntry& entry) {
+  return entry.stop != StopIntent::kNone && entry.stop != StopIntent::kPreempt;
+}
+
 }  // namespace
 
 WorkerReports::WorkerReports(JobTable* table) : table_(table) {}
@@ -84,7 +91,7 @@ absl::StatusOr<bool> WorkerReports::ReportProgress(
     if (!found.ok()) return found.status();
     JobEntry& entry = **found;
     entry.ranks[worker.rank()].last_heartbeat = table_->clock->Now();
-    stop = entry.stop != StopIntent::kNone;
+    stop = StopsNow(entry);
   }
   for (const v1::StepMetrics& step : steps) {
     if (step.rank() != worker.rank()) {
@@ -131,7 +138,7 @@ absl::StatusOr<bool> WorkerReports::Heartbeat(
     table_->observer->OnHeartbeat(worker.job_id(), worker.rank(),
                                   entry.ranks[worker.rank()].last_heartbeat);
   }
-  return entry.stop != StopIntent::kNone;
+  return StopsNow(entry);
 }
 
 }  // namespace shardtrain

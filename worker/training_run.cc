@@ -68,6 +68,9 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
                         trainer.status().message());
   }
   if (hooks.on_step) (*trainer)->set_step_callback(hooks.on_step);
+  if (hooks.stop_requested) {
+    (*trainer)->set_stop_request(hooks.stop_requested);
+  }
   if (hooks.on_ready) {
     if (absl::Status s = hooks.on_ready(); !s.ok()) return s;
   }

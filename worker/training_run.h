@@ -20,6 +20,9 @@ struct TrainingHooks {
   std::function<absl::Status()> on_ready;
   // Every step, on this rank, with this rank's metrics.
   Trainer::StepCallback on_step;
+  // Asked at each step boundary; once any rank says yes, every rank saves
+  // a checkpoint there and the run ends with PreemptedError.
+  std::function<bool()> stop_requested;
 };
 
 // InvalidArgument: the config cannot run (exit code 2 for a command line);

@@ -3,6 +3,7 @@
 // SHARDTRAIN_JOB_SECRET, and the job's spec (JSON) in the job directory. It
 // trains exactly as shardtrain-train does (RunTrainingRank), registers once
 // the process group has formed, and reports every step.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,12 +44,28 @@ absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
   return spec;
 }
 
+// SIGUSR1: save a checkpoint at the next step boundary and stop (a
+// preemption by shardtraind, or a cluster scheduler's signal before it
+// preempts the job).
+volatile sig_atomic_t stop_requested = 0;
+
+void OnStopSignal(int) { stop_requested = 1; }
+
+void CatchStopSignal() {
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
 int Fail(const absl::Status& status, int code) {
   std::cerr << "shardtrain-worker: " << status.message() << std::endl;
   return code;
 }
 
 int Main(int argc, char** argv) {
+  CatchStopSignal();
   std::string spec_path, out_dir, job_id;
   int64_t threads = 0;
   bool resume = false;
@@ -101,11 +118,14 @@ int Main(int argc, char** argv) {
   hooks.on_step = [&reporter](const StepMetrics& m) {
     reporter.Report(StepMetricsToProto(m));
   };
+  hooks.stop_requested = [] { return stop_requested != 0; };
   absl::Status run = RunTrainingRank(*config, *env, &std::cout, hooks);
   std::cout.flush();
-  // A diverged run's steps (the last one says why) are stored before the
-  // rank exits; other failures exit at once.
-  if (!run.ok() && !IsDiverged(run)) return Fail(run, ExitCodeFor(run));
+  // A diverged run's steps (the last one says why) and a stopped run's are
+  // stored before the rank exits; other failures exit at once.
+  if (!run.ok() && !IsDiverged(run) && !IsPreempted(run)) {
+    return Fail(run, ExitCodeFor(run));
+  }
   // The job succeeds only when every step it reported is stored.
   if (absl::Status s = reporter.Flush(kFlushTimeout); !s.ok())
     return Fail(s, 1);

@@ -86,8 +86,11 @@ class Job:
 
     id: str
     name: str
-    state: str  # QUEUED, STARTING, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED
+    state: str  # QUEUED, STARTING, RUNNING, RESTARTING, PREEMPTED, SUCCEEDED, FAILED, CANCELLED
     state_reason: str
+    owner: str  # the user who submitted it ("" on a daemon without users)
+    priority: int  # effective: the priority class's, else spec.priority
+    preemptions: int
     model: str
     strategy: str
     world_size: int
@@ -115,6 +118,9 @@ class Job:
             name=job.spec.name,
             state=_enum_name(job_pb2.JobState.DESCRIPTOR, job.state),
             state_reason=job.state_reason,
+            owner=job.owner,
+            priority=job.priority,
+            preemptions=job.preemptions,
             model=job.spec.model,
             strategy=job.spec.strategy.name,
             world_size=job.world_size or job.spec.world_size,

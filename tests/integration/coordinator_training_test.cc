@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -316,6 +317,100 @@ TEST_F(CoordinatorTrainingTest,
   EXPECT_EQ(
       restarted->WaitFor(c.id(), test::IsTerminal, absl::Seconds(600)).state(),
       v1::SUCCEEDED);
+}
+
+// A host two users share: alice's low-priority FSDP job holds both slots;
+// bob's urgent job takes one. alice's ranks save a checkpoint at the next
+// step boundary and stop; her job is PREEMPTED, QUEUED again, and resumes
+// once bob's is done, with the losses of an uninterrupted run and no step
+// run twice (nothing was lost but the step in flight). bob may not cancel
+// her job; an admin may cancel his.
+TEST_F(CoordinatorTrainingTest,
+       APreemptedJobResumesFromItsCheckpointWithTheLossesOfAnUnbrokenRun) {
+  const std::string tokens = dir_ / "tokens";
+  test::WriteFile(
+      tokens, "tok-alice,alice,user\ntok-bob,bob,user\ntok-ops,ops,admin\n");
+  chmod(tokens.c_str(), 0600);
+  DaemonOptions options;
+  options.extra_flags = {"--auth-token-file", tokens, "--preempt-grace", "60"};
+  auto daemon = StartDaemon(options);
+
+  // Only the checkpoint the preemption asks for: none on a schedule.
+  v1::JobSpec alices = TinySpec("fsdp", 2, 20);
+  alices.mutable_trainer()->set_checkpoint_every(1000);
+  daemon->set_token("tok-alice");
+  v1::Job reference;
+  ASSERT_GRPC_OK(daemon->Submit(alices, &reference));
+  ASSERT_EQ(
+      daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600))
+          .state(),
+      v1::SUCCEEDED);
+
+  v1::Job low;
+  ASSERT_GRPC_OK(daemon->Submit(alices, &low));
+  EXPECT_EQ(low.owner(), "alice");
+  ASSERT_TRUE(ReachedStep(4)(
+      daemon->WaitFor(low.id(), ReachedStep(4), absl::Seconds(300))));
+  daemon->set_token("tok-bob");
+  v1::JobSpec urgent = TinySpec("single", 1, 3);
+  urgent.set_priority(10);
+  v1::Job high;
+  ASSERT_GRPC_OK(daemon->Submit(urgent, &high));
+  v1::Job refused;
+  const grpc::Status denied = daemon->Cancel(low.id(), &refused);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(denied.error_message(), HasSubstr("belongs to alice"));
+
+  const v1::Job requeued = daemon->WaitFor(
+      low.id(),
+      [](const v1::Job& j) {
+        return j.preemptions() > 0 || test::IsTerminal(j);
+      },
+      absl::Seconds(120));
+  EXPECT_EQ(requeued.preemptions(), 1) << requeued.DebugString();
+  const v1::Job bobs =
+      daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(300));
+  EXPECT_EQ(bobs.state(), v1::SUCCEEDED) << bobs.DebugString();
+  daemon->set_token("tok-alice");
+  const v1::Job done =
+      daemon->WaitFor(low.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  EXPECT_EQ(done.restarts(), 0);
+  EXPECT_EQ(done.preemptions(), 1);
+  const std::string log = test::ReadFile(JobDir(low.id()) + "/rank-0.log");
+  EXPECT_THAT(log, HasSubstr("checkpoint saved"));
+  EXPECT_THAT(log, HasSubstr("resumed from"));
+
+  // Every step once: the resumed attempt began where the first stopped.
+  const std::vector<v1::StepMetrics> steps = daemon->Metrics(low.id());
+  const std::vector<v1::StepMetrics> unbroken = daemon->Metrics(reference.id());
+  ASSERT_EQ(steps.size(), 40u);
+  ASSERT_EQ(unbroken.size(), 40u);
+  std::map<std::pair<int, int64_t>, double> by_step;
+  for (const v1::StepMetrics& s : unbroken) {
+    by_step[{s.rank(), s.step()}] = s.loss();
+  }
+  for (const v1::StepMetrics& s : steps) {
+    ASSERT_TRUE(by_step.count({s.rank(), s.step()}));
+    ExpectRelNear(s.loss(), by_step.at({s.rank(), s.step()}), 1e-5,
+                  absl::StrCat("rank ", s.rank(), " step ", s.step()));
+  }
+  EXPECT_THAT(daemon->ScrapeMetrics(),
+              HasSubstr("shardtrain_job_preemptions_total{user=\"alice\"} 1"));
+
+  // An unknown token is UNAUTHENTICATED; an admin may cancel anyone's job.
+  daemon->set_token("tok-nobody");
+  v1::Job job;
+  EXPECT_EQ(daemon->Submit(urgent, &job).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  daemon->set_token("tok-bob");
+  urgent.mutable_trainer()->set_max_steps(100000);
+  ASSERT_GRPC_OK(daemon->Submit(urgent, &job));
+  daemon->set_token("tok-ops");
+  ASSERT_GRPC_OK(daemon->Cancel(job.id(), &job));
+  EXPECT_EQ(
+      daemon->WaitFor(job.id(), test::IsTerminal, absl::Seconds(60)).state(),
+      v1::CANCELLED);
 }
 
 }  // namespace

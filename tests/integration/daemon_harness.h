@@ -228,15 +228,29 @@ class Daemon {
   }
   int pid() const { return pid_; }
 
+  // The bearer token this harness's own calls (Submit, Get, Cancel,
+  // Metrics, WaitFor) carry; empty: none.
+  void set_token(std::string token) { token_ = std::move(token); }
+
   grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
     grpc::ClientContext context;
+    Authorize(&context);
     v1::SubmitJobRequest request;
     *request.mutable_spec() = spec;
     return jobs_->SubmitJob(&context, request, job);
   }
 
+  grpc::Status Cancel(const std::string& id, v1::Job* job) {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::CancelJobRequest request;
+    request.set_job_id(id);
+    return jobs_->CancelJob(&context, request, job);
+  }
+
   v1::Job Get(const std::string& id) {
     grpc::ClientContext context;
+    Authorize(&context);
     v1::GetJobRequest request;
     request.set_job_id(id);
     v1::Job job;
@@ -263,6 +277,7 @@ class Daemon {
 
   std::vector<v1::StepMetrics> Metrics(const std::string& id) {
     grpc::ClientContext context;
+    Authorize(&context);
     v1::GetJobMetricsRequest request;
     request.set_job_id(id);
     v1::GetJobMetricsResponse response;
@@ -271,8 +286,15 @@ class Daemon {
   }
 
  private:
+  void Authorize(grpc::ClientContext* context) const {
+    if (!token_.empty()) {
+      context->AddMetadata("authorization", "Bearer " + token_);
+    }
+  }
+
   std::string state_dir_;
   DaemonOptions options_;
+  std::string token_;
   pid_t pid_ = -1;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;

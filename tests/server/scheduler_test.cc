@@ -45,5 +45,143 @@ TEST(SchedulerTest, StartsAsManyAsFitThenWaits) {
   EXPECT_THAT(d.waiting.at("c"), HasSubstr("behind b"));
 }
 
+// --- quotas, preemption and backfill ---
+
+const absl::Time kNow = absl::FromUnixSeconds(1'000'000);
+
+RunningJobRef Running(std::string id, int priority, int devices,
+                      absl::Time started, std::string owner = "") {
+  RunningJobRef job;
+  job.job_id = std::move(id);
+  job.priority = priority;
+  job.preemptible = true;
+  job.owner = std::move(owner);
+  job.devices = devices;
+  job.started = started;
+  return job;
+}
+
+TEST(SchedulerTest, AJobOverItsOwnersQuotaWaitsWithoutHoldingUpOthers) {
+  ScheduleInput input;
+  input.queue = {{"a2", 5, 1, 2, "alice"}, {"b1", 0, 2, 1, "bob"}};
+  input.free_devices = {2, 3};
+  input.running = {Running("a1", 0, 2, kNow, "alice")};
+  input.quota = [](const std::string& user) { return user == "alice" ? 3 : 0; };
+  input.now = kNow;
+  const ScheduleDecision d = Schedule(input);
+  // alice holds 2 of 3: her 2-device job waits (though higher priority and
+  // fitting), and bob's starts.
+  EXPECT_EQ(d.waiting.at("a2"),
+            "alice holds 2 of their 3 devices (quota); this job needs 2");
+  ASSERT_EQ(d.start.size(), 1u);
+  EXPECT_EQ(d.start[0].job_id, "b1");
+  EXPECT_TRUE(d.preempt.empty());
+  // Without the quota alice's job starts first.
+  input.quota = nullptr;
+  EXPECT_EQ(Schedule(input).start[0].job_id, "a2");
+}
+
+TEST(SchedulerTest, PreemptsTheLowestPriorityThenTheMostRecentlyStarted) {
+  ScheduleInput input;
+  input.queue = {{"urgent", 10, 9, 2}};
+  input.free_devices = {};
+  input.now = kNow;
+  input.running = {Running("old-low", 0, 1, kNow - absl::Hours(2)),
+                   Running("new-low", 0, 1, kNow - absl::Hours(1)),
+                   Running("mid", 5, 1, kNow - absl::Hours(3)),
+                   Running("top", 20, 1, kNow - absl::Hours(4))};
+  ScheduleDecision d = Schedule(input);
+  ASSERT_EQ(d.preempt.size(), 2u);
+  EXPECT_EQ(d.preempt[0].job_id, "new-low");
+  EXPECT_EQ(d.preempt[1].job_id, "old-low");
+  EXPECT_EQ(d.preempt[0].for_job, "urgent");
+  EXPECT_TRUE(d.start.empty());  // it starts once they have stopped
+  EXPECT_THAT(d.waiting.at("urgent"),
+              HasSubstr("preempting new-low (priority 0, 1 device), old-low"));
+
+  // One free device: only one job is preempted.
+  input.free_devices = {7};
+  d = Schedule(input);
+  ASSERT_EQ(d.preempt.size(), 1u);
+  EXPECT_EQ(d.preempt[0].job_id, "new-low");
+}
+
+TEST(SchedulerTest, NeverPreemptsEqualPriorityOrNonPreemptibleJobs) {
+  ScheduleInput input;
+  input.queue = {{"q", 5, 9, 2}};
+  input.now = kNow;
+  RunningJobRef pinned = Running("pinned", 0, 1, kNow);
+  pinned.preemptible = false;
+  input.running = {pinned, Running("peer", 5, 1, kNow)};
+  ScheduleDecision d = Schedule(input);
+  EXPECT_TRUE(d.preempt.empty());
+  EXPECT_THAT(d.waiting.at("q"), HasSubstr("needs 2 devices, 0 free"));
+  // Not enough even with every candidate: nobody is preempted for nothing.
+  input.running.push_back(Running("low", 0, 1, kNow));
+  input.queue = {{"q", 5, 9, 3}};
+  EXPECT_TRUE(Schedule(input).preempt.empty());
+}
+
+TEST(SchedulerTest, WhileChosenJobsStopNobodyElseIsPreempted) {
+  ScheduleInput input;
+  input.queue = {{"urgent", 10, 9, 2}};
+  input.now = kNow;
+  RunningJobRef stopping = Running("stopping", 0, 2, kNow);
+  stopping.stopping = true;
+  input.running = {stopping, Running("other", 0, 2, kNow)};
+  const ScheduleDecision d = Schedule(input);
+  EXPECT_TRUE(d.preempt.empty());
+  EXPECT_THAT(d.waiting.at("urgent"),
+              HasSubstr("waiting for stopping to stop"));
+}
+
+// EASY backfill: 4 devices; a job on 2 of them ends in 100 s; the head needs
+// 3. At its predicted start 4 are free, one more than it needs: a 1-device
+// job may start now on a free device, a 2-device job may not (it would
+// delay the head).
+TEST(SchedulerTest, BackfillsOnlyWhatLeavesTheHeadItsPredictedStart) {
+  ScheduleInput input;
+  input.queue = {{"head", 0, 1, 3}, {"two", 0, 2, 2}, {"one", 0, 3, 1}};
+  input.free_devices = {2, 3};
+  input.now = kNow;
+  RunningJobRef busy = Running("busy", 0, 2, kNow - absl::Minutes(5));
+  busy.predicted_end = kNow + absl::Seconds(100);
+  input.running = {busy};
+  ScheduleDecision d = Schedule(input);
+  ASSERT_EQ(d.start.size(), 1u);
+  EXPECT_EQ(d.start[0].job_id, "one");
+  EXPECT_TRUE(d.start[0].backfilled);
+  EXPECT_THAT(d.start[0].devices, ElementsAre(2));
+  EXPECT_THAT(d.waiting.at("two"), HasSubstr("behind head (priority 0)"));
+  EXPECT_EQ(d.head, "head");
+  ASSERT_TRUE(d.head_predicted_start.has_value());
+  EXPECT_EQ(*d.head_predicted_start, kNow + absl::Seconds(100));
+  EXPECT_THAT(d.waiting.at("head"), HasSubstr("predicted to start in 1m40s"));
+
+  // 100 s later "busy" ended, "one" (no prediction) still runs: the head
+  // starts as predicted.
+  ScheduleInput later;
+  later.queue = {{"head", 0, 1, 3}, {"two", 0, 2, 2}};
+  later.free_devices = {0, 1, 3};
+  later.now = kNow + absl::Seconds(100);
+  later.running = {Running("one", 0, 1, kNow)};
+  d = Schedule(later);
+  ASSERT_FALSE(d.start.empty());
+  EXPECT_EQ(d.start[0].job_id, "head");
+  EXPECT_FALSE(d.start[0].backfilled);
+}
+
+TEST(SchedulerTest, WithoutAPredictionNothingOvertakesTheHead) {
+  ScheduleInput input;
+  input.queue = {{"head", 0, 1, 3}, {"one", 0, 2, 1}};
+  input.free_devices = {2, 3};
+  input.now = kNow;
+  input.running = {Running("busy", 0, 2, kNow)};  // no step reported yet
+  const ScheduleDecision d = Schedule(input);
+  EXPECT_TRUE(d.start.empty());
+  EXPECT_FALSE(d.head_predicted_start.has_value());
+  EXPECT_THAT(d.waiting.at("one"), HasSubstr("behind head"));
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -682,9 +682,23 @@ absl::Status Trainer::RunLoop() {
           m.step, m.loss, m.grad_norm, m.lr));
     }
 
-    if (checkpoints_ && config_.checkpoint_every > 0 &&
-        ((step + 1) % config_.checkpoint_every == 0 || last_step)) {
+    const bool saved =
+        checkpoints_ && config_.checkpoint_every > 0 &&
+        ((step + 1) % config_.checkpoint_every == 0 || last_step);
+    if (saved) {
       if (absl::Status s = SaveCheckpoint(step + 1); !s.ok()) return s;
+    }
+
+    if (stop_requested_ && !last_step &&
+        strategy_->AllReduceMean(stop_requested_() ? 1.0 : 0.0) > 0) {
+      if (checkpoints_ && !saved) {
+        if (absl::Status s = SaveCheckpoint(step + 1); !s.ok()) return s;
+      }
+      Log(absl::StrCat("stopping after step ", step + 1, " of ", total_steps_,
+                       " as asked", checkpoints_ ? "; checkpoint saved" : "",
+                       " (the run resumes from it)"));
+      return PreemptedError(
+          absl::StrCat("stopped after step ", step + 1, " as asked"));
     }
   }
 

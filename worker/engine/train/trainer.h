@@ -72,6 +72,14 @@ class Trainer {
     step_callback_ = std::move(callback);
   }
 
+  // Asked after every step but the last: when it says yes on any rank
+  // (agreed by an all-reduce, so every rank stops at the same step), the
+  // run saves a checkpoint there (the next step's) and Run() returns
+  // PreemptedError. Used for preemption: the job resumes from it.
+  void set_stop_request(std::function<bool()> stop_requested) {
+    stop_requested_ = std::move(stop_requested);
+  }
+
   int64_t start_step() const { return start_step_; }
   int64_t total_steps() const { return total_steps_; }
   const std::vector<StepMetrics>& history() const { return history_; }
@@ -115,6 +123,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   int metrics_fd_ = -1;
   StepCallback step_callback_;
+  std::function<bool()> stop_requested_;
   std::vector<StepMetrics> history_;
 };
 

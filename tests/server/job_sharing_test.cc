@@ -1,0 +1,246 @@
+// A shared host in the JobManager: owners and who may cancel, device
+// quotas, priority classes, and preemption that checkpoints and requeues.
+// Driven by hand as in job_manager_test.cc (fake processes and clock).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+
+#include "common/exit_codes.h"
+#include "server/job_manager.h"
+#include "tests/server/job_manager_fixture.h"
+
+namespace shardtrain {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const Caller kAlice{"alice", false};
+const Caller kBob{"bob", false};
+const Caller kOps{"ops", true};
+
+class JobSharingTest : public test::JobManagerFixture {
+ protected:
+  void Configure(JobManagerOptions& options) override {
+    options.priority_classes = {{"prod", {50, false}}, {"urgent", {100, true}}};
+    options.preempt_grace = absl::Seconds(30);
+  }
+
+  v1::WorkerIdentity Identity(int pid) {
+    v1::WorkerIdentity w;
+    w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
+    w.set_secret(launcher_.Env(pid, "SHARDTRAIN_JOB_SECRET"));
+    w.set_rank(std::stoi(launcher_.Env(pid, "RANK")));
+    w.set_pid(pid);
+    return w;
+  }
+
+  // The pids spawned by the next Tick, registered.
+  std::vector<int> TickAndRegister() {
+    const size_t before = launcher_.spawned().size();
+    manager_->Tick();
+    const std::vector<int> spawned = launcher_.spawned();
+    std::vector<int> pids(spawned.begin() + before, spawned.end());
+    for (int pid : pids) {
+      EXPECT_TRUE(manager_->RegisterWorker(Identity(pid)).ok());
+    }
+    return pids;
+  }
+
+  static v1::JobSpec WithPriority(v1::JobSpec spec, int priority) {
+    spec.set_priority(priority);
+    return spec;
+  }
+
+  v1::Job Get(const std::string& id) { return *manager_->Get(id); }
+};
+
+TEST_F(JobSharingTest, AJobIsItsOwnersAndOnlyTheyOrAnAdminMayCancelIt) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(Spec(1), kAlice);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->owner(), "alice");
+  EXPECT_EQ(Get(job->id()).owner(), "alice");
+
+  absl::StatusOr<v1::Job> by_bob = manager_->Cancel(job->id(), kBob);
+  EXPECT_EQ(by_bob.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(by_bob.status().message(),
+              HasSubstr("belongs to alice; only alice or an admin may cancel"));
+  EXPECT_EQ(Get(job->id()).state(), v1::QUEUED);
+
+  // Running, too: bob is refused, an admin is not.
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(Get(job->id()).state(), v1::RUNNING);
+  EXPECT_FALSE(manager_->Cancel(job->id(), kBob).ok());
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[0]).signals, Not(Contains(SIGTERM)));
+  EXPECT_TRUE(manager_->Cancel(job->id(), kOps).ok());
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[0]).signals, Contains(SIGTERM));
+
+  // A job submitted without a token belongs to nobody: admins only.
+  absl::StatusOr<v1::Job> anonymous = manager_->Submit(Spec(1));
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(anonymous->owner(), "");
+  EXPECT_THAT(manager_->Cancel(anonymous->id(), kAlice).status().message(),
+              HasSubstr("belongs to no user"));
+  EXPECT_TRUE(manager_->Cancel(anonymous->id(), kOps).ok());
+}
+
+TEST_F(JobSharingTest, AQuotaHoldsJobsBackAndRefusesWhatCanNeverFit) {
+  manager_ = NewManager([](JobManagerOptions& options) {
+    options.device_quota = [](const std::string& user) {
+      return user == "alice" ? 2 : 0;
+    };
+  });
+  absl::StatusOr<v1::Job> too_big = manager_->Submit(Spec(3), kAlice);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(too_big.status().message(),
+              HasSubstr("world_size: got 3; alice's quota is 2 devices"));
+
+  const std::string first = manager_->Submit(Spec(2), kAlice)->id();
+  const std::string second = manager_->Submit(Spec(1), kAlice)->id();
+  const std::string bobs = manager_->Submit(Spec(1), kBob)->id();
+  manager_->Tick();
+  EXPECT_EQ(Get(first).state(), v1::STARTING);
+  EXPECT_EQ(Get(second).state(), v1::QUEUED);
+  EXPECT_EQ(Get(second).state_reason(),
+            "alice holds 2 of their 2 devices (quota); this job needs 1");
+  EXPECT_EQ(Get(bobs).state(), v1::STARTING);  // not held up behind it
+  // The cluster view says the same.
+  const ClusterView view = manager_->Cluster();
+  ASSERT_EQ(view.queue.size(), 1u);
+  EXPECT_THAT(view.queue[0].state_reason(), HasSubstr("alice holds 2 of"));
+}
+
+TEST_F(JobSharingTest, PriorityClassesSetPriorityAndPreemptibility) {
+  v1::JobSpec spec = Spec(1);
+  spec.set_priority_class("batch");
+  absl::StatusOr<v1::Job> unknown = manager_->Submit(spec, kAlice);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("priority_class: 'batch' is not one of prod, urgent"));
+
+  spec.set_priority_class("prod");
+  spec.set_priority(-5);  // the class's priority wins
+  absl::StatusOr<v1::Job> prod = manager_->Submit(spec, kAlice);
+  ASSERT_TRUE(prod.ok()) << prod.status();
+  EXPECT_EQ(prod->priority(), 50);
+  EXPECT_FALSE(prod->preemptible());
+  absl::StatusOr<v1::Job> plain = manager_->Submit(WithPriority(Spec(1), 7));
+  EXPECT_EQ(plain->priority(), 7);
+  EXPECT_TRUE(plain->preemptible());
+}
+
+// The whole preemption: a low-priority job holds every device; an urgent
+// one arrives; the low one's ranks are asked (SIGUSR1) to checkpoint and
+// stop, it is PREEMPTED, then QUEUED once they have, without using a
+// restart; the urgent one runs; the low one resumes (--resume).
+TEST_F(JobSharingTest, APreemptedJobCheckpointsRequeuesAndResumes) {
+  const std::string low = manager_->Submit(Spec(4, 0), kAlice)->id();
+  const std::vector<int> low_pids = TickAndRegister();
+  ASSERT_EQ(low_pids.size(), 4u);
+  ASSERT_EQ(Get(low).state(), v1::RUNNING);
+
+  v1::JobSpec urgent_spec = Spec(2);
+  urgent_spec.set_priority_class("urgent");
+  const std::string urgent = manager_->Submit(urgent_spec, kBob)->id();
+  manager_->Tick();
+  EXPECT_EQ(Get(low).state(), v1::PREEMPTED);
+  EXPECT_THAT(Get(low).state_reason(),
+              HasSubstr("preempted for " + urgent + " (priority 100)"));
+  EXPECT_THAT(Get(urgent).state_reason(), HasSubstr("preempting " + low));
+  manager_->Tick();  // the signal goes out after the decision
+  for (int pid : low_pids) {
+    EXPECT_THAT(launcher_.process(pid).signals, Contains(SIGUSR1));
+    EXPECT_THAT(launcher_.process(pid).signals, Not(Contains(SIGTERM)));
+  }
+  // Progress reports during the checkpoint do not tell the ranks to quit.
+  EXPECT_FALSE(*manager_->Heartbeat(Identity(low_pids[0])));
+
+  for (int pid : low_pids) {
+    launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  }
+  // One round: the low job's ranks are gone, it is queued again, and the
+  // urgent one starts on 2 of the devices it gave back.
+  const std::vector<int> urgent_pids = TickAndRegister();
+  EXPECT_EQ(urgent_pids.size(), 2u);
+  v1::Job preempted = Get(low);
+  EXPECT_EQ(preempted.state(), v1::QUEUED);
+  EXPECT_EQ(preempted.preemptions(), 1);
+  EXPECT_EQ(preempted.restarts(), 0);
+  EXPECT_THAT(preempted.state_reason(), HasSubstr("needs 4 devices, 2 free"));
+  EXPECT_EQ(Get(urgent).state(), v1::RUNNING);
+
+  // The urgent job ends; in the same round the low one resumes.
+  for (int pid : urgent_pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  const std::vector<int> resumed = TickAndRegister();
+  EXPECT_EQ(Get(urgent).state(), v1::SUCCEEDED);
+  ASSERT_EQ(resumed.size(), 4u);
+  EXPECT_EQ(Get(low).state(), v1::RUNNING);
+  EXPECT_THAT(launcher_.process(resumed[0]).spec.argv, Contains("--resume"));
+  EXPECT_THAT(launcher_.process(low_pids[0]).spec.argv,
+              Not(Contains("--resume")));
+  EXPECT_EQ(Get(low).restarts(), 0);
+}
+
+// A rank that ignores the request is killed after --preempt-grace; the job
+// is requeued all the same (it resumes from its previous checkpoint).
+TEST_F(JobSharingTest, RanksThatIgnoreTheRequestAreKilledAfterTheGrace) {
+  const std::string low = manager_->Submit(Spec(4), kAlice)->id();
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_TRUE(manager_->Submit(WithPriority(Spec(1), 10), kBob).ok());
+  manager_->Tick();
+  manager_->Tick();
+  ASSERT_EQ(Get(low).state(), v1::PREEMPTED);
+  clock_.Advance(absl::Seconds(29));
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[0]).signals, Not(Contains(SIGKILL)));
+  clock_.Advance(absl::Seconds(2));
+  manager_->Tick();
+  manager_->Tick();
+  EXPECT_THAT(launcher_.process(pids[0]).signals, Contains(SIGKILL));
+  manager_->Tick();
+  EXPECT_EQ(Get(low).state(), v1::QUEUED);
+  EXPECT_EQ(Get(low).preemptions(), 1);
+  EXPECT_EQ(Get(low).restarts(), 0);
+}
+
+TEST_F(JobSharingTest, NonPreemptibleAndEqualPriorityJobsAreNeverPreempted) {
+  v1::JobSpec prod = Spec(4);
+  prod.set_priority_class("prod");
+  const std::string pinned = manager_->Submit(prod, kAlice)->id();
+  TickAndRegister();
+  v1::JobSpec urgent = Spec(1);
+  urgent.set_priority_class("urgent");
+  const std::string waiting = manager_->Submit(urgent, kBob)->id();
+  manager_->Tick();
+  manager_->Tick();
+  EXPECT_EQ(Get(pinned).state(), v1::RUNNING);
+  EXPECT_EQ(Get(waiting).state(), v1::QUEUED);
+  EXPECT_THAT(Get(waiting).state_reason(), HasSubstr("needs 1 device, 0 free"));
+}
+
+// A coordinator that dies while a job is being preempted: the next one
+// queues the job again (its ranks' checkpoint, or the one before, is where
+// it resumes), counting the preemption, not a restart.
+TEST_F(JobSharingTest, ACoordinatorKilledMidPreemptionRequeuesTheJob) {
+  const std::string low = manager_->Submit(Spec(4), kAlice)->id();
+  TickAndRegister();
+  ASSERT_TRUE(manager_->Submit(WithPriority(Spec(2), 10), kBob).ok());
+  manager_->Tick();
+  ASSERT_EQ(Get(low).state(), v1::PREEMPTED);
+  Crash(std::move(manager_));
+  manager_ = NewManager();
+  const v1::Job after = Get(low);
+  EXPECT_EQ(after.state(), v1::QUEUED);
+  EXPECT_EQ(after.preemptions(), 1);
+  EXPECT_EQ(after.restarts(), 0);
+  EXPECT_EQ(after.owner(), "alice");
+}
+
+}  // namespace
+}  // namespace shardtrain
