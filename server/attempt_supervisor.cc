@@ -761,13 +761,12 @@ void AttemptSupervisor::ScheduleQueued() {
     JobEntry& entry = *table_->jobs.at(placement.job_id);
     RequestLaunch(entry, placement.devices);
     if (placement.backfilled) {
-      table_->Persist(
-          entry,
-          table_->Event(
-              entry.stored.job.state(),
-              absl::StrCat("backfilled ahead of ", decision.head,
-                           ": its devices are not among those ", decision.head,
-                           " needs at its predicted start")));
+      const std::string why =
+          absl::StrCat("backfilled ahead of ", decision.head,
+                       ": its devices are not among those ", decision.head,
+                       " needs at its predicted start");
+      entry.stored.job.set_state_reason(why);
+      table_->Persist(entry, table_->Event(entry.stored.job.state(), why));
     }
   }
 }

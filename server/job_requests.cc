@@ -24,10 +24,17 @@ namespace {
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 
-// `job` as the daemon shows it: with its mesh (JobMeshName).
+// `job` as the daemon shows it: with its mesh (JobMeshName) and, while it
+// runs, the time its last step is due.
 v1::Job WithMesh(const v1::Job& job) {
   v1::Job view = job;
   view.set_mesh(JobMeshName(job.spec(), job.world_size()));
+  const v1::StepMetrics& last = job.last_step();
+  if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&
+      last.total_steps() > last.step()) {
+    view.set_eta_seconds(last.step_seconds() *
+                         static_cast<double>(last.total_steps() - last.step()));
+  }
   return view;
 }
 constexpr size_t kMaxSpecBytes = 64 * 1024;

@@ -42,8 +42,7 @@ class JobRequests {
   JobRequests& operator=(const JobRequests&) = delete;
 
   // The contracts are JobManager's (server/job_manager.h).
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec,
-                                 const Caller& caller)
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const Caller& caller)
       ABSL_LOCKS_EXCLUDED(table_->mutex);
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const
       ABSL_LOCKS_EXCLUDED(table_->mutex);

@@ -91,6 +91,7 @@ class Job:
     owner: str  # the user who submitted it ("" on a daemon without users)
     priority: int  # effective: the priority class's, else spec.priority
     preemptions: int
+    eta_seconds: float  # RUNNING: its pace so far times the steps left; else 0
     model: str
     strategy: str
     world_size: int
@@ -121,6 +122,7 @@ class Job:
             owner=job.owner,
             priority=job.priority,
             preemptions=job.preemptions,
+            eta_seconds=job.eta_seconds,
             model=job.spec.model,
             strategy=job.spec.strategy.name,
             world_size=job.world_size or job.spec.world_size,

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 
 #include "common/exit_codes.h"
 #include "server/job_manager.h"
@@ -240,6 +241,56 @@ TEST_F(JobSharingTest, ACoordinatorKilledMidPreemptionRequeuesTheJob) {
   EXPECT_EQ(after.preemptions(), 1);
   EXPECT_EQ(after.restarts(), 0);
   EXPECT_EQ(after.owner(), "alice");
+}
+
+TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
+  absl::StatusOr<std::map<std::string, PriorityClass>> classes =
+      ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false"});
+  ASSERT_TRUE(classes.ok()) << classes.status();
+  EXPECT_EQ(classes->at("urgent").priority, 100);
+  EXPECT_TRUE(classes->at("urgent").preemptible);
+  EXPECT_FALSE(classes->at("prod").preemptible);
+  EXPECT_THAT(ParsePriorityClasses({"x"}).status().message(),
+              HasSubstr("--priority-class 'x': no NAME=PRIORITY"));
+  EXPECT_THAT(ParsePriorityClasses({"x=high"}).status().message(),
+              HasSubstr("priority 'high' is not a whole number"));
+  EXPECT_THAT(ParsePriorityClasses({"x=1,preemptable=no"}).status().message(),
+              HasSubstr("unknown setting 'preemptable=no'"));
+  EXPECT_THAT(ParsePriorityClasses({"x=1", "x=2"}).status().message(),
+              HasSubstr("class x is defined twice"));
+}
+
+// The running job's pace says when it ends (Job.eta_seconds) and so when
+// the waiting head starts; a 1-device job fits beside the head's need at
+// that moment and is backfilled, a 2-device one is not.
+TEST_F(JobSharingTest, TheRunningJobsPaceGivesTheHeadItsStartAndBackfills) {
+  const std::string running = manager_->Submit(Spec(2), kAlice)->id();
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(pids.size(), 2u);
+  v1::StepMetrics step;
+  step.set_step(3);
+  step.set_total_steps(53);
+  step.set_step_seconds(2);
+  step.set_rank(0);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(pids[0]), {step}).ok());
+  EXPECT_DOUBLE_EQ(Get(running).eta_seconds(), 100);
+
+  const std::string head = manager_->Submit(Spec(3), kBob)->id();
+  const std::string two = manager_->Submit(Spec(2), kBob)->id();
+  const std::string one = manager_->Submit(Spec(1), kBob)->id();
+  const ClusterView view = manager_->Cluster();
+  EXPECT_EQ(view.head, head);
+  ASSERT_TRUE(view.head_predicted_start.has_value());
+  EXPECT_EQ(*view.head_predicted_start, clock_.Now() + absl::Seconds(100));
+  manager_->Tick();
+  EXPECT_EQ(Get(head).state(), v1::QUEUED);
+  EXPECT_THAT(
+      Get(head).state_reason(),
+      HasSubstr("needs 3 devices, 2 free; predicted to start in 1m40s"));
+  EXPECT_EQ(Get(two).state(), v1::QUEUED);
+  EXPECT_EQ(Get(one).state(), v1::STARTING);
+  EXPECT_THAT(Get(one).state_reason(),
+              HasSubstr("backfilled ahead of " + head));
 }
 
 }  // namespace
