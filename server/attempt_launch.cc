@@ -62,7 +62,7 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
 
   LaunchRequest request;
   request.spec = job.spec();
-  request.attempt = job.restarts() + job.preemptions() + 1;
+  request.attempt = job.restarts() + job.preemptions() + job.remeshes() + 1;
   request.first_attempt = first_attempt;
   request.started = table_->clock->Now();
   RankLaunch& launch = request.launch;
@@ -78,7 +78,8 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch.threads_per_rank =
       std::max(1, table_->options.cpu_cores /
                       std::max(world, job.spec().trainer().threads_as_ranks()));
-  launch.resume = job.restarts() > 0 || job.preemptions() > 0;
+  launch.resume =
+      job.restarts() > 0 || job.preemptions() > 0 || job.remeshes() > 0;
   launch.coordinator_address = worker_address_;
   launch.secret = entry.stored.secret;
   launch.heartbeat_seconds =

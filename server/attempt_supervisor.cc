@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
 #include "proto/job_config.h"
@@ -531,12 +532,52 @@ void AttemptSupervisor::BeginStop(JobEntry& entry, StopIntent intent) {
   SignalRanks(entry, SIGTERM);
 }
 
+void AttemptSupervisor::BeginGrow(JobEntry& entry, const Growth& growth) {
+  const std::string& id = entry.stored.job.id();
+  for (int d : growth.devices) table_->device_holder[d] = id;
+  entry.remesh_to = growth.to_world;
+  entry.remesh_devices = entry.devices;
+  entry.remesh_devices.insert(entry.remesh_devices.end(),
+                              growth.devices.begin(), growth.devices.end());
+  entry.remesh_why = absl::StrCat("grown from ", entry.devices.size(), " to ",
+                                  growth.to_world, " ranks (devices freed up)");
+  entry.stop = StopIntent::kPreempt;
+  entry.stop_deadline = table_->clock->Now() + table_->options.preempt_grace;
+  SignalRanks(entry, SIGUSR1);
+  table_->Persist(
+      entry, table_->Event(entry.stored.job.state(),
+                           absl::StrCat("growing from ", entry.devices.size(),
+                                        " to ", growth.to_world,
+                                        " ranks: the ranks save a checkpoint "
+                                        "at the next step boundary, then it "
+                                        "continues on more devices")));
+}
+
 void AttemptSupervisor::BeginPreempt(JobEntry& entry,
-                                     const std::string& for_job) {
+                                     const std::string& for_job,
+                                     int shrink_to) {
   entry.stop = StopIntent::kPreempt;
   entry.stop_deadline = table_->clock->Now() + table_->options.preempt_grace;
   SignalRanks(entry, SIGUSR1);
   const JobEntry* other = table_->Find(for_job);
+  if (shrink_to > 0) {
+    entry.remesh_to = shrink_to;
+    entry.remesh_devices.assign(entry.devices.begin(),
+                                entry.devices.begin() + shrink_to);
+    entry.remesh_why = absl::StrCat("shrunk from ", entry.devices.size(),
+                                    " to ", shrink_to, " ranks for ", for_job);
+    table_->SetState(
+        entry, v1::PREEMPTED,
+        absl::StrCat("shrinking from ", entry.devices.size(), " to ", shrink_to,
+                     " ranks for ", for_job,
+                     other == nullptr
+                         ? ""
+                         : absl::StrCat(" (priority ",
+                                        other->stored.job.priority(), ")"),
+                     ": the ranks save a checkpoint at the next step "
+                     "boundary, then it continues on fewer devices"));
+    return;
+  }
   table_->SetState(
       entry, v1::PREEMPTED,
       absl::StrCat(
@@ -549,10 +590,46 @@ void AttemptSupervisor::BeginPreempt(JobEntry& entry,
           absl::FormatDuration(table_->options.preempt_grace), ")"));
 }
 
+void AttemptSupervisor::Remesh(JobEntry& entry, int world,
+                               const std::vector<int>& devices,
+                               const std::string& why) {
+  v1::Job& job = entry.stored.job;
+  const std::string& id = job.id();
+  const int before = static_cast<int>(entry.devices.size());
+  for (std::string& holder : table_->device_holder) {
+    if (holder == id) holder.clear();
+  }
+  entry.remesh_from = JobMeshName(job.spec(), before);
+  entry.remesh_tokens_per_second = job.last_step().tokens_per_second();
+  entry.remesh_started = table_->clock->Now();
+  job.set_remeshes(job.remeshes() + 1);
+  job.set_resize_reason(why);
+  table_->SetState(
+      entry, v1::RESTARTING,
+      absl::StrCat(
+          why, "; mesh ", entry.remesh_from, " -> ",
+          JobMeshName(job.spec(), world),
+          entry.remesh_tokens_per_second > 0
+              ? absl::StrFormat(" (%.0f tokens/s at %d ranks; %.0f expected "
+                                "at linear scaling)",
+                                entry.remesh_tokens_per_second, before,
+                                entry.remesh_tokens_per_second * world / before)
+              : "",
+          "; resumes from its checkpoint with the same global batch"));
+  RequestLaunch(entry,
+                std::vector<int>(devices.begin(), devices.begin() + world));
+}
+
 void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   const StopIntent stop = entry.stop;
   const bool no_restart = entry.no_restart;
   entry.no_restart = false;
+  const int remesh_to = entry.remesh_to;
+  const std::vector<int> remesh_devices = std::move(entry.remesh_devices);
+  const std::string remesh_why = std::move(entry.remesh_why);
+  entry.remesh_to = 0;
+  entry.remesh_devices.clear();
+  entry.remesh_why.clear();
   std::optional<v1::Failure> failure = std::move(entry.failure);
   ClearAttempt(entry);
   v1::Job& job = entry.stored.job;
@@ -565,6 +642,10 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
       table_->SetState(entry, v1::CANCELLED, "cancelled; all ranks stopped");
       return;
     case StopIntent::kPreempt:
+      if (remesh_to > 0 && !table_->shutting_down) {
+        Remesh(entry, remesh_to, remesh_devices, remesh_why);
+        return;
+      }
       table_->ReleaseDevices(entry);
       job.set_preemptions(job.preemptions() + 1);
       job.clear_resize_reason();
@@ -742,7 +823,14 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
 
 void AttemptSupervisor::ScheduleQueued() {
   ScheduleInput input = table_->SchedulerInput();
-  if (input.queue.empty()) return;
+  if (input.queue.empty() &&
+      std::none_of(input.running.begin(), input.running.end(),
+                   [](const RunningJobRef& job) {
+                     return !job.worlds.empty() &&
+                            job.worlds.back() > job.devices;
+                   })) {
+    return;
+  }
   const ScheduleDecision decision = Schedule(std::move(input));
   for (const auto& [id, reason] : decision.waiting) {
     table_->jobs.at(id)->stored.job.set_state_reason(reason);
@@ -755,7 +843,14 @@ void AttemptSupervisor::ScheduleQueued() {
         victim.stop != StopIntent::kNone) {
       continue;
     }
-    BeginPreempt(victim, preempt.for_job);
+    BeginPreempt(victim, preempt.for_job, preempt.shrink_to);
+  }
+  for (const Growth& growth : decision.grow) {
+    JobEntry& job = *table_->jobs.at(growth.job_id);
+    if (job.ranks.empty() || job.launching || job.stop != StopIntent::kNone) {
+      continue;
+    }
+    BeginGrow(job, growth);
   }
   for (const Placement& placement : decision.start) {
     JobEntry& entry = *table_->jobs.at(placement.job_id);

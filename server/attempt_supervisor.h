@@ -56,7 +56,14 @@ class AttemptSupervisor {
   // Asks the attempt's ranks to save a checkpoint at the next step boundary
   // and stop (SIGUSR1; SIGKILL after options.preempt_grace): PREEMPTED now,
   // QUEUED once they have, for `for_job`'s sake.
-  void BeginPreempt(JobEntry& entry, const std::string& for_job)
+  // With shrink_to > 0 the job continues at that many ranks on some of its
+  // devices instead (re-meshed; an elastic job).
+  void BeginPreempt(JobEntry& entry, const std::string& for_job,
+                    int shrink_to = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
+  // The same request for an elastic job that grows to `growth.to_world`
+  // ranks onto `growth.devices` (reserved for it now).
+  void BeginGrow(JobEntry& entry, const Growth& growth)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
 
   // What the ranks of later launches dial.
@@ -140,6 +147,12 @@ class AttemptSupervisor {
                          std::optional<v1::Failure> failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
+  // A re-meshing preemption's ranks have stopped: the job continues at
+  // `world` ranks on the first of `devices` (its checkpoint loads at any
+  // world size), RESTARTING without using a restart.
+  void Remesh(JobEntry& entry, int world, const std::vector<int>& devices,
+              const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mutex);
 
   // A launch in three parts (attempt_launch.cc). Takes the devices and
   // queues the launch for the end of this Tick.

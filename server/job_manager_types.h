@@ -93,6 +93,13 @@ struct JobManagerOptions {
 // when it names one, else spec.priority, preemptible.
 PriorityClass EffectivePriority(const JobManagerOptions& options,
                                 const v1::JobSpec& spec);
+// The world sizes an elastic job with `spec` may run at: from
+// elastic.min_world_size to world_size, those that share its global batch
+// (sequences per step) equally. Empty when it is not elastic, or when its
+// mesh has pipeline stages or tensor parallelism (re-meshed only by
+// restarts).
+std::vector<int> ElasticWorlds(const v1::JobSpec& spec);
+
 // options.device_quota for `user` (0: no cap).
 int DeviceQuota(const JobManagerOptions& options, const std::string& user);
 

@@ -116,6 +116,27 @@ PriorityClass EffectivePriority(const JobManagerOptions& options,
   return PriorityClass{spec.priority(), true};
 }
 
+std::vector<int> ElasticWorlds(const v1::JobSpec& spec) {
+  const int min_world = spec.elastic().min_world_size();
+  if (min_world <= 0 || spec.strategy().pipeline_stages() > 1 ||
+      spec.strategy().tensor_parallel() > 1) {
+    return {};
+  }
+  absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "/");
+  if (!config.ok()) return {};
+  const int64_t global =
+      spec.world_size() * config->batch_size * config->grad_accum;
+  std::vector<int> worlds;
+  // HSDP keeps its shard groups whole.
+  const int64_t group = spec.strategy().name() == "hsdp"
+                            ? spec.strategy().shard_group_size()
+                            : 0;
+  for (int w = min_world; w <= spec.world_size(); ++w) {
+    if (global % w == 0 && (group <= 0 || w % group == 0)) worlds.push_back(w);
+  }
+  return worlds;
+}
+
 int DeviceQuota(const JobManagerOptions& options, const std::string& user) {
   return options.device_quota ? options.device_quota(user) : 0;
 }
@@ -281,6 +302,7 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
   job.set_output_dir(table_->JobDir(job.id()));
   *job.mutable_spec() = effective;
   job.set_owner(caller.user);
+  entry->elastic_worlds = ElasticWorlds(effective);
   const PriorityClass priority = EffectivePriority(table_->options, effective);
   job.set_priority(priority.priority);
   job.set_preemptible(priority.preemptible);

@@ -97,6 +97,7 @@ absl::Status JobTable::Load() {
       job.set_priority(job.spec().priority());
       job.set_preemptible(true);
     }
+    entry->elastic_worlds = ElasticWorlds(job.spec());
     Add(std::move(entry));
   }
   return absl::OkStatus();
@@ -232,8 +233,10 @@ std::vector<int> JobTable::FreeDevices() const {
 }
 
 void JobTable::ReleaseDevices(JobEntry& entry) {
-  for (int d : entry.devices) {
-    if (device_holder[d] == entry.stored.job.id()) device_holder[d].clear();
+  // Every device held in its name: its own, and any reserved for it to
+  // grow onto.
+  for (std::string& holder : device_holder) {
+    if (holder == entry.stored.job.id()) holder.clear();
   }
   entry.devices.clear();
 }
@@ -268,6 +271,8 @@ ScheduleInput JobTable::SchedulerInput() const {
     running.devices = static_cast<int>(entry.devices.size());
     running.started = entry.launch_time;
     running.stopping = entry.stop != StopIntent::kNone;
+    running.worlds = entry.elastic_worlds;
+    if (job.state() != v1::RUNNING || entry.launching) running.worlds.clear();
     // Its pace so far times the steps left (rank 0's last report).
     const v1::StepMetrics& last = job.last_step();
     if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&

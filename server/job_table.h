@@ -73,7 +73,21 @@ struct JobEntry {
   // can run (AttemptSupervisor::RestartElastic).
   bool elastic_restart = false;
   bool elastic_restart_counted = false;  // already in Job.restarts
+  // The world sizes an elastic job may be re-meshed to (ElasticWorlds);
+  // empty for others.
+  std::vector<int> elastic_worlds;
   bool launching = false;  // RequestLaunch done, CompleteLaunch not yet
+  // A preemption that re-meshes (kPreempt with remesh_to > 0): once the
+  // ranks have saved their checkpoint, the job continues at remesh_to ranks
+  // on remesh_devices (shrunk: some of its own; grown: its own and the free
+  // ones reserved for it) instead of being queued again.
+  int remesh_to = 0;
+  std::vector<int> remesh_devices;
+  std::string remesh_why;
+  // A re-meshed attempt's first step is compared with the pace before.
+  absl::Time remesh_started = absl::InfinitePast();
+  double remesh_tokens_per_second = 0;
+  std::string remesh_from;  // the mesh before
   // The attempt as its launcher started it; polled from next_poll on.
   Attempt attempt;
   absl::Time next_poll;

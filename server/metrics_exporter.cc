@@ -109,6 +109,14 @@ void MetricsExporter::RegisterJobMetrics() {
                       .Register(r);
   // The anonymous user's from the start, so rates over it have data at 0.
   preemptions_->Add({{"user", ""}});
+  remeshes_ = &BuildCounter()
+                   .Name("shardtrain_job_remeshes_total")
+                   .Help(
+                       "Elastic jobs whose mesh changed while they ran "
+                       "(shrunk for a higher-priority job, grown back), by "
+                       "the job's owner")
+                   .Register(r);
+  remeshes_->Add({{"user", ""}});
   queue_wait_ = &BuildHistogram()
                      .Name("shardtrain_queue_wait_seconds")
                      .Help(
@@ -253,6 +261,13 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   const v1::JobState before = series.state;
   series.strategy = job.spec().strategy().name();
   series.mesh = JobMeshName(job.spec(), job.world_size());
+  if (before == v1::JOB_STATE_UNSPECIFIED) {
+    series.remeshes = job.remeshes();  // counted by an earlier daemon
+  } else if (job.remeshes() > series.remeshes) {
+    remeshes_->Add({{"user", job.owner()}})
+        .Increment(job.remeshes() - series.remeshes);
+    series.remeshes = job.remeshes();
+  }
   if (before == job.state()) return;
   if (before == v1::JOB_STATE_UNSPECIFIED && job.state() == v1::QUEUED) {
     submissions_->Increment();

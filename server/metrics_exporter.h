@@ -100,6 +100,7 @@ class MetricsExporter : public JobObserver {
     std::map<int, RankSeries> ranks;
     absl::Time ended = absl::InfiniteFuture();
     absl::Time queued_at = absl::InfinitePast();  // last entered QUEUED
+    int remeshes = 0;  // Job.remeshes already counted
   };
 
   // Start's registrations: job and queue series, per-rank step series,
@@ -131,6 +132,7 @@ class MetricsExporter : public JobObserver {
   prometheus::Family<prometheus::Counter>* failures_;
   prometheus::Counter* restarts_total_;
   prometheus::Family<prometheus::Counter>* preemptions_;
+  prometheus::Family<prometheus::Counter>* remeshes_;
   prometheus::Histogram* queue_wait_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* queue_oldest_wait_;

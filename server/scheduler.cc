@@ -20,11 +20,30 @@ std::string OwnerName(const std::string& owner) {
 // (none when enough are free or coming back, or when preempting every
 // candidate would not be enough), the devices coming back without them,
 // and why it waits.
+struct Take {
+  const RunningJobRef* job = nullptr;
+  int shrink_to = 0;  // 0: stopped whole
+  int gives = 0;
+};
+
 struct HeadPlan {
-  std::vector<const RunningJobRef*> victims;
+  std::vector<Take> victims;
   int coming = 0;  // devices of jobs already stopping, and of the victims
   std::string reason;
 };
+
+// What `job` gives up for `missing` devices: an elastic job shrinks to the
+// largest world it may run at that gives enough (else its smallest), any
+// other job stops whole.
+Take TakeFrom(const RunningJobRef& job, int missing) {
+  Take take{&job, 0, job.devices};
+  for (auto w = job.worlds.rbegin(); w != job.worlds.rend(); ++w) {
+    if (*w >= job.devices || *w <= 0) continue;
+    take = {&job, *w, job.devices - *w};
+    if (take.gives >= missing) break;
+  }
+  return take;
+}
 
 HeadPlan PlanHead(const QueuedJobRef& head, int free,
                   const std::vector<RunningJobRef>& running) {
@@ -54,26 +73,65 @@ HeadPlan PlanHead(const QueuedJobRef& head, int free,
               return a->started > b->started;
             });
   int gained = 0;
-  std::vector<const RunningJobRef*> chosen;
+  std::vector<Take> chosen;
   for (const RunningJobRef* job : candidates) {
-    if (free + plan.coming + gained >= head.world_size) break;
-    chosen.push_back(job);
-    gained += job->devices;
+    const int missing = head.world_size - (free + plan.coming + gained);
+    if (missing <= 0) break;
+    chosen.push_back(TakeFrom(*job, missing));
+    gained += chosen.back().gives;
   }
   if (free + plan.coming + gained < head.world_size) {
     plan.reason = needs;
     return plan;
   }
   std::vector<std::string> names;
-  for (const RunningJobRef* job : chosen) {
-    names.push_back(absl::StrCat(job->job_id, " (priority ", job->priority,
-                                 ", ", Devices(job->devices), ")"));
+  for (const Take& take : chosen) {
+    const RunningJobRef& job = *take.job;
+    names.push_back(take.shrink_to > 0
+                        ? absl::StrCat("shrinking ", job.job_id, " (priority ",
+                                       job.priority, ") from ", job.devices,
+                                       " to ", Devices(take.shrink_to))
+                        : absl::StrCat("preempting ", job.job_id, " (priority ",
+                                       job.priority, ", ", Devices(job.devices),
+                                       ")"));
   }
   plan.victims = std::move(chosen);
   plan.coming += gained;
-  plan.reason =
-      absl::StrCat(needs, "; preempting ", absl::StrJoin(names, ", "));
+  plan.reason = absl::StrCat(needs, "; ", absl::StrJoin(names, ", "));
   return plan;
+}
+
+// With nobody waiting for devices: the elastic jobs running smaller than
+// they may, higher priority first, each grown to the largest world the
+// devices still free allow.
+void PlanGrowth(const std::vector<RunningJobRef>& running,
+                const std::vector<int>& free_devices, size_t* next_free,
+                std::vector<Growth>* grow) {
+  std::vector<const RunningJobRef*> growable;
+  for (const RunningJobRef& job : running) {
+    if (!job.stopping && !job.worlds.empty() &&
+        job.worlds.back() > job.devices) {
+      growable.push_back(&job);
+    }
+  }
+  std::sort(growable.begin(), growable.end(),
+            [](const RunningJobRef* a, const RunningJobRef* b) {
+              if (a->priority != b->priority) return a->priority > b->priority;
+              return a->started < b->started;
+            });
+  for (const RunningJobRef* job : growable) {
+    const int free = static_cast<int>(free_devices.size() - *next_free);
+    int target = 0;
+    for (int w : job->worlds) {
+      if (w > job->devices && w - job->devices <= free) target = w;
+    }
+    if (target == 0) continue;
+    Growth growth{job->job_id, target, {}};
+    for (int i = job->devices; i < target; ++i) {
+      growth.devices.push_back(free_devices[(*next_free)++]);
+    }
+    grow->push_back(std::move(growth));
+  }
 }
 
 // When the head may start (the running jobs that are not stopping ending as
@@ -88,14 +146,15 @@ struct Shadow {
 std::optional<Shadow> PredictHeadStart(
     const QueuedJobRef& head, int available, absl::Time now,
     const std::vector<RunningJobRef>& running,
-    const std::vector<const RunningJobRef*>& victims) {
+    const std::vector<Take>& victims) {
   if (available >= head.world_size) {
     return Shadow{now, available - head.world_size};
   }
   std::vector<const RunningJobRef*> ending;
   for (const RunningJobRef& job : running) {
     if (job.stopping ||
-        std::find(victims.begin(), victims.end(), &job) != victims.end()) {
+        std::any_of(victims.begin(), victims.end(),
+                    [&](const Take& take) { return take.job == &job; })) {
       continue;
     }
     if (!job.predicted_end.has_value()) return std::nullopt;
@@ -170,8 +229,9 @@ ScheduleDecision Schedule(ScheduleInput input) {
       head = &job;
       decision.head = job.job_id;
       HeadPlan plan = PlanHead(job, free(), input.running);
-      for (const RunningJobRef* victim : plan.victims) {
-        decision.preempt.push_back({victim->job_id, job.job_id});
+      for (const Take& take : plan.victims) {
+        decision.preempt.push_back(
+            {take.job->job_id, job.job_id, take.shrink_to});
       }
       std::optional<Shadow> shadow = PredictHeadStart(
           job, free() + plan.coming, input.now, input.running, plan.victims);
@@ -195,6 +255,9 @@ ScheduleDecision Schedule(ScheduleInput input) {
       continue;
     }
     decision.waiting[job.job_id] = absl::StrCat("behind ", head_text);
+  }
+  if (head == nullptr) {
+    PlanGrowth(input.running, input.free_devices, &next_free, &decision.grow);
   }
   return decision;
 }

@@ -10,7 +10,12 @@
 //   devices, running jobs of lower priority that may be preempted are
 //   chosen (lowest priority first, then the most recently started) until
 //   enough devices would be free; they are asked to checkpoint and stop.
-//   While chosen jobs stop, nobody else is chosen.
+//   While chosen jobs stop, nobody else is chosen. An elastic job gives up
+//   only the devices missing, shrinking to the largest world it may run at
+//   that leaves enough (re-meshed instead of stopped).
+// - Growth: with nobody waiting for devices, an elastic job running smaller
+//   than it asked for grows back to the largest world the free devices
+//   allow.
 // - Backfill (EASY): behind a head that waits, a job starts now only on
 //   devices the head will not need at its predicted start (the moment the
 //   running jobs' predicted ends free enough devices for it), so it never
@@ -52,6 +57,9 @@ struct RunningJobRef {
   // When it is predicted to end (its pace so far times the steps left);
   // unset when nothing predicts it yet.
   std::optional<absl::Time> predicted_end;
+  // An elastic job that may change its mesh: the world sizes it may run at
+  // (ascending, its present one among them). Empty: it is stopped whole.
+  std::vector<int> worlds;
 };
 
 struct ScheduleInput {
@@ -72,12 +80,21 @@ struct Placement {
 struct Preemption {
   std::string job_id;
   std::string for_job;  // the queued job it makes room for
+  int shrink_to = 0;    // > 0: continues at this world (re-meshed); 0: stops
+};
+
+// An elastic job to grow to `to_world`, taking `devices` (free now).
+struct Growth {
+  std::string job_id;
+  int to_world = 0;
+  std::vector<int> devices;
 };
 
 struct ScheduleDecision {
   std::vector<Placement> start;                // in queue order
   std::map<std::string, std::string> waiting;  // job id -> why it waits
   std::vector<Preemption> preempt;
+  std::vector<Growth> grow;
   // The waiting head and its predicted start, when the running jobs'
   // predictions say.
   std::string head;

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/job_config.h"
 #include "server/job_watch.h"
 
 namespace shardtrain {
@@ -115,6 +117,22 @@ absl::StatusOr<bool> WorkerReports::ReportProgress(
   for (const v1::StepMetrics& step : steps) {
     if (step.rank() == 0 && step.step() >= job.last_step().step()) {
       *job.mutable_last_step() = step;
+    }
+    if (step.rank() == 0 && entry->remesh_started != absl::InfinitePast()) {
+      // The first step of a re-meshed attempt: what the change cost and
+      // what the new mesh does.
+      const absl::Duration lost = table_->clock->Now() - entry->remesh_started;
+      entry->remesh_started = absl::InfinitePast();
+      table_->Persist(
+          *entry,
+          table_->Event(
+              job.state(),
+              absl::StrFormat(
+                  "re-meshed %s -> %s: %.0f tokens/s (was %.0f); %.1f s "
+                  "without a step",
+                  entry->remesh_from, JobMeshName(job.spec(), job.world_size()),
+                  step.tokens_per_second(), entry->remesh_tokens_per_second,
+                  absl::ToDoubleSeconds(lost))));
     }
     v1::WatchJobEvent event;
     *event.mutable_step() = step;

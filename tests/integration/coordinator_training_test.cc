@@ -413,5 +413,75 @@ TEST_F(CoordinatorTrainingTest,
       v1::CANCELLED);
 }
 
+// The same host with an elastic job: alice's FSDP job on both slots gives
+// one up for bob's urgent job instead of stopping (re-meshed to one rank from
+// its checkpoint), grows back to two when bob's job ends, and trains as an
+// uninterrupted run does, the global batch kept throughout.
+TEST_F(CoordinatorTrainingTest,
+       AnElasticJobShrinksForAnUrgentOneGrowsBackAndTrainsAsIfUnbroken) {
+  DaemonOptions options;
+  options.extra_flags = {"--preempt-grace", "60"};
+  auto daemon = StartDaemon(options);
+  v1::JobSpec alices = TinySpec("fsdp", 2, 40);
+  alices.mutable_trainer()->set_checkpoint_every(1000);
+  v1::Job reference;
+  ASSERT_GRPC_OK(daemon->Submit(alices, &reference));
+  ASSERT_EQ(
+      daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600))
+          .state(),
+      v1::SUCCEEDED);
+
+  alices.mutable_elastic()->set_min_world_size(1);
+  alices.set_max_restarts(1);
+  v1::Job elastic;
+  ASSERT_GRPC_OK(daemon->Submit(alices, &elastic));
+  ASSERT_TRUE(ReachedStep(4)(
+      daemon->WaitFor(elastic.id(), ReachedStep(4), absl::Seconds(300))));
+  v1::JobSpec urgent = TinySpec("single", 1, 3);
+  urgent.set_priority(10);
+  v1::Job high;
+  ASSERT_GRPC_OK(daemon->Submit(urgent, &high));
+  const v1::Job shrunk = daemon->WaitFor(
+      elastic.id(),
+      [](const v1::Job& j) {
+        return (j.state() == v1::RUNNING && j.world_size() == 1) ||
+               test::IsTerminal(j);
+      },
+      absl::Seconds(120));
+  EXPECT_EQ(shrunk.world_size(), 1) << shrunk.DebugString();
+  EXPECT_EQ(daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(300))
+                .state(),
+            v1::SUCCEEDED);
+  const v1::Job done =
+      daemon->WaitFor(elastic.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  EXPECT_EQ(done.restarts(), 0);
+  EXPECT_EQ(done.preemptions(), 0);
+  // Shrunk to 1, then grown back to 2 (its 36 steps left outlast bob's 3
+  // by far).
+  EXPECT_EQ(done.remeshes(), 2);
+  EXPECT_EQ(done.world_size(), 2);
+  EXPECT_THAT(done.resize_reason(), HasSubstr("grown from 1 to 2 ranks"));
+  const std::string log = test::ReadFile(JobDir(elastic.id()) + "/rank-0.log");
+  EXPECT_THAT(log, HasSubstr("resumed from"));
+
+  // Rank 0's losses, step by step, against the run that was never touched.
+  std::map<int64_t, double> expected, got;
+  for (const v1::StepMetrics& s : daemon->Metrics(reference.id())) {
+    if (s.rank() == 0) expected[s.step()] = s.loss();
+  }
+  for (const v1::StepMetrics& s : daemon->Metrics(elastic.id())) {
+    if (s.rank() == 0) got[s.step()] = s.loss();
+  }
+  ASSERT_EQ(expected.size(), 40u);
+  ASSERT_EQ(got.size(), 40u);
+  for (const auto& [step, loss] : expected) {
+    ExpectRelNear(got.at(step), loss, 1e-5, absl::StrCat("step ", step));
+  }
+  const std::string metrics = daemon->ScrapeMetrics();
+  EXPECT_THAT(metrics, HasSubstr("shardtrain_job_remeshes_total"));
+  EXPECT_THAT(metrics, HasSubstr("shardtrain_queue_wait_seconds_count"));
+}
+
 }  // namespace
 }  // namespace shardtrain

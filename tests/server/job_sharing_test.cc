@@ -243,6 +243,74 @@ TEST_F(JobSharingTest, ACoordinatorKilledMidPreemptionRequeuesTheJob) {
   EXPECT_EQ(after.owner(), "alice");
 }
 
+// An elastic job on every device is shrunk, not stopped, for an urgent
+// job: it checkpoints, continues at the largest world that leaves room
+// (RESTARTING, no restart used), and grows back once the devices are free.
+TEST_F(JobSharingTest, AnElasticJobShrinksInsteadOfStoppingAndGrowsBack) {
+  v1::JobSpec spec = ElasticSpec(4, 1);  // 12 sequences: 1, 2, 3 or 4 ranks
+  const std::string elastic = manager_->Submit(spec, kAlice)->id();
+  const std::vector<int> first = TickAndRegister();
+  ASSERT_EQ(first.size(), 4u);
+  v1::StepMetrics step;
+  step.set_step(5);
+  step.set_total_steps(100);
+  step.set_step_seconds(1);
+  step.set_tokens_per_second(4000);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(first[0]), {step}).ok());
+
+  v1::JobSpec urgent_spec = Spec(1);
+  urgent_spec.set_priority_class("urgent");
+  const std::string urgent = manager_->Submit(urgent_spec, kBob)->id();
+  manager_->Tick();
+  EXPECT_EQ(Get(elastic).state(), v1::PREEMPTED);
+  EXPECT_THAT(Get(elastic).state_reason(),
+              HasSubstr("shrinking from 4 to 3 ranks for " + urgent));
+  for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  const std::vector<int> second = TickAndRegister();
+  // 3 ranks for it, 1 for the urgent job, in one round.
+  ASSERT_EQ(second.size(), 4u);
+  v1::Job shrunk = Get(elastic);
+  EXPECT_EQ(shrunk.state(), v1::RUNNING);
+  EXPECT_EQ(shrunk.world_size(), 3);
+  EXPECT_EQ(shrunk.remeshes(), 1);
+  EXPECT_EQ(shrunk.restarts(), 0);
+  EXPECT_EQ(shrunk.preemptions(), 0);
+  EXPECT_THAT(shrunk.resize_reason(),
+              HasSubstr("shrunk from 4 to 3 ranks for " + urgent));
+  EXPECT_EQ(Get(urgent).state(), v1::RUNNING);
+  std::vector<int> elastic_pids, urgent_pids;
+  for (int pid : second) {
+    (launcher_.Env(pid, "SHARDTRAIN_JOB_ID") == elastic ? elastic_pids
+                                                        : urgent_pids)
+        .push_back(pid);
+  }
+  ASSERT_EQ(elastic_pids.size(), 3u);
+  EXPECT_THAT(launcher_.process(elastic_pids[0]).spec.argv,
+              Contains("--resume"));
+
+  // The urgent job ends: the elastic one grows back to 4.
+  for (int pid : urgent_pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  manager_->Tick();
+  EXPECT_EQ(Get(urgent).state(), v1::SUCCEEDED);
+  manager_->Tick();
+  for (int pid : elastic_pids) {
+    EXPECT_THAT(launcher_.process(pid).signals, Contains(SIGUSR1));
+    launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  }
+  const std::vector<int> third = TickAndRegister();
+  ASSERT_EQ(third.size(), 4u);
+  v1::Job grown = Get(elastic);
+  EXPECT_EQ(grown.world_size(), 4);
+  EXPECT_EQ(grown.remeshes(), 2);
+  EXPECT_EQ(grown.restarts(), 0);
+  EXPECT_THAT(grown.resize_reason(), HasSubstr("grown from 3 to 4 ranks"));
+  // Nothing else holds a device; nothing is left reserved.
+  const ClusterView view = manager_->Cluster();
+  for (const ClusterView::Holder& holder : view.holders) {
+    EXPECT_EQ(holder.job_id, elastic);
+  }
+}
+
 TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
   absl::StatusOr<std::map<std::string, PriorityClass>> classes =
       ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false"});

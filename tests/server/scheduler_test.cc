@@ -97,7 +97,8 @@ TEST(SchedulerTest, PreemptsTheLowestPriorityThenTheMostRecentlyStarted) {
   EXPECT_EQ(d.preempt[0].for_job, "urgent");
   EXPECT_TRUE(d.start.empty());  // it starts once they have stopped
   EXPECT_THAT(d.waiting.at("urgent"),
-              HasSubstr("preempting new-low (priority 0, 1 device), old-low"));
+              HasSubstr("preempting new-low (priority 0, 1 device), "
+                        "preempting old-low"));
 
   // One free device: only one job is preempted.
   input.free_devices = {7};
@@ -133,6 +134,49 @@ TEST(SchedulerTest, WhileChosenJobsStopNobodyElseIsPreempted) {
   EXPECT_TRUE(d.preempt.empty());
   EXPECT_THAT(d.waiting.at("urgent"),
               HasSubstr("waiting for stopping to stop"));
+}
+
+// An elastic job gives up only what is missing, at a world it may run at;
+// when the queue is empty again it grows back onto the free devices.
+TEST(SchedulerTest, ElasticJobsShrinkForTheHeadAndGrowBack) {
+  ScheduleInput input;
+  input.queue = {{"urgent", 10, 9, 2}};
+  input.free_devices = {};
+  input.now = kNow;
+  RunningJobRef elastic = Running("elastic", 0, 8, kNow - absl::Hours(1));
+  elastic.worlds = {2, 4, 8};  // 3, 5, 6, 7 do not share its batch
+  input.running = {elastic};
+  ScheduleDecision d = Schedule(input);
+  ASSERT_EQ(d.preempt.size(), 1u);
+  EXPECT_EQ(d.preempt[0].job_id, "elastic");
+  EXPECT_EQ(d.preempt[0].shrink_to, 4);
+  EXPECT_THAT(d.waiting.at("urgent"),
+              HasSubstr("shrinking elastic (priority 0) from 8 to 4 devices"));
+  // Needing 7: its smallest world (2) gives 6, and a stopped job the rest.
+  input.queue = {{"urgent", 10, 9, 7}};
+  input.running.push_back(Running("other", 0, 1, kNow));
+  d = Schedule(input);
+  ASSERT_EQ(d.preempt.size(), 2u);
+  EXPECT_EQ(d.preempt[0].job_id, "other");  // started last
+  EXPECT_EQ(d.preempt[0].shrink_to, 0);
+  EXPECT_EQ(d.preempt[1].job_id, "elastic");
+  EXPECT_EQ(d.preempt[1].shrink_to, 2);
+
+  // Later: running at 2 with 5 devices free and nothing queued: it grows
+  // to 4 (8 would need 6 more).
+  ScheduleInput later;
+  later.free_devices = {2, 3, 4, 5, 6};
+  later.now = kNow;
+  RunningJobRef shrunk = Running("elastic", 0, 2, kNow);
+  shrunk.worlds = {2, 4, 8};
+  later.running = {shrunk};
+  d = Schedule(later);
+  ASSERT_EQ(d.grow.size(), 1u);
+  EXPECT_EQ(d.grow[0].to_world, 4);
+  EXPECT_THAT(d.grow[0].devices, ElementsAre(2, 3));
+  // Not while anyone waits for devices.
+  later.queue = {{"big", 0, 9, 9}};
+  EXPECT_TRUE(Schedule(later).grow.empty());
 }
 
 // EASY backfill: 4 devices; a job on 2 of them ends in 100 s; the head needs
