@@ -31,6 +31,7 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
                                       const std::vector<int>& devices) {
   v1::Job& job = entry.stored.job;
   const std::string& id = job.id();
+  table_->CountHeldDevices(entry, true);
   entry.devices = devices;
   for (int d : devices) table_->device_holder[d] = id;
   const int world = static_cast<int>(devices.size());

@@ -539,7 +539,7 @@ void AttemptSupervisor::BeginGrow(JobEntry& entry, const Growth& growth) {
   entry.remesh_devices = entry.devices;
   entry.remesh_devices.insert(entry.remesh_devices.end(),
                               growth.devices.begin(), growth.devices.end());
-  entry.remesh_why = absl::StrCat("grown from ", entry.devices.size(), " to ",
+  entry.remesh_why = absl::StrCat(kGrownReason, entry.devices.size(), " to ",
                                   growth.to_world, " ranks (devices freed up)");
   entry.stop = StopIntent::kPreempt;
   entry.stop_deadline = table_->clock->Now() + table_->options.preempt_grace;
@@ -564,8 +564,8 @@ void AttemptSupervisor::BeginPreempt(JobEntry& entry,
     entry.remesh_to = shrink_to;
     entry.remesh_devices.assign(entry.devices.begin(),
                                 entry.devices.begin() + shrink_to);
-    entry.remesh_why = absl::StrCat("shrunk from ", entry.devices.size(),
-                                    " to ", shrink_to, " ranks for ", for_job);
+    entry.remesh_why = absl::StrCat(kShrunkReason, entry.devices.size(), " to ",
+                                    shrink_to, " ranks for ", for_job);
     table_->SetState(
         entry, v1::PREEMPTED,
         absl::StrCat("shrinking from ", entry.devices.size(), " to ", shrink_to,
@@ -596,6 +596,7 @@ void AttemptSupervisor::Remesh(JobEntry& entry, int world,
   v1::Job& job = entry.stored.job;
   const std::string& id = job.id();
   const int before = static_cast<int>(entry.devices.size());
+  table_->CountHeldDevices(entry, false);
   for (std::string& holder : table_->device_holder) {
     if (holder == id) holder.clear();
   }

@@ -128,9 +128,8 @@ std::vector<int> ElasticWorlds(const v1::JobSpec& spec) {
       spec.world_size() * config->batch_size * config->grad_accum;
   std::vector<int> worlds;
   // HSDP keeps its shard groups whole.
-  const int64_t group = spec.strategy().name() == "hsdp"
-                            ? spec.strategy().shard_group_size()
-                            : 0;
+  const int64_t group =
+      spec.strategy().name() == "hsdp" ? spec.strategy().shard_group_size() : 0;
   for (int w = min_world; w <= spec.world_size(); ++w) {
     if (global % w == 0 && (group <= 0 || w % group == 0)) worlds.push_back(w);
   }

@@ -23,6 +23,11 @@ JobTable::JobTable(JobManagerOptions options, JobStore* store, Clock* clock,
   device_holder.resize(this->options.devices.size());
 }
 
+bool IsRemeshReason(const std::string& resize_reason) {
+  return absl::StartsWith(resize_reason, kShrunkReason) ||
+         absl::StartsWith(resize_reason, kGrownReason);
+}
+
 bool JobTable::IsActive(v1::JobState state) {
   return state == v1::STARTING || state == v1::RUNNING ||
          state == v1::RESTARTING || state == v1::PREEMPTED;
@@ -232,7 +237,40 @@ std::vector<int> JobTable::FreeDevices() const {
   return free;
 }
 
+void JobTable::CountHeldDevices(JobEntry& entry, bool holding) {
+  const absl::Time now = clock->Now();
+  if (entry.held_since != absl::InfinitePast() && !entry.devices.empty()) {
+    v1::Job& job = entry.stored.job;
+    job.set_device_seconds_held(job.device_seconds_held() +
+                                absl::ToDoubleSeconds(now - entry.held_since) *
+                                    entry.devices.size());
+  }
+  entry.held_since = holding ? now : absl::InfinitePast();
+}
+
+void JobTable::CountKeptStep(JobEntry& entry, const v1::StepMetrics& step) {
+  if (step.rank() != 0 || step.step() <= 0 ||
+      step.step() > (int64_t{1} << 31)) {
+    return;
+  }
+  v1::Job& job = entry.stored.job;
+  const size_t at = static_cast<size_t>(step.step() - 1);
+  double kept = job.device_seconds_kept();
+  if (at < entry.step_seconds.size()) {
+    kept -= static_cast<double>(entry.step_seconds[at]) * entry.step_world[at];
+  } else {
+    entry.step_seconds.resize(at + 1, 0.0f);
+    entry.step_world.resize(at + 1, 0);
+  }
+  const int world = std::max(1, job.world_size());
+  entry.step_seconds[at] = static_cast<float>(step.step_seconds());
+  entry.step_world[at] = static_cast<uint16_t>(std::min(world, 65535));
+  kept += static_cast<double>(entry.step_seconds[at]) * entry.step_world[at];
+  job.set_device_seconds_kept(std::max(0.0, kept));
+}
+
 void JobTable::ReleaseDevices(JobEntry& entry) {
+  CountHeldDevices(entry, false);
   // Every device held in its name: its own, and any reserved for it to
   // grow onto.
   for (std::string& holder : device_holder) {
@@ -273,6 +311,15 @@ ScheduleInput JobTable::SchedulerInput() const {
     running.stopping = entry.stop != StopIntent::kNone;
     running.worlds = entry.elastic_worlds;
     if (job.state() != v1::RUNNING || entry.launching) running.worlds.clear();
+    // It grows back only onto what a re-mesh took from it: smaller after a
+    // lost device or node, the devices the backend can run are its to say
+    // (an elastic restart), not the free list's.
+    if (!IsRemeshReason(job.resize_reason())) {
+      running.worlds.erase(
+          std::remove_if(running.worlds.begin(), running.worlds.end(),
+                         [&](int w) { return w > running.devices; }),
+          running.worlds.end());
+    }
     // Its pace so far times the steps left (rank 0's last report).
     const v1::StepMetrics& last = job.last_step();
     if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&

@@ -88,6 +88,13 @@ struct JobEntry {
   absl::Time remesh_started = absl::InfinitePast();
   double remesh_tokens_per_second = 0;
   std::string remesh_from;  // the mesh before
+  // Goodput accounting (Job.device_seconds_held and _kept): since when the
+  // devices it holds were last counted, and rank 0's seconds and world size
+  // of each step (index step - 1), so that a step run again replaces its
+  // earlier run.
+  absl::Time held_since = absl::InfinitePast();
+  std::vector<float> step_seconds;
+  std::vector<uint16_t> step_world;
   // The attempt as its launcher started it; polled from next_poll on.
   Attempt attempt;
   absl::Time next_poll;
@@ -98,6 +105,12 @@ struct JobEntry {
   bool unsaved = false;
   std::vector<v1::JobEvent> unsaved_events;
 };
+
+// Job.resize_reason of a re-mesh ("shrunk from 4 to 2 ranks for job-…",
+// "grown from 2 to 3 ranks …"), as against an elastic restart after a loss.
+inline constexpr char kShrunkReason[] = "shrunk from ";
+inline constexpr char kGrownReason[] = "grown from ";
+bool IsRemeshReason(const std::string& resize_reason);
 
 class JobTable {
  public:
@@ -156,6 +169,14 @@ class JobTable {
   std::vector<int> FreeDevices() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
   // Gives back the devices entry holds.
   void ReleaseDevices(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
+  // Adds the device-seconds entry's devices were held since the last count
+  // to Job.device_seconds_held; counting goes on from now while `holding`.
+  void CountHeldDevices(JobEntry& entry, bool holding)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
+  // Counts rank 0's `step` into Job.device_seconds_kept (replacing an
+  // earlier run of the same step).
+  void CountKeptStep(JobEntry& entry, const v1::StepMetrics& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
   // The queued jobs, unsorted, as the scheduler takes them.
   std::vector<QueuedJobRef> QueuedRefs() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);

@@ -154,6 +154,20 @@ void MetricsExporter::RegisterJobMetrics() {
                        .Name("shardtrain_job_restarts")
                        .Help("Restarts of this job so far")
                        .Register(r);
+  job_goodput_ = &BuildGauge()
+                      .Name("shardtrain_job_goodput_ratio")
+                      .Help(
+                          "Device-seconds of the job's kept steps over the "
+                          "device-seconds its devices were held")
+                      .Register(r);
+  user_goodput_ = &BuildGauge()
+                       .Name("shardtrain_user_goodput_ratio")
+                       .Help(
+                           "Goodput over all of a user's jobs this daemon "
+                           "has seen: kept over held device-seconds")
+                       .Register(r);
+  // The anonymous user's from the start (at 0), so queries over it have data.
+  user_goodput_->Add({{"user", ""}});
 }
 
 void MetricsExporter::RegisterStepMetrics() {
@@ -268,6 +282,7 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
         .Increment(job.remeshes() - series.remeshes);
     series.remeshes = job.remeshes();
   }
+  UpdateGoodput(job, series);
   if (before == job.state()) return;
   if (before == v1::JOB_STATE_UNSPECIFIED && job.state() == v1::QUEUED) {
     submissions_->Increment();
@@ -375,6 +390,28 @@ void MetricsExporter::OnSteps(const v1::Job& job,
     s.last_heartbeat = absl::Now();
     s.heartbeat_age->Set(0);
   }
+  UpdateGoodput(job, series);
+}
+
+void MetricsExporter::UpdateGoodput(const v1::Job& job, JobSeries& series) {
+  const double held = job.device_seconds_held();
+  const double kept = job.device_seconds_kept();
+  if (held <= 0) return;
+  if (series.goodput == nullptr) {
+    series.goodput = &job_goodput_->Add({{"job", job.id()},
+                                         {"strategy", series.strategy},
+                                         {"mesh", series.mesh}});
+  }
+  series.goodput->Set(std::min(1.0, kept / held));
+  auto& [user_held, user_kept] = user_seconds_[job.owner()];
+  user_held += held - series.held;
+  user_kept += kept - series.kept;
+  series.held = held;
+  series.kept = kept;
+  if (user_held > 0) {
+    user_goodput_->Add({{"user", job.owner()}})
+        .Set(std::min(1.0, user_kept / user_held));
+  }
 }
 
 void MetricsExporter::OnHeartbeat(const std::string& job_id, int rank,
@@ -401,6 +438,10 @@ void MetricsExporter::RemoveJobSeries(JobSeries& job) {
     heartbeat_age_->Remove(s.heartbeat_age);
   }
   job.ranks.clear();
+  if (job.goodput != nullptr) {
+    job_goodput_->Remove(job.goodput);
+    job.goodput = nullptr;
+  }
   if (job.restarts != nullptr) {
     job_restarts_->Remove(job.restarts);
     job.restarts = nullptr;

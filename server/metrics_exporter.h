@@ -101,6 +101,10 @@ class MetricsExporter : public JobObserver {
     absl::Time ended = absl::InfiniteFuture();
     absl::Time queued_at = absl::InfinitePast();  // last entered QUEUED
     int remeshes = 0;  // Job.remeshes already counted
+    prometheus::Gauge* goodput = nullptr;
+    std::string owner;
+    double held = 0;  // Job.device_seconds_held and _kept, last seen
+    double kept = 0;
   };
 
   // Start's registrations: job and queue series, per-rank step series,
@@ -110,6 +114,9 @@ class MetricsExporter : public JobObserver {
   void RegisterGpuMetrics();
   explicit MetricsExporter(MetricsExporterOptions options);
   void RefreshLoop();
+  // The job's and its owner's goodput from its latest counts.
+  void UpdateGoodput(const v1::Job& job, JobSeries& series)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   RankSeries& Rank(const std::string& job_id, JobSeries& job, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Sets (a gauge), adds to (a counter) or observes (the histogram) each
@@ -133,6 +140,10 @@ class MetricsExporter : public JobObserver {
   prometheus::Counter* restarts_total_;
   prometheus::Family<prometheus::Counter>* preemptions_;
   prometheus::Family<prometheus::Counter>* remeshes_;
+  prometheus::Family<prometheus::Gauge>* job_goodput_;
+  prometheus::Family<prometheus::Gauge>* user_goodput_;
+  // Per user: device-seconds held and kept over the jobs this daemon knows.
+  std::map<std::string, std::pair<double, double>> user_seconds_;
   prometheus::Histogram* queue_wait_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* queue_oldest_wait_;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/exit_codes.h"
 #include "common/read_roots.h"
 #include "common/subprocess.h"
 
@@ -210,6 +211,10 @@ SlurmLaunchPlan PlanSlurmLaunch(const RankLaunch& launch,
       {"SHARDTRAIN_COORDINATOR", launch.coordinator_address},
       {"SHARDTRAIN_JOB_SECRET", launch.secret},
       {"SHARDTRAIN_HEARTBEAT_SECONDS", absl::StrCat(launch.heartbeat_seconds)},
+      // Slurm preempts a job with SIGTERM (then SIGKILL after GraceTime):
+      // the ranks take it as the request to save a checkpoint at the next
+      // step boundary, as they take shardtraind's SIGUSR1.
+      {"SHARDTRAIN_CHECKPOINT_ON_SIGTERM", "1"},
   };
   if (!launch.read_roots.empty()) {
     plan.env.push_back({kReadRootsEnv, launch.read_roots});
@@ -324,6 +329,16 @@ SlurmOutcome ClassifySlurmEnd(const SlurmJobInfo& info,
   int task = -1;
   std::string what;
   const bool found_task = FirstTaskFailure(batch_log, &task, &what);
+  if (state == "PREEMPTED" ||
+      (found_task &&
+       what == absl::StrCat("Exited with exit code ", kExitPreempted))) {
+    outcome.preempted = true;
+    outcome.exit_code = kExitPreempted;
+    outcome.message = absl::StrCat(
+        job, state == "PREEMPTED" ? " was preempted by Slurm" : " stopped", on,
+        " after its ranks were asked to save a checkpoint");
+    return outcome;
+  }
   if (state == "NODE_FAIL") {
     outcome.reason = v1::NODE_FAILURE;
     outcome.message =

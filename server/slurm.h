@@ -81,6 +81,10 @@ struct SlurmOutcome {
   int exit_code = -1;
   int signal = 0;
   std::string message;
+  // Preempted, by Slurm (state PREEMPTED) or by shardtraind: the ranks were
+  // asked to save a checkpoint and stop (exit code kExitPreempted). Not a
+  // failure; the job is queued again.
+  bool preempted = false;
 };
 
 class SlurmClient {

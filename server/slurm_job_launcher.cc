@@ -80,7 +80,7 @@ absl::StatusOr<AttemptReport> SlurmJobLauncher::Poll(
     exit.status.signal = outcome.signal;
     report.exits.push_back(exit);
   }
-  if (!outcome.success) {
+  if (!outcome.success && !outcome.preempted) {
     AttemptFailure failure;
     failure.reason = outcome.reason;
     failure.rank = outcome.rank;

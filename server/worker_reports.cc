@@ -118,6 +118,10 @@ absl::StatusOr<bool> WorkerReports::ReportProgress(
     if (step.rank() == 0 && step.step() >= job.last_step().step()) {
       *job.mutable_last_step() = step;
     }
+    if (step.rank() == 0) {
+      table_->CountKeptStep(*entry, step);
+      table_->CountHeldDevices(*entry, !entry->devices.empty());
+    }
     if (step.rank() == 0 && entry->remesh_started != absl::InfinitePast()) {
       // The first step of a re-meshed attempt: what the change cost and
       // what the new mesh does.

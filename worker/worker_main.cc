@@ -51,12 +51,20 @@ volatile sig_atomic_t stop_requested = 0;
 
 void OnStopSignal(int) { stop_requested = 1; }
 
-void CatchStopSignal() {
+// SIGUSR1 always; SIGTERM too when SHARDTRAIN_CHECKPOINT_ON_SIGTERM=1 (the
+// Slurm backend: Slurm preempts with SIGTERM), once: a second SIGTERM ends
+// the rank at once.
+void CatchStopSignals() {
   struct sigaction action {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &action, nullptr);
+  const char* on_term = std::getenv("SHARDTRAIN_CHECKPOINT_ON_SIGTERM");
+  if (on_term != nullptr && std::string(on_term) == "1") {
+    action.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigaction(SIGTERM, &action, nullptr);
+  }
 }
 
 int Fail(const absl::Status& status, int code) {
@@ -65,7 +73,7 @@ int Fail(const absl::Status& status, int code) {
 }
 
 int Main(int argc, char** argv) {
-  CatchStopSignal();
+  CatchStopSignals();
   std::string spec_path, out_dir, job_id;
   int64_t threads = 0;
   bool resume = false;

@@ -13,12 +13,14 @@ docs/python.md has the whole tour.
 from shardtrain.client import (Client, Comparison, Job, LogLine, StrategyResult, Update,
                                default_address)
 from shardtrain.errors import (FailedPrecondition, InvalidArgument, JobDidNotSucceed, NotFound,
-                               ResourceExhausted, ShardtrainError, Unauthenticated, Unavailable)
+                               PermissionDenied, ResourceExhausted, ShardtrainError,
+                               Unauthenticated, Unavailable)
 from shardtrain.spec import build_spec, parse_size
 
 __all__ = [
     "Client", "Comparison", "Job", "LogLine", "StrategyResult", "Update", "default_address",
-    "ShardtrainError", "InvalidArgument", "NotFound", "Unauthenticated", "Unavailable",
+    "ShardtrainError", "InvalidArgument", "NotFound", "Unauthenticated", "PermissionDenied",
+    "Unavailable",
     "FailedPrecondition", "ResourceExhausted", "JobDidNotSucceed", "build_spec", "parse_size",
 ]
 __version__ = "0.1.0"

@@ -31,6 +31,11 @@ class Unauthenticated(ShardtrainError):
     $SHARDTRAIN_TOKEN) and got none or a wrong one."""
 
 
+class PermissionDenied(ShardtrainError):
+    """The job is another user's: only its owner or an admin may change it
+    (the message names the owner)."""
+
+
 class Unavailable(ShardtrainError):
     """No daemon answers at the address."""
 
@@ -58,6 +63,7 @@ _BY_CODE: Dict[grpc.StatusCode, Type[ShardtrainError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,

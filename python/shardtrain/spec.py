@@ -21,6 +21,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 _JOB_FIELDS = {
     "name": "name",
     "priority": "priority",
+    "priority_class": "priority_class",
     "model": "model",
     "data": "data",
     "world_size": "world_size",

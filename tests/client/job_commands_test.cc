@@ -120,7 +120,10 @@ TEST_F(CliJobCommandsTest, ReadCommandsPrintTablesJsonAndYaml) {
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_THAT(list.out, HasSubstr("ID"));
   EXPECT_THAT(list.out, HasSubstr("MESH"));
-  EXPECT_THAT(list.out, HasSubstr("job-000001  flood:3  SUCCEEDED  ddp2"));
+  // Submitted without a token: no owner.
+  EXPECT_THAT(list.out, HasSubstr("NAME     OWNER  STATE"));
+  EXPECT_THAT(list.out,
+              HasSubstr("job-000001  flood:3  -      SUCCEEDED  ddp2"));
 
   CommandResult json = Cli("list -o json --label team=nlp");
   ASSERT_EQ(json.exit_code, 0) << json.err;
@@ -195,9 +198,11 @@ TEST_F(CliJobCommandsTest, ListGetAndWatchNameTheWholeMesh) {
   ASSERT_EQ(Cli(base + " --name tp1 --tp 2 --world-size 2").exit_code, 0);
   const CommandResult list = Cli("list");
   ASSERT_EQ(list.exit_code, 0) << list.err;
-  EXPECT_THAT(list.out, HasSubstr("job-000001  tp    SUCCEEDED  fsdp2xtp2"));
-  EXPECT_THAT(list.out, HasSubstr("job-000002  pp    SUCCEEDED  pp2xddp2"));
-  EXPECT_THAT(list.out, HasSubstr("job-000003  tp1   SUCCEEDED  tp2"));
+  EXPECT_THAT(list.out,
+              HasSubstr("job-000001  tp    -      SUCCEEDED  fsdp2xtp2"));
+  EXPECT_THAT(list.out,
+              HasSubstr("job-000002  pp    -      SUCCEEDED  pp2xddp2"));
+  EXPECT_THAT(list.out, HasSubstr("job-000003  tp1   -      SUCCEEDED  tp2"));
   EXPECT_THAT(Cli("get job-000001").out,
               HasSubstr("mesh         fsdp2xtp2 (4 ranks)"));
   EXPECT_THAT(Cli("get job-000003").out,

@@ -212,9 +212,12 @@ TEST_F(CoordinatorApiTest,
   options.env = {{"SHARDTRAIN_FAKE_ORDER_FILE", order_file}};
   auto daemon = StartDaemon(options);
   // A job holds the only slot while the others are submitted, so they all
-  // queue and their start order is the scheduler's choice alone.
+  // queue and their start order is the scheduler's choice alone. Its
+  // priority is above theirs, so none of them preempts it.
   v1::Job blocker;
-  ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold", data_), &blocker));
+  v1::JobSpec holder = FakeSpec("hold", data_);
+  holder.set_priority(3);
+  ASSERT_GRPC_OK(daemon->Submit(holder, &blocker));
   ASSERT_EQ(daemon
                 ->WaitFor(
                     blocker.id(),

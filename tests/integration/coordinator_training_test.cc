@@ -395,8 +395,15 @@ TEST_F(CoordinatorTrainingTest,
     ExpectRelNear(s.loss(), by_step.at({s.rank(), s.step()}), 1e-5,
                   absl::StrCat("rank ", s.rank(), " step ", s.step()));
   }
-  EXPECT_THAT(daemon->ScrapeMetrics(),
+  // Goodput: the devices' time while it was preempted and restarting is
+  // held but not kept.
+  EXPECT_GT(done.device_seconds_kept(), 0);
+  EXPECT_LT(done.device_seconds_kept(), done.device_seconds_held());
+  const std::string metrics = daemon->ScrapeMetrics();
+  EXPECT_THAT(metrics,
               HasSubstr("shardtrain_job_preemptions_total{user=\"alice\"} 1"));
+  EXPECT_THAT(metrics,
+              HasSubstr("shardtrain_user_goodput_ratio{user=\"alice\"}"));
 
   // An unknown token is UNAUTHENTICATED; an admin may cancel anyone's job.
   daemon->set_token("tok-nobody");
@@ -449,9 +456,9 @@ TEST_F(CoordinatorTrainingTest,
       },
       absl::Seconds(120));
   EXPECT_EQ(shrunk.world_size(), 1) << shrunk.DebugString();
-  EXPECT_EQ(daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(300))
-                .state(),
-            v1::SUCCEEDED);
+  EXPECT_EQ(
+      daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(300)).state(),
+      v1::SUCCEEDED);
   const v1::Job done =
       daemon->WaitFor(elastic.id(), test::IsTerminal, absl::Seconds(600));
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();

@@ -38,6 +38,14 @@
         << #expr << ": " << grpc_status_.error_message(); \
   } while (false)
 
+// EXPECT that a grpc::Status is OK (where a fatal ASSERT cannot return).
+#define EXPECT_GRPC_OK(expr)                              \
+  do {                                                    \
+    const ::grpc::Status grpc_status_ = (expr);           \
+    EXPECT_TRUE(grpc_status_.ok())                        \
+        << #expr << ": " << grpc_status_.error_message(); \
+  } while (false)
+
 namespace shardtrain::test {
 
 inline std::string BinDir() {

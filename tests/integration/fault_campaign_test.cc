@@ -141,6 +141,83 @@ TEST_F(FaultCampaignTest, RankKilledAtARandomStepRestartsAndSucceeds) {
                       *std::max_element(delays_ms.begin(), delays_ms.end())));
 }
 
+// Preemptions that go wrong: the preempted job's ranks ignore the checkpoint
+// request (killed after --preempt-grace), or the coordinator is killed while
+// a job is PREEMPTED. Either way the urgent job runs, the preempted one is
+// queued again and runs again (a preemption, not a restart), and nothing is
+// stuck or lost.
+TEST_F(FaultCampaignTest, BotchedPreemptionsLeaveNoJobStuckOrLost) {
+  constexpr int kTrials = 3;
+  auto one_trial = [&](Daemon* daemon, bool kill_coordinator,
+                       std::unique_ptr<Daemon>* restarted) {
+    v1::Job low, high;
+    EXPECT_GRPC_OK(daemon->Submit(FakeSpec("hold-deaf", data_, 2), &low));
+    if (WaitRunning(*daemon, low.id()) != v1::RUNNING) return false;
+    v1::JobSpec urgent = FakeSpec("quick", data_);
+    urgent.set_priority(10);
+    EXPECT_GRPC_OK(daemon->Submit(urgent, &high));
+    Daemon* now = daemon;
+    if (kill_coordinator) {
+      const v1::Job preempted = daemon->WaitFor(
+          low.id(), [](const v1::Job& j) { return j.state() == v1::PREEMPTED; },
+          absl::Seconds(30));
+      if (preempted.state() != v1::PREEMPTED) return false;
+      daemon->Signal(SIGKILL);
+      daemon->WaitExit(absl::Seconds(10));
+      DaemonOptions options;
+      options.extra_flags = {"--preempt-grace", "60"};
+      *restarted = StartDaemon(options);
+      now = restarted->get();
+    }
+    const v1::Job urgent_done =
+        now->WaitFor(high.id(), test::IsTerminal, absl::Seconds(60));
+    const v1::Job again = now->WaitFor(
+        low.id(),
+        [](const v1::Job& j) {
+          return (j.state() == v1::RUNNING && j.preemptions() > 0) ||
+                 test::IsTerminal(j);
+        },
+        absl::Seconds(60));
+    const bool ok = urgent_done.state() == v1::SUCCEEDED &&
+                    again.state() == v1::RUNNING && again.preemptions() == 1 &&
+                    again.restarts() == 0;
+    EXPECT_TRUE(ok) << urgent_done.ShortDebugString() << "\n"
+                    << again.ShortDebugString();
+    v1::Job cancelled;
+    EXPECT_GRPC_OK(now->Cancel(low.id(), &cancelled));
+    EXPECT_EQ(
+        now->WaitFor(low.id(), test::IsTerminal, absl::Seconds(30)).state(),
+        v1::CANCELLED);
+    return ok;
+  };
+
+  int survived = 0;
+  {
+    DaemonOptions options;
+    options.extra_flags = {"--preempt-grace", "1"};
+    auto daemon = StartDaemon(options, dir_ / "deaf");
+    for (int trial = 0; trial < kTrials; ++trial) {
+      survived += one_trial(daemon.get(), false, nullptr);
+    }
+  }
+  Report("preempted ranks ignore the checkpoint request", kTrials, survived,
+         kTrials - survived,
+         "2-rank job ignoring SIGUSR1, killed after --preempt-grace 1 s; "
+         "requeued and running again");
+
+  survived = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    DaemonOptions options;
+    options.extra_flags = {"--preempt-grace", "60"};
+    auto daemon = StartDaemon(options);
+    std::unique_ptr<Daemon> restarted;
+    survived += one_trial(daemon.get(), true, &restarted);
+  }
+  Report("coordinator kill -9 while a job is PREEMPTED", kTrials, survived,
+         kTrials - survived,
+         "the next coordinator queues it again; it runs after the urgent job");
+}
+
 // kill -9 of the coordinator while 4 clients submit as fast as they can:
 // every submission it acknowledged is there after a restart.
 TEST_F(FaultCampaignTest,

@@ -206,6 +206,26 @@ def test_token_auth(tmp_path, data):
         daemon.stop()
 
 
+def test_users_own_their_jobs_and_only_they_or_an_admin_cancel_them(tmp_path, data):
+    token_file = tmp_path / "tokens"
+    token_file.write_text("tok-a,alice,user\ntok-b,bob,user\ntok-o,ops,admin\n")
+    os.chmod(token_file, 0o600)
+    daemon = Daemon(str(tmp_path / "state"), "--auth-token-file", str(token_file))
+    try:
+        with shardtrain.Client(daemon.address, token="tok-a") as alice, \
+                shardtrain.Client(daemon.address, token="tok-b") as bob, \
+                shardtrain.Client(daemon.address, token="tok-o") as ops:
+            job = alice.submit(data=data, max_steps=100000, **SMALL)
+            assert job.owner == "alice"
+            assert bob.get(job.id).owner == "alice" and bob.get(job.id).preemptions == 0
+            with pytest.raises(shardtrain.PermissionDenied, match="belongs to alice"):
+                bob.cancel(job.id)
+            assert ops.cancel(job.id).id == job.id
+            assert ops.wait(job.id, poll_seconds=0.2).state == "CANCELLED"
+    finally:
+        daemon.stop()
+
+
 def test_a_token_gRPC_cannot_carry_is_refused_without_showing_it(tmp_path, capfd, monkeypatch):
     # No daemon needed: the token is checked before anything is sent.
     for token in ("s3cret\nline-two", "s3cret\x1b[2Jtoken", "s3cr\u00e9t-token", "s3cret\x00token"):

@@ -311,6 +311,43 @@ TEST_F(JobSharingTest, AnElasticJobShrinksInsteadOfStoppingAndGrowsBack) {
   }
 }
 
+// Goodput: device-seconds held count from the launch to the release; a
+// step's device-seconds are its seconds times its ranks, and a step run
+// again replaces its earlier run.
+TEST_F(JobSharingTest, GoodputCountsHeldAndKeptDeviceSeconds) {
+  const std::string id = manager_->Submit(Spec(2), kAlice)->id();
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(pids.size(), 2u);
+  clock_.Advance(absl::Seconds(10));
+  v1::StepMetrics step;
+  step.set_rank(0);
+  step.set_step(1);
+  step.set_total_steps(2);
+  step.set_step_seconds(4);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(pids[0]), {step}).ok());
+  v1::Job job = Get(id);
+  EXPECT_DOUBLE_EQ(job.device_seconds_held(), 20);  // 2 devices x 10 s
+  EXPECT_DOUBLE_EQ(job.device_seconds_kept(), 8);   // 4 s x 2 ranks
+  // Step 1 again (after a restart, say): it replaces the first run.
+  step.set_step_seconds(3);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(pids[0]), {step}).ok());
+  EXPECT_DOUBLE_EQ(Get(id).device_seconds_kept(), 6);
+  // Rank 1's reports do not count twice.
+  step.set_rank(1);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(pids[1]), {step}).ok());
+  EXPECT_DOUBLE_EQ(Get(id).device_seconds_kept(), 6);
+  // Held until the devices are given back.
+  clock_.Advance(absl::Seconds(5));
+  for (int pid : pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  manager_->Tick();
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.device_seconds_held(), 30);
+  clock_.Advance(absl::Seconds(50));
+  manager_->Tick();
+  EXPECT_DOUBLE_EQ(Get(id).device_seconds_held(), 30);
+}
+
 TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
   absl::StatusOr<std::map<std::string, PriorityClass>> classes =
       ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false"});

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
 #include "server/job_manager.h"
 #include "server/slurm_job_launcher.h"
 #include "tests/fakes/fake_slurm_client.h"
@@ -160,6 +161,26 @@ TEST(SlurmClassifyTest, NamesTheFirstFailedTaskNotTheOnesSrunTerminated) {
   EXPECT_EQ(outcome.exit_code, 3);
 }
 
+// Slurm's own preemption (SIGTERM, which the ranks take as a checkpoint
+// request under Slurm) and ours (SIGUSR1) end the job without a failure:
+// the ranks exit kExitPreempted and the job is queued again.
+TEST(SlurmClassifyTest, APreemptionIsNoFailure) {
+  SlurmOutcome outcome = ClassifySlurmEnd(Ended("PREEMPTED", 0, 15), {});
+  EXPECT_TRUE(outcome.preempted);
+  EXPECT_FALSE(outcome.success);
+  EXPECT_EQ(outcome.exit_code, kExitPreempted);
+  EXPECT_THAT(outcome.message, HasSubstr("was preempted by Slurm"));
+  outcome = ClassifySlurmEnd(
+      Ended("FAILED", kExitPreempted),
+      {absl::StrCat("srun: error: node1: task 0: Exited with exit code ",
+                    kExitPreempted)});
+  EXPECT_TRUE(outcome.preempted);
+  EXPECT_FALSE(
+      ClassifySlurmEnd(Ended("FAILED", 3),
+                       {"srun: error: node1: task 0: Exited with exit code 3"})
+          .preempted);
+}
+
 TEST(SlurmClassifyTest, NodeFailureOomCancelAndSuccess) {
   SlurmJobInfo lost = Ended("NODE_FAIL", 0, 15);
   lost.reason = "NodeDown";
@@ -228,6 +249,7 @@ TEST(SlurmPlanTest, CpuRanksSpreadOverNodesWithPerRankLogs) {
   EXPECT_EQ(env["SHARDTRAIN_COORDINATOR"], "10.0.0.1:50552");
   EXPECT_EQ(env["SHARDTRAIN_JOB_SECRET"], "s3cret");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "3");
+  EXPECT_EQ(env["SHARDTRAIN_CHECKPOINT_ON_SIGTERM"], "1");
   // Ranks take their place from Slurm's variables, never from these.
   for (const char* name :
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {

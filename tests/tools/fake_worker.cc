@@ -4,6 +4,8 @@
 // Takes the worker's command line; what it does is chosen by the job's name:
 //   (anything else)  register, report one step, exit 0
 //   hold             register, then run (heartbeating) until killed
+//   hold-deaf        as hold, ignoring SIGUSR1 (a rank that never answers a
+//                    checkpoint request: it is killed after the grace)
 //   hang             register, then stop itself (SIGSTOP): heartbeats cease
 //   no-register      never register; sleep until killed
 //   oom              print an out-of-memory error, exit 1
@@ -83,6 +85,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   if (mode == "hold") {
+    while (true) pause();
+  }
+  if (mode == "hold-deaf") {
+    signal(SIGUSR1, SIG_IGN);
     while (true) pause();
   }
   if (mode == "hang") {
