@@ -529,7 +529,9 @@ void AttemptSupervisor::FailAttempt(JobEntry& entry, v1::Failure failure) {
 void AttemptSupervisor::BeginStop(JobEntry& entry, StopIntent intent) {
   entry.stop = intent;
   entry.stop_deadline = table_->clock->Now() + table_->options.grace_period;
-  SignalRanks(entry, SIGTERM);
+  // A shutdown asks for a checkpoint at the next step boundary, as a
+  // preemption does; anything else stops the ranks now.
+  SignalRanks(entry, intent == StopIntent::kShutdown ? SIGUSR1 : SIGTERM);
 }
 
 void AttemptSupervisor::BeginGrow(JobEntry& entry, const Growth& growth) {
@@ -632,10 +634,27 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   entry.remesh_devices.clear();
   entry.remesh_why.clear();
   std::optional<v1::Failure> failure = std::move(entry.failure);
+  // Every rank saved the checkpoint it was asked for and stopped.
+  const bool checkpointed =
+      !entry.ranks.empty() &&
+      std::all_of(
+          entry.ranks.begin(), entry.ranks.end(), [](const RankProcess& r) {
+            return r.exit.exit_code == kExitPreempted && r.exit.signal == 0;
+          });
   ClearAttempt(entry);
   v1::Job& job = entry.stored.job;
   switch (stop) {
     case StopIntent::kShutdown:
+      if (checkpointed) {
+        // Nothing is lost: queued again, it resumes from that checkpoint
+        // when a coordinator runs it, as after a preemption.
+        table_->ReleaseDevices(entry);
+        job.set_preemptions(job.preemptions() + 1);
+        table_->SetState(entry, v1::QUEUED,
+                         "queued again at the coordinator's shutdown: its "
+                         "ranks saved a checkpoint; resumes from it");
+        return;
+      }
       table_->Persist(entry, std::nullopt);
       return;
     case StopIntent::kCancel:

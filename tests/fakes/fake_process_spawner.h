@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/exit_codes.h"
 #include "server/process_spawner.h"
 
 namespace shardtrain {
@@ -27,6 +28,13 @@ class FakeProcessSpawner : public ProcessSpawner {
   // When false, SIGTERM is recorded but the process keeps running (a worker
   // stuck in a collective); SIGKILL always ends it.
   void set_exit_on_sigterm(bool value) { exit_on_sigterm_ = value; }
+  // When true (the default), SIGUSR1 ends the process with kExitPreempted,
+  // as a worker that saved its checkpoint; when false it is recorded only
+  // (the test ends the process itself).
+  void set_checkpoint_on_usr1(bool value) {
+    absl::MutexLock lock(&mutex_);
+    checkpoint_on_usr1_ = value;
+  }
 
   // Spawn fails once `n` more processes have been started; -1: never.
   void FailSpawnAfter(int n) {
@@ -60,6 +68,9 @@ class FakeProcessSpawner : public ProcessSpawner {
     if (!p.exit &&
         (signal == SIGKILL || (signal == SIGTERM && exit_on_sigterm_))) {
       p.exit = ExitStatus{-1, signal};
+    }
+    if (!p.exit && signal == SIGUSR1 && checkpoint_on_usr1_) {
+      p.exit = ExitStatus{kExitPreempted, 0};
     }
   }
   void KillOrphan(int pid, const std::string& marker, absl::Duration) override {
@@ -97,6 +108,7 @@ class FakeProcessSpawner : public ProcessSpawner {
   int next_pid_ = 1000;
   int spawns_left_ = -1;
   bool exit_on_sigterm_ = true;
+  bool checkpoint_on_usr1_ = true;
   std::map<int, Process> processes_;
   std::map<int, bool> reaped_;
   std::vector<int> spawned_;

@@ -54,7 +54,11 @@ class FakeSlurmClient : public SlurmClient {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return absl::NotFoundError("no such job");
     it->second.signals.push_back(signal);
-    if (signal == SIGTERM && exit_on_sigterm_) End(it->second, "COMPLETED");
+    // SIGUSR1: the ranks save a checkpoint and stop (a shutdown's or a
+    // preemption's request).
+    if ((signal == SIGTERM || signal == SIGUSR1) && exit_on_sigterm_) {
+      End(it->second, "COMPLETED");
+    }
     return absl::OkStatus();
   }
   absl::Status Cancel(const std::string& job_id) override {

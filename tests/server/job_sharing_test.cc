@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include "common/exit_codes.h"
 #include "server/job_manager.h"
@@ -25,6 +26,15 @@ const Caller kOps{"ops", true};
 
 class JobSharingTest : public test::JobManagerFixture {
  protected:
+  void SetUp() override {
+    test::JobManagerFixture::SetUp();
+    // The tests say when a preempted rank has saved its checkpoint.
+    launcher_.set_checkpoint_on_usr1(false);
+  }
+  // Ranks that answer the shutdown's checkpoint request at once, so the
+  // manager's shutdown does not wait out the grace period.
+  void TearDown() override { launcher_.set_checkpoint_on_usr1(true); }
+
   void Configure(JobManagerOptions& options) override {
     options.priority_classes = {{"prod", {50, false}}, {"urgent", {100, true}}};
     options.preempt_grace = absl::Seconds(30);
@@ -346,6 +356,42 @@ TEST_F(JobSharingTest, GoodputCountsHeldAndKeptDeviceSeconds) {
   clock_.Advance(absl::Seconds(50));
   manager_->Tick();
   EXPECT_DOUBLE_EQ(Get(id).device_seconds_held(), 30);
+}
+
+// A coordinator's shutdown asks the ranks for a checkpoint (SIGUSR1), as a
+// preemption does: a job whose ranks all saved one is queued again and the
+// next coordinator resumes it without using a restart.
+TEST_F(JobSharingTest, AShutdownCheckpointsRunningJobsAndQueuesThemAgain) {
+  launcher_.set_checkpoint_on_usr1(true);  // ranks that save and exit 85
+  const std::string id = manager_->Submit(Spec(2), kAlice)->id();
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(pids.size(), 2u);
+  manager_->Shutdown();
+  for (int pid : pids) {
+    EXPECT_THAT(launcher_.process(pid).signals, Contains(SIGUSR1));
+    EXPECT_THAT(launcher_.process(pid).signals, Not(Contains(SIGTERM)));
+  }
+  EXPECT_EQ(Get(id).state(), v1::QUEUED);
+  EXPECT_EQ(Get(id).preemptions(), 1);
+  manager_.reset();
+  manager_ = NewManager();
+  const std::vector<int> resumed = TickAndRegister();
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  EXPECT_EQ(Get(id).restarts(), 0);
+  EXPECT_THAT(launcher_.process(resumed[0]).spec.argv, Contains("--resume"));
+
+  // Ranks that do not save one (killed after the grace): as before, the
+  // job stays active and the next coordinator restarts it.
+  launcher_.set_checkpoint_on_usr1(false);
+  std::thread stop([&] { manager_->Shutdown(); });
+  for (int i = 0; i < 200 && Get(id).state() == v1::RUNNING; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  stop.join();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);  // in the store: resumed or failed
+  EXPECT_EQ(Get(id).preemptions(), 1);
 }
 
 TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
