@@ -277,8 +277,9 @@ TEST_F(MemoryPlanTest, PredictsThePeakWithActivationCheckpointingAndHsdp) {
     int64_t world;
     const char* checkpointing;
   };
-  for (const Case& c : {Case{"single", 1, "all"}, Case{"ddp", 2, "all"},
-                        Case{"fsdp", 2, "none"}, Case{"fsdp", 2, "all"},
+  // DDP's replicated blocks recompute as one device's do (single); FSDP
+  // without checkpointing is PredictsTheMeasuredPeakOfGpt2Mini's.
+  for (const Case& c : {Case{"single", 1, "all"}, Case{"fsdp", 2, "all"},
                         Case{"fsdp", 2, "every-2"}, Case{"hsdp", 4, "all"}}) {
     TrainConfig config;
     config.model = model;
