@@ -92,7 +92,16 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& error,
       const std::string name = word.substr(0, word.find('='));
       what = absl::StrCat("unknown option ", name);
       const std::string near = NearestName(name, OptionNames(command));
-      if (!near.empty()) hint = absl::StrCat("; did you mean ", near, "?");
+      if (near == name && command != &app) {
+        // The command's own option, given before the command.
+        what =
+            absl::StrCat(name, " is an option of the command; it goes after ",
+                         command->get_name());
+        hint = absl::StrCat(": ", program, " ", command->get_name(), " ", name,
+                            " ...");
+      } else if (!near.empty()) {
+        hint = absl::StrCat("; did you mean ", near, "?");
+      }
     } else if (!CommandNames(command).empty()) {
       what = absl::StrCat("unknown command \"", word, "\"");
       const std::string near = NearestName(word, CommandNames(command));

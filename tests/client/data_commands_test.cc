@@ -110,6 +110,10 @@ TEST(ShardtrainCliTest, TyposExitTwoAndSuggestWhatWasMeant) {
   // compare takes --strategies; a single --strategy is not among its flags.
   ExpectFailure(Shardtrain("compare --strategy ddp --out /tmp/x"), 2,
                 "unknown option --strategy; did you mean --strategies?");
+  // A command's option before the command.
+  ExpectFailure(Shardtrain("--address 127.0.0.1:1 cluster"), 2,
+                "--address is an option of the command; it goes after "
+                "cluster: shardtrain cluster --address ...");
   ExpectFailure(Shardtrain("plan --model gpt2-huge"), 2, "gpt2-huge");
   ExpectFailure(Shardtrain("plan --world-size 0"), 2, "world-size");
 }
