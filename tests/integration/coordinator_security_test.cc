@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace shardtrain {
@@ -564,7 +565,14 @@ TEST_F(CoordinatorSecurityTest, OnePeerHoldsAtMostMaxConnectionsPerPeer) {
   // The bound, not a purge: the oldest stay (the test's own channel and the
   // daemon's probes are connections of this user too).
   EXPECT_GE(open, 4);
-  EXPECT_THAT(daemon->log(), HasSubstr("beyond --max-connections-per-peer 8"));
+  // Logged once the connections are shut down: looked for until it is.
+  EXPECT_TRUE(test::WaitUntil(
+      [&] {
+        return absl::StrContains(daemon->log(),
+                                 "beyond --max-connections-per-peer 8");
+      },
+      absl::Seconds(10)))
+      << daemon->log();
   for (int fd : held) ::close(fd);
   grpc::ClientContext context;
   v1::ListJobsResponse list;
