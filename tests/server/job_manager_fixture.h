@@ -61,6 +61,16 @@ class JobManagerFixture : public ::testing::Test {
     return std::move(*manager);
   }
 
+  // What the local rank with process id `pid` presents to WorkerService.
+  v1::WorkerIdentity Identity(int pid) {
+    v1::WorkerIdentity w;
+    w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
+    w.set_secret(launcher_.Env(pid, "SHARDTRAIN_JOB_SECRET"));
+    w.set_rank(std::stoi(launcher_.Env(pid, "RANK")));
+    w.set_pid(pid);
+    return w;
+  }
+
   virtual void Configure(JobManagerOptions&) {}
   // The backend the manager drives: local processes over the fake
   // ProcessSpawner unless a fixture says otherwise.

@@ -26,15 +26,6 @@ using ::testing::HasSubstr;
 
 class JobManagerTest : public test::JobManagerFixture {
  protected:
-  v1::WorkerIdentity Identity(int pid) {
-    v1::WorkerIdentity w;
-    w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
-    w.set_secret(launcher_.Env(pid, "SHARDTRAIN_JOB_SECRET"));
-    w.set_rank(std::stoi(launcher_.Env(pid, "RANK")));
-    w.set_pid(pid);
-    return w;
-  }
-
   // Submits, launches and registers every rank; returns the ranks' pids.
   std::vector<int> StartRunning(const v1::JobSpec& spec, std::string* id) {
     absl::StatusOr<v1::Job> job = manager_->Submit(spec);

@@ -40,15 +40,6 @@ class JobSharingTest : public test::JobManagerFixture {
     options.preempt_grace = absl::Seconds(30);
   }
 
-  v1::WorkerIdentity Identity(int pid) {
-    v1::WorkerIdentity w;
-    w.set_job_id(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"));
-    w.set_secret(launcher_.Env(pid, "SHARDTRAIN_JOB_SECRET"));
-    w.set_rank(std::stoi(launcher_.Env(pid, "RANK")));
-    w.set_pid(pid);
-    return w;
-  }
-
   // The pids spawned by the next Tick, registered.
   std::vector<int> TickAndRegister() {
     const size_t before = launcher_.spawned().size();
