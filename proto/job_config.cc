@@ -239,19 +239,6 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (absl::Status status = c.CheckMeshWorld(spec.world_size()); !status.ok()) {
     return status;
   }
-  if (min_world > 0 && c.pipeline_stages > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "elastic.min_world_size: got ", min_world,
-        "; an elastic job continues on fewer ranks, which a job with ",
-        c.pipeline_stages, " pipeline stages does not support yet"));
-  }
-  if (min_world > 0 && c.tensor_parallel > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "elastic.min_world_size: got ", min_world,
-        "; an elastic job continues on fewer ranks, which a job with "
-        "tensor_parallel ",
-        c.tensor_parallel, " does not support yet"));
-  }
   const StrategyKind* kind = FindStrategyKind(c.strategy);
   if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups &&
       c.shard_group_size > 0 && spec.world_size() % c.shard_group_size != 0) {
@@ -379,6 +366,11 @@ StepMetrics StepMetricsFromProto(const v1::StepMetrics& p) {
     }
   }
   return m;
+}
+
+std::string JobMesh(const v1::Job& job) {
+  return job.mesh().empty() ? JobMeshName(job.spec(), job.world_size())
+                            : job.mesh();
 }
 
 std::string JobMeshName(const v1::JobSpec& spec, int64_t world_size) {

@@ -28,6 +28,10 @@ v1::JobSpec JobSpecFromTrainConfig(const TrainConfig& config, int world_size);
 // 0: the spec's): "pp2xfsdp2xtp2". A job of strategy auto shows the mesh
 // chosen for it once there is one ("auto: tp4"), else "auto".
 std::string JobMeshName(const v1::JobSpec& spec, int64_t world_size = 0);
+// The mesh `job`'s latest attempt trains: the one recorded when it was
+// launched (an elastic job re-meshed at another world size trains the mesh
+// the coordinator chose), else JobMeshName at its world size.
+std::string JobMesh(const v1::Job& job);
 
 // The engine's per-step metrics as the control plane carries them, and back.
 // val_loss < 0 in the engine means "no eval this step": unset in the proto.

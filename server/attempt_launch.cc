@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "core/data/builtin_dataset.h"
@@ -65,6 +66,7 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   request.spec = job.spec();
   request.attempt = job.restarts() + job.preemptions() + job.remeshes() + 1;
   request.first_attempt = first_attempt;
+  request.remesh = entry.remesh_started != absl::InfinitePast();
   request.started = table_->clock->Now();
   RankLaunch& launch = request.launch;
   launch.worker_binary = table_->options.worker_binary;
@@ -114,6 +116,19 @@ std::string RankReadRoots(const PathRoots& roots, const std::string& job_dir,
   return absl::StrJoin(result, ":");
 }
 
+// `resolved`'s mesh fields, batch and accumulation as `config` has them.
+void SetMeshFields(const TrainConfig& config, v1::JobSpec* resolved) {
+  v1::StrategyOptions* mesh = resolved->mutable_strategy();
+  mesh->set_name(config.strategy);
+  mesh->set_pipeline_stages(config.pipeline_stages);
+  mesh->set_micro_batches(config.micro_batches);
+  mesh->set_tensor_parallel(config.tensor_parallel);
+  mesh->set_activation_checkpointing(config.activation_checkpointing);
+  mesh->set_shard_group_size(config.shard_group_size);
+  resolved->mutable_trainer()->set_batch_size(config.batch_size);
+  resolved->mutable_trainer()->set_grad_accum(config.grad_accum);
+}
+
 // Strategy auto: the mesh predicted fastest for the ranks this attempt has,
 // from this host's measured rates (measured now, once, by the
 // shardtrain-train beside the worker when there are none). `resolved` gets
@@ -136,34 +151,59 @@ absl::Status ResolveAutoMesh(const v1::JobSpec& spec, const RankLaunch& launch,
       !s.ok()) {
     return s;
   }
-  v1::StrategyOptions* mesh = resolved->mutable_strategy();
-  mesh->set_name(config->strategy);
-  mesh->set_pipeline_stages(config->pipeline_stages);
-  mesh->set_micro_batches(config->micro_batches);
-  mesh->set_tensor_parallel(config->tensor_parallel);
-  mesh->set_activation_checkpointing(config->activation_checkpointing);
-  mesh->set_shard_group_size(config->shard_group_size);
-  resolved->mutable_trainer()->set_batch_size(config->batch_size);
-  resolved->mutable_trainer()->set_grad_accum(config->grad_accum);
+  SetMeshFields(*config, resolved);
   *mesh_name = choice.ranked.front().name;
   *log_text = log.str();
   return absl::OkStatus();
 }
 
-// An elastic job continuing smaller: the same global batch, shared by fewer
-// ranks (each rank's checkpoint resume then finds it unchanged).
-absl::Status ShareGlobalBatch(const v1::JobSpec& spec, const RankLaunch& launch,
-                              v1::JobSpec* resolved) {
+// An elastic job continuing at another world size (smaller after a loss or
+// for another job, or grown back part of the way): the mesh the planner
+// chooses there for its global batch (ChooseElasticMesh), by this host's
+// rates (measured now, once, when there are none and there is a choice to
+// make; without them its own stages and tensor ranks where they divide).
+// Each rank's checkpoint resume finds the global batch unchanged.
+absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
+                                const RankLaunch& launch, v1::JobSpec* resolved,
+                                ElasticMeshChoice* choice,
+                                std::string* log_text) {
   absl::StatusOr<TrainConfig> config =
       TrainConfigFromJobSpec(spec, launch.job_dir);
   if (!config.ok()) return config.status();
-  const int64_t global = static_cast<int64_t>(spec.world_size()) *
-                         config->batch_size * config->grad_accum;
-  absl::StatusOr<BatchSplit> split =
-      SplitGlobalBatch(global, launch.world_size, config->batch_size);
-  if (!split.ok()) return split.status();
-  resolved->mutable_trainer()->set_batch_size(split->batch);
-  resolved->mutable_trainer()->set_grad_accum(split->accum);
+  std::ostringstream log;
+  absl::StatusOr<ElasticMeshChoice> chosen =
+      ChooseElasticMesh(*config, spec.world_size(), launch.world_size, nullptr);
+  if (chosen.ok()) {
+    // Measured now only when there is a choice to make; else the cached
+    // rates predict what the mesh does, if there are some.
+    const std::string calibrator =
+        chosen->candidates > 1
+            ? (std::filesystem::path(launch.worker_binary).parent_path() /
+               "shardtrain-train")
+                  .string()
+            : "";
+    absl::StatusOr<HostRates> rates =
+        LoadOrMeasureHostRates(*config, calibrator, log);
+    if (rates.ok()) {
+      chosen = ChooseElasticMesh(*config, spec.world_size(), launch.world_size,
+                                 &*rates);
+    } else if (!calibrator.empty()) {
+      log << "elastic: no rates for the step-time model ("
+          << rates.status().message() << ")\n";
+    }
+  }
+  if (!chosen.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("elastic: at ", launch.world_size, " ranks, ",
+                     chosen.status().message()));
+  }
+  SetMeshFields(chosen->config, resolved);
+  log << "elastic: " << launch.world_size << " of " << spec.world_size()
+      << " ranks train " << chosen->name << " (batch "
+      << chosen->config.batch_size << " x accum " << chosen->config.grad_accum
+      << "), " << chosen->why << "\n";
+  *log_text = log.str();
+  *choice = *std::move(chosen);
   return absl::OkStatus();
 }
 
@@ -228,8 +268,14 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
     status = ResolveAutoMesh(request.spec, launch, &resolved,
                              &prepared.auto_mesh, &auto_log);
   }
-  if (status.ok() && launch.world_size != request.spec.world_size()) {
-    status = ShareGlobalBatch(request.spec, launch, &resolved);
+  if (status.ok() && request.spec.elastic().min_world_size() > 0 &&
+      (launch.world_size != request.spec.world_size() || request.remesh)) {
+    ElasticMeshChoice choice;
+    status =
+        ResolveElasticMesh(request.spec, launch, &resolved, &choice, &auto_log);
+    prepared.elastic_mesh = choice.name;
+    prepared.elastic_predicted = choice.predicted_tokens_per_second;
+    prepared.elastic_why = choice.why;
   }
   if (status.ok()) {
     // The header only: the ranks read (and validate) the tokens themselves.
@@ -278,6 +324,8 @@ int AttemptSupervisor::RecordStartedRanks(JobEntry& entry,
   if (!prepared.auto_mesh.empty()) {
     (*job.mutable_spec()->mutable_labels())["auto_mesh"] = prepared.auto_mesh;
   }
+  job.set_mesh(prepared.elastic_mesh.empty() ? JobMeshName(job.spec(), world)
+                                             : prepared.elastic_mesh);
   // Which ranks run: all of a started attempt; of one that failed to
   // start, those the launcher gave a pid (AttemptLauncher::Start).
   const bool started = prepared.error.empty() && !prepared.skipped;
@@ -363,6 +411,7 @@ void AttemptSupervisor::CompleteLaunch(JobEntry& entry,
   }
 
   const Attempt& attempt = entry.attempt;
+  entry.remesh_predicted = prepared.elastic_predicted;
   JobTable::Log(absl::StrCat(
       id, ": started ", world, " ranks",
       attempt.summary.empty() ? "" : absl::StrCat(" as ", attempt.summary),
@@ -383,6 +432,21 @@ void AttemptSupervisor::CompleteLaunch(JobEntry& entry,
     event = table_->Event(job.state(),
                           absl::StrCat("relaunched ", world, " ranks (attempt ",
                                        request.attempt, ")"));
+  }
+  if (!prepared.elastic_mesh.empty()) {
+    // At another world size than its own: the mesh the planner chose.
+    const std::string said =
+        absl::StrCat("trains ", prepared.elastic_mesh, " at ", world, " of ",
+                     job.spec().world_size(), " ranks",
+                     prepared.elastic_predicted > 0
+                         ? absl::StrFormat(", %.0f tokens/s predicted",
+                                           prepared.elastic_predicted)
+                         : "",
+                     ": ", prepared.elastic_why);
+    if (!event.has_value()) event = table_->Event(job.state(), "");
+    event->set_message(event->message().empty()
+                           ? said
+                           : absl::StrCat(event->message(), "; ", said));
   }
   table_->Persist(entry, event);
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
+#include "common/subprocess.h"
 #include "proto/job_config.h"
 #include "server/scheduler.h"
 
@@ -602,23 +603,21 @@ void AttemptSupervisor::Remesh(JobEntry& entry, int world,
   for (std::string& holder : table_->device_holder) {
     if (holder == id) holder.clear();
   }
-  entry.remesh_from = JobMeshName(job.spec(), before);
+  entry.remesh_from = JobMesh(job);
   entry.remesh_tokens_per_second = job.last_step().tokens_per_second();
   entry.remesh_started = table_->clock->Now();
   job.set_remeshes(job.remeshes() + 1);
   job.set_resize_reason(why);
   table_->SetState(
       entry, v1::RESTARTING,
-      absl::StrCat(
-          why, "; mesh ", entry.remesh_from, " -> ",
-          JobMeshName(job.spec(), world),
-          entry.remesh_tokens_per_second > 0
-              ? absl::StrFormat(" (%.0f tokens/s at %d ranks; %.0f expected "
-                                "at linear scaling)",
-                                entry.remesh_tokens_per_second, before,
-                                entry.remesh_tokens_per_second * world / before)
-              : "",
-          "; resumes from its checkpoint with the same global batch"));
+      absl::StrCat(why, "; ", entry.remesh_from, " at ", before, " ranks",
+                   entry.remesh_tokens_per_second > 0
+                       ? absl::StrFormat(" (%.0f tokens/s)",
+                                         entry.remesh_tokens_per_second)
+                       : "",
+                   " -> ", world,
+                   " ranks, on the mesh the planner chooses; resumes from its "
+                   "checkpoint with the same global batch"));
   RequestLaunch(entry,
                 std::vector<int>(devices.begin(), devices.begin() + world));
 }
@@ -635,12 +634,23 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   entry.remesh_why.clear();
   std::optional<v1::Failure> failure = std::move(entry.failure);
   // Every rank saved the checkpoint it was asked for and stopped.
+  const auto saved = [](const RankProcess& r) {
+    return r.exit.exit_code == kExitPreempted && r.exit.signal == 0;
+  };
   const bool checkpointed =
       !entry.ranks.empty() &&
-      std::all_of(
-          entry.ranks.begin(), entry.ranks.end(), [](const RankProcess& r) {
-            return r.exit.exit_code == kExitPreempted && r.exit.signal == 0;
-          });
+      std::all_of(entry.ranks.begin(), entry.ranks.end(), saved);
+  // The first rank that did not save it, and how it ended.
+  std::string unsaved;
+  for (size_t r = 0; r < entry.ranks.size() && !checkpointed; ++r) {
+    if (saved(entry.ranks[r])) continue;
+    unsaved = absl::StrCat("rank ", r, " ",
+                           entry.killed && entry.ranks[r].exit.signal == SIGKILL
+                               ? "was killed after the grace period"
+                               : DescribeExit(entry.ranks[r].exit.exit_code,
+                                              entry.ranks[r].exit.signal));
+    break;
+  }
   ClearAttempt(entry);
   v1::Job& job = entry.stored.job;
   switch (stop) {
@@ -671,9 +681,16 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
       job.clear_resize_reason();
       table_->SetState(
           entry, v1::QUEUED,
-          absl::StrCat("preempted (", job.preemptions(),
-                       job.preemptions() == 1 ? " time" : " times",
-                       "); queued again, resumes from its latest checkpoint"));
+          absl::StrCat(
+              "preempted (", job.preemptions(),
+              job.preemptions() == 1 ? " time" : " times", "); queued again, ",
+              checkpointed
+                  ? "resumes from the checkpoint its ranks saved"
+                  : absl::StrCat("resumes from its latest checkpoint (the "
+                                 "one asked for was not saved: ",
+                                 unsaved,
+                                 "; the steps since the one before are run "
+                                 "again)")));
       return;
     case StopIntent::kFail:
       if (entry.port_taken && !table_->shutting_down) {
@@ -783,10 +800,15 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
   }
   absl::StatusOr<TrainConfig> config =
       TrainConfigFromJobSpec(job.spec(), table_->JobDir(id));
-  const int64_t global =
-      config.ok() ? requested * config->batch_size * config->grad_accum : 0;
-  int world = std::min(requested, available);
-  while (world >= min_world && world > 0 && global % world != 0) --world;
+  const int64_t global = config.ok()
+                             ? config->DataParallelSize(requested) *
+                                   config->batch_size * config->grad_accum
+                             : 0;
+  // The largest world some mesh of it runs at (ElasticWorlds).
+  int world = 0;
+  for (int w : entry.elastic_worlds) {
+    if (w <= available) world = std::max(world, w);
+  }
   // What this job lost: its own devices, or (a backend that places ranks
   // itself) what the backend reports unusable.
   std::vector<std::string> own_lost;
@@ -811,8 +833,8 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
         " ranks can run", lost_text, ", and elastic.min_world_size is ",
         min_world,
         available >= min_world
-            ? absl::StrCat(" (no size from ", min_world, " to ", available,
-                           " shares the ", global, " sequences per step)")
+            ? absl::StrCat(" (no mesh from ", min_world, " to ", available,
+                           " ranks shares the ", global, " sequences per step)")
             : ""));
     table_->SetState(entry, v1::FAILED, failed->message());
     return;

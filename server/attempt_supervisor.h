@@ -76,6 +76,9 @@ class AttemptSupervisor {
     v1::JobSpec spec;
     int attempt = 1;
     bool first_attempt = true;
+    // An elastic job whose mesh changes (Remesh): its own mesh is predicted
+    // too when it grows back to its own world size.
+    bool remesh = false;
     absl::Time started;
     RankLaunch launch;  // all but master_port
   };
@@ -86,6 +89,11 @@ class AttemptSupervisor {
     std::optional<int64_t> train_tokens;
     // Strategy auto: the mesh chosen for this attempt (MeshName).
     std::string auto_mesh;
+    // An elastic job at another world size: the mesh chosen for it, its
+    // predicted tokens/s (0: no rates) and why (ChooseElasticMesh).
+    std::string elastic_mesh;
+    double elastic_predicted = 0;
+    std::string elastic_why;
   };
   // An attempt due to be asked how its ranks are (outside the lock).
   struct Poll {

@@ -94,10 +94,10 @@ struct JobManagerOptions {
 PriorityClass EffectivePriority(const JobManagerOptions& options,
                                 const v1::JobSpec& spec);
 // The world sizes an elastic job with `spec` may run at: from
-// elastic.min_world_size to world_size, those that share its global batch
-// (sequences per step) equally. Empty when it is not elastic, or when its
-// mesh has pipeline stages or tensor parallelism (re-meshed only by
-// restarts).
+// elastic.min_world_size to world_size, those at which some mesh of its
+// data-parallel strategy (or one replica), with any pipeline stages and
+// tensor ranks, shares its global batch (ElasticWorldSizes). Empty when it
+// is not elastic.
 std::vector<int> ElasticWorlds(const v1::JobSpec& spec);
 
 // options.device_quota for `user` (0: no cap).

@@ -14,6 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "common/input_file.h"
 #include "core/data/builtin_dataset.h"
+#include "core/plan/mesh_search.h"
+#include "core/run/strategy_kinds.h"
 #include "proto/job_config.h"
 #include "server/attempt_supervisor.h"
 #include "server/scheduler.h"
@@ -24,11 +26,11 @@ namespace {
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 
-// `job` as the daemon shows it: with its mesh (JobMeshName) and, while it
+// `job` as the daemon shows it: with its mesh (JobMesh) and, while it
 // runs, the time its last step is due.
 v1::Job WithMesh(const v1::Job& job) {
   v1::Job view = job;
-  view.set_mesh(JobMeshName(job.spec(), job.world_size()));
+  view.set_mesh(JobMesh(job));
   const v1::StepMetrics& last = job.last_step();
   if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&
       last.total_steps() > last.step()) {
@@ -118,20 +120,12 @@ PriorityClass EffectivePriority(const JobManagerOptions& options,
 
 std::vector<int> ElasticWorlds(const v1::JobSpec& spec) {
   const int min_world = spec.elastic().min_world_size();
-  if (min_world <= 0 || spec.strategy().pipeline_stages() > 1 ||
-      spec.strategy().tensor_parallel() > 1) {
-    return {};
-  }
+  if (min_world <= 0) return {};
   absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "/");
-  if (!config.ok()) return {};
-  const int64_t global =
-      spec.world_size() * config->batch_size * config->grad_accum;
+  if (!config.ok() || config->strategy == kAutoStrategy) return {};
   std::vector<int> worlds;
-  // HSDP keeps its shard groups whole.
-  const int64_t group =
-      spec.strategy().name() == "hsdp" ? spec.strategy().shard_group_size() : 0;
-  for (int w = min_world; w <= spec.world_size(); ++w) {
-    if (global % w == 0 && (group <= 0 || w % group == 0)) worlds.push_back(w);
+  for (int64_t w : ElasticWorldSizes(*config, spec.world_size(), min_world)) {
+    worlds.push_back(static_cast<int>(w));
   }
   return worlds;
 }

@@ -88,6 +88,8 @@ struct JobEntry {
   absl::Time remesh_started = absl::InfinitePast();
   double remesh_tokens_per_second = 0;
   std::string remesh_from;  // the mesh before
+  // The step-time model's tokens/s for the mesh it continued on (0: none).
+  double remesh_predicted = 0;
   // Goodput accounting (Job.device_seconds_held and _kept): since when the
   // devices it holds were last counted, and rank 0's seconds and world size
   // of each step (index step - 1), so that a step run again replaces its

@@ -249,7 +249,7 @@ void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
     JobSeries& series = series_[job.id()];
     if (series.state != v1::JOB_STATE_UNSPECIFIED) continue;
     series.strategy = job.spec().strategy().name();
-    series.mesh = JobMeshName(job.spec(), job.world_size());
+    series.mesh = JobMesh(job);
     CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
     series.state = job.state();
     if (IsTerminalJobState(job.state())) {
@@ -274,7 +274,7 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   JobSeries& series = series_[job.id()];
   const v1::JobState before = series.state;
   series.strategy = job.spec().strategy().name();
-  series.mesh = JobMeshName(job.spec(), job.world_size());
+  series.mesh = JobMesh(job);
   if (before == v1::JOB_STATE_UNSPECIFIED) {
     series.remeshes = job.remeshes();  // counted by an earlier daemon
   } else if (job.remeshes() > series.remeshes) {
@@ -382,7 +382,7 @@ void MetricsExporter::OnSteps(const v1::Job& job,
   JobSeries& series = series_[job.id()];
   if (series.strategy.empty()) {
     series.strategy = job.spec().strategy().name();
-    series.mesh = JobMeshName(job.spec(), job.world_size());
+    series.mesh = JobMesh(job);
   }
   for (const v1::StepMetrics& m : steps) {
     RankSeries& s = Rank(job.id(), series, m.rank());

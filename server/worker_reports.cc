@@ -131,12 +131,16 @@ absl::StatusOr<bool> WorkerReports::ReportProgress(
           *entry,
           table_->Event(
               job.state(),
-              absl::StrFormat(
-                  "re-meshed %s -> %s: %.0f tokens/s (was %.0f); %.1f s "
-                  "without a step",
-                  entry->remesh_from, JobMeshName(job.spec(), job.world_size()),
-                  step.tokens_per_second(), entry->remesh_tokens_per_second,
-                  absl::ToDoubleSeconds(lost))));
+              absl::StrCat(absl::StrFormat("re-meshed %s -> %s: %.0f tokens/s",
+                                           entry->remesh_from, JobMesh(job),
+                                           step.tokens_per_second()),
+                           entry->remesh_predicted > 0
+                               ? absl::StrFormat(" (%.0f predicted)",
+                                                 entry->remesh_predicted)
+                               : "",
+                           absl::StrFormat(", was %.0f; %.1f s without a step",
+                                           entry->remesh_tokens_per_second,
+                                           absl::ToDoubleSeconds(lost)))));
     }
     v1::WatchJobEvent event;
     *event.mutable_step() = step;

@@ -20,9 +20,11 @@ std::string RatesDevice(const TrainConfig& config) {
   return config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
 }
 
-absl::StatusOr<HostRates> Rates(const TrainConfig& config,
-                                const std::string& calibrator,
-                                std::ostream& log) {
+}  // namespace
+
+absl::StatusOr<HostRates> LoadOrMeasureHostRates(const TrainConfig& config,
+                                                 const std::string& calibrator,
+                                                 std::ostream& log) {
   absl::StatusOr<HostRates> rates =
       LoadHostRates(RatesDevice(config), config.model);
   if (rates.ok() || !absl::IsNotFound(rates.status()) || calibrator.empty()) {
@@ -42,6 +44,8 @@ absl::StatusOr<HostRates> Rates(const TrainConfig& config,
   log << run->out;
   return LoadHostRates(RatesDevice(config), config.model);
 }
+
+namespace {
 
 std::string Describe(const MeshCandidate& c) {
   return absl::StrFormat(
@@ -64,7 +68,8 @@ absl::Status ResolveAutoStrategy(TrainConfig* config, int64_t world_size,
                                  int64_t ranks_per_host,
                                  const std::string& calibrator,
                                  std::ostream& log, AutoChoice* choice) {
-  absl::StatusOr<HostRates> rates = Rates(*config, calibrator, log);
+  absl::StatusOr<HostRates> rates =
+      LoadOrMeasureHostRates(*config, calibrator, log);
   if (!rates.ok()) {
     return absl::Status(
         rates.status().code(),

@@ -26,6 +26,13 @@ struct AutoChoice {
   std::string why;
 };
 
+// This host's rates for `config`'s device and model from the cache; when
+// it has none and `calibrator` names a shardtrain-train binary, measured
+// first (`--calibrate`, a few seconds to a minute, said on `log`).
+absl::StatusOr<HostRates> LoadOrMeasureHostRates(const TrainConfig& config,
+                                                 const std::string& calibrator,
+                                                 std::ostream& log);
+
 // Replaces `config`'s strategy "auto" by the chosen mesh's fields, for a
 // run of `world_size` ranks, `ranks_per_host` per host. The rates come from
 // the cache; when it has none and `calibrator` names a shardtrain-train

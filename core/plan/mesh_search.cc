@@ -35,6 +35,8 @@ std::vector<Mesh> Meshes(const ModelConfig& model,
       const StrategyKind* kind = FindStrategyKind(options.strategy);
       if (kind != nullptr && kind->distributed == (d > 1)) {
         names.push_back(options.strategy);
+      } else if (d == 1 && options.one_replica_too) {
+        names.push_back("single");
       }
       return names;
     }
@@ -94,7 +96,8 @@ std::vector<Mesh> Meshes(const ModelConfig& model,
     // Tensor parallelism composes with one replica, DDP's or FSDP's.
     for (const char* name : {"single", "ddp", "fsdp"}) {
       if ((d == 1) != (std::string(name) == "single")) continue;
-      if (options.strategy.empty() || options.strategy == name) {
+      if (options.strategy.empty() || options.strategy == name ||
+          (options.one_replica_too && d == 1)) {
         meshes.push_back({name, s, t, n});
       }
     }
@@ -162,6 +165,7 @@ std::optional<MeshCandidate> EvaluateMesh(const TrainConfig& base,
     if (options.global_batch % data != 0) return std::nullopt;
     const int64_t share = options.global_batch / data;
     for (int64_t b : DivisorsDescending(share)) {
+      if (options.max_batch > 0 && b > options.max_batch) continue;
       if (b % config.micro_batches == 0) tries.emplace_back(b, share / b);
     }
   } else if (options.budget > 0) {
@@ -404,6 +408,99 @@ absl::Status CheckAutoCanFit(const TrainConfig& config, int64_t world_size) {
       SearchMeshes(config, search, nullptr);
   if (!meshes.ok()) return meshes.status();
   return AutoCandidatesFit(*meshes, config, world_size, search.global_batch);
+}
+
+absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
+                                                    int64_t job_world,
+                                                    int64_t world,
+                                                    const HostRates* rates) {
+  ElasticMeshChoice choice;
+  if (world == job_world) {
+    choice.config = job;
+    choice.name = MeshName(job, job_world);
+    choice.why = "its own mesh at its own world size";
+    if (rates != nullptr) {
+      absl::StatusOr<StepTimePlan> time =
+          PlanStepTime(job, job_world, job_world, *rates);
+      if (time.ok())
+        choice.predicted_tokens_per_second = time->tokens_per_second;
+    }
+    return choice;
+  }
+  const int64_t global = job.batch_size * std::max<int64_t>(1, job.grad_accum) *
+                         job.DataParallelSize(job_world);
+  MeshSearchOptions search;
+  search.devices = world;
+  search.budget = Plannable(job.memory_cap);
+  search.global_batch = global;
+  search.strategy = job.strategy;
+  search.one_replica_too = true;
+  // Recomputation only costs time: weighed when memory may call for it.
+  search.checkpointing =
+      job.memory_cap > 0 || job.activation_checkpointing != "none";
+  // No larger a batch per rank than the job ran at: its activations fit
+  // there.
+  search.max_batch = job.batch_size;
+  TrainConfig base = job;
+  base.micro_batches = 1;  // each mesh's own (SearchMeshes)
+  absl::StatusOr<std::vector<MeshCandidate>> found =
+      SearchMeshes(base, search, rates);
+  if (!found.ok()) return found.status();
+  std::vector<MeshCandidate> ranked;
+  for (MeshCandidate& c : *found) {
+    if (c.fits && c.config.CheckMeshWorld(world).ok()) {
+      ranked.push_back(std::move(c));
+    }
+  }
+  if (ranked.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no ", job.strategy, " mesh of ", world, " ranks shares the ", global,
+        " sequences per step at ", job.batch_size, " or fewer per rank",
+        job.memory_cap > 0
+            ? absl::StrCat(" within memory_cap ", FormatBytes(job.memory_cap))
+            : ""));
+  }
+  const bool timed = rates != nullptr && ranked.front().time.step_seconds > 0;
+  if (!timed) {
+    // Its own stages and tensor ranks where they divide the ranks.
+    std::stable_partition(
+        ranked.begin(), ranked.end(), [&](const MeshCandidate& c) {
+          return c.config.pipeline_stages == job.pipeline_stages &&
+                 c.config.tensor_parallel == job.tensor_parallel &&
+                 c.config.activation_checkpointing ==
+                     job.activation_checkpointing;
+        });
+  }
+  const MeshCandidate& chosen = ranked.front();
+  choice.candidates = static_cast<int64_t>(ranked.size());
+  choice.config = chosen.config;
+  choice.config.memory_cap = job.memory_cap;
+  choice.name = chosen.name;
+  if (timed) {
+    choice.predicted_tokens_per_second = chosen.time.tokens_per_second;
+    const std::string why = WhyFirstWins(ranked);
+    choice.why = absl::StrCat(
+        "the fastest of ", ranked.size(), " meshes of ", world,
+        " ranks that fit, by the step-time model (rates of ", rates->device,
+        " measured ", rates->measured_at, ")", why.empty() ? "" : ": ", why);
+  } else {
+    choice.why = absl::StrCat(
+        "no measured rates (shardtrain-train --calibrate): its own stages "
+        "and tensor ranks where they divide ",
+        world, " ranks, else the first of ", ranked.size(), " meshes that fit");
+  }
+  return choice;
+}
+
+std::vector<int64_t> ElasticWorldSizes(const TrainConfig& job,
+                                       int64_t job_world, int64_t min_world) {
+  std::vector<int64_t> worlds;
+  for (int64_t w = std::max<int64_t>(1, min_world); w <= job_world; ++w) {
+    if (ChooseElasticMesh(job, job_world, w, nullptr).ok()) {
+      worlds.push_back(w);
+    }
+  }
+  return worlds;
 }
 
 std::string MeshFieldsYaml(const TrainConfig& c) {

@@ -37,6 +37,12 @@ struct MeshSearchOptions {
   // study at their data-parallel size includes; a strategy given is
   // included at any size it runs at).
   std::string strategy;
+  // With `strategy`: also its meshes of one replica (stages or tensor ranks
+  // over "single"), what an elastic job of that strategy may continue as.
+  bool one_replica_too = false;
+  // With global_batch: a rank's batch (sequences per micro-step) at most
+  // this (0: any that fits the budget).
+  int64_t max_batch = 0;
   bool checkpointing = true;  // also weigh activation checkpointing
   // Single on one device beside the meshes over all of them.
   bool single_too = false;
@@ -96,6 +102,42 @@ absl::StatusOr<std::vector<MeshCandidate>> RankMeshesForAuto(
 // fits config.memory_cap; InvalidArgument naming the least memory any mesh
 // needs, as RankMeshesForAuto words it.
 absl::Status CheckAutoCanFit(const TrainConfig& config, int64_t world_size);
+
+// An elastic job continuing at `world` ranks (shrunk for another job,
+// grown back, or after losing devices): the mesh it trains there.
+struct ElasticMeshChoice {
+  // The job's config with the mesh's fields, batch_size and grad_accum
+  // set: the same global batch as at the job's own world size.
+  TrainConfig config;
+  std::string name;  // MeshName, + " +ckpt" with activation checkpointing
+  // With rates: the step-time model's tokens/s for it; 0 without.
+  double predicted_tokens_per_second = 0;
+  // How it was chosen, in a sentence, for the job's events and logs.
+  std::string why;
+  // The meshes of that world size that fit, the chosen one among them (1:
+  // nothing to choose, rates or not).
+  int64_t candidates = 1;
+};
+
+// At `job_world` (the job's own world size) its own mesh, unchanged. Else
+// the meshes of `world` ranks for the job's global batch (batch_size x
+// grad_accum x its data-parallel size at `job_world`) within
+// config.memory_cap per rank: those whose data-parallel part is the job's
+// strategy, or one replica, with any pipeline stages and tensor ranks;
+// ranked by `rates` (the fastest that fits) or, with none, the job's own
+// stages and tensor ranks first where they divide `world`, then in
+// SearchMeshes's order. FailedPrecondition naming the numbers when no mesh
+// of `world` ranks shares the batch or fits; SearchMeshes's errors.
+absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
+                                                    int64_t job_world,
+                                                    int64_t world,
+                                                    const HostRates* rates);
+
+// The world sizes from `min_world` to `job_world` at which an elastic job
+// with `job`'s config can continue (ChooseElasticMesh finds a mesh without
+// rates), ascending.
+std::vector<int64_t> ElasticWorldSizes(const TrainConfig& job,
+                                       int64_t job_world, int64_t min_world);
 
 // The mesh's fields as a YAML flow mapping ("{strategy: fsdp,
 // pipeline-stages: 1, ...}") that ApplyYamlTrainConfig sets on a config:

@@ -26,8 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/data/token_file.h"
 #include "tests/integration/daemon_harness.h"
 
@@ -216,6 +218,90 @@ TEST_F(FaultCampaignTest, BotchedPreemptionsLeaveNoJobStuckOrLost) {
   Report("coordinator kill -9 while a job is PREEMPTED", kTrials, survived,
          kTrials - survived,
          "the next coordinator queues it again; it runs after the urgent job");
+}
+
+// A preempted job whose checkpoint directory cannot be written (a read-only
+// file system mounted over it, which root cannot write either): its ranks
+// fail to save the checkpoint asked for and exit 1. The job is queued again
+// all the same, saying the checkpoint was not saved and that it resumes
+// from the one before, and runs again once the urgent job is done: nothing
+// stuck, nothing lost.
+TEST_F(FaultCampaignTest, AnUnwritableCheckpointDirectoryLeavesNoJobStuck) {
+  constexpr int kTrials = 3;
+  DaemonOptions options;
+  options.extra_flags = {"--preempt-grace", "30"};
+  auto daemon = StartDaemon(options);
+  int survived = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    v1::Job low, high;
+    ASSERT_GRPC_OK(daemon->Submit(FakeSpec("hold-checkpoint", data_, 2), &low));
+    ASSERT_EQ(WaitRunning(*daemon, low.id()), v1::RUNNING);
+    const std::string checkpoints =
+        daemon->state_dir() + "/jobs/" + low.id() + "/checkpoints";
+    std::filesystem::create_directories(checkpoints);
+    if (mount("tmpfs", checkpoints.c_str(), "tmpfs", MS_RDONLY, "size=1m") !=
+        0) {
+      GTEST_SKIP() << "cannot mount a read-only file system over "
+                   << checkpoints << " (" << std::strerror(errno)
+                   << "): the fault needs CAP_SYS_ADMIN";
+    }
+    // Its state changes as they happen, until it ends.
+    grpc::ClientContext watch_context;
+    v1::WatchJobRequest watch_request;
+    watch_request.set_job_id(low.id());
+    auto reader = daemon->jobs().WatchJob(&watch_context, watch_request);
+    std::vector<std::string> changes;
+    std::thread watcher([&] {
+      v1::WatchJobEvent event;
+      while (reader->Read(&event)) {
+        if (event.has_state_change()) {
+          changes.push_back(event.state_change().message());
+        }
+      }
+    });
+    v1::JobSpec urgent = FakeSpec("sleep:1000", data_);
+    urgent.set_priority(10);
+    ASSERT_GRPC_OK(daemon->Submit(urgent, &high));
+    const v1::Job urgent_done =
+        daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(60));
+    const v1::Job again = daemon->WaitFor(
+        low.id(),
+        [](const v1::Job& j) {
+          return (j.state() == v1::RUNNING && j.preemptions() > 0) ||
+                 test::IsTerminal(j);
+        },
+        absl::Seconds(60));
+    umount2(checkpoints.c_str(), MNT_DETACH);
+    const std::string log = test::ReadFile(daemon->state_dir() + "/jobs/" +
+                                           low.id() + "/rank-0.log");
+    v1::Job cancelled;
+    EXPECT_GRPC_OK(daemon->Cancel(low.id(), &cancelled));
+    EXPECT_EQ(
+        daemon->WaitFor(low.id(), test::IsTerminal, absl::Seconds(30)).state(),
+        v1::CANCELLED);
+    watcher.join();  // the stream ends with the job
+    const bool said = std::any_of(
+        changes.begin(), changes.end(), [](const std::string& message) {
+          return absl::StrContains(
+              message,
+              "queued again, resumes from its latest checkpoint (the one "
+              "asked for was not saved: rank ");
+        });
+    const bool ok =
+        said && absl::StrContains(log, "cannot write the checkpoint") &&
+        urgent_done.state() == v1::SUCCEEDED && again.state() == v1::RUNNING &&
+        again.preemptions() == 1 && again.restarts() == 0;
+    EXPECT_TRUE(ok) << absl::StrJoin(changes, "\n") << "\n"
+                    << urgent_done.ShortDebugString() << "\n"
+                    << again.ShortDebugString() << "\n"
+                    << log;
+    survived += ok;
+  }
+  Report("a preempted job's checkpoint directory is unwritable", kTrials,
+         survived, kTrials - survived,
+         "read-only file system over checkpoints/; its ranks fail the save "
+         "and exit 1; queued again saying so, running again after the urgent "
+         "job");
 }
 
 // kill -9 of the coordinator while 4 clients submit as fast as they can:

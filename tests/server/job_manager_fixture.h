@@ -26,6 +26,8 @@ class JobManagerFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     std::filesystem::create_directories(dir_ / "data");
+    // The step-time model's rates (elastic re-meshing) are the test's own.
+    setenv("XDG_CACHE_HOME", (dir_ / "cache").c_str(), 1);
     WriteFile(dir_ / "data/train.bin", "x");
     auto store = JobStore::Open(dir_ / "state.db");
     ASSERT_TRUE(store.ok()) << store.status();

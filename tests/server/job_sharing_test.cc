@@ -10,12 +10,15 @@
 #include <thread>
 
 #include "common/exit_codes.h"
+#include "core/plan/step_time_plan.h"
+#include "google/protobuf/util/json_util.h"
 #include "server/job_manager.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace shardtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -310,6 +313,119 @@ TEST_F(JobSharingTest, AnElasticJobShrinksInsteadOfStoppingAndGrowsBack) {
   for (const ClusterView::Holder& holder : view.holders) {
     EXPECT_EQ(holder.job_id, elastic);
   }
+}
+
+// An elastic job with pipeline stages: shrunk for an urgent job, it
+// continues on the mesh the planner chooses for its 8 sequences per step
+// at 2 ranks (this host's rates cached: with links that cost nothing, tp2,
+// with no pipeline bubble and half of AdamW's work per rank, is the
+// fastest), then grows back to its own mesh at
+// its own size. Each attempt's spec.json holds the mesh its ranks train,
+// Job.mesh names it and the events say what was chosen and predicted.
+TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
+  HostRates rates;
+  rates.device = "cpu";
+  rates.cores = 8;
+  rates.flops_per_thread = 1e10;
+  rates.compute_model = "gpt2-tiny";
+  rates.optimizer_seconds_per_parameter = 1e-8;
+  rates.intra_node = {1e-9, 1e15};
+  rates.measured_at = "2026-01-01 00:00 UTC";
+  ASSERT_TRUE(SaveHostRates(rates).ok());
+
+  v1::JobSpec spec = ElasticSpec(4, 1);  // pp2 x ddp2, batch 4 per replica
+  spec.mutable_strategy()->set_pipeline_stages(2);
+  spec.mutable_strategy()->set_micro_batches(2);
+  spec.mutable_trainer()->set_batch_size(4);
+  const std::string elastic = manager_->Submit(spec, kAlice)->id();
+  const std::vector<int> first = TickAndRegister();
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(Get(elastic).mesh(), "pp2xddp2");
+  v1::StepMetrics step;
+  step.set_step(5);
+  step.set_total_steps(100);
+  step.set_step_seconds(1);
+  step.set_tokens_per_second(4000);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(first[0]), {step}).ok());
+
+  v1::JobSpec urgent_spec = Spec(2);
+  urgent_spec.set_priority_class("urgent");
+  const std::string urgent = manager_->Submit(urgent_spec, kBob)->id();
+  manager_->Tick();
+  EXPECT_THAT(Get(elastic).state_reason(),
+              HasSubstr("shrinking from 4 to 2 ranks for " + urgent));
+  for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  const std::vector<int> second = TickAndRegister();
+  ASSERT_EQ(second.size(), 4u);
+  const auto attempt_spec = [&] {
+    v1::JobSpec written;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(
+            test::ReadFile(dir_ / ("jobs/" + elastic + "/spec.json")), &written)
+            .ok());
+    return written;
+  };
+  v1::JobSpec shrunk = attempt_spec();
+  EXPECT_EQ(shrunk.strategy().name(), "single");
+  EXPECT_EQ(shrunk.strategy().pipeline_stages(), 1);
+  EXPECT_EQ(shrunk.strategy().tensor_parallel(), 2);
+  // The same 8 sequences per step, in one replica at no more than the 4
+  // per micro-step it ran with.
+  EXPECT_EQ(shrunk.trainer().batch_size(), 4);
+  EXPECT_EQ(shrunk.trainer().grad_accum(), 2);
+  v1::Job job = Get(elastic);
+  EXPECT_EQ(job.world_size(), 2);
+  EXPECT_EQ(job.mesh(), "tp2");
+  const auto events = [&] {
+    std::vector<std::string> said;
+    absl::StatusOr<std::vector<v1::JobEvent>> stored =
+        store_->GetEvents(elastic);
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    for (const v1::JobEvent& e : stored.value_or(std::vector<v1::JobEvent>{})) {
+      said.push_back(e.message());
+    }
+    return said;
+  };
+  std::vector<std::string> said = events();
+  EXPECT_THAT(said, Contains(HasSubstr("pp2xddp2 at 4 ranks (4000 tokens/s) "
+                                       "-> 2 ranks")));
+  EXPECT_THAT(said, Contains(AllOf(HasSubstr("trains tp2 at 2 of 4 ranks, "),
+                                   HasSubstr("tokens/s predicted: the fastest "
+                                             "of 3 meshes of 2 ranks"))));
+  // Its first step on the new mesh, measured beside the prediction.
+  std::vector<int> elastic_pids, urgent_pids;
+  for (int pid : second) {
+    (launcher_.Env(pid, "SHARDTRAIN_JOB_ID") == elastic ? elastic_pids
+                                                        : urgent_pids)
+        .push_back(pid);
+  }
+  ASSERT_EQ(elastic_pids.size(), 2u);
+  step.set_step(6);
+  step.set_tokens_per_second(2500);
+  ASSERT_TRUE(manager_->ReportProgress(Identity(elastic_pids[0]), {step}).ok());
+  said = events();
+  EXPECT_THAT(said, Contains(AllOf(HasSubstr("re-meshed pp2xddp2 -> tp2: "
+                                             "2500 tokens/s ("),
+                                   HasSubstr(" predicted), was 4000"))));
+
+  // The urgent job ends: back to 4 ranks on its own mesh.
+  for (int pid : urgent_pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  manager_->Tick();
+  manager_->Tick();
+  for (int pid : elastic_pids)
+    launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  ASSERT_EQ(TickAndRegister().size(), 4u);
+  const v1::JobSpec grown = attempt_spec();
+  EXPECT_EQ(grown.strategy().name(), "ddp");
+  EXPECT_EQ(grown.strategy().pipeline_stages(), 2);
+  EXPECT_EQ(grown.trainer().batch_size(), 4);
+  EXPECT_EQ(grown.trainer().grad_accum(), 1);
+  EXPECT_EQ(Get(elastic).mesh(), "pp2xddp2");
+  EXPECT_EQ(Get(elastic).remeshes(), 2);
+  EXPECT_THAT(events(),
+              Contains(AllOf(HasSubstr("trains pp2xddp2 at 4 of 4 ranks, "),
+                             HasSubstr(" tokens/s predicted: its own mesh at "
+                                       "its own world size"))));
 }
 
 // Goodput: device-seconds held count from the launch to the release; a

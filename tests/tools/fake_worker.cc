@@ -6,6 +6,9 @@
 //   hold             register, then run (heartbeating) until killed
 //   hold-deaf        as hold, ignoring SIGUSR1 (a rank that never answers a
 //                    checkpoint request: it is killed after the grace)
+//   hold-checkpoint  as hold; a checkpoint request (SIGUSR1) is answered as
+//                    the trainer does: a file under <out>/checkpoints, then
+//                    exit 85; a file it cannot write fails the rank (exit 1)
 //   hang             register, then stop itself (SIGSTOP): heartbeats cease
 //   no-register      never register; sleep until killed
 //   oom              print an out-of-memory error, exit 1
@@ -25,6 +28,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -33,11 +37,33 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "common/exit_codes.h"
 #include "google/protobuf/util/json_util.h"
 #include "shardtrain/v1/job.pb.h"
 #include "worker/progress_reporter.h"
 
 namespace {
+
+volatile sig_atomic_t checkpoint_asked = 0;
+
+// hold-checkpoint: waits for SIGUSR1, then saves as the trainer would.
+int HoldUntilCheckpointRequest(const std::string& out_dir, int rank) {
+  while (!checkpoint_asked) pause();
+  const std::string dir =
+      out_dir + "/checkpoints/fake-rank-" + std::to_string(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream file(dir + "/state");
+  file << "state\n";
+  file.close();
+  if (ec || !file) {
+    std::cerr << "fake_worker: cannot write the checkpoint " << dir << ": "
+              << (ec ? ec.message() : std::string("write failed")) << std::endl;
+    return 1;
+  }
+  std::cout << "fake_worker: checkpoint saved in " << dir << std::endl;
+  return shardtrain::kExitPreempted;
+}
 
 int Main(int argc, char** argv) {
   std::string spec_path, out_dir, job_id;
@@ -74,6 +100,11 @@ int Main(int argc, char** argv) {
   if (mode == "no-register") {
     while (true) pause();
   }
+  // Before registering: a request may come as soon as the coordinator
+  // knows the rank.
+  if (mode == "hold-checkpoint") {
+    signal(SIGUSR1, [](int) { checkpoint_asked = 1; });
+  }
   if (mode == "oom") {
     std::cerr << "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
               << std::endl;
@@ -86,6 +117,9 @@ int Main(int argc, char** argv) {
   }
   if (mode == "hold") {
     while (true) pause();
+  }
+  if (mode == "hold-checkpoint") {
+    return HoldUntilCheckpointRequest(out_dir, options->rank);
   }
   if (mode == "hold-deaf") {
     signal(SIGUSR1, SIG_IGN);

@@ -664,6 +664,123 @@ TEST(MeshSearchTest, WhyComparesPerTokenAcrossBatchesAndNamesTheModelsError) {
   EXPECT_EQ(WhyFirstWins(ranked).find("off by up to"), std::string::npos);
 }
 
+// A pp2 x fsdp2 job of gpt2-tiny (batch 8 per replica: 16 sequences per
+// step) that must continue on 2 ranks, or 1, or grows back to its 4.
+TrainConfig ElasticJob() {
+  TrainConfig job = Config("fsdp", 1);
+  job.pipeline_stages = 2;
+  job.micro_batches = 2;
+  return job;
+}
+
+int64_t GlobalBatch(const TrainConfig& c, int64_t world) {
+  return c.batch_size * c.grad_accum * c.DataParallelSize(world);
+}
+
+TEST(ElasticMeshTest, AtItsOwnWorldSizeAJobKeepsItsMesh) {
+  const TrainConfig job = ElasticJob();
+  const HostRates rates = Rates(4);
+  absl::StatusOr<ElasticMeshChoice> own = ChooseElasticMesh(job, 4, 4, &rates);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->name, "pp2xfsdp2");
+  EXPECT_EQ(own->config.micro_batches, 2);
+  EXPECT_EQ(own->config.batch_size, 8);
+  // Predicted as the plan predicts that mesh.
+  EXPECT_DOUBLE_EQ(own->predicted_tokens_per_second,
+                   Plan(job, 4, rates, 4).tokens_per_second);
+  own = ChooseElasticMesh(job, 4, 4, nullptr);
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own->predicted_tokens_per_second, 0);
+}
+
+// On fewer ranks the step-time model picks among every mesh of the job's
+// strategy (or one replica), the global batch kept at no larger a batch
+// per rank: with links that cost nothing, one without a pipeline bubble;
+// with slow ones, the pipeline, whose activations are far less than GPT-2
+// small's parameters that FSDP gathers.
+TEST(ElasticMeshTest, OnFewerRanksTheFastestMeshForTheSameBatchWins) {
+  TrainConfig job = ElasticJob();
+  job.model = "gpt2";
+  HostRates fast = Rates(4);
+  fast.intra_node = {1e-9, 1e15};
+  HostRates slow = Rates(4);
+  slow.intra_node = {1e-3, 1e6};
+  for (const HostRates* rates : {&fast, &slow}) {
+    absl::StatusOr<ElasticMeshChoice> chosen =
+        ChooseElasticMesh(job, 4, 2, rates);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_EQ(GlobalBatch(chosen->config, 2), 16) << chosen->name;
+    EXPECT_LE(chosen->config.batch_size, 8) << chosen->name;
+    EXPECT_TRUE(chosen->config.CheckMeshWorld(2).ok()) << chosen->name;
+    EXPECT_GT(chosen->candidates, 1);
+    EXPECT_GT(chosen->predicted_tokens_per_second, 0);
+    EXPECT_THAT(chosen->why, ::testing::HasSubstr("step-time model"));
+    // Nothing of 2 ranks the search weighs is predicted faster.
+    MeshSearchOptions all;
+    all.devices = 2;
+    all.global_batch = 16;
+    all.strategy = "fsdp";
+    all.one_replica_too = true;
+    all.max_batch = 8;
+    all.checkpointing = false;
+    absl::StatusOr<std::vector<MeshCandidate>> ranked =
+        SearchMeshes(job, all, rates);
+    ASSERT_TRUE(ranked.ok());
+    std::vector<std::string> names = Names(*ranked);
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"fsdp2", "pp2", "tp2"}));
+    for (const MeshCandidate& c : *ranked) {
+      EXPECT_LE(c.time.tokens_per_second,
+                chosen->predicted_tokens_per_second * (1 + 1e-12))
+          << c.name;
+    }
+  }
+  EXPECT_EQ(ChooseElasticMesh(job, 4, 2, &fast)->config.pipeline_stages, 1);
+  EXPECT_EQ(ChooseElasticMesh(job, 4, 2, &slow)->name, "pp2");
+  // On one rank there is one mesh.
+  absl::StatusOr<ElasticMeshChoice> one = ChooseElasticMesh(job, 4, 1, &slow);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->name, "single");
+  EXPECT_EQ(one->candidates, 1);
+  EXPECT_EQ(one->config.batch_size * one->config.grad_accum, 16);
+}
+
+// Without rates the job keeps its own stages and tensor ranks where they
+// divide the ranks; the sizes it may run at are those some mesh shares
+// its batch at.
+TEST(ElasticMeshTest, WithoutRatesItKeepsItsStagesAndSaysWhichSizesWork) {
+  TrainConfig job = ElasticJob();
+  absl::StatusOr<ElasticMeshChoice> two = ChooseElasticMesh(job, 4, 2, nullptr);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->name, "pp2");
+  EXPECT_EQ(two->predicted_tokens_per_second, 0);
+  EXPECT_THAT(two->why, ::testing::HasSubstr("no measured rates"));
+  EXPECT_EQ(GlobalBatch(two->config, 2), 16);
+  // 16 sequences: 3 ranks of fsdp cannot share them, nor a pipeline of 3.
+  EXPECT_FALSE(ChooseElasticMesh(job, 4, 3, nullptr).ok());
+  EXPECT_EQ(ElasticWorldSizes(job, 4, 1), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(ElasticWorldSizes(job, 4, 2), (std::vector<int64_t>{2, 4}));
+
+  // HSDP keeps its shard groups whole: 2 per group, so even sizes only.
+  TrainConfig hsdp = Config("hsdp", 1);
+  hsdp.batch_size = 3;
+  hsdp.shard_group_size = 2;
+  EXPECT_EQ(ElasticWorldSizes(hsdp, 8, 1),
+            (std::vector<int64_t>{1, 2, 4, 6, 8}));
+
+  // A memory cap no mesh of fewer ranks fits: refused naming it.
+  TrainConfig capped = ElasticJob();
+  capped.memory_cap = 1;
+  absl::StatusOr<ElasticMeshChoice> none =
+      ChooseElasticMesh(capped, 4, 2, nullptr);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(),
+              ::testing::HasSubstr("no fsdp mesh of 2 ranks shares the 16 "
+                                   "sequences per step at 8 or fewer per rank "
+                                   "within memory_cap"));
+}
+
 TEST(StepTimePlanTest, MeasuredAgainstThePredictionInWords) {
   EXPECT_EQ(MeasuredAgainstPrediction(1791, 861), "52% below the prediction");
   EXPECT_EQ(MeasuredAgainstPrediction(866, 1132), "31% above the prediction");
