@@ -198,6 +198,9 @@ absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
                      chosen.status().message()));
   }
   SetMeshFields(chosen->config, resolved);
+  // The world this attempt's mesh is checked against (the ranks the
+  // launcher starts).
+  resolved->set_world_size(launch.world_size);
   log << "elastic: " << launch.world_size << " of " << spec.world_size()
       << " ranks train " << chosen->name << " (batch "
       << chosen->config.batch_size << " x accum " << chosen->config.grad_accum

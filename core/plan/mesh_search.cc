@@ -476,7 +476,14 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
   choice.config = chosen.config;
   choice.config.memory_cap = job.memory_cap;
   choice.name = chosen.name;
-  if (timed) {
+  if (ranked.size() == 1) {
+    choice.why = absl::StrCat("the only mesh of ", world,
+                              world == 1 ? " rank" : " ranks", " that shares ",
+                              global, " sequences per step");
+    if (timed) {
+      choice.predicted_tokens_per_second = chosen.time.tokens_per_second;
+    }
+  } else if (timed) {
     choice.predicted_tokens_per_second = chosen.time.tokens_per_second;
     const std::string why = WhyFirstWins(ranked);
     choice.why = absl::StrCat(

@@ -420,16 +420,15 @@ TEST_F(CoordinatorTrainingTest,
       v1::CANCELLED);
 }
 
-// The same host with an elastic job: alice's FSDP job on both slots gives
-// one up for bob's urgent job instead of stopping (re-meshed to one rank from
-// its checkpoint), grows back to two when bob's job ends, and trains as an
-// uninterrupted run does, the global batch kept throughout.
-TEST_F(CoordinatorTrainingTest,
-       AnElasticJobShrinksForAnUrgentOneGrowsBackAndTrainsAsIfUnbroken) {
-  DaemonOptions options;
-  options.extra_flags = {"--preempt-grace", "60"};
-  auto daemon = StartDaemon(options);
-  v1::JobSpec alices = TinySpec("fsdp", 2, 40);
+// The same host with an elastic job: alice's job on both slots gives one up
+// for bob's urgent job instead of stopping (re-meshed to one rank from its
+// checkpoint, on `shrunk_mesh`), grows back to two (`own_mesh`) when bob's
+// job ends, and trains as an uninterrupted run does, the global batch kept
+// throughout.
+void ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(Daemon* daemon,
+                                                 v1::JobSpec alices,
+                                                 const std::string& shrunk_mesh,
+                                                 const std::string& own_mesh) {
   alices.mutable_trainer()->set_checkpoint_every(1000);
   v1::Job reference;
   ASSERT_GRPC_OK(daemon->Submit(alices, &reference));
@@ -444,6 +443,7 @@ TEST_F(CoordinatorTrainingTest,
   ASSERT_GRPC_OK(daemon->Submit(alices, &elastic));
   ASSERT_TRUE(ReachedStep(4)(
       daemon->WaitFor(elastic.id(), ReachedStep(4), absl::Seconds(300))));
+  EXPECT_EQ(daemon->Get(elastic.id()).mesh(), own_mesh);
   v1::JobSpec urgent = TinySpec("single", 1, 3);
   urgent.set_priority(10);
   v1::Job high;
@@ -456,21 +456,25 @@ TEST_F(CoordinatorTrainingTest,
       },
       absl::Seconds(120));
   EXPECT_EQ(shrunk.world_size(), 1) << shrunk.DebugString();
+  EXPECT_EQ(shrunk.mesh(), shrunk_mesh);
   EXPECT_EQ(
       daemon->WaitFor(high.id(), test::IsTerminal, absl::Seconds(300)).state(),
       v1::SUCCEEDED);
   const v1::Job done =
       daemon->WaitFor(elastic.id(), test::IsTerminal, absl::Seconds(600));
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  const std::string log = test::ReadFile(daemon->state_dir() + "/jobs/" +
+                                         elastic.id() + "/rank-0.log");
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << log;
   EXPECT_EQ(done.restarts(), 0);
   EXPECT_EQ(done.preemptions(), 0);
   // Shrunk to 1, then grown back to 2 (its 36 steps left outlast bob's 3
   // by far).
   EXPECT_EQ(done.remeshes(), 2);
   EXPECT_EQ(done.world_size(), 2);
+  EXPECT_EQ(done.mesh(), own_mesh);
   EXPECT_THAT(done.resize_reason(), HasSubstr("grown from 1 to 2 ranks"));
-  const std::string log = test::ReadFile(JobDir(elastic.id()) + "/rank-0.log");
   EXPECT_THAT(log, HasSubstr("resumed from"));
+  EXPECT_THAT(log, HasSubstr("elastic: 1 of 2 ranks train " + shrunk_mesh));
 
   // Rank 0's losses, step by step, against the run that was never touched.
   std::map<int64_t, double> expected, got;
@@ -488,6 +492,28 @@ TEST_F(CoordinatorTrainingTest,
   const std::string metrics = daemon->ScrapeMetrics();
   EXPECT_THAT(metrics, HasSubstr("shardtrain_job_remeshes_total"));
   EXPECT_THAT(metrics, HasSubstr("shardtrain_queue_wait_seconds_count"));
+}
+
+TEST_F(CoordinatorTrainingTest,
+       AnElasticJobShrinksForAnUrgentOneGrowsBackAndTrainsAsIfUnbroken) {
+  DaemonOptions options;
+  options.extra_flags = {"--preempt-grace", "60"};
+  auto daemon = StartDaemon(options);
+  ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(
+      daemon.get(), TinySpec("fsdp", 2, 40), "single", "fsdp2");
+}
+
+// With pipeline stages: pp2 continues on the one mesh of one rank and
+// returns to its two stages.
+TEST_F(CoordinatorTrainingTest,
+       AnElasticPipelineJobIsReMeshedAndTrainsAsIfUnbroken) {
+  DaemonOptions options;
+  options.extra_flags = {"--preempt-grace", "60"};
+  auto daemon = StartDaemon(options);
+  v1::JobSpec pipeline = TinySpec("single", 2, 40);
+  pipeline.mutable_strategy()->set_pipeline_stages(2);
+  ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(daemon.get(), pipeline, "single",
+                                              "pp2");
 }
 
 }  // namespace
