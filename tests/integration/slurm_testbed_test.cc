@@ -446,6 +446,77 @@ TEST_F(SlurmTestbedTest, AnElasticJobContinuesOnTwoNodesWhenOneIsPoweredOff) {
             << worst << " over 12 steps\n";
 }
 
+// Under Slurm, an elastic job on all three nodes gives one up for an urgent
+// job (its tasks get SIGUSR1 through scancel, save a checkpoint and exit
+// 85: a re-mesh, not a failure), continues on two, grows back to three
+// when the urgent job ends, and trains exactly as the uninterrupted run.
+TEST_F(SlurmTestbedTest, AnElasticJobShrinksForAnUrgentOneAndGrowsBack) {
+  v1::JobSpec spec = TinySpec("ddp", 16);
+  spec.set_world_size(3);  // 3 x 2 = 6 sequences per step
+  spec.mutable_elastic()->set_min_world_size(1);
+  auto cluster = StartDaemon("slurm", /*slurm=*/true);
+  v1::Job job;
+  ASSERT_GRPC_OK(cluster->Submit(spec, &job));
+  const v1::Job running = cluster->WaitFor(
+      job.id(),
+      [](const v1::Job& j) {
+        return test::IsTerminal(j) ||
+               (j.state() == v1::RUNNING && j.last_step().step() >= 3);
+      },
+      absl::Seconds(300));
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+  v1::JobSpec urgent_spec = TinySpec("single", 2);
+  urgent_spec.set_world_size(1);
+  urgent_spec.set_priority(10);
+  v1::Job urgent;
+  ASSERT_GRPC_OK(cluster->Submit(urgent_spec, &urgent));
+  const v1::Job shrunk = cluster->WaitFor(
+      job.id(),
+      [](const v1::Job& j) {
+        return test::IsTerminal(j) ||
+               (j.state() == v1::RUNNING && j.world_size() == 2);
+      },
+      absl::Seconds(300));
+  EXPECT_EQ(shrunk.world_size(), 2) << shrunk.DebugString() << cluster->log();
+  EXPECT_EQ(
+      cluster->WaitFor(urgent.id(), test::IsTerminal, absl::Seconds(300))
+          .state(),
+      v1::SUCCEEDED);
+  const v1::Job finished =
+      cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(finished.state(), v1::SUCCEEDED)
+      << finished.DebugString() << cluster->log();
+  EXPECT_EQ(finished.restarts(), 0);
+  EXPECT_EQ(finished.preemptions(), 0);
+  EXPECT_EQ(finished.remeshes(), 2);
+  EXPECT_EQ(finished.world_size(), 3);
+  EXPECT_THAT(finished.resize_reason(), HasSubstr("grown from 2 to 3 ranks"));
+  EXPECT_THAT(test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
+              HasSubstr("stopping after step"));
+
+  auto local = StartDaemon("local", /*slurm=*/false);
+  v1::JobSpec whole = TinySpec("ddp", 16);
+  whole.mutable_trainer()->set_batch_size(3);
+  v1::Job reference;
+  ASSERT_GRPC_OK(local->Submit(whole, &reference));
+  const v1::Job done =
+      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  const std::map<int64_t, double> expected = Losses(*local, done.id());
+  const std::map<int64_t, double> got = Losses(*cluster, job.id());
+  ASSERT_EQ(expected.size(), 16u);
+  ASSERT_EQ(got.size(), 16u);
+  double worst = 0;
+  for (const auto& [step, loss] : expected) {
+    const double diff = std::abs(got.at(step) - loss) / std::abs(loss);
+    EXPECT_LE(diff, 1e-5) << "step " << step;
+    worst = std::max(worst, diff);
+  }
+  std::cout << "slurm test bed: elastic 3 -> 2 -> 3 nodes around an urgent "
+               "job vs uninterrupted: largest relative loss difference "
+            << worst << " over 16 steps\n";
+}
+
 TEST_F(SlurmTestbedTest, CancelLeavesNothingInSlurmsQueue) {
   auto cluster = StartDaemon("slurm", /*slurm=*/true);
   v1::Job job;
