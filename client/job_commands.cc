@@ -188,6 +188,12 @@ void PrintJobDetail(const v1::Job& job, std::ostream& out) {
       {"restarts",
        absl::StrCat(job.restarts(), " of ", job.spec().max_restarts())},
       {"preemptions", std::to_string(job.preemptions())},
+      {"re-meshes",
+       job.remeshes() > 0
+           ? absl::StrCat(job.remeshes(), " (",
+                          FormatDuration(job.remesh_seconds_lost()),
+                          " without a step)")
+           : "0"},
       {"eta", job.eta_seconds() > 0 ? FormatDuration(job.eta_seconds()) : "-"},
       {"ranks",
        job.world_size() > 0 && job.world_size() != job.spec().world_size()

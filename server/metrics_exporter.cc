@@ -117,6 +117,14 @@ void MetricsExporter::RegisterJobMetrics() {
                        "the job's owner")
                    .Register(r);
   remeshes_->Add({{"user", ""}});
+  remesh_lost_ = &BuildCounter()
+                      .Name("shardtrain_job_remesh_lost_seconds_total")
+                      .Help(
+                          "Seconds elastic jobs went without a step across "
+                          "their re-meshes (ranks stopped on the old mesh to "
+                          "the first step on the new one), by the job's owner")
+                      .Register(r);
+  remesh_lost_->Add({{"user", ""}});
   queue_wait_ = &BuildHistogram()
                      .Name("shardtrain_queue_wait_seconds")
                      .Help(
@@ -276,11 +284,20 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   series.strategy = job.spec().strategy().name();
   series.mesh = JobMesh(job);
   if (before == v1::JOB_STATE_UNSPECIFIED) {
-    series.remeshes = job.remeshes();  // counted by an earlier daemon
-  } else if (job.remeshes() > series.remeshes) {
-    remeshes_->Add({{"user", job.owner()}})
-        .Increment(job.remeshes() - series.remeshes);
+    // Counted by an earlier daemon.
     series.remeshes = job.remeshes();
+    series.remesh_lost = job.remesh_seconds_lost();
+  } else {
+    if (job.remeshes() > series.remeshes) {
+      remeshes_->Add({{"user", job.owner()}})
+          .Increment(job.remeshes() - series.remeshes);
+      series.remeshes = job.remeshes();
+    }
+    if (job.remesh_seconds_lost() > series.remesh_lost) {
+      remesh_lost_->Add({{"user", job.owner()}})
+          .Increment(job.remesh_seconds_lost() - series.remesh_lost);
+      series.remesh_lost = job.remesh_seconds_lost();
+    }
   }
   UpdateGoodput(job, series);
   if (before == job.state()) return;

@@ -101,6 +101,7 @@ class MetricsExporter : public JobObserver {
     absl::Time ended = absl::InfiniteFuture();
     absl::Time queued_at = absl::InfinitePast();  // last entered QUEUED
     int remeshes = 0;  // Job.remeshes already counted
+    double remesh_lost = 0;  // Job.remesh_seconds_lost already counted
     prometheus::Gauge* goodput = nullptr;
     std::string owner;
     double held = 0;  // Job.device_seconds_held and _kept, last seen
@@ -140,6 +141,7 @@ class MetricsExporter : public JobObserver {
   prometheus::Counter* restarts_total_;
   prometheus::Family<prometheus::Counter>* preemptions_;
   prometheus::Family<prometheus::Counter>* remeshes_;
+  prometheus::Family<prometheus::Counter>* remesh_lost_;
   prometheus::Family<prometheus::Gauge>* job_goodput_;
   prometheus::Family<prometheus::Gauge>* user_goodput_;
   // Per user: device-seconds held and kept over the jobs this daemon knows.

@@ -127,6 +127,8 @@ absl::StatusOr<bool> WorkerReports::ReportProgress(
       // what the new mesh does.
       const absl::Duration lost = table_->clock->Now() - entry->remesh_started;
       entry->remesh_started = absl::InfinitePast();
+      job.set_remesh_seconds_lost(job.remesh_seconds_lost() +
+                                  absl::ToDoubleSeconds(lost));
       table_->Persist(
           *entry,
           table_->Event(

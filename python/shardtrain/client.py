@@ -91,6 +91,10 @@ class Job:
     owner: str  # the user who submitted it ("" on a daemon without users)
     priority: int  # effective: the priority class's, else spec.priority
     preemptions: int
+    # Times an elastic job's mesh changed while it ran, and the seconds it
+    # went without a step across them.
+    remeshes: int
+    remesh_seconds_lost: float
     eta_seconds: float  # RUNNING: its pace so far times the steps left; else 0
     model: str
     strategy: str
@@ -122,6 +126,8 @@ class Job:
             owner=job.owner,
             priority=job.priority,
             preemptions=job.preemptions,
+            remeshes=job.remeshes,
+            remesh_seconds_lost=job.remesh_seconds_lost,
             eta_seconds=job.eta_seconds,
             model=job.spec.model,
             strategy=job.spec.strategy.name,

@@ -470,6 +470,7 @@ void ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(Daemon* daemon,
   // Shrunk to 1, then grown back to 2 (its 36 steps left outlast bob's 3
   // by far).
   EXPECT_EQ(done.remeshes(), 2);
+  EXPECT_GT(done.remesh_seconds_lost(), 0);
   EXPECT_EQ(done.world_size(), 2);
   EXPECT_EQ(done.mesh(), own_mesh);
   EXPECT_THAT(done.resize_reason(), HasSubstr("grown from 1 to 2 ranks"));

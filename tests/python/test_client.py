@@ -217,7 +217,9 @@ def test_users_own_their_jobs_and_only_they_or_an_admin_cancel_them(tmp_path, da
                 shardtrain.Client(daemon.address, token="tok-o") as ops:
             job = alice.submit(data=data, max_steps=100000, **SMALL)
             assert job.owner == "alice"
-            assert bob.get(job.id).owner == "alice" and bob.get(job.id).preemptions == 0
+            seen = bob.get(job.id)
+            assert seen.owner == "alice" and seen.preemptions == 0
+            assert seen.remeshes == 0 and seen.remesh_seconds_lost == 0.0
             with pytest.raises(shardtrain.PermissionDenied, match="belongs to alice"):
                 bob.cancel(job.id)
             assert ops.cancel(job.id).id == job.id

@@ -402,11 +402,14 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
   ASSERT_EQ(elastic_pids.size(), 2u);
   step.set_step(6);
   step.set_tokens_per_second(2500);
+  clock_.Advance(absl::Seconds(7));
   ASSERT_TRUE(manager_->ReportProgress(Identity(elastic_pids[0]), {step}).ok());
   said = events();
   EXPECT_THAT(said, Contains(AllOf(HasSubstr("re-meshed pp2xddp2 -> tp2: "
                                              "2500 tokens/s ("),
-                                   HasSubstr(" predicted), was 4000"))));
+                                   HasSubstr(" predicted), was 4000; 7.0 s "
+                                             "without a step"))));
+  EXPECT_DOUBLE_EQ(Get(elastic).remesh_seconds_lost(), 7);
 
   // The urgent job ends: back to 4 ranks on its own mesh.
   for (int pid : urgent_pids) launcher_.Exit(pid, ExitStatus{0, 0});
