@@ -210,6 +210,36 @@ absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
   return absl::OkStatus();
 }
 
+// The step-time model's seconds for all of the attempt's steps, over this
+// host's cached rates (never measured here: a launch does not wait for a
+// calibration to predict); 0 when there are none or the model cannot price
+// the mesh. The steps: max_steps, else its epochs of `train_tokens` at the
+// global batch (the trainer's count to within a window per epoch).
+double PredictedRunSeconds(const v1::JobSpec& resolved,
+                           const RankLaunch& launch,
+                           std::optional<int64_t> train_tokens) {
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(resolved, launch.job_dir);
+  if (!config.ok() || config->strategy == kAutoStrategy) return 0;
+  std::ostringstream ignored;
+  absl::StatusOr<HostRates> rates =
+      LoadOrMeasureHostRates(*config, /*calibrator=*/"", ignored);
+  if (!rates.ok()) return 0;
+  absl::StatusOr<StepTimePlan> step =
+      PlanStepTime(*config, launch.world_size, launch.world_size, *rates);
+  if (!step.ok() || step->step_seconds <= 0) return 0;
+  int64_t steps = config->max_steps;
+  if (steps <= 0 && train_tokens.has_value()) {
+    const int64_t sequences = config->batch_size *
+                              std::max<int64_t>(1, config->grad_accum) *
+                              config->DataParallelSize(launch.world_size);
+    steps = config->epochs *
+            (*train_tokens / std::max<int64_t>(1, config->seq_len + 1)) /
+            std::max<int64_t>(1, sequences);
+  }
+  return steps > 0 ? step->step_seconds * static_cast<double>(steps) : 0;
+}
+
 // The attempt's spec.json (what its ranks train) and a header line in each
 // rank's log, followed by `log_text`.
 absl::Status WriteAttemptFiles(const RankLaunch& launch, int attempt,
@@ -287,6 +317,8 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
         tokens.ok()) {
       prepared.train_tokens = *tokens;
     }
+    prepared.predicted_seconds =
+        PredictedRunSeconds(resolved, launch, prepared.train_tokens);
     status = WriteAttemptFiles(launch, request.attempt, request.started,
                                resolved, auto_log);
   }
@@ -324,6 +356,7 @@ int AttemptSupervisor::RecordStartedRanks(JobEntry& entry,
   if (prepared.train_tokens.has_value()) {
     job.set_train_tokens(*prepared.train_tokens);
   }
+  entry.predicted_seconds = prepared.predicted_seconds;
   if (!prepared.auto_mesh.empty()) {
     (*job.mutable_spec()->mutable_labels())["auto_mesh"] = prepared.auto_mesh;
   }

@@ -87,6 +87,8 @@ class AttemptSupervisor {
     bool skipped = false;  // stopped before the launcher was asked
     Attempt attempt;  // what the launcher started (see AttemptLauncher::Start)
     std::optional<int64_t> train_tokens;
+    // The step-time model's seconds for its steps (PredictedRunSeconds).
+    double predicted_seconds = 0;
     // Strategy auto: the mesh chosen for this attempt (MeshName).
     std::string auto_mesh;
     // An elastic job at another world size: the mesh chosen for it, its

@@ -320,7 +320,8 @@ ScheduleInput JobTable::SchedulerInput() const {
                          [&](int w) { return w > running.devices; }),
           running.worlds.end());
     }
-    // Its pace so far times the steps left (rank 0's last report).
+    // Its pace so far times the steps left (rank 0's last report); before
+    // any, the step-time model's time for its steps from its launch.
     const v1::StepMetrics& last = job.last_step();
     if (job.state() == v1::RUNNING && last.step_seconds() > 0 &&
         last.total_steps() >= last.step()) {
@@ -328,6 +329,10 @@ ScheduleInput JobTable::SchedulerInput() const {
           input.now +
           absl::Seconds(last.step_seconds() *
                         static_cast<double>(last.total_steps() - last.step()));
+    } else if (job.state() == v1::RUNNING && entry.predicted_seconds > 0) {
+      running.predicted_end =
+          std::max(input.now,
+                   entry.launch_time + absl::Seconds(entry.predicted_seconds));
     }
     input.running.push_back(std::move(running));
   }

@@ -59,6 +59,9 @@ struct JobEntry {
   std::vector<int> devices;
   std::vector<RankProcess> ranks;
   absl::Time launch_time;
+  // The step-time model's seconds for all of the attempt's steps, from this
+  // host's cached rates (0: none): its end until rank 0 reports a step.
+  double predicted_seconds = 0;
   StopIntent stop = StopIntent::kNone;
   absl::Time stop_deadline;
   bool killed = false;

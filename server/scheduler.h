@@ -54,8 +54,9 @@ struct RunningJobRef {
   // Its ranks are stopping (cancelled, failed or preempted): its devices
   // come back without anyone asking.
   bool stopping = false;
-  // When it is predicted to end (its pace so far times the steps left);
-  // unset when nothing predicts it yet.
+  // When it is predicted to end (its pace so far times the steps left; before
+  // its first step, the step-time model's time for its steps); unset when
+  // nothing predicts it yet.
   std::optional<absl::Time> predicted_end;
   // An elastic job that may change its mesh: the world sizes it may run at
   // (ascending, its present one among them). Empty: it is stopped whole.

@@ -12,6 +12,7 @@
 #include "common/exit_codes.h"
 #include "core/plan/step_time_plan.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/job_config.h"
 #include "server/job_manager.h"
 #include "tests/server/job_manager_fixture.h"
 
@@ -549,6 +550,46 @@ TEST_F(JobSharingTest, TheRunningJobsPaceGivesTheHeadItsStartAndBackfills) {
       Get(head).state_reason(),
       HasSubstr("needs 3 devices, 2 free; predicted to start in 1m40s"));
   EXPECT_EQ(Get(two).state(), v1::QUEUED);
+  EXPECT_EQ(Get(one).state(), v1::STARTING);
+  EXPECT_THAT(Get(one).state_reason(),
+              HasSubstr("backfilled ahead of " + head));
+}
+
+// Before a running job reports its first step, the step-time model over
+// this host's cached rates predicts its end: the head's start is known and
+// a job that fits the gap is backfilled at once.
+TEST_F(JobSharingTest, BeforeItsFirstStepTheStepTimeModelPredictsItsEnd) {
+  HostRates rates;
+  rates.device = "cpu";
+  rates.cores = 8;
+  rates.flops_per_thread = 1e10;
+  rates.compute_model = "gpt2-tiny";
+  rates.optimizer_seconds_per_parameter = 1e-8;
+  rates.intra_node = {50e-6, 1e9};
+  rates.measured_at = "2026-01-01 00:00 UTC";
+  ASSERT_TRUE(SaveHostRates(rates).ok());
+  v1::JobSpec spec = Spec(2);
+  spec.mutable_trainer()->set_max_steps(50);
+  const std::string running = manager_->Submit(spec, kAlice)->id();
+  const absl::Time launched = clock_.Now();
+  ASSERT_EQ(TickAndRegister().size(), 2u);
+  absl::StatusOr<TrainConfig> config =
+      TrainConfigFromJobSpec(Get(running).spec(), "/");
+  ASSERT_TRUE(config.ok());
+  absl::StatusOr<StepTimePlan> step = PlanStepTime(*config, 2, 2, rates);
+  ASSERT_TRUE(step.ok()) << step.status();
+
+  const std::string head = manager_->Submit(Spec(3), kBob)->id();
+  const std::string one = manager_->Submit(Spec(1), kBob)->id();
+  const ClusterView view = manager_->Cluster();
+  EXPECT_EQ(view.head, head);
+  ASSERT_TRUE(view.head_predicted_start.has_value());
+  EXPECT_LE(
+      absl::AbsDuration(*view.head_predicted_start -
+                        (launched + absl::Seconds(50 * step->step_seconds))),
+      absl::Milliseconds(1));
+  manager_->Tick();
+  EXPECT_EQ(Get(head).state(), v1::QUEUED);
   EXPECT_EQ(Get(one).state(), v1::STARTING);
   EXPECT_THAT(Get(one).state_reason(),
               HasSubstr("backfilled ahead of " + head));
