@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_file.h"
+#include "common/secrets.h"
 
 namespace shardtrain {
 namespace {
@@ -25,12 +26,6 @@ bool ValidUserName(absl::string_view name) {
     }
   }
   return true;
-}
-
-bool SameToken(absl::string_view a, absl::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
 }
 
 }  // namespace
@@ -153,7 +148,7 @@ std::optional<Caller> UserDirectory::Find(absl::string_view token) const {
   // Every record is compared, so the time taken says nothing of which one
   // (or whether one) matched.
   for (const UserRecord& record : records_) {
-    if (SameToken(token, record.token) && !found.has_value()) {
+    if (SecretsEqual(token, record.token) && !found.has_value()) {
       found = Caller{record.user, record.admin};
     }
   }

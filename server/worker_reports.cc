@@ -5,19 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secrets.h"
 #include "proto/job_config.h"
 #include "server/job_watch.h"
 
 namespace shardtrain {
 namespace {
-
-// Compares without an early exit, so timing reveals nothing of the secret.
-bool SecretsEqual(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
 
 // The ranks are told to exit at once when their attempt is being stopped,
 // but for a preemption: then they save a checkpoint first (asked by
