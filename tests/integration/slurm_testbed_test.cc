@@ -478,10 +478,9 @@ TEST_F(SlurmTestbedTest, AnElasticJobShrinksForAnUrgentOneAndGrowsBack) {
       },
       absl::Seconds(300));
   EXPECT_EQ(shrunk.world_size(), 2) << shrunk.DebugString() << cluster->log();
-  EXPECT_EQ(
-      cluster->WaitFor(urgent.id(), test::IsTerminal, absl::Seconds(300))
-          .state(),
-      v1::SUCCEEDED);
+  EXPECT_EQ(cluster->WaitFor(urgent.id(), test::IsTerminal, absl::Seconds(300))
+                .state(),
+            v1::SUCCEEDED);
   const v1::Job finished =
       cluster->WaitFor(job.id(), test::IsTerminal, absl::Seconds(600));
   ASSERT_EQ(finished.state(), v1::SUCCEEDED)
