@@ -866,11 +866,7 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
 void AttemptSupervisor::ScheduleQueued() {
   ScheduleInput input = table_->SchedulerInput();
   if (input.queue.empty() &&
-      std::none_of(input.running.begin(), input.running.end(),
-                   [](const RunningJobRef& job) {
-                     return !job.worlds.empty() &&
-                            job.worlds.back() > job.devices;
-                   })) {
+      std::none_of(input.running.begin(), input.running.end(), MayGrow)) {
     return;
   }
   const ScheduleDecision decision = Schedule(std::move(input));

@@ -101,6 +101,15 @@ HeadPlan PlanHead(const QueuedJobRef& head, int free,
   return plan;
 }
 
+}  // namespace
+
+bool MayGrow(const RunningJobRef& job) {
+  return !job.stopping && !job.worlds.empty() &&
+         job.worlds.back() > job.devices;
+}
+
+namespace {
+
 // With nobody waiting for devices: the elastic jobs running smaller than
 // they may, higher priority first, each grown to the largest world the
 // devices still free allow.
@@ -109,10 +118,7 @@ void PlanGrowth(const std::vector<RunningJobRef>& running,
                 std::vector<Growth>* grow) {
   std::vector<const RunningJobRef*> growable;
   for (const RunningJobRef& job : running) {
-    if (!job.stopping && !job.worlds.empty() &&
-        job.worlds.back() > job.devices) {
-      growable.push_back(&job);
-    }
+    if (MayGrow(job)) growable.push_back(&job);
   }
   std::sort(growable.begin(), growable.end(),
             [](const RunningJobRef* a, const RunningJobRef* b) {

@@ -103,6 +103,10 @@ struct ScheduleDecision {
 };
 
 ScheduleDecision Schedule(ScheduleInput input);
+// Whether Schedule may grow `job`: an elastic job, not stopping, running
+// smaller than it may. (Callers skip Schedule when nothing waits and no job
+// may grow.)
+bool MayGrow(const RunningJobRef& job);
 // Without running jobs, quotas or predictions (strict order).
 ScheduleDecision Schedule(std::vector<QueuedJobRef> queue,
                           const std::vector<int>& free_devices);

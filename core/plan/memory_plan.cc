@@ -39,28 +39,37 @@ struct Shapes {
 };
 
 // Bytes per token autograd keeps for one Llama block, counted tensor by
-// tensor for model/llama.cc: the two RMSNorms' outputs (C + C) and their
-// reciprocal roots (1 + 1 float); the rotary products' operands, the queries
-// and keys and their halves turned (2C + 2 kv, kv the key/value heads'
-// width); the rotated queries (C) and the keys and values repeated to every
-// query head (C + C); attention: the probabilities
-// (heads x T) and a contiguous copy of the queries (C) for a masked softmax,
-// or the output and a log-sum-exp per head (C + heads) fused; the heads
-// merged back, saved by o_proj (C); the residual after attention (C); the
-// MLP's gate, its SiLU, up and their product (4 x I); the block's output (C,
-// the next block's input). A tensor-parallel rank holds 1/T of everything
-// but the norms' outputs, the residual and the block's output (4C whole).
-// Counted from the code, then checked against the tracking allocator
-// (memory_plan_test: llama-tiny on every data-parallel mesh, TP 2 and PP 2).
+// tensor for model/llama.cc (and checked by walking the autograd graph of
+// the same ops):
+//   each RMSNorm (computed in fp32): the normalised input, kept by the
+//   weight's product (C), its reciprocal root (1 float) and, on LibTorch
+//   1.x, whose mean keeps its input, the squares (C; 2.x keeps the shape);
+//   its output, kept by the projections that read it (C);
+//   attention: the rotated queries made contiguous, the keys and values
+//   repeated to every query head (C + C + C; the rotary products keep only
+//   their constant tables), the probabilities (heads x T) for a masked
+//   softmax or the output and a log-sum-exp per head (C + heads) fused, and
+//   the heads merged back, kept by o_proj (C);
+//   the residual after attention (C), kept by the second norm;
+//   the MLP's gate (kept by SiLU), its SiLU and up (kept by their product)
+//   and the product (kept by down_proj): 4 x I;
+//   the block's output (C, the next block's input).
+// A tensor-parallel rank holds 1/T of the attention's and the MLP's tensors;
+// the norms' tensors, their outputs, the residual and the block's output
+// are whole. Checked against the tracking allocator (memory_plan_test:
+// llama-tiny on every data-parallel mesh, TP 2 and PP 2).
 int64_t LlamaBlockBytesPerToken(const Shapes& s, int64_t element_bytes,
                                 AttentionKind attention) {
   const int64_t t = s.tensor_parallel;
   const bool masked = attention == AttentionKind::kMaskedSoftmax;
   const int64_t attention_floats =
       masked ? s.heads / t * s.seq : (s.c + s.heads) / t;
-  const int64_t split =
-      (masked ? 5 * s.c : 4 * s.c) / t + 2 * (s.c + s.kv) / t + 4 * s.mlp / t;
-  return element_bytes * (4 * s.c + split) + 4 * (2 + attention_floats);
+  // The norms' fp32 tensors: normalised inputs, and the squares on 1.x
+  // (the masked-softmax build).
+  const int64_t norm_floats = (masked ? 4 : 2) * s.c + 2;
+  const int64_t whole = 4 * s.c;  // norm outputs, residual, block output
+  const int64_t split = (4 * s.c + 4 * s.mlp) / t;
+  return element_bytes * (whole + split) + 4 * (norm_floats + attention_floats);
 }
 
 // Bytes per token autograd keeps for one transformer block, counted tensor

@@ -420,7 +420,7 @@ TEST_F(MemoryPlanTest, PredictsEachPipelineStageOfGpt2Tiny) {
 // stage 0 peaks in the all-reduce of its gradients.
 // The Llama family's pipeline stages and tensor-parallel ranks: each stage's
 // plan, and a tensor-parallel rank's, against the measured peak (measured:
-// the stages 0.12% and 0.16% under, a TP 2 rank 1.4% under).
+// the stages 0.12% and 0.16% under, a TP 2 rank 0.5% under).
 TEST_F(MemoryPlanTest, PredictsLlamaStagesAndTensorRanks) {
   CheckPipeline("llama-tiny", 4, 128, PipelineCase{2, 2, 2, "1f1b", "none"});
   TrainConfig config;

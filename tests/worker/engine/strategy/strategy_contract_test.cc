@@ -234,9 +234,11 @@ TEST(StrategyContractModelTest, UntiedLlamaHeadMatchesOneDeviceOnEveryMesh) {
       {{"pp2xtp2 interleaved over 2 chunks", "single", 2, 2, 4, 0, 2}});
 }
 
-// A Llama checkpoint (its untied head too) written by FSDP on two ranks
-// resumes on other meshes and world sizes: one device, and two tensor ranks
-// over the same replica, each continuing as one device would have.
+// A Llama checkpoint (its untied head too) written on one mesh resumes on
+// other meshes and world sizes, each continuing as one device would have:
+// FSDP on two ranks, resumed on one device and on two tensor ranks over one
+// replica; and two pipeline stages x FSDP 2 x TP 2 on eight ranks, resumed
+// on one device.
 TEST(StrategyContractModelTest, LlamaCheckpointResumesOnAnotherMesh) {
   const std::string spec = std::string(kLlamaSpec) + ",tie_embeddings=0";
   constexpr int64_t kSteps = 4;
@@ -249,68 +251,88 @@ TEST(StrategyContractModelTest, LlamaCheckpointResumesOnAnotherMesh) {
   const test::TrainResult uninterrupted =
       test::TrainSingle(spec, kSeed, batches, loop);
 
-  const fs::path dir = fs::path(testing::TempDir()) / "contract-llama-ckpt";
-  fs::remove_all(dir);
-  fs::create_directories(dir / "export");
-  fs::create_directories(dir / "ckpt");
-  TrainConfig fsdp;
-  fsdp.model = spec;
-  fsdp.strategy = "fsdp";
-  RunRanks(2, [&](int64_t rank, Communicator& comm) {
-    torch::set_num_threads(1);
-    std::unique_ptr<Strategy> strategy =
-        test::FactoryMaker(fsdp)(rank, 2, &comm);
-    ASSERT_TRUE(strategy->Setup(test::MakeCausalLm(spec, kSeed)).ok());
-    test::TrainLoop first = loop;
-    first.last_step = kSaveAt;
-    test::TrainResult ignored;
-    test::Train(*strategy, batches, rank, 2, first, &ignored);
-    strategy->Barrier();
-    const absl::Status saved =
-        strategy->SaveCheckpoint((dir / "ckpt").string());
-    ASSERT_TRUE(saved.ok()) << saved;
-  });
   struct Resume {
     const char* name;
     const char* strategy;
     int64_t tensor, world;
   };
-  for (const Resume& r :
-       {Resume{"single", "single", 1, 1}, Resume{"tp2", "single", 2, 2}}) {
-    TrainConfig config;
-    config.model = spec;
-    config.strategy = r.strategy;
-    config.tensor_parallel = r.tensor;
-    std::vector<test::TrainResult> resumed(r.world);
-    fs::create_directories(dir / "export" / r.name);
-    RunRanks(r.world, [&](int64_t rank, Communicator& comm) {
+  struct Writer {
+    const char* name;
+    int64_t stages, tensor, world;
+    std::vector<Resume> resumes;
+  };
+  const std::vector<Writer> writers = {
+      {"fsdp2",
+       1,
+       1,
+       2,
+       {Resume{"single", "single", 1, 1}, Resume{"tp2", "single", 2, 2}}},
+      {"pp2xfsdp2xtp2", 2, 2, 8, {Resume{"single", "single", 1, 1}}}};
+  for (const Writer& w : writers) {
+    SCOPED_TRACE(std::string("written by ") + w.name);
+    const fs::path dir = fs::path(testing::TempDir()) /
+                         (std::string("contract-llama-") + w.name);
+    fs::remove_all(dir);
+    fs::create_directories(dir / "export");
+    fs::create_directories(dir / "ckpt");
+    TrainConfig writer;
+    writer.model = spec;
+    writer.strategy = "fsdp";
+    writer.pipeline_stages = w.stages;
+    writer.tensor_parallel = w.tensor;
+    writer.micro_batches = w.stages > 1 ? 2 : 1;
+    RunRanks(w.world, [&](int64_t rank, Communicator& comm) {
       torch::set_num_threads(1);
       std::unique_ptr<Strategy> strategy =
-          test::FactoryMaker(config)(rank, r.world, &comm);
-      ASSERT_TRUE(strategy->Setup(test::MakeCausalLm(spec, /*seed=*/99)).ok());
-      const absl::Status loaded =
-          strategy->LoadCheckpoint((dir / "ckpt").string());
-      ASSERT_TRUE(loaded.ok()) << r.name << ": " << loaded;
-      test::TrainLoop rest = loop;
-      rest.first_step = kSaveAt;
-      test::Train(*strategy, batches, rank, r.world, rest, &resumed[rank]);
-      resumed[rank].params = test::FullParameters(
-          *strategy, spec, (dir / "export" / r.name).string());
+          test::FactoryMaker(writer)(rank, w.world, &comm);
+      ASSERT_TRUE(strategy->Setup(test::MakeCausalLm(spec, kSeed)).ok());
+      test::TrainLoop first = loop;
+      first.last_step = kSaveAt;
+      test::TrainResult ignored;
+      test::Train(*strategy, batches, rank, w.world, first, &ignored);
+      strategy->Barrier();
+      const absl::Status saved =
+          strategy->SaveCheckpoint((dir / "ckpt").string());
+      ASSERT_TRUE(saved.ok()) << saved;
     });
-    for (int64_t rank = 0; rank < r.world; ++rank) {
-      ASSERT_EQ(resumed[rank].losses.size(), kSteps - kSaveAt) << r.name;
-      for (int64_t i = 0; i < kSteps - kSaveAt; ++i) {
-        EXPECT_NEAR(resumed[rank].losses[i], uninterrupted.losses[kSaveAt + i],
-                    kTolerance.rel * uninterrupted.losses[kSaveAt + i])
-            << r.name << " step " << kSaveAt + i;
+    for (const Resume& r : w.resumes) {
+      TrainConfig config;
+      config.model = spec;
+      config.strategy = r.strategy;
+      config.tensor_parallel = r.tensor;
+      std::vector<test::TrainResult> resumed(r.world);
+      fs::create_directories(dir / "export" / r.name);
+      RunRanks(r.world, [&](int64_t rank, Communicator& comm) {
+        torch::set_num_threads(1);
+        std::unique_ptr<Strategy> strategy =
+            test::FactoryMaker(config)(rank, r.world, &comm);
+        ASSERT_TRUE(
+            strategy->Setup(test::MakeCausalLm(spec, /*seed=*/99)).ok());
+        const absl::Status loaded =
+            strategy->LoadCheckpoint((dir / "ckpt").string());
+        ASSERT_TRUE(loaded.ok()) << r.name << ": " << loaded;
+        test::TrainLoop rest = loop;
+        rest.first_step = kSaveAt;
+        test::Train(*strategy, batches, rank, r.world, rest, &resumed[rank]);
+        resumed[rank].params = test::FullParameters(
+            *strategy, spec, (dir / "export" / r.name).string());
+      });
+      for (int64_t rank = 0; rank < r.world; ++rank) {
+        ASSERT_EQ(resumed[rank].losses.size(), kSteps - kSaveAt) << r.name;
+        for (int64_t i = 0; i < kSteps - kSaveAt; ++i) {
+          EXPECT_NEAR(resumed[rank].losses[i],
+                      uninterrupted.losses[kSaveAt + i],
+                      kTolerance.rel * uninterrupted.losses[kSaveAt + i])
+              << r.name << " step " << kSaveAt + i;
+        }
+        EXPECT_LT(test::MaxAbsDiff(resumed[rank].params, uninterrupted.params),
+                  kTolerance.param)
+            << r.name << " rank " << rank;
+        EXPECT_EQ(resumed[rank].params.count("lm_head.weight"), 1u);
       }
-      EXPECT_LT(test::MaxAbsDiff(resumed[rank].params, uninterrupted.params),
-                kTolerance.param)
-          << r.name << " rank " << rank;
-      EXPECT_EQ(resumed[rank].params.count("lm_head.weight"), 1u);
     }
+    fs::remove_all(dir);
   }
-  fs::remove_all(dir);
 }
 
 // The check sees a gradient doubled in one tensor only (what a scale bug
