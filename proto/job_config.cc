@@ -213,17 +213,11 @@ absl::StatusOr<TrainConfig> TrainConfigFromJobSpec(const v1::JobSpec& spec,
   if (c.strategy == kAutoStrategy) {
     // The coordinator picks the mesh when the job starts (the ranks it then
     // has, this host's measured rates): the rest must hold whatever it
-    // picks, and an elastic job would change the mesh under its
-    // checkpoints.
+    // picks. An elastic one is picked for anew at each world size (the
+    // checkpoints load at any mesh).
     TrainConfig probe = c;
     probe.strategy = "single";
     if (absl::Status status = probe.Validate(); !status.ok()) return status;
-    if (min_world > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "elastic.min_world_size: got ", min_world,
-          "; strategy auto picks its mesh for the ranks a job starts with, "
-          "which an elastic job does not keep"));
-    }
     // Nothing that fits the memory cap: refused now, not at the start.
     if (c.memory_cap > 0) {
       if (absl::Status status = CheckAutoCanFit(c, spec.world_size());

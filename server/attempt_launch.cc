@@ -297,18 +297,28 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
       request.spec.data() == kBuiltinDataset ? *data : std::string());
   std::string auto_log;
   absl::Status status = absl::OkStatus();
-  if (request.spec.strategy().name() == kAutoStrategy) {
+  const bool is_auto = request.spec.strategy().name() == kAutoStrategy;
+  // An elastic job at another world size, or changing its mesh: the
+  // planner's choice for its global batch (auto's too, at any size).
+  const bool elastic_mesh =
+      request.spec.elastic().min_world_size() > 0 &&
+      (launch.world_size != request.spec.world_size() || request.remesh);
+  if (is_auto && !elastic_mesh) {
     status = ResolveAutoMesh(request.spec, launch, &resolved,
                              &prepared.auto_mesh, &auto_log);
   }
-  if (status.ok() && request.spec.elastic().min_world_size() > 0 &&
-      (launch.world_size != request.spec.world_size() || request.remesh)) {
+  if (status.ok() && elastic_mesh) {
     ElasticMeshChoice choice;
     status =
         ResolveElasticMesh(request.spec, launch, &resolved, &choice, &auto_log);
-    prepared.elastic_mesh = choice.name;
-    prepared.elastic_predicted = choice.predicted_tokens_per_second;
-    prepared.elastic_why = choice.why;
+    if (status.ok()) {
+      prepared.elastic_mesh =
+          is_auto ? absl::StrCat(kAutoStrategy, ": ", choice.name)
+                  : choice.name;
+      if (is_auto) prepared.auto_mesh = choice.name;
+      prepared.elastic_predicted = choice.predicted_tokens_per_second;
+      prepared.elastic_why = choice.why;
+    }
   }
   if (status.ok()) {
     // The header only: the ranks read (and validate) the tokens themselves.

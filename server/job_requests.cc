@@ -122,7 +122,7 @@ std::vector<int> ElasticWorlds(const v1::JobSpec& spec) {
   const int min_world = spec.elastic().min_world_size();
   if (min_world <= 0) return {};
   absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "/");
-  if (!config.ok() || config->strategy == kAutoStrategy) return {};
+  if (!config.ok()) return {};
   std::vector<int> worlds;
   for (int64_t w : ElasticWorldSizes(*config, spec.world_size(), min_world)) {
     worlds.push_back(static_cast<int>(w));

@@ -415,7 +415,8 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
                                                     int64_t world,
                                                     const HostRates* rates) {
   ElasticMeshChoice choice;
-  if (world == job_world) {
+  const bool any_strategy = job.strategy == kAutoStrategy;
+  if (world == job_world && !any_strategy) {
     choice.config = job;
     choice.name = MeshName(job, job_world);
     choice.why = "its own mesh at its own world size";
@@ -433,8 +434,9 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
   search.devices = world;
   search.budget = Plannable(job.memory_cap);
   search.global_batch = global;
-  search.strategy = job.strategy;
-  search.one_replica_too = true;
+  // Strategy auto: every strategy, as at its start.
+  search.strategy = any_strategy ? "" : job.strategy;
+  search.one_replica_too = !any_strategy;
   // Recomputation only costs time: weighed when memory may call for it.
   search.checkpointing =
       job.memory_cap > 0 || job.activation_checkpointing != "none";
@@ -454,8 +456,9 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
   }
   if (ranked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "no ", job.strategy, " mesh of ", world, " ranks shares the ", global,
-        " sequences per step at ", job.batch_size, " or fewer per rank",
+        "no ", any_strategy ? "" : job.strategy + " ", "mesh of ", world,
+        " ranks shares the ", global, " sequences per step at ", job.batch_size,
+        " or fewer per rank",
         job.memory_cap > 0
             ? absl::StrCat(" within memory_cap ", FormatBytes(job.memory_cap))
             : ""));

@@ -432,6 +432,60 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
                                        "its own world size"))));
 }
 
+// Strategy auto may be elastic: auto picks its mesh at its own 4 ranks,
+// and shrunk to 2 the planner picks again among every strategy, for the
+// same 12 sequences per step; Job.mesh says auto chose both.
+TEST_F(JobSharingTest, AnElasticAutoJobIsPickedForAgainAtEachSize) {
+  HostRates rates;
+  rates.device = "cpu";
+  rates.cores = 8;
+  rates.flops_per_thread = 1e10;
+  rates.compute_model = "gpt2-tiny";
+  rates.optimizer_seconds_per_parameter = 1e-8;
+  rates.intra_node = {50e-6, 1e9};
+  rates.measured_at = "2026-01-01 00:00 UTC";
+  ASSERT_TRUE(SaveHostRates(rates).ok());
+  v1::JobSpec spec = ElasticSpec(4, 1);  // 3 per rank: 12 per step
+  spec.mutable_strategy()->set_name("auto");
+  const std::string elastic = manager_->Submit(spec, kAlice)->id();
+  const std::vector<int> first = TickAndRegister();
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(Get(elastic).mesh().rfind("auto: ", 0), 0u) << Get(elastic).mesh();
+  const auto attempt_spec = [&] {
+    v1::JobSpec written;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(
+            test::ReadFile(dir_ / ("jobs/" + elastic + "/spec.json")), &written)
+            .ok());
+    return written;
+  };
+  const auto global = [](const v1::JobSpec& s) {
+    TrainConfig c;
+    c.pipeline_stages = std::max<int64_t>(1, s.strategy().pipeline_stages());
+    c.tensor_parallel = std::max<int64_t>(1, s.strategy().tensor_parallel());
+    return s.trainer().batch_size() *
+           std::max<int64_t>(1, s.trainer().grad_accum()) *
+           c.DataParallelSize(s.world_size());
+  };
+  EXPECT_NE(attempt_spec().strategy().name(), "auto");
+
+  v1::JobSpec urgent_spec = Spec(2);
+  urgent_spec.set_priority_class("urgent");
+  manager_->Submit(urgent_spec, kBob);
+  manager_->Tick();
+  for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  ASSERT_EQ(TickAndRegister().size(), 4u);
+  const v1::JobSpec shrunk = attempt_spec();
+  EXPECT_NE(shrunk.strategy().name(), "auto");
+  EXPECT_EQ(shrunk.world_size(), 2);
+  EXPECT_EQ(global(shrunk), 12);
+  const v1::Job job = Get(elastic);
+  EXPECT_EQ(job.world_size(), 2);
+  EXPECT_EQ(job.mesh().rfind("auto: ", 0), 0u) << job.mesh();
+  EXPECT_EQ(job.mesh(),
+            absl::StrCat("auto: ", JobMeshName(shrunk, shrunk.world_size())));
+}
+
 // Goodput: device-seconds held count from the launch to the release; a
 // step's device-seconds are its seconds times its ranks, and a step run
 // again replaces its earlier run.

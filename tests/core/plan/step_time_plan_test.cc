@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -779,6 +780,38 @@ TEST(ElasticMeshTest, WithoutRatesItKeepsItsStagesAndSaysWhichSizesWork) {
               ::testing::HasSubstr("no fsdp mesh of 2 ranks shares the 16 "
                                    "sequences per step at 8 or fewer per rank "
                                    "within memory_cap"));
+}
+
+// Strategy auto, elastic: at every world size, its own included, every
+// strategy's meshes are weighed for the same global batch.
+TEST(ElasticMeshTest, AnAutoJobWeighsEveryStrategyAtEachSize) {
+  TrainConfig job = Config("auto", 1);  // 8 per rank at 4 ranks: 32
+  const HostRates rates = Rates(4);
+  for (int64_t world : {4, 2}) {
+    absl::StatusOr<ElasticMeshChoice> chosen =
+        ChooseElasticMesh(job, 4, world, &rates);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_NE(chosen->config.strategy, "auto");
+    EXPECT_EQ(GlobalBatch(chosen->config, world), 32);
+    MeshSearchOptions all;
+    all.devices = world;
+    all.global_batch = 32;
+    all.max_batch = 8;
+    all.checkpointing = false;
+    absl::StatusOr<std::vector<MeshCandidate>> ranked =
+        SearchMeshes(job, all, &rates);
+    ASSERT_TRUE(ranked.ok());
+    std::set<std::string> strategies;
+    for (const MeshCandidate& c : *ranked) {
+      strategies.insert(c.config.strategy);
+      EXPECT_LE(c.time.tokens_per_second,
+                chosen->predicted_tokens_per_second * (1 + 1e-12))
+          << c.name;
+    }
+    EXPECT_GE(strategies.size(), 2u);
+    EXPECT_EQ(chosen->candidates, static_cast<int64_t>(ranked->size()));
+  }
+  EXPECT_EQ(ElasticWorldSizes(job, 4, 1), (std::vector<int64_t>{1, 2, 4}));
 }
 
 TEST(StepTimePlanTest, MeasuredAgainstThePredictionInWords) {

@@ -80,9 +80,6 @@ const std::map<std::string, Factory>& Factories() {
 absl::StatusOr<std::unique_ptr<Strategy>> CreatePipeline(
     const TrainConfig& config, const StrategyOptions& options,
     Communicator* comm) {
-  if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
-    return s;
-  }
   if (comm == nullptr) {
     return absl::InvalidArgumentError(
         "pipeline_stages: a pipeline needs a communicator");
@@ -130,11 +127,12 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     return absl::InvalidArgumentError(absl::StrCat(
         "strategy: got ", config.strategy, "; allowed: ", StrategyNameList()));
   }
+  // The mesh against the world, once, with every refusal's wording.
+  if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
+    return s;
+  }
   if (config.pipeline_stages > 1) return CreatePipeline(config, options, comm);
   if (config.tensor_parallel > 1) {
-    if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
-      return s;
-    }
     const bool sharded = kind->layout == StateLayout::kSharded;
     if ((kind->layout != StateLayout::kReplicated && !sharded) ||
         comm == nullptr) {
@@ -145,9 +143,6 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
     }
     return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
         options, comm, config.tensor_parallel, sharded, config.bucket_mb));
-  }
-  if (absl::Status s = config.CheckMeshWorld(options.world_size); !s.ok()) {
-    return s;
   }
   if (kind->distributed && comm == nullptr) {
     return absl::InvalidArgumentError(
