@@ -699,14 +699,15 @@ TEST_F(CliJobCommandsTest, CompareTakesAutoAndTheCoordinatorPicksTheMesh) {
   EXPECT_THAT(logs.out, HasSubstr("auto: chose " + chosen)) << logs.err;
   EXPECT_THAT(logs.out, HasSubstr("meshes of 2 ranks weighed"));
 
-  // An elastic job would change ranks under the mesh chosen for them.
-  CommandResult elastic =
-      Cli("submit --strategy auto --world-size 2 --model gpt2-tiny --data "
-          "brown --max-steps 2 --checkpoint-every 1 --min-world-size 1");
-  EXPECT_EQ(elastic.exit_code, 2) << elastic.out;
-  EXPECT_THAT(elastic.err,
-              HasSubstr("strategy auto picks its mesh for the ranks a job "
-                        "starts with"));
+  // An elastic auto job is taken: it is picked for again at each size.
+  CommandResult elastic = Cli(
+      "submit --strategy auto --world-size 2 --model gpt2-tiny --data "
+      "brown --max-steps 2 --checkpoint-every 1 --min-world-size 1 -o json");
+  ASSERT_EQ(elastic.exit_code, 0) << elastic.err;
+  const nlohmann::json taken = nlohmann::json::parse(elastic.out);
+  EXPECT_EQ(taken["spec"]["strategy"]["name"], "auto");
+  EXPECT_EQ(taken["spec"]["elastic"]["min_world_size"], 1);
+  EXPECT_EQ(Cli("cancel " + taken["id"].get<std::string>()).exit_code, 0);
 }
 
 // --memory-budget: every strategy and pipeline mesh at the largest batch
