@@ -164,15 +164,16 @@ absl::Status ResolveAutoMesh(const v1::JobSpec& spec, const RankLaunch& launch,
 // make; without them its own stages and tensor ranks where they divide).
 // Each rank's checkpoint resume finds the global batch unchanged.
 absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
-                                const RankLaunch& launch, v1::JobSpec* resolved,
+                                const RankLaunch& launch, int64_t device_memory,
+                                v1::JobSpec* resolved,
                                 ElasticMeshChoice* choice,
                                 std::string* log_text) {
   absl::StatusOr<TrainConfig> config =
       TrainConfigFromJobSpec(spec, launch.job_dir);
   if (!config.ok()) return config.status();
   std::ostringstream log;
-  absl::StatusOr<ElasticMeshChoice> chosen =
-      ChooseElasticMesh(*config, spec.world_size(), launch.world_size, nullptr);
+  absl::StatusOr<ElasticMeshChoice> chosen = ChooseElasticMesh(
+      *config, spec.world_size(), launch.world_size, nullptr, device_memory);
   if (chosen.ok()) {
     // Measured now only when there is a choice to make; else the cached
     // rates predict what the mesh does, if there are some.
@@ -186,7 +187,7 @@ absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
         LoadOrMeasureHostRates(*config, calibrator, log);
     if (rates.ok()) {
       chosen = ChooseElasticMesh(*config, spec.world_size(), launch.world_size,
-                                 &*rates);
+                                 &*rates, device_memory);
     } else if (!calibrator.empty()) {
       log << "elastic: no rates for the step-time model ("
           << rates.status().message() << ")\n";
@@ -214,7 +215,7 @@ absl::Status ResolveElasticMesh(const v1::JobSpec& spec,
 // host's cached rates (never measured here: a launch does not wait for a
 // calibration to predict); 0 when there are none or the model cannot price
 // the mesh. The steps: max_steps, else its epochs of `train_tokens` at the
-// global batch (the trainer's count to within a window per epoch).
+// global batch (the trainer's count).
 double PredictedRunSeconds(const v1::JobSpec& resolved,
                            const RankLaunch& launch,
                            std::optional<int64_t> train_tokens) {
@@ -233,9 +234,11 @@ double PredictedRunSeconds(const v1::JobSpec& resolved,
     const int64_t sequences = config->batch_size *
                               std::max<int64_t>(1, config->grad_accum) *
                               config->DataParallelSize(launch.world_size);
-    steps = config->epochs *
-            (*train_tokens / std::max<int64_t>(1, config->seq_len + 1)) /
-            std::max<int64_t>(1, sequences);
+    // BatchSampler's count: windows of seq_len + 1 tokens at multiples of
+    // seq_len, whole steps of them per epoch.
+    const int64_t windows =
+        (*train_tokens - 1) / std::max<int64_t>(1, config->seq_len);
+    steps = config->epochs * (windows / std::max<int64_t>(1, sequences));
   }
   return steps > 0 ? step->step_seconds * static_cast<double>(steps) : 0;
 }
@@ -309,8 +312,9 @@ AttemptSupervisor::PreparedLaunch AttemptSupervisor::PrepareLaunch(
   }
   if (status.ok() && elastic_mesh) {
     ElasticMeshChoice choice;
-    status =
-        ResolveElasticMesh(request.spec, launch, &resolved, &choice, &auto_log);
+    status = ResolveElasticMesh(request.spec, launch,
+                                DeviceMemoryFor(table_->options, request.spec),
+                                &resolved, &choice, &auto_log);
     if (status.ok()) {
       prepared.elastic_mesh =
           is_auto ? absl::StrCat(kAutoStrategy, ": ", choice.name)

@@ -633,6 +633,10 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   entry.remesh_devices.clear();
   entry.remesh_why.clear();
   std::optional<v1::Failure> failure = std::move(entry.failure);
+  // A re-mesh that ended before its first step is over (Remesh starts the
+  // next one): its seconds without a step are not counted on.
+  entry.remesh_started = absl::InfinitePast();
+  entry.remesh_predicted = 0;
   // Every rank saved the checkpoint it was asked for and stopped.
   const auto saved = [](const RankProcess& r) {
     return r.exit.exit_code == kExitPreempted && r.exit.signal == 0;

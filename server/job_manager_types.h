@@ -98,7 +98,15 @@ PriorityClass EffectivePriority(const JobManagerOptions& options,
 // data-parallel strategy (or one replica), with any pipeline stages and
 // tensor ranks, shares its global batch (ElasticWorldSizes). Empty when it
 // is not elastic.
-std::vector<int> ElasticWorlds(const v1::JobSpec& spec);
+// `device_memory`: a device's memory (the plans' budget when the job sets
+// no memory cap; 0: no limit).
+std::vector<int> ElasticWorlds(const v1::JobSpec& spec,
+                               int64_t device_memory = 0);
+
+// The least memory of this daemon's devices of `spec`'s kind that report
+// it (GPUs); 0 when none do (CPU slots).
+int64_t DeviceMemoryFor(const JobManagerOptions& options,
+                        const v1::JobSpec& spec);
 
 // options.device_quota for `user` (0: no cap).
 int DeviceQuota(const JobManagerOptions& options, const std::string& user);

@@ -118,13 +118,24 @@ PriorityClass EffectivePriority(const JobManagerOptions& options,
   return PriorityClass{spec.priority(), true};
 }
 
-std::vector<int> ElasticWorlds(const v1::JobSpec& spec) {
+int64_t DeviceMemoryFor(const JobManagerOptions& options,
+                        const v1::JobSpec& spec) {
+  int64_t least = 0;
+  for (const DeviceInfo& d : options.devices) {
+    if (d.kind != spec.device_kind() || d.memory_bytes <= 0) continue;
+    least = least == 0 ? d.memory_bytes : std::min(least, d.memory_bytes);
+  }
+  return least;
+}
+
+std::vector<int> ElasticWorlds(const v1::JobSpec& spec, int64_t device_memory) {
   const int min_world = spec.elastic().min_world_size();
   if (min_world <= 0) return {};
   absl::StatusOr<TrainConfig> config = TrainConfigFromJobSpec(spec, "/");
   if (!config.ok()) return {};
   std::vector<int> worlds;
-  for (int64_t w : ElasticWorldSizes(*config, spec.world_size(), min_world)) {
+  for (int64_t w : ElasticWorldSizes(*config, spec.world_size(), min_world,
+                                     device_memory)) {
     worlds.push_back(static_cast<int>(w));
   }
   return worlds;
@@ -283,6 +294,9 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
   }
   const v1::JobSpec& effective = *validated;
 
+  // The planner's work, before the lock (options are fixed).
+  std::vector<int> elastic_worlds =
+      ElasticWorlds(effective, DeviceMemoryFor(table_->options, effective));
   absl::MutexLock lock(&table_->mutex);
   if (table_->shutting_down) {
     return absl::UnavailableError("shardtraind is shutting down");
@@ -295,7 +309,7 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
   job.set_output_dir(table_->JobDir(job.id()));
   *job.mutable_spec() = effective;
   job.set_owner(caller.user);
-  entry->elastic_worlds = ElasticWorlds(effective);
+  entry->elastic_worlds = std::move(elastic_worlds);
   const PriorityClass priority = EffectivePriority(table_->options, effective);
   job.set_priority(priority.priority);
   job.set_preemptible(priority.preemptible);

@@ -102,7 +102,8 @@ absl::Status JobTable::Load() {
       job.set_priority(job.spec().priority());
       job.set_preemptible(true);
     }
-    entry->elastic_worlds = ElasticWorlds(job.spec());
+    entry->elastic_worlds =
+        ElasticWorlds(job.spec(), DeviceMemoryFor(options, job.spec()));
     Add(std::move(entry));
   }
   return absl::OkStatus();

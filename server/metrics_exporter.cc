@@ -258,6 +258,9 @@ void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
     if (series.state != v1::JOB_STATE_UNSPECIFIED) continue;
     series.strategy = job.spec().strategy().name();
     series.mesh = JobMesh(job);
+    // Counted by an earlier daemon.
+    series.remeshes = job.remeshes();
+    series.remesh_lost = job.remesh_seconds_lost();
     CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
     series.state = job.state();
     if (IsTerminalJobState(job.state())) {

@@ -119,7 +119,10 @@ class LlamaReference:
         self.heads = config["num_attention_heads"]
         self.kv_heads = config.get("num_key_value_heads", self.heads)
         self.head_dim = config.get("head_dim") or self.hidden // self.heads
-        self.eps = config["rms_norm_eps"]
+        self.eps = config.get("rms_norm_eps", 1e-6)  # LlamaConfig's default
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config['hidden_act']!r} is not "
+                             "silu, the only activation modelled")
         self.vocab = config["vocab_size"]
         self.tied = config.get("tie_word_embeddings", False)
         self.w = weights

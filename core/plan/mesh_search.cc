@@ -413,7 +413,8 @@ absl::Status CheckAutoCanFit(const TrainConfig& config, int64_t world_size) {
 absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
                                                     int64_t job_world,
                                                     int64_t world,
-                                                    const HostRates* rates) {
+                                                    const HostRates* rates,
+                                                    int64_t device_memory) {
   ElasticMeshChoice choice;
   const bool any_strategy = job.strategy == kAutoStrategy;
   if (world == job_world && !any_strategy) {
@@ -428,18 +429,20 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
     }
     return choice;
   }
-  const int64_t global = job.batch_size * std::max<int64_t>(1, job.grad_accum) *
-                         job.DataParallelSize(job_world);
+  // Auto counts every rank a data-parallel one (AutoSearch).
+  const int64_t global =
+      job.batch_size * std::max<int64_t>(1, job.grad_accum) *
+      (any_strategy ? job_world : job.DataParallelSize(job_world));
+  const int64_t memory = job.memory_cap > 0 ? job.memory_cap : device_memory;
   MeshSearchOptions search;
   search.devices = world;
-  search.budget = Plannable(job.memory_cap);
+  search.budget = Plannable(memory);
   search.global_batch = global;
   // Strategy auto: every strategy, as at its start.
   search.strategy = any_strategy ? "" : job.strategy;
   search.one_replica_too = !any_strategy;
   // Recomputation only costs time: weighed when memory may call for it.
-  search.checkpointing =
-      job.memory_cap > 0 || job.activation_checkpointing != "none";
+  search.checkpointing = memory > 0 || job.activation_checkpointing != "none";
   // No larger a batch per rank than the job ran at: its activations fit
   // there.
   search.max_batch = job.batch_size;
@@ -461,7 +464,8 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
         " or fewer per rank",
         job.memory_cap > 0
             ? absl::StrCat(" within memory_cap ", FormatBytes(job.memory_cap))
-            : ""));
+        : memory > 0 ? absl::StrCat(" within a device's ", FormatBytes(memory))
+                     : ""));
   }
   const bool timed = rates != nullptr && ranked.front().time.step_seconds > 0;
   if (!timed) {
@@ -469,9 +473,7 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
     std::stable_partition(
         ranked.begin(), ranked.end(), [&](const MeshCandidate& c) {
           return c.config.pipeline_stages == job.pipeline_stages &&
-                 c.config.tensor_parallel == job.tensor_parallel &&
-                 c.config.activation_checkpointing ==
-                     job.activation_checkpointing;
+                 c.config.tensor_parallel == job.tensor_parallel;
         });
   }
   const MeshCandidate& chosen = ranked.front();
@@ -503,10 +505,11 @@ absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
 }
 
 std::vector<int64_t> ElasticWorldSizes(const TrainConfig& job,
-                                       int64_t job_world, int64_t min_world) {
+                                       int64_t job_world, int64_t min_world,
+                                       int64_t device_memory) {
   std::vector<int64_t> worlds;
   for (int64_t w = std::max<int64_t>(1, min_world); w <= job_world; ++w) {
-    if (ChooseElasticMesh(job, job_world, w, nullptr).ok()) {
+    if (ChooseElasticMesh(job, job_world, w, nullptr, device_memory).ok()) {
       worlds.push_back(w);
     }
   }

@@ -121,23 +121,29 @@ struct ElasticMeshChoice {
 
 // At `job_world` (the job's own world size) its own mesh, unchanged. Else
 // the meshes of `world` ranks for the job's global batch (batch_size x
-// grad_accum x its data-parallel size at `job_world`) within
-// config.memory_cap per rank: those whose data-parallel part is the job's
-// strategy, or one replica, with any pipeline stages and tensor ranks;
-// ranked by `rates` (the fastest that fits) or, with none, the job's own
-// stages and tensor ranks first where they divide `world`, then in
-// SearchMeshes's order. FailedPrecondition naming the numbers when no mesh
-// of `world` ranks shares the batch or fits; SearchMeshes's errors.
+// grad_accum x its data-parallel size at `job_world`; strategy auto:
+// x `job_world`, as auto counts it) within config.memory_cap per rank, else
+// `device_memory` (0: no limit): those whose data-parallel part is the
+// job's strategy, or one replica (auto: every strategy), with any pipeline
+// stages and tensor ranks, with or without recomputing every block (weighed
+// when memory is capped or the job recomputes), at no more sequences per
+// rank than the job's batch_size; ranked by `rates` (the fastest that fits)
+// or, with none, the job's own stages and tensor ranks first where they
+// divide `world`, then in SearchMeshes's order. FailedPrecondition naming
+// the numbers when no mesh of `world` ranks shares the batch or fits;
+// SearchMeshes's errors.
 absl::StatusOr<ElasticMeshChoice> ChooseElasticMesh(const TrainConfig& job,
                                                     int64_t job_world,
                                                     int64_t world,
-                                                    const HostRates* rates);
+                                                    const HostRates* rates,
+                                                    int64_t device_memory = 0);
 
 // The world sizes from `min_world` to `job_world` at which an elastic job
 // with `job`'s config can continue (ChooseElasticMesh finds a mesh without
 // rates), ascending.
 std::vector<int64_t> ElasticWorldSizes(const TrainConfig& job,
-                                       int64_t job_world, int64_t min_world);
+                                       int64_t job_world, int64_t min_world,
+                                       int64_t device_memory = 0);
 
 // The mesh's fields as a YAML flow mapping ("{strategy: fsdp,
 // pipeline-stages: 1, ...}") that ApplyYamlTrainConfig sets on a config:

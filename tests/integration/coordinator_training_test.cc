@@ -432,10 +432,9 @@ void ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(Daemon* daemon,
   alices.mutable_trainer()->set_checkpoint_every(1000);
   v1::Job reference;
   ASSERT_GRPC_OK(daemon->Submit(alices, &reference));
-  ASSERT_EQ(
-      daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600))
-          .state(),
-      v1::SUCCEEDED);
+  const v1::Job untouched =
+      daemon->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+  ASSERT_EQ(untouched.state(), v1::SUCCEEDED) << untouched.DebugString();
 
   alices.mutable_elastic()->set_min_world_size(1);
   alices.set_max_restarts(1);
@@ -491,7 +490,14 @@ void ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(Daemon* daemon,
     ExpectRelNear(got.at(step), loss, 1e-5, absl::StrCat("step ", step));
   }
   const std::string metrics = daemon->ScrapeMetrics();
-  EXPECT_THAT(metrics, HasSubstr("shardtrain_job_remeshes_total"));
+  EXPECT_THAT(metrics, HasSubstr("shardtrain_job_remeshes_total{user=\"\"} 2"));
+  // The seconds without a step, as the job counts them.
+  const std::string lost_series =
+      "shardtrain_job_remesh_lost_seconds_total{user=\"\"} ";
+  const size_t at = metrics.find(lost_series);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_NEAR(std::stod(metrics.substr(at + lost_series.size())),
+              done.remesh_seconds_lost(), 1e-3);
   EXPECT_THAT(metrics, HasSubstr("shardtrain_queue_wait_seconds_count"));
 }
 

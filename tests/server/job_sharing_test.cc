@@ -486,6 +486,36 @@ TEST_F(JobSharingTest, AnElasticAutoJobIsPickedForAgainAtEachSize) {
             absl::StrCat("auto: ", JobMeshName(shrunk, shrunk.world_size())));
 }
 
+// A preempted job whose ranks did not all save the checkpoint asked for
+// (rank 0 could not write it) is queued all the same, and says so: which
+// rank, how it ended, and that it resumes from the checkpoint before.
+TEST_F(JobSharingTest, APreemptionWhoseCheckpointFailedSaysSo) {
+  const std::string low = manager_->Submit(Spec(4), kAlice)->id();
+  const std::vector<int> pids = TickAndRegister();
+  ASSERT_EQ(pids.size(), 4u);
+  v1::JobSpec urgent = Spec(2);
+  urgent.set_priority_class("urgent");
+  manager_->Submit(urgent, kBob);
+  manager_->Tick();
+  ASSERT_EQ(Get(low).state(), v1::PREEMPTED);
+  launcher_.Exit(pids[0], ExitStatus{1, 0});
+  for (size_t i = 1; i < pids.size(); ++i) {
+    launcher_.Exit(pids[i], ExitStatus{kExitPreempted, 0});
+  }
+  manager_->Tick();
+  const v1::Job queued = Get(low);
+  EXPECT_EQ(queued.state(), v1::QUEUED);
+  EXPECT_EQ(queued.preemptions(), 1);
+  EXPECT_EQ(queued.restarts(), 0);
+  absl::StatusOr<std::vector<v1::JobEvent>> events = store_->GetEvents(low);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> said;
+  for (const v1::JobEvent& e : *events) said.push_back(e.message());
+  EXPECT_THAT(said,
+              Contains(HasSubstr("resumes from its latest checkpoint (the one "
+                                 "asked for was not saved: rank 0 ")));
+}
+
 // Goodput: device-seconds held count from the launch to the release; a
 // step's device-seconds are its seconds times its ranks, and a step run
 // again replaces its earlier run.

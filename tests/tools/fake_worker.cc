@@ -46,9 +46,12 @@ namespace {
 
 volatile sig_atomic_t checkpoint_asked = 0;
 
-// hold-checkpoint: waits for SIGUSR1, then saves as the trainer would.
-int HoldUntilCheckpointRequest(const std::string& out_dir, int rank) {
-  while (!checkpoint_asked) pause();
+// hold-checkpoint: waits for SIGUSR1 (blocked since before registering,
+// so that none is lost between the check and the wait), then saves as the
+// trainer would.
+int HoldUntilCheckpointRequest(const std::string& out_dir, int rank,
+                               const sigset_t& unblocked) {
+  while (!checkpoint_asked) sigsuspend(&unblocked);
   const std::string dir =
       out_dir + "/checkpoints/fake-rank-" + std::to_string(rank);
   std::error_code ec;
@@ -101,9 +104,16 @@ int Main(int argc, char** argv) {
     while (true) pause();
   }
   // Before registering: a request may come as soon as the coordinator
-  // knows the rank.
+  // knows the rank. Blocked until sigsuspend waits for it.
+  sigset_t unblocked;
+  sigemptyset(&unblocked);
   if (mode == "hold-checkpoint") {
     signal(SIGUSR1, [](int) { checkpoint_asked = 1; });
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, &unblocked);
+    sigdelset(&unblocked, SIGUSR1);
   }
   if (mode == "oom") {
     std::cerr << "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -119,7 +129,7 @@ int Main(int argc, char** argv) {
     while (true) pause();
   }
   if (mode == "hold-checkpoint") {
-    return HoldUntilCheckpointRequest(out_dir, options->rank);
+    return HoldUntilCheckpointRequest(out_dir, options->rank, unblocked);
   }
   if (mode == "hold-deaf") {
     signal(SIGUSR1, SIG_IGN);
