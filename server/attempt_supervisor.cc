@@ -648,11 +648,13 @@ void AttemptSupervisor::FinishAttempt(JobEntry& entry) {
   std::string unsaved;
   for (size_t r = 0; r < entry.ranks.size() && !checkpointed; ++r) {
     if (saved(entry.ranks[r])) continue;
-    unsaved = absl::StrCat("rank ", r, " ",
-                           entry.killed && entry.ranks[r].exit.signal == SIGKILL
-                               ? "was killed after the grace period"
-                               : DescribeExit(entry.ranks[r].exit.exit_code,
-                                              entry.ranks[r].exit.signal));
+    unsaved = absl::StrCat(
+        "rank ", r, " ",
+        entry.killed && entry.ranks[r].exit.signal == SIGKILL
+            ? "was killed after the grace period"
+            : absl::StrCat("ended with ",
+                           DescribeExit(entry.ranks[r].exit.exit_code,
+                                        entry.ranks[r].exit.signal)));
     break;
   }
   ClearAttempt(entry);

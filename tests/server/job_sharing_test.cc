@@ -513,7 +513,8 @@ TEST_F(JobSharingTest, APreemptionWhoseCheckpointFailedSaysSo) {
   for (const v1::JobEvent& e : *events) said.push_back(e.message());
   EXPECT_THAT(said,
               Contains(HasSubstr("resumes from its latest checkpoint (the one "
-                                 "asked for was not saved: rank 0 ")));
+                                 "asked for was not saved: rank 0 ended "
+                                 "with exit code 1; ")));
 }
 
 // Goodput: device-seconds held count from the launch to the release; a
