@@ -62,6 +62,43 @@ class JobSharingTest : public test::JobManagerFixture {
   }
 
   v1::Job Get(const std::string& id) { return *manager_->Get(id); }
+
+  // This host's rates as the step-time model reads them from the cache
+  // (the fixture's own): 8 cores at 10 GFLOP/s a thread, links of
+  // `latency` seconds and `bandwidth` bytes/s.
+  static HostRates CacheRates(double latency, double bandwidth) {
+    HostRates rates;
+    rates.device = "cpu";
+    rates.cores = 8;
+    rates.flops_per_thread = 1e10;
+    rates.compute_model = "gpt2-tiny";
+    rates.optimizer_seconds_per_parameter = 1e-8;
+    rates.intra_node = {latency, bandwidth};
+    rates.measured_at = "2026-01-01 00:00 UTC";
+    EXPECT_TRUE(SaveHostRates(rates).ok());
+    return rates;
+  }
+
+  // The spec.json of job `id`'s latest attempt: what its ranks train.
+  v1::JobSpec AttemptSpec(const std::string& id) {
+    v1::JobSpec written;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(
+            test::ReadFile(dir_ / ("jobs/" + id + "/spec.json")), &written)
+            .ok());
+    return written;
+  }
+
+  // The messages of job `id`'s stored events, in order.
+  std::vector<std::string> EventMessages(const std::string& id) {
+    std::vector<std::string> said;
+    absl::StatusOr<std::vector<v1::JobEvent>> stored = store_->GetEvents(id);
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    for (const v1::JobEvent& e : stored.value_or(std::vector<v1::JobEvent>{})) {
+      said.push_back(e.message());
+    }
+    return said;
+  }
 };
 
 TEST_F(JobSharingTest, AJobIsItsOwnersAndOnlyTheyOrAnAdminMayCancelIt) {
@@ -324,15 +361,7 @@ TEST_F(JobSharingTest, AnElasticJobShrinksInsteadOfStoppingAndGrowsBack) {
 // its own size. Each attempt's spec.json holds the mesh its ranks train,
 // Job.mesh names it and the events say what was chosen and predicted.
 TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
-  HostRates rates;
-  rates.device = "cpu";
-  rates.cores = 8;
-  rates.flops_per_thread = 1e10;
-  rates.compute_model = "gpt2-tiny";
-  rates.optimizer_seconds_per_parameter = 1e-8;
-  rates.intra_node = {1e-9, 1e15};
-  rates.measured_at = "2026-01-01 00:00 UTC";
-  ASSERT_TRUE(SaveHostRates(rates).ok());
+  CacheRates(1e-9, 1e15);
 
   v1::JobSpec spec = ElasticSpec(4, 1);  // pp2 x ddp2, batch 4 per replica
   spec.mutable_strategy()->set_pipeline_stages(2);
@@ -358,15 +387,7 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
   for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
   const std::vector<int> second = TickAndRegister();
   ASSERT_EQ(second.size(), 4u);
-  const auto attempt_spec = [&] {
-    v1::JobSpec written;
-    EXPECT_TRUE(
-        google::protobuf::util::JsonStringToMessage(
-            test::ReadFile(dir_ / ("jobs/" + elastic + "/spec.json")), &written)
-            .ok());
-    return written;
-  };
-  v1::JobSpec shrunk = attempt_spec();
+  v1::JobSpec shrunk = AttemptSpec(elastic);
   EXPECT_EQ(shrunk.strategy().name(), "single");
   EXPECT_EQ(shrunk.strategy().pipeline_stages(), 1);
   EXPECT_EQ(shrunk.strategy().tensor_parallel(), 2);
@@ -377,17 +398,7 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
   v1::Job job = Get(elastic);
   EXPECT_EQ(job.world_size(), 2);
   EXPECT_EQ(job.mesh(), "tp2");
-  const auto events = [&] {
-    std::vector<std::string> said;
-    absl::StatusOr<std::vector<v1::JobEvent>> stored =
-        store_->GetEvents(elastic);
-    EXPECT_TRUE(stored.ok()) << stored.status();
-    for (const v1::JobEvent& e : stored.value_or(std::vector<v1::JobEvent>{})) {
-      said.push_back(e.message());
-    }
-    return said;
-  };
-  std::vector<std::string> said = events();
+  std::vector<std::string> said = EventMessages(elastic);
   EXPECT_THAT(said, Contains(HasSubstr("pp2xddp2 at 4 ranks (4000 tokens/s) "
                                        "-> 2 ranks")));
   EXPECT_THAT(said, Contains(AllOf(HasSubstr("trains tp2 at 2 of 4 ranks, "),
@@ -405,7 +416,7 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
   step.set_tokens_per_second(2500);
   clock_.Advance(absl::Seconds(7));
   ASSERT_TRUE(manager_->ReportProgress(Identity(elastic_pids[0]), {step}).ok());
-  said = events();
+  said = EventMessages(elastic);
   EXPECT_THAT(said, Contains(AllOf(HasSubstr("re-meshed pp2xddp2 -> tp2: "
                                              "2500 tokens/s ("),
                                    HasSubstr(" predicted), was 4000; 7.0 s "
@@ -419,14 +430,14 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
   for (int pid : elastic_pids)
     launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
   ASSERT_EQ(TickAndRegister().size(), 4u);
-  const v1::JobSpec grown = attempt_spec();
+  const v1::JobSpec grown = AttemptSpec(elastic);
   EXPECT_EQ(grown.strategy().name(), "ddp");
   EXPECT_EQ(grown.strategy().pipeline_stages(), 2);
   EXPECT_EQ(grown.trainer().batch_size(), 4);
   EXPECT_EQ(grown.trainer().grad_accum(), 1);
   EXPECT_EQ(Get(elastic).mesh(), "pp2xddp2");
   EXPECT_EQ(Get(elastic).remeshes(), 2);
-  EXPECT_THAT(events(),
+  EXPECT_THAT(EventMessages(elastic),
               Contains(AllOf(HasSubstr("trains pp2xddp2 at 4 of 4 ranks, "),
                              HasSubstr(" tokens/s predicted: its own mesh at "
                                        "its own world size"))));
@@ -436,29 +447,13 @@ TEST_F(JobSharingTest, AnElasticPipelineJobContinuesOnThePlannersMesh) {
 // and shrunk to 2 the planner picks again among every strategy, for the
 // same 12 sequences per step; Job.mesh says auto chose both.
 TEST_F(JobSharingTest, AnElasticAutoJobIsPickedForAgainAtEachSize) {
-  HostRates rates;
-  rates.device = "cpu";
-  rates.cores = 8;
-  rates.flops_per_thread = 1e10;
-  rates.compute_model = "gpt2-tiny";
-  rates.optimizer_seconds_per_parameter = 1e-8;
-  rates.intra_node = {50e-6, 1e9};
-  rates.measured_at = "2026-01-01 00:00 UTC";
-  ASSERT_TRUE(SaveHostRates(rates).ok());
+  CacheRates(50e-6, 1e9);
   v1::JobSpec spec = ElasticSpec(4, 1);  // 3 per rank: 12 per step
   spec.mutable_strategy()->set_name("auto");
   const std::string elastic = manager_->Submit(spec, kAlice)->id();
   const std::vector<int> first = TickAndRegister();
   ASSERT_EQ(first.size(), 4u);
   EXPECT_EQ(Get(elastic).mesh().rfind("auto: ", 0), 0u) << Get(elastic).mesh();
-  const auto attempt_spec = [&] {
-    v1::JobSpec written;
-    EXPECT_TRUE(
-        google::protobuf::util::JsonStringToMessage(
-            test::ReadFile(dir_ / ("jobs/" + elastic + "/spec.json")), &written)
-            .ok());
-    return written;
-  };
   const auto global = [](const v1::JobSpec& s) {
     TrainConfig c;
     c.pipeline_stages = std::max<int64_t>(1, s.strategy().pipeline_stages());
@@ -467,15 +462,15 @@ TEST_F(JobSharingTest, AnElasticAutoJobIsPickedForAgainAtEachSize) {
            std::max<int64_t>(1, s.trainer().grad_accum()) *
            c.DataParallelSize(s.world_size());
   };
-  EXPECT_NE(attempt_spec().strategy().name(), "auto");
+  EXPECT_NE(AttemptSpec(elastic).strategy().name(), "auto");
 
   v1::JobSpec urgent_spec = Spec(2);
   urgent_spec.set_priority_class("urgent");
-  manager_->Submit(urgent_spec, kBob);
+  ASSERT_TRUE(manager_->Submit(urgent_spec, kBob).ok());
   manager_->Tick();
   for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
   ASSERT_EQ(TickAndRegister().size(), 4u);
-  const v1::JobSpec shrunk = attempt_spec();
+  const v1::JobSpec shrunk = AttemptSpec(elastic);
   EXPECT_NE(shrunk.strategy().name(), "auto");
   EXPECT_EQ(shrunk.world_size(), 2);
   EXPECT_EQ(global(shrunk), 12);
@@ -495,7 +490,7 @@ TEST_F(JobSharingTest, APreemptionWhoseCheckpointFailedSaysSo) {
   ASSERT_EQ(pids.size(), 4u);
   v1::JobSpec urgent = Spec(2);
   urgent.set_priority_class("urgent");
-  manager_->Submit(urgent, kBob);
+  ASSERT_TRUE(manager_->Submit(urgent, kBob).ok());
   manager_->Tick();
   ASSERT_EQ(Get(low).state(), v1::PREEMPTED);
   launcher_.Exit(pids[0], ExitStatus{1, 0});
@@ -507,11 +502,7 @@ TEST_F(JobSharingTest, APreemptionWhoseCheckpointFailedSaysSo) {
   EXPECT_EQ(queued.state(), v1::QUEUED);
   EXPECT_EQ(queued.preemptions(), 1);
   EXPECT_EQ(queued.restarts(), 0);
-  absl::StatusOr<std::vector<v1::JobEvent>> events = store_->GetEvents(low);
-  ASSERT_TRUE(events.ok());
-  std::vector<std::string> said;
-  for (const v1::JobEvent& e : *events) said.push_back(e.message());
-  EXPECT_THAT(said,
+  EXPECT_THAT(EventMessages(low),
               Contains(HasSubstr("resumes from its latest checkpoint (the one "
                                  "asked for was not saved: rank 0 ended "
                                  "with exit code 1; ")));
@@ -644,15 +635,7 @@ TEST_F(JobSharingTest, TheRunningJobsPaceGivesTheHeadItsStartAndBackfills) {
 // this host's cached rates predicts its end: the head's start is known and
 // a job that fits the gap is backfilled at once.
 TEST_F(JobSharingTest, BeforeItsFirstStepTheStepTimeModelPredictsItsEnd) {
-  HostRates rates;
-  rates.device = "cpu";
-  rates.cores = 8;
-  rates.flops_per_thread = 1e10;
-  rates.compute_model = "gpt2-tiny";
-  rates.optimizer_seconds_per_parameter = 1e-8;
-  rates.intra_node = {50e-6, 1e9};
-  rates.measured_at = "2026-01-01 00:00 UTC";
-  ASSERT_TRUE(SaveHostRates(rates).ok());
+  const HostRates rates = CacheRates(50e-6, 1e9);
   v1::JobSpec spec = Spec(2);
   spec.mutable_trainer()->set_max_steps(50);
   const std::string running = manager_->Submit(spec, kAlice)->id();
