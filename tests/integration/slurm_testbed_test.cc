@@ -131,6 +131,36 @@ class SlurmTestbedTest : public ::testing::Test {
     return daemon;
   }
 
+  // Rank 0's losses of `cluster`'s job `id` against the same `steps` of DDP
+  // trained uninterrupted on this host (2 ranks x 3 sequences: the 6 per
+  // step of the test bed's elastic jobs), each within 1e-5 relative; prints
+  // the largest difference under `what`.
+  void ExpectTheLossesOfAnUninterruptedRun(Daemon& cluster,
+                                           const std::string& id, int steps,
+                                           const std::string& what) {
+    auto local = StartDaemon("local", /*slurm=*/false);
+    v1::JobSpec whole = TinySpec("ddp", steps);
+    whole.mutable_trainer()->set_batch_size(3);
+    v1::Job reference;
+    ASSERT_GRPC_OK(local->Submit(whole, &reference));
+    const v1::Job done =
+        local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
+    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+    const std::map<int64_t, double> expected = Losses(*local, done.id());
+    const std::map<int64_t, double> got = Losses(cluster, id);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+    double worst = 0;
+    for (const auto& [step, loss] : expected) {
+      const double diff = std::abs(got.at(step) - loss) / std::abs(loss);
+      EXPECT_LE(diff, 1e-5) << "step " << step;
+      worst = std::max(worst, diff);
+    }
+    std::cout << "slurm test bed: " << what
+              << " vs uninterrupted: largest relative loss difference " << worst
+              << " over " << steps << " steps\n";
+  }
+
   // The Slurm job of the job's current attempt.
   std::string SlurmJobOf(const std::string& state, const std::string& id) {
     std::string slurm_job =
@@ -423,27 +453,8 @@ TEST_F(SlurmTestbedTest, AnElasticJobContinuesOnTwoNodesWhenOneIsPoweredOff) {
               HasSubstr("resumed from"));
 
   // The same training, never interrupted: 6 sequences per step on one host.
-  auto local = StartDaemon("local", /*slurm=*/false);
-  v1::JobSpec whole = TinySpec("ddp", 12);
-  whole.mutable_trainer()->set_batch_size(3);
-  v1::Job reference;
-  ASSERT_GRPC_OK(local->Submit(whole, &reference));
-  const v1::Job done =
-      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
-  const std::map<int64_t, double> expected = Losses(*local, done.id());
-  const std::map<int64_t, double> got = Losses(*cluster, job.id());
-  ASSERT_EQ(expected.size(), 12u);
-  ASSERT_EQ(got.size(), 12u);
-  double worst = 0;
-  for (const auto& [step, loss] : expected) {
-    const double diff = std::abs(got.at(step) - loss) / std::abs(loss);
-    EXPECT_LE(diff, 1e-5) << "step " << step;
-    worst = std::max(worst, diff);
-  }
-  std::cout << "slurm test bed: elastic 3 -> 2 nodes vs uninterrupted: largest "
-               "relative loss difference "
-            << worst << " over 12 steps\n";
+  ExpectTheLossesOfAnUninterruptedRun(*cluster, job.id(), 12,
+                                      "elastic 3 -> 2 nodes");
 }
 
 // Under Slurm, an elastic job on all three nodes gives one up for an urgent
@@ -493,27 +504,8 @@ TEST_F(SlurmTestbedTest, AnElasticJobShrinksForAnUrgentOneAndGrowsBack) {
   EXPECT_THAT(test::ReadFile(dir_ / ("slurm/jobs/" + job.id() + "/rank-0.log")),
               HasSubstr("stopping after step"));
 
-  auto local = StartDaemon("local", /*slurm=*/false);
-  v1::JobSpec whole = TinySpec("ddp", 16);
-  whole.mutable_trainer()->set_batch_size(3);
-  v1::Job reference;
-  ASSERT_GRPC_OK(local->Submit(whole, &reference));
-  const v1::Job done =
-      local->WaitFor(reference.id(), test::IsTerminal, absl::Seconds(600));
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
-  const std::map<int64_t, double> expected = Losses(*local, done.id());
-  const std::map<int64_t, double> got = Losses(*cluster, job.id());
-  ASSERT_EQ(expected.size(), 16u);
-  ASSERT_EQ(got.size(), 16u);
-  double worst = 0;
-  for (const auto& [step, loss] : expected) {
-    const double diff = std::abs(got.at(step) - loss) / std::abs(loss);
-    EXPECT_LE(diff, 1e-5) << "step " << step;
-    worst = std::max(worst, diff);
-  }
-  std::cout << "slurm test bed: elastic 3 -> 2 -> 3 nodes around an urgent "
-               "job vs uninterrupted: largest relative loss difference "
-            << worst << " over 16 steps\n";
+  ExpectTheLossesOfAnUninterruptedRun(
+      *cluster, job.id(), 16, "elastic 3 -> 2 -> 3 nodes around an urgent job");
 }
 
 TEST_F(SlurmTestbedTest, CancelLeavesNothingInSlurmsQueue) {
