@@ -22,76 +22,22 @@
 #include "core/model/hf_gpt2.h"
 #include "core/model/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/worker/engine/model/python_reference.h"
 #include "worker/engine/model/gpt2.h"
 #include "worker/engine/model/llmc_checkpoint.h"
 
 namespace shardtrain {
 namespace {
 
-constexpr char kPython[] = "/usr/bin/python3";
+using test::ReadText;
+using test::WriteTokens;
 
-std::string ReferenceScript() {
-  return std::string(SHARDTRAIN_SOURCE_DIR) +
-         "/bench/reference/gpt2_reference.py";
-}
-
-bool PythonHasTorch() {
-  return std::system(
-             (std::string(kPython) + " -c 'import torch' >/dev/null 2>&1")
-                 .c_str()) == 0;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class Gpt2ReferenceParityTest : public ::testing::Test {
+class Gpt2ReferenceParityTest : public test::PythonReferenceTest {
  protected:
-  void SetUp() override {
-    if (!PythonHasTorch()) {
-      GTEST_SKIP() << kPython << " cannot import torch (python3-torch)";
-    }
-    std::string pattern = ::testing::TempDir() + "gpt2_parity_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-
-  std::string Path(const std::string& name) const {
-    return (dir_ / name).string();
-  }
-
-  // Runs the reference with `args`; returns the JSON it prints. Fails the
-  // test, quoting its stderr, when it exits non-zero.
   nlohmann::json RunReference(const std::string& args) {
-    const std::string out = Path("reference.json");
-    const std::string err = Path("reference.stderr");
-    const std::string command = std::string(kPython) + " " + ReferenceScript() +
-                                " " + args + " >" + out + " 2>" + err;
-    const int rc = std::system(command.c_str());
-    EXPECT_EQ(rc, 0) << command << "\n" << ReadText(err);
-    if (rc != 0) return nullptr;
-    return nlohmann::json::parse(ReadText(out));
+    return PythonReferenceTest::RunReference("gpt2_reference.py", args);
   }
-
-  std::filesystem::path dir_;
 };
-
-// Token sequences [B, T + 1] as the reference reads them: one per line.
-void WriteTokens(const torch::Tensor& tokens, const std::string& path) {
-  std::ofstream out(path);
-  const int64_t last = tokens.size(1) - 1;
-  for (int64_t i = 0; i < tokens.size(0); ++i) {
-    for (int64_t j = 0; j <= last; ++j) {
-      out << tokens[i][j].item<int64_t>() << (j < last ? " " : "\n");
-    }
-  }
-}
 
 // Logits the reference wrote (raw fp32) as [b, t, vocab]; empty when the
 // file does not hold exactly that many.
@@ -190,7 +136,7 @@ TEST_F(Gpt2ReferenceParityTest, HuggingFaceExportGivesTheReferenceOurLogits) {
   WriteTokens(tokens, Path("tokens.txt"));
 
   const std::string command =
-      std::string(kPython) + " " + SHARDTRAIN_SOURCE_DIR +
+      std::string(test::kReferencePython) + " " + SHARDTRAIN_SOURCE_DIR +
       "/tests/python/hf_reference_logits.py --hf " + Path("hf") + " --tokens " +
       Path("tokens.txt") + " --logits-out " + Path("logits.f32") + " >" +
       Path("hf.json") + " 2>" + Path("hf.err");

@@ -23,12 +23,11 @@
 #include "core/model/hf_llama.h"
 #include "core/model/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/worker/engine/model/python_reference.h"
 #include "worker/engine/model/llama.h"
 
 namespace shardtrain {
 namespace {
-
-constexpr char kPython[] = "/usr/bin/python3";
 
 // GQA (4 query heads over 2 key/value heads), an untied head, and Llama 3's
 // frequency scaling with a short original context, so that every band of it
@@ -44,54 +43,13 @@ constexpr char kQwen[] =
     "intermediate_size=128,block_size=64,vocab_size=300,tie_embeddings=1,"
     "attention_bias=1,rope_theta=1000000";
 
-bool PythonHasTorch() {
-  return std::system(
-             (std::string(kPython) + " -c 'import torch' >/dev/null 2>&1")
-                 .c_str()) == 0;
-}
+using test::ReadText;
+using test::WriteTokens;
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class LlamaReferenceParityTest : public ::testing::Test {
+class LlamaReferenceParityTest : public test::PythonReferenceTest {
  protected:
-  void SetUp() override {
-    if (!PythonHasTorch()) {
-      GTEST_SKIP() << kPython << " cannot import torch (python3-torch)";
-    }
-    std::string pattern = ::testing::TempDir() + "llama_parity_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-
-  std::string Path(const std::string& name) const {
-    return (dir_ / name).string();
-  }
-
-  // Runs `command`, its stdout to `out`; fails the test quoting its stderr
-  // when it exits non-zero.
-  bool Run(const std::string& command, const std::string& out) {
-    const std::string err = out + ".stderr";
-    const int rc = std::system((command + " >" + out + " 2>" + err).c_str());
-    EXPECT_EQ(rc, 0) << command << "\n" << ReadText(err);
-    return rc == 0;
-  }
-
   nlohmann::json RunReference(const std::string& args) {
-    const std::string out = Path("reference.json");
-    if (!Run(std::string(kPython) + " " + SHARDTRAIN_SOURCE_DIR +
-                 "/bench/reference/llama_reference.py " + args,
-             out)) {
-      return nullptr;
-    }
-    return nlohmann::json::parse(ReadText(out));
+    return PythonReferenceTest::RunReference("llama_reference.py", args);
   }
 
   // `model`'s weights as a Hugging Face directory.
@@ -108,19 +66,7 @@ class LlamaReferenceParityTest : public ::testing::Test {
     };
     ASSERT_TRUE(WriteHfLlama(config, read, dir).ok());
   }
-
-  std::filesystem::path dir_;
 };
-
-void WriteTokens(const torch::Tensor& tokens, const std::string& path) {
-  std::ofstream out(path);
-  const int64_t last = tokens.size(1) - 1;
-  for (int64_t i = 0; i < tokens.size(0); ++i) {
-    for (int64_t j = 0; j <= last; ++j) {
-      out << tokens[i][j].item<int64_t>() << (j < last ? " " : "\n");
-    }
-  }
-}
 
 TEST_F(LlamaReferenceParityTest, TheExportedFilesGiveTheReferenceOurLoss) {
   for (const char* spec : {kLlama, kQwen}) {
