@@ -9,7 +9,7 @@ attention (each key/value head serves num_attention_heads /
 num_key_value_heads query heads), a SwiGLU MLP (down_proj(silu(gate_proj(x))
 * up_proj(x))), a tied or untied head. It reads a directory of config.json
 and model.safetensors (or model.safetensors.index.json and its shards) with
-the safetensors reader below, written from the format's specification, so
+safetensors_reader.py, written from the format's specification, so
 no transformers or safetensors package is needed: Debian's python3-torch is
 enough (run it with /usr/bin/python3).
 
@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -44,58 +43,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_reader import read_safetensors  # noqa: E402
+
 # ----------------------------------------------------------------------------
-# safetensors: an 8-byte little-endian header length N, N bytes of JSON
-# ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {}}),
-# then the data buffer the offsets index.
+# The weights.
 
 
-def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    return (raw.astype(np.uint32) << 16).view(np.float32)
-
-
-def read_safetensors(path: str) -> Dict[str, torch.Tensor]:
-    with open(path, "rb") as f:
-        blob = f.read()
-    if len(blob) < 8:
-        raise ValueError(f"{path}: shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if 8 + n > len(blob):
-        raise ValueError(f"{path}: header of {n} bytes past the end")
-    entries = json.loads(blob[8:8 + n].decode("utf-8"))
-    entries.pop("__metadata__", None)
-    data = blob[8 + n:]
-    out = {}
-    for name, e in entries.items():
-        begin, end = e["data_offsets"]
-        shape = e["shape"]
-        count = int(np.prod(shape, dtype=np.int64))
-        raw = data[begin:end]
-        if e["dtype"] == "F32":
-            array = np.frombuffer(raw, dtype="<f4")
-        elif e["dtype"] == "F16":
-            array = np.frombuffer(raw, dtype="<f2").astype(np.float32)
-        elif e["dtype"] == "BF16":
-            array = _bf16_to_f32(np.frombuffer(raw, dtype="<u2"))
-        else:
-            raise ValueError(f"{path}: {name}: dtype {e['dtype']} is not a "
-                             "float type this reference reads")
-        if array.size != count:
-            raise ValueError(f"{path}: {name}: {array.size} values for shape "
-                             f"{shape}")
-        out[name] = torch.from_numpy(array.reshape(shape).copy())
-    return out
+def read_tensors(path: str) -> Dict[str, torch.Tensor]:
+    arrays, _ = read_safetensors(path)
+    return {name: torch.from_numpy(a.copy()) for name, a in arrays.items()}
 
 
 def read_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
     index = os.path.join(hf_dir, "model.safetensors.index.json")
     if not os.path.exists(index):
-        return read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+        return read_tensors(os.path.join(hf_dir, "model.safetensors"))
     with open(index) as f:
         weight_map = json.load(f)["weight_map"]
     tensors: Dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
-        tensors.update(read_safetensors(os.path.join(hf_dir, shard)))
+        tensors.update(read_tensors(os.path.join(hf_dir, shard)))
     missing = set(weight_map) - set(tensors)
     if missing:
         raise ValueError(f"the shards lack {sorted(missing)}")

@@ -1,7 +1,7 @@
 """Runs the PyTorch reference GPT-2 (bench/reference/gpt2_reference.py) on a
 Hugging Face GPT-2 directory that shardtrain exported, reading it without
-shardtrain's code or the safetensors package: the safetensors reader below is
-written from the format's specification (huggingface/safetensors, "Format"),
+shardtrain's code or the safetensors package (bench/reference/
+safetensors_reader.py is written from the format's specification),
 the names and the Conv1D transposition from transformers' GPT-2.
 
   /usr/bin/python3 tests/python/hf_reference_logits.py --hf DIR \\
@@ -17,58 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 from typing import Dict, Tuple
 
-import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "reference"))
 import gpt2_reference as ref  # noqa: E402
-
-DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
-          "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U8": np.dtype("u1")}
-
-
-def read_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
-    """The format: an 8-byte little-endian header length N, N bytes of JSON
-    ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__":
-    {str: str}}), then the data buffer the offsets index, with no holes."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    if len(blob) < 8:
-        raise ValueError(f"{path}: shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if 8 + n > len(blob):
-        raise ValueError(f"{path}: header of {n} bytes past the end")
-    header = blob[8:8 + n]
-    if not header.startswith(b"{"):
-        raise ValueError(f"{path}: header does not start with '{{'")
-    entries = json.loads(header.decode("utf-8"))
-    data = blob[8 + n:]
-    metadata = entries.pop("__metadata__", {})
-    tensors, covered = {}, []
-    for name, e in entries.items():
-        dtype = DTYPES[e["dtype"]]
-        begin, end = e["data_offsets"]
-        count = int(np.prod(e["shape"], dtype=np.int64))
-        if end - begin != count * dtype.itemsize or end > len(data):
-            raise ValueError(f"{path}: {name}: offsets {begin}..{end} do not "
-                             f"hold {e['shape']} of {e['dtype']}")
-        tensors[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(
-            e["shape"]).astype(np.float32)
-        covered.append((begin, end))
-    position = 0
-    for begin, end in sorted(covered):
-        if begin != position:
-            raise ValueError(f"{path}: a hole or overlap at byte {begin}")
-        position = end
-    if position != len(data):
-        raise ValueError(f"{path}: {len(data) - position} bytes after the tensors")
-    return tensors, metadata
-
+from safetensors_reader import read_safetensors  # noqa: E402
 
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight",
           ".mlp.c_proj.weight")
