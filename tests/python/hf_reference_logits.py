@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 
