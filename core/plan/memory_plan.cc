@@ -520,8 +520,10 @@ struct PipelineStep {
   int64_t ids_and_mask = 0;
   Shapes whole;
   bool tensor_parallel = false;
-  int64_t t = 0;           // tokens per micro-batch
-  int64_t activation = 0;  // one [rows, T, C] fp32 buffer
+  int64_t t = 0;  // tokens per micro-batch
+  // One [rows, T, C] buffer as it crosses between stages: in the compute
+  // dtype (PipelineOptions::wire_dtype), bf16 under CUDA mixed precision.
+  int64_t activation = 0;
   int64_t replicas = 1;
   int64_t shards = 1;
   bool sharded = false;
@@ -596,7 +598,7 @@ void AddPipelineStepSizes(const TrainConfig& config, int64_t world_size,
                       attention, config.seq_len);
   step->tensor_parallel = step->whole.tensor_parallel > 1;
   step->t = step->whole.tokens;
-  step->activation = 4 * step->t * step->whole.c;
+  step->activation = (step->bf16 ? 2 : 4) * step->t * step->whole.c;
 
   // A stage's ranks replicate it (single, ddp), shard it (fsdp) or shard it
   // within groups (hsdp).
@@ -799,8 +801,9 @@ int64_t FullGradientBytes(const PipelineStep& step,
 
 // What the micro-batches in flight hold (their activations, the head's
 // kept gradients) and the sends not yet taken: a non-last stage's
-// outputs (fp32: the activation itself while its micro-batch is held)
-// and a later stage's gradients of its inputs.
+// outputs (fp32: the activation itself while its micro-batch is held;
+// bf16: a copy in the wire's dtype) and a later stage's gradients of its
+// inputs.
 int64_t MicroBatchesInFlight(const std::vector<PipelineChunk>& parts) {
   int64_t count = 0;
   for (const PipelineChunk& part : parts) count += part.in_flight;

@@ -111,10 +111,7 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
   }
   if (absl::Status s = FormGroups(); !s.ok()) return s;
   model_ = std::move(model);
-  const torch::ScalarType compute_dtype =
-      options_.device.is_cuda() && options_.precision == "bf16"
-          ? torch::kBFloat16
-          : torch::kFloat;
+  const torch::ScalarType compute_dtype = ComputeDtype(options_);
   try {
     const std::map<std::string, torch::Tensor*> members =
         model_->MemberTensors();

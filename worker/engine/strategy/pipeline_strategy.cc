@@ -34,6 +34,9 @@ PipelineOptions Resolved(PipelineOptions pipeline,
         options.world_size / std::max<int64_t>(1, pipeline.stages),
         options.ranks_per_node);
   }
+  if (pipeline.wire_dtype == torch::ScalarType::Undefined) {
+    pipeline.wire_dtype = ComputeDtype(options);
+  }
   return pipeline;
 }
 
@@ -293,10 +296,7 @@ absl::Status PipelineStrategy::ShardStage() {
   absl::StatusOr<std::vector<UnitSources>> grouped =
       GroupIntoUnits(*model_, parameters, members, "pipeline x fsdp");
   if (!grouped.ok()) return grouped.status();
-  const torch::ScalarType compute_dtype =
-      options_.device.is_cuda() && options_.precision == "bf16"
-          ? torch::kBFloat16
-          : torch::kFloat;
+  const torch::ScalarType compute_dtype = ComputeDtype(options_);
   try {
     const std::string embedding = ModulePath(model_->token_embedding_name());
     const std::string head = ModulePath(model_->head_weight_name());
@@ -450,7 +450,7 @@ void PipelineStrategy::FreeUnits() {
 torch::Tensor PipelineStrategy::Activation(int64_t rows, int64_t seq) const {
   return torch::empty(
       {rows, seq, model_->dims().hidden_size},
-      torch::TensorOptions(options_.device).dtype(torch::kFloat));
+      torch::TensorOptions(options_.device).dtype(pipeline_.wire_dtype));
 }
 
 void PipelineStrategy::PostSend(torch::Tensor tensor, int64_t stage,
@@ -503,6 +503,11 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
     if (EmbedsIn(chunk)) {
       x = Embed(batch.inputs);
     } else {
+      // The residual stream is fp32 whatever crossed; the fp32 copy is the
+      // leaf whose gradient goes back (the wire's buffer is freed here).
+      if (m.input.scalar_type() != torch::kFloat) {
+        m.input = m.input.to(torch::kFloat);
+      }
       m.input.requires_grad_(true);
       x = m.input;
     }
@@ -622,10 +627,11 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
         break;
       case Kind::kPostSend:
         if (activation) {
-          PostSend(m.output.detach().to(torch::kFloat).contiguous(), op.peer,
-                   tag);
+          PostSend(m.output.detach().to(pipeline_.wire_dtype).contiguous(),
+                   op.peer, tag);
         } else {
-          PostSend(m.input.grad().to(torch::kFloat).contiguous(), op.peer, tag);
+          PostSend(m.input.grad().to(pipeline_.wire_dtype).contiguous(),
+                   op.peer, tag);
           m.input = torch::Tensor();
         }
         break;
@@ -820,6 +826,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
         Check(
             pipe_->Recv(x, previous, TransferTag(TagKind::kEvaluation, k - 1)),
             "recv");
+        x = x.to(torch::kFloat);
       }
       for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
         x = model_->RunBlock(i, x);
@@ -829,7 +836,7 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
       ScopedAutocast autocast(options_.device, options_.precision);
       loss += HeadLoss(x, targets, /*scale=*/0.0).to(torch::kFloat);
     } else {
-      torch::Tensor sent = x.to(torch::kFloat).contiguous();
+      torch::Tensor sent = x.to(pipeline_.wire_dtype).contiguous();
       Check(pipe_->Send(sent, next, TransferTag(TagKind::kEvaluation, k)),
             "send");
     }

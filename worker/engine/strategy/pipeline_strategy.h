@@ -101,6 +101,12 @@ struct PipelineOptions {
   int64_t tensor_parallel = 1;
   // Replicated stages: the gradient buckets' size (--bucket-mb).
   double bucket_mb = 25;
+  // What activations and their gradients cross between stages in: the
+  // compute dtype (ComputeDtype: bf16 under CUDA mixed precision, else fp32)
+  // when Undefined. A stage computes as before whatever crosses: it makes a
+  // received activation fp32 (the residual stream's dtype) on arrival, and
+  // sends what it made cast to this.
+  torch::ScalarType wire_dtype = torch::ScalarType::Undefined;
 };
 
 class PipelineStrategy final : public Strategy {
@@ -261,7 +267,7 @@ class PipelineStrategy final : public Strategy {
   void PostSend(torch::Tensor tensor, int64_t stage, int64_t tag);
   void ReleaseCompletedSends();
   void WaitReceive(std::unique_ptr<CommWork>& work);
-  // A [rows, T, C] float activation buffer on the device.
+  // A [rows, T, C] buffer in the wire dtype on the device, for a receive.
   torch::Tensor Activation(int64_t rows, int64_t seq) const;
   // The point-to-point tag of a transfer between model stages `boundary`
   // and boundary + 1 (both ends compute the same one).

@@ -34,6 +34,15 @@ struct StrategyOptions {
   double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
 };
 
+// The dtype the matrix products run in: bf16 under CUDA mixed precision
+// (--precision bf16), else fp32. Master weights, AdamW's state and the
+// reductions of gradients stay fp32 either way.
+inline torch::ScalarType ComputeDtype(const StrategyOptions& options) {
+  return options.device.is_cuda() && options.precision == "bf16"
+             ? torch::kBFloat16
+             : torch::kFloat;
+}
+
 // One contiguous range of a global state tensor that a rank holds:
 // elements [offset, offset + data.numel()) of tensor `name` (of global shape
 // `shape`) flattened row-major. `data` is a 1-D fp32 view of the rank's own

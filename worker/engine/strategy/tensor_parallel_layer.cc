@@ -180,9 +180,7 @@ VocabShard TensorParallelVocabShard(CausalLmImpl& model, Communicator* group,
   vocab.row_begin =
       group->rank() * (model.dims().padded_vocab_size / group->world_size());
   vocab.vocab_size = model.dims().vocab_size;
-  vocab.compute_dtype = options.device.is_cuda() && options.precision == "bf16"
-                            ? torch::kBFloat16
-                            : torch::kFloat;
+  vocab.compute_dtype = ComputeDtype(options);
   vocab.shared_batch = true;
   vocab.anchor = torch::zeros(
       {}, torch::TensorOptions().device(options.device).requires_grad(true));

@@ -147,10 +147,7 @@ absl::Status TensorParallelStrategy::ShardOverReplicas() {
   absl::StatusOr<std::vector<UnitSources>> grouped =
       GroupIntoUnits(*model_, parameters, members, "tensor parallel x fsdp");
   if (!grouped.ok()) return grouped.status();
-  const torch::ScalarType compute_dtype =
-      options_.device.is_cuda() && options_.precision == "bf16"
-          ? torch::kBFloat16
-          : torch::kFloat;
+  const torch::ScalarType compute_dtype = ComputeDtype(options_);
   try {
     for (UnitSources& u : *grouped) {
       // The token embedding's and the head's rows are read by the
