@@ -337,17 +337,16 @@ absl::Status PipelineStrategy::ShardStage() {
   // unit's chunk: its reduce-scatter goes as soon as that chunk's last
   // backward of the step has completed its gradient (armed then),
   // overlapping the rest of it.
-  unit_launched_.assign(units_.size(), false);
-  unit_chunk_.clear();
+  std::vector<int64_t> unit_chunk;
+  std::map<int64_t, size_t> block_unit;
   for (size_t u = 0; u < units_.size(); ++u) {
     const ParamPlace place = model_->PlaceOf(units_[u]->params().front().name);
-    if (place.role == ParamRole::kBlock) block_unit_[place.block] = u;
-    unit_chunk_.push_back(ChunkHolding(place));
+    if (place.role == ParamRole::kBlock) block_unit[place.block] = u;
+    unit_chunk.push_back(ChunkHolding(place));
   }
-  chunk_armed_.assign(chunks(), false);
-  for (size_t u = 0; u < units_.size(); ++u) {
-    unit_hooks_.Add(units_[u]->full(), [this, u] { OnUnitGradReady(u); });
-  }
+  unit_schedule_ = std::make_unique<UnitSchedule>(
+      &units_, std::move(unit_chunk), std::move(block_unit), chunks(),
+      "pipeline x fsdp");
   // The units hold the values now; the parameters' storage is freed.
   owned_.clear();
   owned_names_.clear();
@@ -356,65 +355,44 @@ absl::Status PipelineStrategy::ShardStage() {
   return absl::OkStatus();
 }
 
-void PipelineStrategy::LaunchUnitGathers() {
-  units_ready_ = 0;
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->LaunchGather(), "pipeline x fsdp", "all_gather");
-  }
+void PipelineStrategy::NeedUnits(size_t end) {
+  if (unit_schedule_ == nullptr) return;
+  unit_schedule_->Need(end, [this](FsdpUnit* unit) { UseGatheredUnit(unit); });
 }
 
-void PipelineStrategy::NeedUnits(size_t end) {
-  end = std::min(end, units_.size());
-  for (; units_ready_ < end; ++units_ready_) {
-    FsdpUnit* unit = units_[units_ready_].get();
-    ThrowIfFailed(unit->WaitGather(), "pipeline x fsdp", "all_gather");
-    unit->UseFullParams();
-    // The vocabulary-parallel paths (tensor ranks) read the gathered rows
-    // and add their gradients into buffers of their own, handed to the
-    // units before the reduce-scatter.
-    if (tensor_ != nullptr) ends_.UseGatheredUnit(unit);
-    if (!torch::GradMode::is_enabled()) continue;  // evaluation
-    gather_trace_.push_back(absl::StrCat("unit ", unit->name(), " ready"));
-    // The LM head adds the head weight's gradient into its .grad() itself,
-    // which a view of the unit's buffer cannot take: a leaf over the same
-    // memory, its gradient handed to the unit before the reduce-scatter.
-    for (auto& [held, leaf] : leaves_) {
-      if (held != unit) continue;
-      const FsdpUnit::Param& p = unit->params().front();
-      if (!leaf.defined()) {
-        leaf = unit->full()
-                   .detach()
-                   .narrow(0, p.offset, p.numel)
-                   .view(p.shape)
-                   .requires_grad_(true);
-      }
-      *p.member = leaf;
+void PipelineStrategy::UseGatheredUnit(FsdpUnit* unit) {
+  // The vocabulary-parallel paths (tensor ranks) read the gathered rows
+  // and add their gradients into buffers of their own, handed to the
+  // units before the reduce-scatter.
+  if (tensor_ != nullptr) ends_.UseGatheredUnit(unit);
+  if (!torch::GradMode::is_enabled()) return;  // evaluation
+  // The LM head adds the head weight's gradient into its .grad() itself,
+  // which a view of the unit's buffer cannot take: a leaf over the same
+  // memory, its gradient handed to the unit before the reduce-scatter.
+  for (auto& [held, leaf] : leaves_) {
+    if (held != unit) continue;
+    const FsdpUnit::Param& p = unit->params().front();
+    if (!leaf.defined()) {
+      leaf = unit->full()
+                 .detach()
+                 .narrow(0, p.offset, p.numel)
+                 .view(p.shape)
+                 .requires_grad_(true);
     }
+    *p.member = leaf;
   }
 }
 
 void PipelineStrategy::GatherUnits() {
-  LaunchUnitGathers();
+  unit_schedule_->LaunchGathers();
   NeedUnits(units_.size());
 }
 
 size_t PipelineStrategy::UnitsForBlock(int64_t i, bool through) const {
-  const auto it = block_unit_.find(i);
-  if (it == block_unit_.end()) return units_.size();
-  return it->second + (through ? 1 : 0);
-}
-
-void PipelineStrategy::OnUnitGradReady(size_t u) {
-  if (!chunk_armed_[unit_chunk_[u]] || unit_launched_[u]) return;
-  ThrowIfFailed(units_[u]->LaunchReduceScatter(), "pipeline x fsdp",
-                "reduce_scatter");
-  unit_launched_[u] = true;
-  shard_trace_.unit_launch.push_back(std::chrono::steady_clock::now());
+  return unit_schedule_ != nullptr ? unit_schedule_->ForBlock(i, through) : 0;
 }
 
 void PipelineStrategy::ReduceScatterAndFreeUnits() {
-  chunk_armed_.assign(chunks(), false);
-  shard_trace_.backward_end = std::chrono::steady_clock::now();
   if (tensor_ != nullptr) ends_.HandGradientsToUnits();
   for (auto& [unit, leaf] : leaves_) {
     if (!leaf.defined()) continue;
@@ -422,28 +400,14 @@ void PipelineStrategy::ReduceScatterAndFreeUnits() {
     if (grad.defined()) unit->SetParameterGradient(grad);
     leaf = torch::Tensor();
   }
-  // The units whose hook did not launch them (the embedding's gradient is
-  // handed over above), in unit order.
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (unit_launched_[u]) continue;
-    ThrowIfFailed(units_[u]->LaunchReduceScatter(), "pipeline x fsdp",
-                  "reduce_scatter");
-  }
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->WaitReduceScatter(), "pipeline x fsdp",
-                  "reduce_scatter");
-  }
-  unit_launched_.assign(units_.size(), false);
+  // Then the units whose hook did not launch them (the embedding's gradient
+  // is handed over above), in unit order.
+  unit_schedule_->FinishReduceScatters();
   FreeUnits();
 }
 
 void PipelineStrategy::FreeUnits() {
-  for (auto& unit : units_) {
-    // A step that failed before its forward needed every unit.
-    if (unit->gather_in_flight()) (void)unit->WaitGather();
-    unit->Reshard();
-  }
-  units_ready_ = 0;
+  if (unit_schedule_ != nullptr) unit_schedule_->Reshard();
   if (tensor_ != nullptr) ends_.ReleaseUnits();
 }
 
@@ -512,9 +476,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
       x = m.input;
     }
     for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
-      if (units_ready_ < units_.size()) {
-        gather_trace_.push_back(absl::StrCat("block ", i));
-      }
+      if (unit_schedule_ != nullptr) unit_schedule_->NoteBlock(i);
       NeedUnits(UnitsForBlock(i, /*through=*/true));
       x = model_->RunBlock(i, x);
     }
@@ -548,10 +510,8 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   const int64_t count = static_cast<int64_t>(micro.size());
   // Per chunk and micro-batch: in_flight[chunk * count + micro_batch].
   std::vector<InFlight> in_flight(micro.size() * chunks());
-  chunk_armed_.assign(chunks(), false);  // until each chunk's last backward
   if (sharded()) {
-    gather_trace_.clear();
-    LaunchUnitGathers();
+    unit_schedule_->LaunchGathers();  // disarmed until a chunk's last backward
   }
   torch::Tensor loss_sum = torch::zeros(
       {}, torch::TensorOptions(options_.device).dtype(torch::kDouble));
@@ -589,11 +549,7 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
       replica_buckets_->ArmParameters(chunk_params_[op.chunk]);
     }
     if (reduce && sharded() && i == chunk_last_backward[op.chunk]) {
-      if (std::none_of(chunk_armed_.begin(), chunk_armed_.end(),
-                       [](bool armed) { return armed; })) {
-        shard_trace_ = {};
-      }
-      chunk_armed_[op.chunk] = true;
+      unit_schedule_->Arm(op.chunk);
     }
     InFlight& m = in_flight[op.chunk * count + op.micro_batch];
     const Batch& batch = micro[op.micro_batch];

@@ -78,6 +78,7 @@
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/tensor_parallel_layer.h"
+#include "worker/engine/strategy/unit_schedule.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
@@ -155,15 +156,18 @@ class PipelineStrategy final : public Strategy {
   // A sharded stage's last reduction: when each unit's reduce-scatter
   // launched (in launch order; those the last backward completed first)
   // against when the schedule ended.
-  struct ShardOverlapTrace {
-    std::vector<std::chrono::steady_clock::time_point> unit_launch;
-    std::chrono::steady_clock::time_point backward_end;
-  };
-  ShardOverlapTrace shard_overlap_trace() const { return shard_trace_; }
+  using ShardOverlapTrace = UnitSchedule::OverlapTrace;
+  ShardOverlapTrace shard_overlap_trace() const {
+    return unit_schedule_ != nullptr ? unit_schedule_->trace()
+                                     : ShardOverlapTrace{};
+  }
   // A sharded stage's last step, in order: "unit NAME ready" as the forward
   // waited for each unit's gather, "block I" as a block's forward started
   // while gathers were still outstanding.
-  const std::vector<std::string>& gather_trace() const { return gather_trace_; }
+  std::vector<std::string> gather_trace() const {
+    return unit_schedule_ != nullptr ? unit_schedule_->gather_trace()
+                                     : std::vector<std::string>{};
+  }
 
   // The stage this rank runs and what it holds (after Setup).
   int64_t stage() const { return stage_; }
@@ -234,23 +238,20 @@ class PipelineStrategy final : public Strategy {
   // hsdp: every unit's shard gradient averaged over the stage's groups.
   void AverageAcrossGroups();
   // Within a step, the units are gathered as the stage's first forward
-  // needs them: every gather launched at the step's start, in the order
-  // the forward uses the units, and each waited for only before the
-  // first computation that reads it, so the stage computes while the rest
-  // of its gathers arrive. They stay gathered until the step's last
-  // backward (no resharding between micro-batches).
-  void LaunchUnitGathers();
+  // needs them, and each reduce-scattered as its chunk's last backward
+  // completes it (unit_schedule_). They stay gathered until the step's
+  // last backward (no resharding between micro-batches).
   // Waits for the units before `end` (in unit order) and points the model
   // at each; nothing when they are ready or the stage is not sharded.
   void NeedUnits(size_t end);
+  // A unit just gathered: the vocabulary-parallel ends or the leaf over
+  // the embedding's or head's rows pointed at it.
+  void UseGatheredUnit(FsdpUnit* unit);
   // Every unit, now (evaluation).
   void GatherUnits();
   // How many units the forward needs before block `i` runs: those before
   // its unit, or with `through`, its unit too (every unit if it has none).
   size_t UnitsForBlock(int64_t i, bool through) const;
-  // Sharded, during the step's last backward: unit `u`'s gradient is
-  // complete, its reduce-scatter goes at once.
-  void OnUnitGradReady(size_t u);
   void ReduceScatterAndFreeUnits();
   // The units freed (and the vocabulary-parallel view of the embedding's
   // rows with
@@ -313,19 +314,10 @@ class PipelineStrategy final : public Strategy {
   std::vector<torch::Tensor> owned_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   FsdpUnit* embedding_unit_ = nullptr;
-  // The units' gradient hooks; armed per chunk for that chunk's last
-  // backward of the step, when a unit's gradient is complete as its hook
-  // fires. unit_chunk_[u]: the chunk whose backward completes unit u.
-  GradReadyHooks unit_hooks_;
-  std::vector<bool> chunk_armed_;
-  std::vector<int64_t> unit_chunk_;
-  std::vector<bool> unit_launched_;
-  ShardOverlapTrace shard_trace_;
-  // Units [0, units_ready_) are gathered and in use this step; block i's
-  // unit is block_unit_[i].
-  size_t units_ready_ = 0;
-  std::map<int64_t, size_t> block_unit_;
-  std::vector<std::string> gather_trace_;
+  // When the units move within a step; armed per chunk for that chunk's
+  // last backward (a unit's group is the chunk whose backward completes
+  // it).
+  std::unique_ptr<UnitSchedule> unit_schedule_;
   // Without tensor ranks: the token embedding's and an untied head's units,
   // and the leaf over each one's rows while it is gathered for training.
   std::vector<std::pair<FsdpUnit*, torch::Tensor>> leaves_;

@@ -1,0 +1,106 @@
+// UnitSchedule: when the FSDP units of a composed mesh move within a step —
+// a pipeline stage sharded over its replicas (PP x FSDP), or a
+// tensor-parallel rank's slices sharded over the ranks holding the same
+// slices (TP x FSDP). Both keep their units gathered for the whole step (no
+// resharding between micro-batches, which would repeat every all-gather per
+// micro-batch), and both:
+//   - gather as the forward needs them: every unit's all-gather launched at
+//     the step's start, in the order the forward uses the units, each waited
+//     for just before the first computation that reads it, so the first
+//     block computes while later units arrive;
+//   - reduce-scatter as the backward completes them: during the step's last
+//     backward (of a pipeline chunk: each chunk's own last backward), a
+//     unit's reduce-scatter launches as soon as its gradient is whole, from
+//     the gradient hook of its flat buffer, while the backward goes on
+//     through earlier blocks; the units no hook launched (those whose
+//     gradients the strategy hands over itself) go after the backward.
+// Not thread-safe: one rank's thread drives it, its hooks run inside that
+// thread's backward().
+#ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_UNIT_SCHEDULE_H_
+#define SHARDTRAIN_WORKER_ENGINE_STRATEGY_UNIT_SCHEDULE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/strategy/distributed_helpers.h"
+#include "worker/engine/strategy/fsdp_unit.h"
+
+namespace shardtrain {
+
+class UnitSchedule {
+ public:
+  // A step's reduction: when each unit's reduce-scatter launched (in launch
+  // order; those the backward completed first) against when the backward
+  // ended.
+  struct OverlapTrace {
+    std::vector<std::chrono::steady_clock::time_point> unit_launch;
+    std::chrono::steady_clock::time_point backward_end;
+  };
+
+  // `units` (in the order the forward uses them) must outlive the schedule;
+  // `group_of[u]`: which group's last backward completes unit u (a pipeline
+  // chunk; 0 when there is one group); `block_unit`: each block's unit.
+  // `strategy`: for errors ("pipeline x fsdp").
+  UnitSchedule(const std::vector<std::unique_ptr<FsdpUnit>>* units,
+               std::vector<int64_t> group_of,
+               std::map<int64_t, size_t> block_unit, int64_t groups,
+               std::string strategy);
+  UnitSchedule(const UnitSchedule&) = delete;
+  UnitSchedule& operator=(const UnitSchedule&) = delete;
+
+  // At the step's start: every unit's all-gather launched, every group
+  // disarmed (a failed step may have left one armed).
+  void LaunchGathers();
+  // Waits for the units before `end` (in unit order), points the model at
+  // each and calls `on_ready` with it; nothing for those already ready.
+  void Need(size_t end, const std::function<void(FsdpUnit*)>& on_ready);
+  // How many units the forward needs before block `i` runs: those before
+  // its unit, or with `through`, its unit too (every unit if it has none).
+  size_t ForBlock(int64_t i, bool through) const;
+  size_t ready() const { return ready_; }
+  size_t size() const { return units_->size(); }
+  // Block `i`'s forward starts: noted when gathers are still outstanding.
+  void NoteBlock(int64_t i);
+  // The last training step's gathers, in order: "unit NAME ready" as the
+  // forward waited for each, "block I" as block I's forward started while
+  // gathers were still outstanding.
+  const std::vector<std::string>& gather_trace() const { return gather_trace_; }
+
+  // The last backward of `group` in this step starts: its units'
+  // reduce-scatters go from their hooks as their gradients complete.
+  void Arm(int64_t group);
+  bool armed(int64_t group) const { return armed_[group]; }
+  // After the backward: the units no hook launched, in unit order, then
+  // every reduce-scatter waited for; disarms every group. The caller hands
+  // over the gradients the hooks cannot see before.
+  void FinishReduceScatters();
+  // The units freed; a gather still in flight (a step that failed before
+  // its forward needed every unit) waited for first.
+  void Reshard();
+
+  const OverlapTrace& trace() const { return trace_; }
+
+ private:
+  void OnGradReady(size_t u);
+
+  const std::vector<std::unique_ptr<FsdpUnit>>* const units_;
+  const std::vector<int64_t> group_of_;
+  const std::map<int64_t, size_t> block_unit_;
+  const std::string strategy_;
+  std::vector<bool> armed_;     // per group
+  std::vector<bool> launched_;  // per unit, this step
+  size_t ready_ = 0;            // units [0, ready_) are gathered and in use
+  OverlapTrace trace_;
+  std::vector<std::string> gather_trace_;
+  GradReadyHooks hooks_;  // last: removed before the rest is destroyed
+};
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_UNIT_SCHEDULE_H_
