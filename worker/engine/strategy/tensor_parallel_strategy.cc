@@ -163,41 +163,45 @@ absl::Status TensorParallelStrategy::ShardOverReplicas() {
     return absl::InternalError(absl::StrCat("tensor parallel x fsdp: setup: ",
                                             e.what_without_backtrace()));
   }
+  // Gathered as the forward reaches each block's unit; reduce-scattered as
+  // the sync micro-step's backward completes each (one group: the step).
+  std::map<int64_t, size_t> block_unit;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const ParamPlace place = model_->PlaceOf(units_[u]->params().front().name);
+    if (place.role == ParamRole::kBlock) block_unit[place.block] = u;
+  }
+  unit_schedule_ = std::make_unique<UnitSchedule>(
+      &units_, std::vector<int64_t>(units_.size(), 0), std::move(block_unit),
+      /*groups=*/1, "tensor parallel x fsdp");
   optimizer_ = std::make_unique<AdamW>(
       ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
   return absl::OkStatus();
 }
 
-void TensorParallelStrategy::GatherUnits() {
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->LaunchGather(), "tensor parallel x fsdp", "all_gather");
-  }
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->WaitGather(), "tensor parallel x fsdp", "all_gather");
-    unit->UseFullParams();
-  }
+void TensorParallelStrategy::LaunchGathers() {
+  unit_schedule_->LaunchGathers();
   gathered_ = true;
+}
+
+void TensorParallelStrategy::NeedUnits(size_t end) {
+  if (unit_schedule_ == nullptr) return;
   // The vocabulary-parallel paths read the ends' rows and add their
   // gradients themselves.
-  ends_.UseGatheredUnits();
+  unit_schedule_->Need(end,
+                       [this](FsdpUnit* unit) { ends_.UseGatheredUnit(unit); });
 }
 
 void TensorParallelStrategy::ReduceScatterAndFreeUnits() {
   if (!gathered_) return;
+  // The ends' gradients, which no hook sees, then every unit no hook
+  // launched.
   ends_.HandGradientsToUnits();
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->LaunchReduceScatter(), "tensor parallel x fsdp",
-                  "reduce_scatter");
-  }
-  for (auto& unit : units_) {
-    ThrowIfFailed(unit->WaitReduceScatter(), "tensor parallel x fsdp",
-                  "reduce_scatter");
-  }
+  unit_schedule_->FinishReduceScatters();
   FreeUnits();
 }
 
 void TensorParallelStrategy::FreeUnits() {
-  for (auto& unit : units_) unit->Reshard();
+  unit_schedule_->Reshard();
   ends_.ReleaseUnits();
   gathered_ = false;
 }
@@ -218,7 +222,8 @@ void TensorParallelStrategy::AttachGradViews() {
 torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
     double loss_scale, bool sync) {
-  if (sharded() && !gathered_) GatherUnits();
+  if (sharded() && !gathered_) LaunchGathers();
+  if (sharded() && sync) unit_schedule_->Arm(0);
   if (replica_buckets_ != nullptr) {
     AttachGradViews();
     replica_buckets_->Arm(sync);
@@ -247,9 +252,19 @@ torch::Tensor TensorParallelStrategy::Forward(const torch::Tensor& inputs,
               "model's longest sequence, ",
               model_->dims().max_seq_len, ", got ", inputs.sizes());
   ScopedAutocast autocast(options_.device, options_.precision);
+  // Sharded, each unit is waited for as the forward reaches it (nothing
+  // once gathered).
+  if (unit_schedule_ != nullptr) NeedUnits(unit_schedule_->ForBlock(0, false));
   torch::Tensor x = model_->FinishEmbedding(
       VocabParallelEmbedding(inputs, ends_.embedding()));
-  for (int64_t i = 0; i < model_->num_blocks(); ++i) x = model_->RunBlock(i, x);
+  for (int64_t i = 0; i < model_->num_blocks(); ++i) {
+    if (unit_schedule_ != nullptr) {
+      unit_schedule_->NoteBlock(i);
+      NeedUnits(unit_schedule_->ForBlock(i, true));
+    }
+    x = model_->RunBlock(i, x);
+  }
+  NeedUnits(units_.size());
   return VocabParallelLoss(model_->FinalNorm(x), targets, ends_.head(),
                            grad_scale);
 }
@@ -310,7 +325,7 @@ torch::Tensor TensorParallelStrategy::ForwardLoss(
     const torch::Tensor& inputs, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   if (!sharded() || gathered_) return Forward(inputs, targets, 0.0);
-  GatherUnits();
+  LaunchGathers();
   torch::Tensor loss = Forward(inputs, targets, /*grad_scale=*/0.0);
   FreeUnits();
   return loss;

@@ -33,11 +33,14 @@
 // block, one for the rest outside the blocks, one for the token embedding's
 // rows. A rank keeps
 // 1/D of its slices' fp32 master weights, gradients and AdamW state: 1/(T D)
-// of a replica's. The units are gathered (all launched together, then
-// waited) before a step's first micro-step and freed after its gradients are
-// reduce-scattered (the mean over the replicas), as the sharded stages of a
-// pipeline do: one all-gather and one reduce-scatter of the slices a step,
-// no gradient all-reduce, and the slices whole only within the step.
+// of a replica's. Within a step the units move as the sharded stages of a
+// pipeline's do (unit_schedule.h): every gather launched at the step's
+// start and each waited for as the first micro-step's forward reaches its
+// block; each unit's gradient reduce-scattered (the mean over the
+// replicas) as soon as the last micro-step's backward completes it, while
+// that backward goes on; the units freed after the step. One all-gather
+// and one reduce-scatter of the slices a step, no gradient all-reduce, and
+// the slices whole only within the step.
 //
 // Checkpoints hold every tensor by its global name and shape: a rank writes
 // the runs of the global tensor its slices are (TensorParallelRuns), the
@@ -57,6 +60,7 @@
 #include "worker/engine/strategy/gradient_buckets.h"
 #include "worker/engine/strategy/strategy.h"
 #include "worker/engine/strategy/tensor_parallel_layer.h"
+#include "worker/engine/strategy/unit_schedule.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 
 namespace shardtrain {
@@ -80,6 +84,17 @@ class TensorParallelStrategy final : public Strategy {
   // f and g over the tensor group (after Setup): how many input-gradient
   // sums its backward overlapped with the weights' gradients.
   const TensorParallelOps* tensor_parallel_ops() const { return ops_.get(); }
+  // Sharded (TP x FSDP), the last step's: when each unit's reduce-scatter
+  // launched against when the backward ended; the gathers as the forward
+  // waited for them (UnitSchedule).
+  UnitSchedule::OverlapTrace shard_overlap_trace() const {
+    return unit_schedule_ != nullptr ? unit_schedule_->trace()
+                                     : UnitSchedule::OverlapTrace{};
+  }
+  std::vector<std::string> gather_trace() const {
+    return unit_schedule_ != nullptr ? unit_schedule_->gather_trace()
+                                     : std::vector<std::string>{};
+  }
   // The replica this rank belongs to; its T ranks see the same batch.
   int64_t data_parallel_rank() const override;
   int64_t data_parallel_size() const override;
@@ -117,10 +132,12 @@ class TensorParallelStrategy final : public Strategy {
   void AttachGradViews();
   // Sharded: the units into one FsdpUnit each (collective over replicas_).
   absl::Status ShardOverReplicas();
-  // Sharded: every unit gathered and the modules (and the vocabulary-parallel
-  // ends) pointed at it; with grad mode on, the embedding's gradient buffer
-  // made.
-  void GatherUnits();
+  // Sharded: every unit's gather launched at the step's start (and for an
+  // evaluation); NeedUnits waits for those before `end` as the forward
+  // reaches them and points the modules (and the vocabulary-parallel ends)
+  // at each; with grad mode on, the embedding's gradient buffer made.
+  void LaunchGathers();
+  void NeedUnits(size_t end);
   // Sharded: the gradients reduce-scattered into the shards (the mean over
   // the replicas), the units freed.
   void ReduceScatterAndFreeUnits();
@@ -152,10 +169,12 @@ class TensorParallelStrategy final : public Strategy {
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
   VocabParallelEnds ends_;  // this rank's rows of the embedding and head
-  // Sharded: the units (the embedding's among them) and whether they are
-  // gathered.
+  // Sharded: the units (the embedding's among them), whether they are
+  // gathered (from the step's first micro-step to its last), and when they
+  // move within the step.
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool gathered_ = false;
+  std::unique_ptr<UnitSchedule> unit_schedule_;
 };
 
 }  // namespace shardtrain

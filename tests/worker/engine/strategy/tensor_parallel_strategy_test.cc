@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/model/model_config.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
@@ -143,6 +145,63 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelEquivalenceTest,
                                                "_accum",
                                                info.param.accumulation);
                          });
+
+// TP 2 x FSDP 2 moves its units as a sharded pipeline stage does: each
+// block's unit is waited for just before the block runs (block 1 starts
+// while its gather is still outstanding), and during the last micro-step's
+// backward each unit's reduce-scatter goes as the backward completes it,
+// before the backward ends (they once all went after it); not during the
+// first micro-step's, whose gradients are partial. Training matches one
+// device over two accumulated micro-steps.
+TEST(TensorParallelStrategyTest, ShardedSlicesMoveAsTheStepNeedsThem) {
+  const torch::Tensor batches = test::MakeBatches(kSteps, 8, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, kSteps, /*micro_steps=*/2, kLr);
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  std::vector<UnitSchedule::OverlapTrace> overlap(4);
+  std::vector<std::vector<std::string>> gathers(4);
+  std::vector<test::TrainResult> ranks(4);
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    torch::set_num_threads(1);
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = 4;
+    TensorParallelStrategy strategy(options, &comm, /*tensor_parallel=*/2,
+                                    /*shard_over_replicas=*/true);
+    const absl::Status setup = strategy.Setup(test::MakeModel(kSpec, 7));
+    ASSERT_TRUE(setup.ok()) << setup;
+    test::Train(strategy, batches, rank, 4, loop, &ranks[rank]);
+    overlap[rank] = strategy.shard_overlap_trace();
+    gathers[rank] = strategy.gather_trace();
+  });
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_EQ(ranks[r].losses.size(), single.losses.size());
+    for (size_t step = 0; step < single.losses.size(); ++step) {
+      EXPECT_LE(test::RelDiff(ranks[r].losses[step], single.losses[step]), 1e-6)
+          << "rank " << r << " step " << step;
+      EXPECT_LE(test::RelDiff(ranks[r].norms[step], single.norms[step]), 1e-5)
+          << "rank " << r << " step " << step;
+    }
+  }
+  const CausalLm model = test::MakeModel(kSpec, 7);
+  for (int64_t r = 0; r < 4; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    // Both blocks' units and the one of the tensors outside them (wpe, the
+    // final norm) from their hooks, once each: the token embedding's rows,
+    // whose gradient the vocabulary-parallel paths make, go after.
+    EXPECT_EQ(overlap[r].unit_launch.size(), 3u);
+    for (const auto& launch : overlap[r].unit_launch) {
+      EXPECT_LT(launch, overlap[r].backward_end);
+    }
+    const std::vector<std::string>& trace = gathers[r];
+    const auto block = std::find(trace.begin(), trace.end(), "block 1");
+    ASSERT_NE(block, trace.end())
+        << "block 1 waited for nothing; trace " << absl::StrJoin(trace, ", ");
+    ASSERT_NE(block + 1, trace.end());
+    EXPECT_EQ(*(block + 1),
+              absl::StrCat("unit ", model->BlockName(1), " ready"));
+  }
+}
 
 // Each slice a rank holds, by name and offset into the flattened tensor.
 std::map<std::pair<std::string, int64_t>, torch::Tensor> States(Strategy& s) {
