@@ -696,43 +696,57 @@ void AddPipelineTraffic(const StepMesh& mesh, const RankLoads& loads,
 
 // What `plan`'s traffic adds to the step.
 //
-// The backward time the data-parallel reduction can hide behind, where
-// the engine overlaps it: DDP, FSDP and HSDP alone reduce as the whole
-// backward runs (buckets, per-unit reduce-scatters); pipeline stages
-// during the step's last micro-batch's backward only: replicated stages
-// their buckets, sharded stages each unit's reduce-scatter (their
-// all-gathers before the first micro-batch, and HSDP's average across
-// groups after the schedule, stay exposed); tensor-parallel meshes after
-// the schedule (nothing of the data-parallel reduction hidden; of the
-// tensor group's own traffic, f's backward sums behind the column-parallel
-// weight gradients).
+// On GPUs (NCCL) the data-parallel traffic runs beside the computation
+// where the engine launches it during it:
+//   - DDP, FSDP and HSDP alone: the backward that reduces (buckets,
+//     per-unit reduce-scatters and prefetched gathers): every micro-step's
+//     for FSDP and HSDP, the last one's for DDP and under --fsdp-no-sync;
+//   - with pipeline stages or tensor ranks: the step's last micro-batch's
+//     backward, by the replicated stages' and DDP x TP's buckets, and by
+//     the sharded meshes' (PP x FSDP, TP x FSDP) per-unit reduce-scatters;
+//     those meshes' all-gathers, launched at the step's start and waited
+//     for block by block, beside its first micro-batch's forward (both
+//     UnitSchedule); a pipeline's HSDP average across groups, after the
+//     schedule, stays exposed;
+//   - of the tensor group's own traffic, f's backward sums behind the
+//     column-parallel weights' gradients.
+// Each overlapped part keeps its last call exposed (the computation it
+// hides behind ends before it can).
 double ExposedCommSeconds(const StepTimePlan& plan, const StepMesh& mesh,
-                          bool gpu, bool fsdp, const TensorOverlap& overlap) {
-  double hidden_behind = 0;
-  bool sharded_stages = false;
-  if (gpu && mesh.tp == 1) {
-    const double backward = plan.compute_seconds * 2 / 3;
-    if (mesh.stages == 1) {
-      hidden_behind = backward;
-    } else {
-      hidden_behind = backward / static_cast<double>(mesh.micro * mesh.accum);
-      sharded_stages = fsdp;
-    }
+                          bool gpu, bool fsdp, bool reduces_every_micro_step,
+                          const TensorOverlap& overlap) {
+  double backward_window = 0, forward_window = 0;
+  bool composed_shards = false;
+  if (gpu) {
+    const bool alone = mesh.stages == 1 && mesh.tp == 1;
+    const double pieces = alone && reduces_every_micro_step
+                              ? 1.0
+                              : static_cast<double>(mesh.micro * mesh.accum);
+    backward_window = plan.compute_seconds * 2 / 3 / pieces;
+    forward_window = plan.compute_seconds / 3 / pieces;
+    composed_shards = fsdp && !alone;
   }
+  // What hides of `seconds` (over `calls` collectives) behind `window`.
+  const auto exposed = [](double seconds, int64_t calls, double window) {
+    return std::max(seconds - window,
+                    seconds / static_cast<double>(std::max<int64_t>(1, calls)));
+  };
   double comm = 0;
   for (const MeshTraffic& t : plan.traffic) {
     const bool reduction = t.dimension == "data-parallel" ||
                            t.dimension == "replica" ||
                            t.dimension == "shard-group";
-    if (hidden_behind > 0 && reduction &&
-        !(sharded_stages && t.dimension == "replica")) {
-      // NCCL overlaps it with that backward but for its last part; of a
-      // sharded stage's traffic, the reduce-scatter half.
-      const double hideable = sharded_stages ? t.seconds / 2 : t.seconds;
-      const int64_t calls =
-          std::max<int64_t>(1, sharded_stages ? t.calls / 2 : t.calls);
-      comm += t.seconds - hideable +
-              std::max(hideable - hidden_behind, hideable / calls);
+    if (backward_window > 0 && reduction && composed_shards) {
+      if (t.dimension == "replica" && mesh.stages > 1) {
+        comm += t.seconds;  // HSDP's average after a pipeline's schedule
+      } else {
+        // Half all-gathers, half reduce-scatters, unit by unit.
+        const int64_t calls = std::max<int64_t>(1, t.calls / 2);
+        comm += exposed(t.seconds / 2, calls, forward_window) +
+                exposed(t.seconds / 2, calls, backward_window);
+      }
+    } else if (backward_window > 0 && reduction) {
+      comm += exposed(t.seconds, t.calls, backward_window);
     } else if (gpu && t.dimension == "tensor-parallel") {
       comm += t.seconds - std::min(overlap.f_seconds,
                                    overlap.column_weight_gradient_seconds);
@@ -783,7 +797,8 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   AddPipelineTraffic(*mesh, loads, kept, act_bytes, links, &plan);
 
   plan.exposed_comm_seconds =
-      ExposedCommSeconds(plan, *mesh, rate.gpu, kept.fsdp, overlap);
+      ExposedCommSeconds(plan, *mesh, rate.gpu, kept.fsdp,
+                         kept.fsdp && !config.fsdp_no_sync, overlap);
   plan.step_seconds = plan.compute_seconds + plan.bubble_seconds +
                       plan.optimizer_seconds + plan.exposed_comm_seconds;
   plan.tokens_per_second =

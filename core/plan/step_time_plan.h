@@ -27,12 +27,14 @@
 //                  S - 1 micro-batch times when the stages are even), 1F1B
 //                  and GPipe alike
 // On CPU (Gloo) collectives run on the cores that compute, so the parts add;
-// on GPUs (NCCL) the data-parallel traffic of DDP, FSDP or HSDP alone
-// overlaps the backward except its last bucket (the engine reduces buckets
-// as the backward runs); replicated pipeline stages overlap it with the
-// step's last micro-batch's backward only; sharded stages and
-// tensor-parallel meshes do not (the engine reduces after the schedule), nor
-// does tensor-parallel traffic.
+// on GPUs (NCCL) the data-parallel traffic overlaps the computation where
+// the engine launches it during it, but for its last call: DDP, FSDP or
+// HSDP alone behind the backward that reduces (buckets, per-unit
+// reduce-scatters); meshes with pipeline stages or tensor ranks behind the
+// step's last micro-batch's backward (buckets, or a sharded mesh's per-unit
+// reduce-scatters, its all-gathers behind the first micro-batch's forward);
+// of the tensor-parallel traffic, f's backward sums behind the
+// column-parallel weights' gradients.
 //
 // What it leaves out (each shows as error in bench/RESULTS.md §10): kernels
 // whose efficiency differs from the calibration's (the rate is measured on

@@ -231,13 +231,15 @@ TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
 }
 
 // On GPUs DDP alone hides its reduction behind the backward (but its last
-// bucket); pipeline stages behind the last micro-batch's backward only
-// (sharded stages their reduce-scatters, not the all-gathers before the
-// first micro-batch); tensor ranks reduce after the schedule, and the plan
-// credits nothing.
+// bucket); meshes with pipeline stages or tensor ranks behind the last
+// micro-batch's backward (replicated: buckets; sharded: the reduce-scatters,
+// and the all-gathers behind the first micro-batch's forward, unit by
+// unit); HSDP's average across a pipeline's groups after the schedule, and
+// nothing on CPU.
 TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
   TrainConfig ddp = Config("ddp");
   ddp.device = "cuda";
+  ddp.bucket_mb = 0.25;  // several buckets of gpt2-tiny
   const StepTimePlan alone = Plan(ddp, 2);
   const MeshTraffic* reduction = Find(alone, "data-parallel");
   ASSERT_NE(reduction, nullptr);
@@ -247,6 +249,25 @@ TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
     for (const MeshTraffic& t : plan.traffic) seconds += t.seconds;
     return seconds;
   };
+  // DDP's buckets go during the last micro-step's backward only: with 4
+  // accumulated micro-steps the window is a fourth of the step's backward,
+  // one micro-step's, and as much stays exposed as without accumulation
+  // (links slow enough that the reduction outlasts it).
+  {
+    TrainConfig slow_links = ddp;
+    HostRates slow = Rates();
+    slow.intra_node = {1e-4, 2e5};
+    const StepTimePlan once = Plan(slow_links, 2, slow);
+    slow_links.grad_accum = 4;
+    const StepTimePlan accumulated = Plan(slow_links, 2, slow);
+    const MeshTraffic* r = Find(accumulated, "data-parallel");
+    ASSERT_NE(r, nullptr);
+    const double window = accumulated.compute_seconds * 2 / 3 / 4;
+    ASSERT_GT(r->seconds - window, r->seconds / static_cast<double>(r->calls));
+    EXPECT_NEAR(accumulated.exposed_comm_seconds, r->seconds - window, 1e-12);
+    EXPECT_NEAR(accumulated.exposed_comm_seconds, once.exposed_comm_seconds,
+                1e-9);
+  }
 
   TrainConfig piped = ddp;
   piped.pipeline_stages = 2;
@@ -262,24 +283,41 @@ TEST(StepTimePlanTest, OverlapIsCreditedOnlyWhereTheEngineOverlaps) {
     const double traffic = all_traffic(plan);
     const MeshTraffic* shards = Find(plan, "data-parallel");
     ASSERT_NE(shards, nullptr);
-    EXPECT_LT(plan.exposed_comm_seconds, traffic);
-    // The all-gathers' half stays exposed.
-    EXPECT_GE(plan.exposed_comm_seconds, traffic - shards->seconds / 2);
+    // Both halves hide, each but its last unit's call.
+    const double per_call =
+        shards->seconds / 2 / static_cast<double>(shards->calls / 2);
+    EXPECT_LT(plan.exposed_comm_seconds, traffic - shards->seconds / 2);
+    EXPECT_GE(plan.exposed_comm_seconds,
+              traffic - shards->seconds + 2 * per_call - 1e-12);
   }
-  TrainConfig sliced = ddp;
-  sliced.tensor_parallel = 2;
   {
-    // The replicas' average after the schedule stays exposed; of the tensor
-    // group's own traffic, f's backward sums (two of each block's four)
-    // hide behind the column-parallel weights' gradients (EnterLinear).
+    // A pipeline's HSDP: the average across its groups stays exposed.
+    TrainConfig hsdp_stages = sharded_stages;
+    hsdp_stages.strategy = "hsdp";
+    const StepTimePlan plan = Plan(hsdp_stages, 8);
+    const MeshTraffic* across = Find(plan, "replica");
+    ASSERT_NE(across, nullptr) << plan.mesh;
+    const MeshTraffic* pipe = Find(plan, "pipeline");
+    ASSERT_NE(pipe, nullptr);
+    EXPECT_GE(plan.exposed_comm_seconds, across->seconds + pipe->seconds);
+  }
+  for (const std::string& dp : {"ddp", "fsdp"}) {
+    // DDP x TP's buckets and TP x FSDP's units go during the backward (of
+    // the last micro-step); of the tensor group's own traffic, f's
+    // backward sums (two of each block's four) hide behind the
+    // column-parallel weights' gradients (EnterLinear).
+    TrainConfig sliced = ddp;
+    sliced.strategy = dp;
+    sliced.tensor_parallel = 2;
     const StepTimePlan plan = Plan(sliced, 4);
-    EXPECT_NE(Find(plan, "data-parallel"), nullptr) << plan.mesh;
+    const MeshTraffic* data = Find(plan, "data-parallel");
+    ASSERT_NE(data, nullptr) << plan.mesh;
+    ASSERT_GT(data->calls, 2) << plan.mesh;
     const MeshTraffic* tensor = Find(plan, "tensor-parallel");
     ASSERT_NE(tensor, nullptr);
-    EXPECT_LT(plan.exposed_comm_seconds, all_traffic(plan)) << plan.mesh;
-    EXPECT_GE(plan.exposed_comm_seconds,
-              all_traffic(plan) - tensor->seconds / 2)
+    EXPECT_LT(plan.exposed_comm_seconds, tensor->seconds + data->seconds / 2)
         << plan.mesh;
+    EXPECT_GE(plan.exposed_comm_seconds, tensor->seconds / 2) << plan.mesh;
     // On CPU nothing is credited, as for every other overlap.
     sliced.device = "cpu";
     const StepTimePlan cpu = Plan(sliced, 4);
