@@ -873,7 +873,8 @@ void AddPlanCommand(CLI::App* app, int* exit_code) {
   plan->add_option("--micro-batches", c.micro_batches,
                    "pipeline: micro-batches per --batch-size")
       ->capture_default_str();
-  plan->add_option("--pipeline-schedule", c.pipeline_schedule, "gpipe | 1f1b")
+  plan->add_option("--pipeline-schedule", c.pipeline_schedule,
+                   "gpipe | 1f1b | zb-h1")
       ->capture_default_str();
   plan->add_option("--virtual-stages", c.virtual_stages,
                    "pipeline: interleaved chunks per stage (model stages s, "

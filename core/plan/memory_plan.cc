@@ -904,7 +904,9 @@ void ConsiderBackward(const PipelineStep& step, const MemoryPlan& base,
     at.peak_moment = MemoryPlan::Moment::kEmbeddingBackward;
     peak->Consider(at);
   }
-  --part.in_flight;
+  // Under zb-h1 the micro-batch stays held until its W (counted whole: the
+  // layers' inputs and output gradients W keeps are less).
+  if (step.schedule != PipelineSchedule::kZeroBubble) --part.in_flight;
   ++part.done;
 }
 
@@ -917,8 +919,10 @@ void ConsiderSchedule(const PipelineStep& step, const MemoryPlan& base,
                     step.micro_batches, step.chunks)) {
     if (action.kind == PipelineAction::Kind::kForward) {
       ConsiderForward(step, base, action.chunk, parts, peak);
-    } else {
+    } else if (action.kind == PipelineAction::Kind::kBackward) {
       ConsiderBackward(step, base, action.chunk, parts, peak);
+    } else {
+      --(*parts)[action.chunk].in_flight;  // zb-h1's W: the micro-batch goes
     }
   }
 }

@@ -164,13 +164,22 @@ std::string DescribeStage(const PipelineStage& stage) {
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
   if (name == "gpipe") return PipelineSchedule::kGpipe;
   if (name == "1f1b") return PipelineSchedule::kOneFOneB;
+  if (name == "zb-h1") return PipelineSchedule::kZeroBubble;
   return absl::InvalidArgumentError(
       absl::StrCat("--pipeline-schedule: '", std::string(name),
-                   "' is not one of gpipe, 1f1b"));
+                   "' is not one of gpipe, 1f1b, zb-h1"));
 }
 
 const char* PipelineScheduleName(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b";
+  switch (schedule) {
+    case PipelineSchedule::kGpipe:
+      return "gpipe";
+    case PipelineSchedule::kOneFOneB:
+      return "1f1b";
+    case PipelineSchedule::kZeroBubble:
+      return "zb-h1";
+  }
+  return "?";
 }
 
 absl::Status CheckVirtualStages(PipelineSchedule schedule, int64_t stages,
@@ -180,6 +189,12 @@ absl::Status CheckVirtualStages(PipelineSchedule schedule, int64_t stages,
         "--virtual-stages: got ", virtual_stages, "; must be >= 1"));
   }
   if (virtual_stages == 1) return absl::OkStatus();
+  if (schedule == PipelineSchedule::kZeroBubble) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual-stages ", virtual_stages,
+                     ": zb-h1 does not interleave; use --virtual-stages 1 or "
+                     "--pipeline-schedule 1f1b"));
+  }
   if (stages < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--virtual-stages ", virtual_stages,
@@ -197,11 +212,69 @@ absl::Status CheckVirtualStages(PipelineSchedule schedule, int64_t stages,
   return absl::OkStatus();
 }
 
+namespace {
+
+// zb-h1's orders of every stage, by list scheduling on paper at equal F, B
+// and W times (pipeline_plan.h).
+std::vector<std::vector<PipelineAction>> ZeroBubbleOrders(
+    int64_t stages, int64_t micro_batches) {
+  using Kind = PipelineAction::Kind;
+  const int64_t m_count = micro_batches;
+  constexpr int64_t kUnknown = -1;
+  // Ends of each stage's F and B of each micro-batch, in time units.
+  std::vector<std::vector<int64_t>> f_end(
+      stages, std::vector<int64_t>(m_count, kUnknown));
+  std::vector<std::vector<int64_t>> b_end = f_end;
+  std::vector<int64_t> forwarded(stages, 0), backwarded(stages, 0),
+      weighted(stages, 0), free_at(stages, 0);
+  std::vector<std::vector<PipelineAction>> orders(stages);
+  const auto done_by = [](int64_t end, int64_t t) {
+    return end != kUnknown && end <= t;
+  };
+  // Every action is one unit; the orders end within 3M + 2S units (checked
+  // against a bug that would stall them).
+  for (int64_t t = 0; t <= 4 * (m_count + stages); ++t) {
+    bool all_done = true;
+    for (int64_t s = 0; s < stages; ++s) {
+      if (weighted[s] < m_count) all_done = false;
+      if (free_at[s] > t) continue;
+      const int64_t b = backwarded[s], f = forwarded[s];
+      const bool b_ready = b < f && done_by(f_end[s][b], t) &&
+                           (s + 1 == stages || done_by(b_end[s + 1][b], t));
+      const bool f_ready = f < m_count && f - b < stages - s &&
+                           f - weighted[s] < stages &&
+                           (s == 0 || done_by(f_end[s - 1][f], t));
+      if (b_ready) {
+        orders[s].push_back({Kind::kBackward, b, 0});
+        b_end[s][b] = t + 1;
+        ++backwarded[s];
+      } else if (f_ready) {
+        orders[s].push_back({Kind::kForward, f, 0});
+        f_end[s][f] = t + 1;
+        ++forwarded[s];
+      } else if (weighted[s] < b) {
+        orders[s].push_back({Kind::kWeight, weighted[s], 0});
+        ++weighted[s];
+      } else {
+        continue;
+      }
+      free_at[s] = t + 1;
+    }
+    if (all_done) break;
+  }
+  return orders;
+}
+
+}  // namespace
+
 std::vector<PipelineAction> StageActions(PipelineSchedule schedule,
                                          int64_t stages, int64_t stage,
                                          int64_t micro_batches,
                                          int64_t virtual_stages) {
   using Kind = PipelineAction::Kind;
+  if (schedule == PipelineSchedule::kZeroBubble) {
+    return std::move(ZeroBubbleOrders(stages, micro_batches)[stage]);
+  }
   std::vector<PipelineAction> actions;
   const int64_t v_count = std::max<int64_t>(1, virtual_stages);
   if (schedule == PipelineSchedule::kGpipe) {
@@ -280,7 +353,11 @@ Paper RunOnPaper(PipelineSchedule schedule, int64_t stages,
         StageActions(schedule, stages, s, micro_batches, virtual_stages));
   }
   const double f = forward / static_cast<double>(virtual_stages);
-  const double b = backward / static_cast<double>(virtual_stages);
+  const bool split = schedule == PipelineSchedule::kZeroBubble;
+  // zb-h1's B and W: the input's and the weights' gradients, half each.
+  const double b =
+      backward / static_cast<double>(virtual_stages) / (split ? 2.0 : 1.0);
+  const double w = split ? b : 0.0;
   std::vector<size_t> next(stages, 0);
   paper.free_at.assign(stages, 0);
   paper.peak_in_flight.assign(stages, 0);
@@ -291,10 +368,14 @@ Paper RunOnPaper(PipelineSchedule schedule, int64_t stages,
       while (next[s] < paper.actions[s].size()) {
         const PipelineAction& a = paper.actions[s][next[s]];
         const bool fwd = a.kind == Kind::kForward;
+        const bool weight = a.kind == Kind::kWeight;
         const int64_t k = ModelStageOf(stages, s, a.chunk);
-        // What this action waits for, on another stage (or its own forward).
+        // What this action waits for, on another stage (or its own forward,
+        // or a W its own B).
         double ready = 0;
-        if (fwd && k > 0) {
+        if (weight) {
+          ready = paper.end[1][k][a.micro_batch];
+        } else if (fwd && k > 0) {
           ready = paper.end[0][k - 1][a.micro_batch];
         } else if (!fwd) {
           ready = k + 1 < model_stages ? paper.end[1][k + 1][a.micro_batch]
@@ -302,9 +383,15 @@ Paper RunOnPaper(PipelineSchedule schedule, int64_t stages,
         }
         if (ready == unknown) break;
         const double start = std::max(paper.free_at[s], ready);
-        paper.free_at[s] = start + (fwd ? f : b);
-        paper.end[fwd ? 0 : 1][k][a.micro_batch] = paper.free_at[s];
-        in_flight[s] += fwd ? 1 : -1;
+        paper.free_at[s] = start + (fwd ? f : (weight ? w : b));
+        if (!weight)
+          paper.end[fwd ? 0 : 1][k][a.micro_batch] = paper.free_at[s];
+        // A micro-batch is held until its last action: its W when split.
+        if (fwd) {
+          ++in_flight[s];
+        } else if (weight == split) {
+          --in_flight[s];
+        }
         paper.peak_in_flight[s] =
             std::max(paper.peak_in_flight[s], in_flight[s]);
         ++next[s];
@@ -389,6 +476,18 @@ PipelineOp Compute(OpKind kind, int64_t micro_batch, int64_t chunk) {
   return op;
 }
 
+OpKind ComputeKind(PipelineAction::Kind kind) {
+  switch (kind) {
+    case PipelineAction::Kind::kForward:
+      return OpKind::kForward;
+    case PipelineAction::Kind::kBackward:
+      return OpKind::kBackward;
+    case PipelineAction::Kind::kWeight:
+      return OpKind::kWeight;
+  }
+  return OpKind::kForward;
+}
+
 PipelineOp Transfer(OpKind kind, Payload payload, int64_t micro_batch,
                     int64_t chunk, int64_t peer) {
   PipelineOp op = Compute(kind, micro_batch, chunk);
@@ -419,6 +518,7 @@ struct Neighbour {
 };
 Neighbour Across(int64_t stages, int64_t virtual_stages, int64_t stage,
                  const PipelineAction& a, bool incoming) {
+  if (a.kind == PipelineAction::Kind::kWeight) return {};  // no transfer
   const int64_t k = ModelStageOf(stages, stage, a.chunk);
   const bool forward = a.kind == PipelineAction::Kind::kForward;
   // A forward receives from k - 1 and sends to k + 1; a backward the other
@@ -548,8 +648,7 @@ absl::StatusOr<std::vector<std::vector<PipelineOp>>> LowerAllStages(
         }
         ops.push_back(wait);
       }
-      ops.push_back(Compute(forward ? OpKind::kForward : OpKind::kBackward,
-                            a.micro_batch, a.chunk));
+      ops.push_back(Compute(ComputeKind(a.kind), a.micro_batch, a.chunk));
       const Neighbour to = Across(stages, virtual_stages, s, a, false);
       if (to.peer >= 0) {
         absl::Status status =
@@ -574,6 +673,8 @@ std::string DescribeOp(const PipelineOp& op) {
       return absl::StrCat("F", op.micro_batch, chunk);
     case OpKind::kBackward:
       return absl::StrCat("B", op.micro_batch, chunk);
+    case OpKind::kWeight:
+      return absl::StrCat("W", op.micro_batch, chunk);
     case OpKind::kPostRecv:
       return absl::StrCat("recv ", PayloadLetter(op.payload), op.micro_batch,
                           chunk, " from ", op.peer);
@@ -613,8 +714,7 @@ std::vector<PipelineOp> NaiveStageOps(PipelineSchedule schedule, int64_t stages,
       ops.push_back(
           Transfer(OpKind::kWaitRecv, in, a.micro_batch, a.chunk, from.peer));
     }
-    ops.push_back(Compute(forward ? OpKind::kForward : OpKind::kBackward,
-                          a.micro_batch, a.chunk));
+    ops.push_back(Compute(ComputeKind(a.kind), a.micro_batch, a.chunk));
     if (to.peer >= 0) {
       ops.push_back(
           Transfer(OpKind::kPostSend, in, a.micro_batch, a.chunk, to.peer));

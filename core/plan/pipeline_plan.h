@@ -84,20 +84,36 @@ std::string DescribeStage(const PipelineStage& stage);
 // Under GPipe every chunk's forwards go first, in chunk order, then every
 // backward in reverse.
 
-enum class PipelineSchedule { kGpipe, kOneFOneB };
+// Zero bubble (ZB-H1, `zb-h1`; Qi et al., "Zero Bubble Pipeline
+// Parallelism", 2023): each backward is split in two, B (the input's
+// gradient, which the stage before waits for) and W (the weights'
+// gradients, which nobody waits for), so a stage can run W where 1F1B
+// would wait. Our order is made on paper by list scheduling at equal F, B
+// and W times: a free stage runs the next B if its gradient has arrived,
+// else the next F if its input has arrived and it holds fewer than S - s
+// micro-batches between F and B (1F1B's bound) and fewer than S between F
+// and W (the most any 1F1B stage holds, stage 0's), else its oldest W
+// waiting. Its bubble (the simulator, equal F, B and W): 1/13 of the step
+// at S = 2, M = 4 (1F1B 1/5), 5/29 at S = 4, M = 8 (1F1B 3/11); at most two
+// thirds of 1F1B's idle time. Not interleaved.
+enum class PipelineSchedule { kGpipe, kOneFOneB, kZeroBubble };
 
-// "gpipe" or "1f1b"; InvalidArgument naming --pipeline-schedule otherwise.
+// "gpipe", "1f1b" or "zb-h1"; InvalidArgument naming --pipeline-schedule
+// otherwise.
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
 const char* PipelineScheduleName(PipelineSchedule schedule);
 
 // Refuses what an interleaved schedule cannot run, naming the flags and the
 // numbers: V < 1; V > 1 with a single stage; M not a multiple of S under
-// 1F1B with V > 1.
+// 1F1B with V > 1; V > 1 under zb-h1.
 absl::Status CheckVirtualStages(PipelineSchedule schedule, int64_t stages,
                                 int64_t micro_batches, int64_t virtual_stages);
 
 struct PipelineAction {
-  enum class Kind { kForward, kBackward };
+  // kBackward: the whole backward, or under zb-h1 its input-gradient part
+  // (B); kWeight: zb-h1's weight-gradient part (W) of a micro-batch whose B
+  // has run.
+  enum class Kind { kForward, kBackward, kWeight };
   Kind kind = Kind::kForward;
   int64_t micro_batch = 0;
   int64_t chunk = 0;  // the rank's chunk (0 unless interleaved)
@@ -109,8 +125,8 @@ struct PipelineAction {
 
 // The order stage `stage` (of `stages`) runs a step of `micro_batches`:
 // every micro-batch's forward once through each of its `virtual_stages`
-// chunks and, after it, its backward once. Interleaved, CheckVirtualStages
-// must accept the numbers.
+// chunks and, after it, its backward once (under zb-h1 its B, and after
+// that its W). Interleaved, CheckVirtualStages must accept the numbers.
 std::vector<PipelineAction> StageActions(PipelineSchedule schedule,
                                          int64_t stages, int64_t stage,
                                          int64_t micro_batches,
@@ -127,7 +143,8 @@ struct PipelineTimeline {
 
 // Runs every stage's StageActions with a stage's forward of one
 // micro-batch taking `forward` and its backward `backward` time units (a
-// chunk's 1/V of them): a forward waits for the previous model stage's
+// chunk's 1/V of them; under zb-h1, B and W half of `backward` each): a
+// forward waits for the previous model stage's
 // forward of its micro-batch, a backward for the next model stage's
 // backward of it; sends do not block (the engine posts them
 // asynchronously). Internal if the stages' orders deadlock, or if the
@@ -163,6 +180,7 @@ struct PipelineOp {
   enum class Kind {
     kForward,  // compute only: every transfer is an op of its own
     kBackward,
+    kWeight,    // zb-h1's W: compute only, no transfer
     kPostRecv,  // post an asynchronous receive (a buffer held until waited)
     kWaitRecv,  // wait for a posted receive
     kPostSend,  // post an asynchronous send (completed by the step's end)
@@ -179,11 +197,13 @@ struct PipelineOp {
     return kind == other.kind && micro_batch == other.micro_batch &&
            chunk == other.chunk &&
            (kind == Kind::kForward || kind == Kind::kBackward ||
+            kind == Kind::kWeight ||
             (payload == other.payload && peer == other.peer));
   }
 };
 
-// "F3", "B0", "recv a2 from 0", "wait a2", "send g1 to 2": for messages;
+// "F3", "B0", "W0", "recv a2 from 0", "wait a2", "send g1 to 2": for
+// messages;
 // an op of chunk c > 0 says "(chunk c)" after the micro-batch.
 std::string DescribeOp(const PipelineOp& op);
 

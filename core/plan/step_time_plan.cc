@@ -460,8 +460,21 @@ RankRate ComputeRankRate(const TrainConfig& config, int64_t world_size,
 // Compute: the slowest stage's forward (3x with the backward, once more
 // for recomputed blocks), 1/T of it under tensor parallelism; and the
 // pipeline's bubble.
-void AddComputeSeconds(const StepMesh& mesh, const RankLoads& loads,
-                       const RankRate& rate, StepTimePlan* plan) {
+// zb-h1's idle time against 1F1B's, on paper (SimulatePipeline) at even
+// stages and a backward twice a forward: what runs W in 1F1B's drain.
+double ZeroBubbleIdleShare(int64_t stages, int64_t micro_batches) {
+  absl::StatusOr<PipelineTimeline> zb = SimulatePipeline(
+      PipelineSchedule::kZeroBubble, stages, micro_batches, 1.0, 2.0);
+  absl::StatusOr<PipelineTimeline> one = SimulatePipeline(
+      PipelineSchedule::kOneFOneB, stages, micro_batches, 1.0, 2.0);
+  if (!zb.ok() || !one.ok() || one->bubble_fraction <= 0) return 1.0;
+  const double busy = 3.0 * static_cast<double>(micro_batches);
+  return (zb->makespan - busy) / (one->makespan - busy);
+}
+
+void AddComputeSeconds(const TrainConfig& config, const StepMesh& mesh,
+                       const RankLoads& loads, const RankRate& rate,
+                       StepTimePlan* plan) {
   const double step_flops = loads.stage_flops *
                             static_cast<double>(mesh.tokens * mesh.accum) /
                             static_cast<double>(mesh.tp);
@@ -476,6 +489,12 @@ void AddComputeSeconds(const StepMesh& mesh, const RankLoads& loads,
         (loads.all_stage_flops - loads.stage_flops) *
         static_cast<double>(mesh.tokens) /
         static_cast<double>(mesh.micro * mesh.tp * mesh.chunks) / rate.rate;
+    // zb-h1 runs weight gradients where 1F1B waits: the share of 1F1B's
+    // idle time its order leaves.
+    if (config.pipeline_schedule == "zb-h1") {
+      plan->bubble_seconds *=
+          ZeroBubbleIdleShare(mesh.stages, mesh.micro * mesh.accum);
+    }
   }
 }
 
@@ -778,7 +797,7 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   const RankRate rate =
       ComputeRankRate(config, world_size, ranks_per_host, rates, *mesh, loads);
   plan.threads_per_rank = rate.threads_per_rank;
-  AddComputeSeconds(*mesh, loads, rate, &plan);
+  AddComputeSeconds(config, *mesh, loads, rate, &plan);
   const KeptParameters kept =
       CountKeptParameters(config, *mesh, loads.slowest(), rate.host_ranks);
   plan.optimizer_seconds = OptimizerSeconds(*mesh, kept, rates, rate);

@@ -25,7 +25,8 @@
 //                  flush, the other stages' time on one micro-batch (a step
 //                  of M micro-batches takes (M - 1) t_max + sum of t_s;
 //                  S - 1 micro-batch times when the stages are even), 1F1B
-//                  and GPipe alike
+//                  and GPipe alike; zb-h1 the share of that its order
+//                  leaves idle on paper (SimulatePipeline)
 // On CPU (Gloo) collectives run on the cores that compute, so the parts add;
 // on GPUs (NCCL) the data-parallel traffic overlaps the computation where
 // the engine launches it during it, but for its last call: DDP, FSDP or

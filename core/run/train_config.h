@@ -75,7 +75,7 @@ struct TrainConfig {
   // Each rank's batch_size sequences cut into this many micro-batches that
   // flow through the stages.
   int64_t micro_batches = 1;
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | zb-h1
   // Interleaved schedules: each stage runs this many chunks of the model
   // (model stages s, s + S, ...), cutting the bubble to (S-1)/(V·M+S-1) for
   // V times the point-to-point traffic (pipeline_plan.h). 1: none.

@@ -92,7 +92,9 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
                  "through the pipeline stages; must divide --batch-size");
   app.add_option("--pipeline-schedule", c.pipeline_schedule,
                  "gpipe (all forwards, then all backwards) | 1f1b (one "
-                 "forward, one backward: fewer activations held)");
+                 "forward, one backward: fewer activations held) | zb-h1 "
+                 "(1f1b with each backward split into the input's and the "
+                 "weights' gradients, the latter run where 1f1b waits)");
   app.add_option("--virtual-stages", c.virtual_stages,
                  "interleaved pipeline: each stage runs V chunks of the model "
                  "(model stages s, s+S, ...), the bubble (S-1)/(V*M+S-1) for "

@@ -253,7 +253,7 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
       {[](TrainConfig& c) { c.micro_batches = 3; },
        "micro_batches: got 3; must divide batch_size (8)"},
       {[](TrainConfig& c) { c.pipeline_schedule = "zb"; },
-       "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b"},
+       "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b, zb-h1"},
       {[](TrainConfig& c) { c.pipeline_split = "2;3"; },
        "--pipeline-split: '2;3' is not a list of block indices (e.g. 4,8: "
        "stage 1 starts at block 4, stage 2 at block 8)"},
