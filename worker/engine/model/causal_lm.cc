@@ -80,6 +80,106 @@ class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
 
 bool CudaAutocastEnabled() { return torch_compat::CudaAutocastEnabled(); }
 
+}  // namespace
+
+// --- Weight gradients apart ---
+
+namespace {
+
+thread_local WeightGradients* current_weight_gradients = nullptr;
+
+// A projection whose backward makes the input's gradient and leaves the
+// weight's and bias's to a WeightGradients store.
+class DeferredLinear : public torch::autograd::Function<DeferredLinear> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const torch::Tensor& x,
+                               const torch::Tensor& weight,
+                               const torch::Tensor& bias, int64_t store) {
+    // Under CUDA mixed precision the product runs in bf16 as autocast's
+    // linear would; W reuses the same casts.
+    const bool autocast = x.is_cuda() && torch_compat::CudaAutocastEnabled();
+    const at::ScalarType dtype = autocast ? at::kBFloat16 : x.scalar_type();
+    const torch::Tensor xc = x.to(dtype);
+    const torch::Tensor wc = weight.to(dtype);
+    const torch::Tensor bc = bias.defined() ? bias.to(dtype) : bias;
+    ctx->saved_data["store"] = store;
+    ctx->saved_data["weight"] = weight;
+    if (bias.defined()) ctx->saved_data["bias"] = bias;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->save_for_backward({xc, wc});
+    return at::linear(xc, wc, bc);
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& xc = saved[0];
+    const torch::Tensor& wc = saved[1];
+    const torch::Tensor g = grads[0].to(wc.scalar_type()).contiguous();
+    auto* store =
+        reinterpret_cast<WeightGradients*>(ctx->saved_data["store"].toInt());
+    store->Add(xc, g, ctx->saved_data["weight"].toTensor(),
+               ctx->saved_data.count("bias") > 0
+                   ? ctx->saved_data["bias"].toTensor()
+                   : torch::Tensor());
+    const auto x_dtype =
+        static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    return {g.mm(wc).to(x_dtype), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+void WeightGradients::Add(torch::Tensor input, torch::Tensor grad_output,
+                          torch::Tensor weight, torch::Tensor bias) {
+  deferred_.push_back({std::move(input), std::move(grad_output),
+                       std::move(weight), std::move(bias)});
+}
+
+void WeightGradients::Run() {
+  if (deferred_.empty()) return;
+  std::vector<torch::Tensor> roots, grads;
+  {
+    torch::NoGradGuard no_grad;
+    for (const Deferred& d : deferred_) {
+      roots.push_back(d.weight);
+      grads.push_back(d.grad_output.t().mm(d.input).to(d.weight.scalar_type()));
+      if (d.bias.defined() && d.bias.requires_grad()) {
+        roots.push_back(d.bias);
+        grads.push_back(d.grad_output.sum(0).to(d.bias.scalar_type()));
+      }
+    }
+  }
+  deferred_.clear();
+  // One backward from every weight at once: a tensor several layers share
+  // (an FSDP unit's flat buffer) sums them before its accumulator runs.
+  torch::autograd::backward(roots, grads);
+}
+
+DeferWeightGradients::DeferWeightGradients(WeightGradients* store)
+    : previous_(current_weight_gradients) {
+  current_weight_gradients = store;
+}
+
+DeferWeightGradients::~DeferWeightGradients() {
+  current_weight_gradients = previous_;
+}
+
+torch::Tensor ProjectLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias) {
+  if (current_weight_gradients == nullptr || !torch::GradMode::is_enabled()) {
+    return at::linear(x, weight, bias);
+  }
+  return DeferredLinear::apply(x, weight, bias,
+                               static_cast<int64_t>(reinterpret_cast<intptr_t>(
+                                   current_weight_gradients)));
+}
+
+namespace {
+
 // The chunked head: see LmHeadLoss in the header.
 class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
  public:

@@ -296,6 +296,57 @@ int64_t LmHeadChunkBytes(const torch::Device& device);
 // replaced by rank `rank`'s slice of `size` under its tensor-parallel plan.
 void SliceForTensorParallel(CausalLmImpl& model, int64_t rank, int64_t size);
 
+// --- Weight gradients apart (zero-bubble pipelines) ---
+//
+// zb-h1 runs a micro-batch's backward in two: B, the input's gradient,
+// which the stage before waits for, and later W, the weights' gradients,
+// which nobody waits for (core/plan/pipeline_plan.h). While a
+// WeightGradients store is current on the thread (DeferWeightGradients,
+// around the micro-batch's forward and its B), the models' projections
+// (ProjectLinear) leave their weight and bias gradients to it: their
+// backward makes the input's gradient only, and keeps the layer's input and
+// output gradient; Run() makes the rest (two products per layer) and hands
+// them to autograd at the weights, so they accumulate, and their hooks fire,
+// as any gradient's. The products of tensor-parallel layers and of the
+// head are not deferred.
+class WeightGradients {
+ public:
+  // A projection's backward: `input` [N, in] and `grad_output` [N, out] as
+  // the product ran (bf16 under CUDA mixed precision), `weight` and `bias`
+  // (may be undefined) the tensors the forward read.
+  void Add(torch::Tensor input, torch::Tensor grad_output, torch::Tensor weight,
+           torch::Tensor bias);
+  // Every gradient kept, made and accumulated in one backward call; empty
+  // after.
+  void Run();
+  int64_t size() const { return static_cast<int64_t>(deferred_.size()); }
+
+ private:
+  struct Deferred {
+    torch::Tensor input, grad_output, weight, bias;
+  };
+  std::vector<Deferred> deferred_;
+};
+
+// Makes `store` the thread's current store for its lifetime (the previous
+// one after). Null: nothing deferred.
+class DeferWeightGradients {
+ public:
+  explicit DeferWeightGradients(WeightGradients* store);
+  ~DeferWeightGradients();
+  DeferWeightGradients(const DeferWeightGradients&) = delete;
+  DeferWeightGradients& operator=(const DeferWeightGradients&) = delete;
+
+ private:
+  WeightGradients* previous_;
+};
+
+// at::linear(x, weight, bias) for the models' projections (x [N, in]): its
+// weight and bias gradients left to the current WeightGradients store when
+// there is one and autograd records.
+torch::Tensor ProjectLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias);
+
 // The weight and bias members of `model`'s Linear, LayerNorm and Embedding
 // modules by parameter name: MemberTensors of a model built of those.
 std::map<std::string, torch::Tensor*> LinearNormEmbeddingMembers(

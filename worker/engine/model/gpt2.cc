@@ -62,7 +62,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // backward overlaps the input gradient's sum with c_attn's own.
   const torch::Tensor projected =
       tp_ == nullptr
-          ? c_attn_(Flatten(x))
+          ? ProjectLinear(Flatten(x), c_attn_->weight, c_attn_->bias)
           : tp_->EnterLinear(Flatten(x), {c_attn_->weight}, {c_attn_->bias})[0];
   // One copy lays q, k and v out head-major: [3, B, nh, T, hs].
   const torch::Tensor qkv = projected.view({b, t, 3, heads, hs})
@@ -84,7 +84,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   y = at::bmm(at::softmax(scores, -1), v).view({b, heads, t, hs});
 #endif
   y = y.permute({0, 2, 1, 3}).reshape({b * t, c});
-  if (tp_ == nullptr) return c_proj_(y).view({b, t, c});
+  if (tp_ == nullptr) {
+    return ProjectLinear(y, c_proj_->weight, c_proj_->bias).view({b, t, c});
+  }
   // Row-parallel: the partial products summed over the group, then the bias
   // once.
   return (tp_->Leave(at::linear(y, c_proj_->weight)) + c_proj_->bias)
@@ -105,8 +107,9 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
     return (tp_->Leave(at::linear(h, c_proj_->weight)) + c_proj_->bias)
         .view(x.sizes());
   }
-  const torch::Tensor h = at::gelu(c_fc_(Flatten(x)), "tanh");
-  return c_proj_(h).view(x.sizes());
+  const torch::Tensor h =
+      at::gelu(ProjectLinear(Flatten(x), c_fc_->weight, c_fc_->bias), "tanh");
+  return ProjectLinear(h, c_proj_->weight, c_proj_->bias).view(x.sizes());
 }
 
 namespace {

@@ -138,7 +138,12 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor in = TokenRows(x);
   std::vector<torch::Tensor> qkv =
       tp_ == nullptr
-          ? std::vector<torch::Tensor>{q_proj_(in), k_proj_(in), v_proj_(in)}
+          ? std::vector<torch::Tensor>{ProjectLinear(in, q_proj_->weight,
+                                                     q_proj_->bias),
+                                       ProjectLinear(in, k_proj_->weight,
+                                                     k_proj_->bias),
+                                       ProjectLinear(in, v_proj_->weight,
+                                                     v_proj_->bias)}
           : tp_->EnterLinear(
                 in, {q_proj_->weight, k_proj_->weight, v_proj_->weight},
                 {q_proj_->bias, k_proj_->bias, v_proj_->bias});
@@ -174,7 +179,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
           .view({b, heads, t, hs});
 #endif
   y = y.transpose(1, 2).reshape({b * t, heads * hs});
-  if (tp_ == nullptr) return o_proj_(y).view(x.sizes());
+  if (tp_ == nullptr) {
+    return ProjectLinear(y, o_proj_->weight, o_proj_->bias).view(x.sizes());
+  }
   return tp_->Leave(at::linear(y, o_proj_->weight)).view(x.sizes());
 }
 
@@ -189,10 +196,16 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   const torch::Tensor in = TokenRows(x);
   std::vector<torch::Tensor> gate_up =
       tp_ == nullptr
-          ? std::vector<torch::Tensor>{gate_proj_(in), up_proj_(in)}
+          ? std::vector<torch::Tensor>{ProjectLinear(in, gate_proj_->weight,
+                                                     gate_proj_->bias),
+                                       ProjectLinear(in, up_proj_->weight,
+                                                     up_proj_->bias)}
           : tp_->EnterLinear(in, {gate_proj_->weight, up_proj_->weight}, {});
   const torch::Tensor h = at::silu(gate_up[0]) * gate_up[1];
-  if (tp_ == nullptr) return down_proj_(h).view(x.sizes());
+  if (tp_ == nullptr) {
+    return ProjectLinear(h, down_proj_->weight, down_proj_->bias)
+        .view(x.sizes());
+  }
   return tp_->Leave(at::linear(h, down_proj_->weight)).view(x.sizes());
 }
 

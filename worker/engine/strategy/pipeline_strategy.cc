@@ -51,6 +51,8 @@ struct PipelineStrategy::InFlight {
   // Posted receives of `input` and `output_grad`, until waited for.
   std::unique_ptr<CommWork> input_recv;
   std::unique_ptr<CommWork> output_grad_recv;
+  // zb-h1: the weight gradients its B left for its W.
+  WeightGradients deferred;
   int64_t rows = 0;
   int64_t seq = 0;
 };
@@ -463,6 +465,7 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
   torch::Tensor x;
   {
     ScopedAutocast autocast(options_.device, options_.precision);
+    DeferWeightGradients defer(SplitsBackward() ? &m.deferred : nullptr);
     NeedUnits(UnitsForBlock(mine.first_block, /*through=*/false));
     if (EmbedsIn(chunk)) {
       x = Embed(batch.inputs);
@@ -489,6 +492,8 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
 }
 
 void PipelineStrategy::Backward(InFlight& m, double scale, int64_t chunk) {
+  // zb-h1's B: recomputed blocks defer their weight gradients too.
+  DeferWeightGradients defer(SplitsBackward() ? &m.deferred : nullptr);
   if (HeadIn(chunk)) {
     (m.loss * scale).backward();
   } else {
@@ -528,13 +533,14 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   }
   const std::vector<PipelineOp>& ops = lowered->second;
   // A replicated stage's buckets and a sharded stage's units reduce as
-  // each chunk's last backward of the step completes their parameters.
+  // each chunk's last backward of the step completes their parameters
+  // (under zb-h1 its last W: the weights' gradients come last).
+  const Kind completes = SplitsBackward() ? Kind::kWeight : Kind::kBackward;
   std::vector<size_t> chunk_last_backward(chunks(), ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].kind == Kind::kBackward) {
-      chunk_last_backward[ops[i].chunk] = i;
-    }
+    if (ops[i].kind == completes) chunk_last_backward[ops[i].chunk] = i;
   }
+  deferred_weight_gradients_ = 0;
   if (replica_buckets_ != nullptr) {
     replica_buckets_->AttachGradViews();
     // The vocabulary-parallel embedding and head (tensor ranks) add into
@@ -580,6 +586,10 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
         if (HeadIn(op.chunk)) loss_sum += m.loss.detach().to(torch::kDouble);
         Backward(m, scale, op.chunk);
         m.loss = torch::Tensor();
+        break;
+      case Kind::kWeight:
+        deferred_weight_gradients_ += m.deferred.size();
+        m.deferred.Run();
         break;
       case Kind::kPostSend:
         if (activation) {

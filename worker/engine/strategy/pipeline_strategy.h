@@ -169,6 +169,12 @@ class PipelineStrategy final : public Strategy {
                                      : std::vector<std::string>{};
   }
 
+  // zb-h1: how many layers' weight gradients the last step's B left for
+  // its W (0 under the other schedules).
+  int64_t deferred_weight_gradients() const {
+    return deferred_weight_gradients_;
+  }
+
   // The stage this rank runs and what it holds (after Setup).
   int64_t stage() const { return stage_; }
   const std::vector<PipelineStage>& stages() const { return partition_; }
@@ -235,6 +241,10 @@ class PipelineStrategy final : public Strategy {
   // their gradients reduce-scattered into the shards and the units freed.
   absl::Status ShardStage();
   bool sharded() const { return !units_.empty(); }
+  // zb-h1: each backward is B, then W apart.
+  bool SplitsBackward() const {
+    return pipeline_.schedule == PipelineSchedule::kZeroBubble;
+  }
   // hsdp: every unit's shard gradient averaged over the stage's groups.
   void AverageAcrossGroups();
   // Within a step, the units are gathered as the stage's first forward
@@ -330,6 +340,7 @@ class PipelineStrategy final : public Strategy {
   // spent waiting on the neighbours in training steps.
   int64_t p2p_bytes_ = 0;
   double bubble_seconds_ = 0;
+  int64_t deferred_weight_gradients_ = 0;
 };
 
 }  // namespace shardtrain

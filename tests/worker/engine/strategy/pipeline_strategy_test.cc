@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
@@ -57,8 +58,9 @@ struct Case {
   std::string Name() const {
     return absl::StrCat(
         "pp", stages, "x", DataParallel(), replicas, "_",
-        PipelineScheduleName(schedule), "_m", micro_batches, "_accum",
-        accumulation, "_ckpt", checkpointing, split.empty() ? "" : "_split",
+        absl::StrReplaceAll(PipelineScheduleName(schedule), {{"-", ""}}), "_m",
+        micro_batches, "_accum", accumulation, "_ckpt", checkpointing,
+        split.empty() ? "" : "_split",
         virtual_stages > 1 ? absl::StrCat("_interleaved", virtual_stages) : "");
   }
 };
@@ -258,7 +260,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, 1, PipelineSchedule::kOneFOneB, 4, 1, 0, {}, "", 2},
         Case{2, 2, PipelineSchedule::kOneFOneB, 2, 2, 1, {}, "", 2},
         Case{2, 2, PipelineSchedule::kOneFOneB, 2, 1, 0, {}, "fsdp", 2},
-        Case{2, 1, PipelineSchedule::kGpipe, 2, 1, 0, {}, "", 2}),
+        Case{2, 1, PipelineSchedule::kGpipe, 2, 1, 0, {}, "", 2},
+        // Zero bubble: B and W apart, alone, over four stages, replicated
+        // with accumulation, sharded with every block recomputed.
+        Case{2, 1, PipelineSchedule::kZeroBubble, 4},
+        Case{4, 1, PipelineSchedule::kZeroBubble, 4},
+        Case{2, 2, PipelineSchedule::kZeroBubble, 2, /*accumulation=*/2},
+        Case{2, 2, PipelineSchedule::kZeroBubble, 2, 1, 1, {}, "fsdp"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.Name();
     });
@@ -279,7 +287,11 @@ struct OrderCase {
 
 void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
   for (PipelineSchedule schedule :
-       {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe}) {
+       {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe,
+        PipelineSchedule::kZeroBubble}) {
+    if (schedule == PipelineSchedule::kZeroBubble && c.virtual_stages > 1) {
+      continue;  // not interleaved
+    }
     for (int64_t m = 1; m <= 2 * c.stages; ++m) {
       // Interleaved 1F1B runs groups of S micro-batches.
       if (c.virtual_stages > 1 && schedule == PipelineSchedule::kOneFOneB &&
@@ -489,6 +501,43 @@ TEST(PipelineStrategyTest,
     EXPECT_LT(trace.bucket_launch.front(), trace.backward_end)
         << "rank " << rank;
   });
+}
+
+// zb-h1 leaves every projection's weight gradients of a micro-batch to its
+// W (four per GPT-2 block: c_attn, attention's c_proj, c_fc, the MLP's
+// c_proj), on replicated and sharded stages alike; 1F1B leaves none. (That
+// the W's gradients land, and reduce, right is the equivalence rows'.)
+TEST(PipelineStrategyTest, ZeroBubbleLeavesEveryProjectionsWeightsToW) {
+  for (const std::string& dp : {"ddp", "fsdp"}) {
+    for (PipelineSchedule schedule :
+         {PipelineSchedule::kZeroBubble, PipelineSchedule::kOneFOneB}) {
+      RunRanks(4, [&](int64_t rank, Communicator& comm) {
+        torch::set_num_threads(1);
+        StrategyOptions options;
+        options.rank = rank;
+        options.world_size = 4;
+        PipelineOptions pipeline;
+        pipeline.stages = 2;
+        pipeline.micro_batches = 2;
+        pipeline.seq_len = kSeqLen;
+        pipeline.data_parallel = dp;
+        pipeline.schedule = schedule;
+        PipelineStrategy strategy(options, &comm, pipeline);
+        ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
+        test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
+        loop.whole_steps = true;
+        test::TrainResult result;
+        test::Train(strategy, test::MakeBatches(1, 16, kSeqLen, kVocab), rank,
+                    4, loop, &result);
+        const PipelineStage& mine = strategy.stages()[strategy.stage()];
+        const int64_t blocks = mine.end_block - mine.first_block;
+        EXPECT_EQ(
+            strategy.deferred_weight_gradients(),
+            schedule == PipelineSchedule::kZeroBubble ? 2 * 4 * blocks : 0)
+            << dp << " " << PipelineScheduleName(schedule) << " rank " << rank;
+      });
+    }
+  }
 }
 
 TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
