@@ -95,17 +95,18 @@ class DeferredLinear : public torch::autograd::Function<DeferredLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
                                const torch::Tensor& x,
                                const torch::Tensor& weight,
-                               const torch::Tensor& bias, int64_t store) {
+                               const torch::Tensor& bias, bool has_bias,
+                               int64_t store) {
     // Under CUDA mixed precision the product runs in bf16 as autocast's
     // linear would; W reuses the same casts.
     const bool autocast = x.is_cuda() && torch_compat::CudaAutocastEnabled();
     const at::ScalarType dtype = autocast ? at::kBFloat16 : x.scalar_type();
     const torch::Tensor xc = x.to(dtype);
     const torch::Tensor wc = weight.to(dtype);
-    const torch::Tensor bc = bias.defined() ? bias.to(dtype) : bias;
+    const torch::Tensor bc = has_bias ? bias.to(dtype) : torch::Tensor();
     ctx->saved_data["store"] = store;
     ctx->saved_data["weight"] = weight;
-    if (bias.defined()) ctx->saved_data["bias"] = bias;
+    if (has_bias) ctx->saved_data["bias"] = bias;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->save_for_backward({xc, wc});
     return at::linear(xc, wc, bc);
@@ -127,7 +128,7 @@ class DeferredLinear : public torch::autograd::Function<DeferredLinear> {
     const auto x_dtype =
         static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     return {g.mm(wc).to(x_dtype), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -173,9 +174,13 @@ torch::Tensor ProjectLinear(const torch::Tensor& x, const torch::Tensor& weight,
   if (current_weight_gradients == nullptr || !torch::GradMode::is_enabled()) {
     return at::linear(x, weight, bias);
   }
-  return DeferredLinear::apply(x, weight, bias,
-                               static_cast<int64_t>(reinterpret_cast<intptr_t>(
-                                   current_weight_gradients)));
+  // LibTorch 1.13's custom functions take no undefined tensor: a linear
+  // without bias passes an empty placeholder.
+  const bool has_bias = bias.defined();
+  return DeferredLinear::apply(
+      x, weight, has_bias ? bias : at::empty({0}, weight.options()), has_bias,
+      static_cast<int64_t>(
+          reinterpret_cast<intptr_t>(current_weight_gradients)));
 }
 
 namespace {

@@ -150,6 +150,7 @@ struct MeshRow {
   int64_t stages, tensor, world;
   int64_t checkpointing = 0;
   int64_t virtual_stages = 1;
+  const char* schedule = "1f1b";
 };
 
 // Each gradient tensor of `spec`, put together from the ranks' slices,
@@ -174,6 +175,7 @@ void ExpectEveryMeshMatchesOneDevice(const std::string& spec, int64_t vocab,
     config.virtual_stages = m.virtual_stages;
     config.tensor_parallel = m.tensor;
     config.micro_batches = m.stages > 1 ? 2 : 1;
+    config.pipeline_schedule = m.schedule;
     test::TrainLoop mesh_loop = loop;
     mesh_loop.whole_steps = m.stages > 1;
     mesh_loop.activation_checkpointing = m.checkpointing;
@@ -202,6 +204,7 @@ TEST(StrategyContractModelTest, LlamaGradientsMatchOneDeviceOnEveryMesh) {
        {"pp2", "single", 2, 1, 2},
        {"pp2xddp2", "ddp", 2, 1, 4},
        {"pp2xfsdp2", "fsdp", 2, 1, 4},
+       {"pp2xfsdp2 zb-h1", "fsdp", 2, 1, 4, 0, 1, "zb-h1"},
        {"tp2", "single", 1, 2, 2},
        {"ddp2xtp2", "ddp", 1, 2, 4},
        {"fsdp2xtp2", "fsdp", 1, 2, 4},
@@ -213,17 +216,19 @@ TEST(StrategyContractModelTest, LlamaGradientsMatchOneDeviceOnEveryMesh) {
 // by rows as it does the embedding, and a pipeline's last stage holds alone.
 TEST(StrategyContractModelTest, UntiedLlamaHeadMatchesOneDeviceOnEveryMesh) {
   const std::string spec = std::string(kLlamaSpec) + ",tie_embeddings=0";
-  ExpectEveryMeshMatchesOneDevice(spec, kVocab,
-                                  {{"ddp2", "ddp", 1, 1, 2},
-                                   {"fsdp3", "fsdp", 1, 1, 3},
-                                   {"hsdp4", "hsdp", 1, 1, 4},
-                                   {"pp2", "single", 2, 1, 2},
-                                   {"pp2xddp2", "ddp", 2, 1, 4},
-                                   {"pp2xfsdp2", "fsdp", 2, 1, 4},
-                                   {"tp2", "single", 1, 2, 2},
-                                   {"ddp2xtp2", "ddp", 1, 2, 4},
-                                   {"fsdp2xtp2", "fsdp", 1, 2, 4},
-                                   {"pp2xtp2", "single", 2, 2, 4}});
+  ExpectEveryMeshMatchesOneDevice(
+      spec, kVocab,
+      {{"ddp2", "ddp", 1, 1, 2},
+       {"fsdp3", "fsdp", 1, 1, 3},
+       {"hsdp4", "hsdp", 1, 1, 4},
+       {"pp2", "single", 2, 1, 2},
+       {"pp2xddp2", "ddp", 2, 1, 4},
+       {"pp2xddp2 zb-h1", "ddp", 2, 1, 4, 0, 1, "zb-h1"},
+       {"pp2xfsdp2", "fsdp", 2, 1, 4},
+       {"tp2", "single", 1, 2, 2},
+       {"ddp2xtp2", "ddp", 1, 2, 4},
+       {"fsdp2xtp2", "fsdp", 1, 2, 4},
+       {"pp2xtp2", "single", 2, 2, 4}});
   // Four blocks: two stages of two chunks each, the head on the last
   // stage's second chunk, split by rows over two tensor ranks.
   const std::string four_blocks =
