@@ -20,6 +20,11 @@ two stages, V = 1, 2, 4 chunks per stage, M = 2, 4, 8 micro-batches; the
 step time, the ideal bubble (S-1)/(V*M+S-1), each stage's measured bubble
 share and point-to-point traffic, and its peak memory.
 
+--zero-bubble runs zb-h1 (each backward split into the input's and the
+weights' gradients) against 1F1B on the same model: two stages, M = 2, 4, 8;
+the step time, the bubble on paper of each, each stage's measured bubble
+share and its peak memory.
+
   /usr/bin/python3 bench/pipeline_bench.py --data ~/.cache/shardtrain/data/brown
 """
 
@@ -96,14 +101,43 @@ def modulo_vocabulary(src: str, dst: str, vocab: int) -> None:
             f.write(array.array("H", (i % vocab for i in ids)).tobytes())
 
 
+BLOCKS_MODEL = "custom:n_layer=8,n_head=8,n_embd=256,block_size=128,vocab_size=512"
+
+
+def blocks_common(args: argparse.Namespace, data: str) -> list[str]:
+    return ["--data", data, "--model", BLOCKS_MODEL, "--seq-len", "128",
+            "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
+            "--eval-steps", "1"]
+
+
+def zero_bubble(args: argparse.Namespace) -> None:
+    """Two stages, 1F1B against zb-h1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        modulo_vocabulary(args.data, f"{tmp}/data", 512)
+        common = blocks_common(args, f"{tmp}/data")
+        print(f"{BLOCKS_MODEL}, seq 128, batch {args.batch}, 2 stages, 1 thread per rank, "
+              f"median of steps {WARMUP + 1}-{args.steps}\n")
+        print("| M | schedule | step (s) | bubble on paper | bubble share per stage | "
+              "peak per stage (MiB) |\n| --- | --- | --- | --- | --- | --- |")
+        for m in (2, 4, 8):
+            for schedule in ("1f1b", "zb-h1"):
+                r = run(["--strategy", "single", "--pp", "2", "--nproc", "2",
+                         "--batch-size", str(args.batch), "--micro-batches", str(m),
+                         "--pipeline-schedule", schedule], common)
+                # Equal F, B and W: 1F1B idles 3 units per stage beside 3M of
+                # work; zb-h1's order 1 (M even) or 2 (M odd).
+                paper = 1 / (m + 1) if schedule == "1f1b" else (1 + m % 2) / (3 * m + 1 + m % 2)
+                print(f"| {m} | {schedule} | {r['step_s']:.3f} | {paper:.3f} | "
+                      f"{' / '.join(f'{c:.2f}' for c in r['bubble_share'])} | "
+                      f"{' / '.join(f'{p:.1f}' for p in r['peak_mib'])} |", flush=True)
+
+
 def interleaved(args: argparse.Namespace) -> None:
     """Two stages, 1F1B, with 1, 2 and 4 chunks per stage."""
     with tempfile.TemporaryDirectory() as tmp:
         modulo_vocabulary(args.data, f"{tmp}/data", 512)
-        model = "custom:n_layer=8,n_head=8,n_embd=256,block_size=128,vocab_size=512"
-        common = ["--data", f"{tmp}/data", "--model", model, "--seq-len", "128",
-                  "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",
-                  "--eval-steps", "1"]
+        model = BLOCKS_MODEL
+        common = blocks_common(args, f"{tmp}/data")
         print(f"{model}, seq 128, batch {args.batch}, 2 stages (1F1B), 1 thread per rank, "
               f"median of steps {WARMUP + 1}-{args.steps}\n")
         print("| M | chunks V | step (s) | ideal bubble (S-1)/(V*M+S-1) | "
@@ -132,9 +166,14 @@ def main() -> None:
                         help="only the four-rank meshes (PP x DDP, PP x FSDP)")
     parser.add_argument("--interleaved", action="store_true",
                         help="only interleaved 1F1B against 1F1B (--virtual-stages)")
+    parser.add_argument("--zero-bubble", action="store_true",
+                        help="only zb-h1 against 1F1B (--pipeline-schedule zb-h1)")
     args = parser.parse_args()
     if args.interleaved:
         interleaved(args)
+        return
+    if args.zero_bubble:
+        zero_bubble(args)
         return
     common = ["--data", args.data, "--model", args.model, "--seq-len", str(args.seq_len),
               "--max-steps", str(args.steps), "--threads", "1", "--eval-every", "0",

@@ -721,7 +721,8 @@ void AddPipelineTraffic(const StepMesh& mesh, const RankLoads& loads,
 //     per-unit reduce-scatters and prefetched gathers): every micro-step's
 //     for FSDP and HSDP, the last one's for DDP and under --fsdp-no-sync;
 //   - with pipeline stages or tensor ranks: the step's last micro-batch's
-//     backward, by the replicated stages' and DDP x TP's buckets, and by
+//     backward (under zb-h1 its W), by the replicated stages' and DDP x TP's
+//     buckets, and by
 //     the sharded meshes' (PP x FSDP, TP x FSDP) per-unit reduce-scatters;
 //     those meshes' all-gathers, launched at the step's start and waited
 //     for block by block, beside its first micro-batch's forward (both
@@ -733,7 +734,7 @@ void AddPipelineTraffic(const StepMesh& mesh, const RankLoads& loads,
 // hides behind ends before it can).
 double ExposedCommSeconds(const StepTimePlan& plan, const StepMesh& mesh,
                           bool gpu, bool fsdp, bool reduces_every_micro_step,
-                          const TensorOverlap& overlap) {
+                          bool split_backward, const TensorOverlap& overlap) {
   double backward_window = 0, forward_window = 0;
   bool composed_shards = false;
   if (gpu) {
@@ -741,7 +742,10 @@ double ExposedCommSeconds(const StepTimePlan& plan, const StepMesh& mesh,
     const double pieces = alone && reduces_every_micro_step
                               ? 1.0
                               : static_cast<double>(mesh.micro * mesh.accum);
-    backward_window = plan.compute_seconds * 2 / 3 / pieces;
+    // zb-h1 arms the reduction at the last W: the weights' half of the
+    // last micro-batch's backward.
+    backward_window =
+        plan.compute_seconds * 2 / 3 / pieces / (split_backward ? 2 : 1);
     forward_window = plan.compute_seconds / 3 / pieces;
     composed_shards = fsdp && !alone;
   }
@@ -815,9 +819,9 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
       *mesh, kept, loads.slowest(), act_bytes, rate.rate, links, &plan);
   AddPipelineTraffic(*mesh, loads, kept, act_bytes, links, &plan);
 
-  plan.exposed_comm_seconds =
-      ExposedCommSeconds(plan, *mesh, rate.gpu, kept.fsdp,
-                         kept.fsdp && !config.fsdp_no_sync, overlap);
+  plan.exposed_comm_seconds = ExposedCommSeconds(
+      plan, *mesh, rate.gpu, kept.fsdp, kept.fsdp && !config.fsdp_no_sync,
+      mesh->stages > 1 && config.pipeline_schedule == "zb-h1", overlap);
   plan.step_seconds = plan.compute_seconds + plan.bubble_seconds +
                       plan.optimizer_seconds + plan.exposed_comm_seconds;
   plan.tokens_per_second =

@@ -222,6 +222,22 @@ TEST(StepTimePlanTest, InterleavingHalvesTheBubbleForMoreSends) {
       2 * act, 8);
 }
 
+// zb-h1 idles the share of 1F1B's idle time its order leaves on paper
+// (equal F, B and W): 1 unit of 1F1B's 3 at S = 2, M = 4; the work is the
+// same.
+TEST(StepTimePlanTest, ZeroBubbleLeavesTheShareOfTheBubbleItsOrderDoes) {
+  TrainConfig c = Config("single");
+  c.model = "gpt2-mini";
+  c.pipeline_stages = 2;
+  c.micro_batches = 4;
+  const StepTimePlan one = Plan(c, 2);
+  c.pipeline_schedule = "zb-h1";
+  const StepTimePlan zb = Plan(c, 2);
+  EXPECT_NEAR(zb.bubble_seconds, one.bubble_seconds / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(zb.compute_seconds, one.compute_seconds);
+  EXPECT_LT(zb.step_seconds, one.step_seconds);
+}
+
 TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
   HostRates slow = Rates();
   slow.intra_node = {1e-3, 1e6};  // 1 MB/s
