@@ -27,6 +27,7 @@ UnitSchedule::UnitSchedule(const std::vector<std::unique_ptr<FsdpUnit>>* units,
 void UnitSchedule::LaunchGathers() {
   armed_.assign(armed_.size(), false);
   launched_.assign(launched_.size(), false);
+  last_launched_ = -1;
   ready_ = 0;
   if (c10::GradMode::is_enabled()) gather_trace_.clear();  // not evaluation
   for (const auto& unit : *units_) {
@@ -70,6 +71,13 @@ void UnitSchedule::Arm(int64_t group) {
 
 void UnitSchedule::OnGradReady(size_t u) {
   if (!armed_[group_of_[u]] || launched_[u]) return;
+  // One reduce-scatter in flight: the one before has had this unit's
+  // backward to finish, and its buffers go before this one's come.
+  if (last_launched_ >= 0) {
+    ThrowIfFailed((*units_)[last_launched_]->WaitReduceScatter(), strategy_,
+                  "reduce_scatter");
+  }
+  last_launched_ = static_cast<int64_t>(u);
   ThrowIfFailed((*units_)[u]->LaunchReduceScatter(), strategy_,
                 "reduce_scatter");
   launched_[u] = true;
@@ -88,6 +96,7 @@ void UnitSchedule::FinishReduceScatters() {
     ThrowIfFailed(unit->WaitReduceScatter(), strategy_, "reduce_scatter");
   }
   launched_.assign(units_->size(), false);
+  last_launched_ = -1;
 }
 
 void UnitSchedule::Reshard() {

@@ -95,6 +95,7 @@ class UnitSchedule {
   const std::string strategy_;
   std::vector<bool> armed_;     // per group
   std::vector<bool> launched_;  // per unit, this step
+  int64_t last_launched_ = -1;  // by a hook, this step
   size_t ready_ = 0;            // units [0, ready_) are gathered and in use
   OverlapTrace trace_;
   std::vector<std::string> gather_trace_;
