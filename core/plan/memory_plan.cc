@@ -660,10 +660,26 @@ struct PipelineChunk {
   int64_t received = 0, recompute = 0, embedding_backward = 0;
   MemoryPlan::Moment recompute_moment = MemoryPlan::Moment::kStageBackward;
   bool top_recomputed = false;
+  // zb-h1: what a micro-batch keeps from its B to its W (its projections'
+  // inputs and output gradients, WeightGradients).
+  int64_t deferred = 0;
   // Over the schedule: micro-batches forwarded and not yet backwarded,
-  // forwarded, and backwarded.
-  int64_t in_flight = 0, forwarded_count = 0, done = 0;
+  // forwarded, and backwarded; under zb-h1, backwarded and not yet W'd.
+  int64_t in_flight = 0, forwarded_count = 0, done = 0, deferred_count = 0;
 };
+
+// zb-h1: bytes per token and block a micro-batch keeps from its B to its W:
+// each projection's input and output gradient. GPT-2: the inputs of c_attn,
+// attention's c_proj, c_fc and the MLP's c_proj (C, C, C, 4C) and their
+// output gradients (3C, C, 4C, C). Llama: the norms' outputs (each read by
+// two or three projections, kept once), attention's output and the MLP's
+// hidden units (C, C, C, I), and the gradients of q, k, v, o, gate, up and
+// down (C, kv, kv, C, I, I, C).
+int64_t DeferredBytesPerToken(const Shapes& s, int64_t element_bytes) {
+  const int64_t c = s.c;
+  if (s.llama) return element_bytes * (6 * c + 2 * s.kv + 3 * s.mlp);
+  return element_bytes * 16 * c;
+}
 
 // The elements `s` holds (whole) and, sharded, its padded units.
 void AddChunkParameters(const PipelineStep& step, PipelineChunk* part) {
@@ -704,6 +720,10 @@ void AddChunkMicroBatchBytes(const PipelineStep& step,
   part->held_head =
       s.head ? 4 * t * s.c + (step.tensor_parallel ? 0 : 4 * s.wte_params) : 0;
   part->held = part->forwarded - (s.head ? t * eb * s.c : 0);
+  // Tensor-parallel projections are not deferred.
+  if (step.schedule == PipelineSchedule::kZeroBubble && !step.tensor_parallel) {
+    part->deferred = t * s.layers * DeferredBytesPerToken(s, eb);
+  }
   part->received = s.head ? 0 : step.activation;
   part->recompute =
       RecomputePeakActivationBytes(s, eb, step.attention, step.every,
@@ -826,7 +846,9 @@ int64_t MicroBatchesInFlight(const std::vector<PipelineChunk>& parts) {
 
 int64_t HeldBytes(const std::vector<PipelineChunk>& parts) {
   int64_t bytes = 0;
-  for (const PipelineChunk& part : parts) bytes += part.in_flight * part.held;
+  for (const PipelineChunk& part : parts) {
+    bytes += part.in_flight * part.held + part.deferred_count * part.deferred;
+  }
   return bytes;
 }
 
@@ -918,10 +940,10 @@ void ConsiderBackward(const PipelineStep& step, const MemoryPlan& base,
     at.peak_moment = MemoryPlan::Moment::kEmbeddingBackward;
     peak->Consider(at);
   }
-  // Under zb-h1 the micro-batch stays held until its W (counted whole: the
-  // layers' inputs and output gradients W keeps are less).
-  if (step.schedule != PipelineSchedule::kZeroBubble) --part.in_flight;
+  --part.in_flight;
   ++part.done;
+  // Under zb-h1 it keeps what its W needs until then.
+  if (step.schedule == PipelineSchedule::kZeroBubble) ++part.deferred_count;
 }
 
 // Rank `rank`'s schedule, action by action.
@@ -936,7 +958,7 @@ void ConsiderSchedule(const PipelineStep& step, const MemoryPlan& base,
     } else if (action.kind == PipelineAction::Kind::kBackward) {
       ConsiderBackward(step, base, action.chunk, parts, peak);
     } else {
-      --(*parts)[action.chunk].in_flight;  // zb-h1's W: the micro-batch goes
+      --(*parts)[action.chunk].deferred_count;  // zb-h1's W
     }
   }
 }

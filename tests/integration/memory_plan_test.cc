@@ -407,11 +407,13 @@ void CheckPipeline(const std::string& model, int64_t batch, int64_t seq,
 
 // gpt2-tiny's two blocks in two stages: stage 0 peaks in the embeddings'
 // backward (wte's dense gradient), the last stage at its LM head, where
-// GPipe holds every micro-batch's gradient of wte; one replica or two.
+// GPipe holds every micro-batch's gradient of wte; one replica or two; and
+// zb-h1, whose micro-batches keep what their W needs past their B.
 TEST_F(MemoryPlanTest, PredictsEachPipelineStageOfGpt2Tiny) {
   for (const PipelineCase& c : {PipelineCase{2, 2, 2, "1f1b", "none"},
                                 PipelineCase{2, 2, 4, "gpipe", "all"},
-                                PipelineCase{2, 4, 2, "1f1b", "none"}}) {
+                                PipelineCase{2, 4, 2, "1f1b", "none"},
+                                PipelineCase{2, 2, 4, "zb-h1", "none"}}) {
     CheckPipeline("gpt2-tiny", 4, 128, c);
   }
 }
@@ -423,6 +425,9 @@ TEST_F(MemoryPlanTest, PredictsEachPipelineStageOfGpt2Tiny) {
 // the stages 0.12% and 0.16% under, a TP 2 rank 0.5% under).
 TEST_F(MemoryPlanTest, PredictsLlamaStagesAndTensorRanks) {
   CheckPipeline("llama-tiny", 4, 128, PipelineCase{2, 2, 2, "1f1b", "none"});
+  // zb-h1: each micro-batch keeps its projections' inputs and output
+  // gradients from its B to its W.
+  CheckPipeline("llama-tiny", 4, 128, PipelineCase{2, 2, 4, "zb-h1", "none"});
   TrainConfig config;
   config.model = "llama-tiny";
   config.strategy = "single";
