@@ -151,9 +151,9 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
                                           const HostRates& rates);
 
 // The largest error of the step-time model measured on meshes with
-// pipeline stages or tensor parallelism (bench/RESULTS.md §10b): a gap
+// pipeline stages or tensor parallelism (bench/RESULTS.md §10c): a gap
 // between two such meshes smaller than this is not a prediction to trust.
-inline constexpr double kComposedMeshModelError = 0.51;
+inline constexpr double kComposedMeshModelError = 0.32;
 
 // A measured rate against its prediction, in words: "52% below the
 // prediction", "8% above the prediction", "within 1% of the prediction".
