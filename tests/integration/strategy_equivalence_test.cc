@@ -240,6 +240,17 @@ TEST_F(StrategyEquivalenceTest,
       << pp2.output;
   // Each stage holds half the blocks (and wte, tied): less than the model.
   EXPECT_LT(pp2.state_bytes.at(0), single.state_bytes.at(0));
+  // Zero bubble over real processes: each micro-batch's weight gradients
+  // after its input's, the same training.
+  TrainRun zb = Train("pp2_zb",
+                      "--strategy single --pp 2 --nproc 2 --batch-size 8 "
+                      "--micro-batches 4 --pipeline-schedule zb-h1" +
+                          Common() + lr);
+  ExpectSameTraining("pp2_zb", zb, "single_pp", single, 1e-6, 1e-5);
+  EXPECT_NE(zb.output.find("mesh: 2 pipeline stages x single 1, zb-h1 with 4 "
+                           "micro-batch(es)"),
+            std::string::npos)
+      << zb.output;
   TrainRun pp2_ddp2 = Train("pp2_ddp2",
                             "--strategy ddp --pp 2 --nproc 4 --batch-size 4 "
                             "--micro-batches 2 --pipeline-schedule gpipe" +
