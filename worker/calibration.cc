@@ -56,6 +56,7 @@ double BestSeconds(int runs, Fn fn) {
 struct ComputeRates {
   double flops_per_second = 0;
   double seconds_per_parameter = 0;  // the whole step's, AdamW included
+  double pass_overhead_seconds = 0;  // per micro-batch pass
 };
 
 // Training FLOP/s of the model on one thread, and what a step costs per
@@ -64,7 +65,9 @@ struct ComputeRates {
 // into the FLOPs' rate (counted as the step-time model counts them: three
 // forwards of every block and of the head) and a part that does not grow
 // with the tokens (AdamW, dense gradients zeroed and accumulated), per
-// parameter.
+// parameter; and a step of 2B one-sequence micro-batches against the one
+// of 2B sequences at once, whose extra time over its 2B - 1 extra passes is
+// what a pass costs besides its FLOPs.
 absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
   absl::StatusOr<ModelConfig> model_config = ParseModelSpec(base.model);
   if (!model_config.ok()) return model_config.status();
@@ -97,7 +100,8 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
       std::min<int64_t>(model_config->vocab_size, kGpt2VocabSize));
   for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % ids);
   absl::Status wrote = WriteTokenFile((dir / "train.bin").string(), tokens);
-  auto time_batch = [&](int64_t b) -> absl::StatusOr<double> {
+  auto time_batch = [&](int64_t b,
+                        int64_t accumulation = 1) -> absl::StatusOr<double> {
     TrainConfig c;
     c.model = base.model;
     c.device = base.device;
@@ -105,6 +109,7 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
     c.strategy = "single";
     c.data = dir.string();
     c.batch_size = b;
+    c.grad_accum = accumulation;
     c.seq_len = seq;
     c.max_steps = kSteps;
     c.threads = 1;
@@ -123,7 +128,8 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
   };
   absl::StatusOr<double> t1 = wrote.ok() ? time_batch(batch) : wrote;
   absl::StatusOr<double> t2 = t1.ok() ? time_batch(2 * batch) : t1;
-  if (!t2.ok()) return t2.status();
+  absl::StatusOr<double> passes = t2.ok() ? time_batch(1, 2 * batch) : t2;
+  if (!passes.ok()) return passes.status();
   absl::StatusOr<std::vector<PipelineStage>> whole =
       PartitionPipeline(*model_config, seq, 1, {});
   if (!whole.ok()) return whole.status();
@@ -140,6 +146,8 @@ absl::StatusOr<ComputeRates> MeasureTraining(const TrainConfig& base) {
   } else {
     rates.flops_per_second = flops / *t1;
   }
+  rates.pass_overhead_seconds =
+      std::max(0.0, (*passes - *t2) / static_cast<double>(2 * batch - 1));
   return rates;
 }
 
@@ -232,6 +240,7 @@ absl::Status RunCalibrationRank(const TrainConfig& config, const DistEnv& env,
     absl::StatusOr<ComputeRates> compute = MeasureTraining(config);
     if (!compute.ok()) return compute.status();
     rates.flops_per_thread = compute->flops_per_second;
+    rates.pass_overhead_seconds = compute->pass_overhead_seconds;
     rates.optimizer_seconds_per_parameter = MeasureAdamW(device);
     rates.gradient_seconds_per_parameter =
         std::max(0.0, compute->seconds_per_parameter -
@@ -307,12 +316,14 @@ absl::Status RunCalibrationRank(const TrainConfig& config, const DistEnv& env,
   if (log != nullptr) {
     *log << absl::StrFormat(
         "calibrated %s (%d cores) on %s, batch %d and %d x %d: %.2f GFLOP/s "
-        "per %s in training + %.2f ns per parameter, AdamW %.2f ns per "
+        "per %s in training + %.2f ns per parameter + %.1f ms per "
+        "micro-batch pass, AdamW %.2f ns per "
         "parameter, all-reduce between %d ranks %.1f us + %s/s\nsaved to "
         "%s\n",
         rates.device, rates.cores, config.model, config.batch_size,
         2 * config.batch_size, config.seq_len, rates.flops_per_thread / 1e9,
         gpu ? "device" : "thread", rates.gradient_seconds_per_parameter * 1e9,
+        rates.pass_overhead_seconds * 1e3,
         rates.optimizer_seconds_per_parameter * 1e9,
         hosts ? per_host : env.world_size,
         rates.intra_node.latency_seconds * 1e6,

@@ -674,10 +674,14 @@ struct PipelineChunk {
 // output gradients (3C, C, 4C, C). Llama: the norms' outputs (each read by
 // two or three projections, kept once), attention's output and the MLP's
 // hidden units (C, C, C, I), and the gradients of q, k, v, o, gate, up and
-// down (C, kv, kv, C, I, I, C).
+// down (C, kv, kv, C, I, I, C). Under bf16 each projection keeps its own
+// cast of the fp32 norm output: three copies and two.
 int64_t DeferredBytesPerToken(const Shapes& s, int64_t element_bytes) {
   const int64_t c = s.c;
-  if (s.llama) return element_bytes * (6 * c + 2 * s.kv + 3 * s.mlp);
+  if (s.llama) {
+    const int64_t norm_outputs = element_bytes < 4 ? 5 : 2;
+    return element_bytes * ((norm_outputs + 4) * c + 2 * s.kv + 3 * s.mlp);
+  }
   return element_bytes * 16 * c;
 }
 

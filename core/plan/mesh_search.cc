@@ -144,6 +144,11 @@ std::optional<MeshCandidate> EvaluateMesh(const TrainConfig& base,
                                           int64_t per_host, const Mesh& mesh,
                                           const char* checkpointing,
                                           int64_t micro) {
+  // zb-h1 does not run beside tensor ranks (TrainConfig refuses it).
+  if (mesh.stages > 1 && mesh.tensor_parallel > 1 &&
+      base.pipeline_schedule == "zb-h1") {
+    return std::nullopt;
+  }
   MeshCandidate c;
   c.world_size = mesh.world;
   c.config = base;

@@ -260,9 +260,21 @@ std::vector<std::vector<PipelineAction>> ZeroBubbleOrders(
       }
       free_at[s] = t + 1;
     }
-    if (all_done) break;
+    if (all_done) return orders;
   }
-  return orders;
+  // Not reached: every order completes within the bound. Should a change
+  // break that, 1F1B's order with each W right after its B is as safe.
+  std::vector<std::vector<PipelineAction>> fallback(stages);
+  for (int64_t s = 0; s < stages; ++s) {
+    for (const PipelineAction& a :
+         StageActions(PipelineSchedule::kOneFOneB, stages, s, micro_batches)) {
+      fallback[s].push_back(a);
+      if (a.kind == Kind::kBackward) {
+        fallback[s].push_back({Kind::kWeight, a.micro_batch, 0});
+      }
+    }
+  }
+  return fallback;
 }
 
 }  // namespace

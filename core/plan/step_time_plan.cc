@@ -146,6 +146,7 @@ std::string HostRates::ToJson() const {
       {"compute_model", compute_model},
       {"gradient_seconds_per_parameter", gradient_seconds_per_parameter},
       {"optimizer_seconds_per_parameter", optimizer_seconds_per_parameter},
+      {"pass_overhead_seconds", pass_overhead_seconds},
       {"intra_node",
        {{"latency_seconds", intra_node.latency_seconds},
         {"bytes_per_second", intra_node.bytes_per_second}}},
@@ -173,6 +174,7 @@ absl::StatusOr<HostRates> HostRates::FromJson(const std::string& text) {
         j.value("gradient_seconds_per_parameter", 0.0);
     r.optimizer_seconds_per_parameter =
         j.value("optimizer_seconds_per_parameter", 0.0);
+    r.pass_overhead_seconds = j.value("pass_overhead_seconds", 0.0);
     r.measured_at = j.value("measured_at", std::string());
     for (auto [key, link] : {std::pair{"intra_node", &r.intra_node},
                              std::pair{"inter_node", &r.inter_node}}) {
@@ -474,11 +476,18 @@ double ZeroBubbleIdleShare(int64_t stages, int64_t micro_batches) {
 
 void AddComputeSeconds(const TrainConfig& config, const StepMesh& mesh,
                        const RankLoads& loads, const RankRate& rate,
-                       StepTimePlan* plan) {
+                       const HostRates& rates, StepTimePlan* plan) {
   const double step_flops = loads.stage_flops *
                             static_cast<double>(mesh.tokens * mesh.accum) /
                             static_cast<double>(mesh.tp);
-  plan->compute_seconds = step_flops / rate.rate;
+  // Each micro-batch's pass pays the measured overhead, the rank's share of
+  // the model's work of it (its operators are as many under tensor
+  // parallelism, only smaller); on a shared core, slower as the FLOPs are.
+  const double pass_overhead = rates.pass_overhead_seconds / rate.share;
+  const double stage_share = loads.stage_flops / loads.all_stage_flops;
+  const double passes = static_cast<double>(mesh.micro * mesh.accum);
+  plan->compute_seconds =
+      step_flops / rate.rate + passes * pass_overhead * stage_share;
   if (mesh.stages > 1) {
     // A step's M x accum micro-batches flow through the stages once: the
     // slowest stage sets the pace, and the others' time on one micro-batch
@@ -487,8 +496,10 @@ void AddComputeSeconds(const TrainConfig& config, const StepMesh& mesh,
     // with uniform stages, SimulatePipeline).
     plan->bubble_seconds =
         (loads.all_stage_flops - loads.stage_flops) *
-        static_cast<double>(mesh.tokens) /
-        static_cast<double>(mesh.micro * mesh.tp * mesh.chunks) / rate.rate;
+            static_cast<double>(mesh.tokens) /
+            static_cast<double>(mesh.micro * mesh.tp * mesh.chunks) /
+            rate.rate +
+        pass_overhead * (1 - stage_share) / static_cast<double>(mesh.chunks);
     // zb-h1 runs weight gradients where 1F1B waits: the share of 1F1B's
     // idle time its order leaves.
     if (config.pipeline_schedule == "zb-h1") {
@@ -801,7 +812,7 @@ absl::StatusOr<StepTimePlan> PlanStepTime(const TrainConfig& config,
   const RankRate rate =
       ComputeRankRate(config, world_size, ranks_per_host, rates, *mesh, loads);
   plan.threads_per_rank = rate.threads_per_rank;
-  AddComputeSeconds(config, *mesh, loads, rate, &plan);
+  AddComputeSeconds(config, *mesh, loads, rate, rates, &plan);
   const KeptParameters kept =
       CountKeptParameters(config, *mesh, loads.slowest(), rate.host_ranks);
   plan.optimizer_seconds = OptimizerSeconds(*mesh, kept, rates, rate);

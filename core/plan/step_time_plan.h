@@ -10,7 +10,10 @@
 //                  and of the vocabulary under tensor parallelism, the
 //                  slowest stage's under pipeline stages) over its rate:
 //                  threads x the measured FLOP/s of one thread, scaled down
-//                  when the host's ranks x threads exceed its cores
+//                  when the host's ranks x threads exceed its cores; plus
+//                  the measured overhead of each micro-batch's pass (its
+//                  stage's share of it), which many small micro-batches
+//                  pay
 //   parameters     what the step costs per parameter the rank keeps (1/N
 //                  of them under FSDP, 1/T under tensor parallelism)
 //                  besides FLOPs: AdamW, and the dense gradients' zeroing
@@ -76,6 +79,12 @@ struct HostRates {
   // seconds per parameter and step.
   double gradient_seconds_per_parameter = 0;
   double optimizer_seconds_per_parameter = 0;
+  // What one forward and backward pass (a micro-batch through the whole
+  // model) costs on one thread besides its FLOPs: the operators' dispatch
+  // and the lower rate of small products. Measured as the extra time of a
+  // step of one-sequence micro-batches over the same tokens in one batch;
+  // 0 (older caches): not counted.
+  double pass_overhead_seconds = 0;
   LinkRates intra_node;     // ranks on one host
   LinkRates inter_node;     // ranks on different hosts; unknown: intra_node's
   std::string measured_at;  // when, "YYYY-MM-DD HH:MM UTC"

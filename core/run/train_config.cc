@@ -248,6 +248,13 @@ absl::Status TrainConfig::ValidatePipeline(
   absl::StatusOr<PipelineSchedule> schedule =
       ParsePipelineSchedule(pipeline_schedule);
   if (!schedule.ok()) return schedule.status();
+  if (*schedule == PipelineSchedule::kZeroBubble && pipeline_stages > 1 &&
+      tensor_parallel > 1) {
+    return FieldError("pipeline_schedule", "\"zb-h1\"",
+                      "zb-h1 splits the projections' backward, which "
+                      "tensor-parallel layers do not; use 1f1b with "
+                      "tensor_parallel > 1");
+  }
   if (virtual_stages < 1 || virtual_stages > kMaxVirtualStages) {
     return FieldError("virtual_stages", virtual_stages,
                       absl::StrCat("must be in [1, ", kMaxVirtualStages,

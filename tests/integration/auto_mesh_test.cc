@@ -74,6 +74,11 @@ TEST_F(AutoMeshTest, CalibrateMeasuresAndCachesThisHost) {
   EXPECT_GE(rates->intra_node.latency_seconds, 0);
   EXPECT_LT(rates->intra_node.latency_seconds, 1e-2);
   EXPECT_GT(rates->intra_node.bytes_per_second, 1e7);
+  // A pass of one 64-token sequence through gpt2-tiny costs something
+  // besides its FLOPs on a CPU thread (measured: about 10 ms at 128
+  // tokens), and well under a second.
+  EXPECT_GT(rates->pass_overhead_seconds, 0);
+  EXPECT_LT(rates->pass_overhead_seconds, 1.0);
   EXPECT_FALSE(rates->measured_at.empty());
 
   // One rank cannot measure a collective.

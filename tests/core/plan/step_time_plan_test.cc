@@ -238,6 +238,42 @@ TEST(StepTimePlanTest, ZeroBubbleLeavesTheShareOfTheBubbleItsOrderDoes) {
   EXPECT_LT(zb.step_seconds, one.step_seconds);
 }
 
+// The measured overhead of a micro-batch's pass weighs against many small
+// micro-batches: with none, a pipeline's fastest count is its most (4S, the
+// smallest bubble); with enough, its fewest (S). A search under zb-h1
+// leaves out the meshes of stages and tensor ranks, which cannot run it.
+TEST(StepTimePlanTest, PassOverheadWeighsAgainstManyMicroBatches) {
+  TrainConfig base = Config("ddp", 1);
+  base.model = "gpt2-mini";
+  MeshSearchOptions options;
+  options.devices = 4;
+  options.global_batch = 16;
+  options.checkpointing = false;
+  HostRates rates = Rates(4);
+  const auto micro_of = [&](const TrainConfig& config, const HostRates& r,
+                            const std::string& mesh) -> int64_t {
+    absl::StatusOr<std::vector<MeshCandidate>> ranked =
+        SearchMeshes(config, options, &r);
+    EXPECT_TRUE(ranked.ok()) << ranked.status();
+    for (const MeshCandidate& c : *ranked) {
+      if (c.name.rfind(mesh, 0) == 0) return c.config.micro_batches;
+    }
+    return -1;
+  };
+  EXPECT_EQ(micro_of(base, rates, "pp2xddp2"), 8);
+  rates.pass_overhead_seconds = 5;
+  EXPECT_EQ(micro_of(base, rates, "pp2xddp2"), 2);
+  const StepTimePlan plain = Plan(base, 1, Rates(4));
+  const StepTimePlan paid = Plan(base, 1, rates);
+  EXPECT_NEAR(paid.compute_seconds - plain.compute_seconds, 5, 1e-9);
+
+  EXPECT_GT(micro_of(base, rates, "pp2xtp2"), 0);
+  TrainConfig zb = base;
+  zb.pipeline_schedule = "zb-h1";
+  EXPECT_EQ(micro_of(zb, rates, "pp2xtp2"), -1);
+  EXPECT_GT(micro_of(zb, rates, "pp2xddp2"), 0);
+}
+
 TEST(StepTimePlanTest, SlowLinksMakeTrafficTheBottleneck) {
   HostRates slow = Rates();
   slow.intra_node = {1e-3, 1e6};  // 1 MB/s
@@ -394,11 +430,13 @@ TEST(StepTimePlanTest, RatesRoundTripThroughTheCache) {
   HostRates mini = Rates();
   mini.compute_model = "gpt2-mini";
   mini.flops_per_thread = 2e10;
+  mini.pass_overhead_seconds = 0.042;
   ASSERT_TRUE(SaveHostRates(mini).ok());
 
   absl::StatusOr<HostRates> got = LoadHostRates("cpu", "gpt2-mini");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->flops_per_thread, 2e10);
+  EXPECT_EQ(got->pass_overhead_seconds, 0.042);
   got = LoadHostRates("cpu", "gpt2-tiny");
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->measured_at, "2026-12-04 05:00 UTC");

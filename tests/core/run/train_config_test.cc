@@ -254,6 +254,13 @@ TEST(TrainConfigTest, PipelineErrorsNameTheFieldAndTheNumbers) {
        "micro_batches: got 3; must divide batch_size (8)"},
       {[](TrainConfig& c) { c.pipeline_schedule = "zb"; },
        "--pipeline-schedule: 'zb' is not one of gpipe, 1f1b, zb-h1"},
+      {[](TrainConfig& c) {
+         c.pipeline_schedule = "zb-h1";
+         c.tensor_parallel = 2;
+       },
+       "pipeline_schedule: got \"zb-h1\"; zb-h1 splits the projections' "
+       "backward, which tensor-parallel layers do not; use 1f1b with "
+       "tensor_parallel > 1"},
       {[](TrainConfig& c) { c.pipeline_split = "2;3"; },
        "--pipeline-split: '2;3' is not a list of block indices (e.g. 4,8: "
        "stage 1 starts at block 4, stage 2 at block 8)"},

@@ -39,6 +39,9 @@ torch::Tensor FlattenRows(const torch::Tensor& x) {
 // accumulates the parameters' gradients into their leaves as usual and
 // yields the input's gradient. The models here have no dropout, so the
 // recomputation is the forward's exact arithmetic.
+// The thread's WeightGradients store (DeferWeightGradients).
+thread_local WeightGradients* current_weight_gradients = nullptr;
+
 class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
@@ -47,6 +50,10 @@ class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
     ctx->saved_data["model"] = model;
     ctx->saved_data["block"] = block;
     ctx->saved_data["autocast"] = torch_compat::CudaAutocastEnabled();
+    // The recomputation defers weight gradients to the store the forward
+    // ran under: backward may run on another thread (CUDA's).
+    ctx->saved_data["weight_gradients"] = static_cast<int64_t>(
+        reinterpret_cast<intptr_t>(current_weight_gradients));
     ctx->save_for_backward({x});
     return reinterpret_cast<CausalLmImpl*>(model)->BlockForward(block, x);
   }
@@ -60,6 +67,8 @@ class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
     const bool autocast = ctx->saved_data["autocast"].toBool();
     const torch::Tensor input =
         ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    DeferWeightGradients defer(reinterpret_cast<WeightGradients*>(
+        ctx->saved_data["weight_gradients"].toInt()));
     torch::Tensor output;
     {
       torch::AutoGradMode grad_mode(true);
@@ -85,8 +94,6 @@ bool CudaAutocastEnabled() { return torch_compat::CudaAutocastEnabled(); }
 // --- Weight gradients apart ---
 
 namespace {
-
-thread_local WeightGradients* current_weight_gradients = nullptr;
 
 // A projection whose backward makes the input's gradient and leaves the
 // weight's and bias's to a WeightGradients store.
@@ -140,24 +147,53 @@ void WeightGradients::Add(torch::Tensor input, torch::Tensor grad_output,
                        std::move(weight), std::move(bias)});
 }
 
+std::vector<torch::Tensor> WeightGradients::Tensors() const {
+  std::vector<torch::Tensor> tensors;
+  for (const Deferred& d : deferred_) {
+    tensors.push_back(d.weight);
+    if (d.bias.defined()) tensors.push_back(d.bias);
+  }
+  return tensors;
+}
+
 void WeightGradients::Run() {
   if (deferred_.empty()) return;
-  std::vector<torch::Tensor> roots, grads;
-  {
-    torch::NoGradGuard no_grad;
-    for (const Deferred& d : deferred_) {
-      roots.push_back(d.weight);
-      grads.push_back(d.grad_output.t().mm(d.input).to(d.weight.scalar_type()));
-      if (d.bias.defined() && d.bias.requires_grad()) {
-        roots.push_back(d.bias);
-        grads.push_back(d.grad_output.sum(0).to(d.bias.scalar_type()));
+  // One backward per tensor the weights are views of (an FSDP unit's flat
+  // buffer; a replicated weight is its own): its accumulator runs once,
+  // with every layer's sum, and only that group's gradients are made at a
+  // time.
+  std::vector<std::pair<const void*, std::vector<const Deferred*>>> groups;
+  for (const Deferred& d : deferred_) {
+    const void* key = d.weight.is_view()
+                          ? d.weight._base().unsafeGetTensorImpl()
+                          : d.weight.unsafeGetTensorImpl();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) {
+      groups.emplace_back(key, std::vector<const Deferred*>{});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(&d);
+  }
+  for (const auto& [key, members] : groups) {
+    std::vector<torch::Tensor> roots, grads;
+    {
+      torch::NoGradGuard no_grad;
+      for (const Deferred* d : members) {
+        if (d->weight.requires_grad()) {
+          roots.push_back(d->weight);
+          grads.push_back(
+              d->grad_output.t().mm(d->input).to(d->weight.scalar_type()));
+        }
+        if (d->bias.defined() && d->bias.requires_grad()) {
+          roots.push_back(d->bias);
+          grads.push_back(d->grad_output.sum(0).to(d->bias.scalar_type()));
+        }
       }
     }
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
   }
   deferred_.clear();
-  // One backward from every weight at once: a tensor several layers share
-  // (an FSDP unit's flat buffer) sums them before its accumulator runs.
-  torch::autograd::backward(roots, grads);
 }
 
 DeferWeightGradients::DeferWeightGradients(WeightGradients* store)
@@ -174,6 +210,8 @@ torch::Tensor ProjectLinear(const torch::Tensor& x, const torch::Tensor& weight,
   if (current_weight_gradients == nullptr || !torch::GradMode::is_enabled()) {
     return at::linear(x, weight, bias);
   }
+  TORCH_CHECK(x.dim() == 2, "ProjectLinear: deferred inputs are [N, in], got ",
+              x.sizes());
   // LibTorch 1.13's custom functions take no undefined tensor: a linear
   // without bias passes an empty placeholder.
   const bool has_bias = bias.defined();

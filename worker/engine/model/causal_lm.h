@@ -320,6 +320,8 @@ class WeightGradients {
   // after.
   void Run();
   int64_t size() const { return static_cast<int64_t>(deferred_.size()); }
+  // The tensors whose gradients Run() will hand over (weights, biases).
+  std::vector<torch::Tensor> Tensors() const;
 
  private:
   struct Deferred {

@@ -132,6 +132,10 @@ void GradientBuckets::OnGradReady(int64_t index) {
   LaunchReadyBuckets(/*force=*/false);
 }
 
+void GradientBuckets::MarkReady(const std::vector<int64_t>& indices) {
+  for (int64_t i : indices) OnGradReady(i);
+}
+
 void GradientBuckets::LaunchReadyBuckets(bool force) {
   while (next_launch_ < buckets_.size() &&
          (force || buckets_[next_launch_].pending == 0)) {

@@ -68,6 +68,10 @@ class GradientBuckets {
   // count down their buckets from then on. The first call after Arm(false)
   // starts the armed reduction; later calls add parameters to it.
   void ArmParameters(const std::vector<int64_t>& indices);
+  // The parameters `indices` are complete although their hooks fired
+  // before they were armed (zb-h1: those whose last gradient came with the
+  // last B, armed at the last W): counted down as if their hooks fired now.
+  void MarkReady(const std::vector<int64_t>& indices);
   // After the armed backward: launches the buckets not launched yet (a
   // parameter outside the graph never fires its hook), waits for all and
   // divides each by the group's size. Throws c10::Error naming the strategy

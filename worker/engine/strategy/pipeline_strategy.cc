@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -155,6 +156,11 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   const StrategyKind* kind = FindStrategyKind(pipeline_.data_parallel);
   const int64_t g = pipeline_.shard_group_size;
   const int64_t t = tensor_parallel();
+  if (t > 1 && SplitsBackward()) {
+    return absl::InvalidArgumentError(
+        "pipeline x tensor parallel: zb-h1 splits the projections' backward, "
+        "which tensor-parallel layers do not; use 1f1b");
+  }
   if (t > 1 &&
       (options_.world_size % (pipeline_.stages * t) != 0 ||
        (kind != nullptr && kind->layout == StateLayout::kShardedInGroups))) {
@@ -588,6 +594,22 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
         m.loss = torch::Tensor();
         break;
       case Kind::kWeight:
+        if (reduce && replica_buckets_ != nullptr &&
+            i == chunk_last_backward[op.chunk]) {
+          // Armed now: the chunk's parameters no W touches got their last
+          // gradient with the last B, before they were armed.
+          std::set<const void*> deferred;
+          for (const torch::Tensor& t : m.deferred.Tensors()) {
+            deferred.insert(t.unsafeGetTensorImpl());
+          }
+          std::vector<int64_t> complete;
+          for (int64_t p : chunk_params_[op.chunk]) {
+            if (deferred.count(owned_[p].unsafeGetTensorImpl()) == 0) {
+              complete.push_back(p);
+            }
+          }
+          replica_buckets_->MarkReady(complete);
+        }
         deferred_weight_gradients_ += m.deferred.size();
         m.deferred.Run();
         break;

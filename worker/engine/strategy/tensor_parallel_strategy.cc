@@ -223,7 +223,15 @@ torch::Tensor TensorParallelStrategy::ForwardBackward(
     const torch::Tensor& inputs, const torch::Tensor& targets,
     double loss_scale, bool sync) {
   if (sharded() && !gathered_) LaunchGathers();
-  if (sharded() && sync) unit_schedule_->Arm(0);
+  if (sharded()) {
+    // Armed for the last micro-step only (a failed step may have left it
+    // armed).
+    if (sync) {
+      unit_schedule_->Arm(0);
+    } else {
+      unit_schedule_->Disarm();
+    }
+  }
   if (replica_buckets_ != nullptr) {
     AttachGradViews();
     replica_buckets_->Arm(sync);

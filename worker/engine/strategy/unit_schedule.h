@@ -75,6 +75,8 @@ class UnitSchedule {
   // The last backward of `group` in this step starts: its units'
   // reduce-scatters go from their hooks as their gradients complete.
   void Arm(int64_t group);
+  // Not this micro-step (one before the step's last): nothing launches.
+  void Disarm() { armed_.assign(armed_.size(), false); }
   bool armed(int64_t group) const { return armed_[group]; }
   // After the backward: the units no hook launched, in unit order, then
   // every reduce-scatter waited for; disarms every group. The caller hands

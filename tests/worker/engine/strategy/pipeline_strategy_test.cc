@@ -289,8 +289,9 @@ void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
   for (PipelineSchedule schedule :
        {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe,
         PipelineSchedule::kZeroBubble}) {
-    if (schedule == PipelineSchedule::kZeroBubble && c.virtual_stages > 1) {
-      continue;  // not interleaved
+    if (schedule == PipelineSchedule::kZeroBubble &&
+        (c.virtual_stages > 1 || c.tensor_parallel > 1)) {
+      continue;  // not interleaved, not with tensor ranks
     }
     for (int64_t m = 1; m <= 2 * c.stages; ++m) {
       // Interleaved 1F1B runs groups of S micro-batches.
@@ -505,8 +506,11 @@ TEST(PipelineStrategyTest,
 
 // zb-h1 leaves every projection's weight gradients of a micro-batch to its
 // W (four per GPT-2 block: c_attn, attention's c_proj, c_fc, the MLP's
-// c_proj), on replicated and sharded stages alike; 1F1B leaves none. (That
-// the W's gradients land, and reduce, right is the equivalence rows'.)
+// c_proj), on replicated and sharded stages alike; 1F1B leaves none. The
+// reduction still overlaps the step's end: a replicated stage's first
+// bucket (its last parameters, a LayerNorm's among them, which W does not
+// touch) and a sharded stage's block units go before the schedule ends.
+// (That the gradients land, and reduce, right is the equivalence rows'.)
 TEST(PipelineStrategyTest, ZeroBubbleLeavesEveryProjectionsWeightsToW) {
   for (const std::string& dp : {"ddp", "fsdp"}) {
     for (PipelineSchedule schedule :
@@ -522,6 +526,7 @@ TEST(PipelineStrategyTest, ZeroBubbleLeavesEveryProjectionsWeightsToW) {
         pipeline.seq_len = kSeqLen;
         pipeline.data_parallel = dp;
         pipeline.schedule = schedule;
+        pipeline.bucket_mb = 0.05;  // several buckets a stage
         PipelineStrategy strategy(options, &comm, pipeline);
         ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
         test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
@@ -535,9 +540,42 @@ TEST(PipelineStrategyTest, ZeroBubbleLeavesEveryProjectionsWeightsToW) {
             strategy.deferred_weight_gradients(),
             schedule == PipelineSchedule::kZeroBubble ? 2 * 4 * blocks : 0)
             << dp << " " << PipelineScheduleName(schedule) << " rank " << rank;
+        if (dp == "ddp") {
+          const GradientBuckets::OverlapTrace trace =
+              strategy.replica_overlap_trace();
+          ASSERT_GE(trace.bucket_launch.size(), 2u);
+          EXPECT_LT(trace.bucket_launch.front(), trace.backward_end)
+              << PipelineScheduleName(schedule) << " rank " << rank;
+        } else {
+          const PipelineStrategy::ShardOverlapTrace trace =
+              strategy.shard_overlap_trace();
+          ASSERT_GE(trace.unit_launch.size(), 1u)
+              << PipelineScheduleName(schedule) << " rank " << rank;
+          EXPECT_LT(trace.unit_launch.front(), trace.backward_end);
+        }
       });
     }
   }
+}
+
+// Tensor-parallel layers make their weight gradients in B: zb-h1 beside
+// tensor ranks is refused, naming the schedule to use.
+TEST(PipelineStrategyTest, ZeroBubbleBesideTensorRanksIsRefused) {
+  RunRanks(4, [&](int64_t rank, Communicator& comm) {
+    StrategyOptions options;
+    options.rank = rank;
+    options.world_size = 4;
+    PipelineOptions pipeline;
+    pipeline.stages = 2;
+    pipeline.micro_batches = 2;
+    pipeline.seq_len = kSeqLen;
+    pipeline.tensor_parallel = 2;
+    pipeline.schedule = PipelineSchedule::kZeroBubble;
+    PipelineStrategy strategy(options, &comm, pipeline);
+    const absl::Status setup = strategy.Setup(test::MakeModel(kSpec, 7));
+    EXPECT_EQ(setup.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(setup.message(), "use 1f1b")) << setup;
+  });
 }
 
 TEST(PipelineStrategyTest, TheLayoutNamesEachStagesRanksAndBlocks) {
