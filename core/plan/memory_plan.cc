@@ -972,14 +972,31 @@ void ConsiderSchedule(const PipelineStep& step, const MemoryPlan& base,
 void ConsiderGradientSync(const PipelineStep& step, const MemoryPlan& base,
                           const RankChunks& chunks, StagePeak* peak) {
   if (step.sharded) {
-    // After the schedule, every unit's full gradient is reduce-scattered
-    // into a shard-sized output while the units are still gathered; on
-    // CPU, Gloo's ring also holds one (two beyond two ranks) buffers of
-    // the shard it is reducing, at worst the largest unit's.
+    // After the schedule, the units are reduce-scattered into shard-sized
+    // outputs while still gathered. The blocks' went as the last backward
+    // completed each, one in flight (UnitSchedule): all are done but the
+    // last the backward completed, the stage's first unit (wpe's on GPT-2's
+    // first stage, else its first block's); the units whose gradients the
+    // strategy hands over (the embedding's and the head's rows) go now,
+    // with their full gradients. On CPU, Gloo's ring also holds one (two
+    // beyond two ranks) buffers of the shard it is reducing, at worst the
+    // largest unit's.
+    int64_t blocks_full = 0;
+    for (const PipelineChunk& part : chunks.parts) {
+      blocks_full += part.s.layers * RoundUp(part.s.block_params, step.shards);
+    }
+    const bool first_is_input =
+        chunks.any_embeddings && step.whole.input_params > 0;
+    const int64_t last_unit =
+        blocks_full == 0 ? 0
+        : first_is_input ? RoundUp(step.whole.input_params, step.shards)
+                         : RoundUp(step.whole.block_params, step.shards);
     MemoryPlan at = base;
     at.activations = step.ids_and_mask;
-    at.gradients += FullGradientBytes(step, chunks.parts, -1);
-    at.communication = 4 * chunks.shard;
+    at.gradients += FullGradientBytes(step, chunks.parts, -1) -
+                    4 * blocks_full + 4 * last_unit;
+    at.communication = 4 * (chunks.shard - blocks_full / step.shards +
+                            last_unit / step.shards);
     if (!step.cuda) {
       const int64_t largest_unit = std::max(
           RoundUp(step.whole.block_params, step.shards),
