@@ -373,7 +373,8 @@ TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunksBesideFsdpAndTensorRanks) {
 // ranks of `data_parallel` (4 ranks), micro-batches 2; null if Setup failed.
 std::unique_ptr<PipelineStrategy> TrainTwoStagesOfTwo(
     int64_t rank, Communicator& comm, const std::string& data_parallel,
-    double bucket_mb = 25, int64_t virtual_stages = 1) {
+    double bucket_mb = 25, int64_t virtual_stages = 1,
+    PipelineSchedule schedule = PipelineSchedule::kOneFOneB) {
   torch::set_num_threads(1);
   StrategyOptions options;
   options.rank = rank;
@@ -385,6 +386,7 @@ std::unique_ptr<PipelineStrategy> TrainTwoStagesOfTwo(
   pipeline.data_parallel = data_parallel;
   pipeline.bucket_mb = bucket_mb;
   pipeline.virtual_stages = virtual_stages;
+  pipeline.schedule = schedule;
   auto strategy = std::make_unique<PipelineStrategy>(options, &comm, pipeline);
   const absl::Status setup = strategy->Setup(test::MakeModel(kSpec, 7));
   EXPECT_TRUE(setup.ok()) << setup;
@@ -516,24 +518,11 @@ TEST(PipelineStrategyTest, ZeroBubbleLeavesEveryProjectionsWeightsToW) {
     for (PipelineSchedule schedule :
          {PipelineSchedule::kZeroBubble, PipelineSchedule::kOneFOneB}) {
       RunRanks(4, [&](int64_t rank, Communicator& comm) {
-        torch::set_num_threads(1);
-        StrategyOptions options;
-        options.rank = rank;
-        options.world_size = 4;
-        PipelineOptions pipeline;
-        pipeline.stages = 2;
-        pipeline.micro_batches = 2;
-        pipeline.seq_len = kSeqLen;
-        pipeline.data_parallel = dp;
-        pipeline.schedule = schedule;
-        pipeline.bucket_mb = 0.05;  // several buckets a stage
-        PipelineStrategy strategy(options, &comm, pipeline);
-        ASSERT_TRUE(strategy.Setup(test::MakeModel(kSpec, 7)).ok());
-        test::TrainLoop loop = test::MakeLoop(0, 1, 1, kLr);
-        loop.whole_steps = true;
-        test::TrainResult result;
-        test::Train(strategy, test::MakeBatches(1, 16, kSeqLen, kVocab), rank,
-                    4, loop, &result);
+        // Several buckets a stage.
+        const std::unique_ptr<PipelineStrategy> trained = TrainTwoStagesOfTwo(
+            rank, comm, dp, /*bucket_mb=*/0.05, /*virtual_stages=*/1, schedule);
+        ASSERT_NE(trained, nullptr);
+        const PipelineStrategy& strategy = *trained;
         const PipelineStage& mine = strategy.stages()[strategy.stage()];
         const int64_t blocks = mine.end_block - mine.first_block;
         EXPECT_EQ(
