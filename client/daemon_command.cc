@@ -23,6 +23,7 @@
 #include "client/exit_code.h"
 #include "common/input_file.h"
 #include "common/state_dir.h"
+#include "common/startup_signals.h"
 #include "common/subprocess.h"
 
 namespace shardtrain::cli {
@@ -93,6 +94,7 @@ int RunDaemon(const DaemonFlags& flags) {
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   if (flags.foreground) {
+    HoldStartupSignals();  // the mask survives exec (common/startup_signals.h)
     execv(argv[0], argv.data());
     return ReportFailure(absl::StrCat("cannot run ", args[0]));
   }
@@ -105,6 +107,8 @@ int RunDaemon(const DaemonFlags& flags) {
   daemon.detached = true;  // outlives this shell command
   daemon.output = SubprocessOptions::Output::kLogFile;
   daemon.log_path = log;
+  // A SIGHUP (token rotation) or SIGTERM sent while it starts waits for it.
+  daemon.hold_startup_signals = true;
   absl::StatusOr<Subprocess> started = SpawnSubprocess(daemon);
   if (!started.ok()) {
     return ReportFailure(absl::StrCat("cannot start ", args[0], ": ",

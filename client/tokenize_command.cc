@@ -24,9 +24,10 @@ int RunTokenize(bool decode, const std::string& tokenizer_path) {
   const std::string input{std::istreambuf_iterator<char>(std::cin),
                           std::istreambuf_iterator<char>()};
   if (!decode) {
-    const std::vector<int> ids =
+    const absl::StatusOr<std::vector<int>> ids =
         tokenizer->Encode(input, SpecialTokens::kRecognize);
-    std::cout << absl::StrJoin(ids, " ") << "\n";
+    if (!ids.ok()) return ReportFailure(ids.status());
+    std::cout << absl::StrJoin(*ids, " ") << "\n";
     return kExitOk;
   }
 

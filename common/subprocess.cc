@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/startup_signals.h"
 
 extern char** environ;
 
@@ -87,9 +88,13 @@ void CloseAllBut(int keep) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
     if (getppid() != parent) _exit(1);
   }
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  sigset_t mask;
+  if (options.hold_startup_signals) {
+    mask = StartupSignals();
+  } else {
+    sigemptyset(&mask);
+  }
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
   const int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0) fail();
   if (options.output == SubprocessOptions::Output::kLogFile) {

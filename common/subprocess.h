@@ -29,6 +29,11 @@ struct SubprocessOptions {
   };
   Output output = Output::kInherit;
   std::string log_path;
+  // The child starts with StartupSignals() blocked (common/startup_signals.h)
+  // instead of an empty mask: for programs of ours, which release them once
+  // their handlers are in place. Never for another program, which would
+  // never unblock SIGTERM.
+  bool hold_startup_signals = false;
 };
 
 struct Subprocess {
@@ -40,7 +45,7 @@ struct Subprocess {
 // Forks and execs. The child gets its own process group (or joins
 // `process_group`), SIGKILL when the thread that spawned it dies
 // (PR_SET_PDEATHSIG; it exits at once if that happened before), an empty
-// signal mask, stdin on /dev/null and no other descriptor of this process
+// signal mask (or StartupSignals() with hold_startup_signals), stdin on /dev/null and no other descriptor of this process
 // (close_range). Everything is prepared before fork(), so this is safe in a
 // multi-threaded process. A program that cannot be executed is an error
 // here (FailedPrecondition naming it and the errno text), not a child that

@@ -1,6 +1,7 @@
 #include "server/attempt_supervisor.h"
 
 #include <signal.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <string>
@@ -56,6 +57,36 @@ bool MarkOomFromLogTail(v1::Failure& failure) {
   failure.set_reason(v1::OOM);
   failure.set_message(failure.message() + " (out of memory)");
   return true;
+}
+
+// A full file system as the C library words it (ENOSPC, EDQUOT).
+bool LooksLikeDiskFull(const std::vector<std::string>& lines) {
+  for (const std::string& line : lines) {
+    const std::string lower = absl::AsciiStrToLower(line);
+    if (lower.find("no space left on device") != std::string::npos ||
+        lower.find("disk quota exceeded") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Names a full disk in `failure`'s message when its log tail says so, or
+// when the job's directory is on a file system with (almost) nothing left:
+// a rank that cannot write its log leaves no tail to read.
+void MarkDiskFull(v1::Failure& failure, const std::string& job_dir) {
+  const std::vector<std::string> tail(failure.log_tail().begin(),
+                                      failure.log_tail().end());
+  bool full = LooksLikeDiskFull(tail);
+  if (struct statvfs fs; !full && statvfs(job_dir.c_str(), &fs) == 0) {
+    full = static_cast<int64_t>(fs.f_bavail) *
+               static_cast<int64_t>(fs.f_frsize) <
+           (int64_t{1} << 20);
+  }
+  if (!full) return;
+  failure.set_message(absl::StrCat(
+      failure.message(), " (no space left on device: ENOSPC writing under ",
+      job_dir, "; free space on its file system, then resubmit)"));
 }
 
 }  // namespace
@@ -356,6 +387,7 @@ void AttemptSupervisor::ApplyPoll(const Poll& poll) {
       failure = table_->RankFailure(job.id(), failed.rank, failed.reason,
                                     failed.message);
       MarkOomFromLogTail(failure);
+      MarkDiskFull(failure, table_->JobDir(job.id()));
     } else {
       failure.set_reason(failed.reason);
       failure.set_rank(-1);
@@ -409,6 +441,7 @@ v1::Failure AttemptSupervisor::RankExitFailure(const JobEntry& entry, int r,
   v1::Failure failure = table_->RankFailure(
       id, r, exit.signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
       absl::StrCat("rank ", r, " ended with ", exit.ToString()));
+  if (exit.exit_code != 0) MarkDiskFull(failure, table_->JobDir(id));
   if (!MarkOomFromLogTail(failure) && exit.exit_code == kExitDiverged) {
     // Deterministic: a restart from the last checkpoint would diverge at
     // the same step again.
@@ -451,6 +484,16 @@ void AttemptSupervisor::Supervise() {
     const int world = entry.stored.job.world_size() > 0
                           ? entry.stored.job.world_size()
                           : entry.stored.job.spec().world_size();
+    // Its devices are taken anew: within its owner's quota (which the
+    // token file may have lowered meanwhile), else it waits in the queue.
+    if (const QuotaLedger quotas = table_->HeldDevices(id);
+        !quotas.MayHold(entry.stored.job.owner(), world)) {
+      table_->SetState(
+          entry, v1::QUEUED,
+          absl::StrCat("queued again after the coordinator restarted: ",
+                       quotas.Refusal(entry.stored.job.owner(), world)));
+      continue;
+    }
     if (static_cast<int>(free.size()) < world) {
       v1::Failure* failure = entry.stored.job.mutable_failure();
       SetCoordinatorRestartFailure(
@@ -804,6 +847,14 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
     }
     available = std::min(available, capacity.slots - held_by_others);
   }
+  // Free devices beyond its own are a grant: within its owner's quota.
+  const int own_kept = static_cast<int>(
+      std::count_if(entry.devices.begin(), entry.devices.end(),
+                    [&](int d) { return !lost.count(d); }));
+  const int headroom = table_->HeldDevices(id).Headroom(job.owner());
+  const int quota_allows = std::max(own_kept, std::min(requested, headroom));
+  const bool quota_limits = quota_allows < available;
+  available = std::min(available, quota_allows);
   absl::StatusOr<TrainConfig> config =
       TrainConfigFromJobSpec(job.spec(), table_->JobDir(id));
   const int64_t global = config.ok()
@@ -836,7 +887,9 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
     }
     failed->set_message(absl::StrCat(
         failed->message(), "; cannot continue: ", available, " of ", requested,
-        " ranks can run", lost_text, ", and elastic.min_world_size is ",
+        " ranks can run", lost_text,
+        quota_limits ? absl::StrCat(" (", job.owner(), "'s quota)") : "",
+        ", and elastic.min_world_size is ",
         min_world,
         available >= min_world
             ? absl::StrCat(" (no mesh from ", min_world, " to ", available,

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -138,6 +140,53 @@ TrimResult TrimConnectionsPerPeer(int port, int max_per_peer) {
     }
   }
   return result;
+}
+
+std::string DescribeListener(int port) {
+  std::vector<SocketRow> rows = ReadTable("/proc/net/tcp");
+  std::vector<SocketRow> rows6 = ReadTable("/proc/net/tcp6");
+  rows.insert(rows.end(), rows6.begin(), rows6.end());
+  std::set<std::string> listening;  // "socket:[inode]"
+  for (const SocketRow& row : rows) {
+    if (row.state == "0A" && PortOf(row.local) == port && row.inode != 0) {
+      listening.insert(absl::StrCat("socket:[", row.inode, "]"));
+    }
+  }
+  if (listening.empty()) return "";
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return "";
+  std::string found;
+  while (const dirent* process = readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(process->d_name, &pid)) continue;
+    const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+    DIR* fds = opendir(fd_dir.c_str());
+    if (fds == nullptr) continue;  // gone, or another user's
+    bool holds = false;
+    while (const dirent* fd = readdir(fds)) {
+      char target[64];
+      const std::string link = absl::StrCat(fd_dir, "/", fd->d_name);
+      const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      if (listening.count(target)) {
+        holds = true;
+        break;
+      }
+    }
+    closedir(fds);
+    if (!holds) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string cmdline((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+    while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.size() > 200) cmdline = cmdline.substr(0, 200) + "...";
+    found = absl::StrCat("pid ", pid, " (", cmdline, ")");
+    break;
+  }
+  closedir(proc);
+  return found;
 }
 
 }  // namespace shardtrain

@@ -22,6 +22,12 @@ struct TrimResult {
 // Linux only (the kernel's socket tables); elsewhere nothing is counted.
 TrimResult TrimConnectionsPerPeer(int port, int max_per_peer);
 
+// Who listens on TCP `port` (any address), for an error that names the
+// process in the way: "pid 4242 (shardtraind --listen 127.0.0.1:50551
+// --state-dir /srv/st)", its command line cut to 200 characters; "" when
+// no listener is found or its process is not this user's to look at.
+std::string DescribeListener(int port);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_SERVER_CONNECTION_TRIMMER_H_

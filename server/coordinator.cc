@@ -406,6 +406,10 @@ std::unique_ptr<grpc::Server> Coordinator::BuildServer(
     interceptors.push_back(MakeMalformedRequestInterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
+  // One daemon per address: gRPC would otherwise bind with SO_REUSEPORT,
+  // and a second daemon on the same port would share its connections
+  // (and so its submissions) with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, credentials_, public_port);
   builder.AddListeningPort(worker_listen, grpc::InsecureServerCredentials(),
                            worker_port);
@@ -452,6 +456,20 @@ absl::Status Coordinator::Serve(
   std::unique_ptr<grpc::Server> server =
       BuildServer(options_.listen, worker_listen, &public_port, &worker_port);
   if (server == nullptr || public_port == 0 || worker_port == 0) {
+    // Whoever holds the port, named (another shardtraind, most often).
+    std::string holder;
+    if (int port = 0;
+        !absl::StartsWith(options_.listen, "unix") &&
+        absl::SimpleAtoi(
+            options_.listen.substr(options_.listen.rfind(':') + 1), &port) &&
+        port > 0) {
+      holder = DescribeListener(port);
+    }
+    if (!holder.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("--listen: ", options_.listen, " is taken by ", holder,
+                       "; stop it or choose another --listen"));
+    }
     return absl::UnavailableError(absl::StrCat(
         "--listen: cannot listen on ", options_.listen,
         public_port == 0 ? "" : absl::StrCat(" (or on ", worker_listen, ")"),

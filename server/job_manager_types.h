@@ -35,10 +35,15 @@ struct PriorityClass {
   int priority = 0;
   // false: jobs of this class are never preempted.
   bool preemptible = true;
+  // true: users (not only admins) may name it (open=true). A class is an
+  // admin's unless an admin opens it: that is how a non-preemptible class,
+  // or one above the priorities users may set, is granted to users.
+  bool open = false;
 };
 
-// --priority-class values ("urgent=100", "prod=50,preemptible=false") by
-// name; InvalidArgument naming the value and what is wrong.
+// --priority-class values ("urgent=100", "prod=50,preemptible=false",
+// "batch=10,open=true") by name; InvalidArgument naming the value and what
+// is wrong.
 absl::StatusOr<std::map<std::string, PriorityClass>> ParsePriorityClasses(
     const std::vector<std::string>& values);
 
@@ -110,6 +115,19 @@ int64_t DeviceMemoryFor(const JobManagerOptions& options,
 
 // options.device_quota for `user` (0: no cap).
 int DeviceQuota(const JobManagerOptions& options, const std::string& user);
+
+// The highest raw JobSpec.priority a user (not an admin) may set: the
+// highest priority among the classes open to users, or 0 when none is
+// (and never below 0: a user may always lower their own jobs).
+int UserPriorityCeiling(const JobManagerOptions& options);
+
+// Who may ask for what priority (docs/operations.md, "Roles"): an admin
+// anything; a user only classes open to users, and a raw priority no higher
+// than UserPriorityCeiling. PermissionDenied naming the field and the rule
+// otherwise.
+absl::Status CheckPriorityAllowed(const JobManagerOptions& options,
+                                  const v1::JobSpec& spec,
+                                  const Caller& caller);
 
 // Everything SubmitJob checks before a job is stored: device kind, the
 // JobSpec -> TrainConfig validation, world size against the devices, path

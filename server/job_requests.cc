@@ -84,7 +84,7 @@ absl::StatusOr<std::map<std::string, PriorityClass>> ParsePriorityClasses(
     auto bad = [&](const std::string& what) {
       return absl::InvalidArgumentError(
           absl::StrCat("--priority-class '", value, "': ", what,
-                       " (NAME=PRIORITY[,preemptible=false])"));
+                       " (NAME=PRIORITY[,preemptible=false][,open=true])"));
     };
     std::vector<std::string> parts = absl::StrSplit(value, ',');
     const std::vector<std::string> head =
@@ -98,7 +98,9 @@ absl::StatusOr<std::map<std::string, PriorityClass>> ParsePriorityClasses(
     for (size_t i = 1; i < parts.size(); ++i) {
       if (parts[i] == "preemptible=false") {
         priority_class.preemptible = false;
-      } else if (parts[i] != "preemptible=true") {
+      } else if (parts[i] == "open=true") {
+        priority_class.open = true;
+      } else if (parts[i] != "preemptible=true" && parts[i] != "open=false") {
         return bad(absl::StrCat("unknown setting '", parts[i], "'"));
       }
     }
@@ -116,6 +118,46 @@ PriorityClass EffectivePriority(const JobManagerOptions& options,
     return it->second;
   }
   return PriorityClass{spec.priority(), true};
+}
+
+int UserPriorityCeiling(const JobManagerOptions& options) {
+  int ceiling = 0;
+  for (const auto& [name, priority_class] : options.priority_classes) {
+    if (priority_class.open) {
+      ceiling = std::max(ceiling, priority_class.priority);
+    }
+  }
+  return ceiling;
+}
+
+absl::Status CheckPriorityAllowed(const JobManagerOptions& options,
+                                  const v1::JobSpec& spec,
+                                  const Caller& caller) {
+  if (caller.admin) return absl::OkStatus();
+  if (!spec.priority_class().empty()) {
+    auto it = options.priority_classes.find(spec.priority_class());
+    if (it == options.priority_classes.end() || it->second.open) {
+      return absl::OkStatus();  // an unknown class is ValidateSubmission's
+    }
+    std::vector<std::string> open;
+    for (const auto& [name, priority_class] : options.priority_classes) {
+      if (priority_class.open) open.push_back(name);
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        "priority_class: '", spec.priority_class(), "' is for admins; ",
+        caller.Describe(), " is a user, who may name only the classes an admin "
+        "opened (",
+        open.empty() ? "none are" : absl::StrJoin(open, ", "),
+        "; shardtraind --priority-class NAME=P,open=true)"));
+  }
+  if (const int ceiling = UserPriorityCeiling(options);
+      spec.priority() > ceiling) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "priority: got ", spec.priority(), "; ", caller.Describe(),
+        " is a user, who may set a priority of at most ", ceiling,
+        " (the highest class open to users, else 0); higher is for admins"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t DeviceMemoryFor(const JobManagerOptions& options,
@@ -267,6 +309,10 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
   absl::StatusOr<v1::JobSpec> validated =
       ValidateSubmission(table_->options, spec);
   if (!validated.ok()) return validated.status();
+  if (absl::Status s = CheckPriorityAllowed(table_->options, *validated, caller);
+      !s.ok()) {
+    return s;
+  }
   if (const int quota = DeviceQuota(table_->options, caller.user);
       quota > 0 && validated->world_size() > quota) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -292,6 +292,16 @@ std::vector<QueuedJobRef> JobTable::QueuedRefs() const {
   return queue;
 }
 
+QuotaLedger JobTable::HeldDevices(const std::string& except_job) const {
+  QuotaLedger ledger(options.device_quota);
+  for (const std::string& holder : device_holder) {
+    if (holder.empty() || holder == except_job) continue;
+    auto it = jobs.find(holder);
+    if (it != jobs.end()) ledger.Hold(it->second->stored.job.owner(), 1);
+  }
+  return ledger;
+}
+
 ScheduleInput JobTable::SchedulerInput() const {
   ScheduleInput input;
   input.queue = QueuedRefs();

@@ -185,6 +185,11 @@ class JobTable {
   // The queued jobs, unsorted, as the scheduler takes them.
   std::vector<QueuedJobRef> QueuedRefs() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
+  // The devices each owner's jobs hold (those reserved to grow onto
+  // included), but `except_job`'s: what a grant to that job is checked
+  // against.
+  QuotaLedger HeldDevices(const std::string& except_job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
   // Everything the scheduler decides on: the queue, the free devices, the
   // jobs holding devices (with their predicted ends) and the quotas.
   ScheduleInput SchedulerInput() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);

@@ -2,6 +2,7 @@
 // runs until SIGTERM or SIGINT, then shuts down gracefully; SIGHUP re-reads
 // --auth-token-file.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -12,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/cli_usage.h"
+#include "common/startup_signals.h"
 #include "common/state_dir.h"
 #include "server/backends.h"
 #include "server/coordinator.h"
@@ -73,8 +75,9 @@ void AddCoordinatorFlags(CLI::App* app, CoordinatorOptions* options,
                   "file gives theirs (0: no cap)")
       ->capture_default_str();
   app->add_option("--priority-class", options->priority_classes,
-                  "NAME=PRIORITY[,preemptible=false]: a class jobs name in "
-                  "priority_class (repeatable)");
+                  "NAME=PRIORITY[,preemptible=false][,open=true]: a class "
+                  "jobs name in priority_class (repeatable); only admins "
+                  "may name it unless open=true");
   app->add_option("--preempt-grace", seconds->preempt_grace,
                   "seconds a preempted job's ranks have to checkpoint and "
                   "stop before they are killed")
@@ -115,18 +118,30 @@ void AddCoordinatorFlags(CLI::App* app, CoordinatorOptions* options,
 }
 
 int Main(int argc, char** argv) {
+  // Started through shardtraind (server/daemon_entry.cc), this program is
+  // shardtraind-server; it answers to shardtraind in ps and /proc/PID/comm,
+  // which `shardtrain daemon stop` checks before it signals a pid.
+  prctl(PR_SET_NAME, "shardtraind");
   // Everything shardtraind and its workers create (the state directory, the
   // database, job specs, logs, checkpoints) is for this user only; another
   // local user must not read a token-protected daemon's jobs.
   umask(077);
   // Blocked in every thread (threads inherit the mask), taken by sigwait
-  // below; the launcher unblocks them in the workers.
+  // below, and blocked already from before main: a SIGHUP or SIGTERM that
+  // comes while the daemon starts waits for the sigwait loop
+  // (common/startup_signals.h). The launcher sets the workers' own mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGHUP);  // reload --auth-token-file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Held since exec (SHARDTRAIN_HOLD_SIGNALS_FROM_START below); the daemon
+  // takes no SIGUSR1 of its own.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Every connection holds a descriptor: take the hard limit the operator
   // allows rather than the soft default, so a flood needs many more.
@@ -185,5 +200,7 @@ int Main(int argc, char** argv) {
 
 }  // namespace
 }  // namespace shardtrain
+
+SHARDTRAIN_HOLD_SIGNALS_FROM_START();
 
 int main(int argc, char** argv) { return shardtrain::Main(argc, argv); }

@@ -25,6 +25,9 @@ absl::StatusOr<int> PosixProcessSpawner::Spawn(const ProcessSpec& spec) {
   options.process_group = spec.process_group;
   options.output = SubprocessOptions::Output::kLogFile;
   options.log_path = spec.log_path;
+  // Ranks (shardtrain-worker, or a test's stand-in) take SIGUSR1 and
+  // SIGTERM once ready: one sent right after the launch waits for them.
+  options.hold_startup_signals = true;
   absl::StatusOr<Subprocess> child = SpawnSubprocess(options);
   if (!child.ok()) return child.status();
   return child->pid;

@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -103,6 +104,27 @@ HeadPlan PlanHead(const QueuedJobRef& head, int free,
 
 }  // namespace
 
+int QuotaLedger::held(const std::string& owner) const {
+  auto it = held_.find(owner);
+  return it == held_.end() ? 0 : it->second;
+}
+
+int QuotaLedger::quota(const std::string& owner) const {
+  return quota_ ? quota_(owner) : 0;
+}
+
+int QuotaLedger::Headroom(const std::string& owner) const {
+  const int cap = quota(owner);
+  if (cap <= 0) return INT_MAX;
+  return std::max(0, cap - held(owner));
+}
+
+std::string QuotaLedger::Refusal(const std::string& owner, int more) const {
+  return absl::StrCat(OwnerName(owner), " holds ", held(owner), " of ",
+                      owner.empty() ? "the" : "their", " ",
+                      Devices(quota(owner)), " (quota); this job needs ", more);
+}
+
 bool MayGrow(const RunningJobRef& job) {
   return !job.stopping && !job.worlds.empty() &&
          job.worlds.back() > job.devices;
@@ -112,10 +134,10 @@ namespace {
 
 // With nobody waiting for devices: the elastic jobs running smaller than
 // they may, higher priority first, each grown to the largest world the
-// devices still free allow.
+// devices still free and its owner's quota allow.
 void PlanGrowth(const std::vector<RunningJobRef>& running,
-                const std::vector<int>& free_devices, size_t* next_free,
-                std::vector<Growth>* grow) {
+                const std::vector<int>& free_devices, QuotaLedger& quotas,
+                size_t* next_free, std::vector<Growth>* grow) {
   std::vector<const RunningJobRef*> growable;
   for (const RunningJobRef& job : running) {
     if (MayGrow(job)) growable.push_back(&job);
@@ -129,9 +151,13 @@ void PlanGrowth(const std::vector<RunningJobRef>& running,
     const int free = static_cast<int>(free_devices.size() - *next_free);
     int target = 0;
     for (int w : job->worlds) {
-      if (w > job->devices && w - job->devices <= free) target = w;
+      if (w > job->devices && w - job->devices <= free &&
+          quotas.MayHold(job->owner, w - job->devices)) {
+        target = w;
+      }
     }
     if (target == 0) continue;
+    quotas.Hold(job->owner, target - job->devices);
     Growth growth{job->job_id, target, {}};
     for (int i = job->devices; i < target; ++i) {
       growth.devices.push_back(free_devices[(*next_free)++]);
@@ -201,8 +227,10 @@ ScheduleDecision Schedule(std::vector<QueuedJobRef> queue,
 ScheduleDecision Schedule(ScheduleInput input) {
   SortQueue(&input.queue);
   ScheduleDecision decision;
-  std::map<std::string, int> held;  // devices per owner
-  for (const RunningJobRef& job : input.running) held[job.owner] += job.devices;
+  QuotaLedger quotas(input.quota);
+  for (const RunningJobRef& job : input.running) {
+    quotas.Hold(job.owner, job.devices);
+  }
   size_t next_free = 0;
   auto free = [&] {
     return static_cast<int>(input.free_devices.size() - next_free);
@@ -212,19 +240,15 @@ ScheduleDecision Schedule(ScheduleInput input) {
     for (int r = 0; r < job.world_size; ++r) {
       placement.devices.push_back(input.free_devices[next_free++]);
     }
-    held[job.owner] += job.world_size;
+    quotas.Hold(job.owner, job.world_size);
     decision.start.push_back(std::move(placement));
   };
   const QueuedJobRef* head = nullptr;
   int extra = 0;  // what a backfilled job may take
   std::string head_text;
   for (const QueuedJobRef& job : input.queue) {
-    const int quota = input.quota ? input.quota(job.owner) : 0;
-    if (quota > 0 && held[job.owner] + job.world_size > quota) {
-      decision.waiting[job.job_id] =
-          absl::StrCat(OwnerName(job.owner), " holds ", held[job.owner], " of ",
-                       job.owner.empty() ? "the" : "their", " ", Devices(quota),
-                       " (quota); this job needs ", job.world_size);
+    if (!quotas.MayHold(job.owner, job.world_size)) {
+      decision.waiting[job.job_id] = quotas.Refusal(job.owner, job.world_size);
       continue;
     }
     if (head == nullptr) {
@@ -263,7 +287,8 @@ ScheduleDecision Schedule(ScheduleInput input) {
     decision.waiting[job.job_id] = absl::StrCat("behind ", head_text);
   }
   if (head == nullptr) {
-    PlanGrowth(input.running, input.free_devices, &next_free, &decision.grow);
+    PlanGrowth(input.running, input.free_devices, quotas, &next_free,
+               &decision.grow);
   }
   return decision;
 }

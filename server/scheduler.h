@@ -15,7 +15,7 @@
 //   that leaves enough (re-meshed instead of stopped).
 // - Growth: with nobody waiting for devices, an elastic job running smaller
 //   than it asked for grows back to the largest world the free devices
-//   allow.
+//   and its owner's quota allow.
 // - Backfill (EASY): behind a head that waits, a job starts now only on
 //   devices the head will not need at its predicted start (the moment the
 //   running jobs' predicted ends free enough devices for it), so it never
@@ -34,6 +34,36 @@
 #include "absl/time/time.h"
 
 namespace shardtrain {
+
+// The devices each user holds, against their quota: the one place that
+// decides whether a user may hold more. Every path that gives a job devices
+// asks it first: a start, a backfill, a growth (Schedule), an elastic
+// restart onto free devices and a relaunch after the coordinator restarted
+// (AttemptSupervisor). Shrinking, stopping and restarting on the devices a
+// job already holds take nothing new.
+class QuotaLedger {
+ public:
+  using QuotaFn = std::function<int(const std::string& user)>;
+  // `quota`: the devices a user may hold at once, 0 for no cap; null: none.
+  explicit QuotaLedger(QuotaFn quota) : quota_(std::move(quota)) {}
+
+  void Hold(const std::string& owner, int devices) { held_[owner] += devices; }
+  int held(const std::string& owner) const;
+  int quota(const std::string& owner) const;  // 0: no cap
+  // The most devices `owner` may take besides what they hold (INT_MAX
+  // without a cap; never negative).
+  int Headroom(const std::string& owner) const;
+  bool MayHold(const std::string& owner, int more) const {
+    return more <= Headroom(owner);
+  }
+  // Why `owner` may not take `more`: "alice holds 2 of their 2 devices
+  // (quota); this job needs 1".
+  std::string Refusal(const std::string& owner, int more) const;
+
+ private:
+  QuotaFn quota_;
+  std::map<std::string, int> held_;
+};
 
 struct QueuedJobRef {
   std::string job_id;

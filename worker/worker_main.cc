@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "common/startup_signals.h"
 #include "core/data/builtin_dataset.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job_config.h"
@@ -74,6 +75,9 @@ int Fail(const absl::Status& status, int code) {
 
 int Main(int argc, char** argv) {
   CatchStopSignals();
+  // Held since exec (SHARDTRAIN_HOLD_SIGNALS_FROM_START): a SIGUSR1 that
+  // came before the handler is taken now, a SIGTERM ends the rank now.
+  ReleaseStartupSignals();
   std::string spec_path, out_dir, job_id;
   int64_t threads = 0;
   bool resume = false;
@@ -143,6 +147,8 @@ int Main(int argc, char** argv) {
 
 }  // namespace
 }  // namespace shardtrain
+
+SHARDTRAIN_HOLD_SIGNALS_FROM_START();
 
 int main(int argc, char** argv) {
   shardtrain::ReexecForFasterBlasKernels(argv);

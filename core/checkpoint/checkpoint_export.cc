@@ -16,6 +16,7 @@
 #include "core/checkpoint/checkpoint_store.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/hf_llama.h"
+#include "core/model/hf_settings.h"
 #include "core/model/llmc_layout.h"
 #include "core/model/model_config.h"
 
@@ -160,6 +161,12 @@ absl::StatusOr<ModelWeights> HfModelWeights(const std::string& path) {
     return absl::Status(text.status().code(),
                         absl::StrCat("Hugging Face model ", path, ": ",
                                      text.status().message()));
+  }
+  if (absl::Status s =
+          CheckJsonNesting(*text, kMaxHfJsonNesting, kHfConfigFile);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Hugging Face model ", path, ": ", s.message()));
   }
   const std::string type = HfModelType(*text);
   if (type == "llama" || type == "qwen2") {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "common/json_excerpt.h"
 #include "zlib.h"
 
 namespace shardtrain {
@@ -26,6 +27,9 @@ constexpr int64_t kFloatBytes = sizeof(float);
 // The most bytes of JSON a checkpoint's metadata or a rank's index may have:
 // GPT-2 XL written by 1,024 ranks, optimizer state included, needs ~40 MiB.
 constexpr int64_t kMaxIndexBytes = int64_t{256} << 20;
+// How deep they may nest: the format nests five levels (tensors, their
+// chunks), `training` a few; deeper text is refused before it is parsed.
+constexpr int kMaxIndexNesting = 64;
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return ReadInputFile(path, kMaxIndexBytes, "checkpoint metadata");
@@ -260,6 +264,10 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
     const std::string path = absl::StrCat(dir, "/", RankIndexFile(r));
     absl::StatusOr<std::string> text = ReadWholeFile(path);
     if (!text.ok()) return text.status();
+    if (absl::Status s = CheckJsonNesting(*text, kMaxIndexNesting, path);
+        !s.ok()) {
+      return absl::DataLossError(s.message());
+    }
     const nlohmann::json index =
         nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.contains("chunks") ||
@@ -316,6 +324,10 @@ absl::Status WriteCheckpointMetadata(const std::string& dir, int64_t world_size,
 
 absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
     const std::string& text, const std::string& where) {
+  if (absl::Status s = CheckJsonNesting(text, kMaxIndexNesting, where);
+      !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
   const nlohmann::json json =
       nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
@@ -330,7 +342,7 @@ absl::StatusOr<CheckpointMetadata> ParseCheckpointMetadata(
       json["version"].get<int64_t>() != kCheckpointVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         where, " has format version ",
-        json.contains("version") ? json["version"].dump() : "(none)",
+        json.contains("version") ? JsonExcerpt(json["version"]) : "(none)",
         "; this shardtrain reads version ", kCheckpointVersion));
   }
   CheckpointMetadata metadata;

@@ -72,10 +72,18 @@ class BpeTokenizer {
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
   ~BpeTokenizer();
 
-  // For a Hugging Face tokenizer `special` is not consulted: its added
-  // tokens are always matched (see above).
-  std::vector<int> Encode(absl::string_view text,
-                          SpecialTokens special = SpecialTokens::kAsText) const;
+  // `text`'s token ids. For a Hugging Face tokenizer `special` is not
+  // consulted: its added tokens are always matched (see above).
+  // InvalidArgument, naming the regex and the bound, when the pre-tokenizer's
+  // regex exceeds PCRE2's match, depth or heap limit or the JIT stack limit
+  // at some position, or runs past a time bound for the whole text (0.25 s
+  // plus 1 s per MiB): a tokenizer.json's regex that backtracks
+  // catastrophically ((\w+\s?)+$) is refused rather than left running for
+  // hours. The tokenizers we know (GPT-2's, Llama 3's, Qwen's) stay far
+  // inside these bounds.
+  absl::StatusOr<std::vector<int>> Encode(
+      absl::string_view text,
+      SpecialTokens special = SpecialTokens::kAsText) const;
 
   // The bytes the ids stand for (not necessarily valid UTF-8 when `ids` cuts
   // a character). InvalidArgument for an id outside [0, vocab_size()).

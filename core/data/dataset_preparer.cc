@@ -26,6 +26,18 @@ void AppendTokens(const std::vector<int>& ids, std::vector<uint32_t>* out) {
   out->insert(out->end(), ids.begin(), ids.end());
 }
 
+// The document's ids; an error names the document.
+absl::StatusOr<std::vector<int>> EncodeDocument(const BpeTokenizer& tokenizer,
+                                                const Document& document) {
+  absl::StatusOr<std::vector<int>> ids = tokenizer.Encode(document.text);
+  if (!ids.ok()) {
+    return absl::Status(
+        ids.status().code(),
+        absl::StrCat(document.name, ": ", ids.status().message()));
+  }
+  return ids;
+}
+
 // llm.c's 16-bit file while the vocabulary is GPT-2's size or less, its
 // 32-bit one past it.
 absl::Status WriteTokens(const std::string& path,
@@ -104,7 +116,10 @@ absl::StatusOr<DatasetSummary> PrepareDataset(
   if (corpus.documents.size() == 1) {
     summary.split_by = "tokens";
     const Document& document = corpus.documents.front();
-    std::vector<int> ids = tokenizer.Encode(document.text);
+    absl::StatusOr<std::vector<int>> encoded =
+        EncodeDocument(tokenizer, document);
+    if (!encoded.ok()) return encoded.status();
+    std::vector<int>& ids = *encoded;
     if (ids.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("empty corpus: no text in ", corpus.source));
@@ -133,7 +148,10 @@ absl::StatusOr<DatasetSummary> PrepareDataset(
       SplitSummary& split = is_val[i] ? summary.val : summary.train;
       std::vector<uint32_t>& tokens = is_val[i] ? val_tokens : train_tokens;
       tokens.push_back(static_cast<uint32_t>(eot));
-      AppendTokens(tokenizer.Encode(document.text), &tokens);
+      absl::StatusOr<std::vector<int>> ids =
+          EncodeDocument(tokenizer, document);
+      if (!ids.ok()) return ids.status();
+      AppendTokens(*ids, &tokens);
       ++split.documents;
       if (!document.group.empty()) ++split.documents_per_group[document.group];
       (is_val[i] ? val_names : train_names).push_back(document.name);
@@ -180,6 +198,10 @@ absl::StatusOr<std::string> DatasetTokenizer(const std::string& data_dir) {
   absl::StatusOr<std::string> text =
       ReadInputFile(path, int64_t{64} << 20, "a dataset's meta.json");
   if (!text.ok()) return text.status();
+  // meta.json nests three levels (PrepareDataset writes it).
+  if (absl::Status s = CheckJsonNesting(*text, 16, path); !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
   const nlohmann::json meta =
       nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object() || !meta.contains("tokenizer") ||

@@ -20,6 +20,9 @@ namespace fs = std::filesystem;
 
 // One text file is tokenized in memory; a larger corpus is many files.
 constexpr int64_t kMaxDocumentBytes = int64_t{1} << 30;
+// How deep a JSON Lines record may nest: datasets' records carry a text and
+// a little metadata; a deeper line is refused before it is parsed.
+constexpr int kMaxRecordNesting = 64;
 
 // The files `path` stands for, in a deterministic order.
 absl::StatusOr<std::vector<std::string>> ExpandPath(const std::string& path) {
@@ -90,23 +93,27 @@ absl::StatusOr<Corpus> LoadJsonlCorpus(absl::Span<const std::string> paths,
     for (absl::string_view line : absl::StrSplit(*read, '\n')) {
       ++line_number;
       if (absl::StripAsciiWhitespace(line).empty()) continue;
+      const std::string where = absl::StrCat(file, ":", line_number);
+      if (absl::Status s =
+              CheckJsonNesting(std::string_view(line.data(), line.size()),
+                               kMaxRecordNesting, where);
+          !s.ok()) {
+        return s;
+      }
       const nlohmann::json json =
           nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (json.is_discarded() || !json.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(file, ":", line_number,
-                         ": not a JSON object (JSON Lines: one "
-                         "object per line)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": not a JSON object (JSON Lines: one object per line)"));
       }
       if (!json.contains(field) || !json[field].is_string()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(file, ":", line_number, ": no string field \"", field,
+            absl::StrCat(where, ": no string field \"", field,
                          "\" (--field names the one holding the text)"));
       }
       std::string text = json[field].get<std::string>();
       if (absl::StripAsciiWhitespace(text).empty()) continue;
-      corpus.documents.push_back(
-          Document{absl::StrCat(file, ":", line_number), "", std::move(text)});
+      corpus.documents.push_back(Document{where, "", std::move(text)});
     }
   }
   if (corpus.documents.empty()) {

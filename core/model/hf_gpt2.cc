@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "common/json_excerpt.h"
 #include "core/model/hf_settings.h"
 #include "nlohmann/json.hpp"
 
@@ -122,6 +123,11 @@ std::string HfModelConfigJson(const ModelConfig& config) {
 
 absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
                                                int64_t padded_vocab_size) {
+  if (absl::Status s =
+          CheckJsonNesting(json_text, kMaxHfJsonNesting, "the JSON");
+      !s.ok()) {
+    return s;
+  }
   const nlohmann::json json =
       nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
@@ -156,14 +162,14 @@ absl::StatusOr<ModelConfig> ParseHfModelConfig(std::string_view json_text,
   if (json.contains("n_inner") && !json["n_inner"].is_null() &&
       json["n_inner"] != nlohmann::json(4 * config.n_embd)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("n_inner is ", json["n_inner"].dump(),
+        absl::StrCat("n_inner is ", JsonExcerpt(json["n_inner"]),
                      "; the model's MLP is 4 * n_embd = ", 4 * config.n_embd));
   }
   if (json.contains("layer_norm_epsilon") &&
       (!json["layer_norm_epsilon"].is_number() ||
        json["layer_norm_epsilon"].get<double>() != 1e-5)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "layer_norm_epsilon is ", json["layer_norm_epsilon"].dump(),
+        "layer_norm_epsilon is ", JsonExcerpt(json["layer_norm_epsilon"]),
         "; the model's layer norms use 1e-5"));
   }
   for (auto [name, wanted, why] :

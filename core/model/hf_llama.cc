@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "common/json_excerpt.h"
 #include "core/model/hf_settings.h"
 #include "nlohmann/json.hpp"
 
@@ -108,6 +109,7 @@ std::string HfLlamaTensorName(const std::string& ours) {
 }
 
 std::string HfModelType(std::string_view json_text) {
+  if (JsonNestingDepth(json_text) > kMaxHfJsonNesting) return "";
   const nlohmann::json json =
       nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) return "";
@@ -162,6 +164,11 @@ std::string HfLlamaConfigJson(const ModelConfig& config) {
 }
 
 absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
+  if (absl::Status s =
+          CheckJsonNesting(json_text, kMaxHfJsonNesting, "the JSON");
+      !s.ok()) {
+    return s;
+  }
   const nlohmann::json json =
       nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
@@ -194,7 +201,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
   if (json.contains("head_dim") && !json["head_dim"].is_null() &&
       json["head_dim"] != nlohmann::json(config.n_embd / config.n_head)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim is ", json["head_dim"].dump(),
+        "head_dim is ", JsonExcerpt(json["head_dim"]),
         "; the model's heads are hidden_size / num_attention_heads = ",
         config.n_embd / config.n_head));
   }
@@ -239,7 +246,7 @@ absl::StatusOr<ModelConfig> ParseHfLlamaConfig(std::string_view json_text) {
     const nlohmann::json& r = json["rope_scaling"];
     if (!r.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rope_scaling is ", r.dump(), ", not an object or null"));
+          "rope_scaling is ", JsonExcerpt(r), ", not an object or null"));
     }
     const std::string rope_type =
         HfTextSetting(r, "rope_type", HfTextSetting(r, "type", "").c_str());
@@ -405,6 +412,11 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
           index_text.status().code(),
           absl::StrCat(label, ": ", index_text.status().message()));
     }
+    if (absl::Status s = CheckJsonNesting(*index_text, kMaxHfJsonNesting,
+                                          kHfWeightsIndexFile);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
+    }
     const nlohmann::json index =
         nlohmann::json::parse(*index_text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() ||
@@ -418,7 +430,7 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
       if (!file.is_string()) {
         return absl::InvalidArgumentError(
             absl::StrCat(label, ": ", kHfWeightsIndexFile, ": the file of ",
-                         tensor, " is ", file.dump(), ", not a name"));
+                         tensor, " is ", JsonExcerpt(file), ", not a name"));
       }
       const std::string name = file.get<std::string>();
       if (name.empty() || name.find('/') != std::string::npos ||

@@ -59,7 +59,7 @@ std::vector<std::vector<int64_t>> LlamaParameterShapes(
 std::string HfLlamaTensorName(const std::string& ours);
 
 // The model_type of a config.json text ("gpt2" when it names none, "" when
-// it is not a JSON object).
+// it is not a JSON object or nests deeper than kMaxHfJsonNesting).
 std::string HfModelType(std::string_view json_text);
 
 // config.json for `config` (LlamaForCausalLM; Qwen2ForCausalLM with

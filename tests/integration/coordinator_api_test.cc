@@ -340,6 +340,8 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
   const std::vector<Case> cases = {
       {"exit:3", 1, v1::EXIT_CODE, "exit code 3"},
       {"oom", 1, v1::OOM, "out of memory"},
+      {"enospc", 1, v1::EXIT_CODE,
+       "exit code 1 (no space left on device: ENOSPC writing under "},
       {"hang", 1, v1::HANG, "no heartbeat"},
       {"no-register", 2, v1::RENDEZVOUS_TIMEOUT, "did not join"},
   };
@@ -576,6 +578,103 @@ TEST_F(CoordinatorApiTest, WithAuthTokenEveryCallNeedsTheToken) {
       absl::Seconds(30)));
 }
 
+// Roles and quotas on a shared host, through the API with two users and an
+// admin: a user cannot raise a job above the classes opened to users, nor
+// name an admin's class (a higher one, or one never preempted); and an
+// elastic job of alice's (quota 2), shrunk for an admin's urgent job, does
+// not grow back past her quota once she runs a second job.
+TEST_F(CoordinatorApiTest, RolesGovernPriorityAndQuotasHoldForGrowth) {
+  test::WriteFile(dir_ / "tokens",
+                  "alice-token,alice,user,2\nbob-token,bob,user\n"
+                  "ops-token,ops,admin\n");
+  chmod((dir_ / "tokens").c_str(), 0600);
+  DaemonOptions options;
+  options.cpu_slots = 3;
+  options.extra_flags = {"--auth-token-file", dir_ / "tokens",
+                         "--priority-class", "urgent=100",
+                         "--priority-class", "pinned=1,preemptible=false",
+                         "--priority-class", "batch=10,open=true"};
+  auto daemon = StartDaemon(options);
+  auto as = [&](const std::string& user) {
+    daemon->set_token(user + "-token");
+    return daemon.get();
+  };
+  v1::Job job;
+  v1::JobSpec raised = FakeSpec("quick", data_);
+  raised.set_priority(1000);
+  grpc::Status refused = as("alice")->Submit(raised, &job);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("may set a priority of at most 10"));
+  for (const char* admins : {"urgent", "pinned"}) {
+    v1::JobSpec spec = FakeSpec("quick", data_);
+    spec.set_priority_class(admins);
+    refused = as("bob")->Submit(spec, &job);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("'", admins, "' is for admins")));
+  }
+  v1::JobSpec batch = FakeSpec("quick", data_);
+  batch.set_priority_class("batch");
+  ASSERT_GRPC_OK(as("bob")->Submit(batch, &job));
+  EXPECT_EQ(job.priority(), 10);
+  ASSERT_GRPC_OK(as("ops")->Submit(raised, &job));
+  EXPECT_EQ(job.priority(), 1000);
+
+  // Quotas: every grant, growth included.
+  v1::JobSpec elastic_spec = FakeSpec("hold-checkpoint", data_, 2);
+  elastic_spec.mutable_trainer()->set_batch_size(3);
+  elastic_spec.mutable_trainer()->set_checkpoint_every(5);
+  elastic_spec.mutable_elastic()->set_min_world_size(1);
+  v1::Job elastic;
+  ASSERT_GRPC_OK(as("alice")->Submit(elastic_spec, &elastic));
+  auto running_at = [](int world) {
+    return [world](const v1::Job& j) {
+      return j.state() == v1::RUNNING && j.world_size() == world;
+    };
+  };
+  // The quick jobs above end first; then alice's takes 2 of the 3 slots.
+  ASSERT_EQ(as("ops")->WaitFor(elastic.id(), running_at(2), absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
+  v1::JobSpec urgent_spec = FakeSpec("hold", data_, 2);
+  urgent_spec.set_priority_class("urgent");
+  v1::Job urgent;
+  ASSERT_GRPC_OK(as("ops")->Submit(urgent_spec, &urgent));
+  EXPECT_EQ(daemon->WaitFor(elastic.id(), running_at(1), absl::Seconds(30))
+                .world_size(),
+            1);
+  EXPECT_EQ(daemon->WaitFor(urgent.id(), running_at(2), absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
+  v1::Job second;
+  ASSERT_GRPC_OK(as("alice")->Submit(FakeSpec("hold", data_), &second));
+  ASSERT_GRPC_OK(as("ops")->Cancel(urgent.id(), &urgent));
+  EXPECT_EQ(daemon->WaitFor(second.id(), running_at(1), absl::Seconds(30))
+                .state(),
+            v1::RUNNING);
+  // A slot is free now, but alice holds her 2: her elastic job stays at 1
+  // through many scheduling rounds (50 ms each).
+  const absl::Time watch_until = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < watch_until) {
+    const v1::Job now = daemon->Get(elastic.id());
+    ASSERT_EQ(now.state(), v1::RUNNING) << now.state_reason();
+    ASSERT_EQ(now.world_size(), 1);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer ops-token");
+  v1::Cluster cluster;
+  ASSERT_GRPC_OK(daemon->cluster().GetCluster(&context, {}, &cluster));
+  int alices = 0;
+  for (const auto& device : cluster.devices()) {
+    alices += device.job_id() == elastic.id() || device.job_id() == second.id();
+  }
+  EXPECT_EQ(alices, 2);
+  as("ops")->Cancel(elastic.id(), &job);
+  as("ops")->Cancel(second.id(), &job);
+}
+
 TEST_F(CoordinatorApiTest, TlsServesTlsClientsAndRefusesPlaintext) {
   const std::string cert = dir_ / "cert.pem";
   const std::string key = dir_ / "key.pem";
@@ -745,6 +844,26 @@ TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameStateDirIsRefused) {
   std::string error;
   EXPECT_FALSE(second.Start(&error));
   EXPECT_THAT(error, HasSubstr("in use by another shardtraind"));
+  grpc::ClientContext context;
+  v1::Cluster cluster;
+  EXPECT_TRUE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());
+}
+
+// One daemon per listen address: a second one (its own state directory)
+// on the first one's port refuses to start and names the first, rather
+// than sharing the port (SO_REUSEPORT) and half of its submissions.
+TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameListenAddressIsRefused) {
+  auto daemon = StartDaemon({});
+  DaemonOptions options;
+  options.worker_binary = test::FakeWorker();
+  options.listen = daemon->address();
+  Daemon second(dir_ / "other-state", options);
+  std::string error;
+  EXPECT_FALSE(second.Start(&error));
+  EXPECT_THAT(error, HasSubstr(absl::StrCat("--listen: ", daemon->address(),
+                                            " is taken by pid ",
+                                            daemon->pid(), " (")));
+  EXPECT_THAT(error, HasSubstr("shardtraind"));
   grpc::ClientContext context;
   v1::Cluster cluster;
   EXPECT_TRUE(daemon->cluster().GetCluster(&context, {}, &cluster).ok());

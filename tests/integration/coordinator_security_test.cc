@@ -11,10 +11,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/subprocess.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace shardtrain {
@@ -300,6 +303,132 @@ TEST_F(CoordinatorSecurityTest, HalfSentHttpRequestsDoNotBlockMetrics) {
                   << ")";
   EXPECT_LT(absl::Now() - idle_start, absl::Seconds(9));
   for (int fd : idle) close(fd);
+}
+
+// A signal that races a start waits for the handler instead of killing the
+// process (common/startup_signals.h, server/daemon_entry.cc). shardtraind
+// started as a shell or systemd would (an empty signal mask, not through
+// `shardtrain daemon`) holds the startup signals within milliseconds of its
+// exec (before, only once its ~70 libraries had loaded, 100 ms or more);
+// then a token-rotation SIGHUP sent 0-200 ms after the exec finds all 30
+// daemons alive, serving, and taking the reload once ready. A rank (the real
+// shardtrain-worker) launched as the daemon launches its ranks gets a
+// preemption's SIGUSR1 as early: none ends by the signal.
+struct EarlySignalRun {
+  int pid = -1;
+  std::string state_dir;
+};
+
+// Whether `pid`'s main thread blocks SIGHUP (its SigBlk in /proc).
+bool BlocksSighup(int pid) {
+  const std::string status =
+      test::ReadFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("SigBlk:\t");
+  if (at == std::string::npos) return false;
+  const unsigned long long mask =
+      std::strtoull(status.c_str() + at + 8, nullptr, 16);
+  return (mask >> (SIGHUP - 1)) & 1;
+}
+
+TEST_F(CoordinatorSecurityTest, ASignalDuringStartUpWaitsForTheHandler) {
+  test::WriteFile(dir_ / "tokens", "ops-token,ops,admin\n");
+  chmod((dir_ / "tokens").c_str(), 0600);
+  constexpr int kRuns = 30;
+  constexpr int kSideBySide = 6;
+  int survived = 0;
+  for (int first = 0; first < kRuns; first += kSideBySide) {
+    std::vector<EarlySignalRun> runs;
+    for (int i = first; i < first + kSideBySide; ++i) {
+      EarlySignalRun run;
+      run.state_dir = dir_ / absl::StrCat("state-", i);
+      std::filesystem::create_directories(run.state_dir);
+      SubprocessOptions daemon;
+      daemon.argv = {test::BinDir() + "/shardtraind",
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--metrics-listen",
+                     "127.0.0.1:0",
+                     "--state-dir",
+                     run.state_dir,
+                     "--device-kind",
+                     "cpu",
+                     "--cpu-slots",
+                     "1",
+                     "--auth-token-file",
+                     dir_ / "tokens"};
+      daemon.output = SubprocessOptions::Output::kLogFile;
+      daemon.log_path = run.state_dir + "/daemon.log";
+      // SpawnSubprocess returns once the exec has happened.
+      const absl::Time exec = absl::Now();
+      absl::StatusOr<Subprocess> started = SpawnSubprocess(daemon);
+      ASSERT_TRUE(started.ok()) << started.status();
+      run.pid = started->pid;
+      runs.push_back(run);
+      // Held within milliseconds, long before the libraries are loaded.
+      // (Before its first instruction no program can hold anything: a
+      // signal then is the launcher's to hold, as `shardtrain daemon` does.)
+      ASSERT_TRUE(test::WaitUntil([&] { return BlocksSighup(run.pid); },
+                                  absl::Milliseconds(30)))
+          << "shardtraind did not hold SIGHUP within 30 ms of its exec";
+      absl::SleepFor(exec + absl::Milliseconds(200) * i / (kRuns - 1) -
+                     absl::Now());
+      kill(run.pid, SIGHUP);
+    }
+    for (const EarlySignalRun& run : runs) {
+      const bool serving = test::WaitUntil(
+          [&] { return !test::ReadFile(run.state_dir + "/endpoint").empty(); },
+          absl::Seconds(30));
+      int status = 0;
+      const bool alive = waitpid(run.pid, &status, WNOHANG) == 0;
+      EXPECT_TRUE(serving && alive)
+          << run.state_dir << ": "
+          << (alive ? "" : absl::StrCat("ended with status ", status, "; "))
+          << test::ReadFile(run.state_dir + "/daemon.log");
+      // Delivered once the daemon was ready: not lost.
+      EXPECT_TRUE(alive &&
+                  test::WaitUntil(
+                      [&] {
+                        return absl::StrContains(
+                            test::ReadFile(run.state_dir + "/daemon.log"),
+                            "reloaded --auth-token-file");
+                      },
+                      absl::Seconds(10)))
+          << test::ReadFile(run.state_dir + "/daemon.log");
+      survived += serving && alive;
+      kill(run.pid, SIGTERM);
+      waitpid(run.pid, &status, 0);
+    }
+  }
+  EXPECT_EQ(survived, kRuns);
+
+  // Ranks: launched with the signals held (as the local launcher does);
+  // each exits on its own (no spec to read), never by the SIGUSR1.
+  for (int first = 0; first < kRuns; first += kSideBySide) {
+    std::vector<int> ranks;
+    for (int i = first; i < first + kSideBySide; ++i) {
+      SubprocessOptions rank;
+      rank.argv = {test::BinDir() + "/shardtrain-worker", "--spec",
+                   dir_ / "no-such-spec.json", "--out", dir_ / "rank-out"};
+      rank.output = SubprocessOptions::Output::kLogFile;
+      rank.log_path = dir_ / absl::StrCat("rank-", i, ".log");
+      rank.hold_startup_signals = true;
+      absl::StatusOr<Subprocess> started = SpawnSubprocess(rank);
+      ASSERT_TRUE(started.ok()) << started.status();
+      absl::SleepFor(absl::Milliseconds(200) * i / (kRuns - 1));
+      kill(started->pid, SIGUSR1);
+      ranks.push_back(started->pid);
+    }
+    for (int i = first; i < first + kSideBySide; ++i) {
+      const int pid = ranks[i - first];
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      const std::string log =
+          test::ReadFile(dir_ / absl::StrCat("rank-", i, ".log"));
+      EXPECT_FALSE(WIFSIGNALED(status)) << "rank " << i << " ended by signal "
+                                        << WTERMSIG(status) << ": " << log;
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+    }
+  }
 }
 
 TEST_F(CoordinatorSecurityTest, NamesAndLabelsNeverReachTheFileSystem) {

@@ -40,7 +40,10 @@ class JobSharingTest : public test::JobManagerFixture {
   void TearDown() override { launcher_.set_checkpoint_on_usr1(true); }
 
   void Configure(JobManagerOptions& options) override {
-    options.priority_classes = {{"prod", {50, false}}, {"urgent", {100, true}}};
+    // Both open to users: these tests are about what classes do, the roles
+    // test about who may name them.
+    options.priority_classes = {{"prod", {50, false, true}},
+                                {"urgent", {100, true, true}}};
     options.preempt_grace = absl::Seconds(30);
   }
 
@@ -175,6 +178,105 @@ TEST_F(JobSharingTest, PriorityClassesSetPriorityAndPreemptibility) {
   absl::StatusOr<v1::Job> plain = manager_->Submit(WithPriority(Spec(1), 7));
   EXPECT_EQ(plain->priority(), 7);
   EXPECT_TRUE(plain->preemptible());
+}
+
+// Roles govern priority: a user names only the classes an admin opened and
+// sets a raw priority no higher than the highest of them; an admin-only
+// class (above them, or never preempted) and higher raw priorities are an
+// admin's. Nothing refused is stored.
+TEST_F(JobSharingTest, OnlyAnAdminSetsAPriorityAboveTheOpenClasses) {
+  manager_ = NewManager([](JobManagerOptions& options) {
+    options.priority_classes = {{"batch", {10, true, true}},
+                                {"critical", {200, true, false}},
+                                {"pinned", {5, false, false}}};
+  });
+  auto refused = [&](const v1::JobSpec& spec, const Caller& caller) {
+    absl::StatusOr<v1::Job> job = manager_->Submit(spec, caller);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kPermissionDenied)
+        << spec.ShortDebugString();
+    return std::string(job.status().message());
+  };
+  EXPECT_THAT(refused(WithPriority(Spec(1), 1000), kAlice),
+              AllOf(HasSubstr("priority: got 1000"),
+                    HasSubstr("alice is a user, who may set a priority of at "
+                              "most 10")));
+  EXPECT_THAT(refused(WithPriority(Spec(1), 11), kAlice),
+              HasSubstr("at most 10"));
+  v1::JobSpec critical = Spec(1);
+  critical.set_priority_class("critical");
+  EXPECT_THAT(refused(critical, kAlice),
+              AllOf(HasSubstr("priority_class: 'critical' is for admins"),
+                    HasSubstr("(batch;")));
+  v1::JobSpec pinned = Spec(1);  // never preempted: an admin's to grant
+  pinned.set_priority_class("pinned");
+  EXPECT_THAT(refused(pinned, kBob), HasSubstr("'pinned' is for admins"));
+  EXPECT_TRUE(manager_->List({})->jobs.empty());
+
+  v1::JobSpec batch = Spec(1);
+  batch.set_priority_class("batch");
+  absl::StatusOr<v1::Job> open = manager_->Submit(batch, kAlice);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(open->priority(), 10);
+  EXPECT_TRUE(manager_->Submit(WithPriority(Spec(1), 10), kAlice).ok());
+  EXPECT_TRUE(manager_->Submit(WithPriority(Spec(1), -50), kBob).ok());
+  absl::StatusOr<v1::Job> by_admin = manager_->Submit(pinned, kOps);
+  ASSERT_TRUE(by_admin.ok()) << by_admin.status();
+  EXPECT_FALSE(by_admin->preemptible());
+  EXPECT_TRUE(manager_->Submit(WithPriority(Spec(1), 1000), kOps).ok());
+  EXPECT_TRUE(manager_->Submit(critical, kOps).ok());
+
+  // No class open to users: their ceiling is 0.
+  manager_ = NewManager([](JobManagerOptions& options) {
+    options.priority_classes = {{"critical", {200, true, false}}};
+  });
+  EXPECT_THAT(refused(WithPriority(Spec(1), 1), kAlice),
+              HasSubstr("at most 0"));
+}
+
+// An elastic job grows back only within its owner's quota: alice (quota 2)
+// holds her shrunk elastic job's device and a 1-rank job; the devices freed
+// when the urgent job ends are not hers to take.
+TEST_F(JobSharingTest, AnElasticJobGrowsBackOnlyWithinItsOwnersQuota) {
+  manager_ = NewManager([](JobManagerOptions& options) {
+    options.device_quota = [](const std::string& user) {
+      return user == "alice" ? 2 : 0;
+    };
+  });
+  const std::string elastic =
+      manager_->Submit(ElasticSpec(2, 1), kAlice)->id();  // 6 sequences
+  const std::vector<int> first = TickAndRegister();
+  ASSERT_EQ(first.size(), 2u);
+  v1::JobSpec urgent_spec = Spec(3);
+  urgent_spec.set_priority_class("urgent");
+  const std::string urgent = manager_->Submit(urgent_spec, kOps)->id();
+  manager_->Tick();
+  ASSERT_EQ(Get(elastic).state(), v1::PREEMPTED);
+  for (int pid : first) launcher_.Exit(pid, ExitStatus{kExitPreempted, 0});
+  const std::vector<int> second = TickAndRegister();
+  ASSERT_EQ(second.size(), 4u);  // 1 for the elastic job, 3 urgent
+  ASSERT_EQ(Get(elastic).world_size(), 1);
+  const std::string small = manager_->Submit(Spec(1), kAlice)->id();
+  std::vector<int> urgent_pids;
+  for (int pid : second) {
+    if (launcher_.Env(pid, "SHARDTRAIN_JOB_ID") == urgent) {
+      urgent_pids.push_back(pid);
+    }
+  }
+  ASSERT_EQ(urgent_pids.size(), 3u);
+  for (int pid : urgent_pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  TickAndRegister();  // the urgent job ends; alice's second one starts
+  ASSERT_EQ(Get(urgent).state(), v1::SUCCEEDED);
+  for (int i = 0; i < 3; ++i) TickAndRegister();
+  EXPECT_EQ(Get(small).state(), v1::RUNNING);
+  const v1::Job kept = Get(elastic);
+  EXPECT_EQ(kept.state(), v1::RUNNING);
+  EXPECT_EQ(kept.world_size(), 1);
+  EXPECT_EQ(kept.remeshes(), 1);  // shrunk once, never grown
+  int alices = 0;
+  for (const ClusterView::Holder& holder : manager_->Cluster().holders) {
+    alices += holder.job_id == elastic || holder.job_id == small;
+  }
+  EXPECT_EQ(alices, 2);
 }
 
 // The whole preemption: a low-priority job holds every device; an urgent
@@ -583,11 +685,16 @@ TEST_F(JobSharingTest, AShutdownCheckpointsRunningJobsAndQueuesThemAgain) {
 
 TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
   absl::StatusOr<std::map<std::string, PriorityClass>> classes =
-      ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false"});
+      ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false",
+                            "batch=10,open=true"});
   ASSERT_TRUE(classes.ok()) << classes.status();
   EXPECT_EQ(classes->at("urgent").priority, 100);
   EXPECT_TRUE(classes->at("urgent").preemptible);
   EXPECT_FALSE(classes->at("prod").preemptible);
+  // Admins' unless opened.
+  EXPECT_FALSE(classes->at("urgent").open);
+  EXPECT_FALSE(classes->at("prod").open);
+  EXPECT_TRUE(classes->at("batch").open);
   EXPECT_THAT(ParsePriorityClasses({"x"}).status().message(),
               HasSubstr("--priority-class 'x': no NAME=PRIORITY"));
   EXPECT_THAT(ParsePriorityClasses({"x=high"}).status().message(),

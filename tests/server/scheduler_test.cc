@@ -179,6 +179,48 @@ TEST(SchedulerTest, ElasticJobsShrinkForTheHeadAndGrowBack) {
   EXPECT_TRUE(Schedule(later).grow.empty());
 }
 
+// Growth is a grant like any start: alice (quota 4) holds her elastic job's
+// 2 devices and a 1-device job, so her elastic job may not grow to 4 (it
+// would hold 5 of 4), and grows only to what her quota leaves once she
+// has more room; bob's, without a cap, grows to its full size.
+TEST(SchedulerTest, AnElasticJobGrowsOnlyWithinItsOwnersQuota) {
+  ScheduleInput input;
+  input.free_devices = {3, 4, 5, 6, 7, 8, 9};
+  input.now = kNow;
+  RunningJobRef elastic = Running("elastic", 0, 2, kNow, "alice");
+  elastic.worlds = {1, 2, 3, 4};
+  input.running = {elastic, Running("small", 0, 1, kNow, "alice")};
+  input.quota = [](const std::string& user) { return user == "alice" ? 4 : 0; };
+  ScheduleDecision d = Schedule(input);
+  ASSERT_EQ(d.grow.size(), 1u);
+  EXPECT_EQ(d.grow[0].to_world, 3);  // 3 + 1 = her 4
+  input.quota = [](const std::string& user) { return user == "alice" ? 3 : 0; };
+  EXPECT_TRUE(Schedule(input).grow.empty());
+  RunningJobRef bobs = Running("bobs", 0, 1, kNow, "bob");
+  bobs.worlds = {1, 2, 4};
+  input.running.push_back(bobs);
+  d = Schedule(input);
+  ASSERT_EQ(d.grow.size(), 1u);
+  EXPECT_EQ(d.grow[0].job_id, "bobs");
+  EXPECT_EQ(d.grow[0].to_world, 4);
+}
+
+TEST(QuotaLedgerTest, SaysWhoMayHoldHowManyMore) {
+  QuotaLedger ledger(
+      [](const std::string& user) { return user == "alice" ? 3 : 0; });
+  ledger.Hold("alice", 2);
+  ledger.Hold("bob", 50);
+  EXPECT_EQ(ledger.Headroom("alice"), 1);
+  EXPECT_TRUE(ledger.MayHold("alice", 1));
+  EXPECT_FALSE(ledger.MayHold("alice", 2));
+  EXPECT_TRUE(ledger.MayHold("bob", 1000));
+  EXPECT_EQ(ledger.Refusal("alice", 2),
+            "alice holds 2 of their 3 devices (quota); this job needs 2");
+  ledger.Hold("alice", 2);  // over it (the quota was lowered): no headroom
+  EXPECT_EQ(ledger.Headroom("alice"), 0);
+  EXPECT_TRUE(QuotaLedger(nullptr).MayHold("anyone", 1 << 20));
+}
+
 // EASY backfill: 4 devices; a job on 2 of them ends in 100 s; the head needs
 // 3. At its predicted start 4 are free, one more than it needs: a 1-device
 // job may start now on a free device, a 2-device job may not (it would

@@ -38,6 +38,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "common/exit_codes.h"
+#include "common/startup_signals.h"
 #include "google/protobuf/util/json_util.h"
 #include "shardtrain/v1/job.pb.h"
 #include "worker/progress_reporter.h"
@@ -69,6 +70,9 @@ int HoldUntilCheckpointRequest(const std::string& out_dir, int rank,
 }
 
 int Main(int argc, char** argv) {
+  // Launched with the startup signals held, as the real worker is; it
+  // takes them at once (hold-checkpoint blocks SIGUSR1 again below).
+  shardtrain::ReleaseStartupSignals();
   std::string spec_path, out_dir, job_id;
   int64_t threads = 0;
   bool resume = false;
@@ -114,6 +118,12 @@ int Main(int argc, char** argv) {
     sigaddset(&usr1, SIGUSR1);
     sigprocmask(SIG_BLOCK, &usr1, &unblocked);
     sigdelset(&unblocked, SIGUSR1);
+  }
+  if (mode == "enospc") {  // a write that found the disk full
+    std::cerr << "shardtrain-worker: cannot write " << out_dir
+              << "/checkpoints/step-1/rank-0.bin: No space left on device"
+              << std::endl;
+    return 1;
   }
   if (mode == "oom") {
     std::cerr << "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"

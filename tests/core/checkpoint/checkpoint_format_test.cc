@@ -161,6 +161,16 @@ TEST(CheckpointFormatTest, BrokenCheckpointsAreRefusedNamingTheProblem) {
                   R"({"format":"shardtrain-checkpoint","version":3})");
   EXPECT_THAT(CheckpointReader::Open(dir.path()).status().message(),
               HasSubstr("format version 3; this shardtrain reads version 2"));
+  // Nested 100,000 deep: refused before it is parsed (an error quoted the
+  // version whole, recursing once per level).
+  test::WriteFile(dir / "checkpoint.json",
+                  R"({"format":"shardtrain-checkpoint","version":)" +
+                      std::string(100'000, '[') + std::string(100'000, ']') +
+                      "}");
+  const absl::Status deep = CheckpointReader::Open(dir.path()).status();
+  EXPECT_EQ(deep.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(deep.message(),
+              HasSubstr("checkpoint.json nests 100001 levels deep"));
 
   // The per-strategy formats of earlier versions, by name.
   test::TempDir old;

@@ -83,6 +83,19 @@ TEST(LoadTextCorpusTest, OnlyBlankFilesIsAnEmptyCorpus) {
   EXPECT_THAT(corpus.status().message(), HasSubstr("empty corpus"));
 }
 
+TEST(LoadJsonlCorpusTest, LineNestedTooDeepIsRefusedNamingIt) {
+  test::TempDir dir;
+  test::WriteFile(dir / "docs.jsonl",
+                  "{\"text\": \"fine\"}\n{\"text\": \"x\", \"meta\": " +
+                      std::string(100'000, '[') + std::string(100'000, ']') +
+                      "}\n");
+  absl::StatusOr<Corpus> corpus = LoadJsonlCorpus({dir / "docs.jsonl"}, "text");
+  ASSERT_FALSE(corpus.ok());
+  EXPECT_EQ(corpus.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(corpus.status().message(),
+              HasSubstr(dir / "docs.jsonl:2 nests 100001 levels deep"));
+}
+
 TEST(ChooseValidationDocumentsTest, TakesATenthOfEachGroupEvenlySpread) {
   std::vector<Document> documents;
   for (int i = 0; i < 44; ++i) documents.push_back({"a", "news", "x"});
@@ -135,7 +148,9 @@ TEST_F(PrepareTextTest, SingleDocumentIsCutNinetyTenByTokens) {
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->split_by, "tokens");
 
-  std::vector<int> all = tokenizer_->Encode(text);
+  absl::StatusOr<std::vector<int>> encoded = tokenizer_->Encode(text);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  std::vector<int> all = *encoded;
   all.insert(all.begin(), kGpt2EndOfText);
   const std::vector<uint16_t> train = Tokens(dir_ / "out/train.bin");
   const std::vector<uint16_t> val = Tokens(dir_ / "out/val.bin");
@@ -164,9 +179,10 @@ TEST_F(PrepareTextTest, DocumentsGoWholeToOneSplit) {
   std::vector<int> expected;
   for (int i : {5, 15}) {
     expected.push_back(kGpt2EndOfText);
-    for (int id : tokenizer_->Encode("Document " + std::to_string(i))) {
-      expected.push_back(id);
-    }
+    absl::StatusOr<std::vector<int>> ids =
+        tokenizer_->Encode("Document " + std::to_string(i));
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    expected.insert(expected.end(), ids->begin(), ids->end());
   }
   EXPECT_EQ(std::vector<int>(val.begin(), val.end()), expected);
   const auto meta =

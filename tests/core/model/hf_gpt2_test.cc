@@ -455,6 +455,13 @@ TEST_F(HfFormatTest, ConfigsWeCannotBuildAreRefusedNamingTheSetting) {
               HasSubstr("not a positive integer"));
   EXPECT_THAT(ParseHfModelConfig("not json").status().message(),
               HasSubstr("not a JSON object"));
+  // Nested 100,000 deep: refused before it is parsed, never recursed on.
+  const std::string deep =
+      std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_THAT(ParseHfModelConfig("{" + base + ",\"n_inner\":" + deep + "}")
+                  .status()
+                  .message(),
+              HasSubstr("nests 100001 levels deep"));
 }
 
 TEST_F(HfFormatTest, AMissingOrMisshapenWeightIsRefusedNamingIt) {

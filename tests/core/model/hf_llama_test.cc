@@ -302,5 +302,53 @@ TEST_F(HfLlamaTest, AMissingOrMisshapenWeightIsRefusedNamingIt) {
                         "config.json's model needs [32, 16]"));
 }
 
+// config.json nested 100,000 deep in head_dim or rope_scaling is refused,
+// naming the file, before anything recurses on it (an error quoting
+// head_dim once overflowed the stack, ending a job's rank with SIGSEGV).
+TEST_F(HfLlamaTest, DeeplyNestedConfigIsRefusedNamingTheFile) {
+  const ModelConfig config = SmallConfig();
+  const std::vector<std::vector<float>> weights = RandomWeights(config, 5);
+  ASSERT_TRUE(WriteHfLlama(config, ReaderOf(weights), Path("hf")).ok());
+  const std::string deep =
+      std::string(100'000, '[') + std::string(100'000, ']');
+  for (const char* field : {"head_dim", "rope_scaling"}) {
+    nlohmann::json json = nlohmann::json::parse(kLlama32Config);
+    json.erase(field);
+    std::string text = json.dump();
+    text.insert(text.size() - 1, ",\"" + std::string(field) + "\":" + deep);
+
+    absl::StatusOr<ModelConfig> parsed = ParseHfLlamaConfig(text);
+    ASSERT_FALSE(parsed.ok()) << field;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()),
+                HasSubstr("nests 100001 levels deep"));
+
+    Write(Path("hf/config.json"), text);
+    absl::StatusOr<std::unique_ptr<HfLlamaReader>> reader =
+        HfLlamaReader::Open(Path("hf"));
+    ASSERT_FALSE(reader.ok()) << field;
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(reader.status().message()),
+                HasSubstr(Path("hf") + ": config.json: the JSON nests"));
+  }
+}
+
+// A shallow but huge value is quoted in an error as a short excerpt.
+TEST_F(HfLlamaTest, HugeSettingIsQuotedShort) {
+  for (const nlohmann::json& change : {
+           nlohmann::json{{"head_dim", std::vector<int>(100'000, 64)}},
+           nlohmann::json{{"rope_scaling", std::string(1 << 20, 'x')}},
+           nlohmann::json{{"hidden_size", std::vector<int>(100'000, 1)}},
+           nlohmann::json{{"model_type", std::vector<int>(100'000, 1)}},
+       }) {
+    nlohmann::json json = nlohmann::json::parse(kLlama32Config);
+    json.merge_patch(change);
+    absl::StatusOr<ModelConfig> config = ParseHfLlamaConfig(json.dump());
+    ASSERT_FALSE(config.ok());
+    EXPECT_LT(config.status().message().size(), 400u)
+        << config.status().message().substr(0, 400);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain

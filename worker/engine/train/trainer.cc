@@ -608,7 +608,8 @@ absl::Status Trainer::RunLoop() {
     const std::string path = config_.out + "/metrics.jsonl";
     metrics_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (metrics_fd_ < 0) {
-      return absl::InternalError(absl::StrCat("cannot open ", path));
+      return absl::InternalError(
+          absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
     }
   }
   Log(absl::StrFormat(
@@ -667,7 +668,9 @@ absl::Status Trainer::RunLoop() {
       const std::string line = m.ToJson() + "\n";
       if (::write(metrics_fd_, line.data(), line.size()) !=
           static_cast<ssize_t>(line.size())) {
-        return absl::InternalError("cannot append to metrics.jsonl");
+        return absl::InternalError(absl::StrCat(
+            "cannot append to ", config_.out, "/metrics.jsonl: ",
+            std::strerror(errno)));
       }
     }
     history_.push_back(m);

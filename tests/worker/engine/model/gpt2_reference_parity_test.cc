@@ -27,7 +27,7 @@
 #include "worker/engine/model/llmc_checkpoint.h"
 
 namespace shardtrain {
-namespace {
+namespace gpt2_reference_parity_test {
 
 using test::ReadText;
 using test::WriteTokens;
@@ -184,5 +184,5 @@ TEST_F(Gpt2ReferenceParityTest, SeededInitIsBitIdenticalToPytorch) {
   }
 }
 
-}  // namespace
+}  // namespace gpt2_reference_parity_test
 }  // namespace shardtrain

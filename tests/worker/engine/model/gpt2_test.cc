@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 
 namespace shardtrain {
-namespace {
+namespace gpt2_test {
 
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -369,5 +369,5 @@ TEST(Gpt2Test, CreateGpt2ReportsInvalidConfigsAsStatus) {
   EXPECT_TRUE(CreateGpt2(Tiny(), /*seed=*/1).ok());
 }
 
-}  // namespace
+}  // namespace gpt2_test
 }  // namespace shardtrain

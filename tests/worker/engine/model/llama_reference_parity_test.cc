@@ -27,7 +27,7 @@
 #include "worker/engine/model/llama.h"
 
 namespace shardtrain {
-namespace {
+namespace llama_reference_parity_test {
 
 // GQA (4 query heads over 2 key/value heads), an untied head, and Llama 3's
 // frequency scaling with a short original context, so that every band of it
@@ -180,5 +180,5 @@ TEST_F(LlamaReferenceParityTest,
   EXPECT_LE(worst_norm, 1e-6);
 }
 
-}  // namespace
+}  // namespace llama_reference_parity_test
 }  // namespace shardtrain

@@ -20,7 +20,7 @@
 #include "worker/engine/model/create_model.h"
 
 namespace shardtrain {
-namespace {
+namespace llama_test {
 
 ModelConfig Config(const std::string& spec) {
   absl::StatusOr<ModelConfig> config = ParseModelSpec(spec);
@@ -376,5 +376,5 @@ TEST(LlamaTest, TensorParallelismSplitsKeyValueHeadsOrSaysWhyNot) {
   EXPECT_EQ(shapes["norm.weight"], (std::vector<int64_t>{128}));
 }
 
-}  // namespace
+}  // namespace llama_test
 }  // namespace shardtrain

@@ -18,7 +18,7 @@
 #include "worker/engine/model/gpt2.h"
 
 namespace shardtrain {
-namespace {
+namespace llmc_checkpoint_test {
 
 using ::testing::HasSubstr;
 
@@ -219,5 +219,5 @@ TEST_F(LlmcCheckpointTest, LoadRefusesAModelOfAnotherShapeAndLeavesItAlone) {
   EXPECT_TRUE(torch::equal(before, model->wte()->weight));
 }
 
-}  // namespace
+}  // namespace llmc_checkpoint_test
 }  // namespace shardtrain

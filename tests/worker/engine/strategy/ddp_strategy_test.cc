@@ -25,7 +25,7 @@
 #include "worker/engine/strategy/single_device_strategy.h"
 
 namespace shardtrain {
-namespace {
+namespace ddp_strategy_test {
 namespace fs = std::filesystem;
 
 // Small enough that a test runs in seconds on one core per rank. vocab_size
@@ -356,5 +356,5 @@ TEST(DdpStrategyTest,
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace ddp_strategy_test
 }  // namespace shardtrain

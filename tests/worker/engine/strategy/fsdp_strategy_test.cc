@@ -32,7 +32,7 @@
 #include "worker/engine/support/memory_tracker.h"
 
 namespace shardtrain {
-namespace {
+namespace fsdp_strategy_test {
 namespace fs = std::filesystem;
 
 // Small enough that a test runs in seconds on one core per rank. vocab_size
@@ -604,5 +604,5 @@ TEST(FsdpStrategyTest, LostPeerMakesTheStepFailNamingTheCollective) {
   EXPECT_EQ(fsdp.ModelStateBytes(), state_bytes);
 }
 
-}  // namespace
+}  // namespace fsdp_strategy_test
 }  // namespace shardtrain

@@ -25,7 +25,7 @@
 #include "worker/engine/strategy/strategy_factory.h"
 
 namespace shardtrain {
-namespace {
+namespace hsdp_strategy_test {
 namespace fs = std::filesystem;
 
 // The FSDP test's model: two blocks of 49,984 elements, wte 1024 rows of 64.
@@ -289,5 +289,5 @@ TEST(ActivationCheckpointingTest, ParsesItsFlag) {
   EXPECT_TRUE(model->IsRecomputed(3));
 }
 
-}  // namespace
+}  // namespace hsdp_strategy_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "tests/fakes/in_process_communicator.h"
 
 namespace shardtrain {
-namespace {
+namespace mesh_groups_test {
 
 // The world ranks in `group`, found by summing one-hot vectors over it.
 std::vector<int64_t> Members(Communicator* group, int64_t rank, int64_t world) {
@@ -135,5 +135,5 @@ TEST(MeshGroupsTest, AMeshOfAnotherSizeIsRefused) {
   });
 }
 
-}  // namespace
+}  // namespace mesh_groups_test
 }  // namespace shardtrain

@@ -25,7 +25,7 @@
 #include "tests/worker/engine/strategy/strategy_harness.h"
 
 namespace shardtrain {
-namespace {
+namespace pipeline_strategy_test {
 
 // Four blocks, so four stages can each hold one; vocab_size 500 pads wte to
 // 512 rows.
@@ -689,5 +689,5 @@ TEST(PipelineStrategyTest, ACheckpointLoadsAtAnotherMeshBitForBit) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace pipeline_strategy_test
 }  // namespace shardtrain

@@ -18,7 +18,7 @@
 #include "tests/worker/engine/strategy/strategy_harness.h"
 
 namespace shardtrain {
-namespace {
+namespace strategy_contract_test {
 namespace fs = std::filesystem;
 
 // vocab_size 1000 pads wte to 1024 rows; neither a block (49,984 elements)
@@ -459,5 +459,5 @@ INSTANTIATE_TEST_SUITE_P(DistributedStrategies, StrategyContractTest,
                            return info.param;
                          });
 
-}  // namespace
+}  // namespace strategy_contract_test
 }  // namespace shardtrain

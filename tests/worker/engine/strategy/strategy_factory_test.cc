@@ -10,7 +10,7 @@
 #include "tests/fakes/in_process_communicator.h"
 
 namespace shardtrain {
-namespace {
+namespace strategy_factory_test {
 
 TEST(StrategyFactoryTest, BuildsEveryStrategyOfTheTableUnderItsName) {
   ASSERT_FALSE(StrategyKinds().empty());
@@ -49,5 +49,5 @@ TEST(StrategyFactoryTest, RefusesUnknownNamesAndMissingCommunicators) {
   EXPECT_FALSE(CreateStrategy(config, two, nullptr).ok());
 }
 
-}  // namespace
+}  // namespace strategy_factory_test
 }  // namespace shardtrain

@@ -23,7 +23,7 @@
 #include "tests/worker/engine/strategy/strategy_harness.h"
 
 namespace shardtrain {
-namespace {
+namespace tensor_parallel_strategy_test {
 
 // Four heads, so four ranks can each run one; 4C = 256 MLP units.
 constexpr char kSpec[] =
@@ -370,5 +370,5 @@ TEST(TensorParallelStrategyTest, TheLayoutNamesTheSplit) {
   EXPECT_EQ(replicas, (std::vector<int64_t>{0, 0, 1, 1}));
 }
 
-}  // namespace
+}  // namespace tensor_parallel_strategy_test
 }  // namespace shardtrain

@@ -17,7 +17,7 @@
 #include "worker/engine/strategy/single_device_strategy.h"
 
 namespace shardtrain {
-namespace {
+namespace trainer_test {
 namespace fs = std::filesystem;
 
 // A small corpus with structure a model can learn: a noisy periodic sequence.
@@ -361,5 +361,5 @@ TEST(TrainerTest, CreateNamesTheProblem) {
   EXPECT_NE(create(huge_batch).message().find("data:"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace trainer_test
 }  // namespace shardtrain
