@@ -15,6 +15,11 @@ namespace shardtrain {
 // no other failure uses (1: an error, 2: a bad configuration).
 inline constexpr int kExitDiverged = 86;
 
+// The run's configuration, or a file it names (a model's config.json, a
+// tokenizer, the data), was refused (InvalidArgument): a restart would be
+// refused the same way.
+inline constexpr int kExitBadConfiguration = 2;
+
 // Rank 0 could not bind MASTER_PORT: another process holds it
 // (EX_TEMPFAIL). Launchers that picked the port start the ranks again on
 // another.
@@ -39,9 +44,16 @@ bool IsRendezvousPortTaken(const absl::Status& status);
 absl::Status PreemptedError(const std::string& message);
 bool IsPreempted(const absl::Status& status);
 
+// A file the run names (a model's config.json, its weights index) is
+// malformed or hostile: InvalidArgument that stays a bad configuration
+// (kExitBadConfiguration) wherever a run's other InvalidArgument errors
+// count as failures of the run itself.
+absl::Status BadInputError(const std::string& message);
+bool IsBadInput(const absl::Status& status);
+
 // The exit code for a run that ended with `status`: 0, kExitDiverged,
-// kExitPreempted, kExitRendezvousPortTaken, kExitInputRefused, 2 for a bad
-// configuration, else 1.
+// kExitPreempted, kExitRendezvousPortTaken, kExitInputRefused,
+// kExitBadConfiguration, else 1.
 int ExitCodeFor(const absl::Status& status);
 
 }  // namespace shardtrain

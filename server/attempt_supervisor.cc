@@ -450,6 +450,14 @@ v1::Failure AttemptSupervisor::RankExitFailure(const JobEntry& entry, int r,
         "rank ", r,
         ": training diverged (a non-finite loss or gradient "
         "norm; its last step is in the metrics, the reason in its log)"));
+  } else if (exit.exit_code == kExitBadConfiguration) {
+    // Deterministic: the same spec and files are refused again.
+    failure.set_reason(v1::INVALID_SPEC);
+    failure.set_message(absl::StrCat(
+        "rank ", r,
+        ": the job's configuration, or a file it names (a model's "
+        "config.json, a tokenizer, the data), was refused (exit code 2); its "
+        "log says which and why"));
   } else if (exit.exit_code == kExitInputRefused) {
     failure.set_reason(v1::INVALID_SPEC);
     failure.set_message(absl::StrCat(

@@ -17,7 +17,10 @@
 #include <functional>
 #include <iterator>
 #include <list>
+#include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -202,9 +205,10 @@ class MetricsConnections {
                      std::function<std::string()> collect)
       : options_(options), collect_(std::move(collect)) {}
 
-  // The accept policy: makes room for a connection from `peer` (closing
-  // that address's oldest idle one beyond its bound, and the oldest idle or
-  // answered one beyond the total); false refuses it.
+  // The accept policy: makes room for a connection from `peer` beyond
+  // either bound (see the header: an idle one goes, oldest judged first,
+  // then youngest in the grace; beyond the total, then the oldest answered
+  // one); false refuses it.
   bool Admit(const sockaddr* peer, Clock::time_point now);
   void Started(MHD_Connection* connection, void** context,
                Clock::time_point now);
@@ -232,65 +236,109 @@ class MetricsConnections {
     Clock::time_point deadline;
   };
   using State = Connection::State;
+  // Half-open connections by peer address.
+  using HalfOpenCounts = std::unordered_map<std::string, int>;
 
   void Shut(Connection& c);
-  // Closes the oldest connection from `peer` (any, if empty) in `state`
-  // accepted before `before`, skipping one whose request has arrived
-  // unread when `unless_sent`; false when there is none.
-  bool CloseOldest(State state, Clock::time_point before,
-                   absl::string_view peer = "", bool unless_sent = false);
+  // Closes one idle connection from `peer` (from any address, if empty) to
+  // make room: the oldest judged idle (accepted before `judged_before`),
+  // else the youngest of the address with the most half-open connections
+  // in `*half_open` (kept counting); false when every half-open candidate
+  // has its request waiting.
+  bool CloseIdle(absl::string_view peer, Clock::time_point judged_before,
+                 HalfOpenCounts* half_open);
+  // Closes the oldest answered connection; false when there is none.
+  bool CloseOldestAnswered();
 
   const Options& options_;
   const std::function<std::string()> collect_;
   std::list<Connection> connections_;
 };
 
+namespace {
+
+// Bytes are waiting in `fd`'s socket that the daemon has yet to read: a
+// request that arrived since its last round (a scraper accepted between its
+// connect and its send), so the connection is not idle.
+bool RequestWaiting(int fd) {
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+}  // namespace
+
 void MetricsConnections::Shut(Connection& c) {
   shutdown(c.fd, SHUT_RDWR);
   c.state = State::kClosing;
 }
 
-bool MetricsConnections::CloseOldest(State state, Clock::time_point before,
-                                     absl::string_view peer, bool unless_sent) {
+bool MetricsConnections::CloseIdle(absl::string_view peer,
+                                   Clock::time_point judged_before,
+                                   HalfOpenCounts* half_open) {
+  std::vector<Connection*> half_open_here;  // oldest first
   for (Connection& c : connections_) {
-    if (c.state != state || c.accepted > before ||
-        (!peer.empty() && c.peer != peer)) {
-      continue;
+    if (c.state == State::kReadingRequest && (peer.empty() || c.peer == peer)) {
+      half_open_here.push_back(&c);
     }
-    char byte;
-    // Its request may have arrived since the daemon's last round (a
-    // scraper accepted between its connect and its send): not idle.
-    if (unless_sent && recv(c.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
-      continue;
-    }
-    Shut(c);
+  }
+  auto close = [half_open, this](Connection* c) {
+    --(*half_open)[c->peer];
+    Shut(*c);
     return true;
+  };
+  // Past the grace, the oldest has had longest to send its request.
+  for (Connection* c : half_open_here) {
+    if (c->accepted > judged_before) break;
+    if (!RequestWaiting(c->fd)) return close(c);
+  }
+  // Within it, age says nothing yet: the newest of the most crowded address
+  // goes, so a flood displaces its own latest arrivals rather than a
+  // connection that came before them (a scraper accepted just before its
+  // request arrived) or one from a quieter address.
+  std::vector<Connection*> young(half_open_here.rbegin(),
+                                 half_open_here.rend());
+  std::stable_sort(young.begin(), young.end(),
+                   [half_open](const Connection* a, const Connection* b) {
+                     return half_open->at(a->peer) > half_open->at(b->peer);
+                   });
+  for (Connection* c : young) {
+    if (c->accepted > judged_before && !RequestWaiting(c->fd)) {
+      return close(c);
+    }
+  }
+  return false;
+}
+
+bool MetricsConnections::CloseOldestAnswered() {
+  for (Connection& c : connections_) {
+    if (c.state == State::kAnswered) {
+      Shut(c);
+      return true;
+    }
   }
   return false;
 }
 
 bool MetricsConnections::Admit(const sockaddr* peer, Clock::time_point now) {
-  // Within the grace a connection is not judged: with only young ones, a
-  // peer holds more for a moment (max_connections still bounds them all).
   const Clock::time_point judged_before =
       now - ToClock(options_.eviction_grace);
   const std::string address = PeerAddress(peer);
-  int half_open = 0;
+  HalfOpenCounts half_open;
   int open = 0;
   for (const Connection& c : connections_) {
     if (c.state == State::kClosing) continue;
     ++open;
-    if (c.state == State::kReadingRequest && c.peer == address) ++half_open;
+    if (c.state == State::kReadingRequest) ++half_open[c.peer];
   }
-  if (half_open + 1 > options_.max_half_open_per_peer &&
-      CloseOldest(State::kReadingRequest, judged_before, address,
-                  /*unless_sent=*/true)) {
+  // The new connection counts as half-open from its address.
+  if (++half_open[address] > options_.max_half_open_per_peer &&
+      CloseIdle(address, judged_before, &half_open)) {
     --open;
   }
   if (open < options_.max_connections) return true;
-  // Every connection being answered: they go first.
-  return CloseOldest(State::kReadingRequest, judged_before) ||
-         CloseOldest(State::kAnswered, Clock::time_point::max());
+  // An answered connection goes only when no half-open one is idle: closing
+  // it may lose a response its client has yet to read.
+  return CloseIdle("", judged_before, &half_open) || CloseOldestAnswered();
 }
 
 void MetricsConnections::Started(MHD_Connection* connection, void** context,

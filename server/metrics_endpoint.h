@@ -7,21 +7,32 @@
 // set, no thread per connection), so an idle connection costs a descriptor,
 // never a thread, and a scrape is answered while any number of idle or
 // half-sent connections are open. What libmicrohttpd bounds by inactivity or
-// refuses outright, this class bounds by age and closes oldest-first, from
+// refuses outright, this class bounds by age and makes room for, from
 // libmicrohttpd's connection and accept-policy hooks:
 //   - a connection must complete its request headers within header_timeout
 //     of its accept, however slowly it trickles (then it gets a 408 and is
 //     closed), in at most max_header_bytes (431);
 //   - at most max_half_open_per_peer connections from one address may have
-//     incomplete headers: a new one beyond that closes that address's oldest
-//     (libmicrohttpd's own per-address limit would refuse the new one
-//     instead, which locks a scraper out behind its own address's idlers);
-//   - at most max_connections are open: beyond that the oldest with
-//     incomplete headers is closed first, then the oldest answered one, and
-//     when every connection is being answered the new one is refused;
-//   - neither bound closes a connection within eviction_grace (a scraper
-//     accepted just before its request arrives, amid idle connections from
-//     its own address, is answered, not dropped);
+//     incomplete headers, and at most max_connections may be open. A new
+//     connection beyond either bound is admitted by closing an idle one (its
+//     head incomplete and nothing it sent waiting in its socket: one whose
+//     request has arrived is never closed for room): the oldest idle one
+//     past eviction_grace, else the newest idle one within it, from the new
+//     one's address for the per-address bound and from the address with the
+//     most half-open connections for the total. (libmicrohttpd's own
+//     per-address limit would refuse the new one instead, which locks a
+//     scraper out behind its own address's idlers; refusing it while every
+//     connection is young let a flood of fresh connections starve the
+//     scraper.) So a flood displaces its own latest arrivals: within the
+//     grace, a scraper's connection is closed for room only when it is the
+//     newest idle one of the most crowded address as another connection
+//     arrives, i.e. when it shares a flooding address and the flood's next
+//     connection is accepted between the scraper's connect and its request;
+//   - beyond max_connections with no idle connection left, the oldest
+//     answered one is closed, and when every connection is being answered
+//     the new one is refused. So the server holds at most max_connections
+//     (and those shut in its current round), each with a memory pool of
+//     2 * max_header_bytes + 4 KiB: about 10 MiB at the defaults;
 //   - a client that has not read its whole response within write_timeout is
 //     closed.
 // The collection and serialization run on the server thread; a scrape costs
@@ -64,11 +75,12 @@ class MetricsEndpoint {
     size_t max_header_bytes = kMaxHeaderBytes;
     int max_half_open_per_peer = kMaxHalfOpenPerPeer;
     int max_connections = kMaxConnections;
-    // A connection this young is never closed to make room for others: a
-    // scraper sends its request right after it connects, but may be
-    // accepted a moment before the request arrives, amid a burst of idle
-    // connections from its own address. Past it, a request not yet sent
-    // marks the connection idle.
+    // A connection this young is not yet judged by its age: a scraper
+    // sends its request right after it connects, but may be accepted a
+    // moment before the request arrives, amid a burst of idle connections
+    // from its own address. Past it, a request not yet sent marks the
+    // connection idle, and idle ones go oldest first; within it, they go
+    // only when no older idle one is left, newest first.
     absl::Duration eviction_grace = kEvictionGrace;
   };
 

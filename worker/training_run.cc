@@ -62,6 +62,8 @@ absl::Status RunTrainingRank(const TrainConfig& config, const DistEnv& env,
   if (!trainer.ok()) {
     // A bad config is caught by Validate() before; what fails here is the
     // run itself (data, checkpoint, memory).
+    // A malformed file the job names stays a bad configuration.
+    if (IsBadInput(trainer.status())) return trainer.status();
     return absl::Status(absl::IsInvalidArgument(trainer.status())
                             ? absl::StatusCode::kInternal
                             : trainer.status().code(),

@@ -339,6 +339,7 @@ TEST_F(CoordinatorApiTest, FailuresAreClassifiedWithRankAndLogTail) {
   };
   const std::vector<Case> cases = {
       {"exit:3", 1, v1::EXIT_CODE, "exit code 3"},
+      {"exit:2", 1, v1::INVALID_SPEC, "was refused (exit code 2)"},
       {"oom", 1, v1::OOM, "out of memory"},
       {"enospc", 1, v1::EXIT_CODE,
        "exit code 1 (no space left on device: ENOSPC writing under "},

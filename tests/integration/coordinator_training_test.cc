@@ -351,11 +351,13 @@ TEST_F(CoordinatorTrainingTest,
   EXPECT_EQ(low.owner(), "alice");
   ASSERT_TRUE(ReachedStep(4)(
       daemon->WaitFor(low.id(), ReachedStep(4), absl::Seconds(300))));
-  daemon->set_token("tok-bob");
+  // A priority above the users' is an admin's to set (roles).
+  daemon->set_token("tok-ops");
   v1::JobSpec urgent = TinySpec("single", 1, 3);
   urgent.set_priority(10);
   v1::Job high;
   ASSERT_GRPC_OK(daemon->Submit(urgent, &high));
+  daemon->set_token("tok-bob");
   v1::Job refused;
   const grpc::Status denied = daemon->Cancel(low.id(), &refused);
   EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -411,6 +413,7 @@ TEST_F(CoordinatorTrainingTest,
   EXPECT_EQ(daemon->Submit(urgent, &job).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   daemon->set_token("tok-bob");
+  urgent.set_priority(0);  // a user's own level
   urgent.mutable_trainer()->set_max_steps(100000);
   ASSERT_GRPC_OK(daemon->Submit(urgent, &job));
   daemon->set_token("tok-ops");

@@ -251,14 +251,20 @@ TEST_F(FaultCampaignTest, AnUnwritableCheckpointDirectoryLeavesNoJobStuck) {
     watch_request.set_job_id(low.id());
     auto reader = daemon->jobs().WatchJob(&watch_context, watch_request);
     std::vector<std::string> changes;
+    std::atomic<bool> watching{false};
     std::thread watcher([&] {
       v1::WatchJobEvent event;
       while (reader->Read(&event)) {
+        watching = true;  // the first event: the job as it is now
         if (event.has_state_change()) {
           changes.push_back(event.state_change().message());
         }
       }
     });
+    // The stream is served before the preemption it must see (the call is
+    // asynchronous: without this the preemption can come first).
+    ASSERT_TRUE(test::WaitUntil([&] { return watching.load(); },
+                                absl::Seconds(10)));
     v1::JobSpec urgent = FakeSpec("sleep:1000", data_);
     urgent.set_priority(10);
     ASSERT_GRPC_OK(daemon->Submit(urgent, &high));

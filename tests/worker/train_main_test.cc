@@ -358,5 +358,24 @@ TEST_F(TrainMainTest, BadConfigNamesTheFieldAndLeavesNoOutput) {
       << bad_init.output;
 }
 
+// A hostile Hugging Face directory: a config.json nested 100,000 deep (once
+// a stack overflow in the error message that quoted it) is refused as a bad
+// configuration naming the file, the exit code shardtraind reports as
+// INVALID_SPEC.
+TEST_F(TrainMainTest, AConfigJsonNestedDeepIsRefusedNamingIt) {
+  const std::string dir = Out("deep-llama");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << "{\"model_type\": \"llama\", \"head_dim\": "
+      << std::string(100000, '[') << std::string(100000, ']') << "}";
+  const Result r = RunTrain("--data " + Data() + " --model llama-tiny " +
+                            "--max-steps 1 --init-from " + dir);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nests 100001 levels deep"), std::string::npos)
+      << r.output;
+  EXPECT_LT(r.output.size(), 2000u);
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -139,9 +139,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (!config.init_from.empty()) {
     absl::StatusOr<ModelWeights> saved = OpenModelWeights(config.init_from);
     if (!saved.ok()) {
-      return absl::Status(
-          saved.status().code(),
-          absl::StrCat("init_from: ", saved.status().message()));
+      const std::string message =
+          absl::StrCat("init_from: ", saved.status().message());
+      // Malformed (not missing or unreadable): the job's spec is at fault.
+      if (absl::IsInvalidArgument(saved.status())) {
+        return BadInputError(message);
+      }
+      return absl::Status(saved.status().code(), message);
     }
     if (!saved->config.SameShape(t.model_config_)) {
       return absl::InvalidArgumentError(
