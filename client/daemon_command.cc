@@ -22,8 +22,8 @@
 #include "client/daemon_client.h"
 #include "client/exit_code.h"
 #include "common/input_file.h"
-#include "common/state_dir.h"
 #include "common/startup_signals.h"
+#include "common/state_dir.h"
 #include "common/subprocess.h"
 
 namespace shardtrain::cli {
@@ -108,7 +108,7 @@ int RunDaemon(const DaemonFlags& flags) {
   daemon.output = SubprocessOptions::Output::kLogFile;
   daemon.log_path = log;
   // A SIGHUP (token rotation) or SIGTERM sent while it starts waits for it.
-  daemon.hold_startup_signals = true;
+  daemon.held_signals = {SIGHUP, SIGINT, SIGTERM, SIGUSR1};
   absl::StatusOr<Subprocess> started = SpawnSubprocess(daemon);
   if (!started.ok()) {
     return ReportFailure(absl::StrCat("cannot start ", args[0], ": ",

@@ -4,9 +4,10 @@
 // Until then they wait, blocked, and are delivered when it is: never lost,
 // never fatal because they came early (a token rotation's SIGHUP racing a
 // daemon restart, a preemption's SIGUSR1 reaching a rank just relaunched).
-//   - A program of ours that another of ours starts (SpawnSubprocess with
-//     hold_startup_signals: the daemon's ranks, the daemon that `shardtrain
-//     daemon` starts) begins with them blocked: the mask survives exec.
+//   - A program of ours that another of ours starts (SpawnSubprocess's
+//     held_signals: SIGUSR1 for the daemon's ranks, all four for the
+//     daemon that `shardtrain daemon` starts) begins with them blocked: the
+//     mask survives exec.
 //   - Each such program blocks them again before any library initialiser
 //     runs (SHARDTRAIN_HOLD_SIGNALS_FROM_START in its main.cc: an ELF
 //     .preinit_array entry), which covers starts by a shell, systemd or a
@@ -33,15 +34,15 @@ void ReleaseStartupSignals();
 
 // In a program's main.cc, at namespace scope: StartupSignals() blocked
 // before any library's initialiser and before main.
-#define SHARDTRAIN_HOLD_SIGNALS_FROM_START()                                \
-  namespace {                                                               \
-  void ShardtrainHoldSignalsAtStart(int, char**, char**) {                  \
-    ::shardtrain::HoldStartupSignals();                                     \
-  }                                                                         \
-  __attribute__((section(".preinit_array"), used)) void (*const             \
-                                                         kShardtrainHold)(  \
-      int, char**, char**) = ShardtrainHoldSignalsAtStart;                  \
-  }                                                                         \
+#define SHARDTRAIN_HOLD_SIGNALS_FROM_START()                                 \
+  namespace {                                                                \
+  void ShardtrainHoldSignalsAtStart(int, char**, char**) {                   \
+    ::shardtrain::HoldStartupSignals();                                      \
+  }                                                                          \
+  __attribute__((section(".preinit_array"),                                  \
+                 used)) void (*const kShardtrainHold)(int, char**, char**) = \
+      ShardtrainHoldSignalsAtStart;                                          \
+  }                                                                          \
   static_assert(true, "")
 
 #endif  // SHARDTRAIN_COMMON_STARTUP_SIGNALS_H_

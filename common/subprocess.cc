@@ -18,7 +18,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/startup_signals.h"
 
 extern char** environ;
 
@@ -89,11 +88,8 @@ void CloseAllBut(int keep) {
     if (getppid() != parent) _exit(1);
   }
   sigset_t mask;
-  if (options.hold_startup_signals) {
-    mask = StartupSignals();
-  } else {
-    sigemptyset(&mask);
-  }
+  sigemptyset(&mask);
+  for (int held : options.held_signals) sigaddset(&mask, held);
   sigprocmask(SIG_SETMASK, &mask, nullptr);
   const int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0) fail();

@@ -29,11 +29,12 @@ struct SubprocessOptions {
   };
   Output output = Output::kInherit;
   std::string log_path;
-  // The child starts with StartupSignals() blocked (common/startup_signals.h)
-  // instead of an empty mask: for programs of ours, which release them once
-  // their handlers are in place. Never for another program, which would
-  // never unblock SIGTERM.
-  bool hold_startup_signals = false;
+  // Signals the child starts with blocked instead of an empty mask (the
+  // mask survives exec): for programs of ours that take them once their
+  // handlers are in place (common/startup_signals.h). Only signals the
+  // child would act on: a program that never unblocks them never sees them
+  // (a wrapper script would ignore a SIGTERM held here).
+  std::vector<int> held_signals;
 };
 
 struct Subprocess {
@@ -45,11 +46,11 @@ struct Subprocess {
 // Forks and execs. The child gets its own process group (or joins
 // `process_group`), SIGKILL when the thread that spawned it dies
 // (PR_SET_PDEATHSIG; it exits at once if that happened before), an empty
-// signal mask (or StartupSignals() with hold_startup_signals), stdin on /dev/null and no other descriptor of this process
-// (close_range). Everything is prepared before fork(), so this is safe in a
-// multi-threaded process. A program that cannot be executed is an error
-// here (FailedPrecondition naming it and the errno text), not a child that
-// exits 127.
+// signal mask (but held_signals), stdin on
+// /dev/null and no other descriptor of this process (close_range). Everything
+// is prepared before fork(), so this is safe in a multi-threaded process. A
+// program that cannot be executed is an error here (FailedPrecondition naming
+// it and the errno text), not a child that exits 127.
 absl::StatusOr<Subprocess> SpawnSubprocess(const SubprocessOptions& options);
 
 // A command run to its end: what it printed and how it ended.

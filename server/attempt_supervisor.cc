@@ -79,9 +79,9 @@ void MarkDiskFull(v1::Failure& failure, const std::string& job_dir) {
                                       failure.log_tail().end());
   bool full = LooksLikeDiskFull(tail);
   if (struct statvfs fs; !full && statvfs(job_dir.c_str(), &fs) == 0) {
-    full = static_cast<int64_t>(fs.f_bavail) *
-               static_cast<int64_t>(fs.f_frsize) <
-           (int64_t{1} << 20);
+    full =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) <
+        (int64_t{1} << 20);
   }
   if (!full) return;
   failure.set_message(absl::StrCat(
@@ -856,9 +856,9 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
     available = std::min(available, capacity.slots - held_by_others);
   }
   // Free devices beyond its own are a grant: within its owner's quota.
-  const int own_kept = static_cast<int>(
-      std::count_if(entry.devices.begin(), entry.devices.end(),
-                    [&](int d) { return !lost.count(d); }));
+  const int own_kept =
+      static_cast<int>(std::count_if(entry.devices.begin(), entry.devices.end(),
+                                     [&](int d) { return !lost.count(d); }));
   const int headroom = table_->HeldDevices(id).Headroom(job.owner());
   const int quota_allows = std::max(own_kept, std::min(requested, headroom));
   const bool quota_limits = quota_allows < available;
@@ -897,8 +897,7 @@ void AttemptSupervisor::RestartElasticJob(JobEntry& entry,
         failed->message(), "; cannot continue: ", available, " of ", requested,
         " ranks can run", lost_text,
         quota_limits ? absl::StrCat(" (", job.owner(), "'s quota)") : "",
-        ", and elastic.min_world_size is ",
-        min_world,
+        ", and elastic.min_world_size is ", min_world,
         available >= min_world
             ? absl::StrCat(" (no mesh from ", min_world, " to ", available,
                            " ranks shares the ", global, " sequences per step)")

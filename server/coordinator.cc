@@ -460,8 +460,8 @@ absl::Status Coordinator::Serve(
     std::string holder;
     if (int port = 0;
         !absl::StartsWith(options_.listen, "unix") &&
-        absl::SimpleAtoi(
-            options_.listen.substr(options_.listen.rfind(':') + 1), &port) &&
+        absl::SimpleAtoi(options_.listen.substr(options_.listen.rfind(':') + 1),
+                         &port) &&
         port > 0) {
       holder = DescribeListener(port);
     }

@@ -13,13 +13,16 @@
 // a daemon it has just started should start it with the signals blocked,
 // as `shardtrain daemon` does.)
 //
-// Only the C library: no allocation, no C++ runtime.
+// Only the C library (and common/startup_signals.cc, compiled in): no
+// allocation, no C++ runtime.
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "common/startup_signals.h"
 
 // SIGHUP, SIGINT, SIGTERM and SIGUSR1 as the kernel's 64-bit signal set.
 extern "C" const unsigned long kShardtraindStartupMask =
@@ -51,13 +54,7 @@ shardtraind_entry:
 int main(int argc, char** argv) {
   (void)argc;
   // Already blocked by the entry on x86-64; elsewhere from here on.
-  sigset_t startup;
-  sigemptyset(&startup);
-  sigaddset(&startup, SIGHUP);
-  sigaddset(&startup, SIGINT);
-  sigaddset(&startup, SIGTERM);
-  sigaddset(&startup, SIGUSR1);
-  sigprocmask(SIG_BLOCK, &startup, nullptr);
+  shardtrain::HoldStartupSignals();
 
   static const char kServer[] = "shardtraind-server";
   char path[PATH_MAX];

@@ -143,12 +143,13 @@ absl::Status CheckPriorityAllowed(const JobManagerOptions& options,
     for (const auto& [name, priority_class] : options.priority_classes) {
       if (priority_class.open) open.push_back(name);
     }
-    return absl::PermissionDeniedError(absl::StrCat(
-        "priority_class: '", spec.priority_class(), "' is for admins; ",
-        caller.Describe(), " is a user, who may name only the classes an admin "
-        "opened (",
-        open.empty() ? "none are" : absl::StrJoin(open, ", "),
-        "; shardtraind --priority-class NAME=P,open=true)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("priority_class: '", spec.priority_class(),
+                     "' is for admins; ", caller.Describe(),
+                     " is a user, who may name only the classes an admin "
+                     "opened (",
+                     open.empty() ? "none are" : absl::StrJoin(open, ", "),
+                     "; shardtraind --priority-class NAME=P,open=true)"));
   }
   if (const int ceiling = UserPriorityCeiling(options);
       spec.priority() > ceiling) {
@@ -309,7 +310,8 @@ absl::StatusOr<v1::Job> JobRequests::Submit(const v1::JobSpec& spec,
   absl::StatusOr<v1::JobSpec> validated =
       ValidateSubmission(table_->options, spec);
   if (!validated.ok()) return validated.status();
-  if (absl::Status s = CheckPriorityAllowed(table_->options, *validated, caller);
+  if (absl::Status s =
+          CheckPriorityAllowed(table_->options, *validated, caller);
       !s.ok()) {
     return s;
   }

@@ -25,9 +25,10 @@ absl::StatusOr<int> PosixProcessSpawner::Spawn(const ProcessSpec& spec) {
   options.process_group = spec.process_group;
   options.output = SubprocessOptions::Output::kLogFile;
   options.log_path = spec.log_path;
-  // Ranks (shardtrain-worker, or a test's stand-in) take SIGUSR1 and
-  // SIGTERM once ready: one sent right after the launch waits for them.
-  options.hold_startup_signals = true;
+  // A rank takes SIGUSR1 (checkpoint and stop) once its handler is in
+  // place: one sent right after the launch waits for it. SIGTERM is not
+  // held: it stops a rank at once, whatever --worker-binary runs.
+  options.held_signals = {SIGUSR1};
   absl::StatusOr<Subprocess> child = SpawnSubprocess(options);
   if (!child.ok()) return child.status();
   return child->pid;

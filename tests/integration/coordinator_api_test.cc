@@ -592,9 +592,9 @@ TEST_F(CoordinatorApiTest, RolesGovernPriorityAndQuotasHoldForGrowth) {
   DaemonOptions options;
   options.cpu_slots = 3;
   options.extra_flags = {"--auth-token-file", dir_ / "tokens",
-                         "--priority-class", "urgent=100",
-                         "--priority-class", "pinned=1,preemptible=false",
-                         "--priority-class", "batch=10,open=true"};
+                         "--priority-class",  "urgent=100",
+                         "--priority-class",  "pinned=1,preemptible=false",
+                         "--priority-class",  "batch=10,open=true"};
   auto daemon = StartDaemon(options);
   auto as = [&](const std::string& user) {
     daemon->set_token(user + "-token");
@@ -635,7 +635,8 @@ TEST_F(CoordinatorApiTest, RolesGovernPriorityAndQuotasHoldForGrowth) {
     };
   };
   // The quick jobs above end first; then alice's takes 2 of the 3 slots.
-  ASSERT_EQ(as("ops")->WaitFor(elastic.id(), running_at(2), absl::Seconds(30))
+  ASSERT_EQ(as("ops")
+                ->WaitFor(elastic.id(), running_at(2), absl::Seconds(30))
                 .state(),
             v1::RUNNING);
   v1::JobSpec urgent_spec = FakeSpec("hold", data_, 2);
@@ -645,15 +646,15 @@ TEST_F(CoordinatorApiTest, RolesGovernPriorityAndQuotasHoldForGrowth) {
   EXPECT_EQ(daemon->WaitFor(elastic.id(), running_at(1), absl::Seconds(30))
                 .world_size(),
             1);
-  EXPECT_EQ(daemon->WaitFor(urgent.id(), running_at(2), absl::Seconds(30))
-                .state(),
-            v1::RUNNING);
+  EXPECT_EQ(
+      daemon->WaitFor(urgent.id(), running_at(2), absl::Seconds(30)).state(),
+      v1::RUNNING);
   v1::Job second;
   ASSERT_GRPC_OK(as("alice")->Submit(FakeSpec("hold", data_), &second));
   ASSERT_GRPC_OK(as("ops")->Cancel(urgent.id(), &urgent));
-  EXPECT_EQ(daemon->WaitFor(second.id(), running_at(1), absl::Seconds(30))
-                .state(),
-            v1::RUNNING);
+  EXPECT_EQ(
+      daemon->WaitFor(second.id(), running_at(1), absl::Seconds(30)).state(),
+      v1::RUNNING);
   // A slot is free now, but alice holds her 2: her elastic job stays at 1
   // through many scheduling rounds (50 ms each).
   const absl::Time watch_until = absl::Now() + absl::Seconds(2);
@@ -861,9 +862,9 @@ TEST_F(CoordinatorApiTest, SecondDaemonOnTheSameListenAddressIsRefused) {
   Daemon second(dir_ / "other-state", options);
   std::string error;
   EXPECT_FALSE(second.Start(&error));
-  EXPECT_THAT(error, HasSubstr(absl::StrCat("--listen: ", daemon->address(),
-                                            " is taken by pid ",
-                                            daemon->pid(), " (")));
+  EXPECT_THAT(
+      error, HasSubstr(absl::StrCat("--listen: ", daemon->address(),
+                                    " is taken by pid ", daemon->pid(), " (")));
   EXPECT_THAT(error, HasSubstr("shardtraind"));
   grpc::ClientContext context;
   v1::Cluster cluster;

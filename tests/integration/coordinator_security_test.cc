@@ -401,7 +401,7 @@ TEST_F(CoordinatorSecurityTest, ASignalDuringStartUpWaitsForTheHandler) {
   }
   EXPECT_EQ(survived, kRuns);
 
-  // Ranks: launched with the signals held (as the local launcher does);
+  // Ranks: launched with SIGUSR1 held (as the local launcher does);
   // each exits on its own (no spec to read), never by the SIGUSR1.
   for (int first = 0; first < kRuns; first += kSideBySide) {
     std::vector<int> ranks;
@@ -411,7 +411,7 @@ TEST_F(CoordinatorSecurityTest, ASignalDuringStartUpWaitsForTheHandler) {
                    dir_ / "no-such-spec.json", "--out", dir_ / "rank-out"};
       rank.output = SubprocessOptions::Output::kLogFile;
       rank.log_path = dir_ / absl::StrCat("rank-", i, ".log");
-      rank.hold_startup_signals = true;
+      rank.held_signals = {SIGUSR1};
       absl::StatusOr<Subprocess> started = SpawnSubprocess(rank);
       ASSERT_TRUE(started.ok()) << started.status();
       absl::SleepFor(absl::Milliseconds(200) * i / (kRuns - 1));

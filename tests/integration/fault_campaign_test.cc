@@ -263,8 +263,8 @@ TEST_F(FaultCampaignTest, AnUnwritableCheckpointDirectoryLeavesNoJobStuck) {
     });
     // The stream is served before the preemption it must see (the call is
     // asynchronous: without this the preemption can come first).
-    ASSERT_TRUE(test::WaitUntil([&] { return watching.load(); },
-                                absl::Seconds(10)));
+    ASSERT_TRUE(
+        test::WaitUntil([&] { return watching.load(); }, absl::Seconds(10)));
     v1::JobSpec urgent = FakeSpec("sleep:1000", data_);
     urgent.set_priority(10);
     ASSERT_GRPC_OK(daemon->Submit(urgent, &high));

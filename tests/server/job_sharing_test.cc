@@ -685,8 +685,8 @@ TEST_F(JobSharingTest, AShutdownCheckpointsRunningJobsAndQueuesThemAgain) {
 
 TEST(PriorityClassFlagTest, ParsesClassesAndNamesMistakes) {
   absl::StatusOr<std::map<std::string, PriorityClass>> classes =
-      ParsePriorityClasses({"urgent=100", "prod=50,preemptible=false",
-                            "batch=10,open=true"});
+      ParsePriorityClasses(
+          {"urgent=100", "prod=50,preemptible=false", "batch=10,open=true"});
   ASSERT_TRUE(classes.ok()) << classes.status();
   EXPECT_EQ(classes->at("urgent").priority, 100);
   EXPECT_TRUE(classes->at("urgent").preemptible);

@@ -672,9 +672,9 @@ absl::Status Trainer::RunLoop() {
       const std::string line = m.ToJson() + "\n";
       if (::write(metrics_fd_, line.data(), line.size()) !=
           static_cast<ssize_t>(line.size())) {
-        return absl::InternalError(absl::StrCat(
-            "cannot append to ", config_.out, "/metrics.jsonl: ",
-            std::strerror(errno)));
+        return absl::InternalError(
+            absl::StrCat("cannot append to ", config_.out,
+                         "/metrics.jsonl: ", std::strerror(errno)));
       }
     }
     history_.push_back(m);
