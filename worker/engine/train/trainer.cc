@@ -20,6 +20,7 @@
 #include "common/atomic_file.h"
 #include "common/exit_codes.h"
 #include "common/input_file.h"
+#include "common/json_excerpt.h"
 #include "core/checkpoint/checkpoint_export.h"
 #include "core/checkpoint/checkpoint_format.h"
 #include "nlohmann/json.hpp"
@@ -553,9 +554,9 @@ absl::StatusOr<int64_t> Trainer::LoadCheckpointFrom(const std::string& dir) {
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "resume: checkpoint ", dir, " was written with ", field, " ",
-        saved.contains(field) ? saved[field].dump() : "(none)",
-        "; this run has ", value.dump(), ". Pass the same (", FlagFor(field),
-        "), or train into a fresh --out"));
+        saved.contains(field) ? JsonExcerpt(saved[field]) : "(none)",
+        "; this run has ", JsonExcerpt(value), ". Pass the same (",
+        FlagFor(field), "), or train into a fresh --out"));
   }
   if (absl::Status s = strategy_->LoadCheckpoint(**reader); !s.ok()) return s;
   at::Generator generator = at::detail::getDefaultCPUGenerator();
