@@ -1,18 +1,17 @@
 #include "server/attempt_supervisor.h"
 
 #include <signal.h>
-#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
 #include "common/subprocess.h"
 #include "proto/job_config.h"
+#include "server/failure_reasons.h"
 #include "server/scheduler.h"
 
 namespace shardtrain {
@@ -25,68 +24,6 @@ constexpr int kMaxPortRetries = 4;
 bool AnyRankRunning(const JobEntry& entry) {
   return std::any_of(entry.ranks.begin(), entry.ranks.end(),
                      [](const RankProcess& rank) { return !rank.exited; });
-}
-
-// The job failed as a whole (no rank) because the coordinator restarted.
-void SetCoordinatorRestartFailure(v1::Failure* failure, std::string message) {
-  failure->set_reason(v1::COORDINATOR_RESTART);
-  failure->set_rank(-1);
-  failure->set_message(std::move(message));
-}
-
-// Out-of-memory errors as LibTorch, CUDA and the C++ runtime word them.
-bool LooksLikeOom(const std::vector<std::string>& lines) {
-  for (const std::string& line : lines) {
-    const std::string lower = absl::AsciiStrToLower(line);
-    if (lower.find("out of memory") != std::string::npos ||
-        lower.find("outofmemoryerror") != std::string::npos ||
-        lower.find("std::bad_alloc") != std::string::npos ||
-        lower.find("can't allocate memory") != std::string::npos) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Turns `failure` into OOM when its log tail shows an out-of-memory error;
-// whether it did.
-bool MarkOomFromLogTail(v1::Failure& failure) {
-  const std::vector<std::string> tail(failure.log_tail().begin(),
-                                      failure.log_tail().end());
-  if (failure.reason() == v1::OOM || !LooksLikeOom(tail)) return false;
-  failure.set_reason(v1::OOM);
-  failure.set_message(failure.message() + " (out of memory)");
-  return true;
-}
-
-// A full file system as the C library words it (ENOSPC, EDQUOT).
-bool LooksLikeDiskFull(const std::vector<std::string>& lines) {
-  for (const std::string& line : lines) {
-    const std::string lower = absl::AsciiStrToLower(line);
-    if (lower.find("no space left on device") != std::string::npos ||
-        lower.find("disk quota exceeded") != std::string::npos) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Names a full disk in `failure`'s message when its log tail says so, or
-// when the job's directory is on a file system with (almost) nothing left:
-// a rank that cannot write its log leaves no tail to read.
-void MarkDiskFull(v1::Failure& failure, const std::string& job_dir) {
-  const std::vector<std::string> tail(failure.log_tail().begin(),
-                                      failure.log_tail().end());
-  bool full = LooksLikeDiskFull(tail);
-  if (struct statvfs fs; !full && statvfs(job_dir.c_str(), &fs) == 0) {
-    full =
-        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) <
-        (int64_t{1} << 20);
-  }
-  if (!full) return;
-  failure.set_message(absl::StrCat(
-      failure.message(), " (no space left on device: ENOSPC writing under ",
-      job_dir, "; free space on its file system, then resubmit)"));
 }
 
 }  // namespace
@@ -441,30 +378,7 @@ v1::Failure AttemptSupervisor::RankExitFailure(const JobEntry& entry, int r,
   v1::Failure failure = table_->RankFailure(
       id, r, exit.signal > 0 ? v1::SIGNAL : v1::EXIT_CODE,
       absl::StrCat("rank ", r, " ended with ", exit.ToString()));
-  if (exit.exit_code != 0) MarkDiskFull(failure, table_->JobDir(id));
-  if (!MarkOomFromLogTail(failure) && exit.exit_code == kExitDiverged) {
-    // Deterministic: a restart from the last checkpoint would diverge at
-    // the same step again.
-    failure.set_reason(v1::DIVERGED);
-    failure.set_message(absl::StrCat(
-        "rank ", r,
-        ": training diverged (a non-finite loss or gradient "
-        "norm; its last step is in the metrics, the reason in its log)"));
-  } else if (exit.exit_code == kExitBadConfiguration) {
-    // Deterministic: the same spec and files are refused again.
-    failure.set_reason(v1::INVALID_SPEC);
-    failure.set_message(absl::StrCat(
-        "rank ", r,
-        ": the job's configuration, or a file it names (a model's "
-        "config.json, a tokenizer, the data), was refused (exit code 2); its "
-        "log says which and why"));
-  } else if (exit.exit_code == kExitInputRefused) {
-    failure.set_reason(v1::INVALID_SPEC);
-    failure.set_message(absl::StrCat(
-        "rank ", r,
-        ": refused a file the job names (outside shardtraind --path-root, or "
-        "not readable by the daemon's user); its log says which"));
-  }
+  ClassifyRankExit(failure, r, exit, table_->JobDir(id));
   return failure;
 }
 

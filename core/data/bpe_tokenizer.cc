@@ -1,8 +1,5 @@
 #include "core/data/bpe_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-#include <time.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -12,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <sstream>
 #include <utility>
@@ -27,6 +25,7 @@
 #include "common/input_file.h"
 #include "common/json_excerpt.h"
 #include "core/data/asset_paths.h"
+#include "core/data/pretoken_regex.h"
 #include "nlohmann/json.hpp"
 
 namespace shardtrain {
@@ -48,125 +47,6 @@ constexpr size_t kMaxCachedPieces = 1 << 20;
 // real ones nest five levels (Llama 3's post-processor); the bound keeps a
 // hostile file (100,000 levels) from anything that recurses on its values.
 constexpr int kMaxTokenizerNesting = 64;
-
-// Bounds on matching a pre-tokenizer regex, which a tokenizer.json chooses:
-// one that backtracks catastrophically ((\w+\s?)+$ on 101 letters tries 2^100
-// ways) is refused in a fraction of a second instead of running for hours.
-//  - kMatchLimit, PCRE2's default: backtracking steps from one start
-//    position (about 0.05 s with JIT, 0.3 s without). GPT-2's regex takes
-//    none per character of a whitespace run, Llama 3's and Qwen's a step
-//    or two, so runs of three million characters still match.
-//  - kDepthLimit and kHeapLimitKib bound the interpreter's (no JIT)
-//    backtracking memory, kJitStackMaxBytes JIT's: those three regexes need
-//    none beyond the 32 KiB a JIT stack starts with; one repeating a group,
-//    (?:\p{L}|')+, needs a frame per character.
-//  - The time bound, for regexes that are slow at every position rather
-//    than at one ((\w)+\d on 30,000 letters: 5 s, quadratically more on
-//    longer text): a text's matching may take kMatchTimeBaseNs plus
-//    kMatchTimePerMiBNs for each MiB. Those three regexes match about
-//    13 MB/s with JIT on a 2-core EPYC VM, over ten times faster.
-constexpr uint32_t kMatchLimit = 10'000'000;
-constexpr uint32_t kDepthLimit = 1'000'000;
-constexpr uint32_t kHeapLimitKib = 64 << 10;
-constexpr size_t kJitStackMaxBytes = 64 << 20;
-constexpr int64_t kMatchTimeBaseNs = 250'000'000;
-constexpr int64_t kMatchTimePerMiBNs = 1'000'000'000;
-
-struct CodeDeleter {
-  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
-};
-struct MatchDataDeleter {
-  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
-};
-struct MatchContextDeleter {
-  void operator()(pcre2_match_context* context) const {
-    pcre2_match_context_free(context);
-  }
-};
-struct JitStackDeleter {
-  void operator()(pcre2_jit_stack* stack) const { pcre2_jit_stack_free(stack); }
-};
-
-// Nanoseconds on CLOCK_MONOTONIC_COARSE: memory the kernel updates every
-// tick (1-4 ms) whatever the clock source, so cheap enough to read at every
-// pre-token, and fine-grained enough for a bound of a quarter second.
-int64_t CoarseNowNs() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
-}
-
-// The time one text's regex matching has taken, against the time bound
-// above. It runs only inside pcre2_match (between Start and Stop), so the
-// merges between matches do not count.
-class MatchTimer {
- public:
-  explicit MatchTimer(size_t text_bytes)
-      : text_bytes_(text_bytes),
-        limit_ns_(kMatchTimeBaseNs +
-                  static_cast<int64_t>(static_cast<double>(text_bytes) *
-                                       kMatchTimePerMiBNs / (1 << 20))) {}
-
-  void Start() { started_ns_ = CoarseNowNs(); }
-  void Stop() { spent_ns_ += CoarseNowNs() - started_ns_; }
-  // Between Start and Stop: whether the bound is passed.
-  bool Expired() const {
-    return spent_ns_ + (CoarseNowNs() - started_ns_) > limit_ns_;
-  }
-
-  size_t text_bytes() const { return text_bytes_; }
-  double limit_seconds() const { return limit_ns_ * 1e-9; }
-
- private:
-  size_t text_bytes_;
-  int64_t limit_ns_;
-  int64_t spent_ns_ = 0;
-  int64_t started_ns_ = 0;
-};
-
-// Every compiled pre-tokenizer regex starts with this callout, so PCRE2
-// calls OnStartPosition at each position it tries a match from, with or
-// without JIT: where a slow pattern spends its time. It costs JIT its skip
-// over the rest of a run a leading \w+ failed on, so a regex that fails
-// at every position of a long run ([^\d]+\d on letters) turns quadratic
-// and meets the time bound; tokenizers' regexes cover every character and
-// match at each position they try.
-constexpr char kStartCallout[] = "(?C1)";
-
-int OnStartPosition(pcre2_callout_block* /*block*/, void* timer) {
-  return static_cast<const MatchTimer*>(timer)->Expired() ? PCRE2_ERROR_CALLOUT
-                                                          : 0;
-}
-
-// The length of `pattern`'s leading (*UCP)-style settings, which must stay
-// first: the callout goes after them.
-size_t LeadingSettingsLength(absl::string_view pattern) {
-  size_t at = 0;
-  while (absl::StartsWith(pattern.substr(at), "(*")) {
-    const size_t close = pattern.find(')', at);
-    if (close == absl::string_view::npos ||
-        !std::all_of(pattern.begin() + at + 2, pattern.begin() + close,
-                     [](char c) {
-                       return (c >= 'A' && c <= 'Z') ||
-                              (c >= '0' && c <= '9') || c == '_' || c == '=';
-                     })) {
-      break;
-    }
-    at = close + 1;
-  }
-  return at;
-}
-
-// `text` cut to at most `max_bytes` (at a UTF-8 character boundary) with
-// "..." after a cut.
-std::string Truncated(absl::string_view text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return std::string(text);
-  size_t cut = max_bytes;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
-    --cut;
-  }
-  return absl::StrCat(text.substr(0, cut), "...");
-}
 
 // GPT-2's bytes_to_unicode(): the printable code point standing for each byte
 // in encoder.json and vocab.bpe.
@@ -239,10 +119,8 @@ struct BpeTokenizer::Impl {
   absl::flat_hash_map<std::string, int> bytes_to_id;
   std::array<int, 256> byte_to_id{};
   absl::flat_hash_map<uint64_t, Merge> merges;  // keyed by PairKey(ids)
-  std::unique_ptr<pcre2_code, CodeDeleter> pre_token_regex;
-  // For errors: the regex as the tokenizer gives it, and the tokenizer's
-  // file (or vocabulary directory).
-  std::string pre_token_pattern;
+  std::optional<PretokenRegex> pre_token_regex;
+  // For errors: the tokenizer's file (or vocabulary directory).
   std::string source;
 
   // Hugging Face tokenizers (LoadHuggingFace).
@@ -269,15 +147,12 @@ struct BpeTokenizer::Impl {
   absl::Status AddMerge(const std::string& left, const std::string& right,
                         int rank, const std::string& where);
 
-  // Both InvalidArgument (MatchError) when the regex exceeds a bound on
+  // Both InvalidArgument naming `source` when the regex exceeds a bound on
   // `text`; `timer` times the whole text Encode was given.
   absl::Status EncodeHuggingFace(absl::string_view text, MatchTimer* timer,
                                  std::vector<int>* out) const;
   absl::Status EncodeOrdinary(absl::string_view text, MatchTimer* timer,
                               std::vector<int>* out) const;
-  // InvalidArgument naming the regex and the bound it exceeded (`rc`, from
-  // pcre2_match).
-  absl::Status MatchError(int rc, const MatchTimer& timer) const;
   void AppendPiece(absl::string_view piece, std::vector<int>* out) const;
   std::vector<int> MergePiece(absl::string_view piece) const;
 };
@@ -453,131 +328,36 @@ absl::Status BpeTokenizer::Impl::LoadHfMerges(const nlohmann::json& list,
 }
 
 absl::Status BpeTokenizer::Impl::CompileRegex(const std::string& pattern) {
-  pre_token_pattern = pattern;
-  const size_t settings = LeadingSettingsLength(pattern);
-  const std::string timed = absl::StrCat(
-      pattern.substr(0, settings), kStartCallout, pattern.substr(settings));
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  pre_token_regex.reset(
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(timed.data()), timed.size(),
-                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                    &error_code, &error_offset, nullptr));
-  if (pre_token_regex == nullptr) {
-    // The offset in `pattern`, not `timed`.
-    const size_t callout = sizeof(kStartCallout) - 1;
-    error_offset = error_offset >= settings + callout
-                       ? error_offset - callout
-                       : std::min<PCRE2_SIZE>(error_offset, settings);
-    std::array<PCRE2_UCHAR, 256> message{};
-    pcre2_get_error_message(error_code, message.data(), message.size());
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the pre-token regex does not compile at offset ", error_offset, ": ",
-        reinterpret_cast<const char*>(message.data())));
-  }
-  // JIT is an optimisation: without it (no JIT on this CPU) matching is
-  // slower but identical.
-  pcre2_jit_compile(pre_token_regex.get(), PCRE2_JIT_COMPLETE);
+  absl::StatusOr<PretokenRegex> regex = PretokenRegex::Compile(pattern);
+  if (!regex.ok()) return regex.status();
+  pre_token_regex = std::move(*regex);
   return absl::OkStatus();
 }
-
-namespace {
-
-// Per-thread PCRE2 matching state, shared by every tokenizer: the bounds
-// above.
-struct MatchState {
-  MatchState() {
-    context.reset(pcre2_match_context_create(nullptr));
-    jit_stack.reset(
-        pcre2_jit_stack_create(32 << 10, kJitStackMaxBytes, nullptr));
-    pcre2_jit_stack_assign(context.get(), nullptr, jit_stack.get());
-    pcre2_set_match_limit(context.get(), kMatchLimit);
-    pcre2_set_depth_limit(context.get(), kDepthLimit);
-    pcre2_set_heap_limit(context.get(), kHeapLimitKib);
-  }
-  // Room for the whole match only: the patterns' groups are not read, so
-  // one state serves every tokenizer's pattern.
-  pcre2_match_data* MatchData() {
-    if (match == nullptr) match.reset(pcre2_match_data_create(1, nullptr));
-    return match.get();
-  }
-
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> match;
-  std::unique_ptr<pcre2_match_context, MatchContextDeleter> context;
-  std::unique_ptr<pcre2_jit_stack, JitStackDeleter> jit_stack;
-};
-
-}  // namespace
 
 absl::Status BpeTokenizer::Impl::EncodeOrdinary(absl::string_view text,
                                                 MatchTimer* timer,
                                                 std::vector<int>* out) const {
-  thread_local MatchState state;
-  pcre2_match_data* match = state.MatchData();
-  pcre2_set_callout(state.context.get(), &OnStartPosition, timer);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start < text.size()) {
-    timer->Start();
-    const int rc = pcre2_match(pre_token_regex.get(), subject, text.size(),
-                               start, 0, match, state.context.get());
-    timer->Stop();
-    if (rc == PCRE2_ERROR_NOMATCH) {
+    size_t begin = 0, end = 0;
+    absl::StatusOr<bool> found =
+        pre_token_regex->Find(text, start, timer, &begin, &end);
+    if (!found.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", found.status().message()));
+    }
+    if (!*found) {
       // With GPT-2's regex only bytes that are not UTF-8 fail to match
       // (every character is \s, \p{L}, \p{N} or other); they stay one
       // piece so they round-trip.
       AppendPiece(text.substr(start), out);
       return absl::OkStatus();
     }
-    if (rc < 0) return MatchError(rc, *timer);
-    const PCRE2_SIZE* range = pcre2_get_ovector_pointer(match);
-    if (range[0] > start) {
-      AppendPiece(text.substr(start, range[0] - start), out);
-    }
-    AppendPiece(text.substr(range[0], range[1] - range[0]), out);
-    start = range[1];
+    if (begin > start) AppendPiece(text.substr(start, begin - start), out);
+    AppendPiece(text.substr(begin, end - begin), out);
+    start = end;
   }
   return absl::OkStatus();
-}
-
-absl::Status BpeTokenizer::Impl::MatchError(int rc,
-                                            const MatchTimer& timer) const {
-  std::string bound;
-  switch (rc) {
-    case PCRE2_ERROR_MATCHLIMIT:
-      bound = absl::StrCat("PCRE2's match limit (", kMatchLimit,
-                           " backtracking steps from one position)");
-      break;
-    case PCRE2_ERROR_DEPTHLIMIT:
-      bound = absl::StrCat("PCRE2's depth limit (", kDepthLimit,
-                           " nested backtracking points)");
-      break;
-    case PCRE2_ERROR_HEAPLIMIT:
-      bound = absl::StrCat("PCRE2's heap limit (", kHeapLimitKib >> 10,
-                           " MiB of backtracking frames)");
-      break;
-    case PCRE2_ERROR_JIT_STACKLIMIT:
-      bound = absl::StrCat("the JIT stack limit (", kJitStackMaxBytes >> 20,
-                           " MiB)");
-      break;
-    case PCRE2_ERROR_CALLOUT:
-      bound = absl::StrFormat(
-          "its time bound (%.2f s for this text: %.2f s plus %.0f s per MiB)",
-          timer.limit_seconds(), kMatchTimeBaseNs * 1e-9,
-          kMatchTimePerMiBNs * 1e-9);
-      break;
-    default: {
-      std::array<PCRE2_UCHAR, 256> message{};
-      pcre2_get_error_message(rc, message.data(), message.size());
-      bound = absl::StrCat("a PCRE2 error (",
-                           reinterpret_cast<const char*>(message.data()), ")");
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      source, ": the pre-tokenizer's regex \"",
-      Truncated(pre_token_pattern, 60), "\" exceeded ", bound, " on a ",
-      timer.text_bytes(),
-      "-byte text; a regex that backtracks this much is not supported"));
 }
 
 void BpeTokenizer::Impl::AppendPiece(absl::string_view piece,
@@ -955,15 +735,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::LoadHuggingFace(
   if (absl::Status s = impl->CompileRegex(pattern); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
-  {
-    // A pattern that matches nothing at all would never move on.
-    std::unique_ptr<pcre2_match_data, MatchDataDeleter> match(
-        pcre2_match_data_create(1, nullptr));
-    if (pcre2_match(impl->pre_token_regex.get(),
-                    reinterpret_cast<PCRE2_SPTR>(""), 0, 0, 0, match.get(),
-                    nullptr) >= 0) {
-      return unsupported("the pre-tokenizer's regex matches the empty text");
-    }
+  // A pattern that matches nothing at all would never move on.
+  if (impl->pre_token_regex->MatchesEmpty()) {
+    return unsupported("the pre-tokenizer's regex matches the empty text");
   }
   // Added tokens: their text as is, matched before anything else.
   if (json.contains("added_tokens") && json["added_tokens"].is_array()) {
