@@ -289,6 +289,15 @@ TEST_F(TrainMainTest, SaysWhatShapesTheRun) {
   // one), as --threads gave them.
   EXPECT_NE(header.output.find("cpu: 2 thread(s) per rank"), std::string::npos)
       << header.output;
+  // The allocator the build linked (tcmalloc, where installed) is the one
+  // the rank runs on.
+#ifdef SHARDTRAIN_EXPECT_TCMALLOC
+  EXPECT_NE(header.output.find(", tcmalloc\n"), std::string::npos)
+      << header.output;
+#else
+  EXPECT_NE(header.output.find(", glibc malloc\n"), std::string::npos)
+      << header.output;
+#endif
   // The log names the run's mesh as every view does.
   EXPECT_NE(header.output.find("on mesh single (cpu x 1)"), std::string::npos)
       << header.output;

@@ -57,6 +57,11 @@ const char* BlasCoreName() {
   return get == nullptr ? "" : get();
 }
 
+const char* MallocName() {
+  return dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr ? "tcmalloc"
+                                                     : "glibc malloc";
+}
+
 void ReexecForFasterBlasKernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
   const std::string current = BlasCoreName();

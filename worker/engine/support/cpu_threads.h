@@ -36,6 +36,13 @@ void ReexecForFasterBlasKernels(char** argv);
 // The core OpenBLAS runs (e.g. "SkylakeX"), or "" without OpenBLAS.
 const char* BlasCoreName();
 
+// The allocator behind malloc in this process: "tcmalloc" when the program
+// was linked with it (cmake/TorchBuild.cmake: LibTorch's CPU tensors of a
+// step are freed and made again every step, and glibc returns each one above
+// its mmap threshold to the kernel, which zeroes its pages anew), else
+// "glibc malloc".
+const char* MallocName();
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_SUPPORT_CPU_THREADS_H_

@@ -633,7 +633,8 @@ absl::Status Trainer::RunLoop() {
         "cpu: ", CpuComputeThreads(), " thread(s) per rank",
         *BlasCoreName() != '\0'
             ? absl::StrCat(", OpenBLAS ", BlasCoreName(), " kernels")
-            : ""));
+            : "",
+        ", ", MallocName()));
   }
   if (config_.activation_checkpointing != "none") {
     Log(absl::StrCat(
