@@ -428,10 +428,6 @@ std::string ScheduleText(PipelineSchedule schedule, int64_t stages,
       " and ", micro_batches, " micro-batches");
 }
 
-absl::StatusOr<std::vector<std::vector<PipelineOp>>> LowerAllStages(
-    PipelineSchedule schedule, int64_t stages, int64_t micro_batches,
-    int64_t virtual_stages);
-
 }  // namespace
 
 absl::StatusOr<PipelineTimeline> SimulatePipeline(
@@ -549,6 +545,8 @@ struct PlannedTransfer {
   int64_t to = 0, to_chunk = 0;
   double made = 0;
 };
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::vector<PipelineOp>>> LowerAllStages(
     PipelineSchedule schedule, int64_t stages, int64_t micro_batches,
@@ -674,8 +672,6 @@ absl::StatusOr<std::vector<std::vector<PipelineOp>>> LowerAllStages(
   }
   return lowered;
 }
-
-}  // namespace
 
 std::string DescribeOp(const PipelineOp& op) {
   const std::string chunk =

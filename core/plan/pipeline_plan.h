@@ -215,6 +215,11 @@ absl::StatusOr<std::vector<PipelineOp>> LowerStageActions(
     PipelineSchedule schedule, int64_t stages, int64_t stage,
     int64_t micro_batches, int64_t virtual_stages = 1);
 
+// Every stage's ops as LowerStageActions places them, index = stage.
+absl::StatusOr<std::vector<std::vector<PipelineOp>>> LowerAllStages(
+    PipelineSchedule schedule, int64_t stages, int64_t micro_batches,
+    int64_t virtual_stages = 1);
+
 // The transfers each stage posts in the order a stage would if it posted
 // each where its compute needs it (a receive at the start of the forward or
 // backward that needs it, waited at once; a send at the end of the one that

@@ -82,10 +82,12 @@ class InProcessCommunicator final : public Communicator {
                                  int64_t tag) override {
     stats_.bytes += tensor.nbytes();
     if (group_->p2p() == PointToPoint::kNcclOrder) {
+      // The sender's own memory, read when the receive matches it (as NCCL
+      // reads it while the transfer runs): a buffer changed before then is
+      // received changed, and the numbers say so.
       return std::make_unique<OrderedWork>(
           group_,
-          group_->PostOrdered(rank_, dst, /*send=*/true,
-                              tensor.detach().clone()),
+          group_->PostOrdered(rank_, dst, /*send=*/true, tensor.detach()),
           absl::StrCat("send to ", dst, " on rank ", rank_));
     }
     group_->Post(rank_, dst, tag, tensor.detach().clone());

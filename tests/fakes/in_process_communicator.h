@@ -11,9 +11,11 @@
 //   - kNcclOrder (NCCL's): tags are ignored; each pair of ranks runs its
 //     transfers in the order each end posted them, one at a time, and a
 //     send completes only when the other end's matching receive is posted
-//     (no buffering). Two ends whose next transfers are both sends (or both
-//     receives) never complete: Wait() times out, as NCCL hangs. A
-//     receive's buffer must stay alive until it is waited for.
+//     (no buffering), reading the send's tensor then, not when it was
+//     posted: a sender that changes its buffer before the transfer is
+//     matched sends what it changed. Two ends whose next transfers are both
+//     sends (or both receives) never complete: Wait() times out, as NCCL
+//     hangs. Both buffers must stay alive until they are waited for.
 #ifndef SHARDTRAIN_TESTS_FAKES_IN_PROCESS_COMMUNICATOR_H_
 #define SHARDTRAIN_TESTS_FAKES_IN_PROCESS_COMMUNICATOR_H_
 
@@ -65,8 +67,9 @@ class InProcessGroup {
   bool Take(int64_t src, int64_t dst, int64_t tag, torch::Tensor* tensor);
 
   PointToPoint p2p() const { return p2p_; }
-  // kNcclOrder: a transfer posted by `rank` toward `peer` (a send carries a
-  // copy of its tensor; a receive the caller's buffer, filled on matching).
+  // kNcclOrder: a transfer posted by `rank` toward `peer` (a send carries
+  // the caller's tensor, read on matching; a receive the caller's buffer,
+  // filled on matching).
   struct OrderedTransfer {
     bool send = false;
     torch::Tensor tensor;

@@ -233,9 +233,11 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
                                int64_t chunk_bytes, bool want_dx,
                                bool want_dw) {
     const int64_t n = hidden.size(0), c = hidden.size(1);
-    // Products in the autocast dtype on CUDA (at::mm autocasts); in place
-    // into the fp32 gradient elsewhere.
-    const bool low_precision = hidden.is_cuda() && CudaAutocastEnabled();
+    // Products in the autocast dtype on CUDA (at::mm autocasts), or in the
+    // weight's where it is not fp32 (a compute dtype forced on CPU); in
+    // place into the fp32 gradient elsewhere.
+    const bool low_precision = (hidden.is_cuda() && CudaAutocastEnabled()) ||
+                               weight.scalar_type() != at::kFloat;
     const torch::Tensor w = weight.narrow(0, 0, vocab_size);  // contiguous
     const int64_t rows = std::max<int64_t>(
         1, chunk_bytes / (vocab_size * static_cast<int64_t>(sizeof(float))));
@@ -266,7 +268,7 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
       if (want_dx) {
         torch::Tensor out = dx.narrow(0, start, len);
         if (low_precision) {
-          out.copy_(at::mm(g, w));
+          out.copy_(at::mm(g.to(w.scalar_type()), w));
         } else {
           at::mm_out(out, g, w);
         }
@@ -274,7 +276,7 @@ class ChunkedLmHead : public torch::autograd::Function<ChunkedLmHead> {
       if (want_dw) {
         torch::Tensor dw_rows = dw.narrow(0, 0, vocab_size);
         if (low_precision) {
-          dw_rows.add_(at::mm(g.t(), x));
+          dw_rows.add_(at::mm(g.t().to(x.scalar_type()), x));
         } else {
           dw_rows.addmm_(g.t(), x);
         }

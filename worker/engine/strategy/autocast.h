@@ -27,6 +27,8 @@ class ScopedAutocast {
   ScopedAutocast(const ScopedAutocast&) = delete;
   ScopedAutocast& operator=(const ScopedAutocast&) = delete;
 
+  bool active() const { return active_; }
+
  private:
   bool active_;
 };

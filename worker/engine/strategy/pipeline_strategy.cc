@@ -182,6 +182,14 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: ", pipeline_.stages, " stage(s); a pipeline has 2 or more"));
   }
+  // The order this run's transfers will be posted in, checked before any
+  // collective: every rank reaches the same verdict and none is left
+  // waiting.
+  if (absl::StatusOr<const std::vector<PipelineOp>*> ops =
+          StageOps(pipeline_.micro_batches);
+      !ops.ok()) {
+    return ops.status();
+  }
   // The mesh's groups, made in one place (comm/mesh_groups.h): the
   // replica's stages, the ranks of its stage it replicates or shards with
   // (hsdp: its shard group, and the same shard's other groups), the tensor
@@ -386,6 +394,13 @@ void PipelineStrategy::UseGatheredUnit(FsdpUnit* unit) {
                  .narrow(0, p.offset, p.numel)
                  .view(p.shape)
                  .requires_grad_(true);
+      // The head adds each micro-batch's gradient into it: in fp32, as the
+      // units' own gradients accumulate (UnitSchedule), when it computes in
+      // another dtype (in fp32 the head's first gradient becomes it).
+      if (leaf.scalar_type() != torch::kFloat) {
+        leaf.mutable_grad() =
+            torch::zeros(p.shape, leaf.options().dtype(torch::kFloat));
+      }
     }
     *p.member = leaf;
   }
@@ -476,11 +491,13 @@ void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
     if (EmbedsIn(chunk)) {
       x = Embed(batch.inputs);
     } else {
-      // The residual stream is fp32 whatever crossed; the fp32 copy is the
-      // leaf whose gradient goes back (the wire's buffer is freed here).
-      if (m.input.scalar_type() != torch::kFloat) {
-        m.input = m.input.to(torch::kFloat);
-      }
+      // The residual stream is fp32 whatever crossed (under autocast, as
+      // on one device); the fp32 copy is the leaf whose gradient goes back
+      // (the wire's buffer is freed here). Without autocast (a compute
+      // dtype forced on CPU) it is the dtype the blocks' weights have.
+      const torch::ScalarType stream =
+          autocast.active() ? torch::kFloat : ComputeDtype(options_);
+      if (m.input.scalar_type() != stream) m.input = m.input.to(stream);
       m.input.requires_grad_(true);
       x = m.input;
     }
@@ -514,6 +531,37 @@ int64_t PipelineStrategy::TransferTag(TagKind kind, int64_t boundary) {
   return 8 * (boundary + 1) + static_cast<int64_t>(kind);
 }
 
+absl::StatusOr<const std::vector<PipelineOp>*> PipelineStrategy::StageOps(
+    int64_t count) {
+  if (auto it = lowered_.find(count); it != lowered_.end()) return &it->second;
+  absl::StatusOr<std::vector<std::vector<PipelineOp>>> all =
+      pipeline_.lower ? pipeline_.lower(pipeline_.schedule, pipeline_.stages,
+                                        count, chunks())
+                      : LowerAllStages(pipeline_.schedule, pipeline_.stages,
+                                       count, chunks());
+  const std::string what = absl::StrCat(
+      "pipeline: ", PipelineScheduleName(pipeline_.schedule), " with ",
+      pipeline_.stages, " stages",
+      chunks() > 1 ? absl::StrCat(" of ", chunks(), " chunks") : "", " and ",
+      count, " micro-batches");
+  if (!all.ok()) {
+    return absl::Status(all.status().code(),
+                        absl::StrCat(what, ": ", all.status().message()));
+  }
+  if (static_cast<int64_t>(all->size()) != pipeline_.stages) {
+    return absl::InternalError(
+        absl::StrCat(what, ": lowered ", all->size(), " stages' ops"));
+  }
+  // NCCL pairs the transfers between two ranks by the order both post them
+  // and a send waits for its receive: an order that is not safe under that
+  // rule hangs the job at its first step, so it never starts.
+  if (absl::Status s = CheckPointToPointOrder(*all); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": its transfers would never complete on NCCL: ", s.message()));
+  }
+  return &lowered_.emplace(count, std::move((*all)[stage_])).first->second;
+}
+
 torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
                                             double scale, bool reduce) {
   using Kind = PipelineOp::Kind;
@@ -530,14 +578,9 @@ torch::Tensor PipelineStrategy::RunSchedule(const std::vector<Batch>& micro,
   // ends post them in the same order (core/plan/pipeline_plan.h): safe
   // where a send waits for its receive (NCCL).
   // Lowered once per micro-batch count (the whole schedule is run on paper).
-  auto lowered = lowered_.find(count);
-  if (lowered == lowered_.end()) {
-    absl::StatusOr<std::vector<PipelineOp>> made = LowerStageActions(
-        pipeline_.schedule, pipeline_.stages, stage_, count, chunks());
-    TORCH_CHECK(made.ok(), "pipeline: ", std::string(made.status().message()));
-    lowered = lowered_.emplace(count, *std::move(made)).first;
-  }
-  const std::vector<PipelineOp>& ops = lowered->second;
+  absl::StatusOr<const std::vector<PipelineOp>*> lowered = StageOps(count);
+  TORCH_CHECK(lowered.ok(), std::string(lowered.status().message()));
+  const std::vector<PipelineOp>& ops = **lowered;
   // A replicated stage's buckets and a sharded stage's units reduce as
   // each chunk's last backward of the step completes their parameters
   // (under zb-h1 its last W: the weights' gradients come last).
@@ -814,7 +857,8 @@ torch::Tensor PipelineStrategy::ForwardLoss(const torch::Tensor& inputs,
         Check(
             pipe_->Recv(x, previous, TransferTag(TagKind::kEvaluation, k - 1)),
             "recv");
-        x = x.to(torch::kFloat);
+        // As in training (Forward).
+        x = x.to(autocast.active() ? torch::kFloat : ComputeDtype(options_));
       }
       for (int64_t i = mine.first_block; i < mine.end_block; ++i) {
         x = model_->RunBlock(i, x);

@@ -63,6 +63,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -108,6 +109,14 @@ struct PipelineOptions {
   // received activation fp32 (the residual stream's dtype) on arrival, and
   // sends what it made cast to this.
   torch::ScalarType wire_dtype = torch::ScalarType::Undefined;
+  // How the schedule becomes every stage's ops in the order each posts them
+  // (index = stage); LowerAllStages when empty. Whatever it gives is run
+  // under NCCL's rule first (CheckPointToPointOrder): Setup refuses an order
+  // whose transfers would not complete. Tests hand in one that would not.
+  std::function<absl::StatusOr<std::vector<std::vector<PipelineOp>>>(
+      PipelineSchedule schedule, int64_t stages, int64_t micro_batches,
+      int64_t virtual_stages)>
+      lower;
 };
 
 class PipelineStrategy final : public Strategy {
@@ -215,6 +224,11 @@ class PipelineStrategy final : public Strategy {
   // during the last backward (SynchronizeGradients finishes them).
   torch::Tensor RunSchedule(const std::vector<Batch>& micro, double scale,
                             bool reduce);
+  // This stage's ops for `count` micro-batches, lowered once (every
+  // stage's, so that their transfers are checked against each other under
+  // NCCL's rule before any is posted); FailedPrecondition naming the two
+  // transfers that would face each other forever.
+  absl::StatusOr<const std::vector<PipelineOp>*> StageOps(int64_t count);
   // `scale`: the gradient scale the last stage's loss will be
   // backpropagated with (the vocabulary-parallel head applies it in
   // forward).
@@ -311,7 +325,7 @@ class PipelineStrategy final : public Strategy {
   // A replicated stage without tensor ranks: its gradients averaged over
   // replicas_ as the step's last backward runs.
   std::unique_ptr<GradientBuckets> replica_buckets_;
-  // This stage's lowered schedule, per micro-batch count.
+  // This stage's lowered schedule, per micro-batch count: StageOps.
   std::map<int64_t, std::vector<PipelineOp>> lowered_;
   // Per chunk: the indices into owned_ of the parameters it completes.
   std::vector<std::vector<int64_t>> chunk_params_;

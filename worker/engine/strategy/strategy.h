@@ -32,12 +32,19 @@ struct StrategyOptions {
       "fp32";  // fp32 | bf16 (CUDA: autocast / bf16 compute)
   AdamWOptions adamw;
   double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
+  // The compute dtype, forced; Undefined: ComputeDtype's rule. Tests force
+  // bf16 on CPU to check what mixed precision does on a GPU.
+  torch::ScalarType compute_dtype = torch::ScalarType::Undefined;
 };
 
 // The dtype the matrix products run in: bf16 under CUDA mixed precision
-// (--precision bf16), else fp32. Master weights, AdamW's state and the
-// reductions of gradients stay fp32 either way.
+// (--precision bf16), else fp32. Master weights, AdamW's state, the
+// accumulation of micro-batch gradients and the reductions of gradients stay
+// fp32 either way.
 inline torch::ScalarType ComputeDtype(const StrategyOptions& options) {
+  if (options.compute_dtype != torch::ScalarType::Undefined) {
+    return options.compute_dtype;
+  }
   return options.device.is_cuda() && options.precision == "bf16"
              ? torch::kBFloat16
              : torch::kFloat;

@@ -218,14 +218,17 @@ void VocabParallelEnds::FindUnits(
 namespace {
 
 // `shard` pointed at the unit's gathered rows (the unit's one parameter),
-// with a gradient of its own under grad mode.
+// with a gradient of its own under grad mode: fp32 whatever the compute
+// dtype, so that the step's micro-batches (and the head's chunks) add up in
+// fp32.
 void UseGathered(FsdpUnit* unit, VocabShard& shard) {
   if (unit == nullptr) return;
   const FsdpUnit::Param& p = unit->params().front();
   shard.weight =
       unit->full().detach().narrow(0, p.offset, p.numel).view(p.shape);
   if (torch::GradMode::is_enabled()) {
-    shard.grad = torch::zeros(p.shape, shard.weight.options());
+    shard.grad =
+        torch::zeros(p.shape, shard.weight.options().dtype(torch::kFloat));
   }
 }
 

@@ -25,6 +25,8 @@ UnitSchedule::UnitSchedule(const std::vector<std::unique_ptr<FsdpUnit>>* units,
 }
 
 void UnitSchedule::LaunchGathers() {
+  // A failed step may have left a group armed, or gradients held.
+  for (const auto& unit : *units_) unit->DropUnshardedGradient();
   armed_.assign(armed_.size(), false);
   launched_.assign(launched_.size(), false);
   last_launched_ = -1;
@@ -70,7 +72,15 @@ void UnitSchedule::Arm(int64_t group) {
 }
 
 void UnitSchedule::OnGradReady(size_t u) {
-  if (!armed_[group_of_[u]] || launched_[u]) return;
+  if (!armed_[group_of_[u]]) {
+    // A micro-batch before the step's last: its gradient is added into an
+    // fp32 buffer and the leaf's (the compute dtype's: bf16 under mixed
+    // precision) is freed, so micro-batches accumulate in fp32 as they do
+    // on one device; the reduce-scatter adds the last one's.
+    (*units_)[u]->HoldUnshardedGradient();
+    return;
+  }
+  if (launched_[u]) return;
   // One reduce-scatter in flight: the one before has had this unit's
   // backward to finish, and its buffers go before this one's come.
   if (last_launched_ >= 0) {

@@ -8,6 +8,10 @@
 //     the step's start, in the order the forward uses the units, each waited
 //     for just before the first computation that reads it, so the first
 //     block computes while later units arrive;
+//   - accumulate in fp32: a backward before the step's last (another
+//     micro-batch's) adds each unit's gradient, as its hook sees it whole,
+//     into an fp32 buffer of the unit's and frees the leaf's, whose dtype
+//     is the compute dtype (bf16 under mixed precision);
 //   - reduce-scatter as the backward completes them: during the step's last
 //     backward (of a pipeline chunk: each chunk's own last backward), a
 //     unit's reduce-scatter launches as soon as its gradient is whole, from
@@ -55,7 +59,8 @@ class UnitSchedule {
   UnitSchedule& operator=(const UnitSchedule&) = delete;
 
   // At the step's start: every unit's all-gather launched, every group
-  // disarmed (a failed step may have left one armed).
+  // disarmed and every held gradient dropped (a failed step may have left
+  // them).
   void LaunchGathers();
   // Waits for the units before `end` (in unit order), points the model at
   // each and calls `on_ready` with it; nothing for those already ready.
@@ -75,7 +80,8 @@ class UnitSchedule {
   // The last backward of `group` in this step starts: its units'
   // reduce-scatters go from their hooks as their gradients complete.
   void Arm(int64_t group);
-  // Not this micro-step (one before the step's last): nothing launches.
+  // Not this micro-step (one before the step's last): nothing launches; the
+  // units' gradients are held in fp32.
   void Disarm() { armed_.assign(armed_.size(), false); }
   bool armed(int64_t group) const { return armed_[group]; }
   // After the backward: the units no hook launched, in unit order, then

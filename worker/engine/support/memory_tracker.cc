@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <new>
 #ifdef SHARDTRAIN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
@@ -16,11 +17,18 @@
 namespace shardtrain {
 namespace {
 
-// Wraps LibTorch's CPU allocator; each DataPtr carries the size it was given
-// so the free can be subtracted exactly.
+// Wraps LibTorch's CPU allocator. Each block carries, in a header before
+// its data, the size it was given (so the free subtracts it exactly) and its
+// owner: the data pointer is its own context, as LibTorch's raw_allocate
+// (used by some CPU kernels for scratch, e.g. bf16 matrix products)
+// requires of an allocator.
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
-  explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  explicit TrackingCpuAllocator(c10::Allocator* base)
+      : base_(base), base_deleter_(base->raw_deleter()) {
+    TORCH_CHECK(base_deleter_ != nullptr,
+                "memory tracker: LibTorch's CPU allocator has no raw deleter");
+  }
 
 #ifdef SHARDTRAIN_TORCH_ALLOCATOR_HAS_COPY_DATA
   c10::DataPtr allocate(size_t nbytes) override { return Allocate(nbytes); }
@@ -32,6 +40,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     return Allocate(nbytes);
   }
 #endif
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
 
   int64_t current() const { return current_.load(); }
   void set_limit(int64_t bytes) { limit_.store(bytes); }
@@ -39,11 +48,14 @@ class TrackingCpuAllocator final : public c10::Allocator {
   void ResetPeak() { peak_.store(current_.load()); }
 
  private:
-  struct Allocation {
-    c10::DataPtr inner;
+  // Before each block's data; as large as LibTorch's alignment, so the data
+  // stays aligned as the base allocator aligns.
+  struct Header {
     int64_t bytes;
     TrackingCpuAllocator* owner;
   };
+  static constexpr size_t kHeaderBytes = 64;
+  static_assert(sizeof(Header) <= kHeaderBytes);
 
   c10::DataPtr Allocate(size_t nbytes) const {
     const int64_t limit = limit_.load();
@@ -56,20 +68,21 @@ class TrackingCpuAllocator final : public c10::Allocator {
                     FormatBytes(limit), " per rank (--memory-cap)");
       }
     }
-    c10::DataPtr inner = base_->allocate(nbytes);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
     auto* self = const_cast<TrackingCpuAllocator*>(this);
-    auto* allocation =
-        new Allocation{std::move(inner), static_cast<int64_t>(nbytes), self};
-    self->Add(allocation->bytes);
-    return c10::DataPtr(data, allocation, &Free, device);
+    char* block =
+        static_cast<char*>(base_->raw_allocate(nbytes + kHeaderBytes));
+    new (block) Header{static_cast<int64_t>(nbytes), self};
+    self->Add(static_cast<int64_t>(nbytes));
+    void* data = block + kHeaderBytes;
+    return c10::DataPtr(data, data, &Free, c10::Device(c10::DeviceType::CPU));
   }
 
-  static void Free(void* context) {
-    auto* allocation = static_cast<Allocation*>(context);
-    allocation->owner->current_.fetch_sub(allocation->bytes);
-    delete allocation;  // releases the inner DataPtr
+  static void Free(void* data) {
+    if (data == nullptr) return;
+    char* block = static_cast<char*>(data) - kHeaderBytes;
+    const Header header = *reinterpret_cast<const Header*>(block);
+    header.owner->current_.fetch_sub(header.bytes);
+    header.owner->base_deleter_(block);
   }
 
   void Add(int64_t bytes) {
@@ -80,6 +93,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* base_;
+  c10::DeleterFnPtr base_deleter_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<int64_t> limit_{0};  // 0: none

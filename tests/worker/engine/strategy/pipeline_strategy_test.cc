@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -23,6 +24,7 @@
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/test_util.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
+#include "worker/engine/strategy/tensor_parallel_strategy.h"
 
 namespace shardtrain {
 namespace pipeline_strategy_test {
@@ -283,6 +285,7 @@ struct OrderCase {
   std::string data_parallel = "single";
   int64_t tensor_parallel = 1;
   int64_t virtual_stages = 1;
+  int64_t shard_group_size = 0;  // hsdp
 };
 
 void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
@@ -327,6 +330,7 @@ void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
             pipeline.data_parallel = c.data_parallel;
             pipeline.tensor_parallel = c.tensor_parallel;
             pipeline.virtual_stages = c.virtual_stages;
+            pipeline.shard_group_size = c.shard_group_size;
             return std::make_unique<PipelineStrategy>(options, comm, pipeline);
           });
       ASSERT_EQ(ranks.front().losses.size(), 1u) << "the step did not end";
@@ -334,6 +338,25 @@ void ExpectEveryOrderCompletesUnderNccl(const OrderCase& c) {
       EXPECT_LE(test::RelDiff(ranks.front().norms[0], single.norms[0]), 1e-5);
     }
   }
+}
+
+// The in-process communicator reads a send's buffer when its receive
+// matches it, as NCCL reads it while the transfer runs: a stage that
+// changed an activation between posting its send and the receive would
+// deliver the changed one, and the tests below would see the numbers move.
+TEST(PipelineNcclOrderTest, ASendIsReadWhenItsReceiveMatchesIt) {
+  InProcessGroup group(2, std::chrono::seconds(5), PointToPoint::kNcclOrder);
+  std::unique_ptr<Communicator> zero = group.ForRank(0);
+  std::unique_ptr<Communicator> one = group.ForRank(1);
+  torch::Tensor sent = torch::full({4}, 1.0);
+  std::unique_ptr<CommWork> send = zero->Send(sent, /*dst=*/1, /*tag=*/0);
+  EXPECT_FALSE(send->IsCompleted());
+  sent.fill_(2.0);  // before rank 1 has posted its receive
+  torch::Tensor received = torch::zeros({4});
+  std::unique_ptr<CommWork> recv = one->Recv(received, /*src=*/0, /*tag=*/0);
+  ASSERT_TRUE(recv->Wait().ok());
+  ASSERT_TRUE(send->Wait().ok());
+  EXPECT_TRUE(torch::equal(received, torch::full({4}, 2.0))) << received;
 }
 
 TEST(PipelineNcclOrderTest, TwoStages) {
@@ -354,6 +377,16 @@ TEST(PipelineNcclOrderTest, TwoStagesBesideFsdp) {
 TEST(PipelineNcclOrderTest, TwoStagesBesideTensorParallelism) {
   ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2});
 }
+// PP x FSDP x TP and PP x HSDP (8 ranks): a stage's units gathered over
+// its replicas and tensor ranks, or over its shard group with the groups
+// averaged, between the stages' transfers.
+TEST(PipelineNcclOrderTest, TwoStagesBesideFsdpAndTensorParallelism) {
+  ExpectEveryOrderCompletesUnderNccl({2, 2, "fsdp", 2});
+}
+TEST(PipelineNcclOrderTest, TwoStagesBesideHsdp) {
+  ExpectEveryOrderCompletesUnderNccl(
+      {2, 4, "hsdp", 1, 1, /*shard_group_size=*/2});
+}
 // PP x DDP x TP: the replicas' buckets hold wte's gradient, which the
 // vocabulary-parallel head writes outside autograd.
 TEST(PipelineNcclOrderTest, TwoStagesBesideDdpAndTensorParallelism) {
@@ -367,6 +400,133 @@ TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunks) {
 TEST(PipelineNcclOrderTest, TwoStagesOfTwoChunksBesideFsdpAndTensorRanks) {
   ExpectEveryOrderCompletesUnderNccl({2, 2, "fsdp", 1, 2});
   ExpectEveryOrderCompletesUnderNccl({2, 1, "single", 2, 2});
+}
+
+// Setup runs the order it is about to post under NCCL's rule, before any
+// collective (every rank reaches the same verdict; none is left waiting),
+// and refuses one whose transfers would face each other forever, naming
+// them. The order handed in is the one the engine once posted, each
+// transfer where its compute needs it: at S = 2, M = 2 1F1B's stage 0 sends
+// a1 while stage 1 sends g0 (PipelineOrderTest).
+TEST(PipelineStrategyTest, SetupRefusesAnOrderNcclCannotComplete) {
+  InProcessGroup group(2, std::chrono::seconds(5), PointToPoint::kNcclOrder);
+  std::unique_ptr<Communicator> comm = group.ForRank(0);
+  StrategyOptions options;
+  options.rank = 0;
+  options.world_size = 2;
+  PipelineOptions pipeline;
+  pipeline.stages = 2;
+  pipeline.micro_batches = 2;
+  pipeline.seq_len = kSeqLen;
+  int64_t lowered = 0;
+  pipeline.lower =
+      [&lowered](
+          PipelineSchedule schedule, int64_t stages, int64_t micro_batches,
+          int64_t) -> absl::StatusOr<std::vector<std::vector<PipelineOp>>> {
+    ++lowered;
+    std::vector<std::vector<PipelineOp>> ops;
+    for (int64_t s = 0; s < stages; ++s) {
+      ops.push_back(NaiveStageOps(schedule, stages, s, micro_batches));
+    }
+    return ops;
+  };
+  PipelineStrategy strategy(options, comm.get(), pipeline);
+  const absl::Status setup = strategy.Setup(test::MakeModel(kSpec, 7));
+  EXPECT_EQ(lowered, 1);
+  EXPECT_EQ(setup.code(), absl::StatusCode::kFailedPrecondition) << setup;
+  for (const char* part :
+       {"pipeline: 1f1b with 2 stages and 2 micro-batches: its transfers "
+        "would never complete on NCCL",
+        "stage 0's next transfer is send a1 to 1",
+        "stage 1's is send g0 to 0"}) {
+    EXPECT_TRUE(absl::StrContains(setup.message(), part)) << setup;
+  }
+}
+
+// Under mixed precision (the bf16 compute dtype, forced here on CPU) a
+// step's micro-batch gradients add up in fp32 in the meshes whose units
+// hold bf16 copies of the parameters, as on one device: a step of two
+// micro-batches has the fp32 sum of the two micro-batches' own gradients
+// (each taken alone, at the same weights, by the same mesh; the halving is
+// exact). Added in bf16, in the leaves' gradients, they would be up to 2^-9
+// of an element apart (measured before: 2e-3 of a tensor's largest
+// element).
+void ExpectMicroBatchesAddUpInFp32(const std::string& what, int64_t world,
+                                   int64_t replicas, bool whole_steps,
+                                   const test::StrategyMaker& make) {
+  constexpr int64_t kRows = 2;  // per micro-batch and replica
+  const torch::Tensor batches =
+      test::MakeBatches(1, replicas * 2 * kRows, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, 1, /*micro_steps=*/2, /*lr=*/0);
+  loop.whole_steps = whole_steps;
+  loop.record_gradients = true;
+  const test::ParamMap both = test::GlobalGradients(
+      test::TrainRanks(kSpec, /*seed=*/7, batches, world, loop, make), 0);
+  test::ParamMap sum;
+  for (int64_t k : {0, 1}) {
+    // Every replica's k-th micro-batch, as a step of its own.
+    std::vector<torch::Tensor> rows;
+    for (int64_t r = 0; r < replicas; ++r) {
+      rows.push_back(batches.narrow(1, r * 2 * kRows + k * kRows, kRows));
+    }
+    test::TrainLoop alone = test::MakeLoop(0, 1, 1, /*lr=*/0);
+    alone.whole_steps = whole_steps;
+    alone.record_gradients = true;
+    const test::ParamMap gradients = test::GlobalGradients(
+        test::TrainRanks(kSpec, /*seed=*/7, torch::cat(rows, 1), world, alone,
+                         make),
+        0);
+    for (const auto& [name, gradient] : gradients) {
+      auto [it, added] = sum.try_emplace(name, gradient / 2);
+      if (!added) it->second = it->second + gradient / 2;
+    }
+  }
+  ASSERT_FALSE(sum.empty()) << what;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, diff] : test::GradientDiffs(sum, both)) {
+    if (diff > worst) {
+      worst = diff;
+      worst_name = name;
+    }
+  }
+  std::printf(
+      "%s, bf16: two micro-batches against the sum of each alone: "
+      "%.2e of a tensor's largest element (%s)\n",
+      what.c_str(), worst, worst_name.c_str());
+  EXPECT_LE(worst, 1e-6) << what << ": " << worst_name;
+}
+
+TEST(MixedPrecisionTest, MicroBatchesAddUpInFp32UnderPipelineAndFsdp) {
+  ExpectMicroBatchesAddUpInFp32(
+      "pp2 x fsdp2", 4, 2, /*whole_steps=*/true,
+      [](int64_t rank, int64_t world,
+         Communicator* comm) -> std::unique_ptr<Strategy> {
+        StrategyOptions options;
+        options.rank = rank;
+        options.world_size = world;
+        options.compute_dtype = torch::kBFloat16;
+        PipelineOptions pipeline;
+        pipeline.stages = 2;
+        pipeline.micro_batches = 1;  // per step's micro-batch: 2 a step
+        pipeline.seq_len = kSeqLen;
+        pipeline.data_parallel = "fsdp";
+        return std::make_unique<PipelineStrategy>(options, comm, pipeline);
+      });
+}
+
+TEST(MixedPrecisionTest, MicroBatchesAddUpInFp32UnderTensorParallelAndFsdp) {
+  ExpectMicroBatchesAddUpInFp32(
+      "tp2 x fsdp2", 4, 2, /*whole_steps=*/false,
+      [](int64_t rank, int64_t world,
+         Communicator* comm) -> std::unique_ptr<Strategy> {
+        StrategyOptions options;
+        options.rank = rank;
+        options.world_size = world;
+        options.compute_dtype = torch::kBFloat16;
+        return std::make_unique<TensorParallelStrategy>(
+            options, comm, /*tensor_parallel=*/2, /*shard_over_replicas=*/true);
+      });
 }
 
 // Rank `rank`'s strategy after one whole step of two stages, each over two
