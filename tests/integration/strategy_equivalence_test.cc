@@ -210,11 +210,16 @@ TEST_F(StrategyEquivalenceTest, DdpTwoRanksEqualsSingleWithTheGlobalBatch) {
   ExpectSameTraining("ddp2", ddp, "single", single, 1e-5, 1e-5);
 }
 
+// At the default lr on gpt2-tiny itself, where the bounds above were
+// measured: on the other tests' 3,328-token model the same pair ends
+// 1.13e-5 apart on LibTorch 1.13 (its head's products take other kernels,
+// whose rounding AdamW carries as above).
 TEST_F(StrategyEquivalenceTest, FsdpEqualsDdpAtTwoAndThreeRanks) {
-  TrainRun ddp2 = Train("ddp2_default_lr",
-                        "--strategy ddp --nproc 2 --batch-size 3" + Common());
-  TrainRun fsdp2 =
-      Train("fsdp2", "--strategy fsdp --nproc 2 --batch-size 3" + Common());
+  TrainRun ddp2 =
+      Train("ddp2_default_lr",
+            "--strategy ddp --nproc 2 --batch-size 3" + Common(2, "gpt2-tiny"));
+  TrainRun fsdp2 = Train("fsdp2", "--strategy fsdp --nproc 2 --batch-size 3" +
+                                      Common(2, "gpt2-tiny"));
   ExpectSameTraining("fsdp2", fsdp2, "ddp2_default_lr", ddp2, 1e-5,
                      kFsdpDdpWeightBoundAtDefaultLr);
 
