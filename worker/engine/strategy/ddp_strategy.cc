@@ -60,10 +60,6 @@ torch::Tensor DdpStrategy::ForwardBackward(const torch::Tensor& inputs,
   return loss;
 }
 
-double DdpStrategy::ClipGradNorm(double max_norm) {
-  return local_.ClipGradNorm(max_norm);
-}
-
 void DdpStrategy::OptimizerStep(double lr) { local_.OptimizerStep(lr); }
 
 torch::Tensor DdpStrategy::ForwardLoss(const torch::Tensor& inputs,
@@ -77,28 +73,14 @@ double DdpStrategy::AllReduceMean(double value) {
 
 void DdpStrategy::Barrier() { CheckCollective(comm_->Barrier(), "barrier"); }
 
-std::vector<StateSlice> DdpStrategy::GradientSlices() {
-  return local_.GradientSlices();
-}
-
-std::vector<StateSlice> DdpStrategy::StateSlices(bool to_save) {
-  std::vector<StateSlice> slices = local_.StateSlices(to_save);
-  if (!to_save) return slices;
-  // Replicas are identical: rank r writes elements [n r / W, n (r+1) / W) of
-  // every tensor, so all ranks write at once and no byte is written twice.
-  const int64_t r = comm_->rank();
-  const int64_t w = comm_->world_size();
-  std::vector<StateSlice> mine;
-  for (StateSlice& slice : slices) {
-    const int64_t n = slice.data.numel();
-    const int64_t begin = n * r / w;
-    const int64_t end = n * (r + 1) / w;
-    if (begin == end) continue;  // a tensor smaller than the world
-    slice.offset = begin;
-    slice.data = slice.data.narrow(0, begin, end - begin);
-    mine.push_back(std::move(slice));
+std::vector<HeldPiece> DdpStrategy::HeldPieces() {
+  // Every replica holds the whole model.
+  std::vector<HeldPiece> pieces = local_.HeldPieces();
+  for (HeldPiece& piece : pieces) {
+    piece.placement = piece.placement.ReplicatedAlong(
+        MeshDim::kReplicate, comm_->rank(), comm_->world_size());
   }
-  return mine;
+  return pieces;
 }
 
 absl::Status DdpStrategy::ExportModel(const std::string& path) {

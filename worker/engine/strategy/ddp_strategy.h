@@ -65,7 +65,6 @@ class DdpStrategy final : public Strategy {
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
   // Local: after the sync micro-step every rank holds the same gradient.
-  double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
@@ -75,8 +74,9 @@ class DdpStrategy final : public Strategy {
   int64_t world_size() const override { return comm_->world_size(); }
   // Every rank holds every tensor; each saves 1/world of each (contiguous
   // ranges), and loads all of it.
-  std::vector<StateSlice> StateSlices(bool to_save) override;
-  std::vector<StateSlice> GradientSlices() override;
+  std::vector<HeldPiece> HeldPieces() override;
+  const AdamW& optimizer() const override { return local_.optimizer(); }
+  torch::Device device() const override { return options_.device; }
   int64_t optimizer_steps() const override { return local_.optimizer_steps(); }
   void set_optimizer_steps(int64_t steps) override {
     local_.set_optimizer_steps(steps);
@@ -96,6 +96,8 @@ class DdpStrategy final : public Strategy {
   OverlapTrace last_overlap_trace() const;
 
  private:
+  Communicator* placement_world() const override { return comm_; }
+
   StrategyOptions options_;
   Communicator* const comm_;
   const int64_t bucket_bytes_;

@@ -369,25 +369,6 @@ void FsdpStrategy::WaitAcrossReplicas() {
   replica_reduced_.assign(units_.size(), false);
 }
 
-double FsdpStrategy::ClipGradNorm(double max_norm) {
-  torch::NoGradGuard no_grad;
-  // Padding is zero in every shard gradient, so the shards' sum of squares
-  // over all ranks is the full gradient's.
-  std::vector<torch::Tensor> grads;
-  for (const auto& unit : units_) grads.push_back(unit->shard_grad());
-  torch::Tensor squares = SumOfSquares(grads, options_.device).reshape({1});
-  // Replicas hold the same averaged shards: the shard group has them all.
-  Check(shard_->AllReduce(squares)->Wait());
-  const double norm = std::sqrt(squares.item<double>());
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      for (const auto& unit : units_) unit->shard_grad().mul_(coef);
-    }
-  }
-  return norm;
-}
-
 void FsdpStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   torch::NoGradGuard no_grad;
@@ -422,49 +403,23 @@ CommStats FsdpStrategy::TakeCommStats() {
   return stats;
 }
 
-std::vector<StateSlice> FsdpStrategy::StateSlices(bool to_save) {
-  std::vector<StateSlice> slices;
-  const int64_t replicas = this->replicas();
+std::vector<HeldPiece> FsdpStrategy::HeldPieces() {
+  // Each rank holds its shard of every unit; HSDP's replica groups hold the
+  // same shards.
+  std::vector<HeldPiece> pieces;
   const int64_t replica = replicate_ == nullptr ? 0 : replicate_->rank();
-  // A range every replica holds: replica r saves the r-th of `replicas`
-  // even parts of it.
-  auto add = [&](std::string name, const std::vector<int64_t>& shape,
-                 int64_t offset, const torch::Tensor& data) {
-    if (!to_save || replicas == 1) {
-      slices.push_back({std::move(name), shape, offset, data});
-      return;
-    }
-    const int64_t n = data.numel();
-    const int64_t begin = n * replica / replicas;
-    const int64_t end = n * (replica + 1) / replicas;
-    if (begin == end) return;
-    slices.push_back({std::move(name), shape, offset + begin,
-                      data.narrow(0, begin, end - begin)});
-  };
-  for (const auto& unit : units_) {
-    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                                 const torch::Tensor& piece) {
-      add("model." + p.name, p.shape, offset, piece);
-      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-      add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
-      add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
-    });
-  }
-  return slices;
-}
-
-std::vector<StateSlice> FsdpStrategy::GradientSlices() {
-  std::vector<StateSlice> slices;
   for (const auto& unit : units_) {
     ForEachShardPiece(
-        *unit,
-        [&](const FsdpUnit::Param& p, int64_t offset,
-            const torch::Tensor& piece) {
-          slices.push_back({"grad." + p.name, p.shape, offset, piece});
-        },
-        /*gradient=*/true);
+        *unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                   const torch::Tensor& piece, const torch::Tensor& grad) {
+          pieces.push_back(
+              {Placement::Whole(p.name, p.shape)
+                   .Narrow(offset, piece.numel())
+                   .ReplicatedAlong(MeshDim::kReplicate, replica, replicas()),
+               piece, grad});
+        });
   }
-  return slices;
+  return pieces;
 }
 
 int64_t FsdpStrategy::optimizer_steps() const {

@@ -132,8 +132,6 @@ class FsdpStrategy final : public Strategy {
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
-  // The norm comes from every rank's shard gradients with one all-reduce.
-  double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
@@ -148,11 +146,10 @@ class FsdpStrategy final : public Strategy {
     return replicate_ == nullptr ? 1 : replicate_->world_size();
   }
   // The part of each parameter that falls in this rank's shard of its unit
-  // (padding excluded), and that part's AdamW state. Loaded whole; saved
-  // whole under FSDP (the shards do not overlap), and under HSDP each
-  // replica of a shard writes an even share of it.
-  std::vector<StateSlice> StateSlices(bool to_save) override;
-  std::vector<StateSlice> GradientSlices() override;
+  // (padding excluded); under HSDP the replica groups hold the same parts.
+  std::vector<HeldPiece> HeldPieces() override;
+  const AdamW& optimizer() const override { return *optimizer_; }
+  torch::Device device() const override { return options_.device; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   // Consolidates the fp32 master weights unit by unit; rank 0 writes llm.c's
@@ -180,6 +177,7 @@ class FsdpStrategy final : public Strategy {
   }
 
  private:
+  Communicator* placement_world() const override { return world_; }
   // The shard and replica groups of HSDP (none for plain FSDP).
   absl::Status FormGroups();
   void Emit(FsdpEvent::Kind kind, int64_t unit);

@@ -317,16 +317,17 @@ absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
 void ForEachShardPiece(
     FsdpUnit& unit,
     const std::function<void(const FsdpUnit::Param& param, int64_t offset,
-                             const torch::Tensor& piece)>& visit,
-    bool gradient) {
+                             const torch::Tensor& piece,
+                             const torch::Tensor& grad)>& visit) {
   const int64_t shard_begin = unit.shard_offset();
   const int64_t shard_end = shard_begin + unit.shard_numel();
   for (const FsdpUnit::Param& p : unit.params()) {
     const int64_t begin = std::max(p.offset, shard_begin);
     const int64_t end = std::min(p.offset + p.numel, shard_end);
     if (begin >= end) continue;  // none of p is in this shard
-    const torch::Tensor& of = gradient ? unit.shard_grad() : unit.shard();
-    visit(p, begin - p.offset, of.narrow(0, begin - shard_begin, end - begin));
+    visit(p, begin - p.offset,
+          unit.shard().narrow(0, begin - shard_begin, end - begin),
+          unit.shard_grad().narrow(0, begin - shard_begin, end - begin));
   }
 }
 

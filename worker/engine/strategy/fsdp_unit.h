@@ -204,16 +204,15 @@ absl::StatusOr<std::vector<UnitSources>> GroupIntoUnits(
 // The module path of parameter `name`: "embed" of "embed.weight".
 std::string ModulePath(const std::string& name);
 
-// Calls `visit(param, offset, piece)` for each parameter with elements in
-// this rank's shard of `unit`: `piece` is the shard's memory holding them
-// (what the optimizer updates), `offset` where they start in the flattened
-// parameter.
-// With `gradient`, `piece` is the same range of shard_grad().
+// Calls `visit(param, offset, piece, grad)` for each parameter with elements
+// in this rank's shard of `unit`: `piece` is the shard's memory holding them
+// (what the optimizer updates), `grad` the same range of shard_grad(),
+// `offset` where they start in the flattened parameter.
 void ForEachShardPiece(
     FsdpUnit& unit,
     const std::function<void(const FsdpUnit::Param& param, int64_t offset,
-                             const torch::Tensor& piece)>& visit,
-    bool gradient = false);
+                             const torch::Tensor& piece,
+                             const torch::Tensor& grad)>& visit);
 
 }  // namespace shardtrain
 

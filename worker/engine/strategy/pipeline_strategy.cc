@@ -775,57 +775,6 @@ torch::Tensor PipelineStrategy::ForwardBackward(const torch::Tensor& inputs,
   return loss;
 }
 
-double PipelineStrategy::ClipGradNorm(double max_norm) {
-  torch::NoGradGuard no_grad;
-  // The tied embedding's two copies hold one gradient: counted on stage 0
-  // only.
-  std::vector<torch::Tensor> grads;
-  for (size_t i = 0; i < owned_.size(); ++i) {
-    if (IsTokenEmbedding(owned_names_[i]) && !first()) continue;
-    // Tensor parallelism: whole tensors counted on the first tensor rank.
-    if (tensor_ != nullptr && tensor_->rank() != 0 &&
-        Whole(owned_names_[i], owned_[i])) {
-      continue;
-    }
-    grads.push_back(owned_[i].grad());
-  }
-  for (auto& unit : units_) {
-    if (unit.get() == embedding_unit_ && !first()) continue;
-    if (tensor_ == nullptr) {
-      grads.push_back(unit->shard_grad());
-      continue;
-    }
-    // Tensor parallelism: whole tensors counted on the first tensor rank.
-    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                                 const torch::Tensor& piece) {
-      if (tensor_->rank() != 0 && p.shape == shapes_.at(p.name)) return;
-      grads.push_back(unit->shard_grad().narrow(
-          0, p.offset + offset - unit->shard_offset(), piece.numel()));
-    });
-  }
-  torch::Tensor sum =
-      SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  // Replicas hold the same gradients, shards different parts of them; hsdp's
-  // groups hold the same shards, counted in the first group only.
-  if (across_groups_ != nullptr && across_groups_->rank() != 0) sum.zero_();
-  Communicator& over = sharded() ? *world_ : *pipe_;
-  if (tensor_ != nullptr && !sharded()) {  // sharded: the world sums
-    Check(tensor_->AllReduce(sum), "all_reduce (gradient norm, tensor)");
-  }
-  Check(over.AllReduce(sum), "all_reduce (gradient norm)");
-  const double norm = std::sqrt(sum.item<double>());
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      for (torch::Tensor& p : owned_) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-      for (auto& unit : units_) unit->shard_grad().mul_(coef);
-    }
-  }
-  return norm;
-}
-
 void PipelineStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   optimizer_->ZeroGrad();
@@ -886,129 +835,45 @@ void PipelineStrategy::Barrier() {
   ThrowIfFailed(world_->Barrier(), "pipeline", "barrier");
 }
 
-std::vector<StateSlice> PipelineStrategy::GradientSlices() {
-  std::vector<StateSlice> slices;
+std::vector<HeldPiece> PipelineStrategy::HeldPieces() {
+  // A stage's ranks hold its parameters: with tensor ranks each its slice
+  // (whole tensors alike on all), and either the same as the stage's other
+  // replicas or, sharded, each its part of every unit (HSDP's groups the
+  // same parts). A tied embedding is held by the first and the last stage.
+  auto place = [&](const std::string& name, const std::vector<int64_t>& local) {
+    Placement p = tensor_ == nullptr ? Placement::Whole(name, local)
+                                     : Placement::TensorParallel(
+                                           *model_, name, shapes_.at(name),
+                                           tensor_->rank(), tensor_parallel());
+    if (tied_ != nullptr && IsTokenEmbedding(name)) {
+      p = p.ReplicatedAlong(MeshDim::kPipeline, first() ? 0 : 1, 2);
+    }
+    return p;
+  };
+  std::vector<HeldPiece> pieces;
   for (size_t i = 0; i < owned_.size(); ++i) {
-    const std::string& name = owned_names_[i];
-    torch::Tensor& p = owned_[i];
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    if (tensor_ != nullptr) {
-      AppendTensorParallelState(*model_, name, shapes_.at(name),
-                                tensor_->rank(), tensor_parallel(), 0,
-                                {{"grad.", p.grad().view(-1)}}, &slices);
-    } else {
-      slices.push_back({"grad." + name, p.sizes().vec(), 0, p.grad().view(-1)});
-    }
+    pieces.push_back(
+        {place(owned_names_[i], owned_[i].sizes().vec())
+             .ReplicatedAlong(MeshDim::kReplicate, data_parallel_rank(),
+                              data_parallel_size()),
+         owned_[i],
+         {}});
   }
-  for (auto& unit : units_) {
-    ForEachShardPiece(
-        *unit,
-        [&](const FsdpUnit::Param& p, int64_t offset,
-            const torch::Tensor& piece) {
-          if (tensor_ != nullptr) {
-            AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
-                                      tensor_->rank(), tensor_parallel(),
-                                      offset, {{"grad.", piece}}, &slices);
-          } else {
-            slices.push_back({"grad." + p.name, p.shape, offset, piece});
-          }
-        },
-        /*gradient=*/true);
-  }
-  return slices;
-}
-
-std::vector<StateSlice> PipelineStrategy::StateSlices(bool to_save) {
-  std::vector<StateSlice> slices;
-  if (tensor_ != nullptr && !sharded()) {
-    // Each rank holds the runs of the global tensors its slices are; the
-    // first replica writes them, whole tensors its first tensor rank.
-    if (to_save && data_parallel_rank() != 0) return slices;
-    const int64_t t = tensor_parallel();
-    for (size_t i = 0; i < owned_.size(); ++i) {
-      const std::string& name = owned_names_[i];
-      if (to_save && IsTokenEmbedding(name) && !first()) continue;
-      const torch::Tensor& p = owned_[i];
-      if (to_save && tensor_->rank() != 0 && Whole(name, p)) continue;
-      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-      AppendTensorParallelState(*model_, name, shapes_.at(name),
-                                tensor_->rank(), t, 0,
-                                {{"model.", p.detach().view(-1)},
-                                 {"optim.exp_avg.", exp_avg.view(-1)},
-                                 {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
-                                &slices);
-    }
-    return slices;
-  }
-  for (size_t i = 0; i < owned_.size(); ++i) {
-    const std::string& name = owned_names_[i];
-    // The tied embedding is written once, by stage 0; both copies load it.
-    if (to_save && IsTokenEmbedding(name) && !first()) continue;
-    const torch::Tensor& p = owned_[i];
-    const std::vector<int64_t> shape = p.sizes().vec();
-    const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-    const std::pair<const char*, torch::Tensor> parts[] = {
-        {"model.", p.detach().view(-1)},
-        {"optim.exp_avg.", exp_avg.view(-1)},
-        {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}};
-    for (const auto& [prefix, data] : parts) {
-      StateSlice slice{prefix + name, shape, 0, data};
-      if (to_save && data_parallel_size() > 1) {
-        // Replicas are identical: each writes an even share.
-        const int64_t n = data.numel();
-        const int64_t r = data_parallel_rank();
-        const int64_t w = data_parallel_size();
-        const int64_t begin = n * r / w;
-        const int64_t end = n * (r + 1) / w;
-        if (begin == end) continue;
-        slice.offset = begin;
-        slice.data = data.narrow(0, begin, end - begin);
-      }
-      slices.push_back(std::move(slice));
-    }
-  }
-  // Sharded: each rank holds its own part of every unit; hsdp's groups
-  // hold the same parts, and group r saves the r-th of even pieces of each.
+  const int64_t group = across_groups_ == nullptr ? 0 : across_groups_->rank();
   const int64_t groups =
       across_groups_ == nullptr ? 1 : across_groups_->world_size();
-  const int64_t group = across_groups_ == nullptr ? 0 : across_groups_->rank();
-  auto add = [&](std::string name, const std::vector<int64_t>& shape,
-                 int64_t offset, const torch::Tensor& data) {
-    if (!to_save || groups == 1) {
-      slices.push_back({std::move(name), shape, offset, data});
-      return;
-    }
-    const int64_t n = data.numel();
-    const int64_t begin = n * group / groups;
-    const int64_t end = n * (group + 1) / groups;
-    if (begin == end) return;
-    slices.push_back({std::move(name), shape, offset + begin,
-                      data.narrow(0, begin, end - begin)});
-  };
   for (auto& unit : units_) {
-    if (to_save && unit.get() == embedding_unit_ && !first()) continue;
-    ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                                 const torch::Tensor& piece) {
-      const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-      if (tensor_ != nullptr) {
-        // The piece's part of the slice's flattening, as global runs; whole
-        // tensors written by the first tensor rank.
-        const std::vector<int64_t>& global = shapes_.at(p.name);
-        if (to_save && tensor_->rank() != 0 && p.shape == global) return;
-        AppendTensorParallelState(*model_, p.name, global, tensor_->rank(),
-                                  tensor_parallel(), offset,
-                                  {{"model.", piece},
-                                   {"optim.exp_avg.", exp_avg.view(-1)},
-                                   {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
-                                  &slices);
-        return;
-      }
-      add("model." + p.name, p.shape, offset, piece);
-      add("optim.exp_avg." + p.name, p.shape, offset, exp_avg.view(-1));
-      add("optim.exp_avg_sq." + p.name, p.shape, offset, exp_avg_sq.view(-1));
-    });
+    ForEachShardPiece(
+        *unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                   const torch::Tensor& piece, const torch::Tensor& grad) {
+          pieces.push_back(
+              {place(p.name, p.shape)
+                   .Narrow(offset, piece.numel())
+                   .ReplicatedAlong(MeshDim::kReplicate, group, groups),
+               piece, grad});
+        });
   }
-  return slices;
+  return pieces;
 }
 
 int64_t PipelineStrategy::optimizer_steps() const {

@@ -141,14 +141,14 @@ class PipelineStrategy final : public Strategy {
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
-  double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override;
   void Barrier() override;
-  std::vector<StateSlice> StateSlices(bool to_save) override;
-  std::vector<StateSlice> GradientSlices() override;
+  std::vector<HeldPiece> HeldPieces() override;
+  const AdamW& optimizer() const override { return *optimizer_; }
+  torch::Device device() const override { return options_.device; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   // Every stage sends its tensors to rank 0, which writes the whole model.
@@ -190,6 +190,8 @@ class PipelineStrategy final : public Strategy {
 
  private:
   struct InFlight;  // a micro-batch between its forward and its backward
+
+  Communicator* placement_world() const override { return world_; }
 
   // Whether this rank holds the embeddings (model stage 0) or the head (the
   // last model stage).

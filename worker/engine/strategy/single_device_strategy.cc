@@ -34,23 +34,6 @@ torch::Tensor SingleDeviceStrategy::ForwardBackward(
   return loss.detach();
 }
 
-double SingleDeviceStrategy::ClipGradNorm(double max_norm) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const torch::Tensor& p : model_->parameters()) grads.push_back(p.grad());
-  const double norm =
-      std::sqrt(SumOfSquares(grads, options_.device).item<double>());
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      for (const torch::Tensor& p : model_->parameters()) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-    }
-  }
-  return norm;
-}
-
 void SingleDeviceStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   optimizer_->ZeroGrad();
@@ -63,30 +46,14 @@ torch::Tensor SingleDeviceStrategy::ForwardLoss(const torch::Tensor& inputs,
   return model_->ForwardLoss(inputs, targets);
 }
 
-std::vector<StateSlice> SingleDeviceStrategy::StateSlices(bool /*to_save*/) {
-  std::vector<StateSlice> slices;
+std::vector<HeldPiece> SingleDeviceStrategy::HeldPieces() {
+  std::vector<HeldPiece> pieces;
   for (const auto& item : model_->named_parameters()) {
-    const torch::Tensor& p = item.value();
-    const std::vector<int64_t> shape = p.sizes().vec();
-    slices.push_back({"model." + item.key(), shape, 0, p.detach().view(-1)});
-    const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-    slices.push_back(
-        {"optim.exp_avg." + item.key(), shape, 0, exp_avg.view(-1)});
-    slices.push_back(
-        {"optim.exp_avg_sq." + item.key(), shape, 0, exp_avg_sq.view(-1)});
+    pieces.push_back({Placement::Whole(item.key(), item.value().sizes().vec()),
+                      item.value(),
+                      {}});
   }
-  return slices;
-}
-
-std::vector<StateSlice> SingleDeviceStrategy::GradientSlices() {
-  std::vector<StateSlice> slices;
-  for (const auto& item : model_->named_parameters()) {
-    torch::Tensor p = item.value();  // the same tensor: its grad is set
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    slices.push_back(
-        {"grad." + item.key(), p.sizes().vec(), 0, p.grad().view(-1)});
-  }
-  return slices;
+  return pieces;
 }
 
 int64_t SingleDeviceStrategy::optimizer_steps() const {

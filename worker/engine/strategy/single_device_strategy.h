@@ -18,19 +18,21 @@ class SingleDeviceStrategy final : public Strategy {
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
-  double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override { return value; }
-  std::vector<StateSlice> StateSlices(bool to_save) override;
-  std::vector<StateSlice> GradientSlices() override;
+  std::vector<HeldPiece> HeldPieces() override;
+  const AdamW& optimizer() const override { return *optimizer_; }
+  torch::Device device() const override { return options_.device; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   absl::Status ExportModel(const std::string& path) override;
   int64_t ModelStateBytes() const override;
 
  private:
+  Communicator* placement_world() const override { return nullptr; }
+
   StrategyOptions options_;
   CausalLm model_;
   std::unique_ptr<AdamW> optimizer_;

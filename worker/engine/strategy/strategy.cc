@@ -55,6 +55,19 @@ std::vector<AdamW::Group> WeightDecayGroups(
   return {decay, no_decay};
 }
 
+double Strategy::ClipGradNorm(double max_norm) {
+  return ClipGradientNorm(HeldPieces(), placement_world(), device(), max_norm,
+                          name());
+}
+
+std::vector<StateSlice> Strategy::StateSlices(bool to_save) {
+  return PlacedStateSlices(HeldPieces(), optimizer(), to_save);
+}
+
+std::vector<StateSlice> Strategy::GradientSlices() {
+  return PlacedGradientSlices(HeldPieces());
+}
+
 torch::Tensor Strategy::ForwardBackwardStep(const std::vector<Batch>& batches) {
   const double scale = 1.0 / static_cast<double>(batches.size());
   torch::Tensor loss_sum;

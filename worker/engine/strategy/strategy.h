@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/comm/communicator.h"
 #include "worker/engine/model/causal_lm.h"
+#include "worker/engine/strategy/placement.h"
 #include "worker/engine/support/adamw.h"
 
 namespace shardtrain {
@@ -109,9 +110,10 @@ class Strategy {
                                         double loss_scale, bool sync) = 0;
 
   // Global L2 norm of the accumulated gradient over all parameters and ranks,
-  // before clipping. When max_norm > 0 the gradient is scaled so its norm is
-  // at most max_norm (as torch.nn.utils.clip_grad_norm_).
-  virtual double ClipGradNorm(double max_norm) = 0;
+  // before clipping, each element counted once (ClipGradientNorm over
+  // HeldPieces). When max_norm > 0 the gradient is scaled so its norm is at
+  // most max_norm (as torch.nn.utils.clip_grad_norm_). Collective.
+  double ClipGradNorm(double max_norm);
 
   // One AdamW update at `lr`, then zeroes the gradients.
   virtual void OptimizerStep(double lr) = 0;
@@ -130,14 +132,18 @@ class Strategy {
   // `to_save`, only the ranges this rank writes (a tensor every rank holds
   // is written once: each rank writes an even share); otherwise everything
   // it holds, which a load fills.
-  virtual std::vector<StateSlice> StateSlices(bool to_save) = 0;
+  std::vector<StateSlice> StateSlices(bool to_save);
   // Every gradient this rank holds once a step's backward and its
   // synchronisation are done, as ranges of global tensors ("grad.<param>",
   // views of the memory the optimizer reads, zeros where none was made),
   // so that any mesh's gradients can be put together and compared tensor by
   // tensor with one device's. A rank holding a range another also holds
   // (replicas) gives it too.
-  virtual std::vector<StateSlice> GradientSlices() = 0;
+  std::vector<StateSlice> GradientSlices();
+  // Every piece of the model's parameters this rank holds, with its
+  // placement on the mesh (placement.h): the three calls above are computed
+  // from these alone.
+  virtual std::vector<HeldPiece> HeldPieces() = 0;
   // AdamW's step count (its bias correction).
   virtual int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(int64_t steps) = 0;
@@ -162,6 +168,16 @@ class Strategy {
   virtual int64_t ModelStateBytes() const = 0;
 
   virtual CommStats TakeCommStats() { return {}; }
+
+  // The optimizer (after Setup): StateSlices reads its moments.
+  virtual const AdamW& optimizer() const = 0;
+  // Where this rank's tensors live.
+  virtual torch::Device device() const = 0;
+
+ protected:
+  // The ranks over which HeldPieces() cover every element: the run's world;
+  // nullptr on one rank.
+  virtual Communicator* placement_world() const = 0;
 };
 
 // Sum over `tensors` of their squared L2 norms, as a 0-dim double tensor on

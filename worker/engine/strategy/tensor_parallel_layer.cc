@@ -269,29 +269,6 @@ void VocabParallelEnds::UseGradientViews(CausalLmImpl& model) {
   if (head_.grad.defined()) head_.grad = model.head_weight().grad();
 }
 
-void AppendTensorParallelState(
-    const CausalLmImpl& model, const std::string& name,
-    const std::vector<int64_t>& global, int64_t rank, int64_t size,
-    int64_t offset,
-    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
-    std::vector<StateSlice>* slices) {
-  const std::vector<FlatRun> runs =
-      model.TensorParallelRuns(name, global, rank, size);
-  for (const auto& [prefix, data] : parts) {
-    const int64_t end = offset + data.numel();
-    int64_t at = 0;  // where the run starts in the flattened slice
-    for (const FlatRun& run : runs) {
-      const int64_t from = std::max(offset, at);
-      const int64_t to = std::min(end, at + run.length);
-      if (from < to) {
-        slices->push_back({prefix + name, global, run.offset + (from - at),
-                           data.narrow(0, from - offset, to - from)});
-      }
-      at += run.length;
-    }
-  }
-}
-
 torch::Tensor GatherTensorParallelSlices(const CausalLmImpl& model,
                                          Communicator& group,
                                          const std::string& name,

@@ -85,18 +85,6 @@ class VocabParallelEnds {
   FsdpUnit* head_unit_ = nullptr;
 };
 
-// Appends to `slices` the state of elements [offset, offset + n) of
-// tensor-parallel rank `rank`'s (of `size`) flattened slice of the global
-// parameter `name` under `model`'s tensor-parallel plan: for each of `parts`
-// ({key prefix, n values}: the parameter and its AdamW moments) the runs of the
-// global tensor those elements are.
-void AppendTensorParallelState(
-    const CausalLmImpl& model, const std::string& name,
-    const std::vector<int64_t>& global, int64_t rank, int64_t size,
-    int64_t offset,
-    const std::vector<std::pair<const char*, torch::Tensor>>& parts,
-    std::vector<StateSlice>* slices);
-
 // The whole global tensor `name` from every rank's slice `local` (the same
 // size on each): an all-gather over `group`, the slices put in place.
 // Collective; throws c10::Error.

@@ -206,11 +206,6 @@ void TensorParallelStrategy::FreeUnits() {
   gathered_ = false;
 }
 
-bool TensorParallelStrategy::Whole(const std::string& name,
-                                   const std::vector<int64_t>& local) const {
-  return local == shapes_.at(name);
-}
-
 void TensorParallelStrategy::AttachGradViews() {
   replica_buckets_->AttachGradViews();
   // The vocabulary-parallel embedding and head add into the embedding's
@@ -281,47 +276,6 @@ void TensorParallelStrategy::AverageOverReplicas() {
   if (replica_buckets_ != nullptr) replica_buckets_->Finish();
 }
 
-double TensorParallelStrategy::ClipGradNorm(double max_norm) {
-  torch::NoGradGuard no_grad;
-  // Slices differ between a replica's ranks, whole tensors do not: those
-  // are counted on its first rank only. Replicas hold the same gradients.
-  // Sharded, the replicas hold different parts of the slices: all of the
-  // world's ranks sum.
-  std::vector<torch::Tensor> grads;
-  if (sharded()) {
-    for (auto& unit : units_) {
-      ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                                   const torch::Tensor& piece) {
-        if (Whole(p.name, p.shape) && tensor_->rank() != 0) return;
-        grads.push_back(unit->shard_grad().narrow(
-            0, p.offset + offset - unit->shard_offset(), piece.numel()));
-      });
-    }
-  } else {
-    for (const auto& item : model_->named_parameters()) {
-      if (Whole(item.key(), item.value().sizes().vec()) &&
-          tensor_->rank() != 0) {
-        continue;
-      }
-      grads.push_back(item.value().grad());
-    }
-  }
-  torch::Tensor sum =
-      SumOfSquares(grads, options_.device).to(torch::kFloat).reshape({1});
-  SumOver(sharded() ? *world_ : *tensor_, sum, "all_reduce (gradient norm)");
-  const double norm = std::sqrt(sum.item<double>());
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      for (const torch::Tensor& p : model_->parameters()) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-      for (auto& unit : units_) unit->shard_grad().mul_(coef);
-    }
-  }
-  return norm;
-}
-
 void TensorParallelStrategy::OptimizerStep(double lr) {
   optimizer_->Step(lr);
   optimizer_->ZeroGrad();
@@ -348,72 +302,36 @@ void TensorParallelStrategy::Barrier() {
   ThrowIfFailed(world_->Barrier(), "tensor parallel", "barrier");
 }
 
-std::vector<StateSlice> TensorParallelStrategy::StateSlices(bool to_save) {
-  std::vector<StateSlice> slices;
-  const int64_t t = tensor_parallel_;
-  if (sharded()) {
-    // Each rank holds a part of its slices' flattening: the runs of the
-    // global tensors that part covers. Whole tensors are the same on every
-    // rank of a replica: its first writes them.
-    for (auto& unit : units_) {
-      ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                                   const torch::Tensor& piece) {
-        if (to_save && Whole(p.name, p.shape) && tensor_->rank() != 0) return;
-        const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(piece);
-        AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
-                                  tensor_->rank(), t, offset,
-                                  {{"model.", piece},
-                                   {"optim.exp_avg.", exp_avg.view(-1)},
-                                   {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
-                                  &slices);
-      });
-    }
-    return slices;
-  }
-  // Replicas hold the same state: the first one writes it.
-  if (to_save && data_parallel_rank() != 0) return slices;
-  for (const auto& item : model_->named_parameters()) {
-    const std::string& name = item.key();
-    const std::vector<int64_t>& global = shapes_.at(name);
-    const torch::Tensor& p = item.value();
-    const bool whole = p.sizes().vec() == global;
-    // Whole tensors are the same on every rank: the first writes them.
-    if (whole && to_save && tensor_->rank() != 0) continue;
-    const auto [exp_avg, exp_avg_sq] = optimizer_->StateOf(p);
-    AppendTensorParallelState(*model_, name, global, tensor_->rank(), t, 0,
-                              {{"model.", p.detach().view(-1)},
-                               {"optim.exp_avg.", exp_avg.view(-1)},
-                               {"optim.exp_avg_sq.", exp_avg_sq.view(-1)}},
-                              &slices);
-  }
-  return slices;
-}
-
-std::vector<StateSlice> TensorParallelStrategy::GradientSlices() {
-  std::vector<StateSlice> slices;
+std::vector<HeldPiece> TensorParallelStrategy::HeldPieces() {
+  // Each rank holds its tensor slice of every parameter (whole tensors on
+  // every tensor rank alike); replicas hold the same slices, or, sharded,
+  // each its part of their flattening.
+  std::vector<HeldPiece> pieces;
   const int64_t t = tensor_parallel_;
   if (sharded()) {
     for (auto& unit : units_) {
       ForEachShardPiece(
-          *unit,
-          [&](const FsdpUnit::Param& p, int64_t offset,
-              const torch::Tensor& piece) {
-            AppendTensorParallelState(*model_, p.name, shapes_.at(p.name),
-                                      tensor_->rank(), t, offset,
-                                      {{"grad.", piece}}, &slices);
-          },
-          /*gradient=*/true);
+          *unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                     const torch::Tensor& piece, const torch::Tensor& grad) {
+            pieces.push_back(
+                {Placement::TensorParallel(*model_, p.name, shapes_.at(p.name),
+                                           tensor_->rank(), t)
+                     .Narrow(offset, piece.numel()),
+                 piece, grad});
+          });
     }
-    return slices;
+    return pieces;
   }
   for (const auto& item : model_->named_parameters()) {
-    torch::Tensor p = item.value();  // the same tensor: its grad is set
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    AppendTensorParallelState(*model_, item.key(), shapes_.at(item.key()),
-                              tensor_->rank(), t, 0,
-                              {{"grad.", p.grad().view(-1)}}, &slices);
+    pieces.push_back(
+        {Placement::TensorParallel(*model_, item.key(), shapes_.at(item.key()),
+                                   tensor_->rank(), t)
+             .ReplicatedAlong(MeshDim::kReplicate, data_parallel_rank(),
+                              data_parallel_size()),
+         item.value(),
+         {}});
   }
-  return slices;
+  return pieces;
 }
 
 int64_t TensorParallelStrategy::optimizer_steps() const {

@@ -103,14 +103,14 @@ class TensorParallelStrategy final : public Strategy {
   torch::Tensor ForwardBackward(const torch::Tensor& inputs,
                                 const torch::Tensor& targets, double loss_scale,
                                 bool sync) override;
-  double ClipGradNorm(double max_norm) override;
   void OptimizerStep(double lr) override;
   torch::Tensor ForwardLoss(const torch::Tensor& inputs,
                             const torch::Tensor& targets) override;
   double AllReduceMean(double value) override;
   void Barrier() override;
-  std::vector<StateSlice> StateSlices(bool to_save) override;
-  std::vector<StateSlice> GradientSlices() override;
+  std::vector<HeldPiece> HeldPieces() override;
+  const AdamW& optimizer() const override { return *optimizer_; }
+  torch::Device device() const override { return options_.device; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
   absl::Status ExportModel(const std::string& path) override;
@@ -118,6 +118,7 @@ class TensorParallelStrategy final : public Strategy {
   CommStats TakeCommStats() override;
 
  private:
+  Communicator* placement_world() const override { return world_; }
   // The mean loss of the replica's batch: the vocabulary-parallel embedding,
   // the blocks, the vocabulary-parallel head. When training, the token
   // embedding's gradient is added in forward with grad_scale, which backward
@@ -144,8 +145,6 @@ class TensorParallelStrategy final : public Strategy {
   // Sharded: the units freed without a reduction (after an evaluation).
   void FreeUnits();
   bool sharded() const { return shard_over_replicas_; }
-  // Whether the parameter `name` is whole on every rank of the group.
-  bool Whole(const std::string& name, const std::vector<int64_t>& local) const;
 
   const StrategyOptions options_;
   Communicator* const world_;
