@@ -452,15 +452,23 @@ absl::StatusOr<MemoryPlan> PlanTensorParallel(const TrainConfig& config,
     if (plan.recomputation > 0) plan.peak_moment = moment;
   }
   const StrategyKind* kind = FindStrategyKind(config.strategy);
-  if (kind != nullptr && kind->layout == StateLayout::kSharded) {
-    // FSDP over the D replicas (TensorParallelStrategy::ShardOverReplicas):
-    // a unit per block, one for wte's rows, one for wpe and ln_f, each
-    // padded to a multiple of D; a rank keeps a shard of each, the units
-    // are whole within the step. At the head, wte's whole gradient buffer
-    // exists (made with the gather), the blocks' not yet; at the end of the
-    // backward every unit's full gradient does, reduce-scattered into a
-    // shard-sized output.
-    const int64_t d = world_size / t;
+  // HSDP: shard groups of G replicas (a group of one replicates, as DDP).
+  const int64_t group =
+      kind != nullptr && kind->layout == StateLayout::kShardedInGroups
+          ? ResolveShardGroupSize(config.shard_group_size, world_size / t,
+                                  /*ranks_per_node=*/0)
+          : 0;
+  if (group > 0) plan.shard_group_size = group;
+  if (kind != nullptr && (kind->layout == StateLayout::kSharded || group > 1)) {
+    // FSDP over the D replicas (TensorParallelStrategy::ShardOverReplicas),
+    // or HSDP within each group of G (d = G; the groups' average of the
+    // shards' gradients works in place): a unit per block, one for wte's
+    // rows, one for wpe and ln_f, each padded to a multiple of d; a rank
+    // keeps a shard of each, the units are whole within the step. At the
+    // head, wte's whole gradient buffer exists (made with the gather), the
+    // blocks' not yet; at the end of the backward every unit's full
+    // gradient does, reduce-scattered into a shard-sized output.
+    const int64_t d = group > 1 ? group : world_size / t;
     const int64_t block_local = s.block_params;
     const int64_t wte_local = RoundUp(wte_rows * c, d);
     const int64_t others =

@@ -220,12 +220,6 @@ absl::Status TrainConfig::ValidateTensorParallel(
         absl::StrCat("must divide the model's ", model_config.mlp_hidden(),
                      " MLP hidden units"));
   }
-  const StrategyKind* kind = FindStrategyKind(strategy);
-  if (kind != nullptr && kind->layout == StateLayout::kShardedInGroups) {
-    return FieldError("tensor_parallel", tensor_parallel,
-                      absl::StrCat("composes with single, ddp and fsdp; with ",
-                                   strategy, " it is not supported yet"));
-  }
   return absl::OkStatus();
 }
 

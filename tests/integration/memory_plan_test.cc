@@ -165,10 +165,10 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfGpt2Mini) {
 }
 
 // Tensor parallelism: each rank holds 1/T of every layer and of wte's rows,
-// and 1/T of the activations inside the blocks; with replicas, DDP or FSDP
-// over them; with activation checkpointing, where the head is large (the
-// end of the forward), and where it is small (a vocabulary of 512: the
-// recomputed block's start, or, with long sequences, its softmax's
+// and 1/T of the activations inside the blocks; with replicas, DDP, FSDP or
+// HSDP (two groups of two) over them; with activation checkpointing, where the
+// head is large (the end of the forward), and where it is small (a vocabulary
+// of 512: the recomputed block's start, or, with long sequences, its softmax's
 // backward). The plan of each mesh against the largest peak any rank
 // measured.
 TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfTensorParallelMeshes) {
@@ -192,6 +192,7 @@ TEST_F(MemoryPlanTest, PredictsTheMeasuredPeakOfTensorParallelMeshes) {
                         Case{"gpt2-mini", "single", 2, 2, 8, 128, "all"},
                         Case{small_head, "single", 2, 2, 16, 64, "all"},
                         Case{small_head, "fsdp", 2, 4, 16, 64, "all"},
+                        Case{small_head, "hsdp", 2, 8, 8, 64},
                         Case{long_sequences, "single", 4, 4, 4, 512, "all"}}) {
     TrainConfig config;
     config.model = c.model;

@@ -377,8 +377,8 @@ TEST(TrainConfigTest, TensorParallelDividesTheHeadsAndTheWorld) {
             "tensor_parallel: got 3; must divide the model's 4 attention heads "
             "(each rank runs whole heads)");
   config.tensor_parallel = 2;
-  // FSDP shards each slice over the replicas: two at least; HSDP's groups
-  // do not compose.
+  // FSDP shards each slice over the replicas: two at least; HSDP within
+  // groups of them.
   config.strategy = "fsdp";
   EXPECT_TRUE(config.Validate().ok()) << config.Validate();
   EXPECT_TRUE(config.CheckMeshWorld(4).ok());
@@ -387,9 +387,8 @@ TEST(TrainConfigTest, TensorParallelDividesTheHeadsAndTheWorld) {
             "each slice over the data-parallel replicas: it needs at least "
             "two (4 ranks)");
   config.strategy = "hsdp";
-  EXPECT_EQ(config.Validate().message(),
-            "tensor_parallel: got 2; composes with single, ddp and fsdp; with "
-            "hsdp it is not supported yet");
+  EXPECT_TRUE(config.Validate().ok()) << config.Validate();
+  EXPECT_TRUE(config.CheckMeshWorld(8).ok());
   // Within pipeline stages: replicas of stages x T ranks.
   config.strategy = "ddp";
   config.pipeline_stages = 2;

@@ -33,6 +33,7 @@ DdpStrategy::~DdpStrategy() = default;
 
 absl::Status DdpStrategy::Setup(CausalLm model) {
   if (absl::Status s = local_.Setup(model); !s.ok()) return s;
+  RecordGlobalShapes(*model);
   try {
     buckets_ = std::make_unique<GradientBuckets>(model->parameters(), comm_,
                                                  bucket_bytes_, "ddp");
@@ -81,11 +82,6 @@ std::vector<HeldPiece> DdpStrategy::HeldPieces() {
         MeshDim::kReplicate, comm_->rank(), comm_->world_size());
   }
   return pieces;
-}
-
-absl::Status DdpStrategy::ExportModel(const std::string& path) {
-  if (comm_->rank() != 0) return absl::OkStatus();
-  return local_.ExportModel(path);
 }
 
 int64_t DdpStrategy::ModelStateBytes() const {

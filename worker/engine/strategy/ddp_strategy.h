@@ -77,12 +77,11 @@ class DdpStrategy final : public Strategy {
   std::vector<HeldPiece> HeldPieces() override;
   const AdamW& optimizer() const override { return local_.optimizer(); }
   torch::Device device() const override { return options_.device; }
+  CausalLmImpl& model() override { return local_.model(); }
   int64_t optimizer_steps() const override { return local_.optimizer_steps(); }
   void set_optimizer_steps(int64_t steps) override {
     local_.set_optimizer_steps(steps);
   }
-  // Rank 0 writes `path`; other ranks write nothing.
-  absl::Status ExportModel(const std::string& path) override;
   // Parameters, gradients (= the bucket buffers) and optimizer state.
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override { return comm_->TakeStats(); }

@@ -111,6 +111,7 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
   }
   if (absl::Status s = FormGroups(); !s.ok()) return s;
   model_ = std::move(model);
+  RecordGlobalShapes(*model_);
   const torch::ScalarType compute_dtype = ComputeDtype(options_);
   try {
     const std::map<std::string, torch::Tensor*> members =
@@ -166,7 +167,7 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
         }
       }
     }
-    replica_reduced_.assign(units_.size(), false);
+    across_ = GroupAverage(replicate_, units_.size(), "hsdp");
     vocab_.comm = shard_;
     vocab_.weight = embedding.shard().view({rows, width});
     vocab_.grad = embedding.shard_grad().view({rows, width});
@@ -274,9 +275,7 @@ torch::Tensor FsdpStrategy::ForwardBackward(const torch::Tensor& inputs,
 
 void FsdpStrategy::ResetUnits() {
   pending_reductions_.clear();
-  for (auto& [u, work] : replica_works_) (void)work->Wait();
-  replica_works_.clear();
-  replica_reduced_.assign(units_.size(), false);
+  across_.Drop();
   for (const auto& unit : units_) {
     if (unit->gather_in_flight()) (void)unit->WaitGather();
     (void)unit->WaitReduceScatter();
@@ -343,30 +342,11 @@ void FsdpStrategy::FinishBackward() {
     if (unit.gathered()) Reshard(u);
   }
   for (int64_t u = 0; u < num_units(); ++u) ReduceAcrossReplicas(u);
-  WaitAcrossReplicas();
+  across_.Finish();
 }
 
 void FsdpStrategy::ReduceAcrossReplicas(int64_t u) {
-  if (replicate_ == nullptr || !sync_ || replica_reduced_[u]) return;
-  replica_reduced_[u] = true;
-  replica_works_.emplace_back(u,
-                              replicate_->AllReduce(units_[u]->shard_grad()));
-}
-
-void FsdpStrategy::WaitAcrossReplicas() {
-  const double replicas = static_cast<double>(this->replicas());
-  for (auto& [u, work] : replica_works_) {
-    const absl::Status s = work->Wait();
-    if (!s.ok()) {
-      ThrowIfFailed(s, "HSDP",
-                    absl::StrCat("the all-reduce of unit ", units_[u]->name(),
-                                 " across replicas"));
-    }
-    torch::NoGradGuard no_grad;
-    units_[u]->shard_grad().div_(replicas);
-  }
-  replica_works_.clear();
-  replica_reduced_.assign(units_.size(), false);
+  if (sync_) across_.Launch(*units_[u], static_cast<size_t>(u));
 }
 
 void FsdpStrategy::OptimizerStep(double lr) {
@@ -432,36 +412,18 @@ void FsdpStrategy::set_optimizer_steps(int64_t steps) {
 
 absl::StatusOr<NamedTensors> FsdpStrategy::GatherFullParameters() {
   NamedTensors params;
-  for (const auto& unit : units_) {
-    absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
-    if (!flat.ok()) return flat.status();
-    for (const FsdpUnit::Param& p : unit->params()) {
-      params.emplace_back(p.name,
-                          flat->narrow(0, p.offset, p.numel).view(p.shape));
+  try {
+    const std::vector<HeldPiece> pieces = HeldPieces();
+    int64_t contributed = 0;
+    for (const auto& [name, global] : global_shapes()) {
+      params.emplace_back(
+          name, GatherWhole(pieces, name, global, world_, options_.device,
+                            "fsdp", &contributed));
     }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(e.what_without_backtrace());
   }
   return params;
-}
-
-absl::Status FsdpStrategy::ExportModel(const std::string& path) {
-  // Rank 0 points the model's members at the consolidated fp32 weights (the
-  // whole model, once) and writes them; the others gather and drop.
-  std::vector<torch::Tensor> flats;
-  torch::NoGradGuard no_grad;
-  for (const auto& unit : units_) {
-    absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
-    if (!flat.ok()) return flat.status();
-    if (world_->rank() == 0) {
-      unit->PointMembersAt(*flat);
-      flats.push_back(*std::move(flat));
-    }
-  }
-  absl::Status status = absl::OkStatus();
-  if (world_->rank() == 0) {
-    status = model_->ExportWeights(path);
-    for (const auto& unit : units_) unit->Reshard();  // resets the members
-  }
-  return status;
 }
 
 int64_t FsdpStrategy::ModelStateBytes() const {

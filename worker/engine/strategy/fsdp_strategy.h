@@ -150,11 +150,9 @@ class FsdpStrategy final : public Strategy {
   std::vector<HeldPiece> HeldPieces() override;
   const AdamW& optimizer() const override { return *optimizer_; }
   torch::Device device() const override { return options_.device; }
+  CausalLmImpl& model() override { return *model_; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
-  // Consolidates the fp32 master weights unit by unit; rank 0 writes llm.c's
-  // model.bin. Collective.
-  absl::Status ExportModel(const std::string& path) override;
   // Shard parameters + shard gradients + AdamW state held by this rank.
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override;
@@ -200,8 +198,6 @@ class FsdpStrategy final : public Strategy {
   // HSDP, on a syncing micro-step: launches the all-reduce of unit u's final
   // shard gradient over the replica group (once per backward).
   void ReduceAcrossReplicas(int64_t u);
-  // Waits for those all-reduces and turns their sums into means.
-  void WaitAcrossReplicas();
   // After a failure: no unit gathered, no collective pending, no full
   // gradient left (results of failed collectives are dropped).
   void ResetUnits();
@@ -225,10 +221,8 @@ class FsdpStrategy final : public Strategy {
   std::unique_ptr<AdamW> optimizer_;
   // Units whose reduce-scatter is in flight, oldest first.
   std::vector<int64_t> pending_reductions_;
-  // HSDP: replica all-reduces in flight, and which units had theirs this
-  // backward.
-  std::vector<std::pair<int64_t, std::unique_ptr<CommWork>>> replica_works_;
-  std::vector<bool> replica_reduced_;
+  // HSDP: each unit's shard gradient averaged over the replica groups.
+  GroupAverage across_;
   std::function<void(const FsdpEvent&)> observer_;
   // On the units' full buffers. Declared last: removed first.
   GradReadyHooks hooks_;

@@ -331,4 +331,38 @@ void ForEachShardPiece(
   }
 }
 
+GroupAverage::GroupAverage(Communicator* across, size_t units,
+                           std::string strategy)
+    : across_(across != nullptr && across->world_size() > 1 ? across : nullptr),
+      strategy_(std::move(strategy)),
+      launched_(units, false) {}
+
+void GroupAverage::Launch(FsdpUnit& unit, size_t u) {
+  if (across_ == nullptr || launched_[u]) return;
+  launched_[u] = true;
+  works_.emplace_back(&unit, across_->AllReduce(unit.shard_grad()));
+}
+
+void GroupAverage::Finish() {
+  if (across_ == nullptr) return;
+  const double groups = static_cast<double>(across_->world_size());
+  auto works = std::move(works_);
+  works_.clear();
+  launched_.assign(launched_.size(), false);
+  torch::NoGradGuard no_grad;
+  for (auto& [unit, work] : works) {
+    if (const absl::Status s = work->Wait(); !s.ok()) {
+      TORCH_CHECK(false, strategy_, ": the all-reduce of unit ", unit->name(),
+                  " across the shard groups failed: ", s.ToString());
+    }
+    unit->shard_grad().div_(groups);
+  }
+}
+
+void GroupAverage::Drop() {
+  for (auto& [unit, work] : works_) (void)work->Wait();
+  works_.clear();
+  launched_.assign(launched_.size(), false);
+}
+
 }  // namespace shardtrain

@@ -177,6 +177,34 @@ class FsdpUnit {
   torch::Tensor held_grad_;  // [padded_numel] fp32, see HoldUnshardedGradient
 };
 
+// HSDP's average over the replica groups that hold the same shards: each
+// unit's shard gradient all-reduced across the groups as soon as its
+// reduce-scatter has landed (Launch, once per unit and step), then waited
+// for and divided by the number of groups (Finish). With one group (no
+// `across`) both do nothing. Standalone HSDP, a pipeline's HSDP stages and
+// TP x HSDP all average through it.
+class GroupAverage {
+ public:
+  GroupAverage() = default;
+  // `across` (nullptr: one group) must outlive this; `units`: how many.
+  GroupAverage(Communicator* across, size_t units, std::string strategy);
+
+  bool active() const { return across_ != nullptr; }
+  // Unit `u`'s shard gradient's all-reduce, unless launched this step.
+  void Launch(FsdpUnit& unit, size_t u);
+  // Waits for every launched all-reduce and divides by the groups. Throws
+  // c10::Error naming the unit whose all-reduce failed.
+  void Finish();
+  // A failed step: what was launched is waited for and forgotten.
+  void Drop();
+
+ private:
+  Communicator* across_ = nullptr;
+  std::string strategy_;
+  std::vector<bool> launched_;
+  std::vector<std::pair<FsdpUnit*, std::unique_ptr<CommWork>>> works_;
+};
+
 // What a strategy that holds its parameters in FsdpUnits (FSDP, HSDP, the
 // sharded stages of a pipeline) needs besides the units.
 

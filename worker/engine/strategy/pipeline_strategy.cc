@@ -19,9 +19,6 @@
 namespace shardtrain {
 namespace {
 
-// Point-to-point tags on the replica's pipeline group.
-constexpr int64_t kExportTag = 4;
-
 // `pipeline` with an hsdp shard group size resolved over the stage's ranks
 // (0 for the other strategies).
 PipelineOptions Resolved(PipelineOptions pipeline,
@@ -161,15 +158,12 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
         "pipeline x tensor parallel: zb-h1 splits the projections' backward, "
         "which tensor-parallel layers do not; use 1f1b");
   }
-  if (t > 1 &&
-      (options_.world_size % (pipeline_.stages * t) != 0 ||
-       (kind != nullptr && kind->layout == StateLayout::kShardedInGroups))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline x tensor parallel: ", pipeline_.stages, " stages x ", t,
-        " tensor ranks with ", pipeline_.data_parallel, " over ",
-        options_.world_size,
-        " ranks: the world must be a multiple of stages x T, and the "
-        "stages single, ddp or fsdp"));
+  if (t > 1 && options_.world_size % (pipeline_.stages * t) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline x tensor parallel: ", pipeline_.stages,
+                     " stages x ", t, " tensor ranks with ",
+                     pipeline_.data_parallel, " over ", options_.world_size,
+                     " ranks: the world must be a multiple of stages x T"));
   }
   if (g > 0 && data_parallel_size() % g != 0) {
     return absl::InvalidArgumentError(
@@ -205,9 +199,7 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
   tied_ = model_->tied_head() ? groups_->TiedEnds() : nullptr;
 
   torch::NoGradGuard no_grad;
-  for (auto& item : model_->named_parameters()) {
-    shapes_[item.key()] = item.value().sizes().vec();
-  }
+  RecordGlobalShapes(*model_);
   if (t > 1) {
     // Every stage's blocks split over the stage's tensor ranks (the whole
     // model, then the others' stages freed below).
@@ -301,68 +293,52 @@ absl::Status PipelineStrategy::Setup(CausalLm model) {
 }
 
 absl::Status PipelineStrategy::ShardStage() {
-  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  // Units in the order their first parameter comes: the token embedding
-  // alone, the stage's other tensors outside the blocks together, one per
-  // block.
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (size_t i = 0; i < owned_.size(); ++i) {
     parameters.emplace_back(owned_names_[i], owned_[i]);
   }
-  absl::StatusOr<std::vector<UnitSources>> grouped =
-      GroupIntoUnits(*model_, parameters, members, "pipeline x fsdp");
-  if (!grouped.ok()) return grouped.status();
-  const torch::ScalarType compute_dtype = ComputeDtype(options_);
-  try {
-    const std::string embedding = ModulePath(model_->token_embedding_name());
-    const std::string head = ModulePath(model_->head_weight_name());
-    for (UnitSources& u : *grouped) {
-      const bool is_embedding = u.name == embedding;
-      const bool is_head = !model_->tied_head() && u.name == head;
-      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u.name, std::move(u.sources), replicas_, options_.device,
-          // The vocabulary-parallel paths read the ends in fp32.
-          (is_embedding || is_head) && tensor_parallel() > 1 ? torch::kFloat
-                                                             : compute_dtype);
-      if (!unit.ok()) return unit.status();
-      if (is_embedding) embedding_unit_ = unit->get();
-      // Without tensor ranks, the lookup and the chunked head read a leaf
-      // over the gathered rows (GatherUnits).
-      if ((is_embedding || is_head) && tensor_parallel() == 1) {
-        leaves_.push_back({unit->get(), torch::Tensor()});
-      }
-      units_.push_back(std::move(*unit));
+  const std::string embedding = ModulePath(model_->token_embedding_name());
+  const std::string head = ModulePath(model_->head_weight_name());
+  auto is_end = [&](const std::string& unit) {
+    return unit == embedding || (!model_->tied_head() && unit == head);
+  };
+  // The vocabulary-parallel paths read the ends in fp32.
+  absl::StatusOr<std::vector<std::unique_ptr<FsdpUnit>>> units = ShardIntoUnits(
+      *model_, parameters, replicas_, across_groups_, options_.device,
+      ComputeDtype(options_),
+      [&](const std::string& unit) {
+        return tensor_parallel() > 1 && is_end(unit);
+      },
+      across_groups_ != nullptr ? "pipeline x hsdp" : "pipeline x fsdp");
+  if (!units.ok()) return units.status();
+  units_ = *std::move(units);
+  for (const auto& unit : units_) {
+    if (unit->name() == embedding) embedding_unit_ = unit.get();
+    // Without tensor ranks, the lookup and the chunked head read a leaf
+    // over the gathered rows (GatherUnits).
+    if (is_end(unit->name()) && tensor_parallel() == 1) {
+      leaves_.push_back({unit.get(), torch::Tensor()});
     }
+  }
+  try {
     ends_.FindUnits(units_);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("pipeline x fsdp: setup: ", e.what_without_backtrace()));
   }
-  if (across_groups_ != nullptr) {
-    // Every shard group starts from the first group's shards.
-    for (const auto& unit : units_) {
-      if (absl::Status s = across_groups_->Broadcast(unit->shard(), 0)->Wait();
-          !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("pipeline x hsdp: broadcast of unit ",
-                                         unit->name(), ": ", s.message()));
-      }
-    }
-  }
   // Each block's unit, for gathering as the forward reaches it, and each
   // unit's chunk: its reduce-scatter goes as soon as that chunk's last
   // backward of the step has completed its gradient (armed then),
-  // overlapping the rest of it.
+  // overlapping the rest of it; HSDP's groups average each unit as its
+  // reduce-scatter lands.
   std::vector<int64_t> unit_chunk;
-  std::map<int64_t, size_t> block_unit;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const ParamPlace place = model_->PlaceOf(units_[u]->params().front().name);
-    if (place.role == ParamRole::kBlock) block_unit[place.block] = u;
-    unit_chunk.push_back(ChunkHolding(place));
+  for (const auto& unit : units_) {
+    unit_chunk.push_back(
+        ChunkHolding(model_->PlaceOf(unit->params().front().name)));
   }
   unit_schedule_ = std::make_unique<UnitSchedule>(
-      &units_, std::move(unit_chunk), std::move(block_unit), chunks(),
-      "pipeline x fsdp");
+      &units_, std::move(unit_chunk), BlockUnits(*model_, units_), chunks(),
+      "pipeline x fsdp", across_groups_);
   // The units hold the values now; the parameters' storage is freed.
   owned_.clear();
   owned_names_.clear();
@@ -473,11 +449,6 @@ torch::Tensor PipelineStrategy::HeadLoss(const torch::Tensor& x,
                                          double scale) {
   if (tensor_ops_ == nullptr) return model_->HeadLoss(x, targets);
   return VocabParallelLoss(model_->FinalNorm(x), targets, ends_.head(), scale);
-}
-
-bool PipelineStrategy::Whole(const std::string& name,
-                             const torch::Tensor& local) const {
-  return local.sizes().vec() == shapes_.at(name);
 }
 
 void PipelineStrategy::Forward(InFlight& m, const Batch& batch, double scale,
@@ -690,7 +661,6 @@ void PipelineStrategy::SynchronizeGradients() {
     // tied embedding's two copies are sharded alike, so their shards sum
     // pairwise.
     ReduceScatterAndFreeUnits();
-    AverageAcrossGroups();
     if (tied_ != nullptr) {
       Check(tied_->AllReduce(embedding_unit_->shard_grad()),
             "all_reduce (tied embedding)");
@@ -722,19 +692,6 @@ void PipelineStrategy::SynchronizeGradients() {
     const int64_t n = p.numel();
     p.grad().view({-1}).copy_(flat.narrow(0, offset, n));
     offset += n;
-  }
-}
-
-void PipelineStrategy::AverageAcrossGroups() {
-  if (across_groups_ == nullptr) return;
-  std::vector<std::unique_ptr<CommWork>> works;
-  for (auto& unit : units_) {
-    works.push_back(across_groups_->AllReduce(unit->shard_grad()));
-  }
-  const double groups = static_cast<double>(across_groups_->world_size());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Check(std::move(works[u]), "all_reduce (across shard groups)");
-    units_[u]->shard_grad().div_(groups);
   }
 }
 
@@ -841,10 +798,11 @@ std::vector<HeldPiece> PipelineStrategy::HeldPieces() {
   // replicas or, sharded, each its part of every unit (HSDP's groups the
   // same parts). A tied embedding is held by the first and the last stage.
   auto place = [&](const std::string& name, const std::vector<int64_t>& local) {
-    Placement p = tensor_ == nullptr ? Placement::Whole(name, local)
-                                     : Placement::TensorParallel(
-                                           *model_, name, shapes_.at(name),
-                                           tensor_->rank(), tensor_parallel());
+    Placement p =
+        tensor_ == nullptr
+            ? Placement::Whole(name, local)
+            : Placement::TensorParallel(*model_, name, global_shapes().at(name),
+                                        tensor_->rank(), tensor_parallel());
     if (tied_ != nullptr && IsTokenEmbedding(name)) {
       p = p.ReplicatedAlong(MeshDim::kPipeline, first() ? 0 : 1, 2);
     }
@@ -882,83 +840,6 @@ int64_t PipelineStrategy::optimizer_steps() const {
 
 void PipelineStrategy::set_optimizer_steps(int64_t steps) {
   optimizer_->set_step_count(steps);
-}
-
-absl::Status PipelineStrategy::ExportModel(const std::string& path) {
-  // Sharded stages first consolidate their units (every replica takes part)
-  // and point the modules at the whole tensors. Then replica 0's stages send
-  // their tensors, in name order, to its stage 0 (rank 0), which fills its
-  // model in and writes it.
-  absl::Status status = absl::OkStatus();
-  try {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> flats;
-    for (auto& unit : units_) {
-      absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
-      if (!flat.ok()) return flat.status();
-      unit->PointMembersAt(*flat);
-      flats.push_back(*std::move(flat));
-    }
-    std::vector<std::pair<torch::Tensor*, torch::Tensor>> sliced;
-    if (tensor_ != nullptr) sliced = GatherSlices();
-    if (data_parallel_rank() == 0 &&
-        (tensor_ == nullptr || tensor_->rank() == 0)) {
-      status = SendOrWriteModel(path);
-    }
-    for (auto& [member, value] : sliced) *member = value;
-    for (auto& unit : units_) unit->Reshard();  // resets the members
-  } catch (const c10::Error& e) {
-    status = absl::InternalError(
-        absl::StrCat("export: ", e.what_without_backtrace()));
-  }
-  return status;
-}
-
-std::vector<std::pair<torch::Tensor*, torch::Tensor>>
-PipelineStrategy::GatherSlices() {
-  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
-  // By the members: a sharded stage's point at its consolidated units.
-  for (const auto& [name, global] : shapes_) {
-    if (!Owns(name)) continue;
-    torch::Tensor* member = members.at(name);
-    if (Whole(name, *member)) continue;
-    torch::Tensor full =
-        GatherTensorParallelSlices(*model_, *tensor_, name, global, *member);
-    restore.emplace_back(member, *member);
-    *member = full;
-  }
-  return restore;
-}
-
-absl::Status PipelineStrategy::SendOrWriteModel(const std::string& path) {
-  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  if (!first()) {
-    // In name order, as stage 0 receives them; the tied embedding is stage
-    // 0's already.
-    for (const auto& [name, shape] : shapes_) {
-      if (!Owns(name) || IsTokenEmbedding(name)) continue;
-      torch::Tensor sent =
-          members.at(name)->detach().to(torch::kFloat).contiguous();
-      Check(pipe_->Send(sent, 0, kExportTag), "send (export)");
-    }
-    return absl::OkStatus();
-  }
-  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
-  for (int64_t s = 1; s < pipeline_.stages; ++s) {
-    for (const auto& [name, shape] : shapes_) {
-      if (!Holds(s, name) || IsTokenEmbedding(name)) continue;
-      torch::Tensor received = torch::empty(
-          shape, torch::TensorOptions(options_.device).dtype(torch::kFloat));
-      Check(pipe_->Recv(received, s, kExportTag), "recv (export)");
-      torch::Tensor* member = members.at(name);
-      restore.emplace_back(member, *member);
-      *member = received;
-    }
-  }
-  const absl::Status status = model_->ExportWeights(path);
-  for (auto& [member, value] : restore) *member = value;  // free them again
-  return status;
 }
 
 int64_t PipelineStrategy::ModelStateBytes() const {

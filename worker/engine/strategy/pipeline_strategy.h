@@ -149,10 +149,9 @@ class PipelineStrategy final : public Strategy {
   std::vector<HeldPiece> HeldPieces() override;
   const AdamW& optimizer() const override { return *optimizer_; }
   torch::Device device() const override { return options_.device; }
+  CausalLmImpl& model() override { return *model_; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
-  // Every stage sends its tensors to rank 0, which writes the whole model.
-  absl::Status ExportModel(const std::string& path) override;
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override;
 
@@ -241,13 +240,6 @@ class PipelineStrategy final : public Strategy {
   torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets,
                          double scale);
   int64_t tensor_parallel() const { return pipeline_.tensor_parallel; }
-  // Tensor parallelism: whether the parameter `name` is whole on every rank
-  // of the stage's tensor group.
-  bool Whole(const std::string& name, const torch::Tensor& local) const;
-  // Tensor parallelism: each sliced parameter the stage owns gathered whole
-  // and its member pointed at it; the previous members returned for
-  // restoring. Collective over the tensor group.
-  std::vector<std::pair<torch::Tensor*, torch::Tensor>> GatherSlices();
   void Backward(InFlight& m, double scale, int64_t chunk);
   // Sum of the token embedding's gradient between the first and last stage; the
   // average of every gradient over the stage's replicas.
@@ -261,8 +253,6 @@ class PipelineStrategy final : public Strategy {
   bool SplitsBackward() const {
     return pipeline_.schedule == PipelineSchedule::kZeroBubble;
   }
-  // hsdp: every unit's shard gradient averaged over the stage's groups.
-  void AverageAcrossGroups();
   // Within a step, the units are gathered as the stage's first forward
   // needs them, and each reduce-scattered as its chunk's last backward
   // completes it (unit_schedule_). They stay gathered until the step's
@@ -283,9 +273,6 @@ class PipelineStrategy final : public Strategy {
   // rows with
   // them).
   void FreeUnits();
-  // Rank 0 receives the other stages' tensors and writes the model; the
-  // other stages of replica 0 send theirs (ExportModel).
-  absl::Status SendOrWriteModel(const std::string& path);
   void Check(std::unique_ptr<CommWork> work, const char* what);
   // A training step's point-to-point traffic: `tensor` sent to stage
   // `stage`, posted without waiting and counted; the sends whose receives
@@ -347,8 +334,6 @@ class PipelineStrategy final : public Strategy {
   // Without tensor ranks: the token embedding's and an untied head's units,
   // and the leaf over each one's rows while it is gathered for training.
   std::vector<std::pair<FsdpUnit*, torch::Tensor>> leaves_;
-  // Every parameter's global shape, for export.
-  std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
   // Sends posted this step, waited at its end (tensors kept alive).
   std::deque<std::pair<std::unique_ptr<CommWork>, torch::Tensor>> sends_;

@@ -172,4 +172,35 @@ std::vector<StateSlice> PlacedGradientSlices(
   return slices;
 }
 
+torch::Tensor GatherWhole(const std::vector<HeldPiece>& pieces,
+                          const std::string& name,
+                          const std::vector<int64_t>& global,
+                          Communicator* world, const torch::Device& device,
+                          std::string_view who, int64_t* contributed) {
+  torch::NoGradGuard no_grad;
+  const bool alone = world == nullptr || world->world_size() == 1;
+  // Each element is written by exactly one rank, the first of its holders,
+  // into zeros elsewhere: the sum over the ranks is the tensor.
+  torch::Tensor whole =
+      torch::zeros({Product(global)},
+                   torch::TensorOptions().dtype(torch::kFloat).device(device));
+  for (const HeldPiece& piece : pieces) {
+    const Placement& place = piece.placement;
+    if (place.name != name || (!alone && place.holder_index() != 0)) continue;
+    const torch::Tensor values = piece.value.detach().reshape({-1});
+    int64_t at = 0;
+    for (const FlatRun& run : place.runs) {
+      whole.narrow(0, run.offset, run.length)
+          .copy_(values.narrow(0, at, run.length));
+      at += run.length;
+    }
+    *contributed += at;
+  }
+  if (!alone) {
+    ThrowIfFailed(world->AllReduce(whole)->Wait(), who,
+                  "all_reduce (export of " + name + ")");
+  }
+  return whole.view(global);
+}
+
 }  // namespace shardtrain

@@ -8,7 +8,8 @@
 //     tensors on every tensor rank, the tied embedding's two stages);
 //   - the checkpoint's state slices (what a rank loads, and the even share
 //     of a replicated range it writes);
-//   - the gradient slices the equivalence tests put together.
+//   - the gradient slices the equivalence tests put together;
+//   - the whole tensors an export writes.
 #ifndef SHARDTRAIN_WORKER_ENGINE_STRATEGY_PLACEMENT_H_
 #define SHARDTRAIN_WORKER_ENGINE_STRATEGY_PLACEMENT_H_
 
@@ -113,6 +114,19 @@ std::vector<StateSlice> PlacedStateSlices(const std::vector<HeldPiece>& pieces,
 // zeros set where none was made; replicas give theirs too.
 std::vector<StateSlice> PlacedGradientSlices(
     const std::vector<HeldPiece>& pieces);
+
+// The whole fp32 tensor `name` of shape `global`, put together from the
+// pieces every rank of `world` holds (each element from the first of its
+// holders) and returned on every rank; its elements' count from this rank
+// is added to `*contributed` (how an export checks that every element came
+// from somewhere). Collective over `world` (nullptr: this rank alone):
+// every rank calls it for the same tensors in the same order. Throws
+// c10::Error naming `who` when the reduction fails.
+torch::Tensor GatherWhole(const std::vector<HeldPiece>& pieces,
+                          const std::string& name,
+                          const std::vector<int64_t>& global,
+                          Communicator* world, const torch::Device& device,
+                          std::string_view who, int64_t* contributed);
 
 }  // namespace shardtrain
 

@@ -16,6 +16,7 @@ SingleDeviceStrategy::SingleDeviceStrategy(const StrategyOptions& options)
 absl::Status SingleDeviceStrategy::Setup(CausalLm model) {
   model_ = std::move(model);
   model_->to(options_.device);
+  RecordGlobalShapes(*model_);
   optimizer_ = std::make_unique<AdamW>(
       WeightDecayGroups(model_->parameters(), options_.weight_decay),
       options_.adamw);
@@ -62,10 +63,6 @@ int64_t SingleDeviceStrategy::optimizer_steps() const {
 
 void SingleDeviceStrategy::set_optimizer_steps(int64_t steps) {
   optimizer_->set_step_count(steps);
-}
-
-absl::Status SingleDeviceStrategy::ExportModel(const std::string& path) {
-  return model_->ExportWeights(path);
 }
 
 int64_t SingleDeviceStrategy::ModelStateBytes() const {

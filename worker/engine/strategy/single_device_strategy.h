@@ -25,9 +25,9 @@ class SingleDeviceStrategy final : public Strategy {
   std::vector<HeldPiece> HeldPieces() override;
   const AdamW& optimizer() const override { return *optimizer_; }
   torch::Device device() const override { return options_.device; }
+  CausalLmImpl& model() override { return *model_; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
-  absl::Status ExportModel(const std::string& path) override;
   int64_t ModelStateBytes() const override;
 
  private:

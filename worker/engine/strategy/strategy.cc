@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/checkpoint_format.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 
 namespace shardtrain {
 
@@ -66,6 +67,61 @@ std::vector<StateSlice> Strategy::StateSlices(bool to_save) {
 
 std::vector<StateSlice> Strategy::GradientSlices() {
   return PlacedGradientSlices(HeldPieces());
+}
+
+void Strategy::RecordGlobalShapes(CausalLmImpl& model) {
+  global_shapes_.clear();
+  for (const auto& item : model.named_parameters()) {
+    global_shapes_[item.key()] = item.value().sizes().vec();
+  }
+}
+
+absl::Status Strategy::ExportModel(const std::string& path) {
+  absl::Status status = absl::OkStatus();
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
+  try {
+    torch::NoGradGuard no_grad;
+    const std::vector<HeldPiece> pieces = HeldPieces();
+    const std::map<std::string, torch::Tensor*> members =
+        model().MemberTensors();
+    const bool writer = rank() == 0;
+    int64_t contributed = 0;
+    int64_t expected = 0;
+    for (const auto& [name, global] : global_shapes_) {
+      torch::Tensor whole = GatherWhole(pieces, name, global, placement_world(),
+                                        device(), this->name(), &contributed);
+      expected += whole.numel();
+      if (!writer) continue;
+      const auto member = members.find(name);
+      if (member == members.end()) {
+        status = absl::InternalError(
+            absl::StrCat("export: the model has no member for ", name));
+        continue;
+      }
+      restore.emplace_back(member->second, *member->second);
+      *member->second = whole;
+    }
+    // Every element came from exactly one rank.
+    torch::Tensor count = torch::tensor(
+        {static_cast<double>(contributed)},
+        torch::TensorOptions().dtype(torch::kDouble).device(device()));
+    if (placement_world() != nullptr) {
+      ThrowIfFailed(placement_world()->AllReduce(count)->Wait(), this->name(),
+                    "all_reduce (export count)");
+    }
+    if (count.item<double>() != static_cast<double>(expected)) {
+      status = absl::InternalError(
+          absl::StrCat("export: the ranks hold ", count.item<double>(),
+                       " of the model's ", expected, " elements"));
+    } else if (writer && status.ok()) {
+      status = model().ExportWeights(path);
+    }
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(
+        absl::StrCat("export: ", e.what_without_backtrace()));
+  }
+  for (auto& [member, value] : restore) *member = value;
+  return status;
 }
 
 torch::Tensor Strategy::ForwardBackwardStep(const std::vector<Batch>& batches) {

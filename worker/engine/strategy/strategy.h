@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -161,8 +162,11 @@ class Strategy {
   // The same from a checkpoint already opened (its metadata read once).
   absl::Status LoadCheckpoint(CheckpointReader& reader);
 
-  // The whole model in llm.c's format (collective; rank 0 writes `path`).
-  virtual absl::Status ExportModel(const std::string& path) = 0;
+  // The whole model in the family's own format (llm.c's for GPT-2):
+  // every tensor put together from the ranks' pieces (GatherWhole), one at
+  // a time, and pointed at by rank 0's model, which writes `path`.
+  // Collective.
+  absl::Status ExportModel(const std::string& path);
 
   // Bytes of parameters, gradients and optimizer state this rank holds.
   virtual int64_t ModelStateBytes() const = 0;
@@ -173,11 +177,24 @@ class Strategy {
   virtual const AdamW& optimizer() const = 0;
   // Where this rank's tensors live.
   virtual torch::Device device() const = 0;
+  // The model this rank trains (after Setup): its members are what this
+  // rank holds of each parameter, or nothing.
+  virtual CausalLmImpl& model() = 0;
 
  protected:
   // The ranks over which HeldPieces() cover every element: the run's world;
   // nullptr on one rank.
   virtual Communicator* placement_world() const = 0;
+  // Setup records the name and global shape of each of `model`'s
+  // parameters before any is split or sharded: the tensors an export puts
+  // together, the same on every rank.
+  void RecordGlobalShapes(CausalLmImpl& model);
+  const std::map<std::string, std::vector<int64_t>>& global_shapes() const {
+    return global_shapes_;
+  }
+
+ private:
+  std::map<std::string, std::vector<int64_t>> global_shapes_;
 };
 
 // Sum over `tensors` of their squared L2 norms, as a 0-dim double tensor on

@@ -133,16 +133,23 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(
   }
   if (config.pipeline_stages > 1) return CreatePipeline(config, options, comm);
   if (config.tensor_parallel > 1) {
-    const bool sharded = kind->layout == StateLayout::kSharded;
-    if ((kind->layout != StateLayout::kReplicated && !sharded) ||
-        comm == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor_parallel: ", config.tensor_parallel,
-          " composes with single, ddp and fsdp over a communicator; got ",
-          config.strategy));
+    if (comm == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor_parallel: ", config.tensor_parallel,
+                       " needs a communicator"));
     }
+    // HSDP over the replicas: shard groups of G (a group of one
+    // replicates, as DDP does).
+    const int64_t group =
+        kind->layout == StateLayout::kShardedInGroups
+            ? ResolveShardGroupSize(config.shard_group_size,
+                                    config.DataParallelSize(options.world_size),
+                                    options.ranks_per_node)
+            : 0;
+    const bool sharded = kind->layout == StateLayout::kSharded || group > 1;
     return std::unique_ptr<Strategy>(std::make_unique<TensorParallelStrategy>(
-        options, comm, config.tensor_parallel, sharded, config.bucket_mb));
+        options, comm, config.tensor_parallel, sharded, config.bucket_mb,
+        group));
   }
   if (kind->distributed && comm == nullptr) {
     return absl::InvalidArgumentError(

@@ -269,29 +269,4 @@ void VocabParallelEnds::UseGradientViews(CausalLmImpl& model) {
   if (head_.grad.defined()) head_.grad = model.head_weight().grad();
 }
 
-torch::Tensor GatherTensorParallelSlices(const CausalLmImpl& model,
-                                         Communicator& group,
-                                         const std::string& name,
-                                         const std::vector<int64_t>& global,
-                                         const torch::Tensor& local) {
-  const int64_t t = group.world_size();
-  const torch::Tensor flat_local =
-      local.detach().to(torch::kFloat).reshape({-1});
-  torch::Tensor gathered =
-      torch::empty({t * flat_local.numel()}, flat_local.options());
-  ThrowIfFailed(group.AllGather(gathered, flat_local)->Wait(),
-                "tensor parallel", "all_gather (export)");
-  torch::Tensor full = torch::empty(global, flat_local.options());
-  torch::Tensor flat = full.view({-1});
-  for (int64_t r = 0; r < t; ++r) {
-    int64_t at = r * flat_local.numel();
-    for (const FlatRun& run : model.TensorParallelRuns(name, global, r, t)) {
-      flat.narrow(0, run.offset, run.length)
-          .copy_(gathered.narrow(0, at, run.length));
-      at += run.length;
-    }
-  }
-  return full;
-}
-
 }  // namespace shardtrain

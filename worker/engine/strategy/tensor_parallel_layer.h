@@ -85,15 +85,6 @@ class VocabParallelEnds {
   FsdpUnit* head_unit_ = nullptr;
 };
 
-// The whole global tensor `name` from every rank's slice `local` (the same
-// size on each): an all-gather over `group`, the slices put in place.
-// Collective; throws c10::Error.
-torch::Tensor GatherTensorParallelSlices(const CausalLmImpl& model,
-                                         Communicator& group,
-                                         const std::string& name,
-                                         const std::vector<int64_t>& global,
-                                         const torch::Tensor& local);
-
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_STRATEGY_TENSOR_PARALLEL_LAYER_H_

@@ -21,11 +21,13 @@ TensorParallelStrategy::TensorParallelStrategy(const StrategyOptions& options,
                                                Communicator* world,
                                                int64_t tensor_parallel,
                                                bool shard_over_replicas,
-                                               double bucket_mb)
+                                               double bucket_mb,
+                                               int64_t shard_group_size)
     : options_(options),
       world_(world),
       tensor_parallel_(std::max<int64_t>(1, tensor_parallel)),
       shard_over_replicas_(shard_over_replicas),
+      shard_group_size_(shard_group_size),
       bucket_bytes_(std::max<int64_t>(
           1, static_cast<int64_t>(std::llround(bucket_mb * 1024 * 1024)))) {}
 
@@ -41,6 +43,7 @@ int64_t TensorParallelStrategy::data_parallel_size() const {
 }
 
 std::string TensorParallelStrategy::name() const {
+  if (in_groups()) return "hsdp";
   if (sharded()) return "fsdp";
   return data_parallel_size() > 1 ? "ddp" : "single";
 }
@@ -81,25 +84,35 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
         options_.world_size, " ranks holds one replica of ", tensor_parallel_,
         " (use single, or at least ", 2 * tensor_parallel_, " ranks)"));
   }
-  // The mesh, replicas (or shards) x tensor ranks, and its groups, each
-  // made in one place (core/run/device_mesh.h, comm/mesh_groups.h).
+  if (in_groups() && (shard_group_size_ < 2 ||
+                      data_parallel_size() % shard_group_size_ != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel x hsdp: shard groups of ", shard_group_size_,
+        " replicas must be 2 or more and divide the ", data_parallel_size(),
+        " replicas"));
+  }
+  // The mesh, replicas (or shards, or groups of shards) x tensor ranks, and
+  // its groups, each made in one place (core/run/device_mesh.h,
+  // comm/mesh_groups.h).
   RunMeshShape shape;
   shape.tensor_parallel = tensor_parallel_;
-  shape.data_parallel =
-      sharded() ? "fsdp" : (data_parallel_size() > 1 ? "ddp" : "single");
+  shape.data_parallel = name();
+  shape.shard_group_size = in_groups() ? shard_group_size_ : 0;
   absl::StatusOr<std::unique_ptr<MeshGroups>> groups =
       MeshGroups::Create(world_, shape, options_.ranks_per_node);
   if (!groups.ok()) return groups.status();
   groups_ = *std::move(groups);
   tensor_ = groups_->Along(MeshDim::kTensor);
-  replicas_ = groups_->DataParallel();
+  replicas_ =
+      in_groups() ? groups_->Along(MeshDim::kShard) : groups_->DataParallel();
+  across_ = in_groups() ? groups_->Along(MeshDim::kReplicate) : nullptr;
   model_ = std::move(model);
   try {
     model_->to(options_.device);
     torch::NoGradGuard no_grad;
     // Every rank starts from rank 0's values.
+    RecordGlobalShapes(*model_);
     for (auto& item : model_->named_parameters()) {
-      shapes_[item.key()] = item.value().sizes().vec();
       torch::Tensor& p = item.value();
       ThrowIfFailed(world_->Broadcast(p, 0)->Wait(), "tensor parallel",
                     "broadcast of the parameters");
@@ -137,42 +150,31 @@ absl::Status TensorParallelStrategy::Setup(CausalLm model) {
 }
 
 absl::Status TensorParallelStrategy::ShardOverReplicas() {
-  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  // Units in the order their first parameter comes: the token embedding
-  // alone, the other parameters outside the blocks together, one per block.
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (auto& item : model_->named_parameters()) {
     parameters.emplace_back(item.key(), item.value());
   }
-  absl::StatusOr<std::vector<UnitSources>> grouped =
-      GroupIntoUnits(*model_, parameters, members, "tensor parallel x fsdp");
-  if (!grouped.ok()) return grouped.status();
-  const torch::ScalarType compute_dtype = ComputeDtype(options_);
+  const std::string who = "tensor parallel x " + name();
+  // The token embedding's and the head's rows are read by the
+  // vocabulary-parallel paths in fp32.
+  absl::StatusOr<std::vector<std::unique_ptr<FsdpUnit>>> units = ShardIntoUnits(
+      *model_, parameters, replicas_, across_, options_.device,
+      ComputeDtype(options_),
+      [this](const std::string& unit) { return ends_.IsEndUnit(unit); }, who);
+  if (!units.ok()) return units.status();
+  units_ = *std::move(units);
   try {
-    for (UnitSources& u : *grouped) {
-      // The token embedding's and the head's rows are read by the
-      // vocabulary-parallel paths in fp32.
-      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u.name, std::move(u.sources), replicas_, options_.device,
-          ends_.IsEndUnit(u.name) ? torch::kFloat : compute_dtype);
-      if (!unit.ok()) return unit.status();
-      units_.push_back(std::move(*unit));
-    }
     ends_.FindUnits(units_);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("tensor parallel x fsdp: setup: ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(who, ": setup: ", e.what_without_backtrace()));
   }
   // Gathered as the forward reaches each block's unit; reduce-scattered as
-  // the sync micro-step's backward completes each (one group: the step).
-  std::map<int64_t, size_t> block_unit;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const ParamPlace place = model_->PlaceOf(units_[u]->params().front().name);
-    if (place.role == ParamRole::kBlock) block_unit[place.block] = u;
-  }
+  // the sync micro-step's backward completes each (one group: the step);
+  // HSDP's groups average each unit as its reduce-scatter lands.
   unit_schedule_ = std::make_unique<UnitSchedule>(
-      &units_, std::vector<int64_t>(units_.size(), 0), std::move(block_unit),
-      /*groups=*/1, "tensor parallel x fsdp");
+      &units_, std::vector<int64_t>(units_.size(), 0),
+      BlockUnits(*model_, units_), /*groups=*/1, who, across_);
   optimizer_ = std::make_unique<AdamW>(
       ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
   return absl::OkStatus();
@@ -309,22 +311,28 @@ std::vector<HeldPiece> TensorParallelStrategy::HeldPieces() {
   std::vector<HeldPiece> pieces;
   const int64_t t = tensor_parallel_;
   if (sharded()) {
+    // HSDP: the other groups hold the same shards.
+    const int64_t across_rank = across_ == nullptr ? 0 : across_->rank();
+    const int64_t across_size = across_ == nullptr ? 1 : across_->world_size();
     for (auto& unit : units_) {
-      ForEachShardPiece(
-          *unit, [&](const FsdpUnit::Param& p, int64_t offset,
-                     const torch::Tensor& piece, const torch::Tensor& grad) {
-            pieces.push_back(
-                {Placement::TensorParallel(*model_, p.name, shapes_.at(p.name),
-                                           tensor_->rank(), t)
-                     .Narrow(offset, piece.numel()),
-                 piece, grad});
-          });
+      ForEachShardPiece(*unit, [&](const FsdpUnit::Param& p, int64_t offset,
+                                   const torch::Tensor& piece,
+                                   const torch::Tensor& grad) {
+        pieces.push_back({Placement::TensorParallel(*model_, p.name,
+                                                    global_shapes().at(p.name),
+                                                    tensor_->rank(), t)
+                              .Narrow(offset, piece.numel())
+                              .ReplicatedAlong(MeshDim::kReplicate, across_rank,
+                                               across_size),
+                          piece, grad});
+      });
     }
     return pieces;
   }
   for (const auto& item : model_->named_parameters()) {
     pieces.push_back(
-        {Placement::TensorParallel(*model_, item.key(), shapes_.at(item.key()),
+        {Placement::TensorParallel(*model_, item.key(),
+                                   global_shapes().at(item.key()),
                                    tensor_->rank(), t)
              .ReplicatedAlong(MeshDim::kReplicate, data_parallel_rank(),
                               data_parallel_size()),
@@ -340,41 +348,6 @@ int64_t TensorParallelStrategy::optimizer_steps() const {
 
 void TensorParallelStrategy::set_optimizer_steps(int64_t steps) {
   optimizer_->set_step_count(steps);
-}
-
-absl::Status TensorParallelStrategy::ExportModel(const std::string& path) {
-  // Each sliced tensor's slices gathered on every rank of a replica (all the
-  // same size), put back in place on rank 0, which writes the whole model.
-  const std::map<std::string, torch::Tensor*> members = model_->MemberTensors();
-  std::vector<std::pair<torch::Tensor*, torch::Tensor>> restore;
-  absl::Status status = absl::OkStatus();
-  // Sharded: each unit's master shards consolidated over the replicas first.
-  std::vector<torch::Tensor> flats;
-  try {
-    torch::NoGradGuard no_grad;
-    for (auto& unit : units_) {
-      absl::StatusOr<torch::Tensor> flat = unit->GatherMaster();
-      if (!flat.ok()) return flat.status();
-      unit->PointMembersAt(*flat);
-      flats.push_back(*std::move(flat));
-    }
-    for (const auto& [name, global] : shapes_) {
-      torch::Tensor* member = members.at(name);
-      if (member->sizes().vec() == global) continue;
-      torch::Tensor full =
-          GatherTensorParallelSlices(*model_, *tensor_, name, global, *member);
-      if (options_.rank != 0) continue;
-      restore.emplace_back(member, *member);
-      *member = full;
-    }
-    if (options_.rank == 0) status = model_->ExportWeights(path);
-  } catch (const c10::Error& e) {
-    status = absl::InternalError(
-        absl::StrCat("export: ", e.what_without_backtrace()));
-  }
-  for (auto& [member, value] : restore) *member = value;
-  for (auto& unit : units_) unit->Reshard();  // resets the members
-  return status;
 }
 
 int64_t TensorParallelStrategy::ModelStateBytes() const {

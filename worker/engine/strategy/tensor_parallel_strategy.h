@@ -69,14 +69,17 @@ class TensorParallelStrategy final : public Strategy {
  public:
   // `world` (all D x T ranks) must outlive the strategy; `tensor_parallel`
   // (T) must divide its size. `shard_over_replicas`: FSDP over the replicas
-  // (D >= 2) instead of DDP.
+  // (D >= 2) instead of DDP; with `shard_group_size` G (2 <= G < D,
+  // dividing D), HSDP: sharded within groups of G replicas, the D / G
+  // groups averaging their shards.
   TensorParallelStrategy(const StrategyOptions& options, Communicator* world,
                          int64_t tensor_parallel,
                          bool shard_over_replicas = false,
-                         double bucket_mb = 25);
+                         double bucket_mb = 25, int64_t shard_group_size = 0);
   ~TensorParallelStrategy() override;
 
-  // The data-parallel part: "single" (one replica), "ddp" or "fsdp".
+  // The data-parallel part: "single" (one replica), "ddp", "fsdp" or
+  // "hsdp".
   std::string name() const override;
   int64_t rank() const override { return options_.rank; }
   int64_t world_size() const override { return options_.world_size; }
@@ -111,9 +114,9 @@ class TensorParallelStrategy final : public Strategy {
   std::vector<HeldPiece> HeldPieces() override;
   const AdamW& optimizer() const override { return *optimizer_; }
   torch::Device device() const override { return options_.device; }
+  CausalLmImpl& model() override { return *model_; }
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
-  absl::Status ExportModel(const std::string& path) override;
   int64_t ModelStateBytes() const override;
   CommStats TakeCommStats() override;
 
@@ -145,11 +148,17 @@ class TensorParallelStrategy final : public Strategy {
   // Sharded: the units freed without a reduction (after an evaluation).
   void FreeUnits();
   bool sharded() const { return shard_over_replicas_; }
+  // Sharded within groups smaller than the replicas (HSDP).
+  bool in_groups() const {
+    return sharded() && shard_group_size_ > 0 &&
+           shard_group_size_ < data_parallel_size();
+  }
 
   const StrategyOptions options_;
   Communicator* const world_;
   const int64_t tensor_parallel_;
   const bool shard_over_replicas_;
+  const int64_t shard_group_size_;
   const int64_t bucket_bytes_;  // replicas' gradient buckets (--bucket-mb)
   // The replica's T ranks (a group of its own even when D = 1, so that its
   // traffic is counted apart) and, with D > 1, the ranks holding the same
@@ -158,14 +167,13 @@ class TensorParallelStrategy final : public Strategy {
   // and the ranks holding the same slices in the other replicas.
   std::unique_ptr<MeshGroups> groups_;
   Communicator* tensor_ = nullptr;
-  Communicator* replicas_ = nullptr;
+  Communicator* replicas_ = nullptr;  // sharded: the shard group
+  Communicator* across_ = nullptr;    // HSDP: the same shards' other groups
   // Replicated slices (DDP x TP): their gradients averaged over replicas_ in
   // DDP's buckets, launched as the sync micro-step's backward completes them.
   std::unique_ptr<GradientBuckets> replica_buckets_;
   std::unique_ptr<TensorParallelOps> ops_;  // f and g over tensor_
   CausalLm model_;
-  // Every parameter's global shape, by name.
-  std::map<std::string, std::vector<int64_t>> shapes_;
   std::unique_ptr<AdamW> optimizer_;
   VocabParallelEnds ends_;  // this rank's rows of the embedding and head
   // Sharded: the units (the embedding's among them), whether they are

@@ -12,21 +12,24 @@ namespace shardtrain {
 UnitSchedule::UnitSchedule(const std::vector<std::unique_ptr<FsdpUnit>>* units,
                            std::vector<int64_t> group_of,
                            std::map<int64_t, size_t> block_unit, int64_t groups,
-                           std::string strategy)
+                           std::string strategy, Communicator* across)
     : units_(units),
       group_of_(std::move(group_of)),
       block_unit_(std::move(block_unit)),
       strategy_(std::move(strategy)),
       armed_(static_cast<size_t>(std::max<int64_t>(1, groups)), false),
-      launched_(units->size(), false) {
+      launched_(units->size(), false),
+      average_(across, units->size(), strategy_) {
   for (size_t u = 0; u < units_->size(); ++u) {
     hooks_.Add((*units_)[u]->full(), [this, u] { OnGradReady(u); });
   }
 }
 
 void UnitSchedule::LaunchGathers() {
-  // A failed step may have left a group armed, or gradients held.
+  // A failed step may have left a group armed, gradients held, or
+  // averages in flight.
   for (const auto& unit : *units_) unit->DropUnshardedGradient();
+  average_.Drop();
   armed_.assign(armed_.size(), false);
   launched_.assign(launched_.size(), false);
   last_launched_ = -1;
@@ -102,9 +105,12 @@ void UnitSchedule::FinishReduceScatters() {
     ThrowIfFailed((*units_)[u]->LaunchReduceScatter(), strategy_,
                   "reduce_scatter");
   }
-  for (const auto& unit : *units_) {
-    ThrowIfFailed(unit->WaitReduceScatter(), strategy_, "reduce_scatter");
+  for (size_t u = 0; u < units_->size(); ++u) {
+    FsdpUnit& unit = *(*units_)[u];
+    ThrowIfFailed(unit.WaitReduceScatter(), strategy_, "reduce_scatter");
+    average_.Launch(unit, u);
   }
+  average_.Finish();
   launched_.assign(units_->size(), false);
   last_launched_ = -1;
 }
@@ -115,6 +121,57 @@ void UnitSchedule::Reshard() {
     unit->Reshard();
   }
   ready_ = 0;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<FsdpUnit>>> ShardIntoUnits(
+    CausalLmImpl& model,
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+    Communicator* shard, Communicator* across, const torch::Device& device,
+    torch::ScalarType compute_dtype,
+    const std::function<bool(const std::string& unit)>& fp32,
+    const std::string& strategy) {
+  // Units in the order their first parameter comes: the token embedding
+  // alone, the other tensors outside the blocks together, one per block.
+  absl::StatusOr<std::vector<UnitSources>> grouped =
+      GroupIntoUnits(model, parameters, model.MemberTensors(), strategy);
+  if (!grouped.ok()) return grouped.status();
+  std::vector<std::unique_ptr<FsdpUnit>> units;
+  try {
+    for (UnitSources& u : *grouped) {
+      const torch::ScalarType dtype =
+          fp32(u.name) ? torch::kFloat : compute_dtype;
+      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit =
+          FsdpUnit::Create(u.name, std::move(u.sources), shard, device, dtype);
+      if (!unit.ok()) return unit.status();
+      units.push_back(*std::move(unit));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(strategy, ": setup: ", e.what_without_backtrace()));
+  }
+  if (across != nullptr && across->world_size() > 1) {
+    // Every shard group starts from the first group's shards.
+    for (const auto& unit : units) {
+      if (absl::Status s = across->Broadcast(unit->shard(), 0)->Wait();
+          !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat(strategy, ": broadcast of unit ",
+                                         unit->name(), ": ", s.message()));
+      }
+    }
+  }
+  return units;
+}
+
+std::map<int64_t, size_t> BlockUnits(
+    const CausalLmImpl& model,
+    const std::vector<std::unique_ptr<FsdpUnit>>& units) {
+  std::map<int64_t, size_t> block_unit;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ParamPlace place = model.PlaceOf(units[u]->params().front().name);
+    if (place.role == ParamRole::kBlock) block_unit[place.block] = u;
+  }
+  return block_unit;
 }
 
 }  // namespace shardtrain

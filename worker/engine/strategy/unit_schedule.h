@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 
@@ -49,12 +50,15 @@ class UnitSchedule {
 
   // `units` (in the order the forward uses them) must outlive the schedule;
   // `group_of[u]`: which group's last backward completes unit u (a pipeline
-  // chunk; 0 when there is one group); `block_unit`: each block's unit.
-  // `strategy`: for errors ("pipeline x fsdp").
+  // chunk; 0 when there is one group); `block_unit`: each block's unit
+  // (BlockUnits). `across` (HSDP; nullptr: none): the replica groups
+  // holding the same shards, over which each unit's shard gradient is
+  // averaged once its reduce-scatter has landed. `strategy`: for errors
+  // ("pipeline x fsdp").
   UnitSchedule(const std::vector<std::unique_ptr<FsdpUnit>>* units,
                std::vector<int64_t> group_of,
                std::map<int64_t, size_t> block_unit, int64_t groups,
-               std::string strategy);
+               std::string strategy, Communicator* across = nullptr);
   UnitSchedule(const UnitSchedule&) = delete;
   UnitSchedule& operator=(const UnitSchedule&) = delete;
 
@@ -85,8 +89,10 @@ class UnitSchedule {
   void Disarm() { armed_.assign(armed_.size(), false); }
   bool armed(int64_t group) const { return armed_[group]; }
   // After the backward: the units no hook launched, in unit order, then
-  // every reduce-scatter waited for; disarms every group. The caller hands
-  // over the gradients the hooks cannot see before.
+  // every reduce-scatter waited for (and, across HSDP's groups, each
+  // unit's average launched as it lands, then waited for); disarms every
+  // group. The caller hands over the gradients the hooks cannot see
+  // before.
   void FinishReduceScatters();
   // The units freed; a gather still in flight (a step that failed before
   // its forward needed every unit) waited for first.
@@ -107,8 +113,29 @@ class UnitSchedule {
   size_t ready_ = 0;            // units [0, ready_) are gathered and in use
   OverlapTrace trace_;
   std::vector<std::string> gather_trace_;
+  GroupAverage average_;
   GradReadyHooks hooks_;  // last: removed before the rest is destroyed
 };
+
+// The units of a composed mesh's sharded parameters (TP x FSDP/HSDP, a
+// pipeline's sharded stages): `parameters` (name, value; members of
+// `model`'s modules) grouped as GroupIntoUnits groups them, each sharded
+// over `shard`, gathered in `compute_dtype` but for the units `fp32` names
+// (those the vocabulary-parallel ends read in fp32). With `across` (HSDP),
+// every replica group starts from the first group's shards. Collective
+// over `shard` and `across`; `strategy` names errors.
+absl::StatusOr<std::vector<std::unique_ptr<FsdpUnit>>> ShardIntoUnits(
+    CausalLmImpl& model,
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+    Communicator* shard, Communicator* across, const torch::Device& device,
+    torch::ScalarType compute_dtype,
+    const std::function<bool(const std::string& unit)>& fp32,
+    const std::string& strategy);
+
+// Each block's unit (by the place of its first parameter), for UnitSchedule.
+std::map<int64_t, size_t> BlockUnits(
+    const CausalLmImpl& model,
+    const std::vector<std::unique_ptr<FsdpUnit>>& units);
 
 }  // namespace shardtrain
 

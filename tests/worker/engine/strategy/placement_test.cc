@@ -64,7 +64,8 @@ TEST(PlacementTest, HoldersCountEveryReplicatingDimension) {
 // same), a 3-element gain whole on every rank, and a 4-element bias on
 // tensor rank 0 only, sharded over the replicas (each holds a half). The
 // norm over all ranks counts every element once, clipping scales every
-// piece, and the shares written cover every tensor exactly once.
+// piece, the shares written cover every tensor exactly once, and the whole
+// tensors are put back together from one rank each.
 TEST(PlacementTest, TheNormCountsEachElementOnceAndTheSharesCoverEachOnce) {
   // The global tensors, with distinct values.
   const torch::Tensor matrix = torch::arange(1, 9, torch::kFloat).view({2, 4});
@@ -81,6 +82,7 @@ TEST(PlacementTest, TheNormCountsEachElementOnceAndTheSharesCoverEachOnce) {
   written["model.g"].assign(3, 0);
   written["model.b"].assign(4, 0);
   std::vector<std::vector<float>> clipped_gain(4);
+  std::vector<int64_t> contributions(4);
   RunRanks(4, [&](int64_t rank, Communicator& world) {
     const int64_t tensor = rank % 2;
     const int64_t replica = rank / 2;
@@ -117,7 +119,19 @@ TEST(PlacementTest, TheNormCountsEachElementOnceAndTheSharesCoverEachOnce) {
         PlacedStateSlices(pieces, optimizer, /*to_save=*/true);
     const std::vector<StateSlice> loaded =
         PlacedStateSlices(pieces, optimizer, /*to_save=*/false);
+    // Every rank gets each whole tensor back, each element from one rank.
+    int64_t contributed = 0;
+    const torch::Tensor whole_m = GatherWhole(
+        pieces, "m", {2, 4}, &world, torch::kCPU, "test", &contributed);
+    const torch::Tensor whole_g = GatherWhole(
+        pieces, "g", {3}, &world, torch::kCPU, "test", &contributed);
+    const torch::Tensor whole_b = GatherWhole(
+        pieces, "b", {4}, &world, torch::kCPU, "test", &contributed);
     std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(torch::equal(whole_m, matrix)) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(whole_g, gain)) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(whole_b, bias)) << "rank " << rank;
+    contributions[rank] = contributed;
     norms[rank] = norm;
     for (const StateSlice& slice : saved) {
       if (slice.name.rfind("model.", 0) != 0) continue;
@@ -143,6 +157,9 @@ TEST(PlacementTest, TheNormCountsEachElementOnceAndTheSharesCoverEachOnce) {
       EXPECT_NEAR(clipped_gain[rank][i], gain[i].item<float>() / 2, 1e-6);
     }
   }
+  // Rank 0 (first of every replica) gives its row, the gain and half the
+  // bias; rank 1 its row; rank 2 the other half of the bias; rank 3 none.
+  EXPECT_EQ(contributions, (std::vector<int64_t>{4 + 3 + 2, 4, 2, 0}));
   for (const auto& [name, times] : written) {
     for (size_t i = 0; i < times.size(); ++i) {
       EXPECT_EQ(times[i], 1) << name << " element " << i;

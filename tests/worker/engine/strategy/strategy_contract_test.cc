@@ -158,8 +158,9 @@ struct MeshRow {
 void ExpectEveryMeshMatchesOneDevice(const std::string& spec, int64_t vocab,
                                      const std::vector<MeshRow>& meshes) {
   constexpr int64_t kRowsSeq = 16;
-  // Six sequences: one per replica of the widest mesh (3 replicas) x 2.
-  const torch::Tensor batches = test::MakeBatches(1, 12, kRowsSeq, vocab);
+  // 24 sequences: divided by the replicas of every mesh (2, 3 or 4) and,
+  // in pipelines, by their 2 micro-batches.
+  const torch::Tensor batches = test::MakeBatches(1, 24, kRowsSeq, vocab);
   test::TrainLoop loop;
   loop.last_step = 1;
   loop.lr = 0;
@@ -208,7 +209,9 @@ TEST(StrategyContractModelTest, LlamaGradientsMatchOneDeviceOnEveryMesh) {
        {"tp2", "single", 1, 2, 2},
        {"ddp2xtp2", "ddp", 1, 2, 4},
        {"fsdp2xtp2", "fsdp", 1, 2, 4},
-       {"pp2xtp2", "single", 2, 2, 4}});
+       {"hsdp4xtp2", "hsdp", 1, 2, 8},
+       {"pp2xtp2", "single", 2, 2, 4},
+       {"pp2xhsdp4xtp2", "hsdp", 2, 2, 16}});
 }
 
 // Its head untied (lm_head, as Llama 3.1 8B's): a second vocabulary-sized

@@ -203,6 +203,47 @@ TEST(TensorParallelStrategyTest, ShardedSlicesMoveAsTheStepNeedsThem) {
   }
 }
 
+// TP 2 x HSDP: 8 ranks, 4 replicas of 2 tensor ranks, each slice sharded
+// within groups of 2 replicas and the 2 groups averaging their shards. It
+// trains as one device does (two accumulated micro-steps), holds what TP 2
+// x FSDP 2 holds per rank (the same shards), and only the averaging of
+// shards crosses the groups.
+TEST(TensorParallelStrategyTest, HsdpShardsWithinGroupsAndAveragesAcross) {
+  const torch::Tensor batches = test::MakeBatches(kSteps, 8, kSeqLen, kVocab);
+  test::TrainLoop loop = test::MakeLoop(0, kSteps, /*micro_steps=*/2, kLr);
+  const test::TrainResult single =
+      test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
+  auto maker = [](int64_t group) -> test::StrategyMaker {
+    return [group](int64_t rank, int64_t world,
+                   Communicator* comm) -> std::unique_ptr<Strategy> {
+      StrategyOptions options;
+      options.rank = rank;
+      options.world_size = world;
+      return std::make_unique<TensorParallelStrategy>(
+          options, comm, /*tensor_parallel=*/2, /*shard_over_replicas=*/true,
+          /*bucket_mb=*/25, group);
+    };
+  };
+  EXPECT_EQ(maker(2)(0, 8, nullptr)->name(), "hsdp");
+  EXPECT_EQ(maker(0)(0, 8, nullptr)->name(), "fsdp");
+  const std::vector<test::TrainResult> hsdp =
+      test::TrainRanks(kSpec, /*seed=*/7, batches, 8, loop, maker(2));
+  const std::vector<test::TrainResult> fsdp =
+      test::TrainRanks(kSpec, /*seed=*/7, batches, 4, loop, maker(0));
+  for (size_t r = 0; r < hsdp.size(); ++r) {
+    test::ExpectSameTraining(single, hsdp[r], {1e-6, 1e-5},
+                             absl::StrCat("hsdp4xtp2 rank ", r));
+    EXPECT_EQ(hsdp[r].state_bytes, fsdp[r % 4].state_bytes) << "rank " << r;
+    for (const CommStats& comm : hsdp[r].step_comm) {
+      EXPECT_GT(comm.inter_group_bytes, 0) << "rank " << r;
+      EXPECT_GT(comm.tensor_parallel_bytes, 0) << "rank " << r;
+    }
+  }
+  for (const CommStats& comm : fsdp[0].step_comm) {
+    EXPECT_EQ(comm.inter_group_bytes, 0);
+  }
+}
+
 // Each slice a rank holds, by name and offset into the flattened tensor.
 std::map<std::pair<std::string, int64_t>, torch::Tensor> States(Strategy& s) {
   std::map<std::pair<std::string, int64_t>, torch::Tensor> out;
