@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/run/strategy_kinds.h"
 #include "tests/fakes/in_process_communicator.h"
 #include "tests/worker/engine/strategy/strategy_harness.h"
@@ -155,14 +156,18 @@ struct MeshRow {
 
 // Each gradient tensor of `spec`, put together from the ranks' slices,
 // equal to one device's at equal weights, on every row of `meshes`.
+// With `micro_steps`, each step's gradients are accumulated over that many.
 void ExpectEveryMeshMatchesOneDevice(const std::string& spec, int64_t vocab,
-                                     const std::vector<MeshRow>& meshes) {
+                                     const std::vector<MeshRow>& meshes,
+                                     int64_t micro_steps = 1) {
   constexpr int64_t kRowsSeq = 16;
-  // 24 sequences: divided by the replicas of every mesh (2, 3 or 4) and,
-  // in pipelines, by their 2 micro-batches.
-  const torch::Tensor batches = test::MakeBatches(1, 24, kRowsSeq, vocab);
+  // 24 sequences a micro-step: divided by the replicas of every mesh (2, 3
+  // or 4) and, in pipelines, by their 2 micro-batches.
+  const torch::Tensor batches =
+      test::MakeBatches(1, 24 * micro_steps, kRowsSeq, vocab);
   test::TrainLoop loop;
   loop.last_step = 1;
+  loop.micro_steps = micro_steps;
   loop.lr = 0;
   loop.record_gradients = true;
   const test::TrainResult single =
@@ -212,6 +217,39 @@ TEST(StrategyContractModelTest, LlamaGradientsMatchOneDeviceOnEveryMesh) {
        {"hsdp4xtp2", "hsdp", 1, 2, 8},
        {"pp2xtp2", "single", 2, 2, 4},
        {"pp2xhsdp4xtp2", "hsdp", 2, 2, 16}});
+}
+
+// Every cell of the grid {no stages, 2 stages} x {one replica, DDP 2,
+// FSDP 2, HSDP of 2 groups of 2} x {no tensor ranks, 2}, with one
+// micro-step and with two accumulated: each gradient tensor against one
+// device's.
+TEST(StrategyContractModelTest, EveryCellOfTheMeshGridMatchesOneDevice) {
+  std::vector<MeshRow> cells;
+  std::vector<std::string> names;  // kept alive for the rows' pointers
+  names.reserve(16);
+  struct DataParallel {
+    const char* strategy;
+    int64_t replicas;
+  };
+  for (const int64_t stages : {1, 2}) {
+    for (const DataParallel& dp :
+         {DataParallel{"single", 1}, DataParallel{"ddp", 2},
+          DataParallel{"fsdp", 2}, DataParallel{"hsdp", 4}}) {
+      for (const int64_t tensor : {1, 2}) {
+        const int64_t world = stages * dp.replicas * tensor;
+        if (world == 1) continue;  // one device is the reference
+        names.push_back(absl::StrCat(stages > 1 ? "pp2x" : "", dp.strategy,
+                                     dp.replicas, tensor > 1 ? "xtp2" : ""));
+        cells.push_back(
+            {names.back().c_str(), dp.strategy, stages, tensor, world});
+      }
+    }
+  }
+  ASSERT_EQ(cells.size(), 15u);
+  for (const int64_t micro_steps : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(micro_steps, " micro-step(s)"));
+    ExpectEveryMeshMatchesOneDevice(kLlamaSpec, kVocab, cells, micro_steps);
+  }
 }
 
 // Its head untied (lm_head, as Llama 3.1 8B's): a second vocabulary-sized
