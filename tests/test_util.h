@@ -17,6 +17,16 @@
 
 namespace shardtrain::test {
 
+// Whether this build made the CLI (bin/shardtrain). The engine scope (the
+// CUDA flavour) builds only what links LibTorch: there a test's steps that
+// drive the CLI skip, as the host build runs them (tests/CMakeLists.txt
+// shardtrain_needs_cli defines SHARDTRAIN_HAS_CLI for such tests).
+#if defined(SHARDTRAIN_HAS_CLI) && !SHARDTRAIN_HAS_CLI
+inline constexpr bool kHasCli = false;
+#else
+inline constexpr bool kHasCli = true;
+#endif
+
 // A fresh folder under $TMPDIR (or /tmp), removed with its contents when this
 // object is destroyed.
 class TempDir {

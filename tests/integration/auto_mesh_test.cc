@@ -95,6 +95,7 @@ TEST_F(AutoMeshTest, CalibrateMeasuresAndCachesThisHost) {
 // --devices-per-host` prices a group spanning the hosts at it. A later
 // calibration on one host keeps it.
 TEST_F(AutoMeshTest, CalibrateAcrossHostsMeasuresTheLinkBetweenThem) {
+  if (!test::kHasCli) GTEST_SKIP() << "the CLI is the host build's";
   const std::string cache = *dir_ + "/hosts-cache";
   fs::create_directories(cache);
   const std::string env = "XDG_CACHE_HOME=" + cache + " ";
@@ -173,6 +174,7 @@ TEST_F(AutoMeshTest, CalibrateAcrossHostsMeasuresTheLinkBetweenThem) {
 }
 
 TEST_F(AutoMeshTest, PlanFitRanksTheMeshesByPredictedSpeed) {
+  if (!test::kHasCli) GTEST_SKIP() << "the CLI is the host build's";
   Calibrate();
   const test::CommandResult r =
       test::RunCommand(Env() + Bin("shardtrain") +

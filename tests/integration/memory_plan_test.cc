@@ -746,6 +746,7 @@ TEST_F(MemoryPlanTest, AMemoryCapBelowThePeakFailsOutOfMemory) {
 // mesh) under the memory given: the library's LargestFittingBatch, and the
 // most sequences per step named.
 TEST_F(MemoryPlanTest, PlanFitAnswersWhatFits) {
+  if (!test::kHasCli) GTEST_SKIP() << "the CLI is the host build's";
   // Rates of a made-up host, so that the plan measures nothing here.
   const std::string cache = (*dir_ / "cache").string();
   ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
@@ -925,6 +926,7 @@ TEST(MemoryPlanHeadTest, TheHeadChunkFollowsTheThreadsPerRank) {
 // The CLI prints the library's numbers; FSDP's total shrinks with the world
 // size while DDP's does not.
 TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
+  if (!test::kHasCli) GTEST_SKIP() << "the CLI is the host build's";
   const test::CommandResult r = test::RunCommand(
       std::string(SHARDTRAIN_BINARY_DIR) +
       "/bin/shardtrain plan --model gpt2-mini --world-size 4 --batch-size 2 "
@@ -1034,6 +1036,7 @@ TEST_F(MemoryPlanTest, CliPrintsThePlanAsJson) {
 // the plan's total is its largest stage's, and the table has a column per
 // stage.
 TEST_F(MemoryPlanTest, CliPrintsEveryPipelineStage) {
+  if (!test::kHasCli) GTEST_SKIP() << "the CLI is the host build's";
   const std::string plan = std::string(SHARDTRAIN_BINARY_DIR) +
                            "/bin/shardtrain plan --model gpt2-mini --pp 2 "
                            "--world-size 4 --batch-size 4 --micro-batches 2 "

@@ -42,6 +42,8 @@ double MeanOfLastTen(const std::vector<StepMetrics>& steps) {
 }
 
 TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
+  if (!test::kHasCli)
+    GTEST_SKIP() << "prepares its data with the CLI, the host build's";
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
   const std::string dir = test::ScratchDir("brown_e2e");
 
@@ -79,6 +81,8 @@ TEST(TrainBrownTest, Gpt2TinyLearnsTheBrownCorpus) {
 // trained on it. 80 steps of 8 x 64 tokens; the first loss is a uniform
 // guess's (ln V = 11.76), the last ten steps' mean falls below 0.75 ln V.
 TEST(TrainBrownTest, LlamaLearnsTheBrownCorpusInLlama3Tokens) {
+  if (!test::kHasCli)
+    GTEST_SKIP() << "prepares its data with the CLI, the host build's";
   const std::string bin = std::string(SHARDTRAIN_BINARY_DIR) + "/bin/";
   const std::string dir = test::ScratchDir("brown_llama_e2e");
   const char* assets = std::getenv("SHARDTRAIN_ASSETS_DIR");
