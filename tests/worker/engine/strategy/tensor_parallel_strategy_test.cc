@@ -33,15 +33,18 @@ constexpr int64_t kVocab = 500;
 constexpr int64_t kSteps = 6;
 constexpr double kLr = 1e-4;  // as pipeline_strategy_test: weights in lr units
 
-// T tensor-parallel ranks per replica (T = world unless given).
-test::StrategyMaker Tp(int64_t tensor_parallel = 0) {
-  return [tensor_parallel](int64_t rank, int64_t world,
-                           Communicator* comm) -> std::unique_ptr<Strategy> {
+// T tensor-parallel ranks per replica (T = world unless given); with
+// `sharded`, FSDP over the replicas, or HSDP within groups of `group`.
+test::StrategyMaker Tp(int64_t tensor_parallel = 0, bool sharded = false,
+                       int64_t group = 0) {
+  return [=](int64_t rank, int64_t world,
+             Communicator* comm) -> std::unique_ptr<Strategy> {
     StrategyOptions options;
     options.rank = rank;
     options.world_size = world;
     return std::make_unique<TensorParallelStrategy>(
-        options, comm, tensor_parallel > 0 ? tensor_parallel : world);
+        options, comm, tensor_parallel > 0 ? tensor_parallel : world, sharded,
+        /*bucket_mb=*/25, group);
   };
 }
 
@@ -213,23 +216,12 @@ TEST(TensorParallelStrategyTest, HsdpShardsWithinGroupsAndAveragesAcross) {
   test::TrainLoop loop = test::MakeLoop(0, kSteps, /*micro_steps=*/2, kLr);
   const test::TrainResult single =
       test::TrainSingle(kSpec, /*seed=*/7, batches, loop);
-  auto maker = [](int64_t group) -> test::StrategyMaker {
-    return [group](int64_t rank, int64_t world,
-                   Communicator* comm) -> std::unique_ptr<Strategy> {
-      StrategyOptions options;
-      options.rank = rank;
-      options.world_size = world;
-      return std::make_unique<TensorParallelStrategy>(
-          options, comm, /*tensor_parallel=*/2, /*shard_over_replicas=*/true,
-          /*bucket_mb=*/25, group);
-    };
-  };
-  EXPECT_EQ(maker(2)(0, 8, nullptr)->name(), "hsdp");
-  EXPECT_EQ(maker(0)(0, 8, nullptr)->name(), "fsdp");
+  EXPECT_EQ(Tp(2, true, 2)(0, 8, nullptr)->name(), "hsdp");
+  EXPECT_EQ(Tp(2, true)(0, 8, nullptr)->name(), "fsdp");
   const std::vector<test::TrainResult> hsdp =
-      test::TrainRanks(kSpec, /*seed=*/7, batches, 8, loop, maker(2));
+      test::TrainRanks(kSpec, /*seed=*/7, batches, 8, loop, Tp(2, true, 2));
   const std::vector<test::TrainResult> fsdp =
-      test::TrainRanks(kSpec, /*seed=*/7, batches, 4, loop, maker(0));
+      test::TrainRanks(kSpec, /*seed=*/7, batches, 4, loop, Tp(2, true));
   for (size_t r = 0; r < hsdp.size(); ++r) {
     test::ExpectSameTraining(single, hsdp[r], {1e-6, 1e-5},
                              absl::StrCat("hsdp4xtp2 rank ", r));
