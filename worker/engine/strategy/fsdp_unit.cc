@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/engine/strategy/distributed_helpers.h"
 
 namespace shardtrain {
 namespace {
@@ -351,10 +352,9 @@ void GroupAverage::Finish() {
   launched_.assign(launched_.size(), false);
   torch::NoGradGuard no_grad;
   for (auto& [unit, work] : works) {
-    if (const absl::Status s = work->Wait(); !s.ok()) {
-      TORCH_CHECK(false, strategy_, ": the all-reduce of unit ", unit->name(),
-                  " across the shard groups failed: ", s.ToString());
-    }
+    ThrowIfFailed(
+        work->Wait(), strategy_,
+        "the all-reduce of unit " + unit->name() + " across the shard groups");
     unit->shard_grad().div_(groups);
   }
 }
