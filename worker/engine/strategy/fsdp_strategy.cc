@@ -1,19 +1,13 @@
 #include "worker/engine/strategy/fsdp_strategy.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/atomic_file.h"
-#include "nlohmann/json.hpp"
 #include "worker/engine/strategy/autocast.h"
 #include "worker/engine/strategy/distributed_helpers.h"
 
@@ -26,31 +20,7 @@ void Check(const absl::Status& status) {
   ThrowIfFailed(status, "FSDP", "a collective");
 }
 
-// 1 + i for the parameters of block i, num_blocks + 1 for the token
-// embedding, num_blocks + 2 for an untied head, 0 (the root) for the others.
-int64_t UnitOf(const CausalLmImpl& model, const std::string& name) {
-  const ParamPlace place = model.PlaceOf(name);
-  if (!model.tied_head() && name == model.head_weight_name()) {
-    return model.num_blocks() + 2;
-  }
-  switch (place.role) {
-    case ParamRole::kTokenEmbedding:
-      return model.num_blocks() + 1;
-    case ParamRole::kBlock:
-      return 1 + place.block;
-    default:
-      return 0;
-  }
-}
-
 }  // namespace
-
-std::string FsdpEvent::ToString() const {
-  const char* names[] = {"gather_launch", "gather_done",    "compute_begin",
-                         "compute_end",   "backward_begin", "grad_ready",
-                         "reshard"};
-  return absl::StrCat(names[static_cast<int>(kind)], " ", unit);
-}
 
 FsdpStrategy::FsdpStrategy(const StrategyOptions& options, Communicator* comm,
                            FsdpOptions fsdp)
@@ -113,65 +83,71 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
   model_ = std::move(model);
   RecordGlobalShapes(*model_);
   const torch::ScalarType compute_dtype = ComputeDtype(options_);
+  const std::string who = name();
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  for (const auto& item : model_->named_parameters()) {
+    parameters.emplace_back(item.key(), item.value());
+  }
+  // One unit at a time: each frees its parameters once sharded, so Setup
+  // needs the model plus one unit's flat copy at most. The embedding's and
+  // an untied head's shards are whole rows: the vocabulary-parallel ends
+  // read them in place.
+  const int64_t width = model_->dims().hidden_size;
+  absl::StatusOr<std::vector<std::unique_ptr<FsdpUnit>>> made = ShardIntoUnits(
+      *model_, parameters, shard_, replicate_, options_.device, compute_dtype,
+      /*fp32=*/nullptr, who, /*row_width=*/width);
+  if (!made.ok()) return made.status();
+  // In the runtime's order: the root, the blocks, then the rows.
+  const std::map<int64_t, size_t> blocks = BlockUnits(*model_, *made);
+  const std::string embedding_name =
+      ModulePath(model_->token_embedding_name());
+  const std::string head_name = ModulePath(model_->head_weight_name());
+  std::unique_ptr<FsdpUnit> embedding, head;
+  std::vector<std::unique_ptr<FsdpUnit>> block_units;
+  for (auto& unit : *made) {
+    if (unit->name() == embedding_name) {
+      embedding = std::move(unit);
+    } else if (!model_->tied_head() && unit->name() == head_name) {
+      head = std::move(unit);
+    } else if (unit->name() == "root") {
+      units_.push_back(std::move(unit));
+    }
+  }
+  if (embedding == nullptr || (!model_->tied_head() && head == nullptr)) {
+    return absl::InternalError(
+        absl::StrCat(who, ": the model's token embedding or head has no unit"));
+  }
+  std::map<int64_t, size_t> block_unit;
+  for (const auto& [block, u] : blocks) {
+    block_unit[block] = units_.size();
+    units_.push_back(std::move((*made)[u]));
+  }
+  const size_t gathered = units_.size();
+  embedding_unit_ = static_cast<int64_t>(units_.size());
+  units_.push_back(std::move(embedding));
+  head_unit_ = embedding_unit_;
+  if (head != nullptr) {
+    head_unit_ = static_cast<int64_t>(units_.size());
+    units_.push_back(std::move(head));
+  }
   try {
-    const std::map<std::string, torch::Tensor*> members =
-        model_->MemberTensors();
-    const int64_t num_blocks = model_->num_blocks();
-    embedding_unit_ = num_blocks + 1;
-    head_unit_ = model_->tied_head() ? embedding_unit_ : num_blocks + 2;
-    std::vector<std::vector<FsdpUnit::Source>> sources(
-        static_cast<size_t>(std::max(embedding_unit_, head_unit_) + 1));
-    for (const auto& item : model_->named_parameters()) {
-      const auto member = members.find(item.key());
-      if (member == members.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "fsdp: parameter '", item.key(),
-            "' is not the weight or bias of a Linear, LayerNorm or Embedding, "
-            "the modules whose tensors FSDP can point at gathered views"));
-      }
-      const int64_t u = UnitOf(*model_, item.key());
-      if (u >= static_cast<int64_t>(sources.size())) {
-        return absl::InternalError(
-            absl::StrCat("fsdp: parameter '", item.key(), "' has no unit"));
-      }
-      sources[u].push_back({item.key(), item.value(), member->second});
-    }
-    // One unit at a time: each frees its parameters once sharded, so Setup
-    // needs the model plus one unit's flat copy at most.
-    const int64_t width = model_->dims().hidden_size;
-    for (size_t u = 0; u < sources.size(); ++u) {
-      const bool embedding = static_cast<int64_t>(u) == embedding_unit_;
-      const bool head = static_cast<int64_t>(u) == head_unit_;
-      absl::StatusOr<std::unique_ptr<FsdpUnit>> unit = FsdpUnit::Create(
-          u == 0      ? "root"
-          : embedding ? ModulePath(model_->token_embedding_name())
-          : head      ? ModulePath(model_->head_weight_name())
-                      : model_->BlockName(static_cast<int64_t>(u) - 1),
-          std::move(sources[u]), shard_, options_.device, compute_dtype,
-          /*align=*/embedding || head ? width : 1);
-      if (!unit.ok()) return unit.status();
-      const int64_t index = static_cast<int64_t>(u);
-      hooks_.Add((*unit)->full(), [this, index] { OnGradReady(index); });
-      units_.push_back(std::move(*unit));
-    }
-    FsdpUnit& embedding = *units_[embedding_unit_];
-    const int64_t rows = embedding.shard_numel() / width;
-    if (replicate_ != nullptr) {
-      // Every replica starts from replica 0's shards.
-      for (const auto& unit : units_) {
-        if (absl::Status s = replicate_->Broadcast(unit->shard(), 0)->Wait();
-            !s.ok()) {
-          return absl::Status(
-              s.code(), absl::StrCat("hsdp: broadcast of unit ", unit->name(),
-                                     " to its replicas: ", s.message()));
-        }
-      }
-    }
-    across_ = GroupAverage(replicate_, units_.size(), "hsdp");
+    UnitSchedule::PerBlock per_block;
+    per_block.reshard_after_forward = fsdp_.reshard_after_forward;
+    per_block.prefetch = fsdp_.prefetch;
+    per_block.no_sync = fsdp_.no_sync;
+    per_block.recomputed = [model = model_.ptr()](int64_t block) {
+      return model->IsRecomputed(block);
+    };
+    per_block.gathered = gathered;
+    schedule_ = std::make_unique<UnitSchedule>(&units_, std::move(block_unit),
+                                               std::move(per_block), who,
+                                               replicate_);
+    FsdpUnit& rows = *units_[embedding_unit_];
+    const int64_t shard_rows = rows.shard_numel() / width;
     vocab_.comm = shard_;
-    vocab_.weight = embedding.shard().view({rows, width});
-    vocab_.grad = embedding.shard_grad().view({rows, width});
-    vocab_.row_begin = embedding.shard_offset() / width;
+    vocab_.weight = rows.shard().view({shard_rows, width});
+    vocab_.grad = rows.shard_grad().view({shard_rows, width});
+    vocab_.row_begin = rows.shard_offset() / width;
     vocab_.vocab_size = model_->dims().vocab_size;
     vocab_.compute_dtype = compute_dtype;
     vocab_.chunk_bytes = fsdp_.head_chunk_bytes;
@@ -180,80 +156,41 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
     // An untied head: its own rows, sharded and used the same way.
     head_vocab_ = vocab_;
     if (head_unit_ != embedding_unit_) {
-      FsdpUnit& head = *units_[head_unit_];
-      head_vocab_.weight = head.shard().view({rows, width});
-      head_vocab_.grad = head.shard_grad().view({rows, width});
-      head_vocab_.row_begin = head.shard_offset() / width;
+      FsdpUnit& head_rows = *units_[head_unit_];
+      head_vocab_.weight = head_rows.shard().view({shard_rows, width});
+      head_vocab_.grad = head_rows.shard_grad().view({shard_rows, width});
+      head_vocab_.row_begin = head_rows.shard_offset() / width;
     }
     optimizer_ = std::make_unique<AdamW>(
         ShardWeightDecayGroups(units_, options_.weight_decay), options_.adamw);
   } catch (const c10::Error& e) {
     return absl::InternalError(
-        absl::StrCat("fsdp: setup: ", e.what_without_backtrace()));
+        absl::StrCat(who, ": setup: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
-}
-
-void FsdpStrategy::Emit(FsdpEvent::Kind kind, int64_t unit) {
-  if (observer_) observer_(FsdpEvent{kind, unit});
-}
-
-void FsdpStrategy::LaunchGather(int64_t u) {
-  FsdpUnit& unit = *units_[u];
-  if (unit.gathered() || unit.gather_in_flight()) return;
-  Check(unit.LaunchGather());
-  Emit(FsdpEvent::Kind::kGatherLaunch, u);
-}
-
-void FsdpStrategy::Unshard(int64_t u) {
-  FsdpUnit& unit = *units_[u];
-  if (!unit.gathered()) {
-    LaunchGather(u);
-    Check(unit.WaitGather());
-    Emit(FsdpEvent::Kind::kGatherDone, u);
-  }
-  unit.UseFullParams();
-}
-
-void FsdpStrategy::Reshard(int64_t u) {
-  units_[u]->Reshard();
-  Emit(FsdpEvent::Kind::kReshard, u);
 }
 
 torch::Tensor FsdpStrategy::Forward(const torch::Tensor& inputs,
                                     const torch::Tensor& targets, bool training,
                                     double loss_scale) {
-  TORCH_CHECK(!units_.empty(), "FSDP: Setup() must come first");
+  TORCH_CHECK(schedule_ != nullptr, "FSDP: Setup() must come first");
   TORCH_CHECK(inputs.dim() == 2 && inputs.size(1) >= 1 &&
                   inputs.size(1) <= model_->dims().max_seq_len,
               "FSDP: inputs must be [B,T] with 1 <= T <= the model's longest "
               "sequence, ",
               model_->dims().max_seq_len, ", got ", inputs.sizes());
-  const int64_t last = model_->num_blocks();  // units 1..last are the blocks
-  LaunchGather(0);
-  if (fsdp_.prefetch && last >= 1) LaunchGather(1);
-  Unshard(0);  // the root stays gathered: the final norm comes last
+  schedule_->BeginForward();  // the root stays: the final norm comes last
   ScopedAutocast autocast(options_.device, options_.precision);
   torch::Tensor x =
       model_->FinishEmbedding(VocabParallelEmbedding(inputs, vocab_));
-  for (int64_t u = 1; u <= last; ++u) {
-    Unshard(u);
-    if (fsdp_.prefetch && u < last) LaunchGather(u + 1);
-    Emit(FsdpEvent::Kind::kComputeBegin, u);
-    x = model_->RunBlock(u - 1, x);
-    Emit(FsdpEvent::Kind::kComputeEnd, u);
-    if (training) {
-      // Fires when the gradient of the block's output is complete, i.e.
-      // right before the block's own backward.
-      x.register_hook([this, u](const torch::Tensor&) { PreBackward(u); });
-    }
-    // The last block stays gathered in training: its backward comes right
-    // after the head's, so freeing it would only buy a second all-gather.
-    if (!training || (fsdp_.reshard_after_forward && u < last)) Reshard(u);
+  for (int64_t i = 0; i < model_->num_blocks(); ++i) {
+    schedule_->BeforeBlock(i);
+    x = model_->RunBlock(i, x);
+    schedule_->AfterBlock(i, x, training);
   }
   torch::Tensor loss = VocabParallelLoss(
       model_->FinalNorm(x), targets, head_vocab_, training ? loss_scale : 0.0);
-  if (!training) Reshard(0);
+  schedule_->EndForward(training);
   return loss;
 }
 
@@ -261,92 +198,17 @@ torch::Tensor FsdpStrategy::ForwardBackward(const torch::Tensor& inputs,
                                             const torch::Tensor& targets,
                                             double loss_scale, bool sync) {
   torch::Tensor loss;
-  sync_ = sync;
   try {
+    TORCH_CHECK(schedule_ != nullptr, "FSDP: Setup() must come first");
+    schedule_->BeginMicroStep(sync);
     loss = Forward(inputs, targets, /*training=*/true, loss_scale);
     (loss * loss_scale).backward();
-    FinishBackward();
+    schedule_->FinishBackward();
   } catch (...) {
-    ResetUnits();
+    if (schedule_ != nullptr) schedule_->Reset();
     throw;
   }
   return loss.detach();
-}
-
-void FsdpStrategy::ResetUnits() {
-  pending_reductions_.clear();
-  across_.Drop();
-  for (const auto& unit : units_) {
-    if (unit->gather_in_flight()) (void)unit->WaitGather();
-    (void)unit->WaitReduceScatter();
-    unit->Reshard();
-    unit->full().mutable_grad() = torch::Tensor();
-    unit->DropUnshardedGradient();
-  }
-}
-
-void FsdpStrategy::PreBackward(int64_t u) {
-  Emit(FsdpEvent::Kind::kBackwardBegin, u);
-  FsdpUnit& unit = *units_[u];
-  if (!unit.gathered()) {
-    // The graph holds views of the full buffer: refilling its storage is
-    // enough, no new views are made.
-    LaunchGather(u);
-    Check(unit.WaitGather());
-    Emit(FsdpEvent::Kind::kGatherDone, u);
-  }
-  // A recomputed block runs its forward again inside its backward, reading
-  // the members: point them at the gathered parameters (new views, whose
-  // gradient reaches the same leaf).
-  // Backward runs hooks with grad mode off; these views must record their
-  // base for the recomputation's gradient to reach it.
-  if (model_->IsRecomputed(u - 1)) {
-    torch::AutoGradMode grad_mode(true);
-    unit.UseFullParams();
-  }
-  if (fsdp_.prefetch && u > 1) LaunchGather(u - 1);
-}
-
-void FsdpStrategy::OnGradReady(int64_t u) {
-  Emit(FsdpEvent::Kind::kGradReady, u);
-  if (!sync_ && fsdp_.no_sync) {
-    units_[u]->HoldUnshardedGradient();
-    Reshard(u);
-    return;
-  }
-  Check(units_[u]->LaunchReduceScatter());
-  // At most two reductions in flight: the full gradients of the units
-  // finished earlier must not pile up while backward goes on.
-  for (int64_t earlier : pending_reductions_) {
-    Check(units_[earlier]->WaitReduceScatter());
-    ReduceAcrossReplicas(earlier);
-  }
-  pending_reductions_.assign(1, u);
-  Reshard(u);
-}
-
-void FsdpStrategy::FinishBackward() {
-  for (int64_t u : pending_reductions_) Check(units_[u]->WaitReduceScatter());
-  pending_reductions_.clear();
-  for (int64_t u = 0; u < num_units(); ++u) {
-    FsdpUnit& unit = *units_[u];
-    const bool hold = !sync_ && fsdp_.no_sync;
-    if (hold) {
-      unit.HoldUnshardedGradient();  // one that missed its hook
-    } else if (unit.full().grad().defined() ||
-               unit.holds_unsharded_gradient()) {
-      Check(unit.LaunchReduceScatter());
-      Check(unit.WaitReduceScatter());
-    }
-    if (unit.gather_in_flight()) Check(unit.WaitGather());
-    if (unit.gathered()) Reshard(u);
-  }
-  for (int64_t u = 0; u < num_units(); ++u) ReduceAcrossReplicas(u);
-  across_.Finish();
-}
-
-void FsdpStrategy::ReduceAcrossReplicas(int64_t u) {
-  if (sync_) across_.Launch(*units_[u], static_cast<size_t>(u));
 }
 
 void FsdpStrategy::OptimizerStep(double lr) {
@@ -361,7 +223,7 @@ torch::Tensor FsdpStrategy::ForwardLoss(const torch::Tensor& inputs,
   try {
     return Forward(inputs, targets, /*training=*/false, /*loss_scale=*/0.0);
   } catch (...) {
-    ResetUnits();
+    if (schedule_ != nullptr) schedule_->Reset();
     throw;
   }
 }
@@ -438,9 +300,8 @@ int64_t FsdpStrategy::UnitBytes(int64_t unit) const {
 
 int64_t FsdpStrategy::LargestUnitBytes() const {
   int64_t largest = 0;
-  for (int64_t u = 0; u < num_units(); ++u) {
-    if (u != embedding_unit_ && u != head_unit_)
-      largest = std::max(largest, units_[u]->FullBytes());
+  for (int64_t u = 0; u < embedding_unit_; ++u) {
+    largest = std::max(largest, units_[u]->FullBytes());
   }
   return largest;
 }

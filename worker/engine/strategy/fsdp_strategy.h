@@ -11,7 +11,9 @@
 // the rows (vocab_parallel.h), so no rank ever holds the full embedding or
 // its full gradient, nor the [tokens, vocab] logits.
 //
-// One training micro-step:
+// The units move through UnitSchedule's kPerBlock mode (unit_schedule.h,
+// the runtime every sharded mesh shares); this class is the step driver:
+// the vocabulary-parallel ends around the blocks. One training micro-step:
 //   forward   root gathered (kept until backward: positions, final norm);
 //             the vocabulary-parallel embedding; for each block: wait for its
 //             all-gather, launch the next block's (prefetch), compute, free
@@ -72,6 +74,7 @@
 #include "worker/engine/strategy/distributed_helpers.h"
 #include "worker/engine/strategy/fsdp_unit.h"
 #include "worker/engine/strategy/strategy.h"
+#include "worker/engine/strategy/unit_schedule.h"
 #include "worker/engine/strategy/vocab_parallel.h"
 #include "worker/engine/support/tensor_file.h"
 
@@ -93,25 +96,6 @@ struct FsdpOptions {
   // HSDP: ranks per shard group, dividing the world size (the strategy is
   // then named "hsdp"); 0: plain FSDP over the whole world.
   int64_t shard_group_size = 0;
-};
-
-// What the strategy did, in order, for tests and tracing. Units are numbered
-// 0 = root, 1 + i = block i, num_blocks + 1 = the token embedding (which is
-// never gathered).
-struct FsdpEvent {
-  enum class Kind {
-    kGatherLaunch,   // all-gather launched (full buffer allocated)
-    kGatherDone,     // waited for; the full parameters are in place
-    kComputeBegin,   // a block's forward starts
-    kComputeEnd,     // a block's forward has returned
-    kBackwardBegin,  // the pre-backward hook of a block fired
-    kGradReady,      // the unit's flat gradient is complete
-    kReshard,        // the full buffer was freed
-  };
-  Kind kind;
-  int64_t unit;
-
-  std::string ToString() const;
 };
 
 class FsdpStrategy final : public Strategy {
@@ -168,39 +152,21 @@ class FsdpStrategy final : public Strategy {
   // The largest of the units that are ever gathered (all but the token
   // embedding's).
   int64_t LargestUnitBytes() const;
-  // Called synchronously at every FsdpEvent (on the rank's thread, also from
-  // inside backward). Empty to stop.
+  // Called synchronously at every FsdpEvent of the units' runtime (on the
+  // rank's thread, also from inside backward). Empty to stop.
   void set_observer(std::function<void(const FsdpEvent&)> observer) {
-    observer_ = std::move(observer);
+    schedule_->set_observer(std::move(observer));
   }
 
  private:
   Communicator* placement_world() const override { return world_; }
   // The shard and replica groups of HSDP (none for plain FSDP).
   absl::Status FormGroups();
-  void Emit(FsdpEvent::Kind kind, int64_t unit);
-  // Launches unit `u`'s all-gather if it is neither gathered nor in flight.
-  void LaunchGather(int64_t u);
-  // Gathers unit `u` (waiting for a prefetched all-gather) and points its
-  // module members at the full parameters.
-  void Unshard(int64_t u);
-  void Reshard(int64_t u);
-  // Runs one forward over the units; under grad mode installs the
-  // pre-backward hooks. Returns the mean loss; in training the caller must
-  // backpropagate exactly `loss_scale` into it.
+  // Runs one forward over the units. Returns the mean loss; in training the
+  // caller must backpropagate exactly `loss_scale` into it.
   torch::Tensor Forward(const torch::Tensor& inputs,
                         const torch::Tensor& targets, bool training,
                         double loss_scale);
-  void PreBackward(int64_t u);
-  void OnGradReady(int64_t u);
-  // Waits for every reduce-scatter in flight, frees what is still gathered.
-  void FinishBackward();
-  // HSDP, on a syncing micro-step: launches the all-reduce of unit u's final
-  // shard gradient over the replica group (once per backward).
-  void ReduceAcrossReplicas(int64_t u);
-  // After a failure: no unit gathered, no collective pending, no full
-  // gradient left (results of failed collectives are dropped).
-  void ResetUnits();
 
   const StrategyOptions options_;
   Communicator* const world_;  // every rank: losses, barriers
@@ -212,20 +178,17 @@ class FsdpStrategy final : public Strategy {
   Communicator* shard_ = nullptr;      // the world, or this rank's shard group
   Communicator* replicate_ = nullptr;  // HSDP: this rank's replica group
   CausalLm model_;
+  // The root's unit (other inputs, the final norm), one per block (1 + i),
+  // the token embedding's, an untied head's: the runtime gathers all but
+  // the last one or two, which the vocabulary-parallel ends read in place.
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   int64_t embedding_unit_ = -1;
   int64_t head_unit_ = -1;  // embedding_unit_ when the head is tied
   VocabShard vocab_;        // views of the token embedding unit's shard
   VocabShard head_vocab_;   // vocab_, or views of the untied head's shard
-  bool sync_ = true;        // of the micro-step in progress
   std::unique_ptr<AdamW> optimizer_;
-  // Units whose reduce-scatter is in flight, oldest first.
-  std::vector<int64_t> pending_reductions_;
-  // HSDP: each unit's shard gradient averaged over the replica groups.
-  GroupAverage across_;
-  std::function<void(const FsdpEvent&)> observer_;
-  // On the units' full buffers. Declared last: removed first.
-  GradReadyHooks hooks_;
+  // The units' runtime; declared last: its hooks go first.
+  std::unique_ptr<UnitSchedule> schedule_;
 };
 
 }  // namespace shardtrain
