@@ -99,8 +99,7 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
   if (!made.ok()) return made.status();
   // In the runtime's order: the root, the blocks, then the rows.
   const std::map<int64_t, size_t> blocks = BlockUnits(*model_, *made);
-  const std::string embedding_name =
-      ModulePath(model_->token_embedding_name());
+  const std::string embedding_name = ModulePath(model_->token_embedding_name());
   const std::string head_name = ModulePath(model_->head_weight_name());
   std::unique_ptr<FsdpUnit> embedding, head;
   std::vector<std::unique_ptr<FsdpUnit>> block_units;
@@ -139,9 +138,8 @@ absl::Status FsdpStrategy::Setup(CausalLm model) {
       return model->IsRecomputed(block);
     };
     per_block.gathered = gathered;
-    schedule_ = std::make_unique<UnitSchedule>(&units_, std::move(block_unit),
-                                               std::move(per_block), who,
-                                               replicate_);
+    schedule_ = std::make_unique<UnitSchedule>(
+        &units_, std::move(block_unit), std::move(per_block), who, replicate_);
     FsdpUnit& rows = *units_[embedding_unit_];
     const int64_t shard_rows = rows.shard_numel() / width;
     vocab_.comm = shard_;

@@ -208,7 +208,7 @@ class UnitSchedule {
   const Mode mode_;
   const PerBlock per_block_;  // kPerBlock
   const std::vector<std::unique_ptr<FsdpUnit>>* const units_;
-  const size_t gathered_;  // units [0, gathered_) are gathered
+  const size_t gathered_;     // units [0, gathered_) are gathered
   std::vector<size_t> root_;  // kPerBlock: the units of no block
   bool sync_ = true;          // of the micro-step in progress (kPerBlock)
   const std::vector<int64_t> group_of_;
