@@ -168,21 +168,12 @@ struct PipelineChunk {
   int64_t in_flight = 0, forwarded_count = 0, done = 0, deferred_count = 0;
 };
 
-// zb-h1: bytes per token and block a micro-batch keeps from its B to its W:
-// each projection's input and output gradient. GPT-2: the inputs of c_attn,
-// attention's c_proj, c_fc and the MLP's c_proj (C, C, C, 4C) and their
-// output gradients (3C, C, 4C, C). Llama: the norms' outputs (each read by
-// two or three projections, kept once), attention's output and the MLP's
-// hidden units (C, C, C, I), and the gradients of q, k, v, o, gate, up and
-// down (C, kv, kv, C, I, I, C). Under bf16 each projection keeps its own
-// cast of the fp32 norm output: three copies and two.
+// zb-h1: bytes per token and block a micro-batch keeps from its B to its W
+// (FamilyShapes::deferred: each projection's input and output gradient).
 int64_t DeferredBytesPerToken(const Shapes& s, int64_t element_bytes) {
-  const int64_t c = s.c;
-  if (s.llama) {
-    const int64_t norm_outputs = element_bytes < 4 ? 5 : 2;
-    return element_bytes * ((norm_outputs + 4) * c + 2 * s.kv + 3 * s.mlp);
-  }
-  return element_bytes * 16 * c;
+  const FamilyShapes& f = s.family;
+  return element_bytes *
+         (f.deferred + (element_bytes < 4 ? f.deferred_low_precision : 0));
 }
 
 // The elements `s` holds (whole) and, sharded, its padded units.

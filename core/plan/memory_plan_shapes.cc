@@ -15,60 +15,25 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-// Bytes per token autograd keeps for one Llama block, counted tensor by
-// tensor for model/llama.cc (and checked by walking the autograd graph of
-// the same ops):
-//   each RMSNorm (computed in fp32): the normalised input, kept by the
-//   weight's product (C), its reciprocal root (1 float) and, on LibTorch
-//   1.x, whose mean keeps its input, the squares (C; 2.x keeps the shape);
-//   its output, kept by the projections that read it (C);
-//   attention: the rotated queries made contiguous, the keys and values
-//   repeated to every query head (C + C + C; the rotary products keep only
-//   their constant tables), the probabilities (heads x T) for a masked
-//   softmax or the output and a log-sum-exp per head (C + heads) fused, and
-//   the heads merged back, kept by o_proj (C);
-//   the residual after attention (C), kept by the second norm;
-//   the MLP's gate (kept by SiLU), its SiLU and up (kept by their product)
-//   and the product (kept by down_proj): 4 x I;
-//   the block's output (C, the next block's input).
-// A tensor-parallel rank holds 1/T of the attention's and the MLP's tensors;
-// the norms' tensors, their outputs, the residual and the block's output
-// are whole. Checked against the tracking allocator (memory_plan_test:
-// llama-tiny on every data-parallel mesh, TP 2 and PP 2).
-int64_t LlamaBlockBytesPerToken(const Shapes& s, int64_t element_bytes,
-                                AttentionKind attention) {
+// Bytes per token autograd keeps for one block: what its family keeps
+// (FamilyShapes, counted tensor by tensor for each model's code), a
+// tensor-parallel rank's share of what it splits, and the attention's state:
+// the probabilities (heads x T) for a masked softmax, or the output and a
+// log-sum-exp per head (C + heads) fused, 1/T of the heads on a
+// tensor-parallel rank. Checked against the tracking allocator
+// (memory_plan_test: gpt2-tiny, gpt2-mini and llama-tiny on every
+// data-parallel mesh, TP 2 and PP 2).
+int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
+                           AttentionKind attention) {
   const int64_t t = s.tensor_parallel;
   const bool masked = attention == AttentionKind::kMaskedSoftmax;
   const int64_t attention_floats =
       masked ? s.heads / t * s.seq : (s.c + s.heads) / t;
-  // The norms' fp32 tensors: normalised inputs, and the squares on 1.x
-  // (the masked-softmax build).
-  const int64_t norm_floats = (masked ? 4 : 2) * s.c + 2;
-  const int64_t whole = 4 * s.c;  // norm outputs, residual, block output
-  const int64_t split = (4 * s.c + 4 * s.mlp) / t;
-  return element_bytes * (whole + split) + 4 * (norm_floats + attention_floats);
-}
-
-// Bytes per token autograd keeps for one transformer block, counted tensor
-// by tensor for model/gpt2.cc:
-//   ln_1 and ln_2: mean and rstd (2 + 2 floats); their outputs, saved by
-//   c_attn and c_fc (C + C); qkv, laid out head-major (3C); attention: the
-//   probabilities (heads x T) for a masked softmax, or the output and a
-//   log-sum-exp per head (C + heads) fused; the heads merged back, saved by
-//   c_proj (C); the residual after attention (C); c_fc's output and its GELU
-//   (4C + 4C); the block's output (C, the next block's input).
-// A tensor-parallel rank: the LayerNorms' statistics and outputs, the
-// residual after attention and the block's output are whole (4 + 4C); qkv,
-// the heads' attention state, the merged heads, c_fc's output and its GELU
-// are 1/T (12C / T and the heads' part).
-int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
-                           AttentionKind attention) {
-  const int64_t t = s.tensor_parallel;
-  if (s.llama) return LlamaBlockBytesPerToken(s, element_bytes, attention);
-  const int64_t attention_floats = attention == AttentionKind::kMaskedSoftmax
-                                       ? s.heads / t * s.seq
-                                       : (s.c + s.heads) / t;
-  return element_bytes * (4 * s.c + 12 * s.c / t) + 4 * (4 + attention_floats);
+  const FamilyShapes& f = s.family;
+  // The masked-softmax build is LibTorch 1.x's.
+  const int64_t fp32 = f.kept_fp32 + (masked ? f.kept_fp32_torch1 : 0);
+  return element_bytes * (f.kept_whole + f.kept_split / t) +
+         4 * (fp32 + attention_floats);
 }
 
 // The blocks [first_block, first_block + layers) that activation
@@ -235,27 +200,24 @@ Shapes ModelShapes(const ModelConfig& model, int64_t seq_len, int64_t tokens) {
   s.input_params = model.InputParameters();
   s.output_params = model.OutputParameters();
   s.root_params = s.input_params + s.output_params;
-  s.llama = model.is_llama();
-  s.kv = model.kv_heads() * model.head_size();
-  s.mlp = model.mlp_hidden();
+  s.family = ShapesOf(model);
   s.tokens = tokens;
   return s;
 }
 
 // `s` as a rank of a tensor-parallel group of T holds it: 1/T of every
-// block's matrices and column-parallel biases (the LayerNorms and the
-// row-parallel biases whole, 6C) and of wte's rows.
+// block's parameters but those its family keeps whole (norms, row-parallel
+// biases), of wte's rows and of an untied head's.
 Shapes SliceForTensorParallel(Shapes s, int64_t t) {
   if (t <= 1) return s;
   s.tensor_parallel = t;
-  if (s.llama) {
-    // Every matrix and q, k, v's biases split; the two norms whole.
-    s.block_params = (s.block_params - 2 * s.c) / t + 2 * s.c;
-    if (s.output_params > s.c) s.output_params = s.padded_vocab / t * s.c + s.c;
-    s.root_params = s.input_params + s.output_params;
-  } else {
-    s.block_params = (12 * s.c * s.c + 7 * s.c) / t + 6 * s.c;
+  const FamilyShapes& f = s.family;
+  s.block_params =
+      (s.block_params - f.block_whole_params) / t + f.block_whole_params;
+  if (s.output_params > f.final_norm_params) {
+    s.output_params = s.padded_vocab / t * s.c + f.final_norm_params;
   }
+  s.root_params = s.input_params + s.output_params;
   s.wte_params = s.padded_vocab / t * s.c;
   return s;
 }

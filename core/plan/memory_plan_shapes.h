@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/model/family_shapes.h"
 #include "core/model/model_config.h"
 #include "core/plan/memory_plan.h"
 
@@ -20,9 +21,8 @@ struct Shapes {
   int64_t input_params = 0;   // GPT-2's wpe
   int64_t output_params = 0;  // the final norm, an untied head
   int64_t wte_params = 0;
-  // Llama: key/value width (kv heads x head size) and MLP hidden units.
-  bool llama = false;
-  int64_t kv = 0, mlp = 0;
+  // What the model's family keeps and splits (core/model/family_shapes.h).
+  FamilyShapes family;
   // The blocks this rank runs: [first_block, first_block + layers); the
   // whole model but for a pipeline stage.
   int64_t first_block = 0, layers = 0;
@@ -36,9 +36,6 @@ struct Shapes {
 };
 
 int64_t RoundUp(int64_t value, int64_t multiple);
-
-int64_t LlamaBlockBytesPerToken(const Shapes& s, int64_t element_bytes,
-                                AttentionKind attention);
 
 int64_t BlockBytesPerToken(const Shapes& s, int64_t element_bytes,
                            AttentionKind attention);

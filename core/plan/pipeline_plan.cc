@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/model/family_shapes.h"
 
 namespace shardtrain {
 
@@ -22,7 +23,7 @@ double BlockForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   // QKᵀ and AV 2·T·C each.
   const double c = static_cast<double>(config.n_embd);
   const double matrices = static_cast<double>(
-      config.BlockParameters() - (config.is_llama() ? 2 : 13) * config.n_embd);
+      config.BlockParameters() - ShapesOf(config).block_vector_params);
   return 2.0 * matrices + 4.0 * static_cast<double>(seq_len) * c;
 }
 

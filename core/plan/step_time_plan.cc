@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/atomic_file.h"
 #include "common/input_file.h"
+#include "core/model/family_shapes.h"
 #include "core/model/model_config.h"
 #include "core/plan/pipeline_plan.h"
 #include "core/run/strategy_kinds.h"
@@ -80,12 +81,14 @@ MeshTraffic Finish(const std::string& dimension, int64_t ranks,
 
 int64_t BlockParameters(const ModelConfig& m) { return m.BlockParameters(); }
 
-// What tensor parallelism keeps whole on every rank of the group: GPT-2's
-// wpe, LayerNorms and row-parallel biases, Llama's RMSNorms; their gradients
-// are all-reduced over the group once per step.
+// What tensor parallelism keeps whole on every rank of the group (the
+// input side, e.g. GPT-2's wpe, what the family keeps whole in each block,
+// the final norm); their gradients are all-reduced over the group once per
+// step.
 int64_t TensorParallelReplicated(const ModelConfig& m) {
-  if (m.is_llama()) return (2 * m.n_layer + 1) * m.n_embd;
-  return m.block_size * m.n_embd + m.n_layer * 6 * m.n_embd + 2 * m.n_embd;
+  const FamilyShapes f = ShapesOf(m);
+  return m.InputParameters() + m.n_layer * f.block_whole_params +
+         f.final_norm_params;
 }
 
 // FSDP over `ranks` of units of `unit_params` each (the blocks), the root
@@ -649,13 +652,8 @@ struct TensorOverlap {
 
 // The column-parallel matrices' forward FLOPs per token of one block.
 double ColumnParallelFlops(const ModelConfig& model) {
-  const int64_t c = model.n_embd;
-  return model.is_llama()
-             ? 2.0 * static_cast<double>(c) *
-                   static_cast<double>(c +
-                                       2 * model.n_kv_head * c / model.n_head +
-                                       2 * model.intermediate_size)
-             : 14.0 * static_cast<double>(c) * static_cast<double>(c);
+  return 2.0 * static_cast<double>(model.n_embd) *
+         static_cast<double>(ShapesOf(model).column_parallel_width);
 }
 
 TensorOverlap AddTensorParallelTraffic(const StepMesh& mesh,
