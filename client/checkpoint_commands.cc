@@ -26,7 +26,7 @@
 namespace shardtrain::cli {
 namespace {
 
-struct InspectOptions {
+struct CheckpointInspectOptions {
   std::string dir;
   std::string output = "table";
   bool tensors = false;
@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNamed(
   return CheckpointReader::Open(*dir);
 }
 
-int RunInspect(const InspectOptions& options) {
+int RunCheckpointInspect(const CheckpointInspectOptions& options) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       OpenNamed(options.dir);
   if (!reader.ok()) return ReportFailure(reader.status());
@@ -226,7 +226,7 @@ void AddCheckpointCommands(CLI::App* app, int* exit_code) {
       "checkpoint", "read a training checkpoint (any strategy and world size)");
   group->require_subcommand(1);
 
-  auto inspect_options = std::make_shared<InspectOptions>();
+  auto inspect_options = std::make_shared<CheckpointInspectOptions>();
   CLI::App* inspect = group->add_subcommand(
       "inspect", "step, model, who wrote it, tensors and bytes per rank file");
   inspect
@@ -237,7 +237,7 @@ void AddCheckpointCommands(CLI::App* app, int* exit_code) {
                     "list every tensor with its shape");
   AddOutputFlag(inspect, &inspect_options->output);
   inspect->callback([inspect_options, exit_code] {
-    *exit_code = RunInspect(*inspect_options);
+    *exit_code = RunCheckpointInspect(*inspect_options);
   });
 
   auto export_options = std::make_shared<ExportOptions>();

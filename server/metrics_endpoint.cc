@@ -33,15 +33,15 @@ namespace {
 
 // Deadlines are on the monotonic clock: a wall-clock step must not close (or
 // keep) every connection at once.
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr absl::string_view kMetricsPath = "/metrics";
 constexpr char kMetricsContentType[] =
     "text/plain; version=0.0.4; charset=utf-8";
 constexpr char kErrorContentType[] = "text/plain; charset=utf-8";
 
-Clock::duration ToClock(absl::Duration d) {
-  return std::chrono::duration_cast<Clock::duration>(
+SteadyClock::duration ToClock(absl::Duration d) {
+  return std::chrono::duration_cast<SteadyClock::duration>(
       absl::ToChronoNanoseconds(d));
 }
 
@@ -209,18 +209,18 @@ class MetricsConnections {
   // either bound (see the header: an idle one goes, oldest judged first,
   // then youngest in the grace; beyond the total, then the oldest answered
   // one); false refuses it.
-  bool Admit(const sockaddr* peer, Clock::time_point now);
+  bool Admit(const sockaddr* peer, SteadyClock::time_point now);
   void Started(MHD_Connection* connection, void** context,
-               Clock::time_point now);
+               SteadyClock::time_point now);
   void Closed(void* context);
   // The access handler: the request head has arrived.
   MHD_Result Answer(MHD_Connection* connection, absl::string_view url,
-                    absl::string_view method, Clock::time_point now);
+                    absl::string_view method, SteadyClock::time_point now);
   // Answers 408 to heads still incomplete at their deadline and closes
   // answers still unread at theirs.
-  void Expire(Clock::time_point now);
+  void Expire(SteadyClock::time_point now);
   // The earliest deadline, or max() with none.
-  Clock::time_point NextDeadline() const;
+  SteadyClock::time_point NextDeadline() const;
 
  private:
   struct Connection {
@@ -232,8 +232,8 @@ class MetricsConnections {
     int fd = -1;
     std::string peer;
     State state = State::kReadingRequest;
-    Clock::time_point accepted;
-    Clock::time_point deadline;
+    SteadyClock::time_point accepted;
+    SteadyClock::time_point deadline;
   };
   using State = Connection::State;
   // Half-open connections by peer address.
@@ -245,7 +245,7 @@ class MetricsConnections {
   // else the youngest of the address with the most half-open connections
   // in `*half_open` (kept counting); false when every half-open candidate
   // has its request waiting.
-  bool CloseIdle(absl::string_view peer, Clock::time_point judged_before,
+  bool CloseIdle(absl::string_view peer, SteadyClock::time_point judged_before,
                  HalfOpenCounts* half_open);
   // Closes the oldest answered connection; false when there is none.
   bool CloseOldestAnswered();
@@ -273,7 +273,7 @@ void MetricsConnections::Shut(Connection& c) {
 }
 
 bool MetricsConnections::CloseIdle(absl::string_view peer,
-                                   Clock::time_point judged_before,
+                                   SteadyClock::time_point judged_before,
                                    HalfOpenCounts* half_open) {
   std::vector<Connection*> half_open_here;  // oldest first
   for (Connection& c : connections_) {
@@ -319,8 +319,8 @@ bool MetricsConnections::CloseOldestAnswered() {
   return false;
 }
 
-bool MetricsConnections::Admit(const sockaddr* peer, Clock::time_point now) {
-  const Clock::time_point judged_before =
+bool MetricsConnections::Admit(const sockaddr* peer, SteadyClock::time_point now) {
+  const SteadyClock::time_point judged_before =
       now - ToClock(options_.eviction_grace);
   const std::string address = PeerAddress(peer);
   HalfOpenCounts half_open;
@@ -342,7 +342,7 @@ bool MetricsConnections::Admit(const sockaddr* peer, Clock::time_point now) {
 }
 
 void MetricsConnections::Started(MHD_Connection* connection, void** context,
-                                 Clock::time_point now) {
+                                 SteadyClock::time_point now) {
   Connection c;
   const MHD_ConnectionInfo* fd =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -392,7 +392,7 @@ MHD_Result RespondError(MHD_Connection* connection, unsigned int status,
 MHD_Result MetricsConnections::Answer(MHD_Connection* connection,
                                       absl::string_view url,
                                       absl::string_view method,
-                                      Clock::time_point now) {
+                                      SteadyClock::time_point now) {
   const MHD_ConnectionInfo* context =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   if (context != nullptr && context->socket_context != nullptr) {
@@ -416,7 +416,7 @@ MHD_Result MetricsConnections::Answer(MHD_Connection* connection,
   return Respond(connection, MHD_HTTP_OK, kMetricsContentType, collect_());
 }
 
-void MetricsConnections::Expire(Clock::time_point now) {
+void MetricsConnections::Expire(SteadyClock::time_point now) {
   for (Connection& c : connections_) {
     if (c.state == State::kClosing || now < c.deadline) continue;
     if (c.state == State::kReadingRequest) {
@@ -428,8 +428,8 @@ void MetricsConnections::Expire(Clock::time_point now) {
   }
 }
 
-Clock::time_point MetricsConnections::NextDeadline() const {
-  Clock::time_point next = Clock::time_point::max();
+SteadyClock::time_point MetricsConnections::NextDeadline() const {
+  SteadyClock::time_point next = SteadyClock::time_point::max();
   for (const Connection& c : connections_) {
     if (c.state != State::kClosing) next = std::min(next, c.deadline);
   }
@@ -439,7 +439,7 @@ Clock::time_point MetricsConnections::NextDeadline() const {
 namespace {
 
 MHD_Result OnAccept(void* cls, const sockaddr* peer, socklen_t) {
-  return static_cast<MetricsConnections*>(cls)->Admit(peer, Clock::now())
+  return static_cast<MetricsConnections*>(cls)->Admit(peer, SteadyClock::now())
              ? MHD_YES
              : MHD_NO;
 }
@@ -448,7 +448,7 @@ void OnConnection(void* cls, MHD_Connection* connection, void** context,
                   MHD_ConnectionNotificationCode code) {
   auto* connections = static_cast<MetricsConnections*>(cls);
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    connections->Started(connection, context, Clock::now());
+    connections->Started(connection, context, SteadyClock::now());
   } else {
     connections->Closed(*context);
   }
@@ -465,7 +465,7 @@ MHD_Result OnRequest(void* cls, MHD_Connection* connection, const char* url,
   }
   *request = cls;
   return static_cast<MetricsConnections*>(cls)->Answer(connection, url, method,
-                                                       Clock::now());
+                                                       SteadyClock::now());
 }
 
 }  // namespace
@@ -561,14 +561,14 @@ void MetricsEndpoint::Run() {
   pollfd polled[2] = {{wake_fd_, POLLIN, 0},
                       {info != nullptr ? info->epoll_fd : -1, POLLIN, 0}};
   for (;;) {
-    Clock::time_point now = Clock::now();
-    Clock::time_point next = connections_->NextDeadline();
+    SteadyClock::time_point now = SteadyClock::now();
+    SteadyClock::time_point next = connections_->NextDeadline();
     MHD_UNSIGNED_LONG_LONG daemon_ms = 0;
     if (MHD_get_timeout(daemon_, &daemon_ms) == MHD_YES) {
       next = std::min(next, now + std::chrono::milliseconds(daemon_ms));
     }
     int timeout_ms = 1000;
-    if (next != Clock::time_point::max()) {
+    if (next != SteadyClock::time_point::max()) {
       timeout_ms = static_cast<int>(std::clamp<int64_t>(
           std::chrono::ceil<std::chrono::milliseconds>(next - now).count(), 0,
           1000));
@@ -580,7 +580,7 @@ void MetricsEndpoint::Run() {
     }
     if (polled[0].revents != 0) return;  // the destructor's stop
     MHD_run(daemon_);
-    connections_->Expire(Clock::now());
+    connections_->Expire(SteadyClock::now());
   }
 }
 

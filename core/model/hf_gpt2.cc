@@ -25,7 +25,6 @@ constexpr char kPrefix[] = "transformer.";
 // Where a non-default padding of wte is kept (Hugging Face has no such
 // setting; the rows are dropped from the file either way).
 constexpr char kPaddedVocabKey[] = "shardtrain.padded_vocab_size";
-constexpr int64_t kVocabPadMultiple = 64;
 
 int64_t DefaultPadding(int64_t vocab_size) {
   return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple *

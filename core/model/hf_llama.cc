@@ -25,8 +25,7 @@ namespace {
 
 constexpr char kConfigFile[] = "config.json";
 constexpr char kWeightsFile[] = "model.safetensors";
-constexpr char kPrefix[] = "model.";
-constexpr int64_t kVocabPadMultiple = 64;
+constexpr char kLlamaPrefix[] = "model.";
 // config.json is a page of settings; an index names a few thousand tensors.
 constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
 constexpr int64_t kMaxIndexBytes = int64_t{16} << 20;
@@ -37,14 +36,14 @@ bool IsVocabularyRows(const std::string& ours) {
 }
 
 // The tensor's shape in the Hugging Face file: vocab_size rows, not padded.
-std::vector<int64_t> HfShape(const ModelConfig& config, const std::string& ours,
+std::vector<int64_t> LlamaHfShape(const ModelConfig& config, const std::string& ours,
                              std::vector<int64_t> shape) {
   if (IsVocabularyRows(ours)) shape[0] = config.vocab_size;
   return shape;
 }
 
 // Buffers older transformers versions saved beside the weights.
-bool IsIgnoredTensor(const std::string& name) {
+bool IsIgnoredLlamaTensor(const std::string& name) {
   return absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
 }
 
@@ -105,7 +104,7 @@ std::vector<std::vector<int64_t>> LlamaParameterShapes(
 
 std::string HfLlamaTensorName(const std::string& ours) {
   return absl::StartsWith(ours, "lm_head.") ? ours
-                                            : absl::StrCat(kPrefix, ours);
+                                            : absl::StrCat(kLlamaPrefix, ours);
 }
 
 std::string HfModelType(std::string_view json_text) {
@@ -306,7 +305,7 @@ absl::Status WriteHfLlama(const ModelConfig& config, const WeightReader& read,
   for (size_t index = 0; index < names.size(); ++index) {
     SafetensorsTensor t;
     t.name = HfLlamaTensorName(names[index]);
-    t.shape = HfShape(config, names[index], shapes[index]);
+    t.shape = LlamaHfShape(config, names[index], shapes[index]);
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     const int64_t padded_numel =
@@ -473,7 +472,7 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
     const std::vector<SafetensorsEntry>& tensors = reader->files_[f].tensors();
     for (size_t e = 0; e < tensors.size(); ++e) {
       const std::string& name = tensors[e].name;
-      if (IsIgnoredTensor(name)) continue;
+      if (IsIgnoredLlamaTensor(name)) continue;
       // A tied model may store the head anyway: it is the embedding.
       if (name == "lm_head.weight" && config->tied_head()) continue;
       auto it = wanted.find(name);
@@ -488,7 +487,7 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
       }
       if (absl::Status s = CheckHfWeight(
               label, name, tensors[e],
-              HfShape(*config, reader->names_[it->second], shapes[it->second]));
+              LlamaHfShape(*config, reader->names_[it->second], shapes[it->second]));
           !s.ok()) {
         return s;
       }

@@ -61,7 +61,6 @@ constexpr std::array<Preset, 12> kPresets = {{
 }};
 
 constexpr int64_t kGpt2VocabSize = 50257;
-constexpr int64_t kVocabPadMultiple = 64;
 constexpr absl::string_view kCustomPrefix = "custom:";
 constexpr absl::string_view kCustomLlamaPrefix = "custom-llama:";
 

@@ -28,6 +28,10 @@ enum class ModelFamily {
 // "gpt2", "llama".
 const char* ModelFamilyName(ModelFamily family);
 
+// The default padding of a vocabulary: padded_vocab_size is vocab_size
+// rounded up to a multiple of this.
+inline constexpr int64_t kVocabPadMultiple = 64;
+
 // Llama 3's rotary frequency scaling (rope_scaling.rope_type = "llama3");
 // factor 0: none.
 struct RopeScaling {
