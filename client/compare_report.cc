@@ -291,9 +291,36 @@ std::string HtmlTable(const std::vector<StrategySummary>& rows) {
 // Files
 // ---------------------------------------------------------------------------
 
+// An entry's name as a file name: letters, digits, '.', '-' and '_' kept,
+// ": " (auto's "auto: tp2") a '-', any other run of characters one '_'.
+std::string FileStem(const std::string& strategy) {
+  std::string stem;
+  bool gap = false;
+  for (size_t i = 0; i < strategy.size(); ++i) {
+    const char c = strategy[i];
+    if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+        c == '-' || c == '_') {
+      if (gap) stem += stem.empty() || stem.back() == '-' ? "" : "_";
+      gap = false;
+      stem += c;
+    } else if (c == ':') {
+      stem += '-';
+      gap = false;
+    } else {
+      gap = true;
+    }
+  }
+  return stem.empty() ? "run" : stem;
+}
+
+// The CSV of an entry's run: ddp.csv, auto-tp2.csv.
+std::string CsvName(const std::string& strategy) {
+  return absl::StrCat(FileStem(strategy), ".csv");
+}
+
 // The CSV of repeat `i` (0: the second run): ddp.run2.csv, ...
 std::string RepeatCsvName(const std::string& strategy, size_t i) {
-  return absl::StrCat(strategy, ".run", i + 2, ".csv");
+  return absl::StrCat(FileStem(strategy), ".run", i + 2, ".csv");
 }
 
 absl::StatusOr<std::string> ReadChartJs(const std::string& path) {
@@ -335,8 +362,8 @@ std::string ReportMarkdown(const std::vector<StrategyRun>& runs,
   }
   out += "\n## Files\n\n";
   for (const StrategyRun& run : runs) {
-    absl::StrAppend(&out, "- `", run.strategy, ".csv`: every rank's steps of ",
-                    "job `", run.job_id, "`\n");
+    absl::StrAppend(&out, "- `", CsvName(run.strategy),
+                    "`: every rank's steps of ", "job `", run.job_id, "`\n");
     for (size_t i = 0; i < run.repeats.size(); ++i) {
       absl::StrAppend(&out, "- `", RepeatCsvName(run.strategy, i), "`: run ",
                       i + 2, ", job `", run.repeats[i].job_id, "`\n");
@@ -433,7 +460,7 @@ std::string ReportHtml(const std::vector<StrategyRun>& runs,
   for (const StrategyRun& run : runs) {
     absl::StrAppend(&out, "<li>", EscapeHtml(DisplayName(run.strategy)),
                     ": job <code>", EscapeHtml(run.job_id), "</code>, ",
-                    EscapeHtml(run.strategy), ".csv");
+                    EscapeHtml(CsvName(run.strategy)));
     for (size_t i = 0; i < run.repeats.size(); ++i) {
       absl::StrAppend(&out, "; run ", i + 2, ": job <code>",
                       EscapeHtml(run.repeats[i].job_id), "</code>, ",
@@ -964,9 +991,11 @@ absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
       return absl::InvalidArgumentError(absl::StrCat(
           "strategy name \"", run.strategy, "\" cannot name a CSV file"));
     }
-    if (!names.insert(run.strategy).second) {
+    if (!names.insert(CsvName(run.strategy)).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("strategy \"", run.strategy, "\" appears twice"));
+          absl::StrCat("strategy \"", run.strategy,
+                       "\" appears twice (or another's CSV file is ",
+                       CsvName(run.strategy), ")"));
     }
   }
 
@@ -991,7 +1020,7 @@ absl::Status WriteCompareReport(const std::vector<StrategyRun>& runs,
 
   for (const StrategyRun& run : runs) {
     absl::Status status =
-        WriteWholeFile(out_dir + "/" + run.strategy + ".csv",
+        WriteWholeFile(out_dir + "/" + CsvName(run.strategy),
                        StepMetricsCsv(Deduplicated(run.steps)));
     if (!status.ok()) return status;
     for (size_t i = 0; i < run.repeats.size(); ++i) {

@@ -319,9 +319,11 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, int argc, char** argv) {
                       "restarts from the last checkpoint after a failure");
   command->add_option(
       "--min-world-size", flags->min_world_size,
-      "elastic: when a rank or node is lost for good, continue from the last "
-      "checkpoint on as few as this many ranks (same global batch; needs "
-      "--checkpoint-every and --max-restarts)");
+      "elastic: shrunk to as few as this many ranks for a higher-priority "
+      "job instead of preempted, and, when a rank or node is lost for good, "
+      "continued from the last checkpoint on as few (same global batch; "
+      "needs --checkpoint-every; continuing after a loss is a restart, so "
+      "that also needs --max-restarts)");
   command->get_option("--device")->each([flags](const std::string&) {
     flags->device_given = true;
   });

@@ -12,9 +12,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/cli_usage.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "core/model/model_config.h"
 #include "core/plan/auto_mesh.h"
 #include "core/run/strategy_kinds.h"
 #include "core/run/train_config.h"
@@ -184,7 +186,10 @@ int Main(int argc, char** argv) {
   if (absl::Status s = ReadConfigFile(argc, argv, &command); !s.ok()) {
     return Fail(s, 2);
   }
-  CLI::App app{"shardtrain-train: train GPT-2 with single, DDP or FSDP"};
+  CLI::App app{absl::StrCat("shardtrain-train: train a causal language model (",
+                            absl::StrJoin(ModelFamilyNames(), ", "),
+                            ") on one device or a mesh (", StrategyNameList(),
+                            ", pipeline stages, tensor parallelism)")};
   AddCommandFlags(app, &command);
   try {
     app.parse(argc, argv);

@@ -111,6 +111,14 @@ const char* ModelFamilyName(ModelFamily family) {
   return family == ModelFamily::kLlama ? "llama" : "gpt2";
 }
 
+std::vector<std::string> ModelFamilyNames() {
+  std::vector<std::string> names;
+  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    names.push_back(ModelFamilyName(family));
+  }
+  return names;
+}
+
 absl::StatusOr<ModelConfig> ModelConfig::FromPreset(std::string_view name) {
   for (const Preset& p : kPresets) {
     if (name != p.name) continue;

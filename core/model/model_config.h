@@ -27,6 +27,9 @@ enum class ModelFamily {
 };
 // "gpt2", "llama".
 const char* ModelFamilyName(ModelFamily family);
+// Every family's name, in ModelFamily's order: what the programs' help
+// lists.
+std::vector<std::string> ModelFamilyNames();
 
 // The default padding of a vocabulary: padded_vocab_size is vocab_size
 // rounded up to a multiple of this.

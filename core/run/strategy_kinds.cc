@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/nearest_name.h"
 
 namespace shardtrain {
 
@@ -71,6 +72,20 @@ std::string StrategyDisplayNames() {
                       " and ", names.back());
 }
 
+namespace {
+
+// "is not one", and the strategy or "auto" it is a typo of.
+std::string NotOne(const std::string& name) {
+  std::vector<std::string> known = StrategyNames();
+  known.push_back(kAutoStrategy);
+  const std::string near = NearestName(name, known);
+  return absl::StrCat(
+      "is not one",
+      near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)"));
+}
+
+}  // namespace
+
 absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
   StudyEntry out;
   out.name = std::string(entry);
@@ -97,7 +112,7 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
       out.strategy = name;
       return out;
     }
-    if (FindStrategyKind(name) == nullptr) return bad("is not one");
+    if (FindStrategyKind(name) == nullptr) return bad(NotOne(name));
     out.strategy = name;
     return out;
   }
@@ -128,7 +143,10 @@ absl::StatusOr<StudyEntry> ParseStudyEntry(std::string_view entry) {
   out.strategy = rest.substr(0, name_end);
   const StrategyKind* kind = FindStrategyKind(out.strategy);
   if (kind == nullptr) {
-    return bad(staged ? "names no strategy after 'x'" : "names no strategy");
+    const std::string near = NearestName(out.strategy, StrategyNames());
+    return bad(absl::StrCat(
+        staged ? "names no strategy after 'x'" : "names no strategy",
+        near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)")));
   }
   if (name_end < rest.size() &&
       (!number(rest.substr(name_end), &out.replicas) || out.replicas < 1)) {

@@ -19,10 +19,11 @@ void AddTrainFlags(CLI::App& app, TrainConfig& c) {
                    "n_kv_head=K,n_embd=C,intermediate_size=I[,...] "
                    "(docs/models.md)"));
   app.add_option("--data", c.data, "directory with train.bin [and val.bin]");
-  app.add_option(
-      "--init-from", c.init_from,
-      "weights to start from: an llm.c model .bin, a Hugging Face GPT-2 "
-      "directory (config.json + model.safetensors) or a checkpoint");
+  app.add_option("--init-from", c.init_from,
+                 absl::StrCat("weights to start from: a Hugging Face directory "
+                              "(config.json + model.safetensors; ",
+                              absl::StrJoin(ModelFamilyNames(), ", "),
+                              "), an llm.c model .bin (gpt2) or a checkpoint"));
   app.add_option("--batch-size", c.batch_size,
                  "sequences per rank per micro-step");
   app.add_option("--seq-len", c.seq_len, "tokens per sequence");

@@ -567,6 +567,27 @@ TEST(WriteCompareReportTest, MissingChartJsIsNotFoundNamingThePath) {
   EXPECT_FALSE(std::filesystem::exists(tmp / "report/report.md"));
 }
 
+// auto's entry ("auto: tp2", the mesh it picked) names its CSV file without
+// the colon and the space, in the file system and in the report.
+TEST(WriteCompareReportTest, FileNamesHaveNoColonsOrSpaces) {
+  TempDir tmp;
+  std::vector<StrategyRun> runs = TenStepRuns();
+  runs[1].strategy = "auto: tp2";
+  CompareOptions options;
+  options.chart_js_path = tmp / "chart.umd.js";
+  WriteFile(options.chart_js_path, "");
+
+  ASSERT_TRUE(WriteCompareReport(runs, options, tmp.path()).ok());
+
+  EXPECT_TRUE(std::filesystem::exists(tmp / "auto-tp2.csv"));
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.path())) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find_first_of(": "), std::string::npos) << name;
+  }
+  EXPECT_THAT(ReadFile(tmp / "report.md"), HasSubstr("`auto-tp2.csv`"));
+  EXPECT_THAT(ReadFile(tmp / "report.html"), HasSubstr("auto-tp2.csv"));
+}
+
 TEST(WriteCompareReportTest, DuplicateStrategyIsInvalidArgument) {
   TempDir tmp;
   std::vector<StrategyRun> runs = TenStepRuns();

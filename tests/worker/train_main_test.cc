@@ -12,8 +12,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
 #include "core/data/token_file.h"
+#include "core/model/model_config.h"
+#include "core/run/strategy_kinds.h"
 #include "tests/test_util.h"
 #include "worker/engine/support/cpu_threads.h"
 
@@ -266,6 +269,18 @@ TEST_F(TrainMainTest, UsageErrorsExitTwoAndSuggestTheFlagMeant) {
   EXPECT_NE(zero.output.find("--nproc"), std::string::npos) << zero.output;
   Result help = RunTrain("--help");
   EXPECT_EQ(help.exit_code, 0);
+  // The families and strategies the help names are the code's.
+  const std::string families = absl::StrJoin(ModelFamilyNames(), ", ");
+  EXPECT_NE(help.output.find(
+                absl::StrCat("a causal language model (", families, ")")),
+            std::string::npos)
+      << help.output;
+  EXPECT_NE(help.output.find(absl::StrCat("model.safetensors; ", families)),
+            std::string::npos)
+      << help.output;
+  EXPECT_NE(help.output.find(absl::StrCat("mesh (", StrategyNameList())),
+            std::string::npos)
+      << help.output;
   EXPECT_TRUE(std::regex_search(help.output,
                                 std::regex("--seq-len INT( \\[128\\]|=128)")))
       << help.output;

@@ -77,6 +77,15 @@ TEST(StudyEntryTest, BadEntriesSayWhatIsWrongAndTheNotation) {
             std::string::npos);
   EXPECT_NE(message("pp2xzz").find("names no strategy after 'x'"),
             std::string::npos);
+  // A typo is named with the strategy it is nearest to.
+  EXPECT_EQ(message("fdsp").substr(0, 56),
+            "--strategies: 'fdsp' is not one (did you mean fsdp?); an");
+  EXPECT_NE(message("pp2xdpp2")
+                .find("names no strategy after 'x' (did you "
+                      "mean ddp?)"),
+            std::string::npos);
+  EXPECT_NE(message("atuo").find("(did you mean auto?)"), std::string::npos);
+  EXPECT_EQ(message("zero3").find("did you mean"), std::string::npos);
   EXPECT_NE(message("tp1").find("names no number of tensor-parallel ranks"),
             std::string::npos);
   EXPECT_NE(message("ddp2xtp0").find("names no number of tensor-parallel"),
