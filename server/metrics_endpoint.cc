@@ -319,7 +319,8 @@ bool MetricsConnections::CloseOldestAnswered() {
   return false;
 }
 
-bool MetricsConnections::Admit(const sockaddr* peer, SteadyClock::time_point now) {
+bool MetricsConnections::Admit(const sockaddr* peer,
+                               SteadyClock::time_point now) {
   const SteadyClock::time_point judged_before =
       now - ToClock(options_.eviction_grace);
   const std::string address = PeerAddress(peer);

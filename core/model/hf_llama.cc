@@ -36,8 +36,9 @@ bool IsVocabularyRows(const std::string& ours) {
 }
 
 // The tensor's shape in the Hugging Face file: vocab_size rows, not padded.
-std::vector<int64_t> LlamaHfShape(const ModelConfig& config, const std::string& ours,
-                             std::vector<int64_t> shape) {
+std::vector<int64_t> LlamaHfShape(const ModelConfig& config,
+                                  const std::string& ours,
+                                  std::vector<int64_t> shape) {
   if (IsVocabularyRows(ours)) shape[0] = config.vocab_size;
   return shape;
 }
@@ -485,9 +486,10 @@ absl::StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(
         return absl::InvalidArgumentError(
             absl::StrCat(label, ": ", name, " is stored twice"));
       }
-      if (absl::Status s = CheckHfWeight(
-              label, name, tensors[e],
-              LlamaHfShape(*config, reader->names_[it->second], shapes[it->second]));
+      if (absl::Status s =
+              CheckHfWeight(label, name, tensors[e],
+                            LlamaHfShape(*config, reader->names_[it->second],
+                                         shapes[it->second]));
           !s.ok()) {
         return s;
       }
