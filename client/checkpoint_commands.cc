@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "core/checkpoint/checkpoint_export.h"
 #include "core/checkpoint/checkpoint_format.h"
 #include "core/data/asset_paths.h"
+#include "core/data/bpe_tokenizer.h"
 #include "core/data/dataset_preparer.h"
 #include "core/model/hf_gpt2.h"
 #include "core/model/hf_llama.h"
@@ -169,6 +171,73 @@ absl::StatusOr<std::string> ShipTokenizer(const std::string& data,
                       name == "gpt2" ? "GPT-2's" : name, ")");
 }
 
+// transformers' generate() stops at config.json's eos_token_id: the ids of
+// the shipped tokenizer's bos, eos and pad tokens (tokenizer_config.json's
+// names, as its tokenizer.json encodes each: one added token; the
+// end-of-text token for an eos it does not name) written into the exported
+// `out`/config.json. What was set, for the output ("" when nothing was).
+absl::StatusOr<std::string> FillSpecialTokenIds(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir(out);
+  if (!fs::exists(dir / "tokenizer.json", ec)) return std::string();
+  absl::StatusOr<BpeTokenizer> tokenizer =
+      BpeTokenizer::LoadHuggingFace((dir / "tokenizer.json").string());
+  if (!tokenizer.ok()) return tokenizer.status();
+  nlohmann::json names = nlohmann::json::object();
+  if (fs::exists(dir / "tokenizer_config.json", ec)) {
+    absl::StatusOr<std::string> text =
+        ReadInputFile((dir / "tokenizer_config.json").string(),
+                      int64_t{16} << 20, "a tokenizer config");
+    if (!text.ok()) return text.status();
+    names = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!names.is_object()) names = nlohmann::json::object();
+  }
+  // A token's id, when the tokenizer encodes its text as exactly one.
+  const auto id_of = [&](const char* key) -> std::optional<int> {
+    const auto it = names.find(key);
+    if (it == names.end()) return std::nullopt;
+    const nlohmann::json& token =
+        it->is_object() && it->contains("content") ? (*it)["content"] : *it;
+    if (!token.is_string()) return std::nullopt;
+    absl::StatusOr<std::vector<int>> ids =
+        tokenizer->Encode(token.get<std::string>());
+    if (!ids.ok() || ids->size() != 1) return std::nullopt;
+    return ids->front();
+  };
+  std::vector<std::pair<std::string, int>> set;
+  if (std::optional<int> bos = id_of("bos_token")) {
+    set.emplace_back("bos_token_id", *bos);
+  }
+  std::optional<int> eos = id_of("eos_token");
+  if (!eos && tokenizer->end_of_text() >= 0) eos = tokenizer->end_of_text();
+  if (eos) set.emplace_back("eos_token_id", *eos);
+  if (std::optional<int> pad = id_of("pad_token")) {
+    set.emplace_back("pad_token_id", *pad);
+  }
+  if (set.empty()) return std::string();
+  const std::string config_path = (dir / kHfConfigFile).string();
+  absl::StatusOr<std::string> text =
+      ReadInputFile(config_path, int64_t{1} << 20, "a model config");
+  if (!text.ok()) return text.status();
+  nlohmann::ordered_json config =
+      nlohmann::ordered_json::parse(*text, nullptr, false);
+  if (!config.is_object()) {
+    return absl::InternalError(
+        absl::StrCat(config_path, ": not the JSON object just written"));
+  }
+  std::vector<std::string> said;
+  for (const auto& [key, id] : set) {
+    config[key] = id;
+    said.push_back(absl::StrCat(key, " ", id));
+  }
+  if (absl::Status s = WriteFileAtomically(config_path, config.dump(2) + "\n");
+      !s.ok()) {
+    return s;
+  }
+  return absl::StrJoin(said, ", ");
+}
+
 int RunExport(ExportOptions options) {
   // `--to FILE` alone is the llm.c export's older spelling.
   if (options.out.empty() && options.to != "hf" && options.to != "llmc") {
@@ -211,6 +280,13 @@ int RunExport(ExportOptions options) {
         ShipTokenizer(weights->data, options.out);
     if (tokenizer.ok()) {
       std::cout << "tokenizer: " << *tokenizer << "\n";
+      absl::StatusOr<std::string> ids = FillSpecialTokenIds(options.out);
+      if (!ids.ok()) {
+        std::cerr << "warning: config.json names no special tokens: "
+                  << ids.status().message() << "\n";
+      } else if (!ids->empty()) {
+        std::cout << "config.json: " << *ids << "\n";
+      }
     } else {
       std::cerr << "warning: the model is written, without its tokenizer: "
                 << tokenizer.status().message() << "\n";

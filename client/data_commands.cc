@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/exit_code.h"
@@ -59,9 +61,18 @@ int RunPrepare(const PrepareOptions& options) {
   }
   if (!corpus.ok()) return ReportFailure(corpus.status());
 
+  // meta.json names the tokenizer by its absolute path: export, inspect
+  // and training find it from any directory.
+  std::error_code ec;
+  const std::string tokenizer_name =
+      options.tokenizer.empty()
+          ? "gpt2"
+          : std::filesystem::absolute(options.tokenizer, ec)
+                .lexically_normal()
+                .string();
   absl::StatusOr<DatasetSummary> summary =
       PrepareDataset(*corpus, *tokenizer, options.out,
-                     options.tokenizer.empty() ? "gpt2" : options.tokenizer);
+                     ec ? options.tokenizer : tokenizer_name);
   if (!summary.ok()) return ReportFailure(summary.status());
 
   std::cout << absl::StrFormat(
@@ -90,8 +101,31 @@ int RunPrepare(const PrepareOptions& options) {
 int RunInspect(const InspectOptions& options) {
   absl::StatusOr<TokenFile> file = TokenFile::Open(options.file);
   if (!file.ok()) return ReportFailure(file.status());
-  absl::StatusOr<BpeTokenizer> tokenizer = LoadTokenizer(options.tokenizer);
-  if (!tokenizer.ok()) return ReportFailure(tokenizer.status());
+  // Without --tokenizer: the one meta.json beside the file names (data
+  // prepare writes it), else GPT-2's.
+  std::string tokenizer_path = options.tokenizer;
+  std::string tokenizer_from =
+      tokenizer_path.empty() ? "GPT-2's" : "--tokenizer";
+  if (tokenizer_path.empty()) {
+    const std::string dir =
+        std::filesystem::path(options.file).parent_path().string();
+    absl::StatusOr<std::string> named =
+        DatasetTokenizer(dir.empty() ? "." : dir);
+    if (named.ok() && *named != "gpt2") {
+      tokenizer_path = *named;
+      tokenizer_from = "meta.json";
+    }
+  }
+  absl::StatusOr<BpeTokenizer> tokenizer = LoadTokenizer(tokenizer_path);
+  if (!tokenizer.ok()) {
+    return ReportFailure(
+        tokenizer_from == "meta.json"
+            ? absl::Status(tokenizer.status().code(),
+                           absl::StrCat("the tokenizer meta.json names: ",
+                                        tokenizer.status().message(),
+                                        " (or give --tokenizer)"))
+            : tokenizer.status());
+  }
 
   const uint32_t eot = static_cast<uint32_t>(tokenizer->end_of_text());
   int64_t documents = 0;
@@ -108,12 +142,17 @@ int RunInspect(const InspectOptions& options) {
       tokenizer->Decode(std::vector<int>{static_cast<int>(eot)});
   std::cout << absl::StrFormat(
       "file       %s\n"
+      "tokenizer  %s\n"
       "format     llm.c tokens (magic %d, version %d, %s)\n"
       "tokens     %d\n"
       "documents  %d (%s delimiters)\n"
       "first %d tokens:\n%s\n"
       "decoded:\n%s\n",
-      file->path(), wide ? kTokenFile32Magic : kTokenFileMagic,
+      file->path(),
+      tokenizer_path.empty()
+          ? std::string("GPT-2's")
+          : absl::StrCat(tokenizer_path, " (", tokenizer_from, ")"),
+      wide ? kTokenFile32Magic : kTokenFileMagic,
       wide ? kTokenFile32Version : kTokenFileVersion,
       wide ? "uint32" : "uint16", file->size(), documents,
       eot_text.ok() ? *eot_text : std::to_string(eot), first.size(),

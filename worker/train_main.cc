@@ -16,6 +16,7 @@
 #include "common/cli_usage.h"
 #include "common/dist_env.h"
 #include "common/exit_codes.h"
+#include "core/checkpoint/checkpoint_export.h"
 #include "core/model/model_config.h"
 #include "core/plan/auto_mesh.h"
 #include "core/run/strategy_kinds.h"
@@ -198,6 +199,14 @@ int Main(int argc, char** argv) {
   }
   TrainConfig& config = command.config;
   LocalRanksOptions& launch = command.launch;
+  // --init-from without --model: the model the weights hold (a Hugging Face
+  // config.json, llm.c's header, a checkpoint's metadata). Given, --model
+  // is checked against them when they load.
+  if (!config.init_from.empty() && app.count("--model") == 0 &&
+      config.model == TrainConfig().model) {
+    absl::StatusOr<ModelWeights> weights = OpenModelWeights(config.init_from);
+    if (weights.ok()) config.model = weights->config.ToSpec();
+  }
   if (command.calibrate) {
     if (config.data.empty()) config.data = "-";  // reads no data
     if (app.count("--nproc") == 0 && launch.nnodes == 1) launch.nproc = 2;

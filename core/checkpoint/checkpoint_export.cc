@@ -185,7 +185,6 @@ absl::StatusOr<ModelWeights> HfModelWeights(const std::string& path) {
 absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (IsHfModelDir(path)) return HfModelWeights(path);
   if (fs::is_regular_file(path, ec)) return LlmcWeights(path);
   if (!fs::exists(path, ec)) {
     return absl::NotFoundError(
@@ -195,7 +194,23 @@ absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         path,
         " is neither a file nor a directory (a model is an llm.c file, "
-        "a Hugging Face directory or a checkpoint)"));
+        "a Hugging Face directory, a checkpoint or a finished run's "
+        "output)"));
+  }
+  // A checkpoint, or a run's output (or its checkpoints/ folder) that holds
+  // checkpoints: the latest. Else a Hugging Face directory (which a
+  // finished Llama run's output is: config.json beside its
+  // model.safetensors), or a finished GPT-2 run's model.bin.
+  const fs::path dir_path(path);
+  const bool checkpoints = fs::exists(dir_path / kCheckpointMetadataFile, ec) ||
+                           fs::is_directory(dir_path / "checkpoints", ec) ||
+                           fs::exists(dir_path / "latest", ec);
+  if (!checkpoints) {
+    if (IsHfModelDir(path)) return HfModelWeights(path);
+    const fs::path model_bin = dir_path / "model.bin";
+    if (fs::is_regular_file(model_bin, ec)) {
+      return LlmcWeights(model_bin.string());
+    }
   }
   absl::StatusOr<std::string> dir = ResolveCheckpointDir(path);
   if (!dir.ok()) return dir.status();
@@ -205,7 +220,8 @@ absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path) {
     if (!fs::exists(fs::path(*dir) / kCheckpointMetadataFile, ec)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path,
-          " holds no model: neither config.json (a Hugging Face model) "
+          " holds no model: neither config.json (a Hugging Face model, "
+          "or a finished Llama run's), a finished GPT-2 run's model.bin "
           "nor a checkpoint"));
     }
     return opened.status();

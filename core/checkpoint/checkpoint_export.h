@@ -52,8 +52,10 @@ std::vector<std::vector<int64_t>> ModelParameterShapes(
 
 // Opens `path`: a Hugging Face directory (config.json and model.safetensors
 // or its sharded index: GPT-2, Llama or Qwen 2 by model_type), an llm.c model
-// file, a checkpoint, a run's --out or its checkpoints/ folder. Headers and
-// shapes are checked here; errors name the path and what is wrong.
+// file, a checkpoint, a run's --out or its checkpoints/ folder (the latest
+// checkpoint; a finished run without one: the model it wrote, model.bin or
+// the Hugging Face directory a Llama run's output is). Headers and shapes
+// are checked here; errors name the path and what is wrong.
 absl::StatusOr<ModelWeights> OpenModelWeights(const std::string& path);
 
 // Writes `weights` as llm.c's fp32 model file, atomically (GPT-2 only; a

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/nearest_name.h"
+#include "core/model/hf_llama.h"
 
 namespace shardtrain {
 namespace {
@@ -441,6 +442,10 @@ absl::StatusOr<ModelConfig> ParseModelSpec(std::string_view std_spec) {
 
 std::string ExportedModelFileName(const ModelConfig& config) {
   return config.is_llama() ? "model.safetensors" : "model.bin";
+}
+
+std::string ExportedModelConfigJson(const ModelConfig& config) {
+  return config.is_llama() ? HfLlamaConfigJson(config) : "";
 }
 
 int64_t HeadChunkBytes(bool accelerator, int64_t compute_threads) {

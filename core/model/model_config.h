@@ -157,6 +157,11 @@ absl::StatusOr<ModelConfig> ParseModelSpec(std::string_view spec);
 // "model.bin" (llm.c's) for GPT-2, "model.safetensors" (Hugging Face's
 // names) for Llama.
 std::string ExportedModelFileName(const ModelConfig& config);
+// The config.json a finished run writes beside that file when its format
+// needs one (model.safetensors: the run's output is then a Hugging Face
+// directory, which --init-from and `checkpoint export` open); "" when the
+// file carries its shape (llm.c's header).
+std::string ExportedModelConfigJson(const ModelConfig& config);
 
 // The logits budget of one chunk of the chunked LM head (LmHeadLoss in
 // gpt2.h), for the model and for the memory plan alike. 512 MiB on an

@@ -329,6 +329,17 @@ TEST(ShardtrainCliTest, PreparesJsonLinesWithAHuggingFaceTokenizerAndTrains) {
   EXPECT_THAT(inspected.out, HasSubstr("uint32"));
   EXPECT_THAT(inspected.out, HasSubstr("(<|end_of_text|> delimiters)"));
   EXPECT_THAT(inspected.out, HasSubstr("<|end_of_text|>Document"));
+  // meta.json names the tokenizer by its absolute path, and inspect finds
+  // it there without --tokenizer.
+  EXPECT_TRUE(
+      std::filesystem::path(meta["tokenizer"]["name"].get<std::string>())
+          .is_absolute())
+      << meta.dump();
+  const CommandResult by_meta =
+      Shardtrain("data inspect " + (dir / "data/train.bin") + " --count 4");
+  ASSERT_EQ(by_meta.exit_code, 0) << by_meta.err;
+  EXPECT_THAT(by_meta.out, HasSubstr("(meta.json)"));
+  EXPECT_THAT(by_meta.out, HasSubstr("<|end_of_text|>Document"));
   // A field that is not there is named with its line.
   ExpectFailure(Shardtrain("data prepare --jsonl " + (dir / "docs.jsonl") +
                            " --field text --out " + (dir / "bad")),
@@ -353,7 +364,15 @@ TEST(ShardtrainCliTest, PreparesJsonLinesWithAHuggingFaceTokenizerAndTrains) {
                                       "tokenizer_config.json"));
   EXPECT_EQ(test::ReadFile(dir / "hf/tokenizer.json"),
             test::ReadFile(tokenizer + "/tokenizer.json"));
-  EXPECT_TRUE(std::filesystem::exists(dir / "hf/config.json"));
+  // generate() stops: config.json names the tokenizer's bos and eos ids.
+  const nlohmann::json config =
+      nlohmann::json::parse(test::ReadFile(dir / "hf/config.json"));
+  EXPECT_EQ(config["bos_token_id"], 128000);      // <|begin_of_text|>
+  EXPECT_EQ(config["eos_token_id"], 128001);      // <|end_of_text|>
+  EXPECT_FALSE(config.contains("pad_token_id"));  // null in its config
+  EXPECT_THAT(exported.out,
+              HasSubstr("config.json: bos_token_id 128000, eos_token_id "
+                        "128001"));
   const CommandResult refused =
       test::RunCommand(SHARDTRAIN_BINARY_DIR "/bin/shardtrain-train --model " +
                        model + "50257 --data " + (dir / "data") +

@@ -125,9 +125,10 @@ TEST_F(TrainMainTest, TrainsPrintsStepLinesAndWritesOutputs) {
 }
 
 // A Llama-family model trains from the command line, on two ranks (FSDP),
-// writes its weights in Hugging Face's names, exports its checkpoint as a
-// Hugging Face directory that initialises it again; a GPT-2 model file
-// cannot initialise it, and says so.
+// writes its weights in Hugging Face's names (its output a Hugging Face
+// directory), exports its checkpoint as a Hugging Face directory that
+// initialises it again; a run without checkpoints initialises from its
+// output; a GPT-2 model file cannot initialise it, and says so.
 TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
   Result r =
       RunTrain("--model llama-tiny --strategy fsdp --nproc 2 --data " + Data() +
@@ -152,6 +153,24 @@ TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
   ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
   EXPECT_EQ(from_checkpoint.output.rfind("val_loss ", 0), 0u)
       << from_checkpoint.output;
+  // The run's output is a Hugging Face directory too (config.json beside
+  // model.safetensors): without its checkpoints it initialises the model
+  // it finished with, the step-3 checkpoint's.
+  EXPECT_TRUE(fs::exists(Out("llama") + "/config.json"));
+  fs::create_directories(Out("llama-final"));
+  for (const char* file : {"/config.json", "/model.safetensors"}) {
+    fs::copy_file(Out("llama") + file, Out("llama-final") + file);
+  }
+  Result from_final = RunTrain(eval + Out("llama-final"));
+  ASSERT_EQ(from_final.exit_code, 0) << from_final.output;
+  EXPECT_EQ(from_final.output, from_checkpoint.output);
+  // Its config.json says which model: --model is not needed.
+  Result unnamed = RunTrain("--data " + Data() +
+                            " --batch-size 2 --seq-len 32 --eval-only "
+                            "--eval-steps 2 --init-from " +
+                            Out("llama-final"));
+  ASSERT_EQ(unnamed.exit_code, 0) << unnamed.output;
+  EXPECT_EQ(unnamed.output, from_checkpoint.output);
   if (test::kHasCli) {
     const test::CommandResult exported =
         test::RunCommand(std::string(SHARDTRAIN_BINARY_DIR) +
@@ -182,6 +201,15 @@ TEST_F(TrainMainTest, LlamaTrainsAndWritesSafetensors) {
                          " --batch-size 2 --seq-len 32 --max-steps 1 --out " +
                          Out("gpt2-seed"));
   ASSERT_EQ(seed.exit_code, 0) << seed.output;
+  // A GPT-2 run without checkpoints initialises from its directory: the
+  // model.bin it wrote.
+  const std::string gpt2_eval = "--model gpt2-tiny --data " + Data() +
+                                " --batch-size 2 --seq-len 32 --eval-only "
+                                "--eval-steps 1 --init-from ";
+  Result from_run = RunTrain(gpt2_eval + Out("gpt2-seed"));
+  Result from_file = RunTrain(gpt2_eval + Out("gpt2-seed") + "/model.bin");
+  ASSERT_EQ(from_run.exit_code, 0) << from_run.output;
+  EXPECT_EQ(from_run.output, from_file.output);
   Result mixed = RunTrain("--model llama-tiny --data " + Data() +
                           " --batch-size 2 --seq-len 32 --max-steps 1 "
                           "--init-from " +

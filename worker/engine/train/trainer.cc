@@ -23,6 +23,7 @@
 #include "common/json_excerpt.h"
 #include "core/checkpoint/checkpoint_export.h"
 #include "core/checkpoint/checkpoint_format.h"
+#include "core/model/hf_gpt2.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/model/create_model.h"
 #include "worker/engine/support/cpu_threads.h"
@@ -715,6 +716,14 @@ absl::Status Trainer::RunLoop() {
     const std::string model_path =
         config_.out + "/" + ExportedModelFileName(model_config_);
     if (absl::Status s = strategy_->ExportModel(model_path); !s.ok()) return s;
+    const std::string model_json = ExportedModelConfigJson(model_config_);
+    if (rank_info_.rank == 0 && !model_json.empty()) {
+      if (absl::Status s = WriteFileAtomically(
+              config_.out + "/" + kHfConfigFile, model_json + "\n");
+          !s.ok()) {
+        return s;
+      }
+    }
     Log(absl::StrCat("wrote ", model_path));
   }
   LogSummary(SecondsSince(loop_start), val_loss_seen);
