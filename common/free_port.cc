@@ -7,6 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain {
@@ -30,6 +33,28 @@ absl::StatusOr<int> PickFreePort() {
   }
   close(fd);
   return static_cast<int>(ntohs(address.sin_port));
+}
+
+FreshPortPicker::FreshPortPicker(size_t remember,
+                                 std::function<absl::StatusOr<int>()> pick)
+    : remember_(std::max<size_t>(1, remember)), pick_(std::move(pick)) {}
+
+absl::StatusOr<int> FreshPortPicker::Pick() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  constexpr int kTries = 64;
+  for (int i = 0; i < kTries; ++i) {
+    absl::StatusOr<int> port = pick_();
+    if (!port.ok()) return port.status();
+    if (std::find(recent_.begin(), recent_.end(), *port) != recent_.end()) {
+      continue;
+    }
+    recent_.push_back(*port);
+    if (recent_.size() > remember_) recent_.erase(recent_.begin());
+    return *port;
+  }
+  return absl::UnavailableError(absl::StrCat("no free port outside the last ",
+                                             recent_.size(), " handed out in ",
+                                             kTries, " picks"));
 }
 
 }  // namespace shardtrain

@@ -76,11 +76,18 @@ void AttemptSupervisor::RequestLaunch(JobEntry& entry,
   launch.world_size = world;
   launch.cpu = cpu;
   launch.devices = devices;
-  // A study's jobs may ask for the threads of a larger job, so that every
-  // strategy runs at the same threads per rank.
+  // The host's cores shared by every rank on it: this job's and its
+  // neighbours' (a job that starts beside others, or is shrunk or grown
+  // among them, gets its share of the cores, not all of them). A study's
+  // jobs may ask for the threads of a larger job, so that every strategy
+  // runs at the same threads per rank.
+  const int ranks_on_host = static_cast<int>(
+      std::count_if(table_->device_holder.begin(), table_->device_holder.end(),
+                    [](const std::string& holder) { return !holder.empty(); }));
   launch.threads_per_rank =
       std::max(1, table_->options.cpu_cores /
-                      std::max(world, job.spec().trainer().threads_as_ranks()));
+                      std::max({world, ranks_on_host,
+                                job.spec().trainer().threads_as_ranks()}));
   launch.resume =
       job.restarts() > 0 || job.preemptions() > 0 || job.remeshes() > 0;
   launch.coordinator_address = worker_address_;

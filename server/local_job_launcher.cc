@@ -20,8 +20,9 @@ absl::Status LocalJobLauncher::Start(const RankLaunch& launch, int number,
   *attempt = NewAttempt(launch, number);
   // The job's rendezvous store. Picked free, it can still be taken before
   // rank 0 binds it: rank 0 then exits kExitRendezvousPortTaken and the
-  // JobManager starts the attempt again.
-  absl::StatusOr<int> port = PickFreePort();
+  // JobManager starts the attempt again, on a port none of the launcher's
+  // recent starts had.
+  absl::StatusOr<int> port = ports_.Pick();
   if (!port.ok()) return port.status();
   RankLaunch with_port = launch;
   with_port.master_port = *port;

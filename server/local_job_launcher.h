@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/free_port.h"
 #include "server/attempt_launcher.h"
 #include "server/process_spawner.h"
 
@@ -39,6 +40,8 @@ class LocalJobLauncher : public AttemptLauncher {
  private:
   ProcessSpawner* const processes_;
   const LostDevices lost_devices_;
+  // Rendezvous ports: a restart after a taken port never gets it again.
+  FreshPortPicker ports_;
 };
 
 }  // namespace shardtrain

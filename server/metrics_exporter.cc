@@ -259,6 +259,7 @@ void MetricsExporter::Seed(const std::vector<v1::Job>& jobs) {
     series.strategy = job.spec().strategy().name();
     series.mesh = JobMesh(job);
     // Counted by an earlier daemon.
+    series.preemptions = job.preemptions();
     series.remeshes = job.remeshes();
     series.remesh_lost = job.remesh_seconds_lost();
     CountState(v1::JOB_STATE_UNSPECIFIED, job.state());
@@ -288,9 +289,17 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   series.mesh = JobMesh(job);
   if (before == v1::JOB_STATE_UNSPECIFIED) {
     // Counted by an earlier daemon.
+    series.preemptions = job.preemptions();
     series.remeshes = job.remeshes();
     series.remesh_lost = job.remesh_seconds_lost();
   } else {
+    // The job's own counts are the one source: a shrink or a growth (which
+    // stops the ranks too) is a re-mesh, not a preemption.
+    if (job.preemptions() > series.preemptions) {
+      preemptions_->Add({{"user", job.owner()}})
+          .Increment(job.preemptions() - series.preemptions);
+      series.preemptions = job.preemptions();
+    }
     if (job.remeshes() > series.remeshes) {
       remeshes_->Add({{"user", job.owner()}})
           .Increment(job.remeshes() - series.remeshes);
@@ -310,9 +319,6 @@ void MetricsExporter::OnJobChanged(const v1::Job& job) {
   CountState(before, job.state());
   series.state = job.state();
   if (job.state() == v1::RESTARTING) restarts_total_->Increment();
-  if (job.state() == v1::PREEMPTED) {
-    preemptions_->Add({{"user", job.owner()}}).Increment();
-  }
   if (job.state() == v1::QUEUED) series.queued_at = absl::Now();
   if (before == v1::QUEUED && job.state() == v1::STARTING &&
       series.queued_at != absl::InfinitePast()) {

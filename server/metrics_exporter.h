@@ -100,6 +100,7 @@ class MetricsExporter : public JobObserver {
     std::map<int, RankSeries> ranks;
     absl::Time ended = absl::InfiniteFuture();
     absl::Time queued_at = absl::InfinitePast();  // last entered QUEUED
+    int preemptions = 0;     // Job.preemptions already counted
     int remeshes = 0;        // Job.remeshes already counted
     double remesh_lost = 0;  // Job.remesh_seconds_lost already counted
     prometheus::Gauge* goodput = nullptr;

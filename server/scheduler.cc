@@ -267,12 +267,18 @@ ScheduleDecision Schedule(ScheduleInput input) {
           job, free() + plan.coming, input.now, input.running, plan.victims);
       std::string reason = plan.reason;
       if (shadow.has_value()) {
-        decision.head_predicted_start = shadow->start;
         extra = std::min(shadow->extra, free());
         if (shadow->start > input.now) {
+          decision.head_predicted_start = shadow->start;
           absl::StrAppend(&reason, "; predicted to start in ",
                           absl::FormatDuration(absl::Trunc(
                               shadow->start - input.now, absl::Seconds(1))));
+        } else {
+          // What it waits for ran past its predicted end: no time to show
+          // (it would be in the past), but why.
+          absl::StrAppend(&reason,
+                          "; expected to start any moment: the jobs it waits "
+                          "for are past their predicted end");
         }
       }
       decision.waiting[job.job_id] = std::move(reason);

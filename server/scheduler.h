@@ -127,7 +127,8 @@ struct ScheduleDecision {
   std::vector<Preemption> preempt;
   std::vector<Growth> grow;
   // The waiting head and its predicted start, when the running jobs'
-  // predictions say.
+  // predictions say; never in the past (none while the jobs it waits for
+  // run past their predicted end).
   std::string head;
   std::optional<absl::Time> head_predicted_start;
 };

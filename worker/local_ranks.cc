@@ -240,9 +240,10 @@ absl::StatusOr<LocalRanksResult> LocalRanks::Run() {
   // it; rank 0 then exits with kExitRendezvousPortTaken and the ranks start
   // again on another port. A port the user named is never changed.
   constexpr int kPortTries = 5;
+  FreshPortPicker ports(kPortTries);  // no try repeats an earlier one's port
   for (int attempt = 1;; ++attempt) {
     if (picked) {
-      absl::StatusOr<int> free_port = PickFreePort();
+      absl::StatusOr<int> free_port = ports.Pick();
       if (!free_port.ok()) return free_port.status();
       port = *free_port;
     }

@@ -494,6 +494,9 @@ void ExpectShrinksGrowsBackAndTrainsAsIfUnbroken(Daemon* daemon,
   }
   const std::string metrics = daemon->ScrapeMetrics();
   EXPECT_THAT(metrics, HasSubstr("shardtrain_job_remeshes_total{user=\"\"} 2"));
+  // Shrinking and growing are re-meshes, not preemptions, as get says.
+  EXPECT_THAT(metrics,
+              HasSubstr("shardtrain_job_preemptions_total{user=\"\"} 0"));
   // The seconds without a step, as the job counts them.
   const std::string lost_series =
       "shardtrain_job_remesh_lost_seconds_total{user=\"\"} ";

@@ -60,7 +60,11 @@ TEST_F(JobManagerTest,
   EXPECT_EQ(launcher_.Env(pids[0], "MASTER_PORT"),
             launcher_.Env(pids[1], "MASTER_PORT"));
   // A job asking for the threads of a 2-rank job (a study's equal
-  // threads): one rank, half the cores.
+  // threads), alone on the host once the first has finished: one rank,
+  // half the cores.
+  for (int pid : pids) launcher_.Exit(pid, ExitStatus{0, 0});
+  manager_->Tick();
+  ASSERT_EQ(manager_->Get(id)->state(), v1::SUCCEEDED);
   v1::JobSpec one = Spec(1);
   one.mutable_trainer()->set_threads_as_ranks(2);
   std::string single;

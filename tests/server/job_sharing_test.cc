@@ -104,6 +104,24 @@ class JobSharingTest : public test::JobManagerFixture {
   }
 };
 
+// The host's 8 cores are shared by every rank on it: a job alone gets 4
+// threads for each of its 2 ranks; one that starts beside it gets its
+// share, 8 / 4 ranks = 2, not 4 more per rank on the same cores.
+TEST_F(JobSharingTest, AJobBesideAnotherGetsItsShareOfTheCores) {
+  const std::string first = manager_->Submit(Spec(2), kAlice)->id();
+  const std::vector<int> alone = TickAndRegister();
+  ASSERT_EQ(alone.size(), 2u);
+  for (int pid : alone) EXPECT_EQ(launcher_.Env(pid, "OMP_NUM_THREADS"), "4");
+  const std::string second = manager_->Submit(Spec(2), kBob)->id();
+  const std::vector<int> beside = TickAndRegister();
+  ASSERT_EQ(beside.size(), 2u);
+  for (int pid : beside) {
+    EXPECT_EQ(launcher_.Env(pid, "SHARDTRAIN_JOB_ID"), second);
+    EXPECT_EQ(launcher_.Env(pid, "OMP_NUM_THREADS"), "2");
+  }
+  EXPECT_EQ(Get(first).state(), v1::RUNNING);
+}
+
 TEST_F(JobSharingTest, AJobIsItsOwnersAndOnlyTheyOrAnAdminMayCancelIt) {
   absl::StatusOr<v1::Job> job = manager_->Submit(Spec(1), kAlice);
   ASSERT_TRUE(job.ok()) << job.status();

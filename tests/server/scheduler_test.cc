@@ -257,6 +257,26 @@ TEST(SchedulerTest, BackfillsOnlyWhatLeavesTheHeadItsPredictedStart) {
   EXPECT_FALSE(d.start[0].backfilled);
 }
 
+// The job the head waits for runs past its predicted end: no predicted
+// start in the past, and the reason says what happened; a job that would
+// delay the head is not backfilled ahead of it.
+TEST(SchedulerTest, APredictedStartIsNeverInThePast) {
+  ScheduleInput input;
+  input.queue = {{"head", 0, 1, 3}, {"two", 0, 2, 2}};
+  input.free_devices = {2, 3};
+  input.now = kNow;
+  RunningJobRef late = Running("late", 0, 2, kNow - absl::Minutes(5));
+  late.predicted_end = kNow - absl::Seconds(2);
+  input.running = {late};
+  const ScheduleDecision d = Schedule(input);
+  EXPECT_EQ(d.head, "head");
+  EXPECT_FALSE(d.head_predicted_start.has_value());
+  EXPECT_THAT(d.waiting.at("head"),
+              HasSubstr("expected to start any moment: the jobs it waits for "
+                        "are past their predicted end"));
+  EXPECT_TRUE(d.start.empty());
+}
+
 TEST(SchedulerTest, WithoutAPredictionNothingOvertakesTheHead) {
   ScheduleInput input;
   input.queue = {{"head", 0, 1, 3}, {"one", 0, 2, 1}};

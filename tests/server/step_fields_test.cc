@@ -32,6 +32,27 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
+// What `exporter`'s /metrics serves now.
+std::string Scrape(const MetricsExporter& exporter) {
+  const int port =
+      std::stoi(exporter.address().substr(exporter.address().rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string text;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
+    (void)!write(fd, request.data(), request.size());
+    char buffer[65536];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof(buffer))) > 0) text.append(buffer, n);
+  }
+  close(fd);
+  return text;
+}
+
 // What /metrics serves once a rank has reported a step carrying every
 // field (a pipeline stage and an eval included).
 std::string ExpositionWithEveryField() {
@@ -48,24 +69,39 @@ std::string ExpositionWithEveryField() {
   m.pipeline_stage = 0;
   m.val_loss = 1;
   (*exporter)->OnSteps(job, {StepMetricsToProto(m)});
+  return Scrape(**exporter);
+}
 
-  const int port = std::stoi(
-      (*exporter)->address().substr((*exporter)->address().rfind(':') + 1));
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string text;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
-    (void)!write(fd, request.data(), request.size());
-    char buffer[65536];
-    ssize_t n;
-    while ((n = read(fd, buffer, sizeof(buffer))) > 0) text.append(buffer, n);
-  }
-  close(fd);
-  return text;
+// The per-user counters follow the job's own counts, which `shardtrain get`
+// shows: a re-mesh (its ranks stopped, through PREEMPTED, and started again
+// on another mesh) is not a preemption.
+TEST(MetricsExporterTest, CountersFollowTheJobsOwnCounts) {
+  MetricsExporterOptions options;
+  options.listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(options);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  v1::Job job;
+  job.set_id("job-000001");
+  job.set_owner("alice");
+  job.mutable_spec()->mutable_strategy()->set_name("ddp");
+  const auto to = [&](v1::JobState state) {
+    job.set_state(state);
+    (*exporter)->OnJobChanged(job);
+  };
+  to(v1::QUEUED);
+  to(v1::RUNNING);
+  job.set_remeshes(1);  // shrunk for an urgent job
+  to(v1::PREEMPTED);
+  to(v1::RUNNING);
+  job.set_preemptions(1);  // then preempted
+  to(v1::PREEMPTED);
+  to(v1::QUEUED);
+  const std::string text = Scrape(**exporter);
+  EXPECT_THAT(text, testing::HasSubstr(
+                        "shardtrain_job_preemptions_total{user=\"alice\"} 1"));
+  EXPECT_THAT(text, testing::HasSubstr(
+                        "shardtrain_job_remeshes_total{user=\"alice\"} 1"));
 }
 
 // docs/metrics.md: its per-step records section, then the rest (where the
