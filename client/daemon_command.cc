@@ -195,6 +195,26 @@ std::string StateDirOf(const LifecycleFlags& flags) {
   return flags.state_dir.empty() ? DefaultStateDir() : flags.state_dir;
 }
 
+// Where daemon `pid` logs: the state directory's shardtraind.log when its
+// stderr is that file (`shardtrain daemon` starts it so), else the stderr
+// it was started with. Without /proc to ask (another user's process), the
+// log file when it exists.
+std::string DaemonLogPlace(pid_t pid, const std::string& state_dir) {
+  namespace fs = std::filesystem;
+  const std::string log = state_dir + "/shardtraind.log";
+  std::error_code ec;
+  const fs::path target =
+      fs::read_symlink(absl::StrCat("/proc/", pid, "/fd/2"), ec);
+  if (ec) {
+    return fs::exists(log, ec) ? absl::StrCat("log ", log)
+                               : "log: its own stderr";
+  }
+  const fs::path canonical_log = fs::weakly_canonical(log, ec);
+  if (!ec && target == canonical_log) return absl::StrCat("log ", log);
+  return absl::StrCat("log: its own stderr (", target.string(),
+                      "; started directly, not by `shardtrain daemon`)");
+}
+
 int RunStatus(const LifecycleFlags& flags) {
   const std::string state_dir = StateDirOf(flags);
   absl::StatusOr<pid_t> pid = LockHolder(state_dir);
@@ -208,8 +228,8 @@ int RunStatus(const LifecycleFlags& flags) {
   std::cout << "shardtraind is running: pid " << *pid << ", listening on "
             << (address.empty() ? "(starting)" : address);
   if (!metrics.empty()) std::cout << ", metrics on " << metrics;
-  std::cout << "\n  state in " << state_dir << ", log "
-            << state_dir + "/shardtraind.log\n";
+  std::cout << "\n  state in " << state_dir << ", "
+            << DaemonLogPlace(*pid, state_dir) << "\n";
   return kExitOk;
 }
 

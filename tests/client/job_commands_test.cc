@@ -402,6 +402,8 @@ TEST_F(CliJobCommandsTest,
   EXPECT_THAT(status.out,
               HasSubstr(absl::StrCat("shardtraind is running: pid ", pid,
                                      ", listening on ", address)));
+  // It logs where `daemon` put it.
+  EXPECT_THAT(status.out, HasSubstr(", log " + state + "/shardtraind.log"));
   CommandResult stop = test::RunCommand(cli + "daemon stop");
   EXPECT_EQ(stop.exit_code, 0) << stop.err;
   EXPECT_THAT(stop.out,

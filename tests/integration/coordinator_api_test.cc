@@ -47,6 +47,19 @@ TEST_F(CoordinatorApiTest, QuickJobSucceedsAndItsReportIsStored) {
   EXPECT_EQ(job.last_step().step(), 1);
 }
 
+// A daemon started directly logs to its own stderr: `daemon status` says
+// so rather than naming a log file it does not write.
+TEST_F(CoordinatorApiTest, DaemonStatusSaysWhereADirectlyStartedDaemonLogs) {
+  auto daemon = StartDaemon({});
+  const test::CommandResult status = test::RunCommand(
+      absl::StrCat(test::BinDir(), "/shardtrain daemon status --state-dir ",
+                   daemon->state_dir()));
+  EXPECT_EQ(status.exit_code, 0) << status.out << status.err;
+  EXPECT_THAT(status.out, HasSubstr("shardtraind is running"));
+  EXPECT_THAT(status.out, HasSubstr("log: its own stderr"));
+  EXPECT_THAT(status.out, Not(HasSubstr("shardtraind.log")));
+}
+
 TEST_F(CoordinatorApiTest,
        AtLeastFiftyMalformedSpecsAreRejectedAndNothingStored) {
   auto daemon = StartDaemon({});
