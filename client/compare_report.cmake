@@ -2,7 +2,7 @@
 # table, findings, per-strategy CSVs and a self-contained report.html whose
 # chart code is inlined from the chart.js npm package (AssetsDir() comes from
 # shardtrain_text). Torch-free, no gRPC calls.
-add_library(shardtrain_compare_report compare_report.cc host_load.cc
+add_library(shardtrain_compare_report compare_report.cc compare_findings.cc host_load.cc
   step_metrics_csv.cc)
 target_link_libraries(shardtrain_compare_report
   PUBLIC shardtrain_proto absl::status absl::statusor absl::time
